@@ -1,0 +1,270 @@
+package placement
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Mesh is an N-D grid of ranks. Rank r has coordinates in row-major order: the
+// last dim varies fastest. Dims may be named ("dp", "tp"); a mesh built from "4"
+// or "2x2" has no names. The zero Mesh is invalid; build one with NewMesh or
+// ParseMesh.
+type Mesh struct {
+	shape []int
+	names []string // nil or one per dim
+}
+
+// NewMesh builds a mesh. names is nil or holds one distinct, non-empty name per dim.
+func NewMesh(shape []int, names []string) (Mesh, error) {
+	if len(shape) == 0 {
+		return Mesh{}, fmt.Errorf("placement: mesh has no dims: %w", ErrInvalid)
+	}
+	for i, n := range shape {
+		if n < 1 {
+			return Mesh{}, fmt.Errorf("placement: mesh dim %d has size %d: %w", i, n, ErrInvalid)
+		}
+	}
+	if names != nil {
+		if len(names) != len(shape) {
+			return Mesh{}, fmt.Errorf("placement: mesh has %d dims but %d names: %w", len(shape), len(names), ErrInvalid)
+		}
+		seen := map[string]bool{}
+		for _, nm := range names {
+			if !validName(nm) {
+				return Mesh{}, fmt.Errorf("placement: mesh dim name %q: want letters, digits and _ starting with a letter: %w", nm, ErrInvalid)
+			}
+			if seen[nm] {
+				return Mesh{}, fmt.Errorf("placement: mesh dim name %q appears twice: %w", nm, ErrInvalid)
+			}
+			seen[nm] = true
+		}
+		names = append([]string(nil), names...)
+	}
+	return Mesh{shape: append([]int(nil), shape...), names: names}, nil
+}
+
+// MustMesh is NewMesh that panics on error, for tests and literals.
+func MustMesh(shape []int, names []string) Mesh {
+	m, err := NewMesh(shape, names)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c == '_':
+		case c >= '0' && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// ParseMesh reads "4", "2x2" (unnamed) or "dp=2,tp=2" (named). It is the inverse
+// of String.
+func ParseMesh(s string) (Mesh, error) {
+	if s == "" {
+		return Mesh{}, fmt.Errorf("placement: empty mesh: %w", ErrSyntax)
+	}
+	if strings.Contains(s, "=") {
+		var shape []int
+		var names []string
+		for _, part := range strings.Split(s, ",") {
+			name, size, ok := strings.Cut(part, "=")
+			if !ok {
+				return Mesh{}, fmt.Errorf("placement: mesh %q: %q is not name=size: %w", s, part, ErrSyntax)
+			}
+			n, err := parseSize(size)
+			if err != nil {
+				return Mesh{}, fmt.Errorf("placement: mesh %q: %w", s, err)
+			}
+			shape = append(shape, n)
+			names = append(names, name)
+		}
+		return NewMesh(shape, names)
+	}
+	var shape []int
+	for _, part := range strings.Split(s, "x") {
+		n, err := parseSize(part)
+		if err != nil {
+			return Mesh{}, fmt.Errorf("placement: mesh %q: %w", s, err)
+		}
+		shape = append(shape, n)
+	}
+	return NewMesh(shape, nil)
+}
+
+// parseSize reads a positive decimal integer with no sign and no leading zero.
+func parseSize(s string) (int, error) {
+	if s == "" || (len(s) > 1 && s[0] == '0') || s[0] == '+' || s[0] == '-' {
+		return 0, fmt.Errorf("size %q: %w", s, ErrSyntax)
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > 1<<24 {
+		return 0, fmt.Errorf("size %q: %w", s, ErrSyntax)
+	}
+	return n, nil
+}
+
+// String renders the mesh as ParseMesh reads it.
+func (m Mesh) String() string {
+	var b strings.Builder
+	for i, n := range m.shape {
+		if m.names != nil {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(m.names[i])
+			b.WriteByte('=')
+		} else if i > 0 {
+			b.WriteByte('x')
+		}
+		b.WriteString(strconv.Itoa(n))
+	}
+	return b.String()
+}
+
+// NDim is the number of mesh dims.
+func (m Mesh) NDim() int { return len(m.shape) }
+
+// Size is the number of ranks.
+func (m Mesh) Size() int {
+	if len(m.shape) == 0 {
+		return 0
+	}
+	n := 1
+	for _, d := range m.shape {
+		n *= d
+	}
+	return n
+}
+
+// Shape returns a copy of the mesh shape.
+func (m Mesh) Shape() []int { return append([]int(nil), m.shape...) }
+
+// Dim is the size of mesh dim i.
+func (m Mesh) Dim(i int) int { return m.shape[i] }
+
+// Names returns a copy of the dim names, or nil for an unnamed mesh.
+func (m Mesh) Names() []string { return append([]string(nil), m.names...) }
+
+// DimName is the name of mesh dim i: its given name, or "d<i>" when unnamed.
+func (m Mesh) DimName(i int) string {
+	if m.names != nil {
+		return m.names[i]
+	}
+	return "d" + strconv.Itoa(i)
+}
+
+// DimIndex finds a mesh dim by name ("tp") or by index ("1").
+func (m Mesh) DimIndex(name string) (int, error) {
+	for i := range m.shape {
+		if m.DimName(i) == name {
+			return i, nil
+		}
+	}
+	if i, err := strconv.Atoi(name); err == nil && i >= 0 && i < len(m.shape) {
+		return i, nil
+	}
+	return -1, fmt.Errorf("placement: mesh %s has no dim %q: %w", m, name, ErrInvalid)
+}
+
+// Equal reports whether two meshes have the same shape and names.
+func (m Mesh) Equal(o Mesh) bool { return m.String() == o.String() }
+
+// Validate checks that the mesh holds exactly world ranks.
+func (m Mesh) Validate(world int) error {
+	if m.Size() != world {
+		return fmt.Errorf("placement: mesh %s holds %d ranks, world size is %d: %w", m, m.Size(), world, ErrWorldSize)
+	}
+	return nil
+}
+
+// Coords returns rank's coordinates (row-major, last dim fastest).
+func (m Mesh) Coords(rank int) []int {
+	if rank < 0 || rank >= m.Size() {
+		panic(fmt.Sprintf("placement: rank %d outside mesh %s", rank, m))
+	}
+	c := make([]int, len(m.shape))
+	for i := len(m.shape) - 1; i >= 0; i-- {
+		c[i] = rank % m.shape[i]
+		rank /= m.shape[i]
+	}
+	return c
+}
+
+// Rank is the inverse of Coords.
+func (m Mesh) Rank(coords []int) int {
+	if len(coords) != len(m.shape) {
+		panic(fmt.Sprintf("placement: %d coords for mesh %s", len(coords), m))
+	}
+	r := 0
+	for i, c := range coords {
+		if c < 0 || c >= m.shape[i] {
+			panic(fmt.Sprintf("placement: coord %d outside mesh dim %d of %s", c, i, m))
+		}
+		r = r*m.shape[i] + c
+	}
+	return r
+}
+
+// Group returns the ranks that share rank's coordinates on every mesh dim except
+// dims, ordered row-major over dims in the order given (the first dim given varies
+// slowest). The group of a flattened set of dims {i, j} thus orders ranks the way
+// a tensor dim sharded by mesh dims i then j is nested. Group(rank) with no dims
+// is {rank}.
+func (m Mesh) Group(rank int, dims ...int) []int {
+	base := m.Coords(rank)
+	size := 1
+	for _, d := range dims {
+		size *= m.shape[d]
+	}
+	out := make([]int, size)
+	c := append([]int(nil), base...)
+	for k := 0; k < size; k++ {
+		rem := k
+		for i := len(dims) - 1; i >= 0; i-- {
+			d := dims[i]
+			c[d] = rem % m.shape[d]
+			rem /= m.shape[d]
+		}
+		out[k] = m.Rank(c)
+	}
+	return out
+}
+
+// GroupIndex is rank's position within Group(rank, dims...).
+func (m Mesh) GroupIndex(rank int, dims ...int) int {
+	c := m.Coords(rank)
+	k := 0
+	for _, d := range dims {
+		k = k*m.shape[d] + c[d]
+	}
+	return k
+}
+
+// Groups returns every group along dims, each ordered as Group orders it, the
+// groups ordered by their smallest rank.
+func (m Mesh) Groups(dims ...int) [][]int {
+	var out [][]int
+	seen := make([]bool, m.Size())
+	for r := 0; r < m.Size(); r++ {
+		if seen[r] {
+			continue
+		}
+		g := m.Group(r, dims...)
+		for _, x := range g {
+			seen[x] = true
+		}
+		out = append(out, g)
+	}
+	return out
+}

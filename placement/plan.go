@@ -1,0 +1,404 @@
+package placement
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// StepKind is what one redistribution step does.
+type StepKind uint8
+
+const (
+	// AllGather: S(d) -> R along the step's mesh dims.
+	AllGather StepKind = iota
+	// ReduceScatter: P -> S(d).
+	ReduceScatter
+	// AllReduce: P -> R.
+	AllReduce
+	// AllToAll: S(d) -> S(e); each rank keeps what it already holds of its new shard.
+	AllToAll
+	// LocalSlice: R -> S(d); no bytes move.
+	LocalSlice
+	// OwnerPartial: R -> P. For a sum, the rank at coordinate 0 of the mesh dim
+	// keeps the value and the others hold zeros (exact). For avg, max and min every
+	// rank keeps its copy, which already reduces to the value. No bytes move.
+	OwnerPartial
+)
+
+var stepNames = [...]string{
+	AllGather: "all_gather", ReduceScatter: "reduce_scatter", AllReduce: "all_reduce",
+	AllToAll: "all_to_all", LocalSlice: "local_slice", OwnerPartial: "owner_partial",
+}
+
+func (k StepKind) String() string {
+	if int(k) < len(stepNames) {
+		return stepNames[k]
+	}
+	return fmt.Sprintf("step(%d)", int(k))
+}
+
+// Moves reports whether the step sends bytes between ranks.
+func (k StepKind) Moves() bool { return k <= AllToAll }
+
+// Step is one collective (or local op) of a redistribution. The ranks taking part
+// form the groups along MeshDims (several dims: one flattened group, nested in the
+// order given). From and To are the tensor's whole spec before and after.
+type Step struct {
+	Kind     StepKind
+	MeshDims []int
+	// Dim is the tensor dim gathered (AllGather), scattered (ReduceScatter), sliced
+	// (LocalSlice), or sharded before an AllToAll.
+	Dim int
+	// ToDim is the tensor dim sharded after an AllToAll.
+	ToDim int
+	// Op is the reduction of AllReduce and ReduceScatter, the new partial op of
+	// OwnerPartial.
+	Op       ReduceOp
+	From, To Spec
+}
+
+// String reads like "all_gather(S(0)->R) on mesh dim tp".
+func (st Step) String() string {
+	dims := make([]string, len(st.MeshDims))
+	for i, d := range st.MeshDims {
+		dims[i] = st.From.Mesh.DimName(d)
+	}
+	var from, to []string
+	for _, d := range st.MeshDims {
+		from = append(from, st.From.Placements[d].String())
+		to = append(to, st.To.Placements[d].String())
+	}
+	return fmt.Sprintf("%s(%s->%s) on %s", st.Kind, strings.Join(from, ","), strings.Join(to, ","), strings.Join(dims, "+"))
+}
+
+// InputElems is the number of elements rank passes into the step (its local
+// shard before the step).
+func (st Step) InputElems(rank int) int64 { return st.From.LocalElems(rank) }
+
+// SendElems is the number of elements rank sends during the step under the ring
+// algorithms (all-gather: every chunk but the next rank's; reduce-scatter: every
+// chunk but its own; all-reduce: both; all-to-all: all it does not keep).
+func (st Step) SendElems(rank int) int64 {
+	if !st.Kind.Moves() {
+		return 0
+	}
+	g := st.From.Mesh.Group(rank, st.MeshDims...)
+	if len(g) == 1 {
+		return 0
+	}
+	k := st.From.Mesh.GroupIndex(rank, st.MeshDims...)
+	next := g[(k+1)%len(g)]
+	switch st.Kind {
+	case AllGather:
+		return st.To.LocalElems(rank) - st.From.LocalElems(next)
+	case ReduceScatter:
+		return st.From.LocalElems(rank) - st.To.LocalElems(rank)
+	case AllReduce:
+		// Ring reduce-scatter then all-gather over balanced pieces of the buffer.
+		n := st.From.LocalElems(rank)
+		p := len(g)
+		_, own := ShardRange(int(n), p, k, Balanced)
+		_, nxt := ShardRange(int(n), p, (k+1)%p, Balanced)
+		return 2*n - int64(own) - int64(nxt)
+	case AllToAll:
+		return st.From.LocalElems(rank) - overlap(st.From, st.To, rank)
+	}
+	return 0
+}
+
+// overlap counts the elements rank holds both before and after.
+func overlap(a, b Spec, rank int) int64 {
+	as, ao := a.Local(rank)
+	bs, bo := b.Local(rank)
+	n := int64(1)
+	for d := range as {
+		lo, hi := max(ao[d], bo[d]), min(ao[d]+as[d], bo[d]+bs[d])
+		if hi <= lo {
+			return 0
+		}
+		n *= int64(hi - lo)
+	}
+	return n
+}
+
+// Cost is the number of elements sent by all ranks of the mesh together.
+func (st Step) Cost() int64 {
+	var c int64
+	for r := 0; r < st.From.Mesh.Size(); r++ {
+		c += st.SendElems(r)
+	}
+	return c
+}
+
+// PlanCost sums the cost of steps.
+func PlanCost(steps []Step) int64 {
+	var c int64
+	for _, s := range steps {
+		c += s.Cost()
+	}
+	return c
+}
+
+// Plan returns the cheapest sequence of steps that turns a tensor laid out as
+// from into one laid out as to: the fewest elements sent in total, then the
+// fewest steps, then the first in a fixed order. It searches every order
+// (Dijkstra over the placements of all mesh dims), so on N-D meshes it uses
+// all-to-all rather than a gather where that is cheaper, and flattened groups
+// where one collective over several mesh dims beats several. A mesh dim that goes
+// from Shard to Partial is an error (ErrNoPath).
+func Plan(from, to Spec) ([]Step, error) {
+	if err := from.Validate(); err != nil {
+		return nil, err
+	}
+	if err := to.Validate(); err != nil {
+		return nil, err
+	}
+	if !from.Mesh.Equal(to.Mesh) || !slices.Equal(from.Shape, to.Shape) {
+		return nil, fmt.Errorf("placement: plan %s on %s -> %s on %s: shape or mesh differs: %w",
+			from, from.Mesh, to, to.Mesh, ErrInvalid)
+	}
+	for i := range from.Placements {
+		_, fs := from.Placements[i].(Shard)
+		_, tp := to.Placements[i].(Partial)
+		if fs && tp {
+			return nil, fmt.Errorf("placement: plan %s -> %s: mesh dim %s goes from %s to %s (S -> P): %w",
+				from, to, from.Mesh.DimName(i), from.Placements[i], to.Placements[i], ErrNoPath)
+		}
+	}
+	return search(from, to)
+}
+
+type node struct {
+	spec  Spec
+	cost  int64
+	steps int
+	path  []Step
+	done  bool
+}
+
+func (n *node) better(cost int64, steps int, key string) bool {
+	if cost != n.cost {
+		return cost < n.cost
+	}
+	if steps != n.steps {
+		return steps < n.steps
+	}
+	return key < pathKey(n.path)
+}
+
+func pathKey(steps []Step) string {
+	var b strings.Builder
+	for _, s := range steps {
+		b.WriteString(s.To.String())
+		b.WriteByte(';')
+	}
+	return b.String()
+}
+
+func search(from, to Spec) ([]Step, error) {
+	target := FormatList(to.Placements)
+	nodes := map[string]*node{FormatList(from.Placements): {spec: from}}
+	for {
+		// Pick the cheapest open node; ties by steps, then by key, for determinism.
+		var cur *node
+		var curKey string
+		for k, n := range nodes {
+			if n.done {
+				continue
+			}
+			if cur == nil || n.cost < cur.cost || (n.cost == cur.cost && (n.steps < cur.steps ||
+				(n.steps == cur.steps && k < curKey))) {
+				cur, curKey = n, k
+			}
+		}
+		if cur == nil {
+			return nil, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, ErrNoPath)
+		}
+		if curKey == target {
+			return cur.path, nil
+		}
+		cur.done = true
+		for _, st := range moves(cur.spec, from, to) {
+			key := FormatList(st.To.Placements)
+			cost, steps := cur.cost+st.Cost(), cur.steps+1
+			path := append(append([]Step(nil), cur.path...), st)
+			n, ok := nodes[key]
+			if !ok {
+				nodes[key] = &node{spec: st.To, cost: cost, steps: steps, path: path}
+				continue
+			}
+			if !n.done && n.better(cost, steps, pathKey(path)) {
+				n.cost, n.steps, n.path = cost, steps, path
+			}
+		}
+	}
+}
+
+// moves lists every single step out of s that keeps the spec valid. Shard
+// candidates are the tensor dims with the splits found in from and to (balanced
+// always); partial candidates use s's own op (to reduce it) or to's op (to make one).
+func moves(s, from, to Spec) []Step {
+	var shards []Shard
+	seen := map[Shard]bool{}
+	addShard := func(sh Shard) {
+		if !seen[sh] {
+			seen[sh] = true
+			shards = append(shards, sh)
+		}
+	}
+	for d := range s.Shape {
+		addShard(Shard{Dim: d})
+	}
+	for _, sp := range []Spec{from, to} {
+		for _, p := range sp.Placements {
+			if sh, ok := p.(Shard); ok {
+				addShard(sh)
+			}
+		}
+	}
+	curOp, hasP := s.PartialOp()
+	toOp, toHasP := to.PartialOp()
+
+	var out []Step
+	add := func(kind StepKind, dims []int, next []Placement, dim, toDim int, op ReduceOp) {
+		ns := s.WithPlacements(next...)
+		if ns.Validate() != nil {
+			return
+		}
+		out = append(out, Step{Kind: kind, MeshDims: dims, Dim: dim, ToDim: toDim, Op: op, From: s, To: ns})
+	}
+	// last reports whether mesh dim i is the innermost sharder of tensor dim d.
+	last := func(ps []Placement, i, d int) bool {
+		for j := i + 1; j < len(ps); j++ {
+			if sh, ok := ps[j].(Shard); ok && sh.Dim == d {
+				return false
+			}
+		}
+		return true
+	}
+	for i, p := range s.Placements {
+		switch p := p.(type) {
+		case Shard:
+			if !last(s.Placements, i, p.Dim) {
+				continue
+			}
+			next := slices.Clone(s.Placements)
+			next[i] = Replicate{}
+			add(AllGather, []int{i}, next, p.Dim, 0, 0)
+			for _, sh := range shards {
+				if sh == p || !last(s.Placements, i, sh.Dim) {
+					continue
+				}
+				next := slices.Clone(s.Placements)
+				next[i] = sh
+				add(AllToAll, []int{i}, next, p.Dim, sh.Dim, 0)
+			}
+		case Replicate:
+			for _, sh := range shards {
+				if !last(s.Placements, i, sh.Dim) {
+					continue
+				}
+				next := slices.Clone(s.Placements)
+				next[i] = sh
+				add(LocalSlice, []int{i}, next, sh.Dim, 0, 0)
+			}
+			if toHasP && (!hasP || curOp == toOp) {
+				if _, want := to.Placements[i].(Partial); want {
+					next := slices.Clone(s.Placements)
+					next[i] = Partial{Op: toOp}
+					add(OwnerPartial, []int{i}, next, 0, 0, toOp)
+				}
+			}
+		case Partial:
+			next := slices.Clone(s.Placements)
+			next[i] = Replicate{}
+			add(AllReduce, []int{i}, next, 0, 0, p.Op)
+			for _, sh := range shards {
+				if !last(s.Placements, i, sh.Dim) {
+					continue
+				}
+				next := slices.Clone(s.Placements)
+				next[i] = sh
+				add(ReduceScatter, []int{i}, next, sh.Dim, 0, p.Op)
+			}
+		}
+	}
+	flattened(s, shards, add)
+	return out
+}
+
+// flattened adds the steps over several mesh dims at once: one all-reduce over
+// any set of partial dims, one all-gather of the innermost sharders of a tensor
+// dim, one reduce-scatter of several partial dims onto one tensor dim.
+func flattened(s Spec, shards []Shard, add func(StepKind, []int, []Placement, int, int, ReduceOp)) {
+	n := len(s.Placements)
+	if n < 2 {
+		return
+	}
+	op, _ := s.PartialOp()
+	for mask := 1; mask < 1<<n; mask++ {
+		var dims []int
+		for i := 0; i < n; i++ {
+			if mask&(1<<i) != 0 {
+				dims = append(dims, i)
+			}
+		}
+		if len(dims) < 2 {
+			continue
+		}
+		allP, sameShard := true, true
+		first, firstIsShard := s.Placements[dims[0]].(Shard)
+		for _, i := range dims {
+			if _, ok := s.Placements[i].(Partial); !ok {
+				allP = false
+			}
+			if sh, ok := s.Placements[i].(Shard); !ok || sh != first {
+				sameShard = false
+			}
+		}
+		if allP {
+			next := slices.Clone(s.Placements)
+			for _, i := range dims {
+				next[i] = Replicate{}
+			}
+			add(AllReduce, dims, next, 0, 0, op)
+			for _, sh := range shards {
+				if !innermostAfter(s.Placements, dims, sh.Dim) {
+					continue
+				}
+				next := slices.Clone(s.Placements)
+				for _, i := range dims {
+					next[i] = sh
+				}
+				add(ReduceScatter, dims, next, sh.Dim, 0, op)
+			}
+		}
+		if firstIsShard && sameShard && innermostAfter(s.Placements, dims, first.Dim) {
+			// The dims must be the innermost sharders of the tensor dim, with no
+			// other sharder of it between them.
+			sh := s.Sharders(first.Dim)
+			if slices.Equal(sh[len(sh)-len(dims):], dims) {
+				next := slices.Clone(s.Placements)
+				for _, i := range dims {
+					next[i] = Replicate{}
+				}
+				add(AllGather, dims, next, first.Dim, 0, 0)
+			}
+		}
+	}
+}
+
+// innermostAfter reports whether no mesh dim after the first of dims, other than
+// dims themselves, shards tensor dim d.
+func innermostAfter(ps []Placement, dims []int, d int) bool {
+	for j := dims[0] + 1; j < len(ps); j++ {
+		if slices.Contains(dims, j) {
+			continue
+		}
+		if sh, ok := ps[j].(Shard); ok && sh.Dim == d {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,244 @@
+package placement
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// ShardRange is the one function that decides shard sizes: the offset and size
+// of piece r when a dim of length n is split into p pieces. Balanced gives
+// floor(n/p) + (r < n mod p ? 1 : 0); Chunk gives ceil(n/p) to each piece until
+// the dim runs out. Any n >= 0 works, including n < p and n = 0.
+func ShardRange(n, p, r int, split Split) (offset, size int) {
+	if p <= 0 || r < 0 || r >= p || n < 0 {
+		panic(fmt.Sprintf("placement: ShardRange(n=%d, p=%d, r=%d)", n, p, r))
+	}
+	if split == Chunk {
+		c := (n + p - 1) / p
+		offset = min(r*c, n)
+		return offset, min(c, n-offset)
+	}
+	q, rem := n/p, n%p
+	return r*q + min(r, rem), q + b2i(r < rem)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Spec is a tensor's global shape, the mesh it lives on and one placement per
+// mesh dim. A tensor dim may be sharded by several mesh dims: they nest left to
+// right (the lower mesh dim splits first, the next splits each piece again).
+// All partial placements of a spec share one reduce op.
+type Spec struct {
+	Shape      []int
+	Mesh       Mesh
+	Placements []Placement
+}
+
+// NewSpec builds and validates a spec.
+func NewSpec(shape []int, mesh Mesh, ps ...Placement) (Spec, error) {
+	s := Spec{Shape: append([]int(nil), shape...), Mesh: mesh, Placements: append([]Placement(nil), ps...)}
+	return s, s.Validate()
+}
+
+// MustSpec is NewSpec that panics on error, for tests and literals.
+func MustSpec(shape []int, mesh Mesh, ps ...Placement) Spec {
+	s, err := NewSpec(shape, mesh, ps...)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Validate reports the first problem with the spec.
+func (s Spec) Validate() error {
+	if s.Mesh.NDim() == 0 {
+		return fmt.Errorf("placement: spec %s has no mesh: %w", s, ErrInvalid)
+	}
+	if len(s.Placements) != s.Mesh.NDim() {
+		return fmt.Errorf("placement: spec %s has %d placements for the %d-D mesh %s: %w",
+			s, len(s.Placements), s.Mesh.NDim(), s.Mesh, ErrInvalid)
+	}
+	for i, n := range s.Shape {
+		if n < 0 {
+			return fmt.Errorf("placement: spec %s: dim %d has negative size: %w", s, i, ErrInvalid)
+		}
+	}
+	var op *ReduceOp
+	for i, p := range s.Placements {
+		switch p := p.(type) {
+		case Shard:
+			if p.Dim < 0 || p.Dim >= len(s.Shape) {
+				return fmt.Errorf("placement: spec %s: mesh dim %d shards tensor dim %d of a %d-D tensor: %w",
+					s, i, p.Dim, len(s.Shape), ErrInvalid)
+			}
+			if p.Split > Chunk {
+				return fmt.Errorf("placement: spec %s: unknown split: %w", s, ErrInvalid)
+			}
+		case Partial:
+			if p.Op > Min {
+				return fmt.Errorf("placement: spec %s: unknown reduce op: %w", s, ErrInvalid)
+			}
+			if op != nil && *op != p.Op {
+				return fmt.Errorf("placement: spec %s mixes P(%s) and P(%s): %w", s, *op, p.Op, ErrInvalid)
+			}
+			op = &p.Op
+		case Replicate:
+		default:
+			return fmt.Errorf("placement: spec %s: unknown placement %T: %w", s, p, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// String renders "8x16:[S(0),R]" (the mesh is not included).
+func (s Spec) String() string {
+	return FormatShape(s.Shape) + ":" + FormatList(s.Placements)
+}
+
+// FormatShape renders "8x16"; a scalar renders as "()".
+func FormatShape(shape []int) string {
+	if len(shape) == 0 {
+		return "()"
+	}
+	parts := make([]string, len(shape))
+	for i, n := range shape {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, "x")
+}
+
+// ParseShape reads "8x16" or "()" for a scalar. Sizes may be 0.
+func ParseShape(s string) ([]int, error) {
+	if s == "()" {
+		return []int{}, nil
+	}
+	var out []int
+	for _, part := range strings.Split(s, "x") {
+		if part == "0" {
+			out = append(out, 0)
+			continue
+		}
+		n, err := parseSize(part)
+		if err != nil {
+			return nil, fmt.Errorf("placement: shape %q: %w", s, err)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// ParseSpec reads "8x16:[S(0),R]" against a mesh.
+func ParseSpec(s string, mesh Mesh) (Spec, error) {
+	shape, pls, ok := strings.Cut(s, ":")
+	if !ok {
+		return Spec{}, fmt.Errorf("placement: spec %q: want SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R]: %w", s, ErrSyntax)
+	}
+	sh, err := ParseShape(shape)
+	if err != nil {
+		return Spec{}, err
+	}
+	ps, err := ParseList(pls)
+	if err != nil {
+		return Spec{}, err
+	}
+	return NewSpec(sh, mesh, ps...)
+}
+
+// Equal reports whether two specs have the same shape, mesh and placements.
+func (s Spec) Equal(o Spec) bool {
+	if len(s.Shape) != len(o.Shape) || len(s.Placements) != len(o.Placements) || !s.Mesh.Equal(o.Mesh) {
+		return false
+	}
+	for i := range s.Shape {
+		if s.Shape[i] != o.Shape[i] {
+			return false
+		}
+	}
+	for i := range s.Placements {
+		if s.Placements[i] != o.Placements[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// With returns a copy of s with placement p on mesh dim i.
+func (s Spec) With(i int, p Placement) Spec {
+	ps := append([]Placement(nil), s.Placements...)
+	ps[i] = p
+	return Spec{Shape: s.Shape, Mesh: s.Mesh, Placements: ps}
+}
+
+// WithPlacements returns a copy of s with other placements.
+func (s Spec) WithPlacements(ps ...Placement) Spec {
+	return Spec{Shape: s.Shape, Mesh: s.Mesh, Placements: append([]Placement(nil), ps...)}
+}
+
+// Sharders lists, in nesting order, the mesh dims that shard tensor dim d.
+func (s Spec) Sharders(d int) []int {
+	var out []int
+	for i, p := range s.Placements {
+		if sh, ok := p.(Shard); ok && sh.Dim == d {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// PartialOp returns the spec's pending reduction, if any mesh dim is Partial.
+func (s Spec) PartialOp() (ReduceOp, bool) {
+	for _, p := range s.Placements {
+		if q, ok := p.(Partial); ok {
+			return q.Op, true
+		}
+	}
+	return 0, false
+}
+
+// NumElems is the number of elements of the global tensor.
+func (s Spec) NumElems() int64 { return numElems(s.Shape) }
+
+func numElems(shape []int) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		n *= int64(d)
+	}
+	return n
+}
+
+// Local returns the shape and offset (in the global tensor) of rank's shard.
+func (s Spec) Local(rank int) (shape, offset []int) {
+	coords := s.Mesh.Coords(rank)
+	shape = append([]int(nil), s.Shape...)
+	offset = make([]int, len(s.Shape))
+	for i, p := range s.Placements {
+		sh, ok := p.(Shard)
+		if !ok {
+			continue
+		}
+		off, n := ShardRange(shape[sh.Dim], s.Mesh.Dim(i), coords[i], sh.Split)
+		offset[sh.Dim] += off
+		shape[sh.Dim] = n
+	}
+	return shape, offset
+}
+
+// LocalShape is the shape of rank's shard.
+func (s Spec) LocalShape(rank int) []int {
+	shape, _ := s.Local(rank)
+	return shape
+}
+
+// LocalElems is the number of elements in rank's shard.
+func (s Spec) LocalElems(rank int) int64 { return numElems(s.LocalShape(rank)) }
+
+// Owner reports whether rank holds the value when a replicated tensor becomes
+// Partial(sum) along mesh dim i: the rank at coordinate 0 keeps it, the others
+// hold zeros, so the sum is exact (never a division by the group size).
+func (s Spec) Owner(rank, i int) bool { return s.Mesh.Coords(rank)[i] == 0 }

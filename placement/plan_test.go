@@ -1,0 +1,202 @@
+package placement_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	. "github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/placement/sim"
+)
+
+func planString(steps []Step) string {
+	var parts []string
+	for _, s := range steps {
+		parts = append(parts, s.String())
+	}
+	return strings.Join(parts, "; ")
+}
+
+func TestPlanCases(t *testing.T) {
+	m1 := MustMesh([]int{4}, []string{"tp"})
+	m2 := MustMesh([]int{2, 2}, []string{"dp", "tp"})
+	for _, tc := range []struct {
+		name     string
+		mesh     Mesh
+		shape    []int
+		from, to string
+		want     string
+	}{
+		{"gather", m1, []int{8, 4}, "[S(0)]", "[R]", "all_gather(S(0)->R) on tp"},
+		{"all-reduce", m1, []int{8, 4}, "[P]", "[R]", "all_reduce(P->R) on tp"},
+		{"reduce-scatter not AR+slice", m1, []int{8, 4}, "[P]", "[S(0)]", "reduce_scatter(P->S(0)) on tp"},
+		{"slice", m1, []int{8, 4}, "[R]", "[S(1)]", "local_slice(R->S(1)) on tp"},
+		{"owner partial", m1, []int{8, 4}, "[R]", "[P]", "owner_partial(R->P) on tp"},
+		{"all-to-all", m1, []int{8, 4}, "[S(0)]", "[S(1)]", "all_to_all(S(0)->S(1)) on tp"},
+		{"nothing", m2, []int{8, 4}, "[S(0),R]", "[S(0),R]", ""},
+		{"flattened all-reduce", m2, []int{8, 4}, "[P,P]", "[R,R]", "all_reduce(P,P->R,R) on dp+tp"},
+		{"flattened gather", m2, []int{8, 4}, "[S(0),S(0)]", "[R,R]", "all_gather(S(0),S(0)->R,R) on dp+tp"},
+		{"swap without full gather", m2, []int{8, 8}, "[S(0),S(1)]", "[S(1),S(0)]",
+			"all_gather(S(0)->R) on dp; all_to_all(S(1)->S(0)) on tp; local_slice(R->S(1)) on dp"},
+		{"avg partial", m1, []int{5}, "[P(avg)]", "[R]", "all_reduce(P(avg)->R) on tp"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			from := mustSpec(t, tc.shape, tc.mesh, tc.from)
+			to := mustSpec(t, tc.shape, tc.mesh, tc.to)
+			steps, err := Plan(from, to)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := planString(steps); got != tc.want {
+				t.Fatalf("plan %s -> %s:\n got %s\nwant %s", tc.from, tc.to, got, tc.want)
+			}
+			checkPlan(t, from, to, steps, rand.New(rand.NewPCG(1, 2)))
+		})
+	}
+}
+
+func TestPlanRefusesShardToPartial(t *testing.T) {
+	m := MustMesh([]int{2}, nil)
+	_, err := Plan(MustSpec([]int{4}, m, Shard{}), MustSpec([]int{4}, m, Partial{}))
+	if !errors.Is(err, ErrNoPath) {
+		t.Fatalf("S -> P: %v", err)
+	}
+}
+
+func mustSpec(t testing.TB, shape []int, m Mesh, pl string) Spec {
+	t.Helper()
+	ps, err := ParseList(pl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSpec(shape, m, ps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// checkPlan runs steps on simulated ranks and checks that the tensor arrives
+// intact, every step's input is what the plan says, and costs are consistent.
+func checkPlan(t testing.TB, from, to Spec, steps []Step, rng *rand.Rand) {
+	t.Helper()
+	global := sim.New(from.Shape...)
+	for i := range global.Data {
+		global.Data[i] = float64(rng.IntN(1000)) // exact in any order of sums
+	}
+	locals := sim.Shard(global, from)
+	cur := from
+	for _, st := range steps {
+		if !st.From.Equal(cur) {
+			t.Fatalf("step %s starts from %s, plan is at %s", st, st.From, cur)
+		}
+		if st.InputElems(0) != int64(len(locals[0].Data)) {
+			t.Fatalf("step %s: InputElems(0) = %d, rank 0 holds %d", st, st.InputElems(0), len(locals[0].Data))
+		}
+		var err error
+		locals, err = sim.Step(locals, st)
+		if err != nil {
+			t.Fatalf("%s: %v", st, err)
+		}
+		cur = st.To
+	}
+	if !cur.Equal(to) {
+		t.Fatalf("plan ends at %s, want %s", cur, to)
+	}
+	got, err := sim.Assemble(locals, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range got.Data {
+		if got.Data[i] != global.Data[i] {
+			t.Fatalf("%s -> %s: element %d = %g, want %g (plan %s)", from, to, i, got.Data[i], global.Data[i], planString(steps))
+		}
+	}
+}
+
+var meshes = []Mesh{
+	MustMesh([]int{1}, nil), MustMesh([]int{2}, nil), MustMesh([]int{3}, nil), MustMesh([]int{4}, nil),
+	MustMesh([]int{2, 2}, []string{"dp", "tp"}), MustMesh([]int{2, 3}, nil), MustMesh([]int{3, 2}, nil),
+	MustMesh([]int{2, 1, 2}, nil),
+}
+
+func randomSpec(rng *rand.Rand, shape []int, m Mesh, op ReduceOp) Spec {
+	for {
+		ps := make([]Placement, m.NDim())
+		for i := range ps {
+			switch k := rng.IntN(4); {
+			case k == 0:
+				ps[i] = Replicate{}
+			case k == 1:
+				ps[i] = Partial{Op: op}
+			default:
+				ps[i] = Shard{Dim: rng.IntN(len(shape)), Split: Split(rng.IntN(4) / 3)}
+			}
+		}
+		if s, err := NewSpec(shape, m, ps...); err == nil {
+			return s
+		}
+	}
+}
+
+// TestPlanRandom plans between random specs on 1-D, 2-D and 3-D meshes with even,
+// uneven and tiny sizes, and checks every plan on simulated ranks.
+func TestPlanRandom(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	n := 400
+	if testing.Short() {
+		n = 100
+	}
+	for i := 0; i < n; i++ {
+		m := meshes[rng.IntN(len(meshes))]
+		shape := []int{rng.IntN(8), 1 + rng.IntN(7)}
+		if rng.IntN(3) == 0 {
+			shape = append(shape, rng.IntN(5))
+		}
+		op := ReduceOp(rng.IntN(4))
+		from, to := randomSpec(rng, shape, m, op), randomSpec(rng, shape, m, op)
+		t.Run(fmt.Sprintf("%s/%s->%s", m, from, to), func(t *testing.T) {
+			steps, err := Plan(from, to)
+			if err != nil {
+				if errors.Is(err, ErrNoPath) && shardToPartial(from, to) {
+					return
+				}
+				t.Fatal(err)
+			}
+			checkPlan(t, from, to, steps, rng)
+		})
+	}
+}
+
+func shardToPartial(from, to Spec) bool {
+	for i := range from.Placements {
+		_, s := from.Placements[i].(Shard)
+		_, p := to.Placements[i].(Partial)
+		if s && p {
+			return true
+		}
+	}
+	return false
+}
+
+func FuzzPlan(f *testing.F) {
+	f.Add(uint64(1), uint8(4), uint8(3), uint8(2))
+	f.Add(uint64(99), uint8(0), uint8(1), uint8(5))
+	f.Fuzz(func(t *testing.T, seed uint64, mi, d0, d1 uint8) {
+		rng := rand.New(rand.NewPCG(seed, seed>>7))
+		m := meshes[int(mi)%len(meshes)]
+		shape := []int{int(d0 % 9), int(d1 % 9)}
+		op := ReduceOp(seed % 4)
+		from, to := randomSpec(rng, shape, m, op), randomSpec(rng, shape, m, op)
+		steps, err := Plan(from, to)
+		if err != nil {
+			if shardToPartial(from, to) {
+				return
+			}
+			t.Fatalf("%s -> %s: %v", from, to, err)
+		}
+		checkPlan(t, from, to, steps, rng)
+	})
+}

@@ -1,0 +1,182 @@
+package cpu
+
+import (
+	"sync"
+)
+
+// gemmArgs is one row-major GEMM: c = alpha·op(a)·op(b) + beta·c.
+type gemmArgs[T float] struct {
+	transA, transB bool
+	m, n, k        int
+	alpha, beta    T
+	a, b, c        []T
+	lda, ldb, ldc  int
+}
+
+// packBuf holds one goroutine's packed panels.
+type packBuf[T float] struct {
+	a, b, tile []T
+}
+
+// gemmJob is a GEMM split into parts over whole micro-tiles. Jobs and their pack
+// buffers are pooled, so a call allocates nothing in the steady state.
+type gemmJob[T float] struct {
+	gemmArgs[T]
+	uk     *ukernel[T]
+	parts  int
+	splitN bool
+	bufs   *freeList[packBuf[T]]
+	wg     sync.WaitGroup
+}
+
+// workPerThr is the least work (flops) worth handing to another goroutine.
+var workPerThr = 1 << 21
+
+// engine is everything the provider runs for one element type.
+type engine[T float] struct {
+	uk    *ukernel[T]
+	dot   dotFunc[T]
+	axpy  axpyFunc[T]
+	jobs  *sync.Pool
+	bufs  *freeList[packBuf[T]]
+	gemvs *sync.Pool
+}
+
+// gemm computes one GEMM on up to threads goroutines. The partition is over
+// micro-tiles of a grid anchored at (0, 0) and K is never split, so every element
+// of c is computed by the same instructions in the same order whatever the
+// thread count. M = 1 takes the GEMV path.
+func (e *engine[T]) gemm(g gemmArgs[T], threads int) {
+	if g.m == 0 || g.n == 0 {
+		return
+	}
+	if g.k == 0 || g.alpha == 0 {
+		scale(g.c, g.ldc, g.m, g.n, g.beta)
+		return
+	}
+	if g.m == 1 && (!g.transA || g.lda == 1) {
+		// c[0,:] = alpha·a[0,:]·op(B) + beta·c[0,:]
+		if g.transB {
+			e.gemv(false, g.n, g.k, g.b, g.ldb, g.a, g.c, g.alpha, g.beta, threads)
+		} else {
+			e.gemv(true, g.k, g.n, g.b, g.ldb, g.a, g.c, g.alpha, g.beta, threads)
+		}
+		return
+	}
+	uk := e.uk
+	j := e.jobs.Get().(*gemmJob[T])
+	j.gemmArgs, j.uk, j.bufs = g, uk, e.bufs
+	tilesM := (g.m + uk.mr - 1) / uk.mr
+	tilesN := (g.n + uk.nr - 1) / uk.nr
+	flops := 2 * g.m * g.n * g.k
+	threads = max(1, min(threads, flops/workPerThr))
+	j.splitN = g.n >= g.m && tilesN >= threads || tilesM < threads
+	if j.splitN {
+		j.parts = min(threads, tilesN)
+	} else {
+		j.parts = min(threads, tilesM)
+	}
+	parallel(j, j.parts, &j.wg)
+	j.gemmArgs = gemmArgs[T]{}
+	e.jobs.Put(j)
+}
+
+func (e *engine[T]) gemv(trans bool, rows, cols int, a []T, lda int, x, out []T, alpha, beta T, threads int) {
+	gemv(trans, rows, cols, a, lda, x, out, alpha, beta, threads, e.dot, e.axpy, e.gemvs)
+}
+
+func (j *gemmJob[T]) run(part int) {
+	uk := j.uk
+	i0, i1, j0, j1 := 0, j.m, 0, j.n
+	if j.splitN {
+		t0, t1 := span((j.n+uk.nr-1)/uk.nr, j.parts, part)
+		j0, j1 = t0*uk.nr, min(t1*uk.nr, j.n)
+	} else {
+		t0, t1 := span((j.m+uk.mr-1)/uk.mr, j.parts, part)
+		i0, i1 = t0*uk.mr, min(t1*uk.mr, j.m)
+	}
+	if i0 >= i1 || j0 >= j1 {
+		return
+	}
+	buf := j.bufs.get()
+	j.block(buf, i0, i1, j0, j1)
+	j.bufs.put(buf)
+}
+
+func grow[T float](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+// block computes c[i0:i1, j0:j1] with the BLIS loop nest: jc over nc columns,
+// pc over kc of K (B panel packed once, shared by all row blocks), ic over mc rows
+// (A panel packed), then micro-panels jr and micro-tiles ir.
+func (j *gemmJob[T]) block(buf *packBuf[T], i0, i1, j0, j1 int) {
+	uk := j.uk
+	mr, nr := uk.mr, uk.nr
+	kcMax := min(uk.kc, j.k)
+	ncMax := min(uk.nc, (j1-j0+nr-1)/nr*nr)
+	mcMax := min(uk.mc, (i1-i0+mr-1)/mr*mr)
+	buf.b = grow(buf.b, kcMax*ncMax)
+	buf.a = grow(buf.a, kcMax*mcMax)
+	buf.tile = grow(buf.tile, mr*nr)
+	for jc := j0; jc < j1; jc += uk.nc {
+		nc := min(uk.nc, j1-jc)
+		for pc := 0; pc < j.k; pc += uk.kc {
+			kc := min(uk.kc, j.k-pc)
+			beta := j.beta
+			if pc > 0 {
+				beta = 1
+			}
+			packB(buf.b, j.b, j.ldb, j.transB, pc, kc, jc, nc, nr)
+			for ic := i0; ic < i1; ic += uk.mc {
+				mc := min(uk.mc, i1-ic)
+				packA(buf.a, j.a, j.lda, j.transA, ic, mc, pc, kc, mr)
+				for jr := 0; jr < nc; jr += nr {
+					cols := min(nr, nc-jr)
+					bp := &buf.b[(jr/nr)*kc*nr]
+					for ir := 0; ir < mc; ir += mr {
+						rows := min(mr, mc-ir)
+						ap := &buf.a[(ir/mr)*kc*mr]
+						ci := (ic+ir)*j.ldc + jc + jr
+						if uk.masked || (rows == mr && cols == nr) {
+							uk.fn(kc, ap, bp, nr, &j.c[ci], j.ldc, rows, 1<<cols-1, j.alpha, beta)
+							continue
+						}
+						t := buf.tile
+						uk.fn(kc, ap, bp, nr, &t[0], nr, mr, 1<<nr-1, 1, 0)
+						for r := 0; r < rows; r++ {
+							crow := j.c[ci+r*j.ldc:][:cols]
+							trow := t[r*nr:][:cols]
+							if beta == 0 {
+								for x := range crow {
+									crow[x] = j.alpha * trow[x]
+								}
+							} else {
+								for x := range crow {
+									crow[x] = j.alpha*trow[x] + beta*crow[x]
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// scale sets c = beta·c (c = 0 without reading it when beta == 0).
+func scale[T float](c []T, ldc, m, n int, beta T) {
+	for i := 0; i < m; i++ {
+		row := c[i*ldc:][:n]
+		if beta == 0 {
+			clear(row)
+		} else if beta != 1 {
+			for x := range row {
+				row[x] *= beta
+			}
+		}
+	}
+}

@@ -38,7 +38,8 @@ func (k StepKind) String() string {
 	return fmt.Sprintf("step(%d)", int(k))
 }
 
-// Moves reports whether the step sends bytes between ranks.
+// Moves reports whether steps of this kind send bytes between ranks (over
+// groups of more than one rank).
 func (k StepKind) Moves() bool { return k <= AllToAll }
 
 // Step is one collective (or local op) of a redistribution. The ranks taking part
@@ -72,6 +73,19 @@ func (st Step) String() string {
 	return fmt.Sprintf("%s(%s->%s) on %s", st.Kind, strings.Join(from, ","), strings.Join(to, ","), strings.Join(dims, "+"))
 }
 
+// GroupSize is the number of ranks in each of the step's groups.
+func (st Step) GroupSize() int {
+	n := 1
+	for _, d := range st.MeshDims {
+		n *= st.From.Mesh.Dim(d)
+	}
+	return n
+}
+
+// Moves reports whether the step sends bytes: a collective over groups of more
+// than one rank. A step over a mesh dim of size 1 only relabels the layout.
+func (st Step) Moves() bool { return st.Kind.Moves() && st.GroupSize() > 1 }
+
 // InputElems is the number of elements rank passes into the step (its local
 // shard before the step).
 func (st Step) InputElems(rank int) int64 { return st.From.LocalElems(rank) }
@@ -80,13 +94,10 @@ func (st Step) InputElems(rank int) int64 { return st.From.LocalElems(rank) }
 // algorithms (all-gather: every chunk but the next rank's; reduce-scatter: every
 // chunk but its own; all-reduce: both; all-to-all: all it does not keep).
 func (st Step) SendElems(rank int) int64 {
-	if !st.Kind.Moves() {
+	if !st.Moves() {
 		return 0
 	}
 	g := st.From.Mesh.Group(rank, st.MeshDims...)
-	if len(g) == 1 {
-		return 0
-	}
 	k := st.From.Mesh.GroupIndex(rank, st.MeshDims...)
 	next := g[(k+1)%len(g)]
 	switch st.Kind {

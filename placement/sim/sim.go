@@ -188,7 +188,7 @@ func Run(locals []Tensor, steps []placement.Step) ([]Tensor, []Traffic, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		if st.Kind.Moves() {
+		if st.Moves() {
 			log = append(log, Traffic{Kind: st.Kind, MeshDims: st.MeshDims, InputElems: int64(len(locals[0].Data))})
 		}
 		locals = next

@@ -1,0 +1,306 @@
+package spmd
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/placement/sim"
+)
+
+// evalOp computes an op on dense float64 tensors, locally: the reference every
+// rule is checked against, applied both to whole tensors and to each rank's shards.
+func evalOp(op, equation string, ins []sim.Tensor, outShape []int) (sim.Tensor, error) {
+	lhs, out, _ := strings.Cut(equation, "->")
+	terms := strings.Split(lhs, ",")
+	size := map[byte]int{}
+	for j, t := range terms {
+		if len(t) != len(ins[j].Shape) {
+			return sim.Tensor{}, fmt.Errorf("%s: input %d has shape %v for term %q", op, j, ins[j].Shape, t)
+		}
+		for d := range t {
+			if t[d] == bcast {
+				continue
+			}
+			if n, ok := size[t[d]]; ok && n != ins[j].Shape[d] {
+				return sim.Tensor{}, fmt.Errorf("%s: local sizes of %q disagree: %d vs %d", op, string(t[d]), n, ins[j].Shape[d])
+			}
+			size[t[d]] = ins[j].Shape[d]
+		}
+	}
+	// Output letters no input has (a broadcast) take their size from outShape.
+	for d := range out {
+		if _, ok := size[out[d]]; !ok && out[d] != bcast {
+			size[out[d]] = outShape[d]
+		}
+	}
+	oshape := make([]int, len(out))
+	for d := range out {
+		oshape[d] = 1
+		if out[d] != bcast {
+			oshape[d] = size[out[d]]
+		}
+	}
+	res := sim.New(oshape...)
+	var letters []byte
+	for _, t := range append(slices.Clone(terms), out) {
+		for _, l := range []byte(t) {
+			if l != bcast && !slices.Contains(letters, l) {
+				letters = append(letters, l)
+			}
+		}
+	}
+	offset := func(t string, shape []int, val map[byte]int) int {
+		k := 0
+		for d := range t {
+			v := 0
+			if t[d] != bcast {
+				v = val[t[d]]
+			}
+			k = k*shape[d] + v
+		}
+		return k
+	}
+	val := map[byte]int{}
+	var visit func(i int, f func())
+	visit = func(i int, f func()) {
+		if i == len(letters) {
+			f()
+			return
+		}
+		for v := 0; v < size[letters[i]]; v++ {
+			val[letters[i]] = v
+			visit(i+1, f)
+		}
+	}
+	switch {
+	case op == "gelu" || op == "relu":
+		for k, x := range ins[0].Data {
+			res.Data[k] = unaryF(op, x)
+		}
+	case strings.HasSuffix(op, "_backward"):
+		for k := range res.Data {
+			res.Data[k] = ins[0].Data[k] * unaryGrad(strings.TrimSuffix(op, "_backward"), ins[1].Data[k])
+		}
+	case op == "add" || len(ins) == 1:
+		// Sum form: each input broadcast to the output, summed over its letters the
+		// output lacks.
+		for j, t := range terms {
+			// Visit only the letters of this term and the output.
+			saved := letters
+			letters = nil
+			for _, l := range []byte(t + out) {
+				if l != bcast && !slices.Contains(letters, l) {
+					letters = append(letters, l)
+				}
+			}
+			visit(0, func() {
+				res.Data[offset(out, oshape, val)] += ins[j].Data[offset(t, ins[j].Shape, val)]
+			})
+			letters = saved
+		}
+	default:
+		n := len(terms)
+		if op == "linear" {
+			n-- // the bias is added below
+		}
+		visit(0, func() {
+			p := 1.0
+			for j := 0; j < n; j++ {
+				p *= ins[j].Data[offset(terms[j], ins[j].Shape, val)]
+			}
+			res.Data[offset(out, oshape, val)] += p
+		})
+		if op == "linear" {
+			saved := letters
+			letters = []byte(strings.ReplaceAll(out, string(rune(bcast)), ""))
+			b := len(terms) - 1
+			visit(0, func() {
+				res.Data[offset(out, oshape, val)] += ins[b].Data[offset(terms[b], ins[b].Shape, val)]
+			})
+			letters = saved
+		}
+	}
+	return res, nil
+}
+
+func unaryF(op string, x float64) float64 {
+	if op == "relu" {
+		return max(x, 0)
+	}
+	return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
+}
+
+func unaryGrad(op string, x float64) float64 {
+	if op == "relu" {
+		if x > 0 {
+			return 1
+		}
+		return 0
+	}
+	c := math.Sqrt(2 / math.Pi)
+	u := c * (x + 0.044715*x*x*x)
+	t := math.Tanh(u)
+	return 0.5*(1+t) + 0.5*x*(1-t*t)*c*(1+3*0.044715*x*x)
+}
+
+func randomTensor(rng *rand.Rand, shape []int) sim.Tensor {
+	t := sim.New(shape...)
+	for i := range t.Data {
+		t.Data[i] = rng.Float64()*2 - 1
+	}
+	return t
+}
+
+// runPlan executes a plan on simulated ranks: moves the inputs (given as the
+// ranks' locals), runs the local op on every rank, moves the output. It returns
+// the ranks' final locals, the locals the local op consumed, and checks that the
+// collectives executed are the plan's.
+// held maps "name layout" to locals a caller already holds (dy gathered once for
+// several gradients); runPlan adds every layout it moves an input to.
+func runPlan(p *Plan, locals [][]sim.Tensor, held map[string][]sim.Tensor) (final []sim.Tensor, consumed [][]sim.Tensor, err error) {
+	consumed = make([][]sim.Tensor, len(locals))
+	copy(consumed, locals)
+	for j, in := range p.Inputs {
+		if l := p.Local[j].Spec; !l.Equal(in.Spec) && !slices.ContainsFunc(p.Moves, func(m Move) bool { return m.Tensor == in.Name }) {
+			h, ok := held[in.Name+" "+l.String()]
+			if !ok {
+				return nil, nil, fmt.Errorf("plan uses %s as %s without moving it and nobody holds it", in.Name, l)
+			}
+			consumed[j] = h
+		}
+	}
+	var traffic []sim.Traffic
+	var outMove *Move
+	for _, m := range p.Moves {
+		j := slices.IndexFunc(p.Inputs, func(o Operand) bool { return o.Name == m.Tensor })
+		if j < 0 {
+			mm := m
+			outMove = &mm
+			continue
+		}
+		next, tr, err := sim.Run(consumed[j], m.Steps)
+		if err != nil {
+			return nil, nil, fmt.Errorf("moving %s: %w", m.Tensor, err)
+		}
+		consumed[j], traffic = next, append(traffic, tr...)
+		if held != nil {
+			held[m.Tensor+" "+m.To.String()] = next
+		}
+	}
+	mesh := p.Inputs[0].Spec.Mesh
+	outs := make([]sim.Tensor, mesh.Size())
+	for r := range outs {
+		ins := make([]sim.Tensor, len(consumed))
+		for j := range consumed {
+			ins[j] = consumed[j][r]
+		}
+		o, err := evalOp(p.Op, p.Equation, ins, p.Output.Spec.LocalShape(r))
+		if err != nil {
+			return nil, nil, fmt.Errorf("rank %d: %w", r, err)
+		}
+		if want := p.Output.Spec.LocalShape(r); !slices.Equal(o.Shape, want) {
+			return nil, nil, fmt.Errorf("rank %d: local op gives %v, plan says %v", r, o.Shape, want)
+		}
+		outs[r] = o
+	}
+	if outMove != nil {
+		next, tr, err := sim.Run(outs, outMove.Steps)
+		if err != nil {
+			return nil, nil, fmt.Errorf("moving output: %w", err)
+		}
+		outs, traffic = next, append(traffic, tr...)
+	}
+	cs := p.Collectives()
+	if len(cs) != len(traffic) {
+		return nil, nil, fmt.Errorf("plan lists %d collectives, %d ran", len(cs), len(traffic))
+	}
+	for i, c := range cs {
+		t := traffic[i]
+		if t.Kind != c.Step.Kind || !slices.Equal(t.MeshDims, c.Step.MeshDims) || t.InputElems != c.Elems() {
+			return nil, nil, fmt.Errorf("collective %d: plan %s %v %d elems, ran %s %v %d", i, c.Step.Kind, c.Step.MeshDims, c.Elems(), t.Kind, t.MeshDims, t.InputElems)
+		}
+	}
+	return outs, consumed, nil
+}
+
+func compare(got, want sim.Tensor, tol float64) error {
+	if !slices.Equal(got.Shape, want.Shape) {
+		return fmt.Errorf("shape %v, want %v", got.Shape, want.Shape)
+	}
+	scale := 0.0
+	for _, v := range want.Data {
+		scale = max(scale, math.Abs(v))
+	}
+	for i := range got.Data {
+		if d := math.Abs(got.Data[i] - want.Data[i]); d > tol*max(scale, 1e-300) && d > 0 {
+			return fmt.Errorf("element %d = %.17g, want %.17g (relative error %.3g)", i, got.Data[i], want.Data[i], d/max(scale, 1e-300))
+		}
+	}
+	return nil
+}
+
+// checkNumerically runs a forward plan and its backward on simulated ranks with
+// random float64 inputs and compares every result with the unsharded reference.
+func checkNumerically(rng *rand.Rand, fwd *Plan, bwd *Backward) error {
+	globals := make([]sim.Tensor, len(fwd.Inputs))
+	locals := make([][]sim.Tensor, len(fwd.Inputs))
+	for j, in := range fwd.Inputs {
+		globals[j] = randomTensor(rng, in.Spec.Shape)
+		locals[j] = sim.Shard(globals[j], in.Spec)
+	}
+	outs, consumed, err := runPlan(fwd, locals, nil)
+	if err != nil {
+		return fmt.Errorf("forward: %w", err)
+	}
+	got, err := sim.Assemble(outs, fwd.Final.Spec)
+	if err != nil {
+		return fmt.Errorf("forward: %w", err)
+	}
+	want, err := evalOp(fwd.Op, fwd.Equation, globals, fwd.Output.Spec.Shape)
+	if err != nil {
+		return err
+	}
+	if err := compare(got, want, 1e-12); err != nil {
+		return fmt.Errorf("forward %s: %w", fwd.Final.Name, err)
+	}
+	if bwd == nil {
+		return nil
+	}
+	dy := randomTensor(rng, bwd.DY.Spec.Shape)
+	dyLocals := sim.Shard(dy, bwd.DY.Spec)
+	held := map[string][]sim.Tensor{}
+	for _, g := range bwd.Grads {
+		gl := make([][]sim.Tensor, len(g.Inputs))
+		gg := make([]sim.Tensor, len(g.Inputs))
+		for k, in := range g.Inputs {
+			if in.Name == bwd.DY.Name {
+				gl[k], gg[k] = dyLocals, dy
+				continue
+			}
+			j := slices.IndexFunc(fwd.Inputs, func(o Operand) bool { return o.Name == in.Name })
+			gl[k], gg[k] = consumed[j], globals[j]
+		}
+		outs, _, err := runPlan(g.Plan, gl, held)
+		if err != nil {
+			return fmt.Errorf("backward %s: %w", g.Output.Name, err)
+		}
+		got, err := sim.Assemble(outs, g.Final.Spec)
+		if err != nil {
+			return fmt.Errorf("backward %s: %w", g.Output.Name, err)
+		}
+		want, err := evalOp(g.Op, g.Equation, gg, g.Output.Spec.Shape)
+		if err != nil {
+			return err
+		}
+		if err := compare(got, want, 1e-12); err != nil {
+			return fmt.Errorf("backward %s: %w", g.Output.Name, err)
+		}
+	}
+	return nil
+}
+
+var _ = placement.Sum

@@ -1,0 +1,171 @@
+package spmd
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/meshrun/meshrun/placement"
+)
+
+// Report is a forward plan and optionally its backward, in the shape `launcher
+// plan --json` prints: bytes count the buffer rank 0 of each group passes into
+// each collective, at ElemSize bytes an element.
+type Report struct {
+	Op        string          `json:"op"`
+	Mesh      ReportMesh      `json:"mesh"`
+	Inputs    namedTensors    `json:"inputs"`
+	Forward   ReportForward   `json:"forward"`
+	Backward  *ReportBackward `json:"backward,omitempty"`
+	CommBytes ReportBytes     `json:"comm_bytes"`
+}
+
+type ReportMesh struct {
+	Shape []int    `json:"shape"`
+	Names []string `json:"names"`
+}
+
+type ReportTensor struct {
+	Tensor     string   `json:"tensor,omitempty"`
+	Shape      []int    `json:"shape,omitempty"`
+	Placements []string `json:"placements"`
+}
+
+type ReportCollective struct {
+	Kind     string `json:"kind"`
+	Tensor   string `json:"tensor"`
+	MeshDims []int  `json:"mesh_dims"`
+	Bytes    int64  `json:"bytes"`
+}
+
+type ReportForward struct {
+	Output      ReportTensor       `json:"output"`
+	Collectives []ReportCollective `json:"collectives"`
+}
+
+type ReportBackward struct {
+	Grads       namedTensors       `json:"grads"`
+	Collectives []ReportCollective `json:"collectives"`
+}
+
+type ReportBytes struct {
+	Forward  int64 `json:"forward"`
+	Backward int64 `json:"backward"`
+}
+
+// namedTensors is a JSON object that keeps its keys in order.
+type namedTensors []namedTensor
+
+type namedTensor struct {
+	Name string
+	ReportTensor
+}
+
+func (n namedTensors) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, t := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, _ := json.Marshal(t.Name)
+		v, err := json.Marshal(t.ReportTensor)
+		if err != nil {
+			return nil, err
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+func placementStrings(ps []placement.Placement) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return out
+}
+
+func reportCollectives(cs []Collective, elemSize int) ([]ReportCollective, int64) {
+	out := []ReportCollective{}
+	var total int64
+	for _, c := range cs {
+		b := c.Elems() * int64(elemSize)
+		total += b
+		out = append(out, ReportCollective{Kind: c.Step.Kind.String(), Tensor: c.Tensor, MeshDims: c.Step.MeshDims, Bytes: b})
+	}
+	return out, total
+}
+
+// NewReport summarizes a forward plan and its backward (nil: forward only).
+func NewReport(fwd *Plan, bwd *Backward, elemSize int) Report {
+	mesh := fwd.Inputs[0].Spec.Mesh
+	names := mesh.Names()
+	if names == nil {
+		names = []string{}
+	}
+	r := Report{Op: fwd.Op, Mesh: ReportMesh{Shape: mesh.Shape(), Names: names}}
+	for _, in := range fwd.Inputs {
+		r.Inputs = append(r.Inputs, namedTensor{in.Name, ReportTensor{Shape: in.Spec.Shape, Placements: placementStrings(in.Spec.Placements)}})
+	}
+	r.Forward.Output = ReportTensor{Tensor: fwd.Final.Name, Shape: fwd.Final.Spec.Shape, Placements: placementStrings(fwd.Final.Spec.Placements)}
+	r.Forward.Collectives, r.CommBytes.Forward = reportCollectives(fwd.Collectives(), elemSize)
+	if bwd != nil {
+		rb := &ReportBackward{Grads: namedTensors{}}
+		for _, g := range bwd.Grads {
+			rb.Grads = append(rb.Grads, namedTensor{g.Input, ReportTensor{Placements: placementStrings(g.Final.Spec.Placements)}})
+		}
+		rb.Collectives, r.CommBytes.Backward = reportCollectives(bwd.Collectives(), elemSize)
+		r.Backward = rb
+	}
+	return r
+}
+
+// Text renders a plan for a person: the inputs, the strategy, each collective with
+// its bytes, forward then backward.
+func Text(fwd *Plan, bwd *Backward, elemSize int) string {
+	var b strings.Builder
+	mesh := fwd.Inputs[0].Spec.Mesh
+	fmt.Fprintf(&b, "%s on mesh %s (%d ranks), %d-byte elements\n", fwd.Op, mesh, mesh.Size(), elemSize)
+	fmt.Fprintf(&b, "strategy: %s\n", strings.Join(fwd.Strategy, ", "))
+	fmt.Fprintf(&b, "  %-6s %-12s %-18s %-18s %s\n", "tensor", "shape", "given", "local op uses", "rank 0 holds")
+	for i, in := range fwd.Inputs {
+		l := fwd.Local[i].Spec
+		fmt.Fprintf(&b, "  %-6s %-12s %-18s %-18s %s\n", in.Name, placement.FormatShape(in.Spec.Shape),
+			placement.FormatList(in.Spec.Placements), placement.FormatList(l.Placements), placement.FormatShape(l.LocalShape(0)))
+	}
+	f := fwd.Final.Spec
+	fmt.Fprintf(&b, "  %-6s %-12s %-18s %-18s %s\n", fwd.Final.Name, placement.FormatShape(f.Shape), "",
+		placement.FormatList(fwd.Output.Spec.Placements)+" -> "+placement.FormatList(f.Placements), placement.FormatShape(f.LocalShape(0)))
+	fb := writeCollectives(&b, "forward", fwd.Collectives(), elemSize)
+	var bb int64
+	if bwd != nil {
+		fmt.Fprintf(&b, "backward: %s arrives as %s\n", bwd.DY.Name, placement.FormatList(bwd.DY.Spec.Placements))
+		for _, g := range bwd.Grads {
+			fmt.Fprintf(&b, "  %-6s %-18s computed %s (%s)\n", g.Output.Name, placement.FormatList(g.Final.Spec.Placements),
+				placement.FormatList(g.Output.Spec.Placements), strings.Join(g.Strategy, ", "))
+		}
+		bb = writeCollectives(&b, "backward", bwd.Collectives(), elemSize)
+	}
+	fmt.Fprintf(&b, "comm bytes (rank 0): forward %d, backward %d\n", fb, bb)
+	return b.String()
+}
+
+func writeCollectives(b *strings.Builder, phase string, cs []Collective, elemSize int) int64 {
+	if len(cs) == 0 {
+		fmt.Fprintf(b, "%s collectives: none\n", phase)
+		return 0
+	}
+	fmt.Fprintf(b, "%s collectives:\n", phase)
+	var total int64
+	for i, c := range cs {
+		n := c.Elems() * int64(elemSize)
+		total += n
+		fmt.Fprintf(b, "  %d. %-4s %s, %d B\n", i+1, c.Tensor, c.Step, n)
+	}
+	return total
+}

@@ -1,0 +1,313 @@
+package spmd
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/meshrun/meshrun/placement"
+)
+
+// form says how the backward of a rule is derived from its forward einsum.
+type form uint8
+
+const (
+	// product: a multilinear einsum; grad of input i = einsum(dy, other inputs -> input i).
+	product form = iota
+	// sum: a sum of broadcast inputs; grad of input i = dy summed down to input i.
+	sum
+	// unary: an elementwise nonlinear function f; grad = f'(x) * dy, elementwise.
+	unary
+)
+
+// rule is one op: its forward einsum and what it is linear in. The backward rule
+// sits next to it, derived by gradOf from the same equation.
+type rule struct {
+	// equation returns the forward einsum for the input ranks (and reduced dims).
+	equation func(ranks []int, dims []int) (string, error)
+	inputs   []string // default input names
+	kind     kind
+	form     form
+	// grad names the backward op of a unary rule.
+	grad string
+}
+
+// rules is every op the engine knows. It is never changed at run time.
+var rules = map[string]rule{
+	// y = x·Wᵀ + b with x[..., K], W[N, K] (PyTorch's layout), b[N].
+	"linear": {
+		equation: fixed("...k,nk,n->...n"),
+		inputs:   []string{"x", "w", "b"},
+		kind:     kind{linear: []bool{true, true, false}, bias: true},
+		form:     product,
+	},
+	// The same without a bias.
+	"linear_nobias": {
+		equation: fixed("...k,nk->...n"),
+		inputs:   []string{"x", "w"},
+		kind:     kind{linear: []bool{true, true}},
+		form:     product,
+	},
+	// Batched matmul with broadcast batch dims.
+	"matmul": {
+		equation: fixed("...mk,...kn->...mn"),
+		inputs:   []string{"a", "b"},
+		kind:     kind{linear: []bool{true, true}},
+		form:     product,
+	},
+	// Elementwise add with broadcast (right-aligned, size-1 dims broadcast).
+	"add": {
+		equation: fixed("...,...->..."),
+		inputs:   []string{"a", "b"},
+		kind:     kind{linear: []bool{false, false}, additive: true},
+		form:     sum,
+	},
+	"gelu": {equation: elementwise(1), inputs: []string{"x"}, kind: kind{linear: []bool{false}}, form: unary, grad: "gelu_backward"},
+	"relu": {equation: elementwise(1), inputs: []string{"x"}, kind: kind{linear: []bool{false}}, form: unary, grad: "relu_backward"},
+	// Sum over the given dims (all dims when none are given).
+	"sum": {equation: reduction, inputs: []string{"x"}, kind: kind{linear: []bool{true}}, form: sum},
+}
+
+// Ops lists the ops the engine knows, sorted.
+func Ops() []string {
+	var out []string
+	for k := range rules {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func fixed(eq string) func([]int, []int) (string, error) {
+	return func([]int, []int) (string, error) { return eq, nil }
+}
+
+func elementwise(n int) func([]int, []int) (string, error) {
+	return func(ranks []int, _ []int) (string, error) {
+		t := letterRun(ranks[0])
+		terms := make([]string, n)
+		for i := range terms {
+			terms[i] = t
+		}
+		return strings.Join(terms, ",") + "->" + t, nil
+	}
+}
+
+func reduction(ranks []int, dims []int) (string, error) {
+	in := letterRun(ranks[0])
+	var out []byte
+	for d := 0; d < ranks[0]; d++ {
+		if len(dims) > 0 && !slices.Contains(dims, d) {
+			out = append(out, in[d])
+		}
+	}
+	for _, d := range dims {
+		if d < 0 || d >= ranks[0] {
+			return "", fmt.Errorf("%w: sum over dim %d of a %d-D tensor", ErrShape, d, ranks[0])
+		}
+	}
+	return in + "->" + string(out), nil
+}
+
+func letterRun(n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte('a' + i)
+	}
+	return string(b)
+}
+
+// Request is an op to plan: its inputs in the op's order (names default to the
+// op's own: x, w, b for linear) and, for sum, the dims reduced.
+type Request struct {
+	Op     string
+	Inputs []Operand
+	Dims   []int
+	Options
+}
+
+// Forward plans an op.
+func Forward(req Request) (*Plan, error) {
+	r, ok := rules[req.Op]
+	if !ok {
+		return nil, fmt.Errorf("%w: op %q (known: %s)", ErrNoRule, req.Op, strings.Join(Ops(), ", "))
+	}
+	if len(req.Inputs) != len(r.inputs) {
+		return nil, fmt.Errorf("%w: %s takes %d inputs (%s), got %d", ErrNoRule, req.Op, len(r.inputs), strings.Join(r.inputs, ", "), len(req.Inputs))
+	}
+	inputs := slices.Clone(req.Inputs)
+	for i := range inputs {
+		if inputs[i].Name == "" {
+			inputs[i].Name = r.inputs[i]
+		}
+		if err := inputs[i].Spec.Validate(); err != nil {
+			return nil, fmt.Errorf("%s: %w", describe(req.Op, inputs), err)
+		}
+		if !inputs[i].Spec.Mesh.Equal(inputs[0].Spec.Mesh) {
+			return nil, fmt.Errorf("%w: %s: %s is on mesh %s, %s on %s", ErrMesh, describe(req.Op, inputs),
+				inputs[i].Name, inputs[i].Spec.Mesh, inputs[0].Name, inputs[0].Spec.Mesh)
+		}
+	}
+	e, err := r.einsum(req.Op, inputs, req.Dims)
+	if err != nil {
+		return nil, err
+	}
+	return solve(req.Op, e, r.kind, inputs, req.Options)
+}
+
+func (r rule) einsum(op string, inputs []Operand, dims []int) (einsum, error) {
+	ranks := make([]int, len(inputs))
+	shapes := make([][]int, len(inputs))
+	for i, in := range inputs {
+		ranks[i], shapes[i] = len(in.Spec.Shape), in.Spec.Shape
+	}
+	eq, err := r.equation(ranks, dims)
+	if err != nil {
+		return einsum{}, fmt.Errorf("%s: %w", describe(op, inputs), err)
+	}
+	e, err := expand(eq, shapes)
+	if err != nil {
+		return einsum{}, fmt.Errorf("%s: %w", describe(op, inputs), err)
+	}
+	return e, nil
+}
+
+// Grad is the plan of one input's gradient.
+type Grad struct {
+	Input string // the forward input, "w"
+	*Plan        // Output is "d" + Input, Final its layout as the caller gets it
+}
+
+// Backward is the plan of an op's backward pass.
+type Backward struct {
+	DY    Operand // the output's gradient as it arrives
+	Grads []Grad  // one per requested gradient, in input order
+}
+
+// Collectives lists every step of the backward pass that moves bytes.
+func (b *Backward) Collectives() []Collective {
+	var out []Collective
+	for _, g := range b.Grads {
+		out = append(out, g.Collectives()...)
+	}
+	return out
+}
+
+// CommElems is the number of elements rank 0 passes into the backward collectives.
+func (b *Backward) CommElems() int64 {
+	var n int64
+	for _, c := range b.Collectives() {
+		n += c.Elems()
+	}
+	return n
+}
+
+// dual is the layout of a tensor's gradient given the tensor's layout: a partial
+// sum's gradient is replicated (each term's gradient is the whole gradient);
+// shards and replicas keep their layout (a replica's gradient arrives as partial
+// sums and is reduced to match).
+func dual(op string, o Operand) (placement.Spec, error) {
+	ps := slices.Clone(o.Spec.Placements)
+	for i, p := range ps {
+		if q, ok := p.(placement.Partial); ok {
+			if q.Op != placement.Sum {
+				return placement.Spec{}, fmt.Errorf("%w: %s: the gradient of %s, partial %s on mesh dim %s, has no layout",
+					ErrGrad, op, o, q.Op, o.Spec.Mesh.DimName(i))
+			}
+			ps[i] = placement.Replicate{}
+		}
+	}
+	return o.Spec.WithPlacements(ps...), nil
+}
+
+// BackwardOf plans the gradients of fwd's inputs named in grads (nil: all). A
+// gradient not requested is not planned and costs nothing. The output gradient
+// arrives laid out as the dual of the forward's final output; each input's
+// gradient is delivered in the dual of that input's given layout. The local
+// backward ops read the forward's inputs as the forward's local op consumed
+// them (what the forward saves).
+func BackwardOf(fwd *Plan, grads []string, dims []int) (*Backward, error) {
+	r := rules[fwd.Op]
+	if grads == nil {
+		for _, in := range fwd.Inputs {
+			grads = append(grads, in.Name)
+		}
+	}
+	for _, g := range grads {
+		if !slices.ContainsFunc(fwd.Inputs, func(o Operand) bool { return o.Name == g }) {
+			return nil, fmt.Errorf("%w: %s has no input %q", ErrGrad, fwd.Op, g)
+		}
+	}
+	dySpec, err := dual(fwd.Op, fwd.Final)
+	if err != nil {
+		return nil, err
+	}
+	dy := Operand{Name: "d" + fwd.Final.Name, Spec: dySpec}
+	e, err := r.einsum(fwd.Op, fwd.Inputs, dims)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backward{DY: dy}
+	for i, in := range fwd.Inputs {
+		if !slices.Contains(grads, in.Name) {
+			continue
+		}
+		target, err := dual(fwd.Op, in)
+		if err != nil {
+			return nil, err
+		}
+		op, ge, gk, operands := gradOf(fwd.Op, r, e, i)
+		ins := make([]Operand, len(operands))
+		for j, o := range operands {
+			if o < 0 {
+				ins[j] = dy
+			} else {
+				ins[j] = fwd.Local[o]
+			}
+		}
+		p, err := solve(op, ge, gk, ins, Options{Out: target.Placements, Output: "d" + in.Name, backward: true})
+		if err != nil {
+			return nil, err
+		}
+		// A layout of dy one gradient gathered serves the next ones for free.
+		for _, m := range p.Moves {
+			if m.Tensor == dy.Name {
+				dy.Also = append(dy.Also, m.To)
+			}
+		}
+		b.Grads = append(b.Grads, Grad{Input: in.Name, Plan: p})
+	}
+	return b, nil
+}
+
+// gradOf derives the gradient einsum of input i from the forward einsum: its
+// name, equation, linearity and operands (-1 is dy, j is forward input j).
+func gradOf(op string, r rule, e einsum, i int) (string, einsum, kind, []int) {
+	name := op + ".grad_" + r.inputs[i]
+	ge := einsum{size: e.size, out: e.in[i]}
+	switch {
+	case r.form == unary:
+		ge.in = []string{e.out, e.in[0]}
+		return r.grad, ge, kind{linear: []bool{true, false}}, []int{-1, 0}
+	case r.form == sum || (r.kind.bias && i == len(e.in)-1):
+		ge.in = []string{e.out}
+		return name, ge, kind{linear: []bool{true}}, []int{-1}
+	}
+	ge.in = []string{e.out}
+	operands := []int{-1}
+	n := len(e.in)
+	if r.kind.bias {
+		n--
+	}
+	for j := 0; j < n; j++ {
+		if j != i {
+			ge.in = append(ge.in, e.in[j])
+			operands = append(operands, j)
+		}
+	}
+	lin := make([]bool, len(ge.in))
+	for j := range lin {
+		lin[j] = true
+	}
+	return name, ge, kind{linear: lin}, operands
+}

@@ -87,7 +87,7 @@ type Options struct {
 	// Grads names the inputs whose gradients will be computed (nil: all; empty:
 	// none). A forward move of such an input is priced twice: its gradient comes
 	// back the reverse way.
-	Grads []string
+	Grads    []string
 	backward bool
 }
 

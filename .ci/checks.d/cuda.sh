@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Compile check for the cuda kernels provider (build tag "cuda") without a GPU or a
+# CUDA install: fetch Debian's nvidia-cuda-dev package (non-free) into a cache,
+# unpack it without installing, and build/vet with -tags cuda against its headers
+# and link stubs. Idempotent: the unpacked tree is reused while the .deb is cached.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+cache="${MESHRUN_CUDA_CACHE:-$root/.cache/cuda}"
+pkg=nvidia-cuda-dev
+fail() { echo "cuda.sh: $*" >&2; exit 1; }
+
+mkdir -p "$cache"
+deb=$(ls "$cache"/${pkg}_*.deb 2>/dev/null | head -n1 || true)
+if [ -z "$deb" ]; then
+  command -v apt-get >/dev/null || fail "apt-get not found; cannot fetch $pkg"
+  apt="$cache/apt"
+  mkdir -p "$apt/sources.list.d" "$apt/lists/partial" "$apt/archives/partial"
+  # The machine's own Debian sources, with the non-free components added.
+  : >"$apt/sources.list.d/debian.sources"
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -e "$f" ] || continue
+    grep -qiE '^URIs:.*debian' "$f" || continue
+    sed -E 's/^(Components:).*/\1 main contrib non-free non-free-firmware/' "$f" >>"$apt/sources.list.d/debian.sources"
+    echo >>"$apt/sources.list.d/debian.sources"
+  done
+  : >"$apt/sources.list"
+  if [ -e /etc/apt/sources.list ]; then
+    grep -E '^deb .*debian' /etc/apt/sources.list |
+      awk '{print $1, $2, $3, "main contrib non-free non-free-firmware"}' >"$apt/sources.list" || true
+  fi
+  [ -s "$apt/sources.list.d/debian.sources" ] || [ -s "$apt/sources.list" ] ||
+    fail "no Debian apt sources found in /etc/apt to derive a non-free source from"
+  opts=(-o Dir::Etc::SourceList="$apt/sources.list" -o Dir::Etc::SourceParts="$apt/sources.list.d"
+        -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt" -o Dir::Cache::archives="$apt/archives"
+        -o APT::Get::List-Cleanup=0 -o Debug::NoLocking=1)
+  echo "cuda.sh: fetching $pkg (Debian non-free) into $cache"
+  apt-get "${opts[@]}" -qq update || fail "apt-get update with non-free sources failed"
+  (cd "$cache" && apt-get "${opts[@]}" -qq download "$pkg") || fail "apt-get download $pkg failed"
+  deb=$(ls "$cache"/${pkg}_*.deb 2>/dev/null | head -n1 || true)
+  [ -n "$deb" ] || fail "download produced no $pkg .deb"
+fi
+
+tree="$cache/root"
+stamp="$tree/.from-$(basename "$deb")"
+if [ ! -e "$stamp" ]; then
+  rm -rf "$tree"
+  mkdir -p "$tree"
+  dpkg-deb -x "$deb" "$tree" || fail "dpkg-deb -x $deb failed"
+  touch "$stamp"
+fi
+
+inc=$(dirname "$(find "$tree" -name cuda.h -path '*include*' | head -n1)")
+[ -f "$inc/cuda.h" ] || fail "cuda.h not found in $deb"
+[ -f "$inc/cublas_v2.h" ] || fail "cublas_v2.h not found in $deb"
+libdirs=()
+for lib in libcuda.so libcublas.so; do
+  f=$(find "$tree" -name "$lib" \( -type f -o -type l \) -path '*stubs*' | head -n1)
+  [ -n "$f" ] || f=$(find "$tree" -name "$lib" -type f | head -n1)
+  [ -n "$f" ] || fail "$lib (link stub) not found in $deb"
+  libdirs+=("$(dirname "$f")")
+done
+ldflags=""
+for d in $(printf '%s\n' "${libdirs[@]}" | sort -u); do ldflags="$ldflags -L$d"; done
+
+export CGO_ENABLED=1
+export CGO_CFLAGS="-I$inc"
+export CGO_LDFLAGS="$ldflags"
+echo "cuda.sh: go build -tags cuda ./... (CGO_CFLAGS=$CGO_CFLAGS CGO_LDFLAGS=$CGO_LDFLAGS)"
+go build -tags cuda ./... || fail "go build -tags cuda failed"
+go vet -tags cuda ./kernels/... || fail "go vet -tags cuda ./kernels/... failed"
+# Link the test binary too (it needs the stubs) without running it: there is no GPU.
+go test -tags cuda -count=1 -c -o /dev/null ./kernels/cuda/ || fail "go test -tags cuda (compile and link) failed"
+echo "cuda.sh: ok"

@@ -1,0 +1,310 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"gonum.org/v1/gonum/blas"
+	"gorgonia.org/cu"
+	cublas "gorgonia.org/cu/blas"
+
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/kernels/cpu"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// Name is the name the provider registers under.
+const Name = "cuda"
+
+// ErrNoDevice reports that no CUDA device is visible.
+var ErrNoDevice = errors.New("cuda: no device")
+
+// Buffer is device memory allocated by a Provider; it implements tensor.Buffer.
+type Buffer struct {
+	ptr cu.DevicePtr
+	n   int
+	dev tensor.Device
+}
+
+// Device implements tensor.Buffer.
+func (b *Buffer) Device() tensor.Device { return b.dev }
+
+// Len implements tensor.Buffer.
+func (b *Buffer) Len() int { return b.n }
+
+// Ptr returns the device address.
+func (b *Buffer) Ptr() cu.DevicePtr { return b.ptr }
+
+// Provider runs ops on one GPU. Every call binds the provider's context to the
+// calling OS thread for its duration and synchronizes before returning, so ops
+// are synchronous. Calls are serialized.
+type Provider struct {
+	mu      sync.Mutex
+	ordinal int
+	ctx     cu.CUContext
+	blas    *cublas.Standard
+	ones    *Buffer // a device vector of 1s (float32), grown on demand
+	ones64  *Buffer
+	host    *cpu.Provider // elementwise ops run on the host (see GeluForward)
+}
+
+var _ kernels.Provider = (*Provider)(nil)
+
+// New opens device ordinal (as numbered under CUDA_VISIBLE_DEVICES).
+func New(ordinal int) (p *Provider, err error) {
+	n, err := cu.NumDevices()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoDevice, err)
+	}
+	if ordinal < 0 || ordinal >= n {
+		return nil, fmt.Errorf("%w: ordinal %d of %d devices", ErrNoDevice, ordinal, n)
+	}
+	dev, err := cu.GetDevice(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	ctx, err := dev.MakeContext(cu.SchedAuto)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: context on device %d: %w", ordinal, err)
+	}
+	host, err := cpu.New(cpu.Options{})
+	if err != nil {
+		return nil, err
+	}
+	p = &Provider{ordinal: ordinal, ctx: ctx, host: host}
+	err = p.do(func() error {
+		var e error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					e = fmt.Errorf("cuda: cublas handle: %v", r)
+				}
+			}()
+			p.blas = cublas.New()
+		}()
+		return e
+	})
+	if err != nil {
+		ctx.Destroy()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Close releases the cuBLAS handle, the helper buffers and the context.
+func (p *Provider) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.ctx.Lock(); err != nil {
+		return err
+	}
+	var errs []error
+	for _, b := range []*Buffer{p.ones, p.ones64} {
+		if b != nil {
+			errs = append(errs, cu.MemFree(b.ptr))
+		}
+	}
+	errs = append(errs, p.blas.Close())
+	errs = append(errs, p.ctx.Unlock(), p.ctx.Destroy())
+	return errors.Join(errs...)
+}
+
+// do runs f with the context current on a locked OS thread, then synchronizes.
+func (p *Provider) do(f func() error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.ctx.Lock(); err != nil {
+		return fmt.Errorf("cuda: set context: %w", err)
+	}
+	err := f()
+	if uerr := p.ctx.Unlock(); err == nil && uerr != nil {
+		err = fmt.Errorf("cuda: synchronize: %w", uerr)
+	}
+	return err
+}
+
+// Alloc returns an uninitialized device tensor.
+func (p *Provider) Alloc(dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
+	n := tensor.NumElements(shape) * dt.Size()
+	b := &Buffer{n: n, dev: tensor.Device{Kind: tensor.CUDA, Ordinal: p.ordinal}}
+	if n > 0 {
+		if err := p.do(func() (err error) { b.ptr, err = cu.MemAlloc(int64(n)); return err }); err != nil {
+			return nil, fmt.Errorf("cuda: alloc %d bytes: %w", n, err)
+		}
+	}
+	return tensor.OnDevice(b, dt, shape...)
+}
+
+// Free releases a device tensor's memory.
+func (p *Provider) Free(t *tensor.Tensor) error {
+	b, ok := t.Buffer().(*Buffer)
+	if !ok || b.n == 0 {
+		return nil
+	}
+	return p.do(func() error { return cu.MemFree(b.ptr) })
+}
+
+// Upload copies a host tensor to a new device tensor.
+func (p *Provider) Upload(h *tensor.Tensor) (*tensor.Tensor, error) {
+	d, err := p.Alloc(h.DType(), h.Shape()...)
+	if err != nil {
+		return nil, err
+	}
+	return d, p.copyH2D(d, h)
+}
+
+func hostPtr(h *tensor.Tensor) unsafe.Pointer {
+	if h.DType() == tensor.Float32 {
+		return unsafe.Pointer(unsafe.SliceData(h.Float32()))
+	}
+	return unsafe.Pointer(unsafe.SliceData(h.Float64()))
+}
+
+func (p *Provider) copyH2D(d, h *tensor.Tensor) error {
+	b := d.Buffer().(*Buffer)
+	n := h.Len() * h.DType().Size()
+	if n == 0 {
+		return nil
+	}
+	return p.do(func() error { return cu.MemcpyHtoD(b.ptr, hostPtr(h), int64(n)) })
+}
+
+// Download copies device tensor d into host tensor h (same shape and dtype).
+func (p *Provider) Download(h, d *tensor.Tensor) error {
+	b, ok := d.Buffer().(*Buffer)
+	if !ok || h.Len() != d.Len() || h.DType() != d.DType() || !h.OnHost() {
+		return fmt.Errorf("%w: download %v into %v", kernels.ErrShape, d, h)
+	}
+	n := h.Len() * h.DType().Size()
+	if n == 0 {
+		return nil
+	}
+	return p.do(func() error { return cu.MemcpyDtoH(hostPtr(h), b.ptr, int64(n)) })
+}
+
+// Name implements kernels.Provider.
+func (p *Provider) Name() string { return Name }
+
+// Device implements kernels.Provider.
+func (p *Provider) Device() tensor.DeviceKind { return tensor.CUDA }
+
+// Has implements kernels.Provider: every op (GELU through the host, see GeluForward).
+func (p *Provider) Has(kernels.Op) bool { return true }
+
+// devSlice views device memory as a Go slice header for cu/blas, which takes
+// slices and passes &s[0] to cuBLAS. The slice must never be dereferenced in Go.
+func devSlice[T float32 | float64](t *tensor.Tensor) []T {
+	b := t.Buffer().(*Buffer)
+	ptr := b.ptr
+	return unsafe.Slice(*(**T)(unsafe.Pointer(&ptr)), t.Len())
+}
+
+func trans(t bool) blas.Transpose {
+	if t {
+		return blas.Trans
+	}
+	return blas.NoTrans
+}
+
+func (p *Provider) onDevice(ts ...*tensor.Tensor) error {
+	return kernels.SameDevice(tensor.CUDA, ts...)
+}
+
+// gemm runs a checked row-major GEMM (must be called inside do).
+func (p *Provider) gemm(g kernels.GemmParams, a, b, c *tensor.Tensor) error {
+	if g.M == 0 || g.N == 0 {
+		return nil
+	}
+	lda, ldb := g.LDA, g.LDB
+	for i := 0; i < g.BatchCount; i++ {
+		// Column-major Cᵀ[N×M] = op(B)ᵀ[N×K] · op(A)ᵀ[K×M].
+		if g.DType == tensor.Float32 {
+			av, bv, cv := devSlice[float32](a), devSlice[float32](b), devSlice[float32](c)
+			p.blas.Sgemm(trans(g.TransB), trans(g.TransA), g.N, g.M, g.K, float32(g.Alpha),
+				bv[i*g.StrideB:], ldb, av[i*g.StrideA:], lda, float32(g.Beta), cv[i*g.StrideC:], g.LDC)
+		} else {
+			av, bv, cv := devSlice[float64](a), devSlice[float64](b), devSlice[float64](c)
+			p.blas.Dgemm(trans(g.TransB), trans(g.TransA), g.N, g.M, g.K, g.Alpha,
+				bv[i*g.StrideB:], ldb, av[i*g.StrideA:], lda, g.Beta, cv[i*g.StrideC:], g.LDC)
+		}
+		if err := p.blas.Err(); err != nil {
+			return fmt.Errorf("cuda: gemm: %w", err)
+		}
+	}
+	return nil
+}
+
+// gemv runs a checked row-major GEMV (inside do): the row-major M×N matrix is the
+// column-major N×M matrix Aᵀ, so the transpose flag flips.
+func (p *Provider) gemv(g kernels.GemvParams, a, x, y *tensor.Tensor) error {
+	_, lx, ly := g.Lens()
+	if ly == 0 {
+		return nil
+	}
+	if lx == 0 {
+		return p.scale(y, ly, g.Beta)
+	}
+	t := trans(!g.Trans)
+	if g.DType == tensor.Float32 {
+		p.blas.Sgemv(t, g.N, g.M, float32(g.Alpha), devSlice[float32](a), g.LDA, devSlice[float32](x), 1,
+			float32(g.Beta), devSlice[float32](y), 1)
+	} else {
+		p.blas.Dgemv(t, g.N, g.M, g.Alpha, devSlice[float64](a), g.LDA, devSlice[float64](x), 1,
+			g.Beta, devSlice[float64](y), 1)
+	}
+	if err := p.blas.Err(); err != nil {
+		return fmt.Errorf("cuda: gemv: %w", err)
+	}
+	return nil
+}
+
+// scale sets y[:n] = beta·y[:n] (0 without reading it when beta is 0).
+func (p *Provider) scale(y *tensor.Tensor, n int, beta float64) error {
+	b := y.Buffer().(*Buffer)
+	if beta == 0 {
+		return cu.MemsetD8(b.ptr, 0, int64(n*y.DType().Size()))
+	}
+	if y.DType() == tensor.Float32 {
+		p.blas.Sscal(n, float32(beta), devSlice[float32](y), 1)
+	} else {
+		p.blas.Dscal(n, beta, devSlice[float64](y), 1)
+	}
+	return p.blas.Err()
+}
+
+// onesVec returns a device tensor of n ones (inside do).
+func (p *Provider) onesVec(dt tensor.DType, n int) (*tensor.Tensor, error) {
+	slot := &p.ones
+	if dt == tensor.Float64 {
+		slot = &p.ones64
+	}
+	if *slot == nil || (*slot).n < n*dt.Size() {
+		if *slot != nil {
+			cu.MemFree((*slot).ptr)
+			*slot = nil
+		}
+		size := max(n, 1024) * dt.Size()
+		ptr, err := cu.MemAlloc(int64(size))
+		if err != nil {
+			return nil, err
+		}
+		h := tensor.New(dt, size/dt.Size())
+		for i := 0; i < h.Len(); i++ {
+			if dt == tensor.Float32 {
+				h.Float32()[i] = 1
+			} else {
+				h.Float64()[i] = 1
+			}
+		}
+		if err := cu.MemcpyHtoD(ptr, hostPtr(h), int64(size)); err != nil {
+			cu.MemFree(ptr)
+			return nil, err
+		}
+		*slot = &Buffer{ptr: ptr, n: size, dev: tensor.Device{Kind: tensor.CUDA, Ordinal: p.ordinal}}
+	}
+	return tensor.OnDevice(*slot, dt, n)
+}

@@ -23,4 +23,3 @@ func TestConformance(t *testing.T) {
 		Short:    true,
 	})
 }
-

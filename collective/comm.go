@@ -1,0 +1,340 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// Float is the element types collectives move.
+type Float interface{ ~float32 | ~float64 }
+
+func dtypeOf[T Float]() DType {
+	var z T
+	if unsafe.Sizeof(z) == 4 {
+		return Float32
+	}
+	return Float64
+}
+
+func asBytes[T Float](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(z)))
+}
+
+func asElems[T Float](b []byte) []T {
+	var z T
+	n := len(b) / int(unsafe.Sizeof(z))
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
+}
+
+// Communicator runs collectives among a fixed group of ranks. Calls on one
+// Communicator are serialized; every member must make the same calls in the same
+// order (that order is checked: sequence numbers are in every header).
+type Communicator struct {
+	w     *World
+	ranks []int
+	me    int
+	key   string
+	id    uint64
+
+	mu      sync.Mutex // one collective at a time
+	sendMu  sync.Mutex // one Send at a time
+	recvMu  sync.Mutex // one Recv at a time
+	seq     uint64
+	p2pSend []uint64
+	p2pRecv []uint64
+	scratch []byte
+	idx     []int
+	algo    string
+	o       opState
+
+	sq       chan sendReq
+	sd       chan error
+	stopOnce sync.Once
+	quit     chan struct{}
+	wg       sync.WaitGroup
+}
+
+type sendReq struct {
+	ctx  context.Context
+	peer int
+	h    Header
+	p    []byte
+}
+
+const sendQueue = 1024
+
+func newComm(w *World, ranks []int, me int, key string) *Communicator {
+	c := &Communicator{w: w, ranks: ranks, me: me, key: key, id: hash64("group:", ranks),
+		p2pSend: make([]uint64, len(ranks)), p2pRecv: make([]uint64, len(ranks)),
+		sq: make(chan sendReq, sendQueue), sd: make(chan error, sendQueue), quit: make(chan struct{})}
+	c.wg.Add(1)
+	go c.sender()
+	return c
+}
+
+func (c *Communicator) sender() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.quit:
+			return
+		case r := <-c.sq:
+			err := c.w.t.Send(r.ctx, r.peer, &r.h, r.p)
+			if err != nil {
+				c.w.fail(toError(err, r.peer, c.w.rank))
+			}
+			c.sd <- err
+		}
+	}
+}
+
+func (c *Communicator) stop() {
+	c.stopOnce.Do(func() { close(c.quit) })
+	c.wg.Wait()
+}
+
+// Size is the number of ranks in the group.
+func (c *Communicator) Size() int { return len(c.ranks) }
+
+// Index is this rank's position in the group.
+func (c *Communicator) Index() int { return c.me }
+
+// Ranks returns the group's world ranks, in group order.
+func (c *Communicator) Ranks() []int { return append([]int(nil), c.ranks...) }
+
+// String names the group, e.g. "[0 2]".
+func (c *Communicator) String() string { return c.key }
+
+// World returns the World the communicator belongs to.
+func (c *Communicator) World() *World { return c.w }
+
+// opState is one collective in flight.
+type opState struct {
+	c     *Communicator
+	ctx   context.Context
+	h     Header
+	esize int
+	nsent int
+	ndone int
+	err   error
+	start time.Time
+	p2p   *sync.Mutex // Send/Recv: held instead of mu; sends are synchronous
+}
+
+func toError(err error, peer, reporter int) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return &Error{Kind: ErrPeerLost, Rank: peer, Reporter: reporter, Detail: err.Error()}
+}
+
+// begin starts a collective: checks the World, takes the next sequence number,
+// records the state for heartbeats, sets the deadline.
+func (c *Communicator) begin(ctx context.Context, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, context.CancelFunc, error) {
+	return c.beginOn(ctx, &c.mu, &c.o, op, dt, red, count, shape)
+}
+
+func (c *Communicator) beginP2P(ctx context.Context, lock *sync.Mutex, dt DType, count int) (*opState, context.CancelFunc, error) {
+	o, done, err := c.beginOn(ctx, lock, new(opState), OpSend, dt, 0, count, 0)
+	if o != nil {
+		o.p2p = lock
+	}
+	return o, done, err
+}
+
+func (c *Communicator) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, context.CancelFunc, error) {
+	lock.Lock()
+	w := c.w
+	w.mu.Lock()
+	if w.err != nil || w.closed {
+		err := error(w.err)
+		if w.err == nil {
+			err = &Error{Kind: ErrClosed, Rank: -1, Reporter: w.rank, Detail: "world closed"}
+		}
+		w.mu.Unlock()
+		lock.Unlock()
+		return nil, nil, err
+	}
+	var seq uint64
+	if op != OpSend {
+		c.seq++
+		seq = c.seq
+		w.seqs[c.key] = seq
+		w.cur = State{Group: c.key, Ranks: c.ranks, Seq: seq, Op: op.String(), Active: true, Since: time.Now()}
+	}
+	w.mu.Unlock()
+	octx, cancel := context.WithTimeout(w.ctx, w.opts.DataTimeout)
+	stop := context.AfterFunc(ctx, func() {
+		w.fail(&Error{Kind: ErrAborted, Rank: w.rank, Reporter: w.rank, Group: c.key, Seq: seq, Op: op.String(),
+			Detail: "caller canceled: " + fmt.Sprint(context.Cause(ctx))})
+	})
+	*o = opState{c: c, ctx: octx, esize: dt.Size(), start: time.Now()}
+	o.h = Header{Op: op, DType: dt, RedOp: uint8(red), Job: w.job, Group: c.id, Seq: seq, Count: uint64(count), Shape: shape}
+	return o, func() { stop(); cancel() }, nil
+}
+
+// end finishes a collective: waits for its sends, turns errors into the World's
+// failure, updates the state.
+func (c *Communicator) end(o *opState, done context.CancelFunc, err error) error {
+	if err != nil {
+		c.failWith(o, err)
+	}
+	if e := o.drain(); e != nil && err == nil {
+		err = e
+		c.failWith(o, err)
+	}
+	done()
+	w := c.w
+	w.mu.Lock()
+	if o.p2p == nil {
+		w.cur.Active = false
+		w.cur.Since = time.Now()
+	}
+	first := w.err
+	w.mu.Unlock()
+	if o.p2p != nil {
+		o.p2p.Unlock()
+	} else {
+		c.mu.Unlock()
+	}
+	if err != nil && first != nil {
+		return first
+	}
+	return err
+}
+
+func (c *Communicator) failWith(o *opState, err error) {
+	e := toError(err, -1, c.w.rank)
+	if e.Group == "" && !errors.Is(e, ErrAborted) && !errors.Is(e, ErrClosed) && !errors.Is(e, ErrControlLost) {
+		e.Group, e.Seq, e.Op = c.key, o.h.Seq, o.h.Op.String()
+	}
+	if errors.Is(e, ErrTimeout) && e.Want == "" {
+		if r, why := c.w.blame(c.key, o.h.Seq, c.ranks, e.Rank); r >= 0 {
+			if r != e.Rank || why != "" {
+				e.Rank = r
+				e.Detail = fmt.Sprintf("waited %v: %s", time.Since(o.start).Round(time.Millisecond), why)
+			}
+		}
+	}
+	c.w.fail(e)
+}
+
+// send queues a message to group member peer; it returns the send's index.
+func (o *opState) send(peer int, step, chunk uint32, off int, p []byte) int {
+	h := o.h
+	h.Src, h.Dst = int32(o.c.w.rank), int32(o.c.ranks[peer])
+	h.Step, h.Chunk, h.Offset, h.Length = step, chunk, uint64(off), uint32(len(p))
+	if o.p2p != nil {
+		if err := o.c.w.t.Send(o.ctx, o.c.ranks[peer], &h, p); err != nil && o.err == nil {
+			o.err = err
+		}
+		o.nsent++
+		o.ndone++
+		return o.nsent - 1
+	}
+	if o.nsent-o.ndone >= sendQueue {
+		o.waitSent(o.nsent - sendQueue)
+	}
+	o.c.sq <- sendReq{ctx: o.ctx, peer: o.c.ranks[peer], h: h, p: p}
+	o.nsent++
+	return o.nsent - 1
+}
+
+// waitSent waits until send i (and every earlier one) has completed.
+func (o *opState) waitSent(i int) error {
+	for o.ndone <= i {
+		var e error
+		select {
+		case e = <-o.c.sd:
+		case <-o.c.quit: // sender stopped by Close: nothing more will be sent
+			select {
+			case e = <-o.c.sd:
+			default:
+				e = &Error{Kind: ErrClosed, Rank: -1, Reporter: o.c.w.rank, Detail: "world closed"}
+			}
+		}
+		if e != nil && o.err == nil {
+			o.err = e
+		}
+		o.ndone++
+	}
+	return o.err
+}
+
+func (o *opState) drain() error { return o.waitSent(o.nsent - 1) }
+
+// recv receives the next message from group member peer into dst.
+func (o *opState) recv(peer int, step, chunk uint32, off int, dst []byte) error {
+	want := o.h
+	want.Src, want.Dst = int32(o.c.ranks[peer]), int32(o.c.w.rank)
+	want.Step, want.Chunk, want.Offset, want.Length = step, chunk, uint64(off), uint32(len(dst))
+	return o.c.w.t.Recv(o.ctx, o.c.ranks[peer], &want, dst)
+}
+
+// chunkElems is the pipelining unit in elements.
+func (o *opState) chunkElems() int {
+	b := min(o.c.w.opts.ChunkBytes, o.c.w.t.MaxChunk())
+	return max(1, b/o.esize)
+}
+
+func (o *opState) small(bytes int) bool { return bytes <= o.c.w.opts.SmallBytes }
+
+// scratch returns n bytes of the communicator's reusable scratch.
+func (c *Communicator) scratchBytes(n int) []byte {
+	if cap(c.scratch) < n {
+		c.scratch = make([]byte, n)
+	}
+	return c.scratch[:n]
+}
+
+func nchunks(n, ce int) int {
+	if n <= 0 {
+		return 1
+	}
+	return (n + ce - 1) / ce
+}
+
+// create is the group-creation handshake: a barrier whose headers carry the
+// group's ranks, so members that disagree fail.
+func (c *Communicator) create(ctx context.Context) error {
+	o, done, err := c.begin(ctx, OpCreate, DNone, 0, len(c.ranks), hash64("ranks", c.ranks))
+	if err != nil {
+		return err
+	}
+	return c.end(o, done, dissemination(o))
+}
+
+// Barrier returns once every member has entered it.
+func (c *Communicator) Barrier(ctx context.Context) error {
+	o, done, err := c.begin(ctx, OpBarrier, DNone, 0, 0, 0)
+	if err != nil {
+		return err
+	}
+	return c.end(o, done, dissemination(o))
+}
+
+// dissemination barrier: ceil(log2 n) rounds of empty messages.
+func dissemination(o *opState) error {
+	n, k := len(o.c.ranks), o.c.me
+	step := uint32(0)
+	for d := 1; d < n; d *= 2 {
+		o.send((k+d)%n, step, 0, 0, nil)
+		if err := o.recv((k-d+n)%n, step, 0, 0, nil); err != nil {
+			return err
+		}
+		step++
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+package collective
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// State is what a rank is doing, as its heartbeats report it: the collective in
+// flight (or the last one finished) on some group.
+type State struct {
+	Rank   int       `json:"rank"`
+	Group  string    `json:"group,omitempty"` // ranks, e.g. "[0 1 2 3]"
+	Ranks  []int     `json:"ranks,omitempty"`
+	Seq    uint64    `json:"seq"`
+	Op     string    `json:"op,omitempty"`
+	Active bool      `json:"active"` // in the collective now
+	Since  time.Time `json:"since"`  // when it entered (or left) it
+	Time   time.Time `json:"time"`   // when the heartbeat was sent
+	// Seqs is the sequence number reached per group (collectives entered).
+	Seqs map[string]uint64 `json:"seqs,omitempty"`
+}
+
+// Notice tells every rank of a group (or the whole job) that a collective failed.
+type Notice struct {
+	Abort    bool   `json:"abort,omitempty"` // the whole job is aborted
+	Group    string `json:"group,omitempty"`
+	Seq      uint64 `json:"seq"`
+	Op       string `json:"op,omitempty"`
+	Code     string `json:"code"` // peer_lost, mismatch, timeout, aborted, control_lost
+	Rank     int    `json:"rank"` // culprit, -1 unknown
+	Reporter int    `json:"reporter"`
+	Want     string `json:"want,omitempty"`
+	Got      string `json:"got,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+var codes = map[error]string{
+	ErrAborted: "aborted", ErrPeerLost: "peer_lost", ErrMismatch: "mismatch", ErrTimeout: "timeout",
+	ErrControlLost: "control_lost", ErrCorrupt: "corrupt", ErrAuth: "auth", ErrClosed: "closed",
+}
+
+func kindOf(code string) error {
+	for k, v := range codes {
+		if v == code {
+			return k
+		}
+	}
+	return ErrAborted
+}
+
+func noticeOf(e *Error) Notice {
+	return Notice{Group: e.Group, Seq: e.Seq, Op: e.Op, Code: codes[e.Kind], Rank: e.Rank, Reporter: e.Reporter, Want: e.Want, Got: e.Got, Detail: e.Detail}
+}
+
+func (n Notice) err() *Error {
+	k := kindOf(n.Code)
+	if n.Abort {
+		k = ErrAborted
+	}
+	return &Error{Kind: k, Rank: n.Rank, Reporter: n.Reporter, Group: n.Group, Seq: n.Seq, Op: n.Op, Want: n.Want, Got: n.Got, Detail: n.Detail}
+}
+
+// Control is the coordination plane a World uses: failure notices to the group,
+// and what every rank is doing (heartbeats). The NATS implementation is the
+// real one; LocalControls serves in-process tests.
+type Control interface {
+	// Publish sends a notice to every rank of the job (including this one).
+	Publish(n Notice) error
+	// Attach registers this rank's state source (read for every heartbeat) and
+	// the handler of notices; called once by the World.
+	Attach(state func() State, notice func(Notice))
+	// PeerState returns the last state heard from rank and when it was heard.
+	PeerState(rank int) (State, time.Time, bool)
+	Close() error
+}
+
+// LocalControls returns n in-process controls sharing one notice bus; a peer's
+// state is read live.
+func LocalControls(n int) []Control {
+	h := &localHub{states: make([]func() State, n), subs: make([]func(Notice), n)}
+	out := make([]Control, n)
+	for i := range out {
+		out[i] = &localControl{h: h, rank: i}
+	}
+	return out
+}
+
+type localHub struct {
+	mu     sync.Mutex
+	states []func() State
+	subs   []func(Notice)
+}
+
+type localControl struct {
+	h    *localHub
+	rank int
+}
+
+func (c *localControl) Publish(n Notice) error {
+	c.h.mu.Lock()
+	subs := slices.Clone(c.h.subs)
+	c.h.mu.Unlock()
+	for _, fn := range subs {
+		if fn != nil {
+			go fn(n) // as a network would: asynchronously
+		}
+	}
+	return nil
+}
+
+func (c *localControl) Attach(state func() State, notice func(Notice)) {
+	c.h.mu.Lock()
+	c.h.states[c.rank] = state
+	c.h.subs[c.rank] = notice
+	c.h.mu.Unlock()
+}
+
+func (c *localControl) PeerState(rank int) (State, time.Time, bool) {
+	c.h.mu.Lock()
+	fn := c.h.states[rank]
+	c.h.mu.Unlock()
+	if fn == nil {
+		return State{}, time.Time{}, false
+	}
+	return fn(), time.Now(), true
+}
+
+func (c *localControl) Close() error {
+	c.h.mu.Lock()
+	c.h.subs[c.rank] = nil
+	c.h.states[c.rank] = nil
+	c.h.mu.Unlock()
+	return nil
+}

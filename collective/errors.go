@@ -1,0 +1,90 @@
+package collective
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors. Every error a collective returns wraps one of them; test with
+// errors.Is, and use errors.As with *Error for the culprit rank and descriptors.
+var (
+	// ErrAborted: the job was aborted (PublishAbort) or the communicator closed.
+	ErrAborted = errors.New("collective: aborted")
+	// ErrPeerLost: a peer exited, was killed, closed its connection or stopped
+	// sending heartbeats. Error.Rank names it.
+	ErrPeerLost = errors.New("collective: peer lost")
+	// ErrMismatch: ranks called different collectives (op, dtype, counts, group
+	// or sequence number). Error.Want and Error.Got hold both descriptors.
+	ErrMismatch = errors.New("collective: mismatched collective")
+	// ErrTimeout: a wait passed its deadline. Error.Rank names the rank that was
+	// missing, when the heartbeats tell.
+	ErrTimeout = errors.New("collective: timeout")
+	// ErrControlLost: the connection to the NATS server dropped; the collective
+	// in flight failed and the world is unusable. Nothing is retried.
+	ErrControlLost = errors.New("collective: control plane lost")
+	// ErrRendezvous: the job's roster did not complete (missing or duplicate ranks).
+	ErrRendezvous = errors.New("collective: rendezvous failed")
+	// ErrCorrupt: a message failed to decode (bad magic, version, checksum, length).
+	ErrCorrupt = errors.New("collective: corrupt message")
+	// ErrAuth: a data connection failed authentication.
+	ErrAuth = errors.New("collective: authentication failed")
+	// ErrInvalid: bad arguments (lengths, counts, ranks, options).
+	ErrInvalid = errors.New("collective: invalid argument")
+	// ErrClosed: the communicator or world was closed, or failed earlier.
+	ErrClosed = errors.New("collective: closed")
+)
+
+// Error is the typed error of a failed collective.
+type Error struct {
+	Kind     error  // one of the sentinels
+	Rank     int    // culprit rank (world rank), -1 if unknown
+	Reporter int    // the rank that detected the failure, -1 if unknown
+	Group    string // the group, e.g. "[0 1 2 3]"
+	Seq      uint64 // sequence number of the collective within the group
+	Op       string // the collective that failed
+	Want     string // descriptor the reporter expected (mismatch)
+	Got      string // descriptor the culprit sent (mismatch)
+	Detail   string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Kind.Error())
+	if e.Rank >= 0 {
+		fmt.Fprintf(&b, ": rank %d", e.Rank)
+	}
+	if e.Op != "" {
+		fmt.Fprintf(&b, " in %s seq %d", e.Op, e.Seq)
+	}
+	if e.Group != "" {
+		fmt.Fprintf(&b, " of group %s", e.Group)
+	}
+	if e.Reporter >= 0 {
+		fmt.Fprintf(&b, " (seen by rank %d)", e.Reporter)
+	}
+	if e.Want != "" || e.Got != "" {
+		fmt.Fprintf(&b, ": expected %s, got %s", e.Want, e.Got)
+	}
+	if e.Detail != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Detail)
+	}
+	return b.String()
+}
+
+// Unwrap returns the sentinel.
+func (e *Error) Unwrap() error { return e.Kind }
+
+// Culprit returns the rank an error names, or -1.
+func Culprit(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Rank
+	}
+	return -1
+}
+
+func newErr(kind error, culprit int, detail string) *Error {
+	return &Error{Kind: kind, Rank: culprit, Reporter: -1, Detail: detail}
+}

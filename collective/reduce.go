@@ -1,0 +1,47 @@
+package collective
+
+// reduceInto sets dst[i] = dst[i] op src[i]. The loops are unrolled by 8 with the
+// bounds checks hoisted, so the compiler keeps them in registers.
+func reduceInto[T Float](dst, src []T, op ReduceOp) {
+	n := len(src)
+	dst = dst[:n]
+	switch op {
+	case Sum, Avg:
+		i := 0
+		for ; i+8 <= n; i += 8 {
+			d := dst[i : i+8 : i+8]
+			s := src[i : i+8 : i+8]
+			d[0] += s[0]
+			d[1] += s[1]
+			d[2] += s[2]
+			d[3] += s[3]
+			d[4] += s[4]
+			d[5] += s[5]
+			d[6] += s[6]
+			d[7] += s[7]
+		}
+		for ; i < n; i++ {
+			dst[i] += src[i]
+		}
+	case Max:
+		for i, v := range src {
+			if v > dst[i] || v != v {
+				dst[i] = v
+			}
+		}
+	case Min:
+		for i, v := range src {
+			if v < dst[i] || v != v {
+				dst[i] = v
+			}
+		}
+	}
+}
+
+// scale divides by n (Avg): every rank that holds a copy computes the same bits.
+func scale[T Float](x []T, n int) {
+	d := T(n)
+	for i := range x {
+		x[i] /= d
+	}
+}

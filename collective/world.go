@@ -1,0 +1,309 @@
+// Package collective moves tensors between the ranks of a meshrun job: a
+// Communicator per group of ranks (the world, or the ranks along mesh dims)
+// with all-reduce, all-gather and reduce-scatter with per-rank counts,
+// all-to-all, broadcast, barrier and send/recv; Execute runs a placement plan.
+//
+// The data plane is a Transport (local, shm, tcp, nats); the coordination plane
+// (rendezvous, heartbeats, failure notices, abort) is a Control, over NATS in a
+// real job (see Join). Every message carries a fixed binary Header that the
+// receiver checks before using a byte. Every wait has a deadline.
+//
+// Failure model: the first failure anywhere is fatal to the World. The rank that
+// detects it publishes a Notice; every rank's pending and future calls fail with
+// that first error (a *Error wrapping ErrPeerLost, ErrMismatch, ErrTimeout,
+// ErrAborted or ErrControlLost, naming the culprit rank). Nothing is retried.
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/meshrun/meshrun/placement"
+	"go.uber.org/zap"
+)
+
+// ReduceOp is placement's reduction: Sum, Avg, Max, Min.
+type ReduceOp = placement.ReduceOp
+
+// The reductions.
+const (
+	Sum = placement.Sum
+	Avg = placement.Avg
+	Max = placement.Max
+	Min = placement.Min
+)
+
+// Options tune a World. Zero values mean the defaults.
+type Options struct {
+	// Job is the job id; its hash is in every header.
+	Job string
+	// DataTimeout bounds one collective call; default 60 s.
+	DataTimeout time.Duration
+	// ChunkBytes is the pipelining unit of large collectives; default 256 KiB,
+	// capped by the transport's MaxChunk.
+	ChunkBytes int
+	// SmallBytes: collectives of at most this many bytes use direct algorithms
+	// (one message to every peer) instead of rings; default 32 KiB.
+	SmallBytes int
+	// Logger; nil logs nothing.
+	Logger *zap.Logger
+}
+
+func (o *Options) defaults() {
+	if o.DataTimeout <= 0 {
+		o.DataTimeout = 60 * time.Second
+	}
+	if o.ChunkBytes <= 0 {
+		o.ChunkBytes = 256 << 10
+	}
+	if o.SmallBytes <= 0 {
+		o.SmallBytes = 32 << 10
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+}
+
+// World is one rank's membership in a job: its transport, control plane and
+// communicators.
+type World struct {
+	rank, size int
+	t          Transport
+	ctrl       Control
+	opts       Options
+	job        uint64
+	log        *zap.Logger
+
+	ctx    context.Context // canceled with the first failure as cause
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	err     *Error
+	comms   map[string]*Communicator
+	seqs    map[string]uint64
+	cur     State
+	closers []func() error
+	closed  bool
+}
+
+// NewWorld builds a World over a transport and a control plane (Join does this
+// for a real job; tests pair LocalTransports with LocalControls).
+func NewWorld(t Transport, ctrl Control, o Options) (*World, error) {
+	o.defaults()
+	if t == nil || ctrl == nil {
+		return nil, fmt.Errorf("%w: nil transport or control", ErrInvalid)
+	}
+	w := &World{rank: t.Rank(), size: t.Size(), t: t, ctrl: ctrl, opts: o, job: hash64("job:" + o.Job),
+		log: o.Logger, comms: map[string]*Communicator{}, seqs: map[string]uint64{}}
+	w.ctx, w.cancel = context.WithCancelCause(context.Background())
+	w.cur = State{Rank: w.rank, Since: time.Now()}
+	ctrl.Attach(w.State, w.onNotice)
+	return w, nil
+}
+
+// Rank is this process's rank in the job.
+func (w *World) Rank() int { return w.rank }
+
+// Size is the number of ranks in the job.
+func (w *World) Size() int { return w.size }
+
+// Transport returns the data plane in use.
+func (w *World) Transport() Transport { return w.t }
+
+// Control returns the coordination plane in use.
+func (w *World) Control() Control { return w.ctrl }
+
+// Err returns the World's first failure, or nil.
+func (w *World) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil {
+		return nil
+	}
+	return w.err
+}
+
+// State reports what this rank is doing (heartbeats carry it).
+func (w *World) State() State {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.cur
+	s.Rank = w.rank
+	s.Time = time.Now()
+	s.Seqs = make(map[string]uint64, len(w.seqs))
+	for k, v := range w.seqs {
+		s.Seqs[k] = v
+	}
+	return s
+}
+
+func (w *World) onNotice(n Notice) {
+	w.failLocal(n.err(), false)
+}
+
+// fail records the World's first failure, publishes it to the job, and aborts
+// every link so pending calls return.
+func (w *World) fail(e *Error) { w.failLocal(e, true) }
+
+func (w *World) failLocal(e *Error, publish bool) {
+	w.mu.Lock()
+	if w.err != nil {
+		w.mu.Unlock()
+		return
+	}
+	if e.Reporter < 0 && publish {
+		e.Reporter = w.rank
+	}
+	w.err = e
+	w.mu.Unlock()
+	w.log.Warn("collective failed", zap.Error(e))
+	w.cancel(e)
+	if publish {
+		n := noticeOf(e)
+		if errors.Is(e, ErrAborted) && e.Group == "" {
+			n.Abort = true
+		}
+		_ = w.ctrl.Publish(n)
+	}
+	all := make([]int, 0, w.size)
+	for r := 0; r < w.size; r++ {
+		if r != w.rank {
+			all = append(all, r)
+		}
+	}
+	w.t.Abort(all, e)
+}
+
+// Fail makes the World fail with err (a *Error or any error, wrapped as
+// ErrAborted), as if a collective had failed: the job is told.
+func (w *World) Fail(err error) {
+	var e *Error
+	if !errors.As(err, &e) {
+		e = &Error{Kind: ErrAborted, Rank: w.rank, Reporter: w.rank, Detail: err.Error()}
+	}
+	w.fail(e)
+}
+
+// blame picks the culprit of a timeout in group key at seq: the first member
+// whose heartbeat shows it has not entered the collective; fallback otherwise.
+func (w *World) blame(key string, seq uint64, ranks []int, fallback int) (int, string) {
+	for _, r := range ranks {
+		if r == w.rank {
+			continue
+		}
+		st, at, ok := w.ctrl.PeerState(r)
+		if !ok {
+			return r, "no heartbeat ever heard"
+		}
+		if st.Seqs[key] < seq {
+			return r, fmt.Sprintf("never entered it (last %s seq %d of group %s, heard %v ago)", st.Op, st.Seq, st.Group, time.Since(at).Round(time.Millisecond))
+		}
+	}
+	return fallback, ""
+}
+
+// Comm returns the communicator of the group ranks (world ranks, in group
+// order), creating it on first use. Every member must call Comm with the same
+// ranks; creation is a handshake among them that fails on disagreement.
+func (w *World) Comm(ctx context.Context, ranks []int) (*Communicator, error) {
+	key := fmt.Sprint(ranks)
+	w.mu.Lock()
+	if c, ok := w.comms[key]; ok {
+		w.mu.Unlock()
+		return c, nil
+	}
+	if w.closed {
+		w.mu.Unlock()
+		return nil, ErrClosed
+	}
+	me := slices.Index(ranks, w.rank)
+	if me < 0 {
+		w.mu.Unlock()
+		return nil, fmt.Errorf("%w: rank %d is not in group %v", ErrInvalid, w.rank, ranks)
+	}
+	seen := map[int]bool{}
+	for _, r := range ranks {
+		if r < 0 || r >= w.size || seen[r] {
+			w.mu.Unlock()
+			return nil, fmt.Errorf("%w: group %v: bad or repeated rank %d (world %d)", ErrInvalid, ranks, r, w.size)
+		}
+		seen[r] = true
+	}
+	c := newComm(w, slices.Clone(ranks), me, key)
+	w.comms[key] = c
+	w.mu.Unlock()
+	if err := c.create(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// WorldComm is the communicator of all ranks.
+func (w *World) WorldComm(ctx context.Context) (*Communicator, error) {
+	r := make([]int, w.size)
+	for i := range r {
+		r[i] = i
+	}
+	return w.Comm(ctx, r)
+}
+
+// MeshComm is the communicator of this rank's group along mesh dims (one group,
+// ranks ordered as placement.Mesh.Group orders them). The mesh must hold the
+// whole world.
+func (w *World) MeshComm(ctx context.Context, mesh placement.Mesh, dims ...int) (*Communicator, error) {
+	if err := mesh.Validate(w.size); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	for _, d := range dims {
+		if d < 0 || d >= mesh.NDim() {
+			return nil, fmt.Errorf("%w: mesh %s has no dim %d", ErrInvalid, mesh, d)
+		}
+	}
+	return w.Comm(ctx, mesh.Group(w.rank, dims...))
+}
+
+// OnClose registers f to run at Close (after the communicators stop).
+func (w *World) OnClose(f func() error) {
+	w.mu.Lock()
+	w.closers = append(w.closers, f)
+	w.mu.Unlock()
+}
+
+// Close stops the communicators and releases the transport and control plane.
+// Pending calls fail with ErrClosed.
+func (w *World) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	comms := make([]*Communicator, 0, len(w.comms))
+	for _, c := range w.comms {
+		comms = append(comms, c)
+	}
+	closers := w.closers
+	w.mu.Unlock()
+	closedErr := &Error{Kind: ErrClosed, Rank: -1, Reporter: w.rank, Detail: "world closed"}
+	w.cancel(closedErr)
+	all := make([]int, 0, w.size)
+	for r := 0; r < w.size; r++ {
+		if r != w.rank {
+			all = append(all, r)
+		}
+	}
+	w.t.Abort(all, closedErr)
+	for _, c := range comms {
+		c.stop()
+	}
+	var errs []error
+	for i := len(closers) - 1; i >= 0; i-- {
+		errs = append(errs, closers[i]())
+	}
+	errs = append(errs, w.t.Close(), w.ctrl.Close())
+	return errors.Join(errs...)
+}

@@ -165,12 +165,16 @@ type choice struct {
 func (c choice) label(e einsum) string {
 	switch c.what {
 	case 'S':
-		if strings.IndexByte(e.out, c.letter) < 0 {
-			return "split " + string(c.letter) + " (contracted)"
+		if d := strings.IndexByte(e.out, c.letter); d >= 0 {
+			return fmt.Sprintf("split output dim %d", d)
 		}
-		return "split " + string(c.letter)
+		for j, t := range e.in {
+			if d := strings.IndexByte(t, c.letter); d >= 0 {
+				return fmt.Sprintf("split contracted dim %d of input %d (partial sums)", d, j)
+			}
+		}
 	case 'P':
-		return fmt.Sprintf("pass partial input %d", c.input)
+		return fmt.Sprintf("pass partial input %d through", c.input)
 	case 'A':
 		return "add partials"
 	}

@@ -131,23 +131,23 @@ func Text(fwd *Plan, bwd *Backward, elemSize int) string {
 	var b strings.Builder
 	mesh := fwd.Inputs[0].Spec.Mesh
 	fmt.Fprintf(&b, "%s on mesh %s (%d ranks), %d-byte elements\n", fwd.Op, mesh, mesh.Size(), elemSize)
-	fmt.Fprintf(&b, "strategy: %s\n", strings.Join(fwd.Strategy, ", "))
-	fmt.Fprintf(&b, "  %-6s %-12s %-18s %-18s %s\n", "tensor", "shape", "given", "local op uses", "rank 0 holds")
+	fmt.Fprintf(&b, "strategy: %s\n", strings.Join(fwd.Strategy, "; "))
+	fmt.Fprintf(&b, "  %-6s %-12s %-20s %-20s %s\n", "tensor", "shape", "given", "local op uses", "rank 0 holds")
 	for i, in := range fwd.Inputs {
 		l := fwd.Local[i].Spec
-		fmt.Fprintf(&b, "  %-6s %-12s %-18s %-18s %s\n", in.Name, placement.FormatShape(in.Spec.Shape),
+		fmt.Fprintf(&b, "  %-6s %-12s %-20s %-20s %s\n", in.Name, placement.FormatShape(in.Spec.Shape),
 			placement.FormatList(in.Spec.Placements), placement.FormatList(l.Placements), placement.FormatShape(l.LocalShape(0)))
 	}
 	f := fwd.Final.Spec
-	fmt.Fprintf(&b, "  %-6s %-12s %-18s %-18s %s\n", fwd.Final.Name, placement.FormatShape(f.Shape), "",
-		placement.FormatList(fwd.Output.Spec.Placements)+" -> "+placement.FormatList(f.Placements), placement.FormatShape(f.LocalShape(0)))
+	fmt.Fprintf(&b, "  %-6s %-12s %-20s %-20s %s\n", fwd.Final.Name, placement.FormatShape(f.Shape),
+		"-> "+placement.FormatList(f.Placements), placement.FormatList(fwd.Output.Spec.Placements), placement.FormatShape(f.LocalShape(0)))
 	fb := writeCollectives(&b, "forward", fwd.Collectives(), elemSize)
 	var bb int64
 	if bwd != nil {
 		fmt.Fprintf(&b, "backward: %s arrives as %s\n", bwd.DY.Name, placement.FormatList(bwd.DY.Spec.Placements))
 		for _, g := range bwd.Grads {
-			fmt.Fprintf(&b, "  %-6s %-18s computed %s (%s)\n", g.Output.Name, placement.FormatList(g.Final.Spec.Placements),
-				placement.FormatList(g.Output.Spec.Placements), strings.Join(g.Strategy, ", "))
+			fmt.Fprintf(&b, "  %-6s %-12s %-20s %-20s %s\n", g.Output.Name, placement.FormatShape(g.Final.Spec.Shape),
+				"-> "+placement.FormatList(g.Final.Spec.Placements), placement.FormatList(g.Output.Spec.Placements), strings.Join(g.Strategy, "; "))
 		}
 		bb = writeCollectives(&b, "backward", bwd.Collectives(), elemSize)
 	}

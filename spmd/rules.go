@@ -311,3 +311,12 @@ func gradOf(op string, r rule, e einsum, i int) (string, einsum, kind, []int) {
 	}
 	return name, ge, kind{linear: lin}, operands
 }
+
+// InputNames lists an op's inputs in order ("x", "w", "b" for linear).
+func InputNames(op string) ([]string, error) {
+	r, ok := rules[op]
+	if !ok {
+		return nil, fmt.Errorf("%w: op %q (known: %s)", ErrNoRule, op, strings.Join(Ops(), ", "))
+	}
+	return slices.Clone(r.inputs), nil
+}

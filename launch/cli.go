@@ -1,0 +1,48 @@
+// Package launch is the launcher: it plans sharded ops (`launcher plan`), and
+// starts and supervises the ranks of a job.
+package launch
+
+import (
+	"context"
+	"fmt"
+	"io"
+)
+
+// ExitUsage is the exit code for bad flags and inputs that cannot be run.
+const ExitUsage = 2
+
+const usage = `usage: launcher COMMAND [flags]
+
+commands:
+  plan   show how an op is sharded: layouts, collectives and bytes, forward and backward
+         launcher plan --mesh dp=2,tp=2 --op linear --x 8x16:[S(0),R] --w 32x16:[R,S(0)] --b 32:[R,S(0)]
+         launcher plan --mesh dp=2,tp=2 --block mlp --tokens 64 --hidden 32 --ffn 128 [--sequence-parallel]
+`
+
+// Main runs the launcher's command line and returns the process exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return ExitUsage
+	}
+	switch args[0] {
+	case "plan":
+		o, err := ParsePlanFlags(args[1:])
+		if err == nil {
+			err = o.Validate()
+		}
+		if err == nil {
+			err = RunPlan(stdout, o)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "launcher plan: %v\n", err)
+			return ExitUsage
+		}
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "launcher: unknown command %q\n%s", args[0], usage)
+	return ExitUsage
+}

@@ -1,0 +1,208 @@
+package launch
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/spmd"
+)
+
+// PlanOptions are the flags of `launcher plan`.
+type PlanOptions struct {
+	Mesh   string            // "dp=2,tp=2"
+	Op     string            // linear, matmul, add, gelu, relu, sum
+	Inputs map[string]string // input name -> "SHAPE:[PLACEMENTS]"
+	Out    string            // placement the consumer wants for the output, "" for the default
+	Grads  string            // "x,w,b", "none", "" for all
+	Dims   string            // dims a sum reduces, "0,1"
+	World  int               // if > 0, the mesh must hold this many ranks
+	JSON   bool
+	// Block plans a whole block instead of one op ("mlp").
+	Block string
+	BlockOptions
+}
+
+// planInputs are the input flags `launcher plan` knows, by op.
+var planInputs = []string{"x", "w", "b", "a"}
+
+// ParsePlanFlags reads `launcher plan` flags. Errors are usage errors.
+func ParsePlanFlags(args []string) (PlanOptions, error) {
+	o := PlanOptions{Inputs: map[string]string{}}
+	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.Mesh, "mesh", "", "device mesh: 4 or dp=2,tp=2")
+	fs.StringVar(&o.Op, "op", "linear", "op: "+strings.Join(spmd.Ops(), ", "))
+	in := map[string]*string{}
+	for _, n := range planInputs {
+		in[n] = fs.String(n, "", "input "+n+" as SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R]")
+	}
+	fs.StringVar(&o.Out, "out", "", "placement the consumer wants for the output, e.g. [S(0),S(1)]")
+	fs.StringVar(&o.Grads, "grads", "", "gradients wanted: x,w,b or none (default all)")
+	fs.StringVar(&o.Dims, "dims", "", "dims a sum reduces, e.g. 0,1 (default all)")
+	fs.IntVar(&o.World, "world", 0, "check the mesh against this many ranks")
+	fs.BoolVar(&o.JSON, "json", false, "print JSON")
+	fs.StringVar(&o.Block, "block", "", "plan a block instead of one op: mlp")
+	fs.IntVar(&o.Tokens, "tokens", 64, "block: tokens")
+	fs.IntVar(&o.Hidden, "hidden", 32, "block: hidden size")
+	fs.IntVar(&o.FFN, "ffn", 128, "block: ffn size")
+	fs.BoolVar(&o.SequenceParallel, "sequence-parallel", false, "block: shard tokens over tp outside the MLP")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	for n, v := range in {
+		if *v != "" {
+			o.Inputs[n] = *v
+		}
+	}
+	return o, nil
+}
+
+// plan is a validated PlanOptions.
+type plan struct {
+	req   spmd.Request
+	grads []string
+	json  bool
+}
+
+// Validate checks every flag before any planning and reports the first problem.
+func (o PlanOptions) Validate() error {
+	if o.Block != "" {
+		if o.Block != "mlp" {
+			return fmt.Errorf("--block %q: want mlp", o.Block)
+		}
+		o.BlockOptions.Mesh = o.Mesh
+		_, err := o.BlockOptions.plan()
+		return err
+	}
+	_, err := o.build()
+	return err
+}
+
+func (o PlanOptions) build() (plan, error) {
+	if o.Mesh == "" {
+		return plan{}, errors.New("--mesh is required, e.g. --mesh dp=2,tp=2")
+	}
+	mesh, err := placement.ParseMesh(o.Mesh)
+	if err != nil {
+		return plan{}, fmt.Errorf("--mesh: %w", err)
+	}
+	if o.World > 0 {
+		if err := mesh.Validate(o.World); err != nil {
+			return plan{}, err
+		}
+	}
+	op := o.Op
+	names, err := spmd.InputNames(op)
+	if err != nil {
+		return plan{}, err
+	}
+	if op == "linear" && o.Inputs["b"] == "" {
+		op, names = "linear_nobias", names[:2]
+	}
+	p := plan{req: spmd.Request{Op: op}, json: o.JSON}
+	for n := range o.Inputs {
+		if !contains(names, n) {
+			return plan{}, fmt.Errorf("--%s: %s takes %s", n, o.Op, flagList(names))
+		}
+	}
+	for _, n := range names {
+		v, ok := o.Inputs[n]
+		if !ok {
+			return plan{}, fmt.Errorf("--%s is required: %s takes %s", n, o.Op, flagList(names))
+		}
+		s, err := placement.ParseSpec(v, mesh)
+		if err != nil {
+			return plan{}, fmt.Errorf("--%s %s: %w", n, v, err)
+		}
+		p.req.Inputs = append(p.req.Inputs, spmd.Operand{Name: n, Spec: s})
+	}
+	if o.Out != "" {
+		if p.req.Out, err = placement.ParseList(o.Out); err != nil {
+			return plan{}, fmt.Errorf("--out: %w", err)
+		}
+	}
+	if o.Dims != "" {
+		for _, d := range strings.Split(o.Dims, ",") {
+			n, err := strconv.Atoi(d)
+			if err != nil {
+				return plan{}, fmt.Errorf("--dims: %q is not a dim", d)
+			}
+			p.req.Dims = append(p.req.Dims, n)
+		}
+	}
+	switch o.Grads {
+	case "":
+	case "none":
+		p.grads = []string{}
+	default:
+		p.grads = strings.Split(o.Grads, ",")
+		for _, g := range p.grads {
+			if !contains(names, g) {
+				return plan{}, fmt.Errorf("--grads: %s has no input %q (inputs: %s)", o.Op, g, strings.Join(names, ", "))
+			}
+		}
+	}
+	p.req.Grads = p.grads
+	// Plan now so that every problem is reported before anything is printed.
+	if _, err := spmd.Forward(p.req); err != nil {
+		return plan{}, err
+	}
+	return p, nil
+}
+
+// RunPlan prints the plan of one op, forward and backward, as a table or JSON.
+func RunPlan(w io.Writer, o PlanOptions) error {
+	if o.Block != "" {
+		o.BlockOptions.Mesh = o.Mesh
+		return RunBlock(w, o.BlockOptions)
+	}
+	p, err := o.build()
+	if err != nil {
+		return err
+	}
+	fwd, err := spmd.Forward(p.req)
+	if err != nil {
+		return err
+	}
+	bwd, err := spmd.BackwardOf(fwd, p.grads, p.req.Dims)
+	if err != nil {
+		return err
+	}
+	const elemSize = 4 // float32
+	if p.json {
+		b, err := json.Marshal(spmd.NewReport(fwd, bwd, elemSize))
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	}
+	_, err = io.WriteString(w, spmd.Text(fwd, bwd, elemSize))
+	return err
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func flagList(names []string) string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = "--" + n
+	}
+	return strings.Join(out, " ")
+}

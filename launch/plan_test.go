@@ -1,0 +1,94 @@
+package launch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestPlanJSON(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), []string{"plan", "--mesh", "dp=2,tp=2", "--op", "linear",
+		"--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]", "--json"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var r struct {
+		Op   string `json:"op"`
+		Mesh struct {
+			Shape []int    `json:"shape"`
+			Names []string `json:"names"`
+		} `json:"mesh"`
+		Inputs  map[string]struct{ Placements []string } `json:"inputs"`
+		Forward struct {
+			Output struct {
+				Tensor     string   `json:"tensor"`
+				Shape      []int    `json:"shape"`
+				Placements []string `json:"placements"`
+			} `json:"output"`
+			Collectives []json.RawMessage `json:"collectives"`
+		} `json:"forward"`
+		Backward struct {
+			Grads       map[string]struct{ Placements []string } `json:"grads"`
+			Collectives []struct {
+				Kind     string `json:"kind"`
+				Tensor   string `json:"tensor"`
+				MeshDims []int  `json:"mesh_dims"`
+				Bytes    int64  `json:"bytes"`
+			} `json:"collectives"`
+		} `json:"backward"`
+		CommBytes struct{ Forward, Backward int64 } `json:"comm_bytes"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if r.Op != "linear" || r.Mesh.Names[1] != "tp" || r.Forward.Output.Tensor != "y" ||
+		strings.Join(r.Forward.Output.Placements, ",") != "S(0),S(1)" || len(r.Forward.Collectives) != 0 {
+		t.Fatalf("unexpected forward: %s", out.String())
+	}
+	if !strings.HasPrefix(out.String(), `{"op":"linear","mesh":{"shape":[2,2],"names":["dp","tp"]},"inputs":{"x":`) {
+		t.Fatalf("keys out of order: %s", out.String())
+	}
+	c := r.Backward.Collectives[0]
+	if c.Kind != "all_reduce" || c.Tensor != "dx" || len(c.MeshDims) != 1 || c.MeshDims[0] != 1 || c.Bytes != 4*4*16 {
+		t.Fatalf("first backward collective %+v", c)
+	}
+	var sum int64
+	for _, c := range r.Backward.Collectives {
+		sum += c.Bytes
+	}
+	if sum != r.CommBytes.Backward {
+		t.Fatalf("comm_bytes.backward %d, collectives sum to %d", r.CommBytes.Backward, sum)
+	}
+}
+
+func TestPlanErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad flag", []string{"plan", "--mesh", "4", "--bogus"}, "bogus"},
+		{"no mesh", []string{"plan", "--x", "8x16:[R]"}, "--mesh is required"},
+		{"bad mesh", []string{"plan", "--mesh", "dp=0"}, "--mesh"},
+		{"shape does not fit", []string{"plan", "--mesh", "4", "--x", "8x16:[R]", "--w", "32x15:[R]"}, "shape mismatch"},
+		{"placements do not match the mesh", []string{"plan", "--mesh", "dp=2,tp=2", "--x", "8x16:[R]", "--w", "32x16:[R,R]"}, "placements for the 2-D mesh"},
+		{"mesh does not match world", []string{"plan", "--mesh", "dp=2,tp=2", "--world", "3", "--x", "8x16:[R,R]", "--w", "32x16:[R,R]"}, "world size is 3"},
+		{"unknown placement", []string{"plan", "--mesh", "4", "--x", "8x16:[Q]", "--w", "32x16:[R]"}, `"Q"`},
+		{"unknown op", []string{"plan", "--mesh", "4", "--op", "conv"}, "conv"},
+		{"unknown grad", []string{"plan", "--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--grads", "q"}, `no input "q"`},
+		{"input the op lacks", []string{"plan", "--mesh", "4", "--op", "gelu", "--x", "8x16:[R]", "--w", "32x16:[R]"}, "--w: gelu takes --x"},
+		{"shard beyond the tensor", []string{"plan", "--mesh", "4", "--x", "8x16:[S(2)]", "--w", "32x16:[R]"}, "tensor dim 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := Main(context.Background(), tc.args, &out, &errb)
+			msg := errb.String()
+			if code != ExitUsage || out.Len() != 0 || strings.Count(msg, "\n") != 1 || !strings.Contains(msg, tc.want) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit 2 and one line with %q", code, out.String(), msg, tc.want)
+			}
+		})
+	}
+}

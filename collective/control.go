@@ -19,6 +19,8 @@ type State struct {
 	Time   time.Time `json:"time"`   // when the heartbeat was sent
 	// Seqs is the sequence number reached per group (collectives entered).
 	Seqs map[string]uint64 `json:"seqs,omitempty"`
+	// Closed: the rank closed its World (a clean exit, not a loss).
+	Closed bool `json:"closed,omitempty"`
 }
 
 // Notice tells every rank of a group (or the whole job) that a collective failed.

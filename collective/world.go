@@ -151,7 +151,7 @@ func (w *World) fail(e *Error) { w.failLocal(e, true) }
 
 func (w *World) failLocal(e *Error, publish bool) {
 	w.mu.Lock()
-	if w.err != nil {
+	if w.err != nil || w.closed {
 		w.mu.Unlock()
 		return
 	}
@@ -300,10 +300,9 @@ func (w *World) Close() error {
 	for _, c := range comms {
 		c.stop()
 	}
-	var errs []error
+	errs := []error{w.ctrl.Close(), w.t.Close()}
 	for i := len(closers) - 1; i >= 0; i-- {
 		errs = append(errs, closers[i]())
 	}
-	errs = append(errs, w.t.Close(), w.ctrl.Close())
 	return errors.Join(errs...)
 }

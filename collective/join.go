@@ -1,0 +1,279 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshrun/meshrun/natsrv/creds"
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+)
+
+// Config is how a worker joins its job. EnvConfig reads it from the environment
+// the launcher sets:
+//
+//	RANK, WORLD_SIZE                 this rank and the number of ranks (required)
+//	LOCAL_RANK, LOCAL_WORLD_SIZE     rank and ranks on this node
+//	NODE_RANK, NNODES                this node and the number of nodes
+//	MESHRUN_JOB_ID                   job id (required): subjects are meshrun.<job>.…
+//	MESHRUN_NATS_URL                 NATS server (required)
+//	MESHRUN_NATS_CREDS               path of a 0600 credentials file (format: see
+//	                                 package natsrv/creds: user=… and password=… lines)
+//	MESHRUN_TRANSPORT                auto (default) | shm | tcp | nats
+//	MESHRUN_TCP_HOST                 address the tcp data listener binds
+//	                                 (default 127.0.0.1 on one node)
+//	MESHRUN_COLLECTIVE_TIMEOUT       deadline of one collective (Go duration)
+//	MESHRUN_RENDEZVOUS_TIMEOUT       deadline of the rendezvous (Go duration)
+type Config struct {
+	Rank, WorldSize           int
+	LocalRank, LocalWorldSize int
+	NodeRank, NNodes          int
+	Job                       string
+	NATSURL                   string
+	CredsFile                 string
+	// Creds, when set, is used instead of CredsFile (tests, in-process callers).
+	Creds *creds.Credentials
+	// Transport: "auto" (shm when every rank is on one host, else tcp), "shm",
+	// "tcp", "nats".
+	Transport string
+	TCPHost   string
+	// RendezvousTimeout bounds the wait for the whole roster; default 30 s.
+	RendezvousTimeout time.Duration
+	// HeartbeatInterval (default 500 ms) and HeartbeatTimeout (default 3 s): a
+	// rank silent for HeartbeatTimeout is lost.
+	HeartbeatInterval, HeartbeatTimeout time.Duration
+	// Options of the World (timeouts, chunking, logger).
+	Options
+
+	envErrs []string
+}
+
+// EnvConfig reads the Config from the environment; problems are reported by
+// Validate (and Join), all at once.
+func EnvConfig() Config {
+	var c Config
+	num := func(name string, required bool, dst *int) {
+		v, ok := os.LookupEnv(name)
+		if !ok || v == "" {
+			if required {
+				c.envErrs = append(c.envErrs, name+" is not set")
+			}
+			return
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			c.envErrs = append(c.envErrs, fmt.Sprintf("%s=%q is not a non-negative integer", name, v))
+			return
+		}
+		*dst = n
+	}
+	dur := func(name string, dst *time.Duration) {
+		if v := os.Getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				c.envErrs = append(c.envErrs, fmt.Sprintf("%s=%q is not a positive duration", name, v))
+				return
+			}
+			*dst = d
+		}
+	}
+	num("RANK", true, &c.Rank)
+	num("WORLD_SIZE", true, &c.WorldSize)
+	num("LOCAL_RANK", false, &c.LocalRank)
+	num("LOCAL_WORLD_SIZE", false, &c.LocalWorldSize)
+	num("NODE_RANK", false, &c.NodeRank)
+	num("NNODES", false, &c.NNodes)
+	c.Job = os.Getenv("MESHRUN_JOB_ID")
+	c.NATSURL = os.Getenv("MESHRUN_NATS_URL")
+	c.CredsFile = os.Getenv("MESHRUN_NATS_CREDS")
+	c.Transport = os.Getenv("MESHRUN_TRANSPORT")
+	c.TCPHost = os.Getenv("MESHRUN_TCP_HOST")
+	dur("MESHRUN_COLLECTIVE_TIMEOUT", &c.DataTimeout)
+	dur("MESHRUN_RENDEZVOUS_TIMEOUT", &c.RendezvousTimeout)
+	return c
+}
+
+// Validate reports every problem of the config at once.
+func (c *Config) Validate() error {
+	errs := append([]string(nil), c.envErrs...)
+	if c.WorldSize < 1 {
+		errs = append(errs, "world size must be at least 1")
+	} else if c.Rank < 0 || c.Rank >= c.WorldSize {
+		errs = append(errs, fmt.Sprintf("rank %d outside world of %d", c.Rank, c.WorldSize))
+	}
+	if c.Job == "" {
+		errs = append(errs, "no job id (MESHRUN_JOB_ID)")
+	} else if strings.ContainsAny(c.Job, ".*> \t\n") {
+		errs = append(errs, fmt.Sprintf("job id %q must not contain '.', '*', '>' or spaces", c.Job))
+	}
+	if c.NATSURL == "" {
+		errs = append(errs, "no NATS url (MESHRUN_NATS_URL)")
+	}
+	if c.Creds == nil && c.CredsFile == "" {
+		errs = append(errs, "no NATS credentials (MESHRUN_NATS_CREDS)")
+	}
+	switch c.Transport {
+	case "", "auto", "shm", "tcp", "nats":
+	default:
+		errs = append(errs, fmt.Sprintf("transport %q: want auto, shm, tcp or nats", c.Transport))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalid, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func (c *Config) defaults() {
+	if c.Transport == "" {
+		c.Transport = "auto"
+	}
+	if c.RendezvousTimeout <= 0 {
+		c.RendezvousTimeout = 30 * time.Second
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 500 * time.Millisecond
+	}
+	if c.HeartbeatTimeout <= 0 {
+		c.HeartbeatTimeout = 3 * time.Second
+	}
+	if c.Options.Job == "" {
+		c.Options.Job = c.Job
+	}
+	c.Options.defaults()
+}
+
+// Join connects this rank to its job: NATS, rendezvous, data transport,
+// heartbeats. The World fails (every pending call with ErrControlLost) if the
+// NATS connection drops; nothing reconnects.
+func Join(ctx context.Context, cfg Config) (*World, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.defaults()
+	log := cfg.Logger.With(zap.Int("rank", cfg.Rank))
+	cr := cfg.Creds
+	if cr == nil {
+		c, err := creds.Read(cfg.CredsFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: reading NATS credentials: %v", ErrInvalid, err)
+		}
+		cr = &c
+	}
+	var wp atomic.Pointer[World]
+	lostCh := make(chan error, 1)
+	onLost := func(err error) {
+		if w := wp.Load(); w != nil {
+			w.fail(&Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: fmt.Sprintf("connection to NATS at %s lost: %v", cfg.NATSURL, err)})
+			return
+		}
+		select {
+		case lostCh <- err:
+		default:
+		}
+	}
+	nc, err := nats.Connect(cfg.NATSURL,
+		nats.Name(fmt.Sprintf("meshrun-%s-rank-%d", cfg.Job, cfg.Rank)),
+		nats.UserInfo(cr.User, cr.Password),
+		nats.NoReconnect(),
+		nats.Timeout(5*time.Second),
+		nats.PingInterval(time.Second), nats.MaxPingsOutstanding(3),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil {
+				err = errors.New("disconnected")
+			}
+			onLost(err)
+		}),
+	)
+	if err != nil {
+		return nil, &Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: fmt.Sprintf("connecting to NATS at %s: %v", cfg.NATSURL, err)}
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			nc.Close()
+		}
+	}()
+	ctl, err := newNatsControl(nc, cfg.Job, cfg.Rank, cfg.WorldSize, cfg.HeartbeatInterval, cfg.HeartbeatTimeout, log)
+	if err != nil {
+		return nil, &Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: err.Error()}
+	}
+	host, _ := os.Hostname()
+	me := Announce{Rank: cfg.Rank, Size: cfg.WorldSize, Host: host, Boot: bootID(), PID: os.Getpid(), Nonce: randomHex(8)}
+	var ln net.Listener
+	tcpHost := cfg.TCPHost
+	if tcpHost == "" && cfg.NNodes <= 1 {
+		tcpHost = "127.0.0.1"
+	}
+	if cfg.Transport == "tcp" || cfg.Transport == "auto" {
+		l, err := TCPListen(tcpHost)
+		if err != nil {
+			return nil, fmt.Errorf("%w: tcp listener on %s: %v", ErrInvalid, tcpHost, err)
+		}
+		ln = l
+		me.Addr = l.Addr().String()
+	}
+	rctx, cancel := context.WithTimeout(ctx, cfg.RendezvousTimeout)
+	roster, err := rendezvous(rctx, nc, cfg.Job, me)
+	cancel()
+	if err != nil {
+		if ln != nil {
+			ln.Close()
+		}
+		return nil, err
+	}
+	kind := cfg.Transport
+	if kind == "auto" {
+		kind = "tcp"
+		if roster.SameHost() && shmAvailable() {
+			kind = "shm"
+		}
+	}
+	tctx, cancel := context.WithTimeout(ctx, cfg.RendezvousTimeout)
+	defer cancel()
+	var t Transport
+	switch kind {
+	case "tcp":
+		addrs := make([]string, cfg.WorldSize)
+		for i, a := range roster.Ranks {
+			addrs[i] = a.Addr
+		}
+		t, err = NewTCPTransport(tctx, cfg.Rank, cfg.WorldSize, ln, addrs, roster.Secret, cfg.Job)
+	case "shm":
+		if ln != nil {
+			ln.Close()
+		}
+		t, err = NewShmTransport(tctx, cfg.Job, cfg.Rank, cfg.WorldSize, roster)
+	case "nats":
+		t, err = NewNatsTransport(tctx, nc, cfg.Job, cfg.Rank, cfg.WorldSize)
+	}
+	if err != nil {
+		if ln != nil {
+			ln.Close()
+		}
+		return nil, err
+	}
+	select {
+	case e := <-lostCh:
+		t.Close()
+		return nil, &Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: e.Error()}
+	default:
+	}
+	w, err := NewWorld(t, ctl, cfg.Options)
+	if err != nil {
+		t.Close()
+		return nil, err
+	}
+	w.log = log
+	wp.Store(w)
+	w.OnClose(func() error { nc.Close(); return nil })
+	ok = true
+	log.Info("joined", zap.String("job", cfg.Job), zap.Int("world", cfg.WorldSize), zap.String("transport", t.Name()))
+	return w, nil
+}

@@ -1,0 +1,211 @@
+package collective_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/collective/collectivetest"
+	"github.com/meshrun/meshrun/natsrv"
+	"github.com/nats-io/nats.go"
+)
+
+var jobCounter atomic.Int64
+
+func newJob() string { return fmt.Sprintf("job%d", jobCounter.Add(1)) }
+
+func startServer(t testing.TB, jobs ...string) *natsrv.Server {
+	t.Helper()
+	s, err := natsrv.Start(natsrv.Options{Jobs: jobs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+func config(s *natsrv.Server, job string, rank, n int, transport string, o collective.Options) collective.Config {
+	c, _ := s.Credentials(job)
+	return collective.Config{Rank: rank, WorldSize: n, Job: job, NATSURL: s.URL(), Creds: &c, Transport: transport,
+		RendezvousTimeout: 10 * time.Second, Options: o}
+}
+
+// joinAll joins n ranks concurrently and returns the worlds or the errors.
+func joinAll(cfgs []collective.Config) ([]*collective.World, []error) {
+	ws := make([]*collective.World, len(cfgs))
+	errs := make([]error, len(cfgs))
+	var wg sync.WaitGroup
+	for i := range cfgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ws[i], errs[i] = collective.Join(context.Background(), cfgs[i])
+		}()
+	}
+	wg.Wait()
+	return ws, errs
+}
+
+func joinedWorlds(transport string) collectivetest.Factory {
+	return func(t testing.TB, n int, o collective.Options) []*collective.World {
+		job := newJob()
+		s := startServer(t, job)
+		cfgs := make([]collective.Config, n)
+		for i := range cfgs {
+			cfgs[i] = config(s, job, i, n, transport, o)
+		}
+		ws, errs := joinAll(cfgs)
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: join: %v", i, err)
+			}
+		}
+		for _, w := range ws {
+			if got := w.Transport().Name(); got != transport {
+				t.Fatalf("transport %s, want %s", got, transport)
+			}
+		}
+		return ws
+	}
+}
+
+func TestConformanceTCP(t *testing.T) { collectivetest.Run(t, joinedWorlds("tcp")) }
+
+func TestRendezvousMissingRank(t *testing.T) {
+	job := newJob()
+	s := startServer(t, job)
+	cfgs := []collective.Config{config(s, job, 0, 3, "tcp", collective.Options{}), config(s, job, 1, 3, "tcp", collective.Options{})}
+	for i := range cfgs {
+		cfgs[i].RendezvousTimeout = time.Second
+	}
+	start := time.Now()
+	_, errs := joinAll(cfgs)
+	for r, err := range errs {
+		if !errors.Is(err, collective.ErrRendezvous) || !strings.Contains(err.Error(), "missing ranks [2]") {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("took %v", d)
+	}
+}
+
+func TestRendezvousDuplicateRank(t *testing.T) {
+	job := newJob()
+	s := startServer(t, job)
+	o := collective.Options{}
+	cfgs := []collective.Config{config(s, job, 0, 3, "tcp", o), config(s, job, 1, 3, "tcp", o), config(s, job, 1, 3, "tcp", o)}
+	for i := range cfgs {
+		cfgs[i].RendezvousTimeout = 5 * time.Second
+	}
+	_, errs := joinAll(cfgs)
+	for r, err := range errs {
+		if !errors.Is(err, collective.ErrRendezvous) || !strings.Contains(err.Error(), "duplicate rank 1") {
+			t.Fatalf("join %d: %v", r, err)
+		}
+	}
+}
+
+func TestEnvConfig(t *testing.T) {
+	t.Setenv("RANK", "x")
+	t.Setenv("WORLD_SIZE", "")
+	t.Setenv("MESHRUN_JOB_ID", "")
+	t.Setenv("MESHRUN_TRANSPORT", "carrier-pigeon")
+	c := collective.EnvConfig()
+	err := c.Validate()
+	for _, want := range []string{"RANK=\"x\"", "WORLD_SIZE is not set", "no job id", "no NATS url", "carrier-pigeon"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+	t.Setenv("RANK", "1")
+	t.Setenv("WORLD_SIZE", "2")
+	t.Setenv("MESHRUN_JOB_ID", "j")
+	t.Setenv("MESHRUN_NATS_URL", "nats://127.0.0.1:1")
+	t.Setenv("MESHRUN_NATS_CREDS", "/nonexistent")
+	t.Setenv("MESHRUN_TRANSPORT", "tcp")
+	c = collective.EnvConfig()
+	if err := c.Validate(); err != nil || c.Rank != 1 || c.WorldSize != 2 {
+		t.Fatalf("%+v %v", c, err)
+	}
+}
+
+func TestAbortAndHeartbeats(t *testing.T) {
+	job := newJob()
+	s := startServer(t, job)
+	n := 3
+	cfgs := make([]collective.Config, n)
+	for i := range cfgs {
+		cfgs[i] = config(s, job, i, n, "tcp", collective.Options{})
+		cfgs[i].HeartbeatInterval = 100 * time.Millisecond
+	}
+	ws, errs := joinAll(cfgs)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() {
+		for _, w := range ws {
+			w.Close()
+		}
+	}()
+	admin := s.Admin()
+	nc, err := nats.Connect(s.URL(), nats.UserInfo(admin.User, admin.Password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var mu sync.Mutex
+	latest := map[int]collective.State{}
+	sub, err := collective.WatchHeartbeats(nc, job, func(st collective.State) {
+		mu.Lock()
+		latest[st.Rank] = st
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	// Ranks 0 and 1 enter an all-reduce on the world; rank 2 never does.
+	res := make(chan error, 2)
+	for r := 0; r < 2; r++ {
+		go func() {
+			c, err := ws[r].WorldComm(context.Background())
+			if err == nil {
+				err = collective.AllReduce(context.Background(), c, make([]float32, 10), collective.Sum)
+			}
+			res <- err
+		}()
+	}
+	go ws[2].WorldComm(context.Background())
+	time.Sleep(700 * time.Millisecond)
+	mu.Lock()
+	hangs := collective.Hangs(latest, time.Now(), 300*time.Millisecond)
+	mu.Unlock()
+	if len(hangs) != 1 || fmt.Sprint(hangs[0].Missing) != "[2]" || hangs[0].Op != "all_reduce" {
+		t.Fatalf("hangs %v", hangs)
+	}
+	start := time.Now()
+	if err := collective.PublishAbort(nc, job, "launcher: rank 2 hung"); err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < 2; r++ {
+		err := <-res
+		if !errors.Is(err, collective.ErrAborted) || !strings.Contains(err.Error(), "rank 2 hung") {
+			t.Fatalf("%v", err)
+		}
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("abort took %v", d)
+	}
+	if !errors.Is(ws[2].Err(), collective.ErrAborted) {
+		t.Fatalf("rank 2: %v", ws[2].Err())
+	}
+}

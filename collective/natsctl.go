@@ -1,0 +1,449 @@
+package collective
+
+// Coordination over NATS.
+//
+// Subjects of job J (all under "meshrun.J.", the only subjects the job's NATS
+// user may use):
+//
+//	meshrun.J.rdv          rendezvous: every rank sends its Announce as a request;
+//	                       rank 0 answers all of them with the Roster once complete
+//	meshrun.J.hb.<rank>    heartbeats: State as JSON, every HeartbeatInterval
+//	meshrun.J.fail         failure notices: Notice as JSON, from the rank that
+//	                       detected a failure; every rank fails at once
+//	meshrun.J.abort        abort: Notice as JSON (PublishAbort), e.g. from the
+//	                       launcher; every rank's pending call fails with ErrAborted
+//	meshrun.J.msg.<topic>  small control messages (World.PublishMsg/SubscribeMsg)
+//	meshrun.J.data.<dst>.<src>, meshrun.J.credit.<src>.<dst>
+//	                       the nats data path (transport "nats") and its window
+//
+// Why core request/reply and not JetStream KV: the rendezvous is a one-shot
+// barrier that needs a single authority to decide "complete", "missing ranks" and
+// "duplicate rank" consistently; rank 0 answering held requests gives exactly
+// that, with no state on the server, no stream to create, clean up or secure per
+// job, and it works on any NATS deployment (JetStream is off by default and
+// often disabled on shared clusters). KV's persistence is a liability here: a
+// stale roster from a previous attempt of the same job must never be read.
+// Liveness and failures are transient facts, which core pub/sub carries at
+// lowest latency; at-most-once delivery is acceptable because every consumer
+// treats silence as failure (heartbeat timeout) and a disconnect fails the
+// World rather than being retried.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+)
+
+// Subject returns "meshrun.<job>.<suffix>".
+func Subject(job, suffix string) string { return "meshrun." + job + "." + suffix }
+
+// Announce is what a rank tells the rendezvous about itself.
+type Announce struct {
+	Rank  int    `json:"rank"`
+	Size  int    `json:"size"`
+	Host  string `json:"host"`
+	Boot  string `json:"boot,omitempty"` // kernel boot id: same host iff equal
+	PID   int    `json:"pid"`
+	Nonce string `json:"nonce"`
+	Addr  string `json:"addr,omitempty"` // tcp data listener
+}
+
+// Roster is the rendezvous' answer: every rank's Announce by rank, and the
+// job's secret for data connections.
+type Roster struct {
+	Ranks  []Announce `json:"ranks,omitempty"`
+	Secret []byte     `json:"secret,omitempty"`
+	Error  string     `json:"error,omitempty"`
+}
+
+// SameHost reports whether every rank runs on one machine.
+func (r *Roster) SameHost() bool {
+	for _, a := range r.Ranks {
+		if a.Host != r.Ranks[0].Host || a.Boot != r.Ranks[0].Boot {
+			return false
+		}
+	}
+	return true
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return fmt.Sprintf("%x", b)
+}
+
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// rendezvous runs the job's rendezvous over nc. Rank 0 collects every rank's
+// Announce and answers all of them with the roster, or with the error (missing
+// ranks, duplicate rank) when the roster cannot complete before ctx ends.
+func rendezvous(ctx context.Context, nc *nats.Conn, job string, me Announce) (*Roster, error) {
+	subj := Subject(job, "rdv")
+	body, _ := json.Marshal(me)
+	if me.Rank == 0 {
+		return coordinate(ctx, nc, subj, me)
+	}
+	for {
+		msg, err := nc.RequestWithContext(ctx, subj, body)
+		if errors.Is(err, nats.ErrNoResponders) {
+			select {
+			case <-ctx.Done():
+				return nil, &Error{Kind: ErrRendezvous, Rank: 0, Reporter: me.Rank, Detail: "rank 0 (the rendezvous coordinator) never joined"}
+			case <-time.After(50 * time.Millisecond):
+				continue
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: me.Rank, Detail: "no roster from rank 0 before the deadline: " + err.Error()}
+			}
+			return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: me.Rank, Detail: err.Error()}
+		}
+		var r Roster
+		if err := json.Unmarshal(msg.Data, &r); err != nil {
+			return nil, &Error{Kind: ErrRendezvous, Rank: 0, Reporter: me.Rank, Detail: "bad roster: " + err.Error()}
+		}
+		if r.Error != "" {
+			return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: me.Rank, Detail: r.Error}
+		}
+		if len(r.Ranks) != me.Size || r.Ranks[me.Rank].Nonce != me.Nonce {
+			return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: me.Rank, Detail: "roster does not hold this rank"}
+		}
+		return &r, nil
+	}
+}
+
+func coordinate(ctx context.Context, nc *nats.Conn, subj string, me Announce) (*Roster, error) {
+	ch := make(chan *nats.Msg, 4*me.Size+16)
+	sub, err := nc.ChanSubscribe(subj, ch)
+	if err != nil {
+		return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: 0, Detail: err.Error()}
+	}
+	defer sub.Unsubscribe()
+	got := map[int]Announce{0: me}
+	reply := map[int]string{}
+	var problem string
+	answer := func(r Roster) {
+		data, _ := json.Marshal(r)
+		for _, inbox := range reply {
+			nc.Publish(inbox, data)
+		}
+		nc.Flush()
+	}
+	for len(got) < me.Size && problem == "" {
+		select {
+		case m := <-ch:
+			var a Announce
+			if err := json.Unmarshal(m.Data, &a); err != nil || a.Rank < 0 || a.Rank >= me.Size || a.Size != me.Size {
+				problem = fmt.Sprintf("bad announce %q (world size %d)", m.Data, me.Size)
+				if m.Reply != "" {
+					reply[-1-len(reply)] = m.Reply
+				}
+				break
+			}
+			if old, ok := got[a.Rank]; ok && old.Nonce != a.Nonce {
+				problem = fmt.Sprintf("duplicate rank %d: pid %d on %s and pid %d on %s", a.Rank, old.PID, old.Host, a.PID, a.Host)
+				reply[-1-len(reply)] = m.Reply
+				break
+			}
+			got[a.Rank] = a
+			reply[a.Rank] = m.Reply
+		case <-ctx.Done():
+			var missing []int
+			for r := 0; r < me.Size; r++ {
+				if _, ok := got[r]; !ok {
+					missing = append(missing, r)
+				}
+			}
+			problem = fmt.Sprintf("missing ranks %v (%d of %d joined)", missing, len(got), me.Size)
+			answer(Roster{Error: problem})
+			return nil, &Error{Kind: ErrRendezvous, Rank: missing[0], Reporter: 0, Detail: problem}
+		}
+	}
+	if problem != "" {
+		answer(Roster{Error: problem})
+		return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: 0, Detail: problem}
+	}
+	r := Roster{Ranks: make([]Announce, me.Size), Secret: make([]byte, 32)}
+	rand.Read(r.Secret)
+	for k, a := range got {
+		r.Ranks[k] = a
+	}
+	answer(r)
+	return &r, nil
+}
+
+// natsControl is the Control of a real job.
+type natsControl struct {
+	nc       *nats.Conn
+	job      string
+	rank     int
+	size     int
+	interval time.Duration
+	timeout  time.Duration
+	log      *zap.Logger
+
+	mu      sync.Mutex
+	state   func() State
+	notice  func(Notice)
+	peers   []State
+	seen    []time.Time
+	pending []Notice
+	subs    []*nats.Subscription
+	quit    chan struct{}
+	wg      sync.WaitGroup
+	started time.Time
+	lost    bool
+}
+
+func newNatsControl(nc *nats.Conn, job string, rank, size int, interval, timeout time.Duration, log *zap.Logger) (*natsControl, error) {
+	c := &natsControl{nc: nc, job: job, rank: rank, size: size, interval: interval, timeout: timeout, log: log,
+		peers: make([]State, size), seen: make([]time.Time, size), quit: make(chan struct{})}
+	onNotice := func(m *nats.Msg) {
+		var n Notice
+		if err := json.Unmarshal(m.Data, &n); err != nil {
+			return
+		}
+		if strings.HasSuffix(m.Subject, ".abort") {
+			n.Abort, n.Code = true, "aborted"
+		}
+		c.deliver(n)
+	}
+	for _, s := range []string{"fail", "abort"} {
+		sub, err := nc.Subscribe(Subject(job, s), onNotice)
+		if err != nil {
+			return nil, err
+		}
+		c.subs = append(c.subs, sub)
+	}
+	sub, err := nc.Subscribe(Subject(job, "hb.*"), func(m *nats.Msg) {
+		var s State
+		if json.Unmarshal(m.Data, &s) != nil || s.Rank < 0 || s.Rank >= size {
+			return
+		}
+		c.mu.Lock()
+		c.peers[s.Rank] = s
+		c.seen[s.Rank] = time.Now()
+		c.mu.Unlock()
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.subs = append(c.subs, sub)
+	return c, nc.Flush()
+}
+
+func (c *natsControl) deliver(n Notice) {
+	c.mu.Lock()
+	fn := c.notice
+	if fn == nil {
+		c.pending = append(c.pending, n)
+	}
+	c.mu.Unlock()
+	if fn != nil {
+		fn(n)
+	}
+}
+
+func (c *natsControl) Publish(n Notice) error {
+	data, _ := json.Marshal(n)
+	subj := Subject(c.job, "fail")
+	if n.Abort {
+		subj = Subject(c.job, "abort")
+	}
+	if err := c.nc.Publish(subj, data); err != nil {
+		return err
+	}
+	return c.nc.FlushTimeout(time.Second)
+}
+
+// Attach starts the heartbeats and the liveness monitor.
+func (c *natsControl) Attach(state func() State, notice func(Notice)) {
+	c.mu.Lock()
+	c.state, c.notice = state, notice
+	pending := c.pending
+	c.pending = nil
+	c.started = time.Now()
+	c.mu.Unlock()
+	for _, n := range pending {
+		notice(n)
+	}
+	c.wg.Add(1)
+	go c.loop()
+}
+
+func (c *natsControl) beat(closing bool) {
+	s := c.state()
+	s.Closed = closing
+	data, _ := json.Marshal(s)
+	c.nc.Publish(Subject(c.job, fmt.Sprintf("hb.%d", c.rank)), data)
+}
+
+func (c *natsControl) loop() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.interval)
+	defer t.Stop()
+	c.beat(false)
+	for {
+		select {
+		case <-c.quit:
+			return
+		case <-t.C:
+		}
+		c.beat(false)
+		now := time.Now()
+		c.mu.Lock()
+		lost, last := -1, time.Time{}
+		for r := 0; r < c.size; r++ {
+			if r == c.rank || c.peers[r].Closed {
+				continue
+			}
+			seen := c.seen[r]
+			if seen.IsZero() {
+				seen = c.started
+			}
+			if now.Sub(seen) > c.timeout {
+				lost, last = r, seen
+				break
+			}
+		}
+		fn := c.notice
+		if lost >= 0 {
+			if c.lost {
+				lost = -1
+			}
+			c.lost = true
+		}
+		c.mu.Unlock()
+		if lost >= 0 && fn != nil {
+			fn(Notice{Code: "peer_lost", Rank: lost, Reporter: c.rank, Detail: fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", now.Sub(last).Round(time.Millisecond))})
+			// Tell the others too: they may be waiting on someone else.
+			e := (&Notice{Code: "peer_lost", Rank: lost, Reporter: c.rank}).err()
+			e.Detail = fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", now.Sub(last).Round(time.Millisecond))
+			c.Publish(noticeOf(e))
+		}
+	}
+}
+
+func (c *natsControl) PeerState(rank int) (State, time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.peers[rank], c.seen[rank], !c.seen[rank].IsZero()
+}
+
+func (c *natsControl) Close() error {
+	select {
+	case <-c.quit:
+		return nil
+	default:
+	}
+	close(c.quit)
+	c.wg.Wait()
+	if c.state != nil && c.nc.IsConnected() {
+		c.beat(true)
+		c.nc.FlushTimeout(time.Second)
+	}
+	for _, s := range c.subs {
+		s.Unsubscribe()
+	}
+	return nil
+}
+
+// PublishAbort aborts job: every rank's pending and future collectives fail with
+// ErrAborted carrying reason. nc needs publish rights on meshrun.<job>.abort
+// (the job's user or an admin user).
+func PublishAbort(nc *nats.Conn, job, reason string) error {
+	data, _ := json.Marshal(Notice{Abort: true, Code: "aborted", Rank: -1, Reporter: -1, Detail: reason})
+	if err := nc.Publish(Subject(job, "abort"), data); err != nil {
+		return err
+	}
+	return nc.FlushTimeout(2 * time.Second)
+}
+
+// WatchHeartbeats calls fn with every heartbeat of job's ranks (e.g. for a
+// launcher's hang diagnosis; see Hangs). Unsubscribe the result to stop.
+func WatchHeartbeats(nc *nats.Conn, job string, fn func(State)) (*nats.Subscription, error) {
+	return nc.Subscribe(Subject(job, "hb.*"), func(m *nats.Msg) {
+		var s State
+		if json.Unmarshal(m.Data, &s) == nil {
+			fn(s)
+		}
+	})
+}
+
+// Hang is a collective that has waited longer than a threshold, and the ranks
+// of its group that have not entered it.
+type Hang struct {
+	Group   string
+	Seq     uint64
+	Op      string
+	Since   time.Time
+	Waiting []int // ranks inside the collective
+	Missing []int // ranks of the group that never entered it
+}
+
+func (h Hang) String() string {
+	return fmt.Sprintf("%s seq %d on group %s: ranks %v waiting since %s, missing ranks %v",
+		h.Op, h.Seq, h.Group, h.Waiting, h.Since.Format(time.RFC3339Nano), h.Missing)
+}
+
+// Hangs reads the latest heartbeat of every rank (by rank) and returns the
+// collectives that have been in flight longer than after, naming the missing
+// ranks: those whose heartbeat shows a lower sequence number on that group (or
+// no heartbeat at all).
+func Hangs(latest map[int]State, now time.Time, after time.Duration) []Hang {
+	type key struct {
+		g string
+		s uint64
+	}
+	found := map[key]*Hang{}
+	var ranks []int
+	for r := range latest {
+		ranks = append(ranks, r)
+	}
+	sort.Ints(ranks)
+	for _, r := range ranks {
+		s := latest[r]
+		if !s.Active || now.Sub(s.Since) < after {
+			continue
+		}
+		k := key{s.Group, s.Seq}
+		h := found[k]
+		if h == nil {
+			h = &Hang{Group: s.Group, Seq: s.Seq, Op: s.Op, Since: s.Since}
+			found[k] = h
+			for _, m := range s.Ranks {
+				ms, ok := latest[m]
+				if !ok || ms.Seqs[s.Group] < s.Seq {
+					h.Missing = append(h.Missing, m)
+				}
+			}
+		}
+		if s.Since.Before(h.Since) {
+			h.Since = s.Since
+		}
+		h.Waiting = append(h.Waiting, r)
+	}
+	var out []Hang
+	for _, h := range found {
+		out = append(out, *h)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group || out[i].Group == out[j].Group && out[i].Seq < out[j].Seq })
+	return out
+}

@@ -105,6 +105,26 @@ type strategy struct {
 	moving  int   // steps that send bytes
 	steps   int   // all steps
 	work    int64 // multiply-adds of the local op on the busiest rank
+	plans   planCache
+}
+
+// planCache remembers redistribution plans within one solve: strategies share
+// most of their moves.
+type planCache map[string]cachedPlan
+
+type cachedPlan struct {
+	steps []placement.Step
+	err   error
+}
+
+func (c planCache) plan(from, to placement.Spec) ([]placement.Step, error) {
+	k := from.String() + ">" + to.String()
+	if p, ok := c[k]; ok {
+		return p.steps, p.err
+	}
+	steps, err := placement.Plan(from, to)
+	c[k] = cachedPlan{steps, err}
+	return steps, err
 }
 
 // less orders strategies: fewer elements sent, then fewer collectives, then fewer
@@ -137,13 +157,14 @@ func solve(op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, 
 	}
 	var best *strategy
 	var firstErr error
+	cache := planCache{}
 	idx := make([]int, mesh.NDim())
 	for {
 		cs := make([]choice, mesh.NDim())
 		for i := range cs {
 			cs[i] = cands[i][idx[i]]
 		}
-		s, err := price(e, k, given, inputs, cs, opts)
+		s, err := price(e, k, given, inputs, cs, opts, cache)
 		if err == nil && (best == nil || s.less(best)) {
 			best = s
 		} else if err != nil && firstErr == nil {
@@ -186,13 +207,13 @@ func solve(op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, 
 }
 
 // price builds one strategy's layouts and prices its redistributions.
-func price(e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choice, opts Options) (*strategy, error) {
+func price(e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choice, opts Options, cache planCache) (*strategy, error) {
 	mesh := given[0].Mesh
 	nIn := len(e.in)
 	if k.bias {
 		nIn--
 	}
-	s := &strategy{choices: cs}
+	s := &strategy{choices: cs, plans: cache}
 	outPl := make([]placement.Placement, len(cs))
 	for i, c := range cs {
 		outPl[i] = place(e, given, i, c, e.out, true, -1)
@@ -248,7 +269,7 @@ func price(e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choi
 }
 
 func (s *strategy) move(name string, from, to placement.Spec) error {
-	steps, err := placement.Plan(from, to)
+	steps, err := s.plans.plan(from, to)
 	if err != nil {
 		return err
 	}
@@ -289,7 +310,7 @@ func (s *strategy) reverse(given, local placement.Spec) error {
 	if err != nil {
 		return nil
 	}
-	steps, err := placement.Plan(from, target)
+	steps, err := s.plans.plan(from, target)
 	if err != nil {
 		return err
 	}

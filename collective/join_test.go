@@ -209,3 +209,5 @@ func TestAbortAndHeartbeats(t *testing.T) {
 		t.Fatalf("rank 2: %v", ws[2].Err())
 	}
 }
+
+func TestConformanceNATS(t *testing.T) { collectivetest.Run(t, joinedWorlds("nats")) }

@@ -444,6 +444,8 @@ func Hangs(latest map[int]State, now time.Time, after time.Duration) []Hang {
 	for _, h := range found {
 		out = append(out, *h)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group || out[i].Group == out[j].Group && out[i].Seq < out[j].Seq })
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Group < out[j].Group || out[i].Group == out[j].Group && out[i].Seq < out[j].Seq
+	})
 	return out
 }

@@ -1,0 +1,221 @@
+package collective
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// The nats transport: the fallback data path where ranks cannot reach each
+// other directly. Each message (header + payload) is one NATS message on
+// meshrun.<job>.data.<dst>.<src>, at most the server's max_payload. A sender
+// holds at most natsWindow unacknowledged messages per destination; the
+// receiver returns credits on meshrun.<job>.credit.<src>.<dst> as it consumes,
+// so no subscription ever buffers more than the window and the server never
+// flags a slow consumer. A peer's death shows as silence: the heartbeat monitor
+// (or the collective's deadline) fails the World.
+
+const natsWindow = 16
+
+type natsLink struct {
+	in      chan *nats.Msg
+	sub     *nats.Subscription
+	credits int
+	cmu     sync.Mutex
+	cch     chan struct{} // signaled when credits arrive
+	consume int           // messages consumed since the last credit grant
+	buf     []byte        // send buffer (header + payload)
+	abort   chan struct{}
+	once    sync.Once
+	err     error
+}
+
+type natsTransport struct {
+	nc         *nats.Conn
+	job        string
+	rank, size int
+	max        int
+	links      []*natsLink
+	subs       []*nats.Subscription
+	closeOnce  sync.Once
+}
+
+// NewNatsTransport sets up the nats data path for rank and waits until every
+// peer's subscriptions are in place.
+func NewNatsTransport(ctx context.Context, nc *nats.Conn, job string, rank, size int) (Transport, error) {
+	t := &natsTransport{nc: nc, job: job, rank: rank, size: size, links: make([]*natsLink, size)}
+	t.max = int(nc.MaxPayload()) - HeaderSize
+	if t.max > MaxPayload {
+		t.max = MaxPayload
+	}
+	if t.max < 1024 {
+		return nil, fmt.Errorf("%w: NATS max_payload %d too small", ErrInvalid, nc.MaxPayload())
+	}
+	fail := func(err error) (Transport, error) {
+		t.Close()
+		return nil, &Error{Kind: ErrControlLost, Rank: -1, Reporter: rank, Detail: "nats data path: " + err.Error()}
+	}
+	for p := 0; p < size; p++ {
+		if p == rank {
+			continue
+		}
+		l := &natsLink{in: make(chan *nats.Msg, natsWindow+4), credits: natsWindow, cch: make(chan struct{}, 1), abort: make(chan struct{})}
+		t.links[p] = l
+		sub, err := nc.ChanSubscribe(Subject(job, fmt.Sprintf("data.%d.%d", rank, p)), l.in)
+		if err != nil {
+			return fail(err)
+		}
+		sub.SetPendingLimits(natsWindow+4, (natsWindow+4)*(t.max+HeaderSize))
+		l.sub = sub
+	}
+	csub, err := nc.Subscribe(Subject(job, fmt.Sprintf("credit.%d.*", rank)), func(m *nats.Msg) {
+		p, err := strconv.Atoi(m.Subject[len(Subject(job, fmt.Sprintf("credit.%d.", rank))):])
+		if err != nil || p < 0 || p >= size || t.links[p] == nil || len(m.Data) != 4 {
+			return
+		}
+		l := t.links[p]
+		l.cmu.Lock()
+		l.credits += int(binary.LittleEndian.Uint32(m.Data))
+		l.cmu.Unlock()
+		select {
+		case l.cch <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		return fail(err)
+	}
+	t.subs = append(t.subs, csub)
+	psub, err := nc.Subscribe(Subject(job, fmt.Sprintf("dping.%d", rank)), func(m *nats.Msg) { m.Respond(nil) })
+	if err != nil {
+		return fail(err)
+	}
+	t.subs = append(t.subs, psub)
+	if err := nc.Flush(); err != nil {
+		return fail(err)
+	}
+	// Wait until every peer answers its ping: its data subscriptions exist.
+	for p := 0; p < size; p++ {
+		if p == rank {
+			continue
+		}
+		for {
+			_, err := nc.RequestWithContext(ctx, Subject(job, fmt.Sprintf("dping.%d", p)), nil)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Close()
+				return nil, &Error{Kind: ErrPeerLost, Rank: p, Reporter: rank, Detail: "nats data path: peer never ready"}
+			}
+			if errors.Is(err, nats.ErrNoResponders) {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+	return t, nil
+}
+
+func (t *natsTransport) Name() string  { return "nats" }
+func (t *natsTransport) Rank() int     { return t.rank }
+func (t *natsTransport) Size() int     { return t.size }
+func (t *natsTransport) MaxChunk() int { return t.max }
+
+func (t *natsTransport) Send(ctx context.Context, peer int, h *Header, p []byte) error {
+	l := t.links[peer]
+	for {
+		l.cmu.Lock()
+		if l.credits > 0 {
+			l.credits--
+			l.cmu.Unlock()
+			break
+		}
+		l.cmu.Unlock()
+		select {
+		case <-l.cch:
+		case <-l.abort:
+			return l.err
+		case <-ctx.Done():
+			return ctxErr(ctx, peer, "sending (waiting for the receiver's window)")
+		}
+	}
+	select {
+	case <-l.abort:
+		return l.err
+	default:
+	}
+	n := HeaderSize + len(p)
+	if cap(l.buf) < n {
+		l.buf = make([]byte, n)
+	}
+	b := l.buf[:n]
+	h.Length = uint32(len(p))
+	h.Encode(b)
+	copy(b[HeaderSize:], p)
+	if err := t.nc.Publish(Subject(t.job, "data."+strconv.Itoa(peer)+"."+strconv.Itoa(t.rank)), b); err != nil {
+		return &Error{Kind: ErrControlLost, Rank: -1, Reporter: t.rank, Detail: "nats data path: " + err.Error()}
+	}
+	return nil
+}
+
+func (t *natsTransport) Recv(ctx context.Context, peer int, want *Header, dst []byte) error {
+	l := t.links[peer]
+	var m *nats.Msg
+	select {
+	case m = <-l.in:
+	case <-l.abort:
+		return l.err
+	case <-ctx.Done():
+		return ctxErr(ctx, peer, "receiving")
+	}
+	got, payload, err := DecodeMessage(m.Data, t.max)
+	if err != nil {
+		return err
+	}
+	if err := checkHeader(want, &got); err != nil {
+		return err
+	}
+	copy(dst, payload)
+	l.consume++
+	if l.consume >= natsWindow/2 {
+		var b [4]byte
+		binary.LittleEndian.PutUint32(b[:], uint32(l.consume))
+		l.consume = 0
+		if err := t.nc.Publish(Subject(t.job, "credit."+strconv.Itoa(peer)+"."+strconv.Itoa(t.rank)), b[:]); err != nil {
+			return &Error{Kind: ErrControlLost, Rank: -1, Reporter: t.rank, Detail: "nats data path: " + err.Error()}
+		}
+	}
+	return nil
+}
+
+func (t *natsTransport) Abort(peers []int, err error) {
+	for _, p := range peers {
+		if p >= 0 && p < t.size && t.links[p] != nil {
+			l := t.links[p]
+			l.once.Do(func() { l.err = err; close(l.abort) })
+		}
+	}
+}
+
+func (t *natsTransport) Close() error {
+	t.closeOnce.Do(func() {
+		all := make([]int, 0, t.size)
+		for p := range t.links {
+			all = append(all, p)
+			if l := t.links[p]; l != nil && l.sub != nil {
+				l.sub.Unsubscribe()
+			}
+		}
+		for _, s := range t.subs {
+			s.Unsubscribe()
+		}
+		t.Abort(all, errClosedTransport)
+	})
+	return nil
+}

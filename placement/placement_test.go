@@ -203,3 +203,14 @@ func FuzzParseMesh(f *testing.F) {
 		}
 	})
 }
+
+func TestLocalElemsMatchesLocal(t *testing.T) {
+	m := MustMesh([]int{2, 3, 2}, nil)
+	s := MustSpec([]int{7, 5, 3}, m, Shard{Dim: 0}, Shard{Dim: 0, Split: Chunk}, Shard{Dim: 2})
+	for r := 0; r < m.Size(); r++ {
+		shape := s.LocalShape(r)
+		if got, want := s.LocalElems(r), int64(shape[0]*shape[1]*shape[2]); got != want {
+			t.Fatalf("rank %d: LocalElems %d, shape %v", r, got, shape)
+		}
+	}
+}

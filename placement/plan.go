@@ -133,11 +133,31 @@ func overlap(a, b Spec, rank int) int64 {
 	return n
 }
 
-// Cost is the number of elements sent by all ranks of the mesh together.
+// Cost is the number of elements sent by all ranks of the mesh together: the sum
+// of SendElems over every rank, computed group by group.
 func (st Step) Cost() int64 {
+	if !st.Moves() {
+		return 0
+	}
 	var c int64
-	for r := 0; r < st.From.Mesh.Size(); r++ {
-		c += st.SendElems(r)
+	for _, g := range st.From.Mesh.Groups(st.MeshDims...) {
+		p := len(g)
+		for k, r := range g {
+			next := g[(k+1)%p]
+			switch st.Kind {
+			case AllGather:
+				c += st.To.localElems(r) - st.From.localElems(next)
+			case ReduceScatter:
+				c += st.From.localElems(r) - st.To.localElems(r)
+			case AllReduce:
+				n := st.From.localElems(r)
+				_, own := ShardRange(int(n), p, k, Balanced)
+				_, nxt := ShardRange(int(n), p, (k+1)%p, Balanced)
+				c += 2*n - int64(own) - int64(nxt)
+			case AllToAll:
+				c += st.From.localElems(r) - overlap(st.From, st.To, r)
+			}
+		}
 	}
 	return c
 }

@@ -200,3 +200,26 @@ func FuzzPlan(f *testing.F) {
 		checkPlan(t, from, to, steps, rng)
 	})
 }
+
+// TestCostIsSumOfSends pins Cost to the per-rank SendElems it sums.
+func TestCostIsSumOfSends(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	for i := 0; i < 200; i++ {
+		m := meshes[rng.IntN(len(meshes))]
+		shape := []int{rng.IntN(9), 1 + rng.IntN(6)}
+		op := ReduceOp(rng.IntN(4))
+		steps, err := Plan(randomSpec(rng, shape, m, op), randomSpec(rng, shape, m, op))
+		if err != nil {
+			continue
+		}
+		for _, st := range steps {
+			var sum int64
+			for r := 0; r < m.Size(); r++ {
+				sum += st.SendElems(r)
+			}
+			if st.Cost() != sum {
+				t.Fatalf("%s: Cost %d, sends sum to %d", st, st.Cost(), sum)
+			}
+		}
+	}
+}

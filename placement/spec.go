@@ -236,7 +236,26 @@ func (s Spec) LocalShape(rank int) []int {
 }
 
 // LocalElems is the number of elements in rank's shard.
-func (s Spec) LocalElems(rank int) int64 { return numElems(s.LocalShape(rank)) }
+func (s Spec) LocalElems(rank int) int64 { return s.localElems(rank) }
+
+// localElems computes LocalElems without allocating for tensors of up to 8 dims.
+func (s Spec) localElems(rank int) int64 {
+	var buf [8]int
+	shape := buf[:0]
+	if len(s.Shape) > len(buf) {
+		shape = make([]int, 0, len(s.Shape))
+	}
+	shape = append(shape, s.Shape...)
+	stride := s.Mesh.Size()
+	for i, p := range s.Placements {
+		n := s.Mesh.Dim(i)
+		stride /= n
+		if sh, ok := p.(Shard); ok {
+			_, shape[sh.Dim] = ShardRange(shape[sh.Dim], n, (rank/stride)%n, sh.Split)
+		}
+	}
+	return numElems(shape)
+}
 
 // Owner reports whether rank holds the value when a replicated tensor becomes
 // Partial(sum) along mesh dim i: the rank at coordinate 0 keeps it, the others

@@ -1,0 +1,311 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Exit codes of `launcher run` that do not come from a rank.
+const (
+	// ExitTimeout is the exit code when --timeout ends the job (as timeout(1)).
+	ExitTimeout = 124
+	// ExitInterrupted is the exit code when the launcher is interrupted
+	// (Ctrl-C or SIGTERM) before the ranks finished.
+	ExitInterrupted = 130
+	// ExitStartFailed is the exit code of a rank whose process could not start.
+	ExitStartFailed = 127
+)
+
+// ErrRankFailed reports a job that ended because a rank failed; the error names
+// the root-cause rank.
+var ErrRankFailed = errors.New("rank failed")
+
+// ErrInvalid reports options that cannot be run; Validate wraps it.
+var ErrInvalid = errors.New("invalid options")
+
+const runUsage = `usage: launcher run [flags] WORKLOAD [ARGS...]     runs "worker WORKLOAD ARGS" on every rank
+       launcher run [flags] -- PROGRAM [ARGS...]      runs any program on every rank
+
+flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
+  -n, --nproc-per-node N|cpu   ranks on this machine (cpu: one per core)
+  --job-id ID                  job id (default a new UUIDv7)
+  --log-dir DIR                where runs/<job-id>/ goes (default ./runs)
+  --grace DUR                  time between SIGTERM and SIGKILL on teardown (default 10s)
+  --timeout DUR                end the job after DUR, exit 124 (default none)
+  --worker PATH                worker binary (default: "worker" next to the launcher)
+  --dry-run                    print the rank table and exit
+`
+
+// RunOptions are the flags of `launcher run`. The zero value of every field but
+// Command means its default.
+type RunOptions struct {
+	// NprocPerNode is "N" or "cpu"; default 1.
+	NprocPerNode string
+	// JobID names the job: letters, digits, '-' and '_'; default a UUIDv7.
+	JobID string
+	// LogDir holds one folder per job; default "runs".
+	LogDir string
+	// Grace is the time between SIGTERM and SIGKILL on teardown; default 10 s.
+	Grace time.Duration
+	// Timeout ends the job after this long (exit 124); 0 means none.
+	Timeout time.Duration
+	// Worker is the worker binary for workloads; default "worker" next to the
+	// launcher's executable.
+	Worker string
+	// DryRun prints the rank table and starts nothing.
+	DryRun bool
+	// Program is true when Command is a program to run as is (after "--"),
+	// false when Command[0] is a worker workload.
+	Program bool
+	// Command is the workload and its arguments, or the program and its arguments.
+	Command []string
+	// Argv is the launcher's command line, recorded in job.json.
+	Argv []string
+
+	// Stdout and Stderr receive the ranks' prefixed output and the launcher's
+	// notices; nil discards.
+	Stdout, Stderr io.Writer
+}
+
+var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// runFlagNames are the flags that may also come from MESHRUN_<FLAG>.
+var runFlagNames = []string{"nproc-per-node", "job-id", "log-dir", "grace", "timeout", "worker", "dry-run"}
+
+// EnvName is the environment variable that sets a `launcher run` flag.
+func EnvName(flagName string) string {
+	return "MESHRUN_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// ParseRunFlags reads `launcher run` flags; getenv supplies MESHRUN_<FLAG>
+// defaults (flags on the command line win). Errors are usage errors.
+func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error) {
+	o := RunOptions{NprocPerNode: "1", LogDir: "runs", Grace: 10 * time.Second}
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.NprocPerNode, "nproc-per-node", o.NprocPerNode, "ranks on this machine: N or cpu")
+	fs.StringVar(&o.NprocPerNode, "n", o.NprocPerNode, "short for --nproc-per-node")
+	fs.StringVar(&o.JobID, "job-id", "", "job id (default a UUIDv7)")
+	fs.StringVar(&o.LogDir, "log-dir", o.LogDir, "log directory")
+	fs.DurationVar(&o.Grace, "grace", o.Grace, "SIGTERM to SIGKILL")
+	fs.DurationVar(&o.Timeout, "timeout", 0, "job timeout")
+	fs.StringVar(&o.Worker, "worker", "", "worker binary")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "print the rank table and exit")
+	if getenv != nil {
+		for _, n := range runFlagNames {
+			v := getenv(EnvName(n))
+			if v == "" {
+				continue
+			}
+			if err := fs.Set(n, v); err != nil {
+				return o, fmt.Errorf("%s=%q: %v", EnvName(n), v, err)
+			}
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return o, err
+		}
+		return o, err
+	}
+	rest := fs.Args()
+	consumed := len(args) - len(rest)
+	o.Program = consumed > 0 && args[consumed-1] == "--"
+	o.Command = rest
+	return o, nil
+}
+
+// problems collects every problem Validate finds.
+type problems []string
+
+func (p problems) Error() string { return strings.Join(p, "; ") }
+func (p problems) Unwrap() error { return ErrInvalid }
+
+// Validate reports every problem with the options at once, in one line.
+func (o RunOptions) Validate() error {
+	var p problems
+	if _, err := o.nproc(); err != nil {
+		p = append(p, err.Error())
+	}
+	if o.JobID != "" && !jobIDRE.MatchString(o.JobID) {
+		p = append(p, fmt.Sprintf("--job-id %q: want 1 to 64 letters, digits, '-' or '_'", o.JobID))
+	}
+	if o.Grace < 0 {
+		p = append(p, fmt.Sprintf("--grace %v: must not be negative", o.Grace))
+	}
+	if o.Timeout < 0 {
+		p = append(p, fmt.Sprintf("--timeout %v: must not be negative", o.Timeout))
+	}
+	if len(o.Command) == 0 {
+		if o.Program {
+			p = append(p, "no program after --")
+		} else {
+			p = append(p, "no workload: launcher run [flags] WORKLOAD [ARGS...] or -- PROGRAM [ARGS...]")
+		}
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	return p
+}
+
+// nproc resolves --nproc-per-node.
+func (o RunOptions) nproc() (int, error) {
+	s := o.NprocPerNode
+	switch s {
+	case "":
+		return 1, nil
+	case "cpu":
+		return runtime.NumCPU(), nil
+	case "gpu":
+		return 0, errors.New("--nproc-per-node gpu: needs a cuda build; use N or cpu")
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("--nproc-per-node %q: want a positive number or cpu", s)
+	}
+	return n, nil
+}
+
+// rankSpec is one rank of the job as the launcher starts it.
+type rankSpec struct {
+	Rank, LocalRank, Node int
+	GOMAXPROCS            int
+}
+
+// job is validated options with every default filled in.
+type job struct {
+	RunOptions
+	id     string
+	dir    string
+	ranks  []rankSpec
+	path   string   // program to execute
+	args   []string // its arguments
+	nnodes int
+}
+
+// resolve fills in defaults: job id, worker path, rank table.
+func (o RunOptions) resolve() (*job, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	j := &job{RunOptions: o, nnodes: 1}
+	j.id = o.JobID
+	if j.id == "" {
+		u, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("job id: %w", err)
+		}
+		j.id = u.String()
+	}
+	if j.LogDir == "" {
+		j.LogDir = "runs"
+	}
+	j.dir = filepath.Join(j.LogDir, j.id)
+	n, _ := o.nproc()
+	procs := runtime.NumCPU() / n
+	if procs < 1 {
+		procs = 1
+	}
+	for r := 0; r < n; r++ {
+		j.ranks = append(j.ranks, rankSpec{Rank: r, LocalRank: r, Node: 0, GOMAXPROCS: procs})
+	}
+	if o.Program {
+		j.path, j.args = o.Command[0], o.Command[1:]
+	} else {
+		w, err := o.workerPath()
+		if err != nil {
+			return nil, err
+		}
+		j.path, j.args = w, o.Command
+	}
+	return j, nil
+}
+
+// workerPath finds the worker binary: --worker (or MESHRUN_WORKER), else
+// "worker" next to the launcher's executable.
+func (o RunOptions) workerPath() (string, error) {
+	if o.Worker != "" {
+		return o.Worker, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("cannot find the worker: %v; pass --worker PATH", err)
+	}
+	w := filepath.Join(filepath.Dir(exe), "worker")
+	if _, err := os.Stat(w); err != nil {
+		return "", fmt.Errorf("no worker binary at %s; pass --worker PATH or set %s", w, EnvName("worker"))
+	}
+	return w, nil
+}
+
+// printTable writes the rank table of a dry run.
+func (j *job) printTable(w io.Writer) {
+	fmt.Fprintf(w, "job %s: %d node, %d ranks, logs in %s\n", j.id, j.nnodes, len(j.ranks), j.dir)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tRANK\tLOCAL_RANK\tGOMAXPROCS\tCOMMAND")
+	cmd := strings.Join(append([]string{j.path}, j.args...), " ")
+	for _, r := range j.ranks {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\n", r.Node, r.Rank, r.LocalRank, r.GOMAXPROCS, cmd)
+	}
+	tw.Flush()
+}
+
+// Run runs the job and returns the launcher's exit code: 0 when every rank
+// exited 0, else the root-cause rank's code (128+signal if it was signalled),
+// ExitTimeout after --timeout, ExitInterrupted when ctx was cancelled. err
+// explains a non-zero code; it wraps ErrRankFailed when a rank failed and
+// ErrInvalid for options that cannot run.
+func (o RunOptions) Run(ctx context.Context) (int, error) {
+	if o.Stdout == nil {
+		o.Stdout = io.Discard
+	}
+	if o.Stderr == nil {
+		o.Stderr = io.Discard
+	}
+	j, err := o.resolve()
+	if err != nil {
+		return ExitUsage, err
+	}
+	if j.DryRun {
+		j.printTable(j.Stdout)
+		return 0, nil
+	}
+	return j.run(ctx)
+}
+
+// runMain is `launcher run`.
+func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := ParseRunFlags(args, os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, runUsage)
+		return 0
+	}
+	if err == nil {
+		err = o.Validate()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "launcher run: %v\n", err)
+		return ExitUsage
+	}
+	o.Argv = append([]string{"launcher", "run"}, args...)
+	o.Stdout, o.Stderr = stdout, stderr
+	code, err := o.Run(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "launcher run: %v\n", err)
+	}
+	return code
+}

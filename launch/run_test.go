@@ -1,0 +1,342 @@
+package launch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// bin holds the worker and launcher binaries, built once for the package.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "meshrun-launch-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	build := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "../cmd/worker", "../cmd/launcher")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building worker and launcher:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	bin = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func worker() string { return filepath.Join(bin, "worker") }
+
+// launch runs `launcher run` in process with a fresh log dir and job id.
+func launch(t *testing.T, args ...string) (code int, jobDir string, stdout, stderr string) {
+	t.Helper()
+	logDir := t.TempDir()
+	id := strings.NewReplacer("/", "-", " ", "-").Replace(t.Name())
+	full := append([]string{"run", "--worker", worker(), "--log-dir", logDir, "--job-id", id, "--grace", "2s"}, args...)
+	var out, errb bytes.Buffer
+	code = Main(context.Background(), full, &out, &errb)
+	return code, filepath.Join(logDir, id), out.String(), errb.String()
+}
+
+func readJSON[T any](t *testing.T, path string) T {
+	t.Helper()
+	var v T
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return v
+}
+
+// groupGone reports whether the process group pgid has no live process left
+// within a second. Zombies count as gone: a rank's children are reparented to
+// init, which reaps them when it will.
+func groupGone(pgid int) bool {
+	deadline := time.Now().Add(time.Second)
+	for groupLive(pgid) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// groupLive reports whether a process of group pgid runs (not a zombie).
+func groupLive(pgid int) bool {
+	if errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) {
+		return false
+	}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		// After the command: state ppid pgrp ...
+		fields := strings.Fields(s[i+1:])
+		if len(fields) >= 3 && fields[2] == strconv.Itoa(pgid) && fields[0] != "Z" {
+			return true
+		}
+	}
+	return false
+}
+
+// alive reports whether pid runs (a zombie does not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+func TestRunHello(t *testing.T) {
+	code, dir, stdout, stderr := launch(t, "-n", "4", "hello")
+	if code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	for r := 0; r < 4; r++ {
+		want := fmt.Sprintf("0:%d| hello from rank %d of 4\n", r, r)
+		if !strings.Contains(stdout, want) {
+			t.Errorf("console lacks %q:\n%s", want, stdout)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, RankDir(r), "stdout.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(b); got != fmt.Sprintf("hello from rank %d of 4\n", r) {
+			t.Errorf("rank %d stdout.log = %q", r, got)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, RankDir(r), "stderr.log")); !bytes.Contains(b, []byte(`"msg":"hello"`)) {
+			t.Errorf("rank %d stderr.log lacks the log line: %q", r, b)
+		}
+	}
+	rec := readJSON[JobRecord](t, filepath.Join(dir, JobFile))
+	if len(rec.Ranks) != 4 || rec.World != 4 || rec.Versions["go"] == "" || rec.Env["MESHRUN_NATS_CREDS"] == "" {
+		t.Errorf("job.json: %+v", rec)
+	}
+	for _, r := range rec.Ranks {
+		if r.PID <= 0 {
+			t.Errorf("rank %d has no pid", r.Rank)
+		}
+	}
+	st, err := os.Stat(rec.Env["MESHRUN_NATS_CREDS"])
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("creds file: %v, %v", err, st)
+	}
+	sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
+	if sum.ExitCode != 0 || sum.RootCause != nil || sum.Reason != "ok" || len(sum.Ranks) != 4 {
+		t.Errorf("summary.json: %+v", sum)
+	}
+	ev, err := os.ReadFile(filepath.Join(dir, EventsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(ev)), "\n")
+	for _, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil || m["ts_ms"] == nil {
+			t.Errorf("event %q: %v", l, err)
+		}
+	}
+	if !strings.Contains(lines[0], `"job_start"`) || !strings.Contains(lines[len(lines)-1], `"job_end"`) {
+		t.Errorf("events do not run from job_start to job_end:\n%s", ev)
+	}
+}
+
+func TestRunRootCause(t *testing.T) {
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		rank   int
+		signal string
+	}{
+		{"exit 3", []string{"-n", "4", "exit", "3", "2"}, 3, 2, ""},
+		{"SIGKILL", []string{"-n", "3", "--", "sh", "-c", `if [ "$RANK" = 1 ]; then sleep 0.2; kill -9 $$; fi; sleep 30`}, 137, 1, "SIGKILL"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			began := time.Now()
+			code, dir, _, stderr := launch(t, tc.args...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d; stderr:\n%s", code, tc.code, stderr)
+			}
+			if d := time.Since(began); d > 2*time.Second+2*time.Second {
+				t.Errorf("took %v, want within grace + 2 s", d)
+			}
+			if !strings.Contains(stderr, fmt.Sprintf("root cause rank %d", tc.rank)) {
+				t.Errorf("stderr does not name rank %d:\n%s", tc.rank, stderr)
+			}
+			sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
+			if sum.RootCause == nil || *sum.RootCause != tc.rank || sum.ExitCode != tc.code {
+				t.Fatalf("summary.json: %+v", sum)
+			}
+			if got := sum.Ranks[tc.rank].Signal; got != tc.signal {
+				t.Errorf("root cause signal %q, want %q", got, tc.signal)
+			}
+			if len(sum.Victims) != len(sum.Ranks)-1 {
+				t.Errorf("victims %v, want every other rank", sum.Victims)
+			}
+			for _, r := range sum.Ranks {
+				if !groupGone(r.PID) {
+					t.Errorf("rank %d's process group %d still has processes", r.Rank, r.PID)
+				}
+			}
+		})
+	}
+}
+
+func TestRunTimeout(t *testing.T) {
+	code, dir, _, stderr := launch(t, "-n", "2", "--timeout", "300ms", "sleep", "30s")
+	if code != ExitTimeout {
+		t.Fatalf("exit %d, want %d; stderr:\n%s", code, ExitTimeout, stderr)
+	}
+	if sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile)); sum.Reason != "timeout" || sum.RootCause != nil {
+		t.Errorf("summary.json: %+v", sum)
+	}
+}
+
+func TestRunInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	var out, errb bytes.Buffer
+	code := Main(ctx, []string{"run", "--worker", worker(), "--log-dir", t.TempDir(), "-n", "2", "sleep", "30s"}, &out, &errb)
+	if code != ExitInterrupted {
+		t.Fatalf("exit %d, want %d; stderr:\n%s", code, ExitInterrupted, errb.String())
+	}
+}
+
+// TestLauncherKilled kills the launcher with SIGKILL and expects its ranks to
+// die with it.
+func TestLauncherKilled(t *testing.T) {
+	logDir := t.TempDir()
+	cmd := exec.Command(filepath.Join(bin, "launcher"), "run", "-n", "3", "--job-id", "killed", "--log-dir", logDir, "sleep", "30s")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	jobFile := filepath.Join(logDir, "killed", JobFile)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(jobFile); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("job.json never appeared")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // let the write finish
+	rec := readJSON[JobRecord](t, jobFile)
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	deadline = time.Now().Add(3 * time.Second)
+	for _, r := range rec.Ranks {
+		for alive(r.PID) {
+			if time.Now().After(deadline) {
+				t.Fatalf("rank %d (pid %d) outlived the launcher", r.Rank, r.PID)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+func TestRunBadFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"nproc", []string{"-n", "zero", "hello"}, []string{`--nproc-per-node "zero"`}},
+		{"every problem", []string{"-n", "0", "--grace", "-1s", "--job-id", "a/b"}, []string{"--nproc-per-node", "--grace", "--job-id", "no workload"}},
+		{"unknown flag", []string{"--bogus", "hello"}, []string{"bogus"}},
+		{"bad duration", []string{"--timeout", "soon", "hello"}, []string{"timeout"}},
+		{"empty program", []string{"--"}, []string{"no program after --"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := Main(context.Background(), append([]string{"run"}, tc.args...), &out, &errb)
+			if code != ExitUsage {
+				t.Errorf("exit %d, want %d", code, ExitUsage)
+			}
+			msg := errb.String()
+			if strings.Count(msg, "\n") != 1 || !strings.HasPrefix(msg, "launcher run: ") {
+				t.Errorf("want one line, got %q", msg)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("%q lacks %q", msg, w)
+				}
+			}
+		})
+	}
+}
+
+func TestParseRunFlags(t *testing.T) {
+	env := map[string]string{"MESHRUN_NPROC_PER_NODE": "3", "MESHRUN_GRACE": "1s", "MESHRUN_DRY_RUN": "true"}
+	o, err := ParseRunFlags([]string{"-n", "2", "--", "prog", "-x"}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.NprocPerNode != "2" || o.Grace != time.Second || !o.DryRun || !o.Program || strings.Join(o.Command, " ") != "prog -x" {
+		t.Errorf("flags over env, program after --: %+v", o)
+	}
+	o, err = ParseRunFlags([]string{"hello", "--x"}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.NprocPerNode != "3" || o.Program || strings.Join(o.Command, " ") != "hello --x" {
+		t.Errorf("env default, workload: %+v", o)
+	}
+	if _, err := ParseRunFlags(nil, func(k string) string {
+		if k == "MESHRUN_GRACE" {
+			return "forever"
+		}
+		return ""
+	}); err == nil || !strings.Contains(err.Error(), "MESHRUN_GRACE") {
+		t.Errorf("bad env value: %v", err)
+	}
+}
+
+func TestRunDryRun(t *testing.T) {
+	logDir := t.TempDir()
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), []string{"run", "--dry-run", "-n", "3", "--job-id", "dry", "--log-dir", logDir, "--", "prog", "a"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if got := strings.Count(out.String(), "prog a\n"); got != 3 {
+		t.Errorf("want 3 rank rows:\n%s", out.String())
+	}
+	if _, err := os.Stat(filepath.Join(logDir, "dry")); !os.IsNotExist(err) {
+		t.Errorf("dry run created the job folder: %v", err)
+	}
+}

@@ -132,9 +132,20 @@ func allReduceRing[T Float](o *opState, buf []T, op ReduceOp) error {
 	ce := o.chunkElems()
 	tmp := asElems[T](c.scratchBytes(ce * o.esize))
 	seg := func(j int) (int, []T) { lo, hi := balanced(len(buf), n, j); return lo, buf[lo:hi] }
+	// sent[s*ncmax+ch] is the send of chunk ch at reduce-scatter step s (segment
+	// k-s); all-gather step s overwrites that segment, so it first waits for it.
+	_, s0 := seg(0)
+	ncmax := nchunks(len(s0), ce)
+	if cap(c.idx) < n*ncmax {
+		c.idx = make([]int, n*ncmax)
+	}
+	sent := c.idx[:n*ncmax]
 	// Reduce-scatter: step s sends segment k-s, receives k-s-1 and reduces it.
-	base, s0 := seg(k)
-	sendSeg(o, next, 0, s0, base)
+	base, own := seg(k)
+	for ch := 0; ch < nchunks(len(own), ce); ch++ {
+		lo, hi := ch*ce, min(len(own), (ch+1)*ce)
+		sent[ch] = o.send(next, 0, uint32(ch), base+lo, asBytes(own[lo:hi]))
+	}
 	for s := 0; s < n-1; s++ {
 		r := (k - s - 1 + 2*n) % n
 		base, sg := seg(r)
@@ -151,7 +162,10 @@ func allReduceRing[T Float](o *opState, buf []T, op ReduceOp) error {
 				scale(part, n)
 			}
 			// Forward: the next reduce-scatter step, or all-gather step 0.
-			o.send(next, uint32(s+1), uint32(ch), base+lo, asBytes(part))
+			i := o.send(next, uint32(s+1), uint32(ch), base+lo, asBytes(part))
+			if s+1 < n-1 {
+				sent[(s+1)*ncmax+ch] = i
+			}
 		}
 	}
 	// All-gather: step s receives segment k-s into place and forwards it.
@@ -162,6 +176,9 @@ func allReduceRing[T Float](o *opState, buf []T, op ReduceOp) error {
 		for ch := 0; ch < nc; ch++ {
 			lo, hi := ch*ce, min(len(sg), (ch+1)*ce)
 			step := uint32(n - 1 + s)
+			if err := o.waitSent(sent[s*ncmax+ch]); err != nil {
+				return err
+			}
 			if err := o.recv(prev, step, uint32(ch), base+lo, asBytes(sg[lo:hi])); err != nil {
 				return err
 			}

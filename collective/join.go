@@ -219,7 +219,12 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		ln = l
 		me.Addr = l.Addr().String()
 	}
-	rctx, cancel := context.WithTimeout(ctx, cfg.RendezvousTimeout)
+	// Rank 0 decides at the deadline; the others wait a little longer for its answer.
+	rto := cfg.RendezvousTimeout
+	if cfg.Rank != 0 {
+		rto += 2 * time.Second
+	}
+	rctx, cancel := context.WithTimeout(ctx, rto)
 	roster, err := rendezvous(rctx, nc, cfg.Job, me)
 	cancel()
 	if err != nil {

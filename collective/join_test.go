@@ -211,3 +211,5 @@ func TestAbortAndHeartbeats(t *testing.T) {
 }
 
 func TestConformanceNATS(t *testing.T) { collectivetest.Run(t, joinedWorlds("nats")) }
+
+func TestConformanceShm(t *testing.T) { collectivetest.Run(t, joinedWorlds("shm")) }

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The collective layer under the race detector: the conformance suite over every
+# transport (local, shm, tcp, nats), the fault tests and the embedded server.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+go test -race -count=1 -timeout 240s ./collective/... ./natsrv/...
+# No shared-memory ring may outlive the tests.
+if ls /dev/shm/meshrun-* >/dev/null 2>&1; then
+  echo "collective: shared-memory rings left in /dev/shm:" >&2
+  ls -l /dev/shm/meshrun-* >&2
+  exit 1
+fi

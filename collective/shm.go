@@ -1,0 +1,384 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The shm transport: ranks on one host exchange bytes through single-producer,
+// single-consumer byte rings in shared memory, one per ordered pair of ranks,
+// as NCCL and MPI do within a node. A ring is a file under /dev/shm mapped with
+// mmap by both processes; the producer advances head, the consumer tail (64-bit
+// atomics in a control page), and a waiting side sleeps on a futex in the same
+// page (bounded to a few milliseconds so that deadlines, aborts and peer death
+// are noticed). The consumer unlinks the file as soon as both ends have mapped
+// it, so nothing is left in /dev/shm even if a process is killed.
+//
+// Frames are the 80-byte Header followed by the payload; the consumer reads the
+// payload straight from the ring into the caller's buffer (one copy each side).
+
+const (
+	shmMagic    = 0x4d52534831 // "MRSH1"
+	shmCtrl     = 4096
+	shmCapacity = 4 << 20 // ring bytes per ordered pair
+	shmDir      = "/dev/shm"
+)
+
+// control page offsets (each hot word on its own cache line)
+const (
+	offMagic     = 0
+	offHead      = 64
+	offTail      = 128
+	offDataSeq   = 192
+	offDataWait  = 196
+	offSpaceSeq  = 256
+	offSpaceWait = 260
+	offProdPID   = 320
+	offConsPID   = 324
+	offProdDone  = 328
+	offConsDone  = 332
+)
+
+type shmRing struct {
+	mem  []byte
+	data []byte
+	cap  uint64
+	path string
+	peer int
+	out  bool // we produce
+	mu   sync.Mutex
+	hb   [HeaderSize]byte
+	dead int64 // unix nanos of the last liveness check
+}
+
+func (r *shmRing) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
+func (r *shmRing) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
+
+func futexWait(addr *uint32, val uint32, d time.Duration) {
+	ts := unix.NsecToTimespec(d.Nanoseconds())
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 0 /* FUTEX_WAIT, shared */, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+func futexWake(addr *uint32) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), 1 /* FUTEX_WAKE, shared */, 1<<30, 0, 0, 0)
+}
+
+type shmTransport struct {
+	rank, size int
+	out, in    []*shmRing
+	aborted    []atomic.Pointer[error]
+	closeOnce  sync.Once
+}
+
+func shmAvailable() bool {
+	st, err := os.Stat(shmDir)
+	return err == nil && st.IsDir() && unix.Access(shmDir, unix.W_OK) == nil
+}
+
+func shmPath(job string, src, dst int) string {
+	return filepath.Join(shmDir, fmt.Sprintf("meshrun-%016x-%d-%d", hash64("job:"+job), src, dst))
+}
+
+// NewShmTransport maps the rings between rank and every other rank of a job
+// whose ranks all run on this host.
+func NewShmTransport(ctx context.Context, job string, rank, size int, _ *Roster) (Transport, error) {
+	t := &shmTransport{rank: rank, size: size, out: make([]*shmRing, size), in: make([]*shmRing, size), aborted: make([]atomic.Pointer[error], size)}
+	fail := func(peer int, err error) (Transport, error) {
+		t.unmapAll()
+		return nil, &Error{Kind: ErrPeerLost, Rank: peer, Reporter: rank, Detail: "shm setup: " + err.Error()}
+	}
+	for p := 0; p < size; p++ {
+		if p == rank {
+			continue
+		}
+		r, err := createRing(shmPath(job, rank, p))
+		if err != nil {
+			return fail(p, err)
+		}
+		r.peer, r.out = p, true
+		t.out[p] = r
+	}
+	for p := 0; p < size; p++ {
+		if p == rank {
+			continue
+		}
+		r, err := openRing(ctx, shmPath(job, p, rank))
+		if err != nil {
+			return fail(p, err)
+		}
+		r.peer = p
+		t.in[p] = r
+	}
+	return t, nil
+}
+
+func createRing(path string) (*shmRing, error) {
+	os.Remove(path) // a stale ring of a crashed run with the same job id
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if err := f.Truncate(shmCtrl + shmCapacity); err != nil {
+		os.Remove(path)
+		return nil, err
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, shmCtrl+shmCapacity, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		os.Remove(path)
+		return nil, err
+	}
+	r := &shmRing{mem: mem, data: mem[shmCtrl:], cap: shmCapacity, path: path}
+	atomic.StoreUint32(r.u32(offProdPID), uint32(os.Getpid()))
+	atomic.StoreUint64(r.u64(offMagic), shmMagic)
+	return r, nil
+}
+
+func openRing(ctx context.Context, path string) (*shmRing, error) {
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err == nil {
+			st, _ := f.Stat()
+			if st != nil && st.Size() == shmCtrl+shmCapacity {
+				mem, err := syscall.Mmap(int(f.Fd()), 0, shmCtrl+shmCapacity, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+				f.Close()
+				if err != nil {
+					return nil, err
+				}
+				r := &shmRing{mem: mem, data: mem[shmCtrl:], cap: shmCapacity, path: path}
+				if atomic.LoadUint64(r.u64(offMagic)) == shmMagic {
+					atomic.StoreUint32(r.u32(offConsPID), uint32(os.Getpid()))
+					os.Remove(path) // both ends mapped: nothing to leave behind
+					return r, nil
+				}
+				syscall.Munmap(mem)
+			} else {
+				f.Close()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("ring %s never appeared: %w", path, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func (t *shmTransport) Name() string  { return "shm" }
+func (t *shmTransport) Rank() int     { return t.rank }
+func (t *shmTransport) Size() int     { return t.size }
+func (t *shmTransport) MaxChunk() int { return MaxPayload }
+
+// check returns an error if the wait must end: abort, deadline, peer gone.
+func (t *shmTransport) check(ctx context.Context, r *shmRing, what string) error {
+	if e := t.aborted[r.peer].Load(); e != nil {
+		return *e
+	}
+	if ctx.Err() != nil {
+		return ctxErr(ctx, r.peer, what)
+	}
+	now := time.Now().UnixNano()
+	if now-r.dead > int64(20*time.Millisecond) {
+		r.dead = now
+		done, pid := offConsDone, offConsPID
+		if !r.out {
+			done, pid = offProdDone, offProdPID
+		}
+		if atomic.LoadUint32(r.u32(done)) != 0 {
+			return &Error{Kind: ErrPeerLost, Rank: r.peer, Reporter: t.rank, Detail: what + ": peer closed its transport"}
+		}
+		if p := atomic.LoadUint32(r.u32(pid)); p != 0 {
+			if err := syscall.Kill(int(p), 0); errors.Is(err, syscall.ESRCH) {
+				return &Error{Kind: ErrPeerLost, Rank: r.peer, Reporter: t.rank, Detail: fmt.Sprintf("%s: process %d is gone", what, p)}
+			}
+		}
+	}
+	return nil
+}
+
+// wait sleeps until *seq moves from the value seen, spinning briefly first.
+func wait(seq, flag *uint32, seen uint32, spins *int) {
+	if *spins < 64 {
+		*spins++
+		runtime.Gosched()
+		return
+	}
+	atomic.StoreUint32(flag, 1)
+	if atomic.LoadUint32(seq) == seen {
+		futexWait(seq, seen, 2*time.Millisecond)
+	}
+	atomic.StoreUint32(flag, 0)
+}
+
+// write appends parts to the ring, publishing as space allows.
+func (t *shmTransport) write(ctx context.Context, r *shmRing, parts ...[]byte) error {
+	head := atomic.LoadUint64(r.u64(offHead))
+	spins := 0
+	for _, p := range parts {
+		for len(p) > 0 {
+			seen := atomic.LoadUint32(r.u32(offSpaceSeq))
+			tail := atomic.LoadUint64(r.u64(offTail))
+			free := r.cap - (head - tail)
+			if free == 0 {
+				if err := t.check(ctx, r, "sending"); err != nil {
+					return err
+				}
+				wait(r.u32(offSpaceSeq), r.u32(offSpaceWait), seen, &spins)
+				continue
+			}
+			spins = 0
+			pos := head % r.cap
+			n := min(uint64(len(p)), free, r.cap-pos)
+			copy(r.data[pos:pos+n], p[:n])
+			head += n
+			p = p[n:]
+			if len(p) > 0 || free-n < 64 { // publish early when the ring fills
+				t.publish(r, head)
+			}
+		}
+	}
+	t.publish(r, head)
+	return nil
+}
+
+func (t *shmTransport) publish(r *shmRing, head uint64) {
+	if atomic.LoadUint64(r.u64(offHead)) == head {
+		return
+	}
+	atomic.StoreUint64(r.u64(offHead), head)
+	atomic.AddUint32(r.u32(offDataSeq), 1)
+	if atomic.LoadUint32(r.u32(offDataWait)) != 0 {
+		futexWake(r.u32(offDataSeq))
+	}
+}
+
+// read fills dst from the ring.
+func (t *shmTransport) read(ctx context.Context, r *shmRing, dst []byte) error {
+	tail := atomic.LoadUint64(r.u64(offTail))
+	spins := 0
+	for len(dst) > 0 {
+		seen := atomic.LoadUint32(r.u32(offDataSeq))
+		head := atomic.LoadUint64(r.u64(offHead))
+		avail := head - tail
+		if avail == 0 {
+			if err := t.check(ctx, r, "receiving"); err != nil {
+				return err
+			}
+			wait(r.u32(offDataSeq), r.u32(offDataWait), seen, &spins)
+			continue
+		}
+		spins = 0
+		pos := tail % r.cap
+		n := min(uint64(len(dst)), avail, r.cap-pos)
+		copy(dst[:n], r.data[pos:pos+n])
+		tail += n
+		dst = dst[n:]
+		atomic.StoreUint64(r.u64(offTail), tail)
+		atomic.AddUint32(r.u32(offSpaceSeq), 1)
+		if atomic.LoadUint32(r.u32(offSpaceWait)) != 0 {
+			futexWake(r.u32(offSpaceSeq))
+		}
+	}
+	return nil
+}
+
+func (t *shmTransport) Send(ctx context.Context, peer int, h *Header, p []byte) error {
+	r := t.out[peer]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mem == nil {
+		return errClosedTransport
+	}
+	if e := t.aborted[peer].Load(); e != nil {
+		return *e
+	}
+	h.Length = uint32(len(p))
+	h.Encode(r.hb[:])
+	return t.write(ctx, r, r.hb[:], p)
+}
+
+func (t *shmTransport) Recv(ctx context.Context, peer int, want *Header, dst []byte) error {
+	r := t.in[peer]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mem == nil {
+		return errClosedTransport
+	}
+	if e := t.aborted[peer].Load(); e != nil {
+		return *e
+	}
+	if err := t.read(ctx, r, r.hb[:]); err != nil {
+		return err
+	}
+	got, err := DecodeHeader(r.hb[:], MaxPayload)
+	if err != nil {
+		return err
+	}
+	if err := checkHeader(want, &got); err != nil {
+		return err
+	}
+	return t.read(ctx, r, dst)
+}
+
+func (t *shmTransport) Abort(peers []int, err error) {
+	for _, p := range peers {
+		if p >= 0 && p < t.size && p != t.rank {
+			t.aborted[p].CompareAndSwap(nil, &err)
+			for _, r := range []*shmRing{t.out[p], t.in[p]} {
+				if r != nil && r.mem != nil {
+					futexWake(r.u32(offDataSeq))
+					futexWake(r.u32(offSpaceSeq))
+				}
+			}
+		}
+	}
+}
+
+func (t *shmTransport) unmapAll() {
+	for _, rs := range [][]*shmRing{t.out, t.in} {
+		for _, r := range rs {
+			if r == nil {
+				continue
+			}
+			r.mu.Lock() // waits for a pending Send/Recv (aborted first)
+			if r.mem != nil {
+				if r.out {
+					atomic.StoreUint32(r.u32(offProdDone), 1)
+				} else {
+					atomic.StoreUint32(r.u32(offConsDone), 1)
+				}
+				futexWake(r.u32(offDataSeq))
+				futexWake(r.u32(offSpaceSeq))
+				syscall.Munmap(r.mem)
+				r.mem, r.data = nil, nil
+			}
+			if r.out {
+				os.Remove(r.path) // if the consumer never mapped it
+			}
+			r.mu.Unlock()
+		}
+	}
+}
+
+func (t *shmTransport) Close() error {
+	t.closeOnce.Do(func() {
+		all := make([]int, 0, t.size)
+		for p := 0; p < t.size; p++ {
+			all = append(all, p)
+		}
+		t.Abort(all, errClosedTransport)
+		t.unmapAll()
+	})
+	return nil
+}

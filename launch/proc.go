@@ -87,6 +87,9 @@ func versions() map[string]string {
 // run starts every rank, supervises them and writes the job folder.
 func (j *job) run(ctx context.Context) (int, error) {
 	began := time.Now()
+	if err := ctx.Err(); err != nil {
+		return ExitInterrupted, fmt.Errorf("interrupted before start: %w", err)
+	}
 	if _, err := os.Stat(filepath.Join(j.dir, JobFile)); err == nil {
 		return ExitUsage, fmt.Errorf("%w: job folder %s already holds a job; pick another --job-id", ErrInvalid, j.dir)
 	}
@@ -321,9 +324,7 @@ func (j *job) start(p *proc, common map[string]string, outCon, errCon *console) 
 	cmd.Stdout = io.MultiWriter(stdout, po)
 	cmd.Stderr = io.MultiWriter(stderr, pe)
 	cmd.WaitDelay = waitDelay
-	// Own process group, so teardown signals the rank and its children; the
-	// kernel kills the rank if the launcher dies, even by SIGKILL.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = rankProcAttr()
 	p.start = time.Now()
 	if err := cmd.Start(); err != nil {
 		return err

@@ -116,10 +116,7 @@ func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error
 		}
 	}
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, err
-		}
-		return o, err
+		return o, err // flag.ErrHelp for -h
 	}
 	rest := fs.Args()
 	consumed := len(args) - len(rest)

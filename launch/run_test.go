@@ -340,3 +340,24 @@ func TestRunDryRun(t *testing.T) {
 		t.Errorf("dry run created the job folder: %v", err)
 	}
 }
+
+func TestRunStartFailure(t *testing.T) {
+	code, dir, _, stderr := launch(t, "-n", "2", "--", filepath.Join(t.TempDir(), "missing"))
+	if code != ExitStartFailed {
+		t.Fatalf("exit %d, want %d; stderr:\n%s", code, ExitStartFailed, stderr)
+	}
+	sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
+	if sum.RootCause == nil || *sum.RootCause != 0 || sum.Ranks[0].Error == "" {
+		t.Errorf("summary.json: %+v", sum)
+	}
+	if !strings.Contains(stderr, "rank 0 did not start") {
+		t.Errorf("stderr does not say which rank did not start:\n%s", stderr)
+	}
+}
+
+func TestRunHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Main(context.Background(), []string{"run", "-h"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "--nproc-per-node") {
+		t.Errorf("exit %d, usage %q", code, out.String())
+	}
+}

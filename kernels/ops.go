@@ -109,8 +109,11 @@ func LinearDims(y, x, w, b *tensor.Tensor) (m, n, k int, err error) {
 		return 0, 0, 0, fmt.Errorf("%w: linear y=%v x=%v w=%v", ErrShape, y, x, w)
 	}
 	n, k = w.Dim(0), w.Dim(1)
-	m = tensor.NumElements(x.Shape()[:x.Rank()-1])
-	ok := x.Dim(-1) == k && y.Dim(-1) == n && slices.Equal(x.Shape()[:x.Rank()-1], y.Shape()[:y.Rank()-1])
+	m = lead(x)
+	ok := x.Dim(-1) == k && y.Dim(-1) == n
+	for i := 0; i < x.Rank()-1; i++ {
+		ok = ok && x.Dim(i) == y.Dim(i)
+	}
 	if b != nil && (b.Rank() != 1 || b.Dim(0) != n) {
 		ok = false
 	}
@@ -126,7 +129,7 @@ func BiasDims(db, dy *tensor.Tensor) (m, n int, err error) {
 		return 0, 0, fmt.Errorf("%w: linear bias db=%v dy=%v", ErrShape, db, dy)
 	}
 	n = db.Dim(0)
-	m = tensor.NumElements(dy.Shape()[:dy.Rank()-1])
+	m = lead(dy)
 	return m, n, sameDType(db, dy)
 }
 
@@ -190,11 +193,23 @@ func MatmulBackwardOtherGemm(batch, m, n, k int, accumulate bool, dt tensor.DTyp
 // returns the element count.
 func ElementwiseDims(out *tensor.Tensor, in ...*tensor.Tensor) (int, error) {
 	for _, t := range in {
-		if !slices.Equal(t.Shape(), out.Shape()) {
+		if !tensor.SameShape(t, out) {
 			return 0, fmt.Errorf("%w: elementwise %v vs %v", ErrShape, out, t)
 		}
+		if err := sameDType(out, t); err != nil {
+			return 0, err
+		}
 	}
-	return out.Len(), sameDType(append([]*tensor.Tensor{out}, in...)...)
+	return out.Len(), sameDType(out)
+}
+
+// lead returns the product of all dims but the last.
+func lead(t *tensor.Tensor) int {
+	m := 1
+	for i := 0; i < t.Rank()-1; i++ {
+		m *= t.Dim(i)
+	}
+	return m
 }
 
 // CheckGemm validates p (normalized) against the operand sizes and dtypes.

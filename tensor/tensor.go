@@ -183,6 +183,19 @@ func (t *Tensor) Dim(i int) int {
 	return t.shape[i]
 }
 
+// SameShape reports whether a and b have the same shape (without allocating).
+func SameShape(a, b *Tensor) bool {
+	if len(a.shape) != len(b.shape) {
+		return false
+	}
+	for i, d := range a.shape {
+		if b.shape[i] != d {
+			return false
+		}
+	}
+	return true
+}
+
 // Len returns the number of elements.
 func (t *Tensor) Len() int { return NumElements(t.shape) }
 

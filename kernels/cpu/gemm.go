@@ -34,12 +34,13 @@ var workPerThr = 1 << 21
 
 // engine is everything the provider runs for one element type.
 type engine[T float] struct {
-	uk    *ukernel[T]
-	dot   dotFunc[T]
-	axpy  axpyFunc[T]
-	jobs  *sync.Pool
-	bufs  *freeList[packBuf[T]]
-	gemvs *sync.Pool
+	uk      *ukernel[T]
+	dot     dotFunc[T]
+	axpy    axpyFunc[T]
+	jobs    *sync.Pool
+	bufs    *freeList[packBuf[T]]
+	gemvs   *sync.Pool
+	scratch *freeList[gemvScratch[T]]
 }
 
 // gemm computes one GEMM on up to threads goroutines. The partition is over
@@ -82,7 +83,7 @@ func (e *engine[T]) gemm(g gemmArgs[T], threads int) {
 }
 
 func (e *engine[T]) gemv(trans bool, rows, cols int, a []T, lda int, x, out []T, alpha, beta T, threads int) {
-	gemv(trans, rows, cols, a, lda, x, out, alpha, beta, threads, e.dot, e.axpy, e.gemvs)
+	gemv(trans, rows, cols, a, lda, x, out, alpha, beta, threads, e.dot, e.axpy, e.gemvs, e.scratch)
 }
 
 func (j *gemmJob[T]) run(part int) {
@@ -116,23 +117,26 @@ func grow[T float](s []T, n int) []T {
 func (j *gemmJob[T]) block(buf *packBuf[T], i0, i1, j0, j1 int) {
 	uk := j.uk
 	mr, nr := uk.mr, uk.nr
-	kcMax := min(uk.kc, j.k)
-	ncMax := min(uk.nc, (j1-j0+nr-1)/nr*nr)
-	mcMax := min(uk.mc, (i1-i0+mr-1)/mr*mr)
-	buf.b = grow(buf.b, kcMax*ncMax)
-	buf.a = grow(buf.a, kcMax*mcMax)
+	// Split each dimension into equal blocks no larger than the cache blocking, so
+	// that no thin leftover block repeats the packing of a whole panel. Block
+	// edges stay on the micro-tile grid, and K blocks depend only on K.
+	ncb := balance(j1-j0, uk.nc, nr)
+	kcb := balance(j.k, uk.kc, 1)
+	mcb := balance(i1-i0, uk.mc, mr)
+	buf.b = grow(buf.b, kcb*ncb)
+	buf.a = grow(buf.a, kcb*mcb)
 	buf.tile = grow(buf.tile, mr*nr)
-	for jc := j0; jc < j1; jc += uk.nc {
-		nc := min(uk.nc, j1-jc)
-		for pc := 0; pc < j.k; pc += uk.kc {
-			kc := min(uk.kc, j.k-pc)
+	for jc := j0; jc < j1; jc += ncb {
+		nc := min(ncb, j1-jc)
+		for pc := 0; pc < j.k; pc += kcb {
+			kc := min(kcb, j.k-pc)
 			beta := j.beta
 			if pc > 0 {
 				beta = 1
 			}
 			packB(buf.b, j.b, j.ldb, j.transB, pc, kc, jc, nc, nr)
-			for ic := i0; ic < i1; ic += uk.mc {
-				mc := min(uk.mc, i1-ic)
+			for ic := i0; ic < i1; ic += mcb {
+				mc := min(mcb, i1-ic)
 				packA(buf.a, j.a, j.lda, j.transA, ic, mc, pc, kc, mr)
 				for jr := 0; jr < nc; jr += nr {
 					cols := min(nr, nc-jr)
@@ -179,4 +183,15 @@ func scale[T float](c []T, ldc, m, n int, beta T) {
 			}
 		}
 	}
+}
+
+// balance returns the block size that splits n into the fewest blocks of at
+// most max, as equal as possible, rounded up to a multiple of unit.
+func balance(n, max, unit int) int {
+	if n <= 0 {
+		return unit
+	}
+	blocks := (n + max - 1) / max
+	b := (n + blocks - 1) / blocks
+	return (b + unit - 1) / unit * unit
 }

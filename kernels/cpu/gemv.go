@@ -29,7 +29,20 @@ type gemvJob[T float] struct {
 	wg          sync.WaitGroup
 	dot         dotFunc[T]
 	axpy        axpyFunc[T]
+	scratch     *freeList[gemvScratch[T]]
 }
+
+// gemvScratch is one part's working memory (kept off the stack, where the
+// kernels' func values would make it escape).
+type gemvScratch[T float] struct {
+	res [gemvRows]T
+	acc [axpyCols]T
+}
+
+var (
+	gemvScratch32 freeList[gemvScratch[float32]]
+	gemvScratch64 freeList[gemvScratch[float64]]
+)
 
 var (
 	gemvPool32 = sync.Pool{New: func() any { return new(gemvJob[float32]) }}
@@ -46,20 +59,22 @@ func (j *gemvJob[T]) put(i int, v T) {
 }
 
 func (j *gemvJob[T]) run(part int) {
+	sc := j.scratch.get()
+	defer j.scratch.put(sc)
 	if !j.trans {
 		full := j.rows / gemvRows
 		g0, g1 := span(full, j.parts, part)
-		var res [gemvRows]T
+		res := &sc.res
 		for g := g0; g < g1; g++ {
 			r0 := g * gemvRows
-			j.dot(j.cols, j.x, j.a[r0*j.lda:], j.lda, &res)
+			j.dot(j.cols, j.x, j.a[r0*j.lda:], j.lda, res)
 			for i, v := range res {
 				j.put(r0+i, v)
 			}
 		}
 		if part == j.parts-1 {
 			for r := full * gemvRows; r < j.rows; r++ {
-				j.dot(j.cols, j.x, j.a[r*j.lda:], 0, &res)
+				j.dot(j.cols, j.x, j.a[r*j.lda:], 0, res)
 				j.put(r, res[0])
 			}
 		}
@@ -67,7 +82,7 @@ func (j *gemvJob[T]) run(part int) {
 	}
 	blocks := (j.cols + axpyCols - 1) / axpyCols
 	b0, b1 := span(blocks, j.parts, part)
-	var acc [axpyCols]T
+	acc := &sc.acc
 	for b := b0; b < b1; b++ {
 		c0 := b * axpyCols
 		n := min(axpyCols, j.cols-c0)
@@ -83,7 +98,7 @@ func (j *gemvJob[T]) run(part int) {
 // gemv runs the dot form (trans = false: out has rows elements, x has cols) or the
 // axpy form (trans = true: out has cols elements, x has rows).
 func gemv[T float](trans bool, rows, cols int, a []T, lda int, x, out []T, alpha, beta T, threads int,
-	dot dotFunc[T], axpy axpyFunc[T], pool *sync.Pool) {
+	dot dotFunc[T], axpy axpyFunc[T], pool *sync.Pool, scratch *freeList[gemvScratch[T]]) {
 	nout := rows
 	if trans {
 		nout = cols
@@ -97,7 +112,7 @@ func gemv[T float](trans bool, rows, cols int, a []T, lda int, x, out []T, alpha
 	}
 	j := pool.Get().(*gemvJob[T])
 	*j = gemvJob[T]{trans: trans, rows: rows, cols: cols, a: a, x: x, out: out, lda: lda,
-		alpha: alpha, beta: beta, dot: dot, axpy: axpy}
+		alpha: alpha, beta: beta, dot: dot, axpy: axpy, scratch: scratch}
 	units := max(1, rows/gemvRows)
 	if trans {
 		units = (cols + axpyCols - 1) / axpyCols

@@ -14,6 +14,17 @@ import "golang.org/x/sys/cpu"
 func sgemmAVX512(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, mask uint64, alpha, beta float32)
 
 //go:noescape
+func sgemmAVX512x12(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, mask uint64, alpha, beta float32)
+
+//go:noescape
+func sgemmAVX512x6(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, mask uint64, alpha, beta float32)
+
+// transpose16x16 sets dst[k*ldd+j] = src[j*lds+k] for j, k < 16 (AVX-512F).
+//
+//go:noescape
+func transpose16x16(dst *float32, ldd int, src *float32, lds int)
+
+//go:noescape
 func dgemmAVX512(kc int, a, b *float64, ldb int, c *float64, ldc int, mr int, mask uint64, alpha, beta float64)
 
 //go:noescape
@@ -25,10 +36,16 @@ func dgemmAVX2(kc int, a, b *float64, ldb int, c *float64, ldc int, mr int, mask
 func init() {
 	hasAVX512 := cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL
 	if hasAVX512 {
+		packBTrans32 = packBTransAVX512
 		kernels32 = append([]*ukernel[float32]{{name: "avx512", mr: 8, nr: 48, masked: true, fn: sgemmAVX512,
-			mc: 192, kc: 256, nc: 4032}}, kernels32...)
+			mc: 96, kc: 1024, nc: 4128}}, kernels32...)
 		kernels64 = append([]*ukernel[float64]{{name: "avx512", mr: 8, nr: 24, masked: true, fn: dgemmAVX512,
 			mc: 128, kc: 256, nc: 2040}}, kernels64...)
+		kernels32 = append(kernels32[:1:1], append([]*ukernel[float32]{
+			{name: "avx512x12", mr: 12, nr: 32, masked: true, fn: sgemmAVX512x12, mc: 96, kc: 1024, nc: 4096},
+			{name: "avx512x6", mr: 6, nr: 64, masked: true, fn: sgemmAVX512x6, mc: 96, kc: 1024, nc: 4096},
+		}, kernels32[1:]...)...)
+		kernels64 = append(kernels64[:1:1], append([]*ukernel[float64]{kernels64[0], kernels64[0]}, kernels64[1:]...)...)
 	}
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		kernels32 = insertBeforeGeneric(kernels32, &ukernel[float32]{name: "avx2", mr: 6, nr: 16, fn: sgemmAVX2,
@@ -41,4 +58,26 @@ func init() {
 func insertBeforeGeneric[T float](ks []*ukernel[T], k *ukernel[T]) []*ukernel[T] {
 	n := len(ks)
 	return append(ks[:n-1:n-1], k, ks[n-1])
+}
+
+// packBTransAVX512 packs a transposed float32 B panel with 16×16 register
+// transposes; see packBTrans.
+func packBTransAVX512(d, b []float32, ldb, k0, kc, j0, cols, nr int) bool {
+	if cols%16 != 0 || nr%16 != 0 {
+		return false
+	}
+	k16 := kc / 16 * 16
+	for j := 0; j < cols; j += 16 {
+		src := b[(j0+j)*ldb+k0:]
+		_ = src[15*ldb+kc-1]
+		for k := 0; k < k16; k += 16 {
+			transpose16x16(&d[k*nr+j], nr, &src[k], ldb)
+		}
+		for k := k16; k < kc; k++ {
+			for r := 0; r < 16; r++ {
+				d[k*nr+j+r] = src[r*ldb+k]
+			}
+		}
+	}
+	return true
 }

@@ -7,6 +7,10 @@ func packA[T float](dst, a []T, lda int, trans bool, i0, mc, k0, kc, mr int) {
 		rows := min(mr, mc-p)
 		d := dst[(p/mr)*kc*mr:][:kc*mr]
 		if !trans {
+			if rows == 8 && mr == 8 {
+				packA8(d, a[(i0+p)*lda+k0:], lda, kc)
+				continue
+			}
 			for i := 0; i < rows; i++ {
 				src := a[(i0+p+i)*lda+k0:][:kc]
 				for k, v := range src {
@@ -44,6 +48,11 @@ func packB[T float](dst, b []T, ldb int, trans bool, k0, kc, j0, nc, nr int) {
 			continue
 		}
 		// B is stored N×K: op(B)[k][j] = b[j*ldb+k].
+		if packBTrans32 != nil {
+			if b32, ok := any(b).([]float32); ok && packBTrans32(any(d).([]float32), b32, ldb, k0, kc, j0+q, cols, nr) {
+				continue
+			}
+		}
 		j := 0
 		for ; j+4 <= cols; j += 4 {
 			s0 := b[(j0+q+j)*ldb+k0:][:kc]
@@ -68,3 +77,20 @@ func packB[T float](dst, b []T, ldb int, trans bool, k0, kc, j0, nc, nr int) {
 		}
 	}
 }
+
+// packA8 packs 8 full rows of a (leading dim lda), kc columns, k-major.
+func packA8[T float](d, a []T, lda, kc int) {
+	r0, r1, r2, r3 := a[:kc], a[lda:][:kc], a[2*lda:][:kc], a[3*lda:][:kc]
+	r4, r5, r6, r7 := a[4*lda:][:kc], a[5*lda:][:kc], a[6*lda:][:kc], a[7*lda:][:kc]
+	d = d[:8*kc]
+	for k := range r0 {
+		dk := d[8*k : 8*k+8 : 8*k+8]
+		dk[0], dk[1], dk[2], dk[3] = r0[k], r1[k], r2[k], r3[k]
+		dk[4], dk[5], dk[6], dk[7] = r4[k], r5[k], r6[k], r7[k]
+	}
+}
+
+// packBTrans32, when set, packs one float32 panel of a transposed B (cols rows of
+// b from row j0, kc values from column k0) into d with row length nr, and reports
+// whether it could.
+var packBTrans32 func(d, b []float32, ldb, k0, kc, j0, cols, nr int) bool

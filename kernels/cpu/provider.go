@@ -26,10 +26,17 @@ const Name = "cpu"
 type Options struct {
 	// Threads caps the goroutines per call; 0 means runtime.GOMAXPROCS(0) at call time.
 	Threads int
-	// Kernel forces a micro-kernel ("avx512", "avx2", "go"); "" picks the best one
-	// this CPU runs.
+	// Kernel forces a micro-kernel ("avx512", "avx2", "go"; see Kernels); "" picks
+	// the best one this CPU runs.
 	Kernel string
+	// Block overrides the float32 cache blocking (zero fields keep the kernel's
+	// defaults). For tuning; results do not depend on MC and NC, only on KC.
+	Block Blocking
 }
+
+// Blocking is the cache blocking of the GEMM loop nest: MC rows of A and KC of K
+// per packed A block, NC columns of B per packed B block.
+type Blocking struct{ MC, KC, NC int }
 
 // Provider implements kernels.Provider on host tensors.
 type Provider struct {
@@ -62,8 +69,8 @@ func New(o Options) (*Provider, error) {
 		return nil, fmt.Errorf("cpu: Threads = %d", o.Threads)
 	}
 	p := &Provider{threads: o.Threads}
-	p.e32 = engine[float32]{dot: dot32, axpy: axpy32, jobs: &jobPool32, bufs: &bufPool32, gemvs: &gemvPool32}
-	p.e64 = engine[float64]{dot: dotGo[float64], axpy: axpyGo[float64], jobs: &jobPool64, bufs: &bufPool64, gemvs: &gemvPool64}
+	p.e32 = engine[float32]{dot: dot32, axpy: axpy32, jobs: &jobPool32, bufs: &bufPool32, gemvs: &gemvPool32, scratch: &gemvScratch32}
+	p.e64 = engine[float64]{dot: dotGo[float64], axpy: axpyGo[float64], jobs: &jobPool64, bufs: &bufPool64, gemvs: &gemvPool64, scratch: &gemvScratch64}
 	p.e32.uk, p.e64.uk = kernels32[0], kernels64[0]
 	if o.Kernel != "" {
 		p.e32.uk, p.e64.uk = nil, nil
@@ -79,11 +86,31 @@ func New(o Options) (*Provider, error) {
 			p.e32.dot, p.e32.axpy = dotGo[float32], axpyGo[float32]
 		}
 	}
+	if o.Block != (Blocking{}) {
+		uk := *p.e32.uk
+		for _, v := range []struct {
+			dst *int
+			src int
+		}{{&uk.mc, o.Block.MC}, {&uk.kc, o.Block.KC}, {&uk.nc, o.Block.NC}} {
+			if v.src < 0 {
+				return nil, fmt.Errorf("cpu: negative blocking %+v", o.Block)
+			}
+			if v.src > 0 {
+				*v.dst = v.src
+			}
+		}
+		p.e32.uk = &uk
+	}
 	return p, nil
 }
 
 // Kernel returns the name of the micro-kernel in use.
 func (p *Provider) Kernel() string { return p.e32.uk.name }
+
+// Blocking returns the float32 cache blocking in use.
+func (p *Provider) Blocking() Blocking {
+	return Blocking{MC: p.e32.uk.mc, KC: p.e32.uk.kc, NC: p.e32.uk.nc}
+}
 
 // Name implements kernels.Provider.
 func (p *Provider) Name() string { return Name }

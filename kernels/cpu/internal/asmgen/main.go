@@ -39,6 +39,8 @@ func main() {
 	flag.Parse()
 	ks := []kern{
 		{"sgemmAVX512", 4, "PS", 16, 8, 3, "Z", true},
+		{"sgemmAVX512x12", 4, "PS", 16, 12, 2, "Z", true},
+		{"sgemmAVX512x6", 4, "PS", 16, 6, 4, "Z", true},
 		{"dgemmAVX512", 8, "PD", 8, 8, 3, "Z", true},
 		{"sgemmAVX2", 4, "PS", 8, 6, 2, "Y", false},
 		{"dgemmAVX2", 8, "PD", 4, 6, 2, "Y", false},
@@ -48,6 +50,7 @@ func main() {
 	for _, k := range ks {
 		gen(&b, k)
 	}
+	genTranspose(&b)
 	if err := os.WriteFile(*out, b.Bytes(), 0o644); err != nil {
 		log.Fatal(err)
 	}
@@ -199,4 +202,61 @@ func gen(w *bytes.Buffer, k kern) {
 
 func log2(n int) int {
 	return strings.Count(fmt.Sprintf("%b", n-1), "1")
+}
+
+// genTranspose writes transpose16x16(dst *float32, ldd int, src *float32, lds int):
+// dst[k*ldd+j] = src[j*lds+k] for j, k < 16, in four shuffle stages.
+func genTranspose(w *bytes.Buffer) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
+	z := func(i int) string { return fmt.Sprintf("Z%d", i) }
+	fmt.Fprintf(w, "\n// func transpose16x16(dst *float32, ldd int, src *float32, lds int)\n")
+	fmt.Fprintf(w, "TEXT ·transpose16x16(SB), NOSPLIT, $0-32\n")
+	p("MOVQ dst+0(FP), DI")
+	p("MOVQ ldd+8(FP), DX")
+	p("SHLQ $2, DX")
+	p("MOVQ src+16(FP), SI")
+	p("MOVQ lds+24(FP), CX")
+	p("SHLQ $2, CX")
+	for r := 0; r < 16; r++ {
+		p("VMOVUPS (SI), %s", z(r))
+		p("ADDQ CX, SI")
+	}
+	// Stage 1: interleave row pairs: t[2q] = unpcklps(r[2q], r[2q+1]), t[2q+1] = unpckhps.
+	for q := 0; q < 8; q++ {
+		p("VUNPCKLPS %s, %s, %s", z(2*q+1), z(2*q), z(16+2*q))
+		p("VUNPCKHPS %s, %s, %s", z(2*q+1), z(2*q), z(16+2*q+1))
+	}
+	// Stage 2: per group g of 4 rows, u[4g+c] holds column 4L+c of the group in lane L.
+	for g := 0; g < 4; g++ {
+		t0, t1, t2, t3 := 16+4*g, 16+4*g+1, 16+4*g+2, 16+4*g+3
+		p("VUNPCKLPD %s, %s, %s", z(t2), z(t0), z(4*g+0))
+		p("VUNPCKHPD %s, %s, %s", z(t2), z(t0), z(4*g+1))
+		p("VUNPCKLPD %s, %s, %s", z(t3), z(t1), z(4*g+2))
+		p("VUNPCKHPD %s, %s, %s", z(t3), z(t1), z(4*g+3))
+	}
+	// Stage 3 and 4: gather lane L of the four groups for column 4L+c.
+	for c := 0; c < 4; c++ {
+		u0, u1, u2, u3 := z(c), z(4+c), z(8+c), z(12+c)
+		v, x, wv, y := z(16+4*c), z(16+4*c+1), z(16+4*c+2), z(16+4*c+3)
+		p("VSHUFF32X4 $0x44, %s, %s, %s", u1, u0, v)
+		p("VSHUFF32X4 $0xEE, %s, %s, %s", u1, u0, wv)
+		p("VSHUFF32X4 $0x44, %s, %s, %s", u3, u2, x)
+		p("VSHUFF32X4 $0xEE, %s, %s, %s", u3, u2, y)
+	}
+	// Output row k = 4L+c.
+	out := make([]string, 16)
+	for c := 0; c < 4; c++ {
+		v, x, wv, y := z(16+4*c), z(16+4*c+1), z(16+4*c+2), z(16+4*c+3)
+		p("VSHUFF32X4 $0x88, %s, %s, %s", x, v, z(c))
+		p("VSHUFF32X4 $0xDD, %s, %s, %s", x, v, z(4+c))
+		p("VSHUFF32X4 $0x88, %s, %s, %s", y, wv, z(8+c))
+		p("VSHUFF32X4 $0xDD, %s, %s, %s", y, wv, z(12+c))
+		out[c], out[4+c], out[8+c], out[12+c] = z(c), z(4+c), z(8+c), z(12+c)
+	}
+	for k := 0; k < 16; k++ {
+		p("VMOVUPS %s, (DI)", out[k])
+		p("ADDQ DX, DI")
+	}
+	p("VZEROUPPER")
+	p("RET")
 }

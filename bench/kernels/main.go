@@ -1,0 +1,126 @@
+// Command kernels measures the cpu provider's GEMMs in GFLOP/s on the shapes of
+// bench/kernels/run.sh and prints one tab-separated line per measurement:
+//
+//	impl  threads  case  op  M  K  N  gflops
+//
+// It is the meshrun side of run.sh, which measures OpenBLAS (through numpy) in the
+// same run with peer.py and prints the comparison table.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/kernels/cpu"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// Case is one benchmark shape: a square GEMM or a linear layer (M, K, N).
+type Case struct {
+	Name    string
+	M, K, N int
+	Linear  bool
+}
+
+// Cases are the shapes of docs/kernels.md.
+var Cases = []Case{
+	{"gemm1024", 1024, 1024, 1024, false},
+	{"gemm2048", 2048, 2048, 2048, false},
+	{"linear", 1, 4096, 4096, true},
+	{"linear", 8, 4096, 4096, true},
+	{"linear", 512, 1024, 4096, true},
+	{"linear", 2048, 1024, 4096, true},
+	{"linear", 4096, 4096, 1024, true},
+}
+
+func main() {
+	threads := flag.Int("threads", 1, "GOMAXPROCS (the cores the rank owns)")
+	minTime := flag.Duration("mintime", 400*time.Millisecond, "time per measurement")
+	kernel := flag.String("kernel", "", "micro-kernel (avx512, avx2, go; default: best)")
+	only := flag.String("only", "", "run only cases whose name or M_K_N contains this")
+	peak := flag.Bool("peak", false, "measure the FMA peak instead")
+	var blk cpu.Blocking
+	flag.IntVar(&blk.MC, "mc", 0, "override MC (0: default)")
+	flag.IntVar(&blk.KC, "kc", 0, "override KC (0: default)")
+	flag.IntVar(&blk.NC, "nc", 0, "override NC (0: default)")
+	flag.Parse()
+	runtime.GOMAXPROCS(*threads)
+	if *peak {
+		fmt.Printf("peak\t%d\tfma\t-\t-\t-\t-\t%.1f\n", *threads, peakGFLOPS(*threads, *minTime))
+		return
+	}
+	p, err := cpu.New(cpu.Options{Kernel: *kernel, Block: blk})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "cpu provider, %s micro-kernel, blocking %+v, GOMAXPROCS=%d\n", p.Kernel(), p.Blocking(), *threads)
+	for _, c := range Cases {
+		key := fmt.Sprintf("%s_%d_%d_%d", c.Name, c.M, c.K, c.N)
+		if *only != "" && !strings.Contains(key, *only) {
+			continue
+		}
+		for _, op := range ops(p, c) {
+			g := measure(op.run, op.flops, *minTime)
+			fmt.Printf("meshrun\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\n", *threads, c.Name, op.name, c.M, c.K, c.N, g)
+		}
+	}
+}
+
+type op struct {
+	name  string
+	flops float64
+	run   func()
+}
+
+func randT(rng *rand.Rand, shape ...int) *tensor.Tensor {
+	t := tensor.New(tensor.Float32, shape...)
+	for i := range t.Float32() {
+		t.Float32()[i] = rng.Float32()*2 - 1
+	}
+	return t
+}
+
+func check(err error) {
+	if err != nil {
+		panic(err)
+	}
+}
+
+func ops(p *cpu.Provider, c Case) []op {
+	rng := rand.New(rand.NewPCG(1, 2))
+	flops := 2 * float64(c.M) * float64(c.K) * float64(c.N)
+	if !c.Linear {
+		a, b, out := randT(rng, c.M, c.K), randT(rng, c.K, c.N), tensor.New(tensor.Float32, c.M, c.N)
+		g := kernels.GemmParams{M: c.M, N: c.N, K: c.K, Alpha: 1, DType: tensor.Float32}
+		return []op{{"gemm", flops, func() { check(p.Gemm(g, a, b, out)) }}}
+	}
+	x, w, bias := randT(rng, c.M, c.K), randT(rng, c.N, c.K), randT(rng, c.N)
+	y, dy := tensor.New(tensor.Float32, c.M, c.N), randT(rng, c.M, c.N)
+	dx, dw := tensor.New(tensor.Float32, c.M, c.K), tensor.New(tensor.Float32, c.N, c.K)
+	return []op{
+		{"forward", flops, func() { check(p.LinearForward(y, x, w, bias)) }},
+		{"backward_input", flops, func() { check(p.LinearBackwardInput(dx, dy, w)) }},
+		{"backward_weight", flops, func() { check(p.LinearBackwardWeight(dw, dy, x, false)) }},
+	}
+}
+
+// measure returns the best GFLOP/s over repeated calls (after one warm-up call)
+// for at least minTime and at least 3 calls.
+func measure(run func(), flops float64, minTime time.Duration) float64 {
+	run()
+	best := time.Duration(1<<63 - 1)
+	start := time.Now()
+	for n := 0; n < 3 || time.Since(start) < minTime; n++ {
+		t := time.Now()
+		run()
+		best = min(best, time.Since(t))
+	}
+	return flops / best.Seconds() / 1e9
+}

@@ -110,6 +110,8 @@ func (j *job) run(ctx context.Context) (int, error) {
 	}
 	defer srv.Shutdown()
 	credsPath, err := filepath.Abs(filepath.Join(j.dir, CredsFile))
+	// The credentials are useless once the server is gone; do not leave them.
+	defer os.Remove(credsPath)
 	if err == nil {
 		err = srv.WriteCredentials(j.id, credsPath)
 	}

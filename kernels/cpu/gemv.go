@@ -11,8 +11,8 @@ import "sync"
 // are computed one at a time by calling the same kernel with lda = 0.
 const gemvRows = 4
 
-// axpyCols is the column block of the axpy form.
-const axpyCols = 1024
+// axpyUnit is the column grid of the axpy form: parts own whole units.
+const axpyUnit = 64
 
 type (
 	dotFunc[T float]  func(n int, x, a []T, lda int, out *[gemvRows]T)
@@ -36,7 +36,7 @@ type gemvJob[T float] struct {
 // kernels' func values would make it escape).
 type gemvScratch[T float] struct {
 	res [gemvRows]T
-	acc [axpyCols]T
+	acc []T
 }
 
 var (
@@ -80,18 +80,18 @@ func (j *gemvJob[T]) run(part int) {
 		}
 		return
 	}
-	blocks := (j.cols + axpyCols - 1) / axpyCols
-	b0, b1 := span(blocks, j.parts, part)
-	acc := &sc.acc
-	for b := b0; b < b1; b++ {
-		c0 := b * axpyCols
-		n := min(axpyCols, j.cols-c0)
-		ac := acc[:n]
-		clear(ac)
-		j.axpy(ac, j.x[:j.rows], j.a[c0:], j.lda)
-		for i, v := range ac {
-			j.put(c0+i, v)
-		}
+	units := (j.cols + axpyUnit - 1) / axpyUnit
+	u0, u1 := span(units, j.parts, part)
+	c0, c1 := u0*axpyUnit, min(u1*axpyUnit, j.cols)
+	if c0 >= c1 {
+		return
+	}
+	sc.acc = grow(sc.acc, c1-c0)
+	ac := sc.acc
+	clear(ac)
+	j.axpy(ac, j.x[:j.rows], j.a[c0:], j.lda)
+	for i, v := range ac {
+		j.put(c0+i, v)
 	}
 }
 
@@ -115,7 +115,7 @@ func gemv[T float](trans bool, rows, cols int, a []T, lda int, x, out []T, alpha
 		alpha: alpha, beta: beta, dot: dot, axpy: axpy, scratch: scratch}
 	units := max(1, rows/gemvRows)
 	if trans {
-		units = (cols + axpyCols - 1) / axpyCols
+		units = (cols + axpyUnit - 1) / axpyUnit
 	}
 	j.parts = max(1, min(threads, units, 2*rows*cols/workPerThr))
 	parallel(j, j.parts, &j.wg)

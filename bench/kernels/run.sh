@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Measures the cpu kernels provider against OpenBLAS (Debian's, through Debian's
+# numpy) in one run, on 1 and 2 cores, and prints a Markdown table.
+#
+#   bench/kernels/run.sh [rounds] [seconds-per-measurement]
+#
+# OpenBLAS runs twice per thread count: with its AVX-512 kernels (OPENBLAS_CORETYPE
+# and OPENBLAS_L2_SIZE unset for that command only) and under the environment as
+# it is (on this machine they may force the Haswell/AVX2 kernels). The rounds are
+# interleaved (meshrun, OpenBLAS AVX-512, OpenBLAS default, repeat) and each cell
+# is the best round, so background load hits every column alike.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-3}
+secs=${2:-0.4}
+py=/usr/bin/python3
+
+need=()
+$py -c 'import numpy' 2>/dev/null || need+=(python3-numpy)
+[ -e /usr/lib/x86_64-linux-gnu/libopenblas.so.0 ] || ls /usr/lib/*/libopenblas*.so* >/dev/null 2>&1 || need+=(libopenblas0-pthread)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing ${need[*]}" >&2
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
+fi
+
+bin=$(mktemp -d)/kernels
+trap 'rm -rf "$(dirname "$bin")"' EXIT
+go build -o "$bin" ./bench/kernels
+
+# Which OpenBLAS kernels does each environment select? (numpy's config.)
+corename() {
+  $py - <<'PY' 2>/dev/null || echo unknown
+import ctypes, numpy, glob, os
+libs = glob.glob(os.path.join(os.path.dirname(numpy.__file__), "..", "numpy.libs", "*openblas*")) + \
+       glob.glob("/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas*.so*") + glob.glob("/usr/lib/x86_64-linux-gnu/libopenblas*.so*")
+for l in libs:
+    try:
+        lib = ctypes.CDLL(l)
+        f = lib.openblas_get_corename
+        f.restype = ctypes.c_char_p
+        print(f().decode()); break
+    except Exception:
+        continue
+else:
+    print("unknown")
+PY
+}
+core512=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE bash -c "$(declare -f corename); py=$py; corename")
+coredef=$(corename)
+echo "OpenBLAS core: $core512 (variables unset), $coredef (default environment: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset} OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE:-unset})" >&2
+
+peak1=$("$bin" -peak -threads 1 -mintime 1s | cut -f8)
+out=$(mktemp)
+for r in $(seq "$rounds"); do
+  for t in 1 2; do
+    echo "round $r/$rounds, $t thread(s)" >&2
+    "$bin" -threads "$t" -mintime "${secs}s" 2>/dev/null >>"$out"
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=$t \
+      $py bench/kernels/peer.py openblas-avx512 "$secs" >>"$out"
+    OPENBLAS_NUM_THREADS=$t $py bench/kernels/peer.py openblas-default "$secs" >>"$out"
+  done
+done
+
+$py - "$out" "$peak1" "$core512" "$coredef" <<'PY'
+import sys, collections
+path, peak1, core512, coredef = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+best = collections.defaultdict(float)
+order = []
+for line in open(path):
+    impl, t, case, op, m, k, n, g = line.split("\t")
+    key = (int(t), case, op, int(m), int(k), int(n))
+    if key not in order:
+        order.append(key)
+    best[(impl,) + key] = max(best[(impl,) + key], float(g))
+print(f"FMA peak measured: {peak1:.0f} GFLOP/s on one core (fraction of peak = GFLOP/s / (threads x {peak1:.0f})).")
+print(f"OpenBLAS kernels: `{core512}` with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset, `{coredef}` in the default environment.")
+print()
+print("| threads | shape (M, K, N) | op | meshrun cpu | OpenBLAS AVX-512 | OpenBLAS default env | meshrun / OpenBLAS AVX-512 | meshrun % of peak |")
+print("|---|---|---|---|---|---|---|---|")
+worst = 9.9
+for key in sorted(order, key=lambda k: (k[0], order.index(k))):
+    t, case, op, m, k, n = key
+    me, ob, od = best[("meshrun",) + key], best[("openblas-avx512",) + key], best[("openblas-default",) + key]
+    ratio = me / ob if ob else float("nan")
+    worst = min(worst, ratio)
+    shape = f"{m}x{k}x{n}" if case.startswith("gemm") else f"({m}, {k}, {n})"
+    name = "gemm" if case.startswith("gemm") else op
+    print(f"| {t} | {shape} | {name} | {me:.1f} | {ob:.1f} | {od:.1f} | {ratio:.2f} | {100*me/(t*peak1):.0f}% |")
+print()
+print(f"Lowest meshrun / OpenBLAS AVX-512 ratio: {worst:.2f}")
+PY
+rm -f "$out"

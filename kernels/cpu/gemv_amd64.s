@@ -1,0 +1,228 @@
+//go:build amd64 && !noasm
+
+#include "textflag.h"
+
+// func sdot4AVX512(n int, x, a *float32, lda int, out *[4]float32)
+// out[i] = Σ_k x[k]·a[i*lda+k] for i < 4. Each row has two accumulators (even
+// and odd 16-lane chunks), summed the same way for every row.
+TEXT ·sdot4AVX512(SB), NOSPLIT, $0-40
+	MOVQ n+0(FP), CX
+	MOVQ x+8(FP), SI
+	MOVQ a+16(FP), DI
+	MOVQ lda+24(FP), DX
+	SHLQ $2, DX
+	LEAQ (DI)(DX*1), R8
+	LEAQ (R8)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	XORQ AX, AX
+	MOVQ CX, R11
+	SHRQ $5, R11
+	JZ tail16
+
+loop32:
+	VMOVUPS (SI)(AX*4), Z8
+	VMOVUPS 64(SI)(AX*4), Z9
+	VFMADD231PS (DI)(AX*4), Z8, Z0
+	VFMADD231PS 64(DI)(AX*4), Z9, Z1
+	VFMADD231PS (R8)(AX*4), Z8, Z2
+	VFMADD231PS 64(R8)(AX*4), Z9, Z3
+	VFMADD231PS (R9)(AX*4), Z8, Z4
+	VFMADD231PS 64(R9)(AX*4), Z9, Z5
+	VFMADD231PS (R10)(AX*4), Z8, Z6
+	VFMADD231PS 64(R10)(AX*4), Z9, Z7
+	ADDQ $32, AX
+	DECQ R11
+	JNZ loop32
+
+tail16:
+	// Up to two masked 16-lane steps for the remaining n-AX (< 32) elements.
+	MOVQ CX, R11
+	SUBQ AX, R11
+	JZ reduce
+	CMPQ R11, $16
+	JLT last
+	VMOVUPS (SI)(AX*4), Z8
+	VFMADD231PS (DI)(AX*4), Z8, Z0
+	VFMADD231PS (R8)(AX*4), Z8, Z2
+	VFMADD231PS (R9)(AX*4), Z8, Z4
+	VFMADD231PS (R10)(AX*4), Z8, Z6
+	ADDQ $16, AX
+	SUBQ $16, R11
+	JZ reduce
+
+last:
+	MOVQ $1, BX
+	MOVQ R11, CX
+	SHLQ CX, BX
+	DECQ BX
+	KMOVW BX, K1
+	VMOVUPS.Z (SI)(AX*4), K1, Z8
+	VMOVUPS.Z (DI)(AX*4), K1, Z9
+	VFMADD231PS Z9, Z8, Z1
+	VMOVUPS.Z (R8)(AX*4), K1, Z9
+	VFMADD231PS Z9, Z8, Z3
+	VMOVUPS.Z (R9)(AX*4), K1, Z9
+	VFMADD231PS Z9, Z8, Z5
+	VMOVUPS.Z (R10)(AX*4), K1, Z9
+	VFMADD231PS Z9, Z8, Z7
+
+reduce:
+	MOVQ out+32(FP), BX
+	VADDPS Z1, Z0, Z0
+	VADDPS Z3, Z2, Z2
+	VADDPS Z5, Z4, Z4
+	VADDPS Z7, Z6, Z6
+	// 16 -> 8 lanes
+	VEXTRACTF32X8 $1, Z0, Y1
+	VADDPS Y1, Y0, Y0
+	VEXTRACTF32X8 $1, Z2, Y3
+	VADDPS Y3, Y2, Y2
+	VEXTRACTF32X8 $1, Z4, Y5
+	VADDPS Y5, Y4, Y4
+	VEXTRACTF32X8 $1, Z6, Y7
+	VADDPS Y7, Y6, Y6
+	// 8 -> 4 lanes
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VEXTRACTF128 $1, Y2, X3
+	VADDPS X3, X2, X2
+	VEXTRACTF128 $1, Y4, X5
+	VADDPS X5, X4, X4
+	VEXTRACTF128 $1, Y6, X7
+	VADDPS X7, X6, X6
+	// 4 -> 1: (x0+x2)+(x1+x3) for each row, rows into one vector.
+	VHADDPS X2, X0, X0
+	VHADDPS X6, X4, X4
+	VHADDPS X4, X0, X0
+	VMOVUPS X0, (BX)
+	VZEROUPPER
+	RET
+
+// func saxpy4AVX512(n int, x, a *float32, lda int, acc *float32)
+// acc[j] = fma(x[3], a3[j], fma(x[2], a2[j], fma(x[1], a1[j], fma(x[0], a0[j], acc[j]))))
+// for j < n, where ai is row i of a (leading dim lda): four rows streamed at once.
+TEXT ·saxpy4AVX512(SB), NOSPLIT, $0-40
+	MOVQ n+0(FP), CX
+	MOVQ x+8(FP), SI
+	MOVQ a+16(FP), DI
+	MOVQ lda+24(FP), DX
+	SHLQ $2, DX
+	MOVQ acc+32(FP), BX
+	LEAQ (DI)(DX*1), R8
+	LEAQ (R8)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	VBROADCASTSS 0(SI), Z28
+	VBROADCASTSS 4(SI), Z29
+	VBROADCASTSS 8(SI), Z30
+	VBROADCASTSS 12(SI), Z31
+	XORQ AX, AX
+	MOVQ CX, R11
+	SHRQ $6, R11
+	JZ ax4tail
+
+ax4loop:
+	VMOVUPS (BX)(AX*4), Z0
+	VMOVUPS 64(BX)(AX*4), Z1
+	VMOVUPS 128(BX)(AX*4), Z2
+	VMOVUPS 192(BX)(AX*4), Z3
+	VFMADD231PS (DI)(AX*4), Z28, Z0
+	VFMADD231PS 64(DI)(AX*4), Z28, Z1
+	VFMADD231PS 128(DI)(AX*4), Z28, Z2
+	VFMADD231PS 192(DI)(AX*4), Z28, Z3
+	VFMADD231PS (R8)(AX*4), Z29, Z0
+	VFMADD231PS 64(R8)(AX*4), Z29, Z1
+	VFMADD231PS 128(R8)(AX*4), Z29, Z2
+	VFMADD231PS 192(R8)(AX*4), Z29, Z3
+	VFMADD231PS (R9)(AX*4), Z30, Z0
+	VFMADD231PS 64(R9)(AX*4), Z30, Z1
+	VFMADD231PS 128(R9)(AX*4), Z30, Z2
+	VFMADD231PS 192(R9)(AX*4), Z30, Z3
+	VFMADD231PS (R10)(AX*4), Z31, Z0
+	VFMADD231PS 64(R10)(AX*4), Z31, Z1
+	VFMADD231PS 128(R10)(AX*4), Z31, Z2
+	VFMADD231PS 192(R10)(AX*4), Z31, Z3
+	VMOVUPS Z0, (BX)(AX*4)
+	VMOVUPS Z1, 64(BX)(AX*4)
+	VMOVUPS Z2, 128(BX)(AX*4)
+	VMOVUPS Z3, 192(BX)(AX*4)
+	ADDQ $64, AX
+	DECQ R11
+	JNZ ax4loop
+
+ax4tail:
+	MOVQ CX, R11
+	SUBQ AX, R11
+	JLE ax4done
+	MOVQ $0xffff, R12
+	CMPQ R11, $16
+	JGE ax4full
+	MOVQ $1, R12
+	MOVQ CX, R13
+	MOVQ R11, CX
+	SHLQ CX, R12
+	MOVQ R13, CX
+	DECQ R12
+
+ax4full:
+	KMOVW R12, K1
+	VMOVUPS.Z (BX)(AX*4), K1, Z0
+	VMOVUPS.Z (DI)(AX*4), K1, Z4
+	VFMADD231PS Z4, Z28, Z0
+	VMOVUPS.Z (R8)(AX*4), K1, Z4
+	VFMADD231PS Z4, Z29, Z0
+	VMOVUPS.Z (R9)(AX*4), K1, Z4
+	VFMADD231PS Z4, Z30, Z0
+	VMOVUPS.Z (R10)(AX*4), K1, Z4
+	VFMADD231PS Z4, Z31, Z0
+	VMOVUPS Z0, K1, (BX)(AX*4)
+	ADDQ $16, AX
+	JMP ax4tail
+
+ax4done:
+	VZEROUPPER
+	RET
+
+// func saxpy1AVX512(n int, x, a *float32, acc *float32)
+// acc[j] = fma(x[0], a[j], acc[j]) for j < n.
+TEXT ·saxpy1AVX512(SB), NOSPLIT, $0-32
+	MOVQ n+0(FP), CX
+	MOVQ x+8(FP), SI
+	MOVQ a+16(FP), DI
+	MOVQ acc+24(FP), BX
+	VBROADCASTSS 0(SI), Z28
+	XORQ AX, AX
+
+ax1loop:
+	MOVQ CX, R11
+	SUBQ AX, R11
+	JLE ax1done
+	MOVQ $0xffff, R12
+	CMPQ R11, $16
+	JGE ax1full
+	MOVQ $1, R12
+	MOVQ CX, R13
+	MOVQ R11, CX
+	SHLQ CX, R12
+	MOVQ R13, CX
+	DECQ R12
+
+ax1full:
+	KMOVW R12, K1
+	VMOVUPS.Z (BX)(AX*4), K1, Z0
+	VMOVUPS.Z (DI)(AX*4), K1, Z4
+	VFMADD231PS Z4, Z28, Z0
+	VMOVUPS Z0, K1, (BX)(AX*4)
+	ADDQ $16, AX
+	JMP ax1loop
+
+ax1done:
+	VZEROUPPER
+	RET

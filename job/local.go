@@ -1,0 +1,39 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/meshrun/meshrun/collective"
+)
+
+// InProcess runs fn on n ranks in this process, over the in-process transport,
+// and returns the first error (a failing rank fails every rank's collectives).
+func InProcess(ctx context.Context, n int, fn func(ctx context.Context, w *collective.World) error) error {
+	ts, cs := collective.LocalTransports(n), collective.LocalControls(n)
+	ws := make([]*collective.World, n)
+	for i := range ws {
+		w, err := collective.NewWorld(ts[i], cs[i], collective.Options{Job: "in-process"})
+		if err != nil {
+			return err
+		}
+		ws[i] = w
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = fn(ctx, w); errs[i] != nil {
+				w.Fail(errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	for _, w := range ws {
+		w.Close()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,325 @@
+// Package linear runs sharded linear layers and the Megatron MLP block built from
+// them on one rank: the spmd plans decide the layouts and collectives, the
+// kernels compute locally, the collective layer moves the bytes.
+//
+// A Layer holds this rank's shards of W[N, K] and b[N]. Forward redistributes x
+// per the plan, runs one GEMM with the bias fused, and leaves y in the layout the
+// consumer asked for. Backward computes only the gradients the layer needs —
+// input, weight and bias are three separate kernels — and what Forward saves
+// depends on them (x only for dW, W only for dx).
+package linear
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/spmd"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// ErrConfig: a layer configuration that cannot be planned or run.
+var ErrConfig = errors.New("linear: bad configuration")
+
+// Runtime is what a rank computes and communicates with.
+type Runtime struct {
+	World   *collective.World
+	Kernels kernels.Kernels
+	// Record, if set, receives every step the layer executes, with the tensor it
+	// moved ("x", "y", "dw"...).
+	Record func(tensor string, ex collective.Executed)
+}
+
+// Config describes a layer: how x, W and b are laid out (B nil: no bias), the
+// layout the consumer wants for y (nil: the plan's default), and which gradients
+// are needed.
+type Config struct {
+	Name  string
+	X, W  placement.Spec
+	B     *placement.Spec
+	Out   []placement.Placement
+	Grads Grads
+}
+
+// Grads says which gradients a layer computes.
+type Grads struct{ X, W, B bool }
+
+// AllGrads needs every gradient.
+var AllGrads = Grads{X: true, W: true, B: true}
+
+func (g Grads) names(bias bool) []string {
+	out := []string{}
+	if g.X {
+		out = append(out, "x")
+	}
+	if g.W {
+		out = append(out, "w")
+	}
+	if g.B && bias {
+		out = append(out, "b")
+	}
+	return out
+}
+
+// Layer is one rank's share of a sharded linear layer.
+type Layer struct {
+	Config
+	Fwd  *spmd.Plan
+	Bwd  *spmd.Backward
+	rank int
+	// W and B are this rank's shards, laid out as Config.W and Config.B.
+	W, B *tensor.Tensor
+	// DW and DB accumulate this rank's gradient terms as the backward plan
+	// computes them (before their reduction); Reduce turns them into gradients
+	// laid out as W and B.
+	dw, db   *tensor.Tensor
+	gradDW   *tensor.Tensor
+	gradDB   *tensor.Tensor
+	pending  bool
+	fwdMoves map[string]spmd.Move
+}
+
+// New plans the layer for rank and allocates its parameter shards (zeros).
+func New(cfg Config, rank int) (*Layer, error) {
+	op := "linear"
+	inputs := []spmd.Operand{{Name: "x", Spec: cfg.X}, {Name: "w", Spec: cfg.W}}
+	if cfg.B != nil {
+		inputs = append(inputs, spmd.Operand{Name: "b", Spec: *cfg.B})
+	} else {
+		op = "linear_nobias"
+	}
+	grads := cfg.Grads.names(cfg.B != nil)
+	fwd, err := spmd.Forward(spmd.Request{Op: op, Inputs: inputs, Options: spmd.Options{Out: cfg.Out, Grads: grads}})
+	if err != nil {
+		return nil, fmt.Errorf("linear %s: %w", cfg.Name, err)
+	}
+	bwd, err := spmd.BackwardOf(fwd, grads, nil)
+	if err != nil {
+		return nil, fmt.Errorf("linear %s: %w", cfg.Name, err)
+	}
+	if rank < 0 || rank >= cfg.X.Mesh.Size() {
+		return nil, fmt.Errorf("%w: rank %d outside mesh %s", ErrConfig, rank, cfg.X.Mesh)
+	}
+	l := &Layer{Config: cfg, Fwd: fwd, Bwd: bwd, rank: rank, fwdMoves: map[string]spmd.Move{}}
+	for _, m := range fwd.Moves {
+		l.fwdMoves[m.Tensor] = m
+	}
+	l.W = tensor.New(tensor.Float32, cfg.W.LocalShape(rank)...)
+	if cfg.B != nil {
+		l.B = tensor.New(tensor.Float32, cfg.B.LocalShape(rank)...)
+	}
+	return l, nil
+}
+
+// Saved is what Forward keeps for Backward: x as the GEMM used it (only when dW
+// is needed) and W as the GEMM used it (only when dx is needed).
+type Saved struct {
+	X, W *tensor.Tensor
+}
+
+// Forward computes this rank's share of y = x·Wᵀ + b. x is this rank's shard laid
+// out as Config.X; y is laid out as Fwd.Final.
+func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*tensor.Tensor, *Saved, error) {
+	if err := checkShape("x", x, l.X, l.rank); err != nil {
+		return nil, nil, err
+	}
+	xu, err := l.move(ctx, rt, "x", x)
+	if err != nil {
+		return nil, nil, err
+	}
+	wu, err := l.move(ctx, rt, "w", l.W)
+	if err != nil {
+		return nil, nil, err
+	}
+	var bu *tensor.Tensor
+	if l.B != nil {
+		// The bias may need a private copy: an owner-rank partial zeroes it.
+		b := l.B
+		if _, ok := l.fwdMoves["b"]; ok {
+			if b, err = l.B.Clone(); err != nil {
+				return nil, nil, err
+			}
+		}
+		if bu, err = l.move(ctx, rt, "b", b); err != nil {
+			return nil, nil, err
+		}
+	}
+	y := tensor.New(tensor.Float32, l.Fwd.Output.Spec.LocalShape(l.rank)...)
+	if err := rt.Kernels.LinearForward(y, xu, wu, bu); err != nil {
+		return nil, nil, fmt.Errorf("linear %s forward: %w", l.Name, err)
+	}
+	if y, err = l.move(ctx, rt, "y", y); err != nil {
+		return nil, nil, err
+	}
+	s := &Saved{}
+	if l.Grads.W {
+		s.X = xu
+	}
+	if l.Grads.X {
+		s.W = wu
+	}
+	return y, s, nil
+}
+
+// move runs the forward plan's redistribution of one tensor (if any).
+func (l *Layer) move(ctx context.Context, rt Runtime, name string, t *tensor.Tensor) (*tensor.Tensor, error) {
+	m, ok := l.fwdMoves[name]
+	if !ok {
+		return t, nil
+	}
+	return execute(ctx, rt, l.Name, name, m, t, l.rank)
+}
+
+// execute runs one move's steps on a float32 tensor.
+func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t *tensor.Tensor, rank int) (*tensor.Tensor, error) {
+	out, log, err := collective.Execute(ctx, rt.World, m.Steps, t.Float32())
+	if err != nil {
+		return nil, fmt.Errorf("linear %s: moving %s %s -> %s: %w", layer, name, m.From, m.To, err)
+	}
+	if rt.Record != nil {
+		for _, ex := range log {
+			rt.Record(name, ex)
+		}
+	}
+	return tensor.FromFloat32(out, m.To.LocalShape(rank)...)
+}
+
+// Backward computes the gradients the layer needs from dy (laid out as Bwd.DY)
+// and returns dx (laid out as Config.X), or nil when dx is not needed. Weight
+// and bias gradient terms accumulate across calls (micro-batches) until Reduce.
+func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *Saved) (*tensor.Tensor, error) {
+	if err := checkShape("dy", dy, l.Bwd.DY.Spec, l.rank); err != nil {
+		return nil, err
+	}
+	// Layouts of dy this backward has made, shared by the gradients.
+	dys := map[string]*tensor.Tensor{dyKey(l.Bwd.DY.Spec): dy}
+	var dx *tensor.Tensor
+	for _, g := range l.Bwd.Grads {
+		// The local operands: dy in the layout this gradient uses, then the saved
+		// forward operand.
+		ins := make([]*tensor.Tensor, len(g.Inputs))
+		for i, in := range g.Inputs {
+			local := g.Local[i].Spec
+			switch in.Name {
+			case l.Bwd.DY.Name:
+				t, ok := dys[dyKey(local)]
+				if !ok {
+					var err error
+					if t, err = execute(ctx, rt, l.Name, in.Name, moveOf(g.Plan, in.Name), dys[dyKey(in.Spec)], l.rank); err != nil {
+						return nil, err
+					}
+					dys[dyKey(local)] = t
+				}
+				ins[i] = t
+			case "x", "w":
+				t := s.X
+				if in.Name == "w" {
+					t = s.W
+				}
+				if t == nil {
+					return nil, fmt.Errorf("%w: linear %s: backward needs the saved %s", ErrConfig, l.Name, in.Name)
+				}
+				if m := moveOf(g.Plan, in.Name); m.Steps != nil {
+					c, err := t.Clone()
+					if err != nil {
+						return nil, err
+					}
+					if t, err = execute(ctx, rt, l.Name, in.Name, m, c, l.rank); err != nil {
+						return nil, err
+					}
+				}
+				ins[i] = t
+			}
+		}
+		switch g.Input {
+		case "x":
+			d := tensor.New(tensor.Float32, g.Output.Spec.LocalShape(l.rank)...)
+			if err := rt.Kernels.LinearBackwardInput(d, ins[0], ins[1]); err != nil {
+				return nil, fmt.Errorf("linear %s backward input: %w", l.Name, err)
+			}
+			var err error
+			if m := moveOf(g.Plan, g.Output.Name); m.Steps != nil {
+				if d, err = execute(ctx, rt, l.Name, g.Output.Name, m, d, l.rank); err != nil {
+					return nil, err
+				}
+			}
+			dx = d
+		case "w":
+			if l.dw == nil {
+				l.dw = tensor.New(tensor.Float32, g.Output.Spec.LocalShape(l.rank)...)
+			}
+			if err := rt.Kernels.LinearBackwardWeight(l.dw, ins[0], ins[1], l.pending); err != nil {
+				return nil, fmt.Errorf("linear %s backward weight: %w", l.Name, err)
+			}
+		case "b":
+			if l.db == nil {
+				l.db = tensor.New(tensor.Float32, g.Output.Spec.LocalShape(l.rank)...)
+			}
+			if err := rt.Kernels.LinearBackwardBias(l.db, ins[0], l.pending); err != nil {
+				return nil, fmt.Errorf("linear %s backward bias: %w", l.Name, err)
+			}
+		}
+	}
+	l.pending = l.pending || l.Grads.W || l.Grads.B
+	return dx, nil
+}
+
+// Reduce finishes the weight and bias gradients accumulated since the last
+// Reduce: it runs their collectives once (not once per micro-batch) and returns
+// them laid out as W and B (nil when not needed).
+func (l *Layer) Reduce(ctx context.Context, rt Runtime) (dw, db *tensor.Tensor, err error) {
+	if !l.pending {
+		return nil, nil, nil
+	}
+	for _, g := range l.Bwd.Grads {
+		var t *tensor.Tensor
+		switch g.Input {
+		case "w":
+			t = l.dw
+		case "b":
+			t = l.db
+		default:
+			continue
+		}
+		if m := moveOf(g.Plan, g.Output.Name); m.Steps != nil {
+			if t, err = execute(ctx, rt, l.Name, g.Output.Name, m, t, l.rank); err != nil {
+				return nil, nil, err
+			}
+		}
+		if g.Input == "w" {
+			dw = t
+		} else {
+			db = t
+		}
+	}
+	l.pending = false
+	return dw, db, nil
+}
+
+func moveOf(p *spmd.Plan, name string) spmd.Move {
+	for _, m := range p.Moves {
+		if m.Tensor == name {
+			return m
+		}
+	}
+	return spmd.Move{}
+}
+
+func dyKey(s placement.Spec) string { return placement.FormatList(s.Placements) }
+
+func checkShape(name string, t *tensor.Tensor, spec placement.Spec, rank int) error {
+	if t == nil {
+		return fmt.Errorf("%w: %s is nil", ErrConfig, name)
+	}
+	if want := spec.LocalShape(rank); !slices.Equal(t.Shape(), want) {
+		return fmt.Errorf("%w: rank %d's %s has shape %v, %s wants %v", ErrConfig, rank, name, t.Shape(), spec, want)
+	}
+	if t.DType() != tensor.Float32 {
+		return fmt.Errorf("%w: %s is %v, want float32", ErrConfig, name, t.DType())
+	}
+	return nil
+}

@@ -1,0 +1,107 @@
+package linear
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// Shard returns rank's shard of a whole tensor laid out per spec. A partial sum
+// is held by the rank at coordinate 0 of each partial mesh dim (the others hold
+// zeros); other partial ops hold copies. Both reduce back to the whole tensor
+// exactly.
+func Shard(global *tensor.Tensor, spec placement.Spec, rank int) (*tensor.Tensor, error) {
+	if !equalInts(global.Shape(), spec.Shape) {
+		return nil, fmt.Errorf("%w: tensor of shape %v for spec %s", ErrConfig, global.Shape(), spec)
+	}
+	shape, off := spec.Local(rank)
+	out := tensor.New(global.DType(), shape...)
+	copyBox(out, global, shape, off)
+	coords := spec.Mesh.Coords(rank)
+	for i, p := range spec.Placements {
+		if q, ok := p.(placement.Partial); ok && q.Op == placement.Sum && coords[i] != 0 {
+			zero(out)
+		}
+	}
+	return out, nil
+}
+
+// copyBox copies the box of global at offset off with shape into dst.
+func copyBox(dst, global *tensor.Tensor, shape, off []int) {
+	n := tensor.NumElements(shape)
+	if n == 0 {
+		return
+	}
+	gs := global.Shape()
+	idx := make([]int, len(shape))
+	inner := 1
+	if len(shape) > 0 {
+		inner = shape[len(shape)-1]
+	}
+	for k := 0; k < n; k += inner {
+		// Flat index of the row start in global.
+		g := 0
+		for d := range shape {
+			g = g*gs[d] + idx[d] + off[d]
+		}
+		switch dst.DType() {
+		case tensor.Float32:
+			copy(dst.Float32()[k:k+inner], global.Float32()[g:g+inner])
+		default:
+			copy(dst.Float64()[k:k+inner], global.Float64()[g:g+inner])
+		}
+		for d := len(shape) - 2; d >= 0; d-- {
+			idx[d]++
+			if idx[d] < shape[d] {
+				break
+			}
+			idx[d] = 0
+		}
+	}
+}
+
+func zero(t *tensor.Tensor) {
+	if t.DType() == tensor.Float32 {
+		clear(t.Float32())
+	} else {
+		clear(t.Float64())
+	}
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Gather assembles the whole tensor on every rank from this rank's shard laid
+// out per spec, by redistributing it to replicated (partial sums are reduced).
+// It is for checking and dumping results; the layer never calls it.
+func Gather(ctx context.Context, w *collective.World, spec placement.Spec, local *tensor.Tensor) (*tensor.Tensor, error) {
+	ps := make([]placement.Placement, len(spec.Placements))
+	for i := range ps {
+		ps[i] = placement.Replicate{}
+	}
+	steps, err := placement.Plan(spec, spec.WithPlacements(ps...))
+	if err != nil {
+		return nil, err
+	}
+	c, err := local.Clone()
+	if err != nil {
+		return nil, err
+	}
+	out, _, err := collective.Execute(ctx, w, steps, c.Float32())
+	if err != nil {
+		return nil, err
+	}
+	return tensor.FromFloat32(out, spec.Shape...)
+}

@@ -1,0 +1,225 @@
+package runlog
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshrun/meshrun/collective"
+)
+
+func open(t *testing.T, dir string, stdout, stderr *bytes.Buffer) *Rank {
+	t.Helper()
+	env := map[string]string{EnvRankDir: dir, "MESHRUN_JOB_ID": "j1", "RANK": "3", EnvNode: "1"}
+	o := Options{Getenv: func(k string) string { return env[k] }}
+	if stdout != nil {
+		o.Stdout = stdout
+	}
+	if stderr != nil {
+		o.Stderr = stderr
+	}
+	r, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestLogLinesCarryIdentity(t *testing.T) {
+	dir := t.TempDir()
+	var errb bytes.Buffer
+	r := open(t, dir, nil, &errb)
+	for i := 0; i < 500; i++ { // zap's production sampler would drop most of these
+		r.Log.Info("same line")
+	}
+	r.Log.Warn("careful")
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(filepath.Join(dir, LogFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		if m["job"] != "j1" || m["rank"] != 3.0 || m["node"] != 1.0 || m["pid"] != float64(os.Getpid()) || m["ts_ms"] == nil {
+			t.Fatalf("line lacks identity: %s", sc.Text())
+		}
+		n++
+	}
+	if n != 501 {
+		t.Errorf("%d lines, want 501 (no sampling)", n)
+	}
+	if got := errb.String(); got != "WARN careful\n" {
+		t.Errorf("console copy %q, want only the warning", got)
+	}
+}
+
+// traceFile is the JSON array format (with or without the closing bracket).
+func readTrace(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev []map[string]any
+	if err := json.Unmarshal(b, &ev); err != nil {
+		t.Fatalf("trace is not a JSON array: %v\n%s", err, b)
+	}
+	return ev
+}
+
+func TestSpansConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	r := open(t, dir, nil, nil)
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100; i++ {
+				sp := r.Span("allreduce", "collective", Arg{"seq", fmt.Sprint(i)})
+				time.Sleep(10 * time.Microsecond)
+				sp.End()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ev := readTrace(t, filepath.Join(dir, TraceFile))
+	spans := 0
+	type open struct{ b, e float64 }
+	byTid := map[float64][]open{}
+	for _, e := range ev {
+		if e["pid"] != 3.0 {
+			t.Fatalf("event of pid %v, want the rank (3)", e["pid"])
+		}
+		if e["ph"] == "X" {
+			spans++
+			ts, dur := e["ts"].(float64), e["dur"].(float64)
+			byTid[e["tid"].(float64)] = append(byTid[e["tid"].(float64)], open{ts, ts + dur})
+		}
+	}
+	if spans != 800 {
+		t.Errorf("%d spans, want 800", spans)
+	}
+	if len(byTid) > 8 {
+		t.Errorf("%d lanes for 8 goroutines", len(byTid))
+	}
+}
+
+func TestNoRankDir(t *testing.T) {
+	var out bytes.Buffer
+	r, err := Open(Options{Getenv: func(string) string { return "" }, Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Span("x", "y").End()
+	r.Progress(1, 2, 0.5, time.Millisecond)
+	r.Fail(errors.New("boom"))
+	if _, err := r.DumpStacks("test"); err == nil {
+		t.Error("DumpStacks without a folder succeeded")
+	}
+	r.Close()
+	if out.Len() != 0 {
+		t.Errorf("markers written outside a launcher: %q", out.String())
+	}
+	var nilRank *Rank
+	nilRank.Span("x", "y").End()
+	nilRank.Progress(1, 1, 0, 0)
+	nilRank.Close()
+}
+
+func TestProgressAndError(t *testing.T) {
+	dir := t.TempDir()
+	var out bytes.Buffer
+	r := open(t, dir, &out, nil)
+	r.Progress(7, 100, 0.25, 1500*time.Microsecond)
+	err := fmt.Errorf("step 7: %w", &collective.Error{Kind: collective.ErrPeerLost, Rank: 5, Reporter: 3, Op: "allreduce"})
+	r.Fail(err)
+	r.Fail(errors.New("second failure is not recorded"))
+	r.Close()
+	var sawHello, sawProgress bool
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		switch {
+		case strings.HasPrefix(l, Marker+"hello "):
+			sawHello = true
+		case strings.HasPrefix(l, Marker+"progress "):
+			var p Progress
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(l, Marker+"progress ")), &p); err != nil {
+				t.Fatal(err)
+			}
+			if p != (Progress{Step: 7, Total: 100, Loss: 0.25, StepMS: 1.5, Rank: 3}) {
+				t.Errorf("progress %+v", p)
+			}
+			sawProgress = true
+		}
+	}
+	if !sawHello || !sawProgress {
+		t.Errorf("markers: %q", out.String())
+	}
+	b, rerr := os.ReadFile(filepath.Join(dir, ErrorFile))
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	var rec ErrorRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Culprit == nil || *rec.Culprit != 5 || rec.Rank != 3 || rec.Node != 1 || rec.TimeMS == 0 || !strings.Contains(rec.Error, "step 7") {
+		t.Errorf("error.json: %s", b)
+	}
+}
+
+func TestStacksOnSIGUSR1(t *testing.T) {
+	dir := t.TempDir()
+	r := open(t, dir, nil, nil)
+	defer r.Close()
+	syscall.Kill(os.Getpid(), syscall.SIGUSR1)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m, _ := filepath.Glob(filepath.Join(dir, StacksPrefix+"*.txt"))
+		if len(m) == 1 {
+			b, _ := os.ReadFile(m[0])
+			if bytes.Contains(b, []byte("goroutine ")) && bytes.Contains(b, []byte("TestStacksOnSIGUSR1")) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no stack dump: %v", m)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func BenchmarkSpan(b *testing.B) {
+	env := map[string]string{EnvRankDir: b.TempDir(), "RANK": "0"}
+	r, err := Open(Options{Getenv: func(k string) string { return env[k] }, NoSignal: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			r.Span("allreduce", "collective").End()
+		}
+	})
+}

@@ -127,3 +127,22 @@ func TestSkippedGradSkipsWork(t *testing.T) {
 		}
 	}
 }
+
+func TestPresets(t *testing.T) {
+	for _, mesh := range []string{"1", "2", "3", "dp=2,tp=2"} {
+		m, _ := placement.ParseMesh(mesh)
+		for _, name := range []string{"replicated", "column", "column-gather", "row", "data-parallel", "sequence-column", "sequence-row"} {
+			t.Run(mesh+"/"+name, func(t *testing.T) {
+				cfg, err := linear.Preset(name, m, 10, 7, 5, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := layerCase{mesh: mesh, x: cfg.X.String(), w: cfg.W.String(), b: cfg.B.String(), grads: linear.AllGrads}
+				if cfg.Out != nil {
+					c.out = placement.FormatList(cfg.Out)
+				}
+				runCase(t, c)
+			})
+		}
+	}
+}

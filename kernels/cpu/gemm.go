@@ -111,6 +111,15 @@ func grow[T float](s []T, n int) []T {
 	return s[:n]
 }
 
+// growPanel is grow for packed-panel buffers (see allocPanel). A replaced buffer
+// is dropped; buffers only grow, so this happens a few times per process.
+func growPanel[T float](s []T, n int) []T {
+	if cap(s) < n {
+		return allocPanel[T](n + n/4)[:n]
+	}
+	return s[:n]
+}
+
 // block computes c[i0:i1, j0:j1] with the BLIS loop nest: jc over nc columns,
 // pc over kc of K (B panel packed once, shared by all row blocks), ic over mc rows
 // (A panel packed), then micro-panels jr and micro-tiles ir.
@@ -123,8 +132,8 @@ func (j *gemmJob[T]) block(buf *packBuf[T], i0, i1, j0, j1 int) {
 	ncb := balance(j1-j0, uk.nc, nr)
 	kcb := balance(j.k, uk.kc, 1)
 	mcb := balance(i1-i0, uk.mc, mr)
-	buf.b = grow(buf.b, kcb*ncb)
-	buf.a = grow(buf.a, kcb*mcb)
+	buf.b = growPanel(buf.b, kcb*ncb)
+	buf.a = growPanel(buf.a, kcb*mcb)
 	buf.tile = grow(buf.tile, mr*nr)
 	for jc := j0; jc < j1; jc += ncb {
 		nc := min(ncb, j1-jc)

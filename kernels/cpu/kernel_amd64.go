@@ -16,9 +16,6 @@ func sgemmAVX512(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, ma
 //go:noescape
 func sgemmAVX512x12(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, mask uint64, alpha, beta float32)
 
-//go:noescape
-func sgemmAVX512x6(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, mask uint64, alpha, beta float32)
-
 // transpose16x16 sets dst[k*ldd+j] = src[j*lds+k] for j, k < 16 (AVX-512F).
 //
 //go:noescape
@@ -34,30 +31,26 @@ func sgemmAVX2(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, mask
 func dgemmAVX2(kc int, a, b *float64, ldb int, c *float64, ldc int, mr int, mask uint64, alpha, beta float64)
 
 func init() {
-	hasAVX512 := cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL
-	if hasAVX512 {
+	// Lists are best first and end with the portable Go kernel. The float64 list
+	// has one entry per float32 entry, under the same names.
+	var k32 []*ukernel[float32]
+	var k64 []*ukernel[float64]
+	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL {
 		packBTrans32 = packBTransAVX512
-		kernels32 = append([]*ukernel[float32]{{name: "avx512", mr: 8, nr: 48, masked: true, fn: sgemmAVX512,
-			mc: 96, kc: 1024, nc: 4128}}, kernels32...)
-		kernels64 = append([]*ukernel[float64]{{name: "avx512", mr: 8, nr: 24, masked: true, fn: dgemmAVX512,
-			mc: 128, kc: 256, nc: 2040}}, kernels64...)
-		kernels32 = append(kernels32[:1:1], append([]*ukernel[float32]{
-			{name: "avx512x12", mr: 12, nr: 32, masked: true, fn: sgemmAVX512x12, mc: 96, kc: 1024, nc: 4096},
-			{name: "avx512x6", mr: 6, nr: 64, masked: true, fn: sgemmAVX512x6, mc: 96, kc: 1024, nc: 4096},
-		}, kernels32[1:]...)...)
-		kernels64 = append(kernels64[:1:1], append([]*ukernel[float64]{kernels64[0], kernels64[0]}, kernels64[1:]...)...)
+		d := &ukernel[float64]{name: "avx512", mr: 8, nr: 24, masked: true, fn: dgemmAVX512, mc: 128, kc: 512, nc: 2040}
+		k32 = append(k32,
+			&ukernel[float32]{name: "avx512", mr: 8, nr: 48, masked: true, fn: sgemmAVX512, mc: 96, kc: 1024, nc: 4128},
+			&ukernel[float32]{name: "avx512x12", mr: 12, nr: 32, masked: true, fn: sgemmAVX512x12, mc: 96, kc: 1024, nc: 4096})
+		d12 := *d
+		d12.name = "avx512x12"
+		k64 = append(k64, d, &d12)
 	}
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
-		kernels32 = insertBeforeGeneric(kernels32, &ukernel[float32]{name: "avx2", mr: 6, nr: 16, fn: sgemmAVX2,
-			mc: 144, kc: 256, nc: 4080})
-		kernels64 = insertBeforeGeneric(kernels64, &ukernel[float64]{name: "avx2", mr: 6, nr: 8, fn: dgemmAVX2,
-			mc: 96, kc: 256, nc: 2040})
+		k32 = append(k32, &ukernel[float32]{name: "avx2", mr: 6, nr: 16, fn: sgemmAVX2, mc: 144, kc: 512, nc: 4080})
+		k64 = append(k64, &ukernel[float64]{name: "avx2", mr: 6, nr: 8, fn: dgemmAVX2, mc: 96, kc: 512, nc: 2040})
 	}
-}
-
-func insertBeforeGeneric[T float](ks []*ukernel[T], k *ukernel[T]) []*ukernel[T] {
-	n := len(ks)
-	return append(ks[:n-1:n-1], k, ks[n-1])
+	kernels32 = append(k32, kernels32...)
+	kernels64 = append(k64, kernels64...)
 }
 
 // packBTransAVX512 packs a transposed float32 B panel with 16×16 register

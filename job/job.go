@@ -31,6 +31,8 @@ var workloads = map[string]struct {
 	"exit":    {exitCode, "exit CODE [RANK]: exit CODE (only on rank RANK; the others wait to be stopped)"},
 	"sleep":   {sleep, "sleep DUR, exit 0"},
 	"barrier": {barrier, "join the job over NATS, pass one barrier, print the time from start"},
+	"linear":  {linearWorkload, "one sharded linear layer forward and backward, checked against float64 (--mesh --x --w [--b] ...)"},
+	"mlp":     {mlpWorkload, "train the Megatron MLP block (--mesh --tokens --hidden --ffn --steps [--sequence-parallel])"},
 }
 
 // ExitUsage is the exit code for bad arguments.

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/kernels"
@@ -32,6 +33,8 @@ type Runtime struct {
 	// Record, if set, receives every step the layer executes, with the tensor it
 	// moved ("x", "y", "dw"...).
 	Record func(tensor string, ex collective.Executed)
+	// Observe, if set, receives the wall time of every redistribution.
+	Observe func(tensor string, d time.Duration)
 }
 
 // Config describes a layer: how x, W and b are laid out (B nil: no bias), the
@@ -176,7 +179,11 @@ func (l *Layer) move(ctx context.Context, rt Runtime, name string, t *tensor.Ten
 
 // execute runs one move's steps on a float32 tensor.
 func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t *tensor.Tensor, rank int) (*tensor.Tensor, error) {
+	start := time.Now()
 	out, log, err := collective.Execute(ctx, rt.World, m.Steps, t.Float32())
+	if rt.Observe != nil {
+		rt.Observe(name, time.Since(start))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("linear %s: moving %s %s -> %s: %w", layer, name, m.From, m.To, err)
 	}

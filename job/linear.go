@@ -1,0 +1,235 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// linearArgs are the flags of `worker linear`.
+type linearArgs struct {
+	mesh, x, w, b, out, grads, load, dump, kernels string
+	seed                                           uint64
+}
+
+func (a linearArgs) config() (linear.Config, error) {
+	m, err := placement.ParseMesh(a.mesh)
+	if err != nil {
+		return linear.Config{}, fmt.Errorf("--mesh: %w", err)
+	}
+	cfg := linear.Config{Name: "linear"}
+	if cfg.X, err = placement.ParseSpec(a.x, m); err != nil {
+		return cfg, fmt.Errorf("--x: %w", err)
+	}
+	if cfg.W, err = placement.ParseSpec(a.w, m); err != nil {
+		return cfg, fmt.Errorf("--w: %w", err)
+	}
+	if a.b != "" {
+		b, err := placement.ParseSpec(a.b, m)
+		if err != nil {
+			return cfg, fmt.Errorf("--b: %w", err)
+		}
+		cfg.B = &b
+	}
+	if a.out != "" {
+		if cfg.Out, err = placement.ParseList(a.out); err != nil {
+			return cfg, fmt.Errorf("--out: %w", err)
+		}
+	}
+	for _, g := range strings.Split(a.grads, ",") {
+		switch g {
+		case "x":
+			cfg.Grads.X = true
+		case "w":
+			cfg.Grads.W = true
+		case "b":
+			cfg.Grads.B = true
+		case "", "none":
+		default:
+			return cfg, fmt.Errorf("--grads: %q is not x, w or b", g)
+		}
+	}
+	// Plan now: a layout the rules refuse is a usage error, reported before work.
+	_, err = linear.New(cfg, 0)
+	return cfg, err
+}
+
+// LinearReport is the JSON line `worker linear` prints on rank 0.
+type LinearReport struct {
+	Mesh        string             `json:"mesh"`
+	X           string             `json:"x"`
+	W           string             `json:"w"`
+	B           string             `json:"b,omitempty"`
+	Y           string             `json:"y"`
+	MaxRelErr   float64            `json:"max_rel_err"`
+	Errors      map[string]float64 `json:"errors"`
+	Collectives []linear.Comm      `json:"collectives"`
+	PlanMatch   bool               `json:"plan_match"`
+	ForwardMS   float64            `json:"forward_ms"`
+	BackwardMS  float64            `json:"backward_ms"`
+}
+
+func linearWorkload(ctx context.Context, env Env) int {
+	var a linearArgs
+	fs := newFlags("linear")
+	fs.StringVar(&a.mesh, "mesh", "", "device mesh, e.g. tp=4 or dp=2,tp=2")
+	fs.StringVar(&a.x, "x", "", "input as SHAPE:[PLACEMENTS], e.g. 8x16:[S(0)]")
+	fs.StringVar(&a.w, "w", "", "weight [N,K] as SHAPE:[PLACEMENTS]")
+	fs.StringVar(&a.b, "b", "", "bias [N] as SHAPE:[PLACEMENTS] (none: no bias)")
+	fs.StringVar(&a.out, "out", "", "layout the consumer wants for y")
+	fs.StringVar(&a.grads, "grads", "x,w,b", "gradients to compute: x,w,b or none")
+	fs.StringVar(&a.load, "load", "", "read x.npy, w.npy, b.npy, dy.npy (float32, whole tensors) from DIR")
+	fs.StringVar(&a.dump, "dump", "", "write y.npy, dx.npy, dw.npy, db.npy (whole tensors) to DIR on rank 0")
+	fs.Uint64Var(&a.seed, "seed", 1, "seed of the random inputs")
+	fs.StringVar(&a.kernels, "kernels", "cpu", "kernel provider: cpu, openblas, cuda, or per op")
+	if err := fs.Parse(env.Args[1:]); err != nil {
+		return usageError(env, "linear", err)
+	}
+	cfg, err := a.config()
+	if err != nil {
+		return usageError(env, "linear", err)
+	}
+	if err := cfg.X.Mesh.Validate(worldSize(env, cfg.X.Mesh.Size())); err != nil {
+		return usageError(env, "linear", err)
+	}
+	k, err := dispatcher(a.kernels)
+	if err != nil {
+		return usageError(env, "linear", err)
+	}
+	data := linear.RandomData(cfg.X.Shape, cfg.W.Shape[0], cfg.B != nil, a.seed)
+	if a.load != "" {
+		if data, err = loadData(a.load, cfg); err != nil {
+			return usageError(env, "linear", err)
+		}
+	}
+	var mu sync.Mutex
+	var report *LinearReport
+	err = ranks(ctx, env, cfg.X.Mesh.Size(), func(ctx context.Context, w *collective.World) error {
+		l, err := linear.New(cfg, w.Rank())
+		if err != nil {
+			return err
+		}
+		res, err := linear.Run(ctx, linear.Runtime{World: w, Kernels: k}, l, data)
+		if err != nil {
+			return err
+		}
+		errs, err := linear.Check(ctx, w, l, data, res)
+		if err != nil {
+			return err
+		}
+		if a.dump != "" {
+			if err := dump(ctx, w, l, res, a.dump); err != nil {
+				return err
+			}
+		}
+		if w.Rank() != 0 {
+			return nil
+		}
+		r := &LinearReport{Mesh: cfg.X.Mesh.String(), X: cfg.X.String(), W: cfg.W.String(), Y: l.Fwd.Final.Spec.String(),
+			Errors: errs, Collectives: res.Executed, ForwardMS: ms(res.Forward), BackwardMS: ms(res.Backward)}
+		if cfg.B != nil {
+			r.B = cfg.B.String()
+		}
+		if r.Collectives == nil {
+			r.Collectives = []linear.Comm{}
+		}
+		for _, e := range errs {
+			r.MaxRelErr = max(r.MaxRelErr, e)
+		}
+		r.PlanMatch = slices.EqualFunc(res.Executed, l.Planned(), sameComm)
+		mu.Lock()
+		report = r
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return failure(env, "linear", err)
+	}
+	if report == nil {
+		return 0 // not rank 0
+	}
+	printJSON(env.Stdout, report)
+	if report.MaxRelErr > 1e-5 || !report.PlanMatch {
+		return 1
+	}
+	return 0
+}
+
+func sameComm(a, b linear.Comm) bool {
+	return a.Kind == b.Kind && a.Tensor == b.Tensor && slices.Equal(a.MeshDims, b.MeshDims) && a.Count == b.Count && a.Bytes == b.Bytes
+}
+
+func loadData(dir string, cfg linear.Config) (*linear.Data, error) {
+	d := &linear.Data{}
+	for _, f := range []struct {
+		name  string
+		dst   **tensor.Tensor
+		shape []int
+		opt   bool
+	}{
+		{"x", &d.X, cfg.X.Shape, false},
+		{"w", &d.W, cfg.W.Shape, false},
+		{"b", &d.B, nil, cfg.B == nil},
+		{"dy", &d.DY, nil, false},
+	} {
+		if f.opt {
+			continue
+		}
+		t, err := tensor.Load(filepath.Join(dir, f.name+".npy"))
+		if err != nil {
+			return nil, err
+		}
+		if t.DType() != tensor.Float32 {
+			return nil, fmt.Errorf("%s.npy is %v, want float32", f.name, t.DType())
+		}
+		if f.shape != nil && !slices.Equal(t.Shape(), f.shape) {
+			return nil, fmt.Errorf("%s.npy has shape %v, --%s says %v", f.name, t.Shape(), f.name, f.shape)
+		}
+		*f.dst = t
+	}
+	if cfg.B != nil && !slices.Equal(d.B.Shape(), cfg.B.Shape) {
+		return nil, fmt.Errorf("b.npy has shape %v, --b says %v", d.B.Shape(), cfg.B.Shape)
+	}
+	want := append(slices.Clone(cfg.X.Shape[:len(cfg.X.Shape)-1]), cfg.W.Shape[0])
+	if !slices.Equal(d.DY.Shape(), want) {
+		return nil, fmt.Errorf("dy.npy has shape %v, want %v", d.DY.Shape(), want)
+	}
+	return d, nil
+}
+
+// dump assembles y and the gradients and writes them on rank 0.
+func dump(ctx context.Context, w *collective.World, l *linear.Layer, res *linear.Result, dir string) error {
+	items := []struct {
+		name string
+		spec placement.Spec
+		t    *tensor.Tensor
+	}{{"y", l.Fwd.Final.Spec, res.Y}}
+	for _, g := range l.Bwd.Grads {
+		t := map[string]*tensor.Tensor{"x": res.DX, "w": res.DW, "b": res.DB}[g.Input]
+		items = append(items, struct {
+			name string
+			spec placement.Spec
+			t    *tensor.Tensor
+		}{"d" + g.Input, g.Final.Spec, t})
+	}
+	var errs []error
+	for _, it := range items {
+		full, err := linear.Gather(ctx, w, it.spec, it.t)
+		if err != nil {
+			return err
+		}
+		if w.Rank() == 0 {
+			errs = append(errs, full.Save(filepath.Join(dir, it.name+".npy")))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,149 @@
+package job
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/placement"
+)
+
+// MLPReport is the JSON line `worker mlp` prints on rank 0 at the end.
+type MLPReport struct {
+	Mesh             string         `json:"mesh"`
+	SequenceParallel bool           `json:"sequence_parallel"`
+	Tokens           int            `json:"tokens"`
+	Hidden           int            `json:"hidden"`
+	FFN              int            `json:"ffn"`
+	Steps            int            `json:"steps"`
+	LossFirst        float64        `json:"loss_first"`
+	LossLast         float64        `json:"loss_last"`
+	StepMSMedian     float64        `json:"step_ms_median"`
+	GFLOPs           float64        `json:"gflops"`
+	CommBytesPerStep int64          `json:"comm_bytes_per_step"`
+	Collectives      map[string]int `json:"collectives_per_step"`
+	// Per step, median: time in local kernels and in redistributions, and the
+	// rest (the runtime's overhead).
+	KernelMS   float64 `json:"kernel_ms"`
+	CommMS     float64 `json:"comm_ms"`
+	OverheadMS float64 `json:"overhead_ms"`
+}
+
+func mlpWorkload(ctx context.Context, env Env) int {
+	fs := newFlags("mlp")
+	mesh := fs.String("mesh", "", "device mesh (default tp=WORLD_SIZE)")
+	sp := fs.Bool("sequence-parallel", false, "split tokens over tp outside the block")
+	cfg := linear.MLPConfig{}
+	fs.IntVar(&cfg.Tokens, "tokens", 512, "tokens per step")
+	fs.IntVar(&cfg.Hidden, "hidden", 1024, "hidden size")
+	fs.IntVar(&cfg.FFN, "ffn", 0, "ffn size (default 4 x hidden)")
+	steps := fs.Int("steps", 20, "training steps")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of parameters and data")
+	lr := fs.Float64("lr", 0.05, "SGD learning rate")
+	kern := fs.String("kernels", "cpu", "kernel provider")
+	if err := fs.Parse(env.Args[1:]); err != nil {
+		return usageError(env, "mlp", err)
+	}
+	if *mesh == "" {
+		*mesh = "tp=" + strconv.Itoa(worldSize(env, 1))
+	}
+	m, err := placement.ParseMesh(*mesh)
+	if err != nil {
+		return usageError(env, "mlp", fmt.Errorf("--mesh: %w", err))
+	}
+	if err := m.Validate(worldSize(env, m.Size())); err != nil {
+		return usageError(env, "mlp", err)
+	}
+	if cfg.FFN == 0 {
+		cfg.FFN = 4 * cfg.Hidden
+	}
+	if *steps < 1 || cfg.Tokens < 1 || cfg.Hidden < 1 || cfg.FFN < 1 {
+		return usageError(env, "mlp", fmt.Errorf("--steps, --tokens, --hidden and --ffn must be positive"))
+	}
+	cfg.Mesh, cfg.SequenceParallel, cfg.LR = m, *sp, float32(*lr)
+	if _, err := linear.NewMLP(cfg, 0); err != nil {
+		return usageError(env, "mlp", err)
+	}
+	k, err := dispatcher(*kern)
+	if err != nil {
+		return usageError(env, "mlp", err)
+	}
+	var report *MLPReport
+	var mu sync.Mutex
+	err = ranks(ctx, env, m.Size(), func(ctx context.Context, w *collective.World) error {
+		block, err := linear.NewMLP(cfg, w.Rank())
+		if err != nil {
+			return err
+		}
+		var kernelT, commT time.Duration
+		var bytes int64
+		counts := map[string]int{}
+		rt := linear.Runtime{World: w,
+			Kernels: linear.Timed{Kernels: k, Observe: func(_ string, d time.Duration) { kernelT += d }},
+			Observe: func(_ string, d time.Duration) { commT += d },
+			Record: func(name string, ex collective.Executed) {
+				if len(ex.Group) > 1 && ex.Kind.Moves() {
+					bytes += ex.Bytes
+					counts[ex.Kind.String()+" "+name]++
+				}
+			}}
+		var stepMS, kernMS, commMS []float64
+		var first, last float64
+		for s := 1; s <= *steps; s++ {
+			kernelT, commT, bytes = 0, 0, 0
+			clear(counts)
+			start := time.Now()
+			loss, err := block.Step(ctx, rt)
+			if err != nil {
+				return err
+			}
+			d := time.Since(start)
+			stepMS, kernMS, commMS = append(stepMS, ms(d)), append(kernMS, ms(kernelT)), append(commMS, ms(commT))
+			if s == 1 {
+				first = loss
+			}
+			last = loss
+			if w.Rank() == 0 {
+				fmt.Fprintf(env.Stdout, "step %d/%d loss %.6f time %.2f ms\n", s, *steps, loss, ms(d))
+			}
+		}
+		if w.Rank() != 0 {
+			return nil
+		}
+		r := &MLPReport{Mesh: m.String(), SequenceParallel: cfg.SequenceParallel, Tokens: cfg.Tokens, Hidden: cfg.Hidden,
+			FFN: cfg.FFN, Steps: *steps, LossFirst: first, LossLast: last, StepMSMedian: median(stepMS),
+			CommBytesPerStep: bytes, Collectives: map[string]int{}, KernelMS: median(kernMS), CommMS: median(commMS)}
+		for k, v := range counts {
+			r.Collectives[k] = v
+		}
+		r.GFLOPs = cfg.FLOPsPerStep() / (r.StepMSMedian / 1e3) / 1e9
+		r.OverheadMS = r.StepMSMedian - r.KernelMS - r.CommMS
+		mu.Lock()
+		report = r
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return failure(env, "mlp", err)
+	}
+	if report != nil {
+		printJSON(env.Stdout, report)
+	}
+	return 0
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}

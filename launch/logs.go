@@ -1,10 +1,8 @@
 package launch
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -30,6 +28,7 @@ type JobRecord struct {
 	Started  time.Time         `json:"started"`
 	NNodes   int               `json:"nnodes"`
 	World    int               `json:"world_size"`
+	NodeRank int               `json:"node_rank"`
 	NATSURL  string            `json:"nats_url"`
 	Env      map[string]string `json:"env"` // variables set for every rank (rank-specific ones in Ranks)
 	Ranks    []RankRecord      `json:"ranks"`
@@ -48,25 +47,77 @@ type RankRecord struct {
 // Summary is summary.json: how every rank ended and why the job ended.
 type Summary struct {
 	JobID    string `json:"job_id"`
+	Node     int    `json:"node"`
+	NNodes   int    `json:"nnodes"`
 	ExitCode int    `json:"exit_code"`
 	// Reason: "ok", "rank_failed", "timeout", "interrupted".
 	Reason string `json:"reason"`
-	// RootCause is the rank whose failure ended the job; nil when none did.
-	RootCause *int `json:"root_cause_rank"`
-	// Victims are the ranks the launcher tore down because of the root cause,
-	// the timeout or an interrupt.
-	Victims    []int         `json:"victims"`
+	// RootCauseRank is the rank whose failure ended the job; nil when none did.
+	RootCauseRank *int `json:"root_cause_rank"`
+	// RootCause tells how the root-cause rank failed; with several nodes it may
+	// be another node's rank (the first failure across nodes).
+	RootCause *RootCause `json:"root_cause,omitempty"`
+	// Victims are this node's ranks the launcher tore down because of the root
+	// cause, the timeout or an interrupt.
+	Victims []int `json:"victims"`
+	// Notice is the first collective failure a rank announced (it names the
+	// culprit rank the collective layer blamed).
+	Notice *NoticeReport `json:"collective_failure,omitempty"`
+	// Hangs are the collectives --hang-after found stuck.
+	Hangs      []HangReport  `json:"hangs,omitempty"`
 	DurationMS int64         `json:"duration_ms"`
 	Ranks      []RankOutcome `json:"ranks"`
+}
+
+// RootCause is the first rank to fail.
+type RootCause struct {
+	Rank     int    `json:"rank"`
+	Node     int    `json:"node"`
+	ExitCode int    `json:"exit_code"`
+	Signal   string `json:"signal,omitempty"`
+	// TimeMS is when its failure was seen, in Unix milliseconds.
+	TimeMS int64 `json:"time_ms"`
+	// Error is its error.json (runlog) or why it did not start.
+	Error string `json:"error,omitempty"`
+	// Culprit is the rank its error names (e.g. the peer a collective lost).
+	Culprit *int `json:"culprit_rank,omitempty"`
+}
+
+// NoticeReport is a collective failure as the ranks announced it.
+type NoticeReport struct {
+	TimeMS   int64  `json:"time_ms"`
+	Code     string `json:"code"`
+	Culprit  int    `json:"culprit_rank"`
+	Reporter int    `json:"reporter_rank"`
+	Op       string `json:"op,omitempty"`
+	Seq      uint64 `json:"seq,omitempty"`
+	Group    string `json:"group,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+// HangReport is a collective that waited longer than --hang-after.
+type HangReport struct {
+	TimeMS  int64  `json:"time_ms"`
+	Op      string `json:"op"`
+	Seq     uint64 `json:"seq"`
+	Group   string `json:"group"`
+	Waiting []int  `json:"waiting"`
+	Missing []int  `json:"missing"`
+	// WaitingMS is how long the first rank has waited.
+	WaitingMS int64 `json:"waiting_ms"`
+	// States are the missing local ranks' process states ("T (stopped)").
+	States map[string]string `json:"process_states,omitempty"`
 }
 
 // RankOutcome is how one rank ended.
 type RankOutcome struct {
 	Rank       int    `json:"rank"`
+	Node       int    `json:"node"`
 	PID        int    `json:"pid"`
 	ExitCode   int    `json:"exit_code"` // 128+signal when signalled
 	Signal     string `json:"signal,omitempty"`
 	DurationMS int64  `json:"duration_ms"`
+	EndMS      int64  `json:"end_ms,omitempty"` // Unix milliseconds
 	Error      string `json:"error,omitempty"`
 }
 
@@ -112,55 +163,3 @@ func (e *events) emit(name string, kv ...any) {
 }
 
 func (e *events) close() error { return e.f.Close() }
-
-// console serializes the prefixed lines of every rank onto one writer, so
-// lines of different ranks never interleave mid-line.
-type console struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (c *console) writeLine(prefix, line []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	buf := make([]byte, 0, len(prefix)+len(line)+1)
-	buf = append(append(append(buf, prefix...), line...), '\n')
-	c.w.Write(buf)
-}
-
-// prefixer splits what a rank writes into lines and sends each, prefixed
-// "node:rank| ", to the console. A last line without a newline is sent by Close.
-type prefixer struct {
-	c      *console
-	prefix []byte
-	buf    []byte
-}
-
-func newPrefixer(c *console, node, rank int) *prefixer {
-	return &prefixer{c: c, prefix: fmt.Appendf(nil, "%d:%d| ", node, rank)}
-}
-
-func (p *prefixer) Write(b []byte) (int, error) {
-	p.buf = append(p.buf, b...)
-	for {
-		i := bytes.IndexByte(p.buf, '\n')
-		if i < 0 {
-			break
-		}
-		p.c.writeLine(p.prefix, bytes.TrimSuffix(p.buf[:i], []byte{'\r'}))
-		p.buf = p.buf[i+1:]
-	}
-	if len(p.buf) == 0 {
-		p.buf = nil // release the grown array between bursts
-	}
-	return len(b), nil
-}
-
-// Close flushes a last partial line.
-func (p *prefixer) Close() error {
-	if len(p.buf) > 0 {
-		p.c.writeLine(p.prefix, p.buf)
-		p.buf = nil
-	}
-	return nil
-}

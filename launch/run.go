@@ -40,11 +40,21 @@ const runUsage = `usage: launcher run [flags] WORKLOAD [ARGS...]     runs "worke
        launcher run [flags] -- PROGRAM [ARGS...]      runs any program on every rank
 
 flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
-  -n, --nproc-per-node N|cpu   ranks on this machine (cpu: one per core)
+  -n, --nproc-per-node N|cpu|gpu  ranks on this machine (cpu: one per core; gpu: one per
+                               GPU, cuda builds only)
+  --device cpu|cuda            cuda: one GPU per rank through CUDA_VISIBLE_DEVICES (default cpu)
+  --nnodes N                   machines in the job, one launcher each (default 1)
+  --node-rank K                this machine's index, 0..N-1; RANK = K*nproc + LOCAL_RANK
+  --nats URL[,URL]             an external NATS for several machines (default: embedded,
+                               127.0.0.1, random port); needs --nats-creds and --job-id
+  --nats-creds FILE            0600 credentials file of the job's NATS user (with --nats)
   --job-id ID                  job id (default a new UUIDv7)
   --log-dir DIR                where runs/<job-id>/ goes (default ./runs)
+  --console all|none|RANKS     ranks shown on the console, e.g. 0,4-7 (default all)
   --grace DUR                  time between SIGTERM and SIGKILL on teardown (default 10s)
   --timeout DUR                end the job after DUR, exit 124 (default none)
+  --hang-after DUR             name the ranks missing from a collective the others have
+                               waited in for DUR, and dump every rank's stacks (default off)
   --worker PATH                worker binary (default: "worker" next to the launcher)
   --dry-run                    print the rank table and exit
 `
@@ -52,8 +62,22 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
 // RunOptions are the flags of `launcher run`. The zero value of every field but
 // Command means its default.
 type RunOptions struct {
-	// NprocPerNode is "N" or "cpu"; default 1.
+	// NprocPerNode is "N", "cpu" or "gpu"; default 1.
 	NprocPerNode string
+	// Device is "cpu" (default) or "cuda" (one GPU per rank).
+	Device string
+	// NNodes is the number of launchers in the job (default 1); NodeRank is
+	// this one's index.
+	NNodes, NodeRank int
+	// NATS is an external server's URL (required with NNodes > 1); empty
+	// starts an embedded server on loopback. NATSCreds is the job user's
+	// credentials file for it.
+	NATS, NATSCreds string
+	// Console is "all" (default), "none" or a rank list like "0,4-7".
+	Console string
+	// HangAfter enables hang diagnosis: a collective waited in for this long
+	// names its missing ranks; 0 disables it.
+	HangAfter time.Duration
 	// JobID names the job: letters, digits, '-' and '_'; default a UUIDv7.
 	JobID string
 	// LogDir holds one folder per job; default "runs".
@@ -83,7 +107,8 @@ type RunOptions struct {
 var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // runFlagNames are the flags that may also come from MESHRUN_<FLAG>.
-var runFlagNames = []string{"nproc-per-node", "job-id", "log-dir", "grace", "timeout", "worker", "dry-run"}
+var runFlagNames = []string{"nproc-per-node", "device", "nnodes", "node-rank", "nats", "nats-creds", "job-id", "log-dir",
+	"console", "grace", "timeout", "hang-after", "worker", "dry-run"}
 
 // EnvName is the environment variable that sets a `launcher run` flag.
 func EnvName(flagName string) string {
@@ -93,11 +118,18 @@ func EnvName(flagName string) string {
 // ParseRunFlags reads `launcher run` flags; getenv supplies MESHRUN_<FLAG>
 // defaults (flags on the command line win). Errors are usage errors.
 func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error) {
-	o := RunOptions{NprocPerNode: "1", LogDir: "runs", Grace: 10 * time.Second}
+	o := RunOptions{NprocPerNode: "1", LogDir: "runs", Grace: 10 * time.Second, Device: "cpu", NNodes: 1, Console: "all"}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.NprocPerNode, "nproc-per-node", o.NprocPerNode, "ranks on this machine: N or cpu")
 	fs.StringVar(&o.NprocPerNode, "n", o.NprocPerNode, "short for --nproc-per-node")
+	fs.StringVar(&o.Device, "device", o.Device, "cpu or cuda")
+	fs.IntVar(&o.NNodes, "nnodes", o.NNodes, "machines")
+	fs.IntVar(&o.NodeRank, "node-rank", 0, "this machine's index")
+	fs.StringVar(&o.NATS, "nats", "", "external NATS URL")
+	fs.StringVar(&o.NATSCreds, "nats-creds", "", "credentials file for --nats")
+	fs.StringVar(&o.Console, "console", o.Console, "all, none or ranks")
+	fs.DurationVar(&o.HangAfter, "hang-after", 0, "hang diagnosis threshold")
 	fs.StringVar(&o.JobID, "job-id", "", "job id (default a UUIDv7)")
 	fs.StringVar(&o.LogDir, "log-dir", o.LogDir, "log directory")
 	fs.DurationVar(&o.Grace, "grace", o.Grace, "SIGTERM to SIGKILL")
@@ -143,6 +175,35 @@ func (o RunOptions) Validate() error {
 	if o.Grace < 0 {
 		p = append(p, fmt.Sprintf("--grace %v: must not be negative", o.Grace))
 	}
+	if o.HangAfter < 0 {
+		p = append(p, fmt.Sprintf("--hang-after %v: must not be negative", o.HangAfter))
+	}
+	switch o.Device {
+	case "", "cpu", "cuda":
+	default:
+		p = append(p, fmt.Sprintf("--device %q: want cpu or cuda", o.Device))
+	}
+	if o.NNodes < 0 || o.NNodes > 1<<16 {
+		p = append(p, fmt.Sprintf("--nnodes %d: want 1 or more", o.NNodes))
+	}
+	if o.NodeRank < 0 || o.NodeRank >= max(o.NNodes, 1) {
+		p = append(p, fmt.Sprintf("--node-rank %d: want 0 to %d", o.NodeRank, max(o.NNodes, 1)-1))
+	}
+	if o.NNodes > 1 && o.NATS == "" {
+		p = append(p, "--nnodes > 1 needs --nats URL (the NATS server every launcher reaches)")
+	}
+	if o.NNodes > 1 && o.JobID == "" {
+		p = append(p, "--nnodes > 1 needs --job-id (the same on every node)")
+	}
+	if o.NATS != "" && o.NATSCreds == "" {
+		p = append(p, "--nats needs --nats-creds FILE (the job user's credentials, handed to the ranks)")
+	}
+	if o.NATS == "" && o.NATSCreds != "" {
+		p = append(p, "--nats-creds without --nats: the embedded server makes its own")
+	}
+	if _, err := o.consoleFilter(); err != nil {
+		p = append(p, err.Error())
+	}
 	if o.Timeout < 0 {
 		p = append(p, fmt.Sprintf("--timeout %v: must not be negative", o.Timeout))
 	}
@@ -168,7 +229,14 @@ func (o RunOptions) nproc() (int, error) {
 	case "cpu":
 		return runtime.NumCPU(), nil
 	case "gpu":
-		return 0, errors.New("--nproc-per-node gpu: needs a cuda build; use N or cpu")
+		n, err := gpuCount()
+		if err != nil {
+			return 0, fmt.Errorf("--nproc-per-node gpu: %v", err)
+		}
+		if n < 1 {
+			return 0, errors.New("--nproc-per-node gpu: no GPU visible")
+		}
+		return n, nil
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 {
@@ -177,10 +245,38 @@ func (o RunOptions) nproc() (int, error) {
 	return n, nil
 }
 
+// consoleFilter resolves --console into which ranks the console shows.
+func (o RunOptions) consoleFilter() (func(int) bool, error) {
+	switch o.Console {
+	case "", "all":
+		return func(int) bool { return true }, nil
+	case "none":
+		return func(int) bool { return false }, nil
+	}
+	set, err := ParseRanks(o.Console)
+	if err != nil {
+		return nil, fmt.Errorf("--console: %v; want all, none or ranks like 0,4-7", err)
+	}
+	return func(r int) bool { return set[r] }, nil
+}
+
+// device is --device, with -n gpu implying cuda.
+func (o RunOptions) device() string {
+	if o.NprocPerNode == "gpu" {
+		return "cuda"
+	}
+	if o.Device == "" {
+		return "cpu"
+	}
+	return o.Device
+}
+
 // rankSpec is one rank of the job as the launcher starts it.
 type rankSpec struct {
 	Rank, LocalRank, Node int
 	GOMAXPROCS            int
+	// GPU is the CUDA_VISIBLE_DEVICES of a cuda rank, "" on cpu.
+	GPU string
 }
 
 // job is validated options with every default filled in.
@@ -192,6 +288,7 @@ type job struct {
 	path   string   // program to execute
 	args   []string // its arguments
 	nnodes int
+	world  int // ranks on every node
 }
 
 // resolve fills in defaults: job id, worker path, rank table.
@@ -199,7 +296,7 @@ func (o RunOptions) resolve() (*job, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	j := &job{RunOptions: o, nnodes: 1}
+	j := &job{RunOptions: o, nnodes: max(o.NNodes, 1)}
 	j.id = o.JobID
 	if j.id == "" {
 		u, err := uuid.NewV7()
@@ -217,8 +314,23 @@ func (o RunOptions) resolve() (*job, error) {
 	if procs < 1 {
 		procs = 1
 	}
-	for r := 0; r < n; r++ {
-		j.ranks = append(j.ranks, rankSpec{Rank: r, LocalRank: r, Node: 0, GOMAXPROCS: procs})
+	j.world = n * j.nnodes
+	var gpus []string
+	if o.device() == "cuda" {
+		// One GPU per rank, drawn from what this launcher may use.
+		if v := os.Getenv("CUDA_VISIBLE_DEVICES"); v != "" {
+			gpus = strings.Split(v, ",")
+		}
+	}
+	for l := 0; l < n; l++ {
+		s := rankSpec{Rank: o.NodeRank*n + l, LocalRank: l, Node: o.NodeRank, GOMAXPROCS: procs}
+		if o.device() == "cuda" {
+			s.GPU = strconv.Itoa(l)
+			if len(gpus) > 0 {
+				s.GPU = strings.TrimSpace(gpus[l%len(gpus)])
+			}
+		}
+		j.ranks = append(j.ranks, s)
 	}
 	if o.Program {
 		j.path, j.args = o.Command[0], o.Command[1:]
@@ -251,12 +363,17 @@ func (o RunOptions) workerPath() (string, error) {
 
 // printTable writes the rank table of a dry run.
 func (j *job) printTable(w io.Writer) {
-	fmt.Fprintf(w, "job %s: %d node, %d ranks, logs in %s\n", j.id, j.nnodes, len(j.ranks), j.dir)
+	fmt.Fprintf(w, "job %s: node %d of %d, %d of %d ranks here, device %s, logs in %s\n",
+		j.id, j.NodeRank, j.nnodes, len(j.ranks), j.world, j.device(), j.dir)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tRANK\tLOCAL_RANK\tGOMAXPROCS\tCOMMAND")
+	fmt.Fprintln(tw, "NODE\tRANK\tLOCAL_RANK\tGOMAXPROCS\tGPU\tCOMMAND")
 	cmd := strings.Join(append([]string{j.path}, j.args...), " ")
 	for _, r := range j.ranks {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\n", r.Node, r.Rank, r.LocalRank, r.GOMAXPROCS, cmd)
+		gpu := r.GPU
+		if gpu == "" {
+			gpu = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\n", r.Node, r.Rank, r.LocalRank, r.GOMAXPROCS, gpu, cmd)
 	}
 	tw.Flush()
 }

@@ -1,0 +1,303 @@
+package launch
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshrun/meshrun/runlog"
+)
+
+// collapseWindow is how long the console holds a line to see whether other
+// ranks print the same one, which it then shows once as "ranks[1-7]: msg".
+const collapseWindow = 150 * time.Millisecond
+
+// Time layouts: the console shows the time of day, the rank logs the full time.
+const (
+	consoleStamp = "15:04:05.000"
+	fileStamp    = "2006-01-02T15:04:05.000Z07:00"
+)
+
+// rankLine is one line of a rank's output, stamped when the launcher read it.
+type rankLine struct {
+	t          time.Time
+	node, rank int
+	text       string
+}
+
+// lineGroup is a line printed by one or more ranks within the window.
+type lineGroup struct {
+	first time.Time
+	text  string
+	node  int
+	ranks []int
+}
+
+// console writes the ranks' lines, stamped and prefixed "node:rank| ", onto one
+// writer; identical lines from several ranks within collapseWindow are written
+// once as "ranks[1-7]: msg". Lines of different ranks never interleave mid-line.
+type console struct {
+	mu      sync.Mutex
+	w       io.Writer
+	window  time.Duration // 0: no collapsing
+	show    func(rank int) bool
+	pending []*lineGroup
+	timer   *time.Timer
+	closed  bool
+}
+
+func newConsole(w io.Writer, window time.Duration, show func(int) bool) *console {
+	if show == nil {
+		show = func(int) bool { return true }
+	}
+	return &console{w: w, window: window, show: show}
+}
+
+// add shows a rank's line (after the window, when collapsing).
+func (c *console) add(l rankLine) {
+	if !c.show(l.rank) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.window <= 0 || c.closed {
+		c.w.Write(formatGroup(&lineGroup{first: l.t, text: l.text, node: l.node, ranks: []int{l.rank}}))
+		return
+	}
+	for _, g := range c.pending {
+		if g.text == l.text && l.t.Sub(g.first) < c.window && !containsInt(g.ranks, l.rank) {
+			g.ranks = append(g.ranks, l.rank)
+			return
+		}
+	}
+	c.pending = append(c.pending, &lineGroup{first: l.t, text: l.text, node: l.node, ranks: []int{l.rank}})
+	if c.timer == nil {
+		c.timer = time.AfterFunc(c.window, c.flushDue)
+	}
+}
+
+// notice writes a launcher line at once, stamped, after the ranks' lines
+// already held.
+func (c *console) notice(t time.Time, text string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.flushLocked(time.Time{})
+	c.w.Write([]byte(t.Format(consoleStamp) + " " + text + "\n"))
+}
+
+func (c *console) flushDue() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.timer = nil
+	c.flushLocked(time.Now().Add(-c.window))
+	if len(c.pending) > 0 {
+		c.timer = time.AfterFunc(c.pending[0].first.Add(c.window).Sub(time.Now()), c.flushDue)
+	}
+}
+
+// flushLocked writes, in arrival order, the groups that began before limit
+// (every group when limit is zero).
+func (c *console) flushLocked(limit time.Time) {
+	n := 0
+	for _, g := range c.pending {
+		if !limit.IsZero() && g.first.After(limit) {
+			break
+		}
+		c.w.Write(formatGroup(g))
+		n++
+	}
+	c.pending = c.pending[n:]
+}
+
+// close writes every held line; later lines are written at once.
+func (c *console) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	c.flushLocked(time.Time{})
+	c.closed = true
+}
+
+func formatGroup(g *lineGroup) []byte {
+	var b []byte
+	b = g.first.AppendFormat(b, consoleStamp)
+	b = append(b, ' ')
+	if len(g.ranks) == 1 {
+		b = fmt.Appendf(b, "%d:%d| ", g.node, g.ranks[0])
+	} else {
+		b = append(b, "ranks["...)
+		b = append(b, FormatRanks(g.ranks)...)
+		b = append(b, "]: "...)
+	}
+	b = append(b, g.text...)
+	return append(b, '\n')
+}
+
+func containsInt(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// FormatRanks renders ranks compactly: [0 1 2 3 5 7 8] -> "0-3,5,7-8".
+func FormatRanks(ranks []int) string {
+	r := append([]int(nil), ranks...)
+	sort.Ints(r)
+	var b strings.Builder
+	for i := 0; i < len(r); {
+		j := i
+		for j+1 < len(r) && r[j+1] == r[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(r[i]))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.Itoa(r[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+// ParseRanks reads "0,4-7" into a set of ranks.
+func ParseRanks(s string) (map[int]bool, error) {
+	set := map[int]bool{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 {
+			return nil, fmt.Errorf("ranks %q: %q is not a rank or a range like 4-7", s, part)
+		}
+		b := a
+		if isRange {
+			b, err = strconv.Atoi(hi)
+			if err != nil || b < a {
+				return nil, fmt.Errorf("ranks %q: %q is not a range like 4-7", s, part)
+			}
+		}
+		if b-a > 1<<20 {
+			return nil, fmt.Errorf("ranks %q: range %q too long", s, part)
+		}
+		for r := a; r <= b; r++ {
+			set[r] = true
+		}
+	}
+	return set, nil
+}
+
+// rankWriter splits what a rank writes into lines, stamps each when read,
+// appends it to the rank's log file ("<time> <line>") and hands it to the
+// console. On stdout, marker lines from runlog go to onMarker instead of the
+// console.
+type rankWriter struct {
+	file       *os.File
+	con        *console
+	node, rank int
+	onMarker   func(kind string, body []byte)
+	buf        []byte
+	out        []byte
+}
+
+func (p *rankWriter) Write(b []byte) (int, error) {
+	now := time.Now()
+	p.buf = append(p.buf, b...)
+	for {
+		i := bytes.IndexByte(p.buf, '\n')
+		if i < 0 {
+			break
+		}
+		p.line(now, bytes.TrimSuffix(p.buf[:i], []byte{'\r'}))
+		p.buf = p.buf[i+1:]
+	}
+	if len(p.buf) == 0 {
+		p.buf = nil // release the grown array between bursts
+	}
+	return len(b), nil
+}
+
+func (p *rankWriter) line(t time.Time, l []byte) {
+	p.out = t.AppendFormat(p.out[:0], fileStamp)
+	p.out = append(append(append(p.out, ' '), l...), '\n')
+	p.file.Write(p.out)
+	if p.onMarker != nil && bytes.HasPrefix(l, []byte(runlog.Marker)) {
+		kind, body, _ := bytes.Cut(l[len(runlog.Marker):], []byte{' '})
+		p.onMarker(string(kind), body)
+		return
+	}
+	p.con.add(rankLine{t: t, node: p.node, rank: p.rank, text: string(l)})
+}
+
+// Close flushes a last partial line.
+func (p *rankWriter) Close() error {
+	if len(p.buf) > 0 {
+		p.line(time.Now(), p.buf)
+		p.buf = nil
+	}
+	return nil
+}
+
+// progressBoard turns the ranks' progress reports into one console line per
+// step reached by every reporting rank, at most one a second (and the last).
+type progressBoard struct {
+	mu      sync.Mutex
+	con     *console
+	latest  map[int]runlog.Progress
+	shown   int
+	shownAt time.Time
+}
+
+func newProgressBoard(con *console) *progressBoard {
+	return &progressBoard{con: con, latest: map[int]runlog.Progress{}, shown: -1}
+}
+
+func (b *progressBoard) report(rank int, body []byte) {
+	var p runlog.Progress
+	if json.Unmarshal(body, &p) != nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.latest[rank] = p
+	slowest, minStep := -1, 0
+	var ranks []int
+	for r, q := range b.latest {
+		ranks = append(ranks, r)
+		if slowest < 0 || q.Step < minStep || q.Step == minStep && r < slowest {
+			slowest, minStep = r, q.Step
+		}
+	}
+	now := time.Now()
+	final := p.Total > 0 && minStep >= p.Total
+	if minStep <= b.shown || (!final && b.shown >= 0 && now.Sub(b.shownAt) < time.Second) {
+		return
+	}
+	b.shown, b.shownAt = minStep, now
+	q := b.latest[slowest]
+	loss := q.Loss
+	if r0, ok := b.latest[0]; ok && r0.Step == minStep {
+		loss = r0.Loss
+	}
+	total := ""
+	if q.Total > 0 {
+		total = "/" + strconv.Itoa(q.Total)
+	}
+	b.con.notice(now, fmt.Sprintf("progress: step %d%s  loss %.6g  step %.1f ms  (ranks %s; slowest rank %d)",
+		minStep, total, loss, q.StepMS, FormatRanks(ranks), slowest))
+}

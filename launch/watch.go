@@ -1,0 +1,161 @@
+package launch
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/natsrv/creds"
+)
+
+// The launcher's own NATS connection carries, on the job's subjects:
+//
+//	meshrun.J.abort     the abort it broadcasts on the first failure (collective.PublishAbort)
+//	meshrun.J.fail      the ranks' failure notices, read to learn whom a collective blamed
+//	meshrun.J.hb.*      the ranks' heartbeats, read for --hang-after
+//	meshrun.J.launcher  launcher to launcher (several nodes): a rank's failure with its
+//	                    ms time, so that every node names the same first failure
+
+// nodeMsg is what a launcher tells the other launchers of the job.
+type nodeMsg struct {
+	Node int `json:"node"`
+	// Kind: "rank_failed" (a rank of Node failed first there), "teardown"
+	// (Node is ending the job for Reason: timeout, interrupted).
+	Kind     string `json:"kind"`
+	Rank     int    `json:"rank"`
+	ExitCode int    `json:"exit_code"`
+	Signal   string `json:"signal,omitempty"`
+	TimeMS   int64  `json:"time_ms"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// plane is the launcher's connection to the job's NATS.
+type plane struct {
+	nc      *nats.Conn
+	job     string
+	node    int
+	notices chan collective.Notice
+	remote  chan nodeMsg
+
+	mu    sync.Mutex
+	beats map[int]collective.State
+	seen  map[int]time.Time
+	subs  []*nats.Subscription
+}
+
+func connectPlane(url string, c creds.Credentials, job string, node int, heartbeats bool) (*plane, error) {
+	nc, err := nats.Connect(url, nats.UserInfo(c.User, c.Password), nats.Name(fmt.Sprintf("meshrun-launcher-%d", node)),
+		nats.Timeout(5*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("nats %s: %w", url, err)
+	}
+	p := &plane{nc: nc, job: job, node: node, notices: make(chan collective.Notice, 64), remote: make(chan nodeMsg, 64),
+		beats: map[int]collective.State{}, seen: map[int]time.Time{}}
+	sub, err := nc.Subscribe(collective.Subject(job, "fail"), func(m *nats.Msg) {
+		var n collective.Notice
+		if json.Unmarshal(m.Data, &n) == nil {
+			select {
+			case p.notices <- n:
+			default:
+			}
+		}
+	})
+	if err == nil {
+		p.subs = append(p.subs, sub)
+		sub, err = nc.Subscribe(collective.Subject(job, "launcher"), func(m *nats.Msg) {
+			var n nodeMsg
+			if json.Unmarshal(m.Data, &n) == nil && n.Node != p.node {
+				select {
+				case p.remote <- n:
+				default:
+				}
+			}
+		})
+	}
+	if err == nil && heartbeats {
+		p.subs = append(p.subs, sub)
+		sub, err = collective.WatchHeartbeats(nc, job, func(s collective.State) {
+			p.mu.Lock()
+			p.beats[s.Rank] = s
+			p.seen[s.Rank] = time.Now()
+			p.mu.Unlock()
+		})
+	}
+	if err == nil {
+		p.subs = append(p.subs, sub)
+		err = nc.Flush()
+	}
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("nats %s: %w", url, err)
+	}
+	return p, nil
+}
+
+func (p *plane) abort(reason string) error { return collective.PublishAbort(p.nc, p.job, reason) }
+
+func (p *plane) tell(m nodeMsg) {
+	m.Node = p.node
+	b, _ := json.Marshal(m)
+	p.nc.Publish(collective.Subject(p.job, "launcher"), b)
+	p.nc.FlushTimeout(time.Second)
+}
+
+// hangs are the collectives in flight for longer than after that some rank has
+// not entered.
+func (p *plane) hangs(now time.Time, after time.Duration) []collective.Hang {
+	p.mu.Lock()
+	latest := make(map[int]collective.State, len(p.beats))
+	for r, s := range p.beats {
+		latest[r] = s
+	}
+	p.mu.Unlock()
+	var out []collective.Hang
+	for _, h := range collective.Hangs(latest, now, after) {
+		if len(h.Missing) > 0 {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// lastBeat is when rank's last heartbeat arrived.
+func (p *plane) lastBeat(rank int) (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.seen[rank]
+	return t, ok
+}
+
+func (p *plane) close() {
+	for _, s := range p.subs {
+		s.Unsubscribe()
+	}
+	p.nc.Close()
+}
+
+// processState reads a process's state from /proc: "T (stopped)", "S
+// (sleeping)", ...; "" when unknown.
+func processState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return ""
+	}
+	c := s[i+2]
+	names := map[byte]string{'R': "running", 'S': "sleeping", 'D': "disk sleep", 'T': "stopped", 't': "tracing stop", 'Z': "zombie", 'X': "dead"}
+	if n, ok := names[c]; ok {
+		return string(c) + " (" + n + ")"
+	}
+	return string(c)
+}

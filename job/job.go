@@ -32,6 +32,7 @@ var workloads = map[string]struct {
 	"sleep":   {sleep, "sleep DUR, exit 0"},
 	"barrier": {barrier, "join the job over NATS, pass one barrier, print the time from start"},
 	"linear":  {linearWorkload, "one sharded linear layer forward and backward, checked against float64 (--mesh --x --w [--b] ...)"},
+	"verify":  {verifyWorkload, "every mesh and placement combination at even and uneven sizes, checked against float64 and the plans ([--quick])"},
 	"mlp":     {mlpWorkload, "train the Megatron MLP block (--mesh --tokens --hidden --ffn --steps [--sequence-parallel])"},
 }
 

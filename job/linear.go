@@ -22,6 +22,22 @@ type linearArgs struct {
 }
 
 func (a linearArgs) config() (linear.Config, error) {
+	cfg, _, err := a.plan()
+	return cfg, err
+}
+
+// plan parses the flags and plans the layer: a layout the rules refuse is a
+// usage error, reported before any work.
+func (a linearArgs) plan() (linear.Config, linear.Plans, error) {
+	cfg, err := a.parse()
+	if err != nil {
+		return cfg, linear.Plans{}, err
+	}
+	p, err := linear.Plan(cfg)
+	return cfg, p, err
+}
+
+func (a linearArgs) parse() (linear.Config, error) {
 	m, err := placement.ParseMesh(a.mesh)
 	if err != nil {
 		return linear.Config{}, fmt.Errorf("--mesh: %w", err)
@@ -58,9 +74,7 @@ func (a linearArgs) config() (linear.Config, error) {
 			return cfg, fmt.Errorf("--grads: %q is not x, w or b", g)
 		}
 	}
-	// Plan now: a layout the rules refuse is a usage error, reported before work.
-	_, err = linear.New(cfg, 0)
-	return cfg, err
+	return cfg, nil
 }
 
 // LinearReport is the JSON line `worker linear` prints on rank 0.

@@ -59,6 +59,8 @@ func failure(env Env, workload string, err error) int {
 	return 1
 }
 
+type linearKernels = kernels.Kernels
+
 func dispatcher(choice string) (kernels.Kernels, error) {
 	return providers.New(choice, nil)
 }

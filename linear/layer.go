@@ -86,8 +86,23 @@ type Layer struct {
 	fwdMoves map[string]spmd.Move
 }
 
+// Plans are a layer's forward and backward plans, the same on every rank.
+type Plans struct {
+	Fwd *spmd.Plan
+	Bwd *spmd.Backward
+}
+
 // New plans the layer for rank and allocates its parameter shards (zeros).
 func New(cfg Config, rank int) (*Layer, error) {
+	p, err := Plan(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return NewPlanned(cfg, p, rank)
+}
+
+// Plan plans a layer: the forward and the backward of the gradients it needs.
+func Plan(cfg Config) (Plans, error) {
 	op := "linear"
 	inputs := []spmd.Operand{{Name: "x", Spec: cfg.X}, {Name: "w", Spec: cfg.W}}
 	if cfg.B != nil {
@@ -98,12 +113,18 @@ func New(cfg Config, rank int) (*Layer, error) {
 	grads := cfg.Grads.names(cfg.B != nil)
 	fwd, err := spmd.Forward(spmd.Request{Op: op, Inputs: inputs, Options: spmd.Options{Out: cfg.Out, Grads: grads}})
 	if err != nil {
-		return nil, fmt.Errorf("linear %s: %w", cfg.Name, err)
+		return Plans{}, fmt.Errorf("linear %s: %w", cfg.Name, err)
 	}
 	bwd, err := spmd.BackwardOf(fwd, grads, nil)
 	if err != nil {
-		return nil, fmt.Errorf("linear %s: %w", cfg.Name, err)
+		return Plans{}, fmt.Errorf("linear %s: %w", cfg.Name, err)
 	}
+	return Plans{fwd, bwd}, nil
+}
+
+// NewPlanned builds rank's layer from plans made by Plan(cfg).
+func NewPlanned(cfg Config, p Plans, rank int) (*Layer, error) {
+	fwd, bwd := p.Fwd, p.Bwd
 	if rank < 0 || rank >= cfg.X.Mesh.Size() {
 		return nil, fmt.Errorf("%w: rank %d outside mesh %s", ErrConfig, rank, cfg.X.Mesh)
 	}

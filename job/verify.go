@@ -1,0 +1,210 @@
+package job
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/placement"
+)
+
+// verifyCase is one layer layout and size to check.
+type verifyCase struct {
+	mesh    placement.Mesh
+	cfg     linear.Config
+	plans   linear.Plans
+	sizes   string
+	seed    uint64
+	command string // `worker linear ...` reproducing it
+}
+
+// Meshes lists every 1-D and 2-D mesh of world ranks: tp=W, then dp=a,tp=b.
+func Meshes(world int) []placement.Mesh {
+	out := []placement.Mesh{placement.MustMesh([]int{world}, []string{"tp"})}
+	for a := 2; a <= world/2; a++ {
+		if world%a == 0 {
+			out = append(out, placement.MustMesh([]int{a, world / a}, []string{"dp", "tp"}))
+		}
+	}
+	return out
+}
+
+// linearCases enumerates, for a mesh, every placement of x (R, S(0), S(1), P),
+// W (R, S(0), S(1)) and b (R, S(0)) per mesh dim, at even sizes (multiples of
+// the mesh size) and uneven ones (P+1 tokens, P-1 features in, a prime out).
+// quick keeps the uneven sizes and drops partial inputs.
+func linearCases(m placement.Mesh, quick bool) []verifyCase {
+	p := m.Size()
+	type size struct {
+		name    string
+		m, k, n int
+	}
+	sizes := []size{{"even", 2 * p, 2 * p, 4 * p}, {"uneven", p + 1, max(p-1, 1), 7}}
+	xs := []string{"R", "S(0)", "S(1)", "P"}
+	if quick {
+		sizes, xs = sizes[1:], xs[:3]
+	}
+	ws, bs := []string{"R", "S(0)", "S(1)"}, []string{"R", "S(0)"}
+	// Every combination of one (x, w, b) choice per mesh dim.
+	type choice struct{ x, w, b string }
+	var per []choice
+	for _, x := range xs {
+		for _, w := range ws {
+			for _, b := range bs {
+				per = append(per, choice{x, w, b})
+			}
+		}
+	}
+	var combos [][]choice
+	var rec func(prefix []choice)
+	rec = func(prefix []choice) {
+		if len(prefix) == m.NDim() {
+			combos = append(combos, slices.Clone(prefix))
+			return
+		}
+		for _, c := range per {
+			rec(append(prefix, c))
+		}
+	}
+	rec(nil)
+	var out []verifyCase
+	for _, sz := range sizes {
+		for _, combo := range combos {
+			pl := func(get func(choice) string) string {
+				parts := make([]string, len(combo))
+				for i, c := range combo {
+					parts[i] = get(c)
+				}
+				return "[" + strings.Join(parts, ",") + "]"
+			}
+			x := fmt.Sprintf("%dx%d:%s", sz.m, sz.k, pl(func(c choice) string { return c.x }))
+			w := fmt.Sprintf("%dx%d:%s", sz.n, sz.k, pl(func(c choice) string { return c.w }))
+			b := fmt.Sprintf("%d:%s", sz.n, pl(func(c choice) string { return c.b }))
+			seed := uint64(len(out) + 1)
+			a := linearArgs{mesh: m.String(), x: x, w: w, b: b, grads: "x,w,b", kernels: "cpu", seed: seed}
+			cfg, plans, err := a.plan()
+			if err != nil {
+				continue // a layout the rules refuse is not a case
+			}
+			out = append(out, verifyCase{mesh: m, cfg: cfg, plans: plans, sizes: sz.name, seed: seed,
+				command: fmt.Sprintf("worker linear --mesh %s --x '%s' --w '%s' --b '%s' --seed %d", m, x, w, b, seed)})
+		}
+	}
+	return out
+}
+
+// verifyRow is one line of the table.
+type verifyRow struct {
+	op, mesh      string
+	cases, passed int
+	failures      []string
+}
+
+func verifyWorkload(ctx context.Context, env Env) int {
+	fs := newFlags("verify")
+	ops := fs.String("ops", "linear", "ops to verify: linear")
+	quick := fs.Bool("quick", false, "uneven sizes only, no partial inputs")
+	world := fs.Int("world", 0, "world size when run alone (default WORLD_SIZE, else 4)")
+	kern := fs.String("kernels", "cpu", "kernel provider")
+	if err := fs.Parse(env.Args[1:]); err != nil {
+		return usageError(env, "verify", err)
+	}
+	for _, op := range strings.Split(*ops, ",") {
+		if op != "linear" {
+			return usageError(env, "verify", fmt.Errorf("--ops: unknown op %q (known: linear)", op))
+		}
+	}
+	n := worldSize(env, 4)
+	if *world > 0 {
+		if env.Getenv("WORLD_SIZE") != "" && *world != n {
+			return usageError(env, "verify", fmt.Errorf("--world %d, but the job has %d ranks", *world, n))
+		}
+		n = *world
+	}
+	k, err := dispatcher(*kern)
+	if err != nil {
+		return usageError(env, "verify", err)
+	}
+	// The cases (and their plans) are the same on every rank: build them once.
+	meshes := Meshes(n)
+	cases := make([][]verifyCase, len(meshes))
+	for i, m := range meshes {
+		cases[i] = linearCases(m, *quick)
+	}
+	var rows []verifyRow
+	var mu sync.Mutex
+	err = ranks(ctx, env, n, func(ctx context.Context, w *collective.World) error {
+		for i, m := range meshes {
+			row := verifyRow{op: "linear", mesh: m.String()}
+			for _, c := range cases[i] {
+				ok, why, err := runVerifyCase(ctx, w, k, c)
+				if err != nil {
+					return fmt.Errorf("%s: %w", c.command, err)
+				}
+				row.cases++
+				if ok {
+					row.passed++
+				} else {
+					row.failures = append(row.failures, why+"\n    "+c.command)
+				}
+			}
+			if w.Rank() == 0 {
+				mu.Lock()
+				rows = append(rows, row)
+				mu.Unlock()
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return failure(env, "verify", err)
+	}
+	if rows == nil {
+		return 0 // not rank 0
+	}
+	fmt.Fprintf(env.Stdout, "%-8s %-12s %7s %7s %7s\n", "op", "mesh", "cases", "passed", "failed")
+	failed := 0
+	for _, r := range rows {
+		fmt.Fprintf(env.Stdout, "%-8s %-12s %7d %7d %7d\n", r.op, r.mesh, r.cases, r.passed, len(r.failures))
+		failed += len(r.failures)
+	}
+	for _, r := range rows {
+		for _, f := range r.failures {
+			fmt.Fprintf(env.Stdout, "FAIL %s\n", f)
+		}
+	}
+	if failed > 0 {
+		return 1
+	}
+	return 0
+}
+
+// runVerifyCase runs one case on this rank; rank 0 judges it.
+func runVerifyCase(ctx context.Context, w *collective.World, k linearKernels, c verifyCase) (bool, string, error) {
+	l, err := linear.NewPlanned(c.cfg, c.plans, w.Rank())
+	if err != nil {
+		return false, "", err
+	}
+	data := linear.RandomData(c.cfg.X.Shape, c.cfg.W.Shape[0], c.cfg.B != nil, c.seed)
+	res, err := linear.Run(ctx, linear.Runtime{World: w, Kernels: k}, l, data)
+	if err != nil {
+		return false, "", err
+	}
+	errs, err := linear.Check(ctx, w, l, data, res)
+	if err != nil {
+		return false, "", err
+	}
+	for name, e := range errs {
+		if e > 1e-5 {
+			return false, fmt.Sprintf("%s: relative error %.3g", name, e), nil
+		}
+	}
+	if w.Rank() == 0 && !slices.EqualFunc(res.Executed, l.Planned(), sameComm) {
+		return false, fmt.Sprintf("collectives %v, plan %v", res.Executed, l.Planned()), nil
+	}
+	return true, "", nil
+}

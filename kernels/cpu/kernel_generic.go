@@ -1,6 +1,9 @@
 package cpu
 
-import "unsafe"
+import (
+	"math/bits"
+	"unsafe"
+)
 
 type float interface{ ~float32 | ~float64 }
 
@@ -57,7 +60,7 @@ func goKernel[T float](kc int, a, b *T, ldb int, c *T, ldc int, mr int, mask uin
 		c33 += a3 * b3
 	}
 	acc := [4][4]T{{c00, c01, c02, c03}, {c10, c11, c12, c13}, {c20, c21, c22, c23}, {c30, c31, c32, c33}}
-	cs := unsafe.Slice(c, (mr-1)*ldc+4)
+	cs := unsafe.Slice(c, (mr-1)*ldc+bits.Len64(mask))
 	for i := 0; i < mr; i++ {
 		row := cs[i*ldc:]
 		for j := 0; j < 4; j++ {

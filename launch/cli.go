@@ -17,6 +17,13 @@ commands:
   plan   show how an op is sharded: layouts, collectives and bytes, forward and backward
          launcher plan --mesh dp=2,tp=2 --op linear --x 8x16:[S(0),R] --w 32x16:[R,S(0)] --b 32:[R,S(0)]
          launcher plan --mesh dp=2,tp=2 --block mlp --tokens 64 --hidden 32 --ffn 128 [--sequence-parallel]
+  run    start the ranks of a job and supervise them (launcher run -h)
+         launcher run -n 4 WORKLOAD [ARGS...]      launcher run -n 4 -- PROGRAM [ARGS...]
+  logs   the ranks' logs merged by time; "logs why" names the root cause (launcher logs -h)
+         launcher logs [JOB|latest] [--rank 0,4-7] [--level warn] [--grep RE] [--tail N] [-f] [--collapse]
+         launcher logs why [JOB|latest]
+  trace  every rank's trace merged into one Chrome/Perfetto file
+         launcher trace [JOB|latest] -o trace.json
 `
 
 // Main runs the launcher's command line and returns the process exit code.
@@ -41,6 +48,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "run":
 		return runMain(ctx, args[1:], stdout, stderr)
+	case "logs":
+		return logsMain(ctx, args[1:], stdout, stderr)
+	case "trace":
+		return traceMain(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -93,8 +93,9 @@ func versions() map[string]string {
 
 // abortSettle is how long teardown waits between the abort broadcast and
 // SIGTERM, so that peers blocked in a collective fail naming the root cause
-// before they are signalled.
-const abortSettle = 100 * time.Millisecond
+// before they are signalled. It covers the collective layer's own wait for an
+// earlier failure's notice when it sees a peer vanish (250 ms).
+const abortSettle = 350 * time.Millisecond
 
 // hangCheckEvery is how often --hang-after looks at the heartbeats.
 const hangCheckEvery = 250 * time.Millisecond
@@ -310,7 +311,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 				teardown(m.Reason, fmt.Sprintf("node %d ended the job: %s", m.Node, m.Reason))
 			}
 		case n := <-pl.notices:
-			if notice == nil && !n.Abort {
+			if notice == nil && !n.Abort && n.Code != "peer_closed" {
 				notice = &NoticeReport{TimeMS: time.Now().UnixMilli(), Code: n.Code, Culprit: n.Rank, Reporter: n.Reporter,
 					Op: n.Op, Seq: n.Seq, Group: n.Group, Detail: n.Detail}
 				ev.emit("collective_failure", "code", n.Code, "culprit_rank", n.Rank, "reporter_rank", n.Reporter, "op", n.Op, "seq", n.Seq, "group", n.Group, "detail", n.Detail)
@@ -369,6 +370,8 @@ func (j *job) run(ctx context.Context) (int, error) {
 		case <-termC:
 			termC = nil
 			signalAll(syscall.SIGTERM)
+			// A stopped rank (SIGSTOP, Ctrl-Z) would hold SIGTERM until resumed.
+			signalAll(syscall.SIGCONT)
 			killC = time.After(j.Grace)
 		case <-killC:
 			killC = nil

@@ -1,0 +1,312 @@
+package launch
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// whyLines is how many of the root-cause rank's last lines `logs why` shows.
+const whyLines = 10
+
+// Why writes why a job ended: the root-cause rank, its error and last lines,
+// what the collectives reported, hangs, and the victims apart.
+func Why(jobDir string, w io.Writer) error {
+	var sum Summary
+	b, err := os.ReadFile(filepath.Join(jobDir, SummaryFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%s has no %s: the job is still running or its launcher was killed; see %s", jobDir, SummaryFile, EventsFile)
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &sum)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %v", SummaryFile, err)
+	}
+	fmt.Fprintf(w, "job %s: %s, exit %d, %d ranks on node %d of %d, %.2f s\n",
+		sum.JobID, sum.Reason, sum.ExitCode, len(sum.Ranks), sum.Node, max(sum.NNodes, 1), float64(sum.DurationMS)/1000)
+	rc := sum.RootCause
+	switch {
+	case rc != nil:
+		how := fmt.Sprintf("exited with code %d", rc.ExitCode)
+		if rc.Signal != "" {
+			how = fmt.Sprintf("was killed by %s (exit %d)", rc.Signal, rc.ExitCode)
+		}
+		fmt.Fprintf(w, "\nroot cause: rank %d on node %d %s at %s (first failure, ms clock)\n",
+			rc.Rank, rc.Node, how, time.UnixMilli(rc.TimeMS).Format("2006-01-02 15:04:05.000"))
+		if rc.Error != "" {
+			fmt.Fprintf(w, "  error: %s\n", rc.Error)
+		}
+		if rc.Culprit != nil && *rc.Culprit != rc.Rank {
+			fmt.Fprintf(w, "  its error blames rank %d\n", *rc.Culprit)
+		}
+		if rc.Node != sum.Node {
+			fmt.Fprintf(w, "  (its logs are on node %d)\n", rc.Node)
+		} else {
+			es, err := ReadLogs(jobDir, map[int]bool{rc.Rank: true})
+			if err == nil && len(es) > 0 {
+				if len(es) > whyLines {
+					es = es[len(es)-whyLines:]
+				}
+				fmt.Fprintf(w, "  last lines of rank %d:\n", rc.Rank)
+				for _, e := range es {
+					fmt.Fprintf(w, "    %s %s\n", time.UnixMilli(e.TimeMS).Format(consoleStamp), e.text())
+				}
+			}
+		}
+	case sum.Reason == "ok":
+		fmt.Fprintln(w, "\nevery rank exited 0")
+	default:
+		fmt.Fprintf(w, "\nno rank failed first: the job ended by %s\n", sum.Reason)
+	}
+	if n := sum.Notice; n != nil {
+		fmt.Fprintf(w, "\ncollective failure: rank %d reported %s in %s seq %d on group %s, blaming rank %d: %s\n",
+			n.Reporter, n.Code, n.Op, n.Seq, n.Group, n.Culprit, n.Detail)
+	}
+	for _, h := range sum.Hangs {
+		fmt.Fprintf(w, "\nhang: %s seq %d on group %s: ranks %s waited %.1f s for ranks %s",
+			h.Op, h.Seq, h.Group, FormatRanks(h.Waiting), float64(h.WaitingMS)/1000, FormatRanks(h.Missing))
+		var keys []string
+		for k := range h.States {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "; rank %s was %s", k, h.States[k])
+		}
+		fmt.Fprintln(w)
+	}
+	if len(sum.Victims) > 0 {
+		fmt.Fprintf(w, "\nvictims (torn down, not the cause): ranks %s\n", FormatRanks(sum.Victims))
+		out := map[int]RankOutcome{}
+		for _, r := range sum.Ranks {
+			out[r.Rank] = r
+		}
+		for _, v := range sum.Victims {
+			o := out[v]
+			how := fmt.Sprintf("exit %d", o.ExitCode)
+			if o.Signal != "" {
+				how = o.Signal
+			}
+			line := ""
+			if rec, ok := readErrorFile(filepath.Join(jobDir, RankDir(v))); ok {
+				line = rec.Error
+			} else {
+				line = lastLine(filepath.Join(jobDir, RankDir(v), "stderr.log"))
+			}
+			if line != "" {
+				fmt.Fprintf(w, "  rank %d: %s: %s\n", v, how, line)
+			} else {
+				fmt.Fprintf(w, "  rank %d: %s\n", v, how)
+			}
+		}
+	}
+	return nil
+}
+
+// lastLine is a log file's last line without its stamp.
+func lastLine(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var last string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if l := sc.Text(); strings.TrimSpace(l) != "" {
+			last = l
+		}
+	}
+	if stamp, rest, ok := strings.Cut(last, " "); ok {
+		if _, err := time.Parse(fileStamp, stamp); err == nil {
+			return rest
+		}
+	}
+	return last
+}
+
+// whyMain is `launcher logs why`.
+func whyMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("why", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	logDir := fs.String("log-dir", "runs", "")
+	pos, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, logsUsage)
+		return 0
+	}
+	if err == nil && len(pos) > 1 {
+		err = fmt.Errorf("one job at most, got %q", pos)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "launcher logs why: %v\n", err)
+		return ExitUsage
+	}
+	job := ""
+	if len(pos) == 1 {
+		job = pos[0]
+	}
+	dir, err := ResolveJob(*logDir, job)
+	if err == nil {
+		err = Why(dir, stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "launcher logs why: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+const traceUsage = `usage: launcher trace [JOB|latest] [-o FILE] [--log-dir DIR]
+  every rank's trace.json merged into one Chrome trace (Perfetto, chrome://tracing),
+  one process per rank; -o - writes to stdout (default trace.json)
+`
+
+// MergeTraces merges the ranks' trace.json files of a job into one Chrome
+// trace (JSON object format), one process per rank, and returns how many
+// ranks it found.
+func MergeTraces(jobDir string, w io.Writer) (int, error) {
+	dirs, err := rankDirs(jobDir)
+	if err != nil {
+		return 0, err
+	}
+	ranks := make([]int, 0, len(dirs))
+	for r := range dirs {
+		ranks = append(ranks, r)
+	}
+	sort.Ints(ranks)
+	var events []json.RawMessage
+	found := 0
+	for _, r := range ranks {
+		b, err := os.ReadFile(filepath.Join(dirs[r], "trace.json"))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		evs, err := parseTrace(b)
+		if err != nil {
+			return 0, fmt.Errorf("rank %d trace.json: %v", r, err)
+		}
+		found++
+		named := false
+		for _, e := range evs {
+			// One process per rank, whatever the rank's writer used as pid.
+			var m map[string]any
+			if json.Unmarshal(e, &m) != nil {
+				continue
+			}
+			m["pid"] = r
+			if m["name"] == "process_name" && m["ph"] == "M" {
+				named = true
+			}
+			nb, _ := json.Marshal(m)
+			events = append(events, nb)
+		}
+		if !named {
+			nb, _ := json.Marshal(map[string]any{"name": "process_name", "ph": "M", "pid": r, "tid": 0, "args": map[string]any{"name": fmt.Sprintf("rank %d", r)}})
+			events = append(events, nb)
+		}
+	}
+	if events == nil {
+		events = []json.RawMessage{}
+	}
+	out := struct {
+		TraceEvents     []json.RawMessage `json:"traceEvents"`
+		DisplayTimeUnit string            `json:"displayTimeUnit"`
+		OtherData       map[string]string `json:"otherData"`
+	}{events, "ms", map[string]string{"job": filepath.Base(jobDir)}}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return 0, err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return found, err
+}
+
+// parseTrace reads the JSON array format, also when the array was cut short
+// (a rank killed before it closed its trace), or the object format.
+func parseTrace(b []byte) ([]json.RawMessage, error) {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '{' {
+		var obj struct {
+			TraceEvents []json.RawMessage `json:"traceEvents"`
+		}
+		err := json.Unmarshal(b, &obj)
+		return obj.TraceEvents, err
+	}
+	if !bytes.HasSuffix(b, []byte("]")) {
+		b = append(bytes.TrimSuffix(b, []byte(",")), ']')
+	}
+	var evs []json.RawMessage
+	if err := json.Unmarshal(b, &evs); err != nil {
+		// A last event cut mid-way: drop it.
+		if i := bytes.LastIndex(b, []byte("},\n")); i > 0 {
+			b = append(b[:i+1], ']')
+			err = json.Unmarshal(b, &evs)
+		}
+		return evs, err
+	}
+	return evs, nil
+}
+
+// traceMain is `launcher trace`.
+func traceMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	logDir := fs.String("log-dir", "runs", "")
+	out := fs.String("o", "trace.json", "")
+	pos, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, traceUsage)
+		return 0
+	}
+	if err == nil && len(pos) > 1 {
+		err = fmt.Errorf("one job at most, got %q", pos)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "launcher trace: %v\n", err)
+		return ExitUsage
+	}
+	job := ""
+	if len(pos) == 1 {
+		job = pos[0]
+	}
+	dir, err := ResolveJob(*logDir, job)
+	if err != nil {
+		fmt.Fprintf(stderr, "launcher trace: %v\n", err)
+		return 1
+	}
+	var buf bytes.Buffer
+	n, err := MergeTraces(dir, &buf)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("no rank of %s wrote a trace (ranks write trace.json through package runlog)", dir)
+	}
+	if err == nil {
+		if *out == "-" {
+			_, err = stdout.Write(buf.Bytes())
+		} else {
+			err = os.WriteFile(*out, buf.Bytes(), 0o644)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "launcher trace: %v\n", err)
+		return 1
+	}
+	if *out != "-" {
+		fmt.Fprintf(stderr, "launcher trace: %d ranks of %s -> %s (open in ui.perfetto.dev or chrome://tracing)\n", n, filepath.Base(dir), *out)
+	}
+	return 0
+}

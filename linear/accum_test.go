@@ -1,0 +1,99 @@
+package linear_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/job"
+	"github.com/meshrun/meshrun/kernels/providers"
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// TestAccumulation: two micro-batches accumulate their weight and bias gradient
+// terms and reduce them once; the result equals the sum of both references.
+func TestAccumulation(t *testing.T) {
+	m := placement.MustMesh([]int{2, 2}, []string{"dp", "tp"})
+	k, err := providers.New("cpu", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := spec(t, "12:[R,S(0)]", m)
+	cfg := linear.Config{Name: "fc", X: spec(t, "16x8:[S(0),R]", m), W: spec(t, "12x8:[R,S(0)]", m), B: &b, Grads: linear.AllGrads}
+	d1 := linear.RandomData([]int{16, 8}, 12, true, 1)
+	d2 := linear.RandomData([]int{16, 8}, 12, true, 2)
+	d2.W, d2.B = d1.W, d1.B // same parameters, two batches
+	_, _, dw1, db1 := linear.Reference(d1)
+	_, _, dw2, db2 := linear.Reference(d2)
+	for i := range dw1 {
+		dw1[i] += dw2[i]
+	}
+	for i := range db1 {
+		db1[i] += db2[i]
+	}
+	var mu sync.Mutex
+	err = job.InProcess(context.Background(), m.Size(), func(ctx context.Context, w *collective.World) error {
+		l, err := linear.New(cfg, w.Rank())
+		if err != nil {
+			return err
+		}
+		if l.W, err = linear.Shard(d1.W, cfg.W, w.Rank()); err != nil {
+			return err
+		}
+		if l.B, err = linear.Shard(d1.B, b, w.Rank()); err != nil {
+			return err
+		}
+		reductions := 0
+		rt := linear.Runtime{World: w, Kernels: k, Record: func(name string, ex collective.Executed) {
+			if (name == "dw" || name == "db") && ex.Kind.Moves() && len(ex.Group) > 1 {
+				reductions++
+			}
+		}}
+		for _, d := range []*linear.Data{d1, d2} {
+			x, _ := linear.Shard(d.X, cfg.X, w.Rank())
+			dy, _ := linear.Shard(d.DY, l.Bwd.DY.Spec, w.Rank())
+			_, saved, err := l.Forward(ctx, rt, x)
+			if err != nil {
+				return err
+			}
+			if _, err := l.Backward(ctx, rt, dy, saved); err != nil {
+				return err
+			}
+		}
+		if reductions != 0 {
+			t.Errorf("rank %d reduced weight gradients %d times before Reduce", w.Rank(), reductions)
+		}
+		dw, db, err := l.Reduce(ctx, rt)
+		if err != nil {
+			return err
+		}
+		check := func(name string, got *tensor.Tensor, spec placement.Spec, want []float64) error {
+			full, err := linear.Gather(ctx, w, spec, got)
+			if err != nil {
+				return err
+			}
+			if e := linear.RelErr(full, want); e > 1e-5 {
+				mu.Lock()
+				t.Errorf("%s: relative error %.3g", name, e)
+				mu.Unlock()
+			}
+			return nil
+		}
+		if err := check("dw", dw, cfg.W, dw1); err != nil {
+			return err
+		}
+		if err := check("db", db, b, db1); err != nil {
+			return err
+		}
+		if w.Rank() == 0 && reductions != 2 {
+			t.Errorf("Reduce ran %d collectives, want 2 (dw and db over dp)", reductions)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -2,10 +2,10 @@ package linear_test
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/job"
@@ -105,44 +105,67 @@ func TestLayouts(t *testing.T) {
 	}
 }
 
-// TestSkippedGradSkipsWork: without dx there is neither the GEMM nor its
-// all-reduce; without dW no x is saved.
+// TestSkippedGradSkipsWork: without dx the layer runs neither the input-gradient
+// GEMM nor its all-reduce, and saves no W; without dW it saves no x.
 func TestSkippedGradSkipsWork(t *testing.T) {
 	m := placement.MustMesh([]int{2}, nil)
-	mk := func(g linear.Grads) *linear.Layer {
-		b := spec(t, "8:[S(0)]", m)
-		l, err := linear.New(linear.Config{X: spec(t, "4x6:[R]", m), W: spec(t, "8x6:[S(0)]", m), B: &b, Grads: g}, 0)
+	k, err := providers.New("cpu", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := spec(t, "8:[S(0)]", m)
+	data := linear.RandomData([]int{4, 6}, 8, true, 3)
+	run := func(g linear.Grads) (ops map[string]int, comms int, saved [2]bool) {
+		ops = map[string]int{}
+		var mu sync.Mutex
+		err := job.InProcess(context.Background(), 2, func(ctx context.Context, w *collective.World) error {
+			l, err := linear.New(linear.Config{X: spec(t, "4x6:[R]", m), W: spec(t, "8x6:[S(0)]", m), B: &b, Grads: g}, w.Rank())
+			if err != nil {
+				return err
+			}
+			rt := linear.Runtime{World: w,
+				Kernels: linear.Timed{Kernels: k, Observe: func(op string, _ time.Duration) {
+					mu.Lock()
+					ops[op]++
+					mu.Unlock()
+				}},
+				Record: func(_ string, ex collective.Executed) {
+					if ex.Kind.Moves() && len(ex.Group) > 1 {
+						mu.Lock()
+						comms++
+						mu.Unlock()
+					}
+				}}
+			x, _ := linear.Shard(data.X, l.X, w.Rank())
+			dy, _ := linear.Shard(data.DY, l.Bwd.DY.Spec, w.Rank())
+			_, s, err := l.Forward(ctx, rt, x)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			saved = [2]bool{s.X != nil, s.W != nil}
+			mu.Unlock()
+			if _, err := l.Backward(ctx, rt, dy, s); err != nil {
+				return err
+			}
+			_, _, err = l.Reduce(ctx, rt)
+			return err
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return l
+		return ops, comms, saved
 	}
-	all, noX := mk(linear.AllGrads), mk(linear.Grads{W: true, B: true})
-	if fmt.Sprint(all.Planned()) == fmt.Sprint(noX.Planned()) || len(noX.Planned()) != 0 {
-		t.Fatalf("planned with dx %v, without %v", all.Planned(), noX.Planned())
+	ops, comms, saved := run(linear.AllGrads)
+	if ops["linear_backward_input"] != 2 || comms != 2 || saved != [2]bool{true, true} {
+		t.Fatalf("all grads: ops %v, %d collectives (want the dx all-reduce on both ranks), saved %v", ops, comms, saved)
 	}
-	for _, g := range noX.Bwd.Grads {
-		if g.Input == "x" {
-			t.Fatal("dx planned although not needed")
-		}
+	ops, comms, saved = run(linear.Grads{W: true, B: true})
+	if ops["linear_backward_input"] != 0 || comms != 0 || ops["linear_backward_weight"] != 2 || saved != [2]bool{true, false} {
+		t.Fatalf("without dx: ops %v, %d collectives, saved %v", ops, comms, saved)
 	}
-}
-
-func TestPresets(t *testing.T) {
-	for _, mesh := range []string{"1", "2", "3", "dp=2,tp=2"} {
-		m, _ := placement.ParseMesh(mesh)
-		for _, name := range []string{"replicated", "column", "column-gather", "row", "data-parallel", "sequence-column", "sequence-row"} {
-			t.Run(mesh+"/"+name, func(t *testing.T) {
-				cfg, err := linear.Preset(name, m, 10, 7, 5, true)
-				if err != nil {
-					t.Fatal(err)
-				}
-				c := layerCase{mesh: mesh, x: cfg.X.String(), w: cfg.W.String(), b: cfg.B.String(), grads: linear.AllGrads}
-				if cfg.Out != nil {
-					c.out = placement.FormatList(cfg.Out)
-				}
-				runCase(t, c)
-			})
-		}
+	ops, _, saved = run(linear.Grads{X: true})
+	if ops["linear_backward_weight"] != 0 || ops["linear_backward_bias"] != 0 || saved != [2]bool{false, true} {
+		t.Fatalf("only dx: ops %v, saved %v", ops, saved)
 	}
 }

@@ -11,6 +11,9 @@ type gemmArgs[T float] struct {
 	alpha, beta    T
 	a, b, c        []T
 	lda, ldb, ldc  int
+	// bias, if set, replaces beta·c in the first K block by the row vector bias
+	// (the fused linear bias); only with a micro-kernel that has biasFn.
+	bias []T
 }
 
 // packBuf holds one goroutine's packed panels.
@@ -154,6 +157,10 @@ func (j *gemmJob[T]) block(buf *packBuf[T], i0, i1, j0, j1 int) {
 						rows := min(mr, mc-ir)
 						ap := &buf.a[(ir/mr)*kc*mr]
 						ci := (ic+ir)*j.ldc + jc + jr
+						if pc == 0 && j.bias != nil {
+							uk.biasFn(kc, ap, bp, nr, &j.c[ci], j.ldc, rows, 1<<cols-1, j.alpha, &j.bias[jc+jr])
+							continue
+						}
 						if uk.masked || (rows == mr && cols == nr) {
 							uk.fn(kc, ap, bp, nr, &j.c[ci], j.ldc, rows, 1<<cols-1, j.alpha, beta)
 							continue

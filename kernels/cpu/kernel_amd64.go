@@ -21,6 +21,14 @@ func sgemmAVX512x12(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int,
 //go:noescape
 func transpose16x16(dst *float32, ldd int, src *float32, lds int)
 
+// The Bias variants store c = alpha·acc + bias[j] for every row (c is not read).
+//
+//go:noescape
+func sgemmAVX512Bias(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, mask uint64, alpha float32, bias *float32)
+
+//go:noescape
+func sgemmAVX512x12Bias(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, mask uint64, alpha float32, bias *float32)
+
 //go:noescape
 func dgemmAVX512(kc int, a, b *float64, ldb int, c *float64, ldc int, mr int, mask uint64, alpha, beta float64)
 
@@ -39,8 +47,8 @@ func init() {
 		packBTrans32 = packBTransAVX512
 		d := &ukernel[float64]{name: "avx512", mr: 8, nr: 24, masked: true, fn: dgemmAVX512, mc: 128, kc: 512, nc: 2040}
 		k32 = append(k32,
-			&ukernel[float32]{name: "avx512", mr: 8, nr: 48, masked: true, fn: sgemmAVX512, mc: 96, kc: 1024, nc: 4128},
-			&ukernel[float32]{name: "avx512x12", mr: 12, nr: 32, masked: true, fn: sgemmAVX512x12, mc: 96, kc: 1024, nc: 4096})
+			&ukernel[float32]{name: "avx512", mr: 8, nr: 48, masked: true, fn: sgemmAVX512, biasFn: sgemmAVX512Bias, mc: 96, kc: 1024, nc: 4128},
+			&ukernel[float32]{name: "avx512x12", mr: 12, nr: 32, masked: true, fn: sgemmAVX512x12, biasFn: sgemmAVX512x12Bias, mc: 96, kc: 1024, nc: 4096})
 		d12 := *d
 		d12.name = "avx512x12"
 		k64 = append(k64, d, &d12)

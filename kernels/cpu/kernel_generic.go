@@ -15,8 +15,11 @@ type ukernel[T float] struct {
 	mr, nr int
 	// masked kernels store partial tiles (rows < mr, columns set in mask) themselves;
 	// the others compute full tiles only and the driver goes through a scratch tile.
-	masked     bool
-	fn         func(kc int, a, b *T, ldb int, c *T, ldc int, mr int, mask uint64, alpha, beta T)
+	masked bool
+	fn     func(kc int, a, b *T, ldb int, c *T, ldc int, mr int, mask uint64, alpha, beta T)
+	// biasFn, if set (masked kernels only), is fn with c = alpha·acc + bias[j]
+	// instead of beta·c: the linear layer's bias fused into the first K block.
+	biasFn     func(kc int, a, b *T, ldb int, c *T, ldc int, mr int, mask uint64, alpha T, bias *T)
 	mc, kc, nc int
 }
 

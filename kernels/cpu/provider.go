@@ -211,6 +211,12 @@ func (p *Provider) LinearForward(y, x, w, b *tensor.Tensor) error {
 	if err != nil {
 		return err
 	}
+	if b != nil && k > 0 && m > 1 && y.DType() == tensor.Float32 && p.e32.uk.biasFn != nil {
+		// Fused: the micro-kernel writes x·wᵀ + b, y is never read.
+		p.e32.gemm(gemmArgs[float32]{transB: true, m: m, n: n, k: k, alpha: 1, a: x.Float32(), b: w.Float32(),
+			c: y.Float32(), lda: k, ldb: k, ldc: n, bias: b.Float32()}, p.nthreads())
+		return nil
+	}
 	if b != nil {
 		if y.DType() == tensor.Float32 {
 			broadcastRows(y.Float32(), b.Float32(), m, n)

@@ -167,6 +167,13 @@ func (c *Communicator) beginOn(ctx context.Context, lock *sync.Mutex, o *opState
 		lock.Unlock()
 		return nil, nil, err
 	}
+	for _, r := range c.ranks {
+		if w.gone[r] {
+			w.mu.Unlock()
+			lock.Unlock()
+			return nil, nil, &Error{Kind: ErrPeerLost, Rank: r, Reporter: w.rank, Group: c.key, Op: op.String(), Detail: "the peer closed its world"}
+		}
+	}
 	var seq uint64
 	if op != OpSend {
 		c.seq++
@@ -216,7 +223,8 @@ func (c *Communicator) end(o *opState, done context.CancelFunc, err error) error
 }
 
 func (c *Communicator) failWith(o *opState, err error) {
-	e := toError(err, -1, c.w.rank)
+	cp := *toError(err, -1, c.w.rank) // errors may be shared: never modify one in place
+	e := &cp
 	if e.Group == "" && !errors.Is(e, ErrAborted) && !errors.Is(e, ErrClosed) && !errors.Is(e, ErrControlLost) {
 		e.Group, e.Seq, e.Op = c.key, o.h.Seq, o.h.Op.String()
 	}

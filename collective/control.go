@@ -21,6 +21,8 @@ type State struct {
 	Seqs map[string]uint64 `json:"seqs,omitempty"`
 	// Closed: the rank closed its World (a clean exit, not a loss).
 	Closed bool `json:"closed,omitempty"`
+	// Failure is the rank's World failure, if any.
+	Failure *Notice `json:"failure,omitempty"`
 }
 
 // Notice tells every rank of a group (or the whole job) that a collective failed.

@@ -55,7 +55,12 @@ func joinAll(cfgs []collective.Config) ([]*collective.World, []error) {
 func joinedWorlds(transport string) collectivetest.Factory {
 	return func(t testing.TB, n int, o collective.Options) []*collective.World {
 		job := newJob()
-		s := startServer(t, job)
+		return joinWorlds(t, startServer(t, job), job, n, transport, o)
+	}
+}
+
+func joinWorlds(t testing.TB, s *natsrv.Server, job string, n int, transport string, o collective.Options) []*collective.World {
+	{
 		cfgs := make([]collective.Config, n)
 		for i := range cfgs {
 			cfgs[i] = config(s, job, i, n, transport, o)
@@ -204,6 +209,9 @@ func TestAbortAndHeartbeats(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("abort took %v", d)
+	}
+	for i := 0; i < 100 && ws[2].Err() == nil; i++ {
+		time.Sleep(10 * time.Millisecond)
 	}
 	if !errors.Is(ws[2].Err(), collective.ErrAborted) {
 		t.Fatalf("rank 2: %v", ws[2].Err())

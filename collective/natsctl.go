@@ -5,13 +5,17 @@ package collective
 // Subjects of job J (all under "meshrun.J.", the only subjects the job's NATS
 // user may use):
 //
-//	meshrun.J.rdv          rendezvous: every rank sends its Announce as a request;
-//	                       rank 0 answers all of them with the Roster once complete
-//	meshrun.J.hb.<rank>    heartbeats: State as JSON, every HeartbeatInterval
-//	meshrun.J.fail         failure notices: Notice as JSON, from the rank that
-//	                       detected a failure; every rank fails at once
-//	meshrun.J.abort        abort: Notice as JSON (PublishAbort), e.g. from the
-//	                       launcher; every rank's pending call fails with ErrAborted
+//	meshrun.J.rdv            rendezvous: every rank sends its Announce as a request;
+//	                         rank 0 answers all of them with the Roster once complete
+//	meshrun.J.ctl.hb.<rank>  heartbeats: State as JSON, every HeartbeatInterval; the
+//	                         last one has closed=true (and the failure, if any)
+//	meshrun.J.ctl.fail       failure notices: Notice as JSON, from the rank that
+//	                         detected a failure; every rank fails at once
+//	meshrun.J.ctl.abort      abort: Notice as JSON (PublishAbort), e.g. from the
+//	                         launcher; every rank's pending call fails with ErrAborted
+//
+// The ctl subjects are read through one subscription so that a rank's notice
+// and its later heartbeats arrive in the order it sent them.
 //	meshrun.J.msg.<topic>  small control messages (World.PublishMsg/SubscribeMsg)
 //	meshrun.J.data.<dst>.<src>, meshrun.J.credit.<src>.<dst>
 //	                       the nats data path (transport "nats") and its window
@@ -215,32 +219,36 @@ type natsControl struct {
 func newNatsControl(nc *nats.Conn, job string, rank, size int, interval, timeout time.Duration, log *zap.Logger) (*natsControl, error) {
 	c := &natsControl{nc: nc, job: job, rank: rank, size: size, interval: interval, timeout: timeout, log: log,
 		peers: make([]State, size), seen: make([]time.Time, size), quit: make(chan struct{})}
-	onNotice := func(m *nats.Msg) {
-		var n Notice
-		if err := json.Unmarshal(m.Data, &n); err != nil {
-			return
+	prefix := Subject(job, "ctl.")
+	sub, err := nc.Subscribe(prefix+">", func(m *nats.Msg) {
+		kind := strings.TrimPrefix(m.Subject, prefix)
+		switch {
+		case kind == "fail" || kind == "abort":
+			var n Notice
+			if err := json.Unmarshal(m.Data, &n); err != nil {
+				return
+			}
+			if kind == "abort" {
+				n.Abort, n.Code = true, "aborted"
+			}
+			c.deliver(n)
+		case strings.HasPrefix(kind, "hb."):
+			var s State
+			if json.Unmarshal(m.Data, &s) != nil || s.Rank < 0 || s.Rank >= size {
+				return
+			}
+			c.mu.Lock()
+			c.peers[s.Rank] = s
+			c.seen[s.Rank] = time.Now()
+			c.mu.Unlock()
+			if s.Closed && s.Rank != rank {
+				if s.Failure != nil {
+					c.deliver(*s.Failure)
+				} else {
+					c.deliver(Notice{Code: "peer_closed", Rank: s.Rank, Reporter: rank})
+				}
+			}
 		}
-		if strings.HasSuffix(m.Subject, ".abort") {
-			n.Abort, n.Code = true, "aborted"
-		}
-		c.deliver(n)
-	}
-	for _, s := range []string{"fail", "abort"} {
-		sub, err := nc.Subscribe(Subject(job, s), onNotice)
-		if err != nil {
-			return nil, err
-		}
-		c.subs = append(c.subs, sub)
-	}
-	sub, err := nc.Subscribe(Subject(job, "hb.*"), func(m *nats.Msg) {
-		var s State
-		if json.Unmarshal(m.Data, &s) != nil || s.Rank < 0 || s.Rank >= size {
-			return
-		}
-		c.mu.Lock()
-		c.peers[s.Rank] = s
-		c.seen[s.Rank] = time.Now()
-		c.mu.Unlock()
 	})
 	if err != nil {
 		return nil, err
@@ -263,9 +271,9 @@ func (c *natsControl) deliver(n Notice) {
 
 func (c *natsControl) Publish(n Notice) error {
 	data, _ := json.Marshal(n)
-	subj := Subject(c.job, "fail")
+	subj := Subject(c.job, "ctl.fail")
 	if n.Abort {
-		subj = Subject(c.job, "abort")
+		subj = Subject(c.job, "ctl.abort")
 	}
 	if err := c.nc.Publish(subj, data); err != nil {
 		return err
@@ -292,7 +300,7 @@ func (c *natsControl) beat(closing bool) {
 	s := c.state()
 	s.Closed = closing
 	data, _ := json.Marshal(s)
-	c.nc.Publish(Subject(c.job, fmt.Sprintf("hb.%d", c.rank)), data)
+	c.nc.Publish(Subject(c.job, fmt.Sprintf("ctl.hb.%d", c.rank)), data)
 }
 
 func (c *natsControl) loop() {
@@ -366,11 +374,11 @@ func (c *natsControl) Close() error {
 }
 
 // PublishAbort aborts job: every rank's pending and future collectives fail with
-// ErrAborted carrying reason. nc needs publish rights on meshrun.<job>.abort
+// ErrAborted carrying reason. nc needs publish rights on meshrun.<job>.ctl.abort
 // (the job's user or an admin user).
 func PublishAbort(nc *nats.Conn, job, reason string) error {
 	data, _ := json.Marshal(Notice{Abort: true, Code: "aborted", Rank: -1, Reporter: -1, Detail: reason})
-	if err := nc.Publish(Subject(job, "abort"), data); err != nil {
+	if err := nc.Publish(Subject(job, "ctl.abort"), data); err != nil {
 		return err
 	}
 	return nc.FlushTimeout(2 * time.Second)
@@ -379,7 +387,7 @@ func PublishAbort(nc *nats.Conn, job, reason string) error {
 // WatchHeartbeats calls fn with every heartbeat of job's ranks (e.g. for a
 // launcher's hang diagnosis; see Hangs). Unsubscribe the result to stop.
 func WatchHeartbeats(nc *nats.Conn, job string, fn func(State)) (*nats.Subscription, error) {
-	return nc.Subscribe(Subject(job, "hb.*"), func(m *nats.Msg) {
+	return nc.Subscribe(Subject(job, "ctl.hb.*"), func(m *nats.Msg) {
 		var s State
 		if json.Unmarshal(m.Data, &s) == nil {
 			fn(s)

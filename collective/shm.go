@@ -56,8 +56,9 @@ type shmRing struct {
 	cap  uint64
 	path string
 	peer int
-	out  bool // we produce
-	mu   sync.Mutex
+	out  bool         // we produce
+	mu   sync.Mutex   // one Send or Recv at a time
+	mmu  sync.RWMutex // mem lifetime: Abort wakes under RLock, unmap under Lock
 	hb   [HeaderSize]byte
 	dead int64 // unix nanos of the last liveness check
 }
@@ -336,10 +337,15 @@ func (t *shmTransport) Abort(peers []int, err error) {
 		if p >= 0 && p < t.size && p != t.rank {
 			t.aborted[p].CompareAndSwap(nil, &err)
 			for _, r := range []*shmRing{t.out[p], t.in[p]} {
-				if r != nil && r.mem != nil {
+				if r == nil {
+					continue
+				}
+				r.mmu.RLock()
+				if r.mem != nil {
 					futexWake(r.u32(offDataSeq))
 					futexWake(r.u32(offSpaceSeq))
 				}
+				r.mmu.RUnlock()
 			}
 		}
 	}
@@ -352,6 +358,7 @@ func (t *shmTransport) unmapAll() {
 				continue
 			}
 			r.mu.Lock() // waits for a pending Send/Recv (aborted first)
+			r.mmu.Lock()
 			if r.mem != nil {
 				if r.out {
 					atomic.StoreUint32(r.u32(offProdDone), 1)
@@ -363,6 +370,7 @@ func (t *shmTransport) unmapAll() {
 				syscall.Munmap(r.mem)
 				r.mem, r.data = nil, nil
 			}
+			r.mmu.Unlock()
 			if r.out {
 				os.Remove(r.path) // if the consumer never mapped it
 			}

@@ -88,6 +88,7 @@ type World struct {
 	cur     State
 	closers []func() error
 	closed  bool
+	gone    map[int]bool // ranks that closed their World
 }
 
 // NewWorld builds a World over a transport and a control plane (Join does this
@@ -138,16 +139,59 @@ func (w *World) State() State {
 	for k, v := range w.seqs {
 		s.Seqs[k] = v
 	}
+	if w.err != nil {
+		n := noticeOf(w.err)
+		s.Failure = &n
+	}
 	return s
 }
 
 func (w *World) onNotice(n Notice) {
+	if n.Code == "peer_closed" {
+		w.peerClosed(n.Rank)
+		return
+	}
 	w.failLocal(n.err(), false)
+}
+
+// peerClosed: rank closed its World. A collective in flight with it fails; so
+// does any later one whose group holds it.
+func (w *World) peerClosed(rank int) {
+	w.mu.Lock()
+	if w.gone == nil {
+		w.gone = map[int]bool{}
+	}
+	w.gone[rank] = true
+	active := w.cur.Active && slices.Contains(w.cur.Ranks, rank)
+	w.mu.Unlock()
+	if active {
+		w.fail(&Error{Kind: ErrPeerLost, Rank: rank, Reporter: w.rank, Detail: "the peer closed its world during the collective"})
+	}
 }
 
 // fail records the World's first failure, publishes it to the job, and aborts
 // every link so pending calls return.
-func (w *World) fail(e *Error) { w.failLocal(e, true) }
+//
+// A lost peer seen by this rank's transport (a closed connection, a vanished
+// process) may be the echo of an earlier failure elsewhere: a rank that failed
+// first publishes its notice and then closes its connections. So before
+// blaming the peer, wait briefly for such a notice; the first failure wins and
+// every rank names the same culprit.
+func (w *World) fail(e *Error) {
+	if errors.Is(e, ErrPeerLost) {
+		t := time.NewTimer(peerLostGrace)
+		select {
+		case <-w.ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	w.failLocal(e, true)
+}
+
+// peerLostGrace is how long a transport-detected peer loss waits for an
+// earlier failure's notice.
+const peerLostGrace = 250 * time.Millisecond
 
 func (w *World) failLocal(e *Error, publish bool) {
 	w.mu.Lock()
@@ -156,7 +200,9 @@ func (w *World) failLocal(e *Error, publish bool) {
 		return
 	}
 	if e.Reporter < 0 && publish {
-		e.Reporter = w.rank
+		cp := *e
+		cp.Reporter = w.rank
+		e = &cp
 	}
 	w.err = e
 	w.mu.Unlock()

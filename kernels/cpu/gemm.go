@@ -28,9 +28,16 @@ type gemmJob[T float] struct {
 	uk     *ukernel[T]
 	parts  int
 	splitN bool
+	// directB: the micro-kernel reads full B micro-panels straight from b (ldb
+	// apart) instead of packed copies; used when few rows of A share each panel,
+	// where packing would cost as much as the multiply.
+	directB bool
 	bufs   *freeList[packBuf[T]]
 	wg     sync.WaitGroup
 }
+
+// directBTiles is the most micro-tile rows for which B is read unpacked.
+var directBTiles = 2
 
 // workPerThr is the least work (flops) worth handing to another goroutine.
 var workPerThr = 1 << 21
@@ -72,6 +79,7 @@ func (e *engine[T]) gemm(g gemmArgs[T], threads int) {
 	j.gemmArgs, j.uk, j.bufs = g, uk, e.bufs
 	tilesM := (g.m + uk.mr - 1) / uk.mr
 	tilesN := (g.n + uk.nr - 1) / uk.nr
+	j.directB = !g.transB && tilesM <= directBTiles && uk.masked
 	flops := 2 * g.m * g.n * g.k
 	threads = max(1, min(threads, flops/workPerThr))
 	j.splitN = g.n >= g.m && tilesN >= threads || tilesM < threads
@@ -146,23 +154,37 @@ func (j *gemmJob[T]) block(buf *packBuf[T], i0, i1, j0, j1 int) {
 			if pc > 0 {
 				beta = 1
 			}
-			packB(buf.b, j.b, j.ldb, j.transB, pc, kc, jc, nc, nr)
+			fullNC := nc
+			if j.directB {
+				// Only a partial last panel is packed (the kernel reads whole panels).
+				fullNC = nc / nr * nr
+				if fullNC < nc {
+					packB(buf.b, j.b, j.ldb, j.transB, pc, kc, jc+fullNC, nc-fullNC, nr)
+				}
+			} else {
+				packB(buf.b, j.b, j.ldb, j.transB, pc, kc, jc, nc, nr)
+			}
 			for ic := i0; ic < i1; ic += mcb {
 				mc := min(mcb, i1-ic)
 				packA(buf.a, j.a, j.lda, j.transA, ic, mc, pc, kc, mr)
 				for jr := 0; jr < nc; jr += nr {
 					cols := min(nr, nc-jr)
-					bp := &buf.b[(jr/nr)*kc*nr]
+					bp, ldb := &buf.b[(jr/nr)*kc*nr], nr
+					if j.directB && jr < fullNC {
+						bp, ldb = &j.b[pc*j.ldb+jc+jr], j.ldb
+					} else if j.directB {
+						bp = &buf.b[0]
+					}
 					for ir := 0; ir < mc; ir += mr {
 						rows := min(mr, mc-ir)
 						ap := &buf.a[(ir/mr)*kc*mr]
 						ci := (ic+ir)*j.ldc + jc + jr
 						if pc == 0 && j.bias != nil {
-							uk.biasFn(kc, ap, bp, nr, &j.c[ci], j.ldc, rows, 1<<cols-1, j.alpha, &j.bias[jc+jr])
+							uk.biasFn(kc, ap, bp, ldb, &j.c[ci], j.ldc, rows, 1<<cols-1, j.alpha, &j.bias[jc+jr])
 							continue
 						}
 						if uk.masked || (rows == mr && cols == nr) {
-							uk.fn(kc, ap, bp, nr, &j.c[ci], j.ldc, rows, 1<<cols-1, j.alpha, beta)
+							uk.fn(kc, ap, bp, ldb, &j.c[ci], j.ldc, rows, 1<<cols-1, j.alpha, beta)
 							continue
 						}
 						t := buf.tile

@@ -31,6 +31,8 @@ import (
 //	                                 (default 127.0.0.1 on one node)
 //	MESHRUN_COLLECTIVE_TIMEOUT       deadline of one collective (Go duration)
 //	MESHRUN_RENDEZVOUS_TIMEOUT       deadline of the rendezvous (Go duration)
+//	MESHRUN_CHUNK_BYTES              pipelining chunk of large collectives
+//	MESHRUN_SMALL_BYTES              largest collective using direct algorithms
 type Config struct {
 	Rank, WorldSize           int
 	LocalRank, LocalWorldSize int
@@ -97,6 +99,8 @@ func EnvConfig() Config {
 	c.TCPHost = os.Getenv("MESHRUN_TCP_HOST")
 	dur("MESHRUN_COLLECTIVE_TIMEOUT", &c.DataTimeout)
 	dur("MESHRUN_RENDEZVOUS_TIMEOUT", &c.RendezvousTimeout)
+	num("MESHRUN_CHUNK_BYTES", false, &c.ChunkBytes)
+	num("MESHRUN_SMALL_BYTES", false, &c.SmallBytes)
 	return c
 }
 

@@ -210,8 +210,8 @@ func (t *shmTransport) check(ctx context.Context, r *shmRing, what string) error
 
 // wait sleeps until *seq moves from the value seen, spinning briefly first.
 func wait(seq, flag *uint32, seen uint32, spins *int) {
+	*spins++
 	if *spins < 64 {
-		*spins++
 		runtime.Gosched()
 		return
 	}
@@ -232,8 +232,10 @@ func (t *shmTransport) write(ctx context.Context, r *shmRing, parts ...[]byte) e
 			tail := atomic.LoadUint64(r.u64(offTail))
 			free := r.cap - (head - tail)
 			if free == 0 {
-				if err := t.check(ctx, r, "sending"); err != nil {
-					return err
+				if spins&15 == 15 {
+					if err := t.check(ctx, r, "sending"); err != nil {
+						return err
+					}
 				}
 				wait(r.u32(offSpaceSeq), r.u32(offSpaceWait), seen, &spins)
 				continue
@@ -273,8 +275,10 @@ func (t *shmTransport) read(ctx context.Context, r *shmRing, dst []byte) error {
 		head := atomic.LoadUint64(r.u64(offHead))
 		avail := head - tail
 		if avail == 0 {
-			if err := t.check(ctx, r, "receiving"); err != nil {
-				return err
+			if spins&15 == 15 {
+				if err := t.check(ctx, r, "receiving"); err != nil {
+					return err
+				}
 			}
 			wait(r.u32(offDataSeq), r.u32(offDataWait), seen, &spins)
 			continue

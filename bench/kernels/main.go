@@ -3,8 +3,10 @@
 //
 //	impl  threads  case  op  M  K  N  gflops
 //
-// It is the meshrun side of run.sh, which measures OpenBLAS (through numpy) in the
-// same run with peer.py and prints the comparison table.
+// Built with the openblas tag and run with -peer, it also measures OpenBLAS
+// through the openblas provider in the same process, alternating with meshrun
+// round by round, so both see the same background load (impl "openblas").
+// run.sh adds numpy's OpenBLAS (peer.py) and prints the comparison table.
 package main
 
 import (
@@ -45,6 +47,8 @@ func main() {
 	kernel := flag.String("kernel", "", "micro-kernel (avx512, avx2, go; default: best)")
 	only := flag.String("only", "", "run only cases whose name or M_K_N contains this")
 	peak := flag.Bool("peak", false, "measure the FMA peak instead")
+	withPeer := flag.Bool("peer", false, "also measure OpenBLAS in-process (needs -tags openblas)")
+	rounds := flag.Int("rounds", 5, "alternating rounds per measurement (with -peer)")
 	var blk cpu.Blocking
 	flag.IntVar(&blk.MC, "mc", 0, "override MC (0: default)")
 	flag.IntVar(&blk.KC, "kc", 0, "override KC (0: default)")
@@ -61,14 +65,39 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Fprintf(os.Stderr, "cpu provider, %s micro-kernel, blocking %+v, GOMAXPROCS=%d\n", p.Kernel(), p.Blocking(), *threads)
+	var peer kernels.Kernels
+	if *withPeer {
+		var desc string
+		if peer, desc = newPeer(*threads); peer == nil {
+			fmt.Fprintln(os.Stderr, "-peer needs a binary built with -tags openblas")
+			os.Exit(2)
+		}
+		fmt.Fprintf(os.Stderr, "peer: OpenBLAS %s, %d thread(s)\n", desc, *threads)
+	}
 	for _, c := range Cases {
 		key := fmt.Sprintf("%s_%d_%d_%d", c.Name, c.M, c.K, c.N)
 		if *only != "" && !strings.Contains(key, *only) {
 			continue
 		}
-		for _, op := range ops(p, c) {
-			g := measure(op.run, op.flops, *minTime)
-			fmt.Printf("meshrun\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\n", *threads, c.Name, op.name, c.M, c.K, c.N, g)
+		mine := ops(p, c)
+		var theirs []op
+		if peer != nil {
+			theirs = ops(peer, c)
+		}
+		for i, op := range mine {
+			if peer == nil {
+				g := measure(op.run, op.flops, *minTime)
+				fmt.Printf("meshrun\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\n", *threads, c.Name, op.name, c.M, c.K, c.N, g)
+				continue
+			}
+			var gm, gp float64
+			slice := *minTime / time.Duration(*rounds)
+			for r := 0; r < *rounds; r++ {
+				gm = max(gm, measure(op.run, op.flops, slice))
+				gp = max(gp, measure(theirs[i].run, op.flops, slice))
+			}
+			fmt.Printf("meshrun\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\n", *threads, c.Name, op.name, c.M, c.K, c.N, gm)
+			fmt.Printf("openblas\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\n", *threads, c.Name, op.name, c.M, c.K, c.N, gp)
 		}
 	}
 }
@@ -93,7 +122,7 @@ func check(err error) {
 	}
 }
 
-func ops(p *cpu.Provider, c Case) []op {
+func ops(p kernels.Kernels, c Case) []op {
 	rng := rand.New(rand.NewPCG(1, 2))
 	flops := 2 * float64(c.M) * float64(c.K) * float64(c.N)
 	if !c.Linear {

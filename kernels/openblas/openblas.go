@@ -61,9 +61,30 @@ func trans(t bool) C.enum_CBLAS_TRANSPOSE {
 	return C.CblasNoTrans
 }
 
-// gemm runs a checked GEMM on host tensors.
+// gemm runs a checked GEMM on host tensors; M = 1 takes GEMV (OpenBLAS's GEMM
+// is slow on a single row).
 func gemm(g kernels.GemmParams, a, b, c *tensor.Tensor) {
 	if g.M == 0 || g.N == 0 {
+		return
+	}
+	if g.M == 1 && g.K > 0 && !g.TransA {
+		// c[0,:] = alpha·op(B)ᵀ·a[0,:] + beta·c[0,:]; B is N×K (TransB) or K×N.
+		rows, cols := g.K, g.N
+		tr := C.enum_CBLAS_TRANSPOSE(C.CblasTrans)
+		if g.TransB {
+			rows, cols, tr = g.N, g.K, C.CblasNoTrans
+		}
+		for i := 0; i < g.BatchCount; i++ {
+			if g.DType == tensor.Float32 {
+				C.cblas_sgemv(C.CblasRowMajor, tr, C.blasint(rows), C.blasint(cols), C.float(g.Alpha),
+					(*C.float)(&b.Float32()[i*g.StrideB]), C.blasint(g.LDB), (*C.float)(&a.Float32()[i*g.StrideA]), 1,
+					C.float(g.Beta), (*C.float)(&c.Float32()[i*g.StrideC]), 1)
+			} else {
+				C.cblas_dgemv(C.CblasRowMajor, tr, C.blasint(rows), C.blasint(cols), C.double(g.Alpha),
+					(*C.double)(&b.Float64()[i*g.StrideB]), C.blasint(g.LDB), (*C.double)(&a.Float64()[i*g.StrideA]), 1,
+					C.double(g.Beta), (*C.double)(&c.Float64()[i*g.StrideC]), 1)
+			}
+		}
 		return
 	}
 	for i := 0; i < g.BatchCount; i++ {

@@ -32,8 +32,8 @@ type gemmJob[T float] struct {
 	// apart) instead of packed copies; used when few rows of A share each panel,
 	// where packing would cost as much as the multiply.
 	directB bool
-	bufs   *freeList[packBuf[T]]
-	wg     sync.WaitGroup
+	bufs    *freeList[packBuf[T]]
+	wg      sync.WaitGroup
 }
 
 // directBTiles is the most micro-tile rows for which B is read unpacked.

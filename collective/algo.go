@@ -61,7 +61,7 @@ func AllReduce[T Float](ctx context.Context, c *Communicator, buf []T, op Reduce
 	if err := checkOp(op); err != nil {
 		return err
 	}
-	o, done, err := c.begin(ctx, OpAllReduce, dtypeOf[T](), op, len(buf), 0)
+	o, err := c.begin(ctx, OpAllReduce, dtypeOf[T](), op, len(buf), 0)
 	if err != nil {
 		return err
 	}
@@ -76,7 +76,7 @@ func AllReduce[T Float](ctx context.Context, c *Communicator, buf []T, op Reduce
 		c.algo = "ring"
 		err = allReduceRing(o, buf, op)
 	}
-	return c.end(o, done, err)
+	return c.end(o, err)
 }
 
 func allReduceDirect[T Float](o *opState, buf []T, op ReduceOp) error {
@@ -216,7 +216,7 @@ func AllGather[T Float](ctx context.Context, c *Communicator, in, out []T, count
 	if len(in) != counts[k] || len(out) != total {
 		return invalid("all_gather: in has %d elements (count %d), out %d (total %d)", len(in), counts[k], len(out), total)
 	}
-	o, done, err := c.begin(ctx, OpAllGather, dtypeOf[T](), 0, total, hashCounts(-1, counts))
+	o, err := c.begin(ctx, OpAllGather, dtypeOf[T](), 0, total, hashCounts(-1, counts))
 	if err != nil {
 		return err
 	}
@@ -241,7 +241,7 @@ func AllGather[T Float](ctx context.Context, c *Communicator, in, out []T, count
 		c.algo = "ring"
 		err = allGatherRing(o, out, offs)
 	}
-	return c.end(o, done, err)
+	return c.end(o, err)
 }
 
 func allGatherRing[T Float](o *opState, out []T, offs []int) error {
@@ -285,7 +285,7 @@ func ReduceScatter[T Float](ctx context.Context, c *Communicator, in, out []T, c
 	if len(in) != total || len(out) != counts[k] {
 		return invalid("reduce_scatter: in has %d elements (total %d), out %d (count %d)", len(in), total, len(out), counts[k])
 	}
-	o, done, err := c.begin(ctx, OpReduceScatter, dtypeOf[T](), op, total, hashCounts(-1, counts))
+	o, err := c.begin(ctx, OpReduceScatter, dtypeOf[T](), op, total, hashCounts(-1, counts))
 	if err != nil {
 		return err
 	}
@@ -300,7 +300,7 @@ func ReduceScatter[T Float](ctx context.Context, c *Communicator, in, out []T, c
 		c.algo = "ring"
 		err = reduceScatterRing(o, in, out, offs, op)
 	}
-	return c.end(o, done, err)
+	return c.end(o, err)
 }
 
 func reduceScatterDirect[T Float](o *opState, in, out []T, offs []int, op ReduceOp) error {
@@ -394,7 +394,7 @@ func Broadcast[T Float](ctx context.Context, c *Communicator, buf []T, root int)
 	if root < 0 || root >= n {
 		return invalid("broadcast: root %d outside group of %d", root, n)
 	}
-	o, done, err := c.begin(ctx, OpBroadcast, dtypeOf[T](), 0, len(buf), hashCounts(root, nil))
+	o, err := c.begin(ctx, OpBroadcast, dtypeOf[T](), 0, len(buf), hashCounts(root, nil))
 	if err != nil {
 		return err
 	}
@@ -425,7 +425,7 @@ func Broadcast[T Float](ctx context.Context, c *Communicator, buf []T, root int)
 			}
 		}
 	}
-	return c.end(o, done, err)
+	return c.end(o, err)
 }
 
 // AllToAll sends send[sendOffs(j)...] (sendCounts[j] elements) to member j and
@@ -450,7 +450,7 @@ func AllToAll[T Float](ctx context.Context, c *Communicator, send []T, sendCount
 	if sendCounts[k] != recvCounts[k] {
 		return invalid("all_to_all: rank sends itself %d elements but expects %d", sendCounts[k], recvCounts[k])
 	}
-	o, done, err := c.begin(ctx, OpAllToAll, dtypeOf[T](), 0, 0, 0)
+	o, err := c.begin(ctx, OpAllToAll, dtypeOf[T](), 0, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -466,7 +466,7 @@ func AllToAll[T Float](ctx context.Context, c *Communicator, send []T, sendCount
 		o.h.Count = uint64(recvCounts[p])
 		err = recvSeg(o, p, 0, recv[ro[p]:ro[p+1]], 0)
 	}
-	return c.end(o, done, err)
+	return c.end(o, err)
 }
 
 // Send sends buf to group member peer; the peer must Recv a buffer of the same
@@ -475,14 +475,14 @@ func Send[T Float](ctx context.Context, c *Communicator, buf []T, peer int) erro
 	if peer < 0 || peer >= len(c.ranks) || peer == c.me {
 		return invalid("send: peer %d (group of %d, self %d)", peer, len(c.ranks), c.me)
 	}
-	o, done, err := c.beginP2P(ctx, &c.sendMu, dtypeOf[T](), len(buf))
+	o, err := c.beginP2P(ctx, &c.sendMu, dtypeOf[T](), len(buf))
 	if err != nil {
 		return err
 	}
 	c.p2pSend[peer]++
 	o.h.Seq = c.p2pSend[peer]
 	sendSeg(o, peer, 0, buf, 0)
-	return c.end(o, done, o.err)
+	return c.end(o, o.err)
 }
 
 // Recv receives into buf what group member peer sent with Send.
@@ -490,13 +490,13 @@ func Recv[T Float](ctx context.Context, c *Communicator, buf []T, peer int) erro
 	if peer < 0 || peer >= len(c.ranks) || peer == c.me {
 		return invalid("recv: peer %d (group of %d, self %d)", peer, len(c.ranks), c.me)
 	}
-	o, done, err := c.beginP2P(ctx, &c.recvMu, dtypeOf[T](), len(buf))
+	o, err := c.beginP2P(ctx, &c.recvMu, dtypeOf[T](), len(buf))
 	if err != nil {
 		return err
 	}
 	c.p2pRecv[peer]++
 	o.h.Seq = c.p2pRecv[peer]
-	return c.end(o, done, recvSeg(o, peer, 0, buf, 0))
+	return c.end(o, recvSeg(o, peer, 0, buf, 0))
 }
 
 // Algorithm names the algorithm of the communicator's last collective ("ring",

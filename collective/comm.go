@@ -59,6 +59,7 @@ type Communicator struct {
 	o       opState
 
 	sq       chan sendReq
+	sh       Header // the sender goroutine's header
 	sd       chan error
 	stopOnce sync.Once
 	quit     chan struct{}
@@ -90,7 +91,8 @@ func (c *Communicator) sender() {
 		case <-c.quit:
 			return
 		case r := <-c.sq:
-			err := c.w.t.Send(r.ctx, r.peer, &r.h, r.p)
+			c.sh = r.h // a header owned by the sender goroutine: no allocation per send
+			err := c.w.t.Send(r.ctx, r.peer, &c.sh, r.p)
 			if err != nil {
 				c.w.fail(toError(err, r.peer, c.w.rank))
 			}
@@ -119,10 +121,35 @@ func (c *Communicator) String() string { return c.key }
 // World returns the World the communicator belongs to.
 func (c *Communicator) World() *World { return c.w }
 
+// opCtx is the context of one collective: done when the World fails (which a
+// caller's cancellation also causes), an error past its deadline. Transports
+// read the deadline; it allocates nothing.
+type opCtx struct {
+	w        *World
+	deadline time.Time
+}
+
+func (o *opCtx) Deadline() (time.Time, bool) { return o.deadline, true }
+func (o *opCtx) Done() <-chan struct{}       { return o.w.ctx.Done() }
+func (o *opCtx) Value(k any) any             { return o.w.ctx.Value(k) }
+func (o *opCtx) Err() error {
+	if err := o.w.ctx.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(o.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
 // opState is one collective in flight.
 type opState struct {
 	c     *Communicator
-	ctx   context.Context
+	octx  opCtx
+	ctx   context.Context // &octx
+	stop  func() bool     // stops the watch of the caller's ctx
+	want  Header          // the header Recv expects (kept here: no allocation)
+	sh    Header          // the header of a synchronous (p2p) send
 	h     Header
 	esize int
 	nsent int
@@ -142,19 +169,19 @@ func toError(err error, peer, reporter int) *Error {
 
 // begin starts a collective: checks the World, takes the next sequence number,
 // records the state for heartbeats, sets the deadline.
-func (c *Communicator) begin(ctx context.Context, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, context.CancelFunc, error) {
+func (c *Communicator) begin(ctx context.Context, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, error) {
 	return c.beginOn(ctx, &c.mu, &c.o, op, dt, red, count, shape)
 }
 
-func (c *Communicator) beginP2P(ctx context.Context, lock *sync.Mutex, dt DType, count int) (*opState, context.CancelFunc, error) {
-	o, done, err := c.beginOn(ctx, lock, new(opState), OpSend, dt, 0, count, 0)
+func (c *Communicator) beginP2P(ctx context.Context, lock *sync.Mutex, dt DType, count int) (*opState, error) {
+	o, err := c.beginOn(ctx, lock, new(opState), OpSend, dt, 0, count, 0)
 	if o != nil {
 		o.p2p = lock
 	}
-	return o, done, err
+	return o, err
 }
 
-func (c *Communicator) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, context.CancelFunc, error) {
+func (c *Communicator) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, error) {
 	lock.Lock()
 	w := c.w
 	w.mu.Lock()
@@ -165,13 +192,13 @@ func (c *Communicator) beginOn(ctx context.Context, lock *sync.Mutex, o *opState
 		}
 		w.mu.Unlock()
 		lock.Unlock()
-		return nil, nil, err
+		return nil, err
 	}
 	for _, r := range c.ranks {
 		if w.gone[r] {
 			w.mu.Unlock()
 			lock.Unlock()
-			return nil, nil, &Error{Kind: ErrPeerLost, Rank: r, Reporter: w.rank, Group: c.key, Op: op.String(), Detail: "the peer closed its world"}
+			return nil, &Error{Kind: ErrPeerLost, Rank: r, Reporter: w.rank, Group: c.key, Op: op.String(), Detail: "the peer closed its world"}
 		}
 	}
 	var seq uint64
@@ -182,19 +209,23 @@ func (c *Communicator) beginOn(ctx context.Context, lock *sync.Mutex, o *opState
 		w.cur = State{Group: c.key, Ranks: c.ranks, Seq: seq, Op: op.String(), Active: true, Since: time.Now()}
 	}
 	w.mu.Unlock()
-	octx, cancel := context.WithTimeout(w.ctx, w.opts.DataTimeout)
-	stop := context.AfterFunc(ctx, func() {
-		w.fail(&Error{Kind: ErrAborted, Rank: w.rank, Reporter: w.rank, Group: c.key, Seq: seq, Op: op.String(),
-			Detail: "caller canceled: " + fmt.Sprint(context.Cause(ctx))})
-	})
-	*o = opState{c: c, ctx: octx, esize: dt.Size(), start: time.Now()}
+	now := time.Now()
+	*o = opState{c: c, esize: dt.Size(), start: now}
+	o.octx = opCtx{w: w, deadline: now.Add(w.opts.DataTimeout)}
+	o.ctx = &o.octx
+	if ctx.Done() != nil { // a cancelable caller: its cancellation fails the World
+		o.stop = context.AfterFunc(ctx, func() {
+			w.fail(&Error{Kind: ErrAborted, Rank: w.rank, Reporter: w.rank, Group: c.key, Seq: seq, Op: op.String(),
+				Detail: "caller canceled: " + fmt.Sprint(context.Cause(ctx))})
+		})
+	}
 	o.h = Header{Op: op, DType: dt, RedOp: uint8(red), Job: w.job, Group: c.id, Seq: seq, Count: uint64(count), Shape: shape}
-	return o, func() { stop(); cancel() }, nil
+	return o, nil
 }
 
 // end finishes a collective: waits for its sends, turns errors into the World's
 // failure, updates the state.
-func (c *Communicator) end(o *opState, done context.CancelFunc, err error) error {
+func (c *Communicator) end(o *opState, err error) error {
 	if err != nil {
 		c.failWith(o, err)
 	}
@@ -202,7 +233,9 @@ func (c *Communicator) end(o *opState, done context.CancelFunc, err error) error
 		err = e
 		c.failWith(o, err)
 	}
-	done()
+	if o.stop != nil {
+		o.stop()
+	}
 	w := c.w
 	w.mu.Lock()
 	if o.p2p == nil {
@@ -245,7 +278,8 @@ func (o *opState) send(peer int, step, chunk uint32, off int, p []byte) int {
 	h.Src, h.Dst = int32(o.c.w.rank), int32(o.c.ranks[peer])
 	h.Step, h.Chunk, h.Offset, h.Length = step, chunk, uint64(off), uint32(len(p))
 	if o.p2p != nil {
-		if err := o.c.w.t.Send(o.ctx, o.c.ranks[peer], &h, p); err != nil && o.err == nil {
+		o.sh = h
+		if err := o.c.w.t.Send(o.ctx, o.c.ranks[peer], &o.sh, p); err != nil && o.err == nil {
 			o.err = err
 		}
 		o.nsent++
@@ -285,10 +319,11 @@ func (o *opState) drain() error { return o.waitSent(o.nsent - 1) }
 
 // recv receives the next message from group member peer into dst.
 func (o *opState) recv(peer int, step, chunk uint32, off int, dst []byte) error {
-	want := o.h
+	want := &o.want
+	*want = o.h
 	want.Src, want.Dst = int32(o.c.ranks[peer]), int32(o.c.w.rank)
 	want.Step, want.Chunk, want.Offset, want.Length = step, chunk, uint64(off), uint32(len(dst))
-	return o.c.w.t.Recv(o.ctx, o.c.ranks[peer], &want, dst)
+	return o.c.w.t.Recv(o.ctx, o.c.ranks[peer], want, dst)
 }
 
 // chunkElems is the pipelining unit in elements.
@@ -317,20 +352,20 @@ func nchunks(n, ce int) int {
 // create is the group-creation handshake: a barrier whose headers carry the
 // group's ranks, so members that disagree fail.
 func (c *Communicator) create(ctx context.Context) error {
-	o, done, err := c.begin(ctx, OpCreate, DNone, 0, len(c.ranks), hash64("ranks", c.ranks))
+	o, err := c.begin(ctx, OpCreate, DNone, 0, len(c.ranks), hash64("ranks", c.ranks))
 	if err != nil {
 		return err
 	}
-	return c.end(o, done, dissemination(o))
+	return c.end(o, dissemination(o))
 }
 
 // Barrier returns once every member has entered it.
 func (c *Communicator) Barrier(ctx context.Context) error {
-	o, done, err := c.begin(ctx, OpBarrier, DNone, 0, 0, 0)
+	o, err := c.begin(ctx, OpBarrier, DNone, 0, 0, 0)
 	if err != nil {
 		return err
 	}
-	return c.end(o, done, dissemination(o))
+	return c.end(o, dissemination(o))
 }
 
 // dissemination barrier: ceil(log2 n) rounds of empty messages.

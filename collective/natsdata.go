@@ -32,6 +32,7 @@ type natsLink struct {
 	consume int           // messages consumed since the last credit grant
 	buf     []byte        // send buffer (header + payload)
 	abort   chan struct{}
+	st, rt  waitTimer
 	once    sync.Once
 	err     error
 }
@@ -143,7 +144,11 @@ func (t *natsTransport) Send(ctx context.Context, peer int, h *Header, p []byte)
 			return l.err
 		case <-ctx.Done():
 			return ctxErr(ctx, peer, "sending (waiting for the receiver's window)")
+		case <-l.st.until(ctx):
+			l.st.stop()
+			return ctxErr(ctx, peer, "sending (waiting for the receiver's window)")
 		}
+		l.st.stop()
 	}
 	select {
 	case <-l.abort:
@@ -169,10 +174,18 @@ func (t *natsTransport) Recv(ctx context.Context, peer int, want *Header, dst []
 	var m *nats.Msg
 	select {
 	case m = <-l.in:
-	case <-l.abort:
-		return l.err
-	case <-ctx.Done():
-		return ctxErr(ctx, peer, "receiving")
+	default:
+		select {
+		case m = <-l.in:
+		case <-l.abort:
+			return l.err
+		case <-ctx.Done():
+			return ctxErr(ctx, peer, "receiving")
+		case <-l.rt.until(ctx):
+			l.rt.stop()
+			return ctxErr(ctx, peer, "receiving")
+		}
+		l.rt.stop()
 	}
 	got, payload, err := DecodeMessage(m.Data, t.max)
 	if err != nil {

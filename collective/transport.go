@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Transport is the data plane of one rank: ordered, reliable messages to and
@@ -46,6 +47,30 @@ func ctxErr(ctx context.Context, peer int, what string) error {
 	return &Error{Kind: ErrAborted, Rank: -1, Reporter: -1, Detail: what + ": " + fmt.Sprint(ctx.Err())}
 }
 
+// waitTimer is a reusable deadline timer for one waiter (one per link and
+// direction), so waiting allocates nothing.
+type waitTimer struct{ t *time.Timer }
+
+func (w *waitTimer) until(ctx context.Context) <-chan time.Time {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return nil
+	}
+	d := time.Until(dl)
+	if w.t == nil {
+		w.t = time.NewTimer(d)
+	} else {
+		w.t.Reset(d)
+	}
+	return w.t.C
+}
+
+func (w *waitTimer) stop() {
+	if w.t != nil {
+		w.t.Stop()
+	}
+}
+
 // ---- local transport: in-process, for tests ----
 
 type localMsg struct {
@@ -55,6 +80,8 @@ type localMsg struct {
 
 type localLink struct {
 	ch    chan localMsg
+	st    waitTimer // the sender's
+	rt    waitTimer // the receiver's
 	once  sync.Once
 	abort chan struct{}
 	err   error
@@ -113,11 +140,19 @@ func (t *localTransport) Send(ctx context.Context, peer int, h *Header, p []byte
 	select {
 	case l.ch <- m:
 		return nil
+	default:
+	}
+	defer l.st.stop()
+	select {
+	case l.ch <- m:
+		return nil
 	case <-l.abort:
 		return l.err
 	case <-t.f.dead[peer]:
 		return &Error{Kind: ErrPeerLost, Rank: peer, Reporter: t.rank, Detail: "peer closed its transport"}
 	case <-ctx.Done():
+		return ctxErr(ctx, peer, "sending")
+	case <-l.st.until(ctx):
 		return ctxErr(ctx, peer, "sending")
 	}
 }
@@ -129,8 +164,11 @@ func (t *localTransport) Recv(ctx context.Context, peer int, want *Header, dst [
 	select {
 	case m = <-l.ch:
 	default:
+		defer l.rt.stop()
 		select {
 		case m = <-l.ch:
+		case <-l.rt.until(ctx):
+			return ctxErr(ctx, peer, "receiving")
 		case <-l.abort:
 			return l.err
 		case <-in.abort:

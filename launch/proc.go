@@ -315,7 +315,11 @@ func (j *job) run(ctx context.Context) (int, error) {
 				notice = &NoticeReport{TimeMS: time.Now().UnixMilli(), Code: n.Code, Culprit: n.Rank, Reporter: n.Reporter,
 					Op: n.Op, Seq: n.Seq, Group: n.Group, Detail: n.Detail}
 				ev.emit("collective_failure", "code", n.Code, "culprit_rank", n.Rank, "reporter_rank", n.Reporter, "op", n.Op, "seq", n.Seq, "group", n.Group, "detail", n.Detail)
-				say("rank %d reports %s in %s seq %d on group %s, blaming rank %d: %s", n.Reporter, n.Code, n.Op, n.Seq, n.Group, n.Rank, n.Detail)
+				where := ""
+				if n.Op != "" {
+					where = fmt.Sprintf(" in %s seq %d on group %s", n.Op, n.Seq, n.Group)
+				}
+				say("rank %d reports %s%s, blaming rank %d: %s", n.Reporter, n.Code, where, n.Rank, n.Detail)
 			}
 		case <-hangC:
 			now := time.Now()

@@ -17,8 +17,8 @@ import (
 // The launcher's own NATS connection carries, on the job's subjects:
 //
 //	meshrun.J.abort     the abort it broadcasts on the first failure (collective.PublishAbort)
-//	meshrun.J.fail      the ranks' failure notices, read to learn whom a collective blamed
-//	meshrun.J.hb.*      the ranks' heartbeats, read for --hang-after
+//	meshrun.J.ctl.fail  the ranks' failure notices, read to learn whom a collective blamed
+//	meshrun.J.ctl.hb.*  the ranks' heartbeats, read for --hang-after
 //	meshrun.J.launcher  launcher to launcher (several nodes): a rank's failure with its
 //	                    ms time, so that every node names the same first failure
 
@@ -34,6 +34,9 @@ type nodeMsg struct {
 	TimeMS   int64  `json:"time_ms"`
 	Reason   string `json:"reason,omitempty"`
 }
+
+// noticeSubjects are where ranks publish failure notices.
+var noticeSubjects = []string{"fail", "ctl.fail"}
 
 // plane is the launcher's connection to the job's NATS.
 type plane struct {
@@ -57,7 +60,7 @@ func connectPlane(url string, c creds.Credentials, job string, node int, heartbe
 	}
 	p := &plane{nc: nc, job: job, node: node, notices: make(chan collective.Notice, 64), remote: make(chan nodeMsg, 64),
 		beats: map[int]collective.State{}, seen: map[int]time.Time{}}
-	sub, err := nc.Subscribe(collective.Subject(job, "fail"), func(m *nats.Msg) {
+	onNotice := func(m *nats.Msg) {
 		var n collective.Notice
 		if json.Unmarshal(m.Data, &n) == nil {
 			select {
@@ -65,9 +68,17 @@ func connectPlane(url string, c creds.Credentials, job string, node int, heartbe
 			default:
 			}
 		}
-	})
-	if err == nil {
+	}
+	// The collective layer has no exported watcher of failure notices yet;
+	// read both the subject it used first and the one it uses now.
+	var sub *nats.Subscription
+	for _, s := range noticeSubjects {
+		if sub, err = nc.Subscribe(collective.Subject(job, s), onNotice); err != nil {
+			break
+		}
 		p.subs = append(p.subs, sub)
+	}
+	if err == nil {
 		sub, err = nc.Subscribe(collective.Subject(job, "launcher"), func(m *nats.Msg) {
 			var n nodeMsg
 			if json.Unmarshal(m.Data, &n) == nil && n.Node != p.node {

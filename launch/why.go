@@ -69,8 +69,12 @@ func Why(jobDir string, w io.Writer) error {
 		fmt.Fprintf(w, "\nno rank failed first: the job ended by %s\n", sum.Reason)
 	}
 	if n := sum.Notice; n != nil {
-		fmt.Fprintf(w, "\ncollective failure: rank %d reported %s in %s seq %d on group %s, blaming rank %d: %s\n",
-			n.Reporter, n.Code, n.Op, n.Seq, n.Group, n.Culprit, n.Detail)
+		where := ""
+		if n.Op != "" {
+			where = fmt.Sprintf(" in %s seq %d on group %s", n.Op, n.Seq, n.Group)
+		}
+		fmt.Fprintf(w, "\ncollective failure: rank %d reported %s%s, blaming rank %d: %s\n",
+			n.Reporter, n.Code, where, n.Culprit, n.Detail)
 	}
 	for _, h := range sum.Hangs {
 		fmt.Fprintf(w, "\nhang: %s seq %d on group %s: ranks %s waited %.1f s for ranks %s",

@@ -25,10 +25,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	build := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "../cmd/worker", "../cmd/launcher")
+	build := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "../cmd/worker", "../cmd/launcher", "./testdata/ranktest")
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building worker and launcher:", err)
+		fmt.Fprintln(os.Stderr, "building worker, launcher and ranktest:", err)
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}

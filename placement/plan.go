@@ -204,34 +204,26 @@ type node struct {
 	spec  Spec
 	cost  int64
 	steps int
-	path  []Step
+	prev  *node // the node this one was reached from, nil for the start
+	via   Step  // the step from prev
 	done  bool
 }
 
-func (n *node) better(cost int64, steps int, key string) bool {
-	if cost != n.cost {
-		return cost < n.cost
+func (n *node) path() []Step {
+	out := make([]Step, n.steps)
+	for m := n; m.prev != nil; m = m.prev {
+		out[m.steps-1] = m.via
 	}
-	if steps != n.steps {
-		return steps < n.steps
-	}
-	return key < pathKey(n.path)
+	return out
 }
 
-func pathKey(steps []Step) string {
-	var b strings.Builder
-	for _, s := range steps {
-		b.WriteString(s.To.String())
-		b.WriteByte(';')
-	}
-	return b.String()
-}
-
+// search is Dijkstra over layouts. Ties (equal cost and steps) keep the path
+// found first; nodes are expanded in a fixed order (cost, steps, layout string),
+// so the result is deterministic.
 func search(from, to Spec) ([]Step, error) {
 	target := FormatList(to.Placements)
 	nodes := map[string]*node{FormatList(from.Placements): {spec: from}}
 	for {
-		// Pick the cheapest open node; ties by steps, then by key, for determinism.
 		var cur *node
 		var curKey string
 		for k, n := range nodes {
@@ -247,20 +239,22 @@ func search(from, to Spec) ([]Step, error) {
 			return nil, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, ErrNoPath)
 		}
 		if curKey == target {
-			return cur.path, nil
+			return cur.path(), nil
 		}
 		cur.done = true
 		for _, st := range moves(cur.spec, from, to) {
 			key := FormatList(st.To.Placements)
-			cost, steps := cur.cost+st.Cost(), cur.steps+1
-			path := append(append([]Step(nil), cur.path...), st)
 			n, ok := nodes[key]
-			if !ok {
-				nodes[key] = &node{spec: st.To, cost: cost, steps: steps, path: path}
+			if ok && n.done {
 				continue
 			}
-			if !n.done && n.better(cost, steps, pathKey(path)) {
-				n.cost, n.steps, n.path = cost, steps, path
+			cost, steps := cur.cost+st.Cost(), cur.steps+1
+			if !ok {
+				nodes[key] = &node{spec: st.To, cost: cost, steps: steps, prev: cur, via: st}
+				continue
+			}
+			if cost < n.cost || (cost == n.cost && steps < n.steps) {
+				n.cost, n.steps, n.prev, n.via = cost, steps, cur, st
 			}
 		}
 	}

@@ -261,10 +261,12 @@ type progressBoard struct {
 	latest  map[int]runlog.Progress
 	shown   int
 	shownAt time.Time
+	expect  int // ranks that will report; the first line waits for them all
+	began   time.Time
 }
 
-func newProgressBoard(con *console) *progressBoard {
-	return &progressBoard{con: con, latest: map[int]runlog.Progress{}, shown: -1}
+func newProgressBoard(con *console, ranks int) *progressBoard {
+	return &progressBoard{con: con, latest: map[int]runlog.Progress{}, shown: -1, expect: ranks, began: time.Now()}
 }
 
 func (b *progressBoard) report(rank int, body []byte) {
@@ -285,6 +287,9 @@ func (b *progressBoard) report(rank int, body []byte) {
 	}
 	now := time.Now()
 	final := p.Total > 0 && minStep >= p.Total
+	if b.shown < 0 && len(b.latest) < b.expect && now.Sub(b.began) < 5*time.Second {
+		return // not every rank has reported yet
+	}
 	if minStep <= b.shown || (!final && b.shown >= 0 && now.Sub(b.shownAt) < time.Second) {
 		return
 	}

@@ -180,7 +180,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 	defer errCon.close()
 	say := func(format string, a ...any) { errCon.notice(time.Now(), "launcher: "+fmt.Sprintf(format, a...)) }
 	say("job %s, node %d of %d, %d of %d ranks, logs in %s", j.id, j.NodeRank, j.nnodes, len(j.ranks), j.world, j.dir)
-	board := newProgressBoard(outCon)
+	board := newProgressBoard(outCon, len(j.ranks))
 
 	exits := make(chan exitMsg, len(j.ranks))
 	procs := make([]*proc, len(j.ranks))

@@ -221,3 +221,8 @@ func TestAbortAndHeartbeats(t *testing.T) {
 func TestConformanceNATS(t *testing.T) { collectivetest.Run(t, joinedWorlds("nats")) }
 
 func TestConformanceShm(t *testing.T) { collectivetest.Run(t, joinedWorlds("shm")) }
+
+func TestConformanceShmSingleCopy(t *testing.T) {
+	t.Setenv("MESHRUN_SHM_SINGLE_COPY", "1")
+	collectivetest.Run(t, joinedWorlds("shm"))
+}

@@ -75,7 +75,7 @@ type shmRing struct {
 	cap  uint64
 	path string
 	peer int
-	out  bool         // we produce
+	out  bool   // we produce
 	cma  bool   // single copy on this link
 	pid  int    // the peer's pid
 	acks uint32 // producer: single-copy sends so far

@@ -48,7 +48,7 @@ type Config struct {
 	TCPHost   string
 	// RendezvousTimeout bounds the wait for the whole roster; default 30 s.
 	RendezvousTimeout time.Duration
-	// HeartbeatInterval (default 500 ms) and HeartbeatTimeout (default 3 s): a
+	// HeartbeatInterval (default 500 ms) and HeartbeatTimeout (default 5 s): a
 	// rank silent for HeartbeatTimeout is lost.
 	HeartbeatInterval, HeartbeatTimeout time.Duration
 	// Options of the World (timeouts, chunking, logger).
@@ -145,7 +145,7 @@ func (c *Config) defaults() {
 		c.HeartbeatInterval = 500 * time.Millisecond
 	}
 	if c.HeartbeatTimeout <= 0 {
-		c.HeartbeatTimeout = 3 * time.Second
+		c.HeartbeatTimeout = 5 * time.Second
 	}
 	if c.Options.Job == "" {
 		c.Options.Job = c.Job

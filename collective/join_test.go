@@ -226,3 +226,52 @@ func TestConformanceShmSingleCopy(t *testing.T) {
 	t.Setenv("MESHRUN_SHM_SINGLE_COPY", "1")
 	collectivetest.Run(t, joinedWorlds("shm"))
 }
+
+func TestControlMessages(t *testing.T) {
+	for _, name := range []string{"local", "nats"} {
+		t.Run(name, func(t *testing.T) {
+			var ws []*collective.World
+			if name == "local" {
+				ws = localWorlds(t, 3, collective.Options{})
+			} else {
+				ws = joinedWorlds("tcp")(t, 3, collective.Options{})
+			}
+			defer func() {
+				for _, w := range ws {
+					w.Close()
+				}
+			}()
+			got := make(chan string, 8)
+			var unsubs []func()
+			for _, w := range ws[1:] {
+				me := w.Rank()
+				u, err := w.SubscribeMsg("plan.ready", func(from int, data []byte) { got <- fmt.Sprintf("%d<-%d:%s", me, from, data) })
+				if err != nil {
+					t.Fatal(err)
+				}
+				unsubs = append(unsubs, u)
+			}
+			if err := ws[0].PublishMsg("plan.ready", []byte("v1")); err != nil {
+				t.Fatal(err)
+			}
+			seen := map[string]bool{}
+			for len(seen) < 2 {
+				select {
+				case m := <-got:
+					seen[m] = true
+				case <-time.After(3 * time.Second):
+					t.Fatalf("got %v", seen)
+				}
+			}
+			if !seen["1<-0:v1"] || !seen["2<-0:v1"] {
+				t.Fatalf("got %v", seen)
+			}
+			for _, u := range unsubs {
+				u()
+			}
+			if err := ws[0].PublishMsg("bad topic", nil); !errors.Is(err, collective.ErrInvalid) {
+				t.Fatalf("%v", err)
+			}
+		})
+	}
+}

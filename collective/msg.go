@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/meshrun/meshrun/natsrv/creds"
+	"github.com/nats-io/nats.go"
 )
 
 // MaxMsg bounds a control message.
@@ -148,4 +148,3 @@ func Abort(url string, c creds.Credentials, job, reason string) error {
 	defer nc.Close()
 	return PublishAbort(nc, job, reason)
 }
-

@@ -24,17 +24,19 @@ func ranktest() string { return filepath.Join(bin, "ranktest") }
 // TestRankFailsMidRun: rank 2 exits 3 at its fifth step, blocked peers are
 // told, and the launcher exits 3 within grace + 2 s naming rank 2 everywhere.
 func TestRankFailsMidRun(t *testing.T) {
-	began := time.Now()
 	code, dir, _, stderr := launch(t, "-n", "4", "--", ranktest(), "-steps", "1000", "-fail-rank", "2", "-fail-code", "3", "-at", "5")
+	ended := time.Now()
 	if code != 3 {
 		t.Fatalf("exit %d, want 3; stderr:\n%s", code, stderr)
 	}
-	if d := time.Since(began); d > 2*time.Second+2*time.Second+time.Second {
-		// grace (2 s) + 2 s, plus the ranks' start-up on a loaded machine.
-		t.Errorf("took %v", d)
-	}
 	sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
 	rc := sum.RootCause
+	if rc != nil {
+		// From the failure to the launcher's exit: within grace (2 s) + 2 s.
+		if d := ended.Sub(time.UnixMilli(rc.TimeMS)); d > 4*time.Second {
+			t.Errorf("the launcher exited %v after the failure", d)
+		}
+	}
 	if rc == nil || rc.Rank != 2 || rc.Node != 0 || rc.ExitCode != 3 || rc.TimeMS == 0 || rc.Error != "injected failure" {
 		t.Fatalf("summary root cause: %+v", rc)
 	}
@@ -113,7 +115,11 @@ func TestHangNamed(t *testing.T) {
 		t.Errorf("console does not name the stopped rank:\n%s", stderr)
 	}
 	sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
-	if len(sum.Hangs) == 0 || fmt.Sprint(sum.Hangs[0].Missing) != "[2]" || sum.Hangs[0].Op != "barrier" || sum.Hangs[0].Seq == 0 {
+	named := false
+	for _, h := range sum.Hangs { // a loaded machine may add a slow barrier or two
+		named = named || fmt.Sprint(h.Missing) == "[2]" && h.Op == "barrier" && h.Seq > 0 && h.States["2"] == "T (stopped)"
+	}
+	if !named {
 		t.Errorf("summary hangs: %+v", sum.Hangs)
 	}
 	ev, _ := os.ReadFile(filepath.Join(dir, EventsFile))
@@ -418,4 +424,56 @@ func waitJobRecord(t *testing.T, dir string) JobRecord {
 		return err == nil && json.Unmarshal(b, &rec) == nil
 	})
 	return rec
+}
+
+// TestLogsFollow follows a running job until it ends.
+func TestLogsFollow(t *testing.T) {
+	logDir := t.TempDir()
+	res := make(chan int, 1)
+	go func() {
+		var out, errb bytes.Buffer
+		res <- Main(context.Background(), []string{"run", "--log-dir", logDir, "--job-id", "follow", "-n", "2",
+			"--", ranktest(), "-steps", "40"}, &out, &errb)
+	}()
+	waitJobRecord(t, filepath.Join(logDir, "follow"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	if c := Main(ctx, []string{"logs", "follow", "-f", "--log-dir", logDir, "--rank", "0", "--grep", `^done$|"step":40,`}, &out, &errb); c != 0 {
+		t.Fatalf("logs -f: exit %d: %s", c, errb.String())
+	}
+	if code := <-res; code != 0 {
+		t.Fatalf("job exit %d", code)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("logs -f did not stop when the job ended")
+	}
+	got := out.String()
+	if !strings.Contains(got, `0:0| INFO progress {"loss":0.025,"step":40,`) || !strings.Contains(got, "0:0| done\n") {
+		t.Errorf("logs -f:\n%s", got)
+	}
+}
+
+func TestLogsFilters(t *testing.T) {
+	now := time.Now()
+	o := LogsOptions{Level: "warn", Since: time.Minute}
+	for _, tc := range []struct {
+		e    Entry
+		keep bool
+	}{
+		{Entry{TimeMS: now.UnixMilli(), Level: "error", Stream: "log", Msg: "x"}, true},
+		{Entry{TimeMS: now.UnixMilli(), Level: "info", Stream: "stdout", Msg: "x"}, false},
+		{Entry{TimeMS: now.Add(-2 * time.Minute).UnixMilli(), Level: "error", Stream: "log", Msg: "x"}, false},
+	} {
+		if got := o.keep(tc.e, now); got != tc.keep {
+			t.Errorf("%+v: keep %v", tc.e, got)
+		}
+	}
+	tf := &tailFile{stream: "stderr", rank: 1}
+	if e, ok := tf.parse("2026-11-22T13:51:12.291Z WARN careful"); !ok || e.Level != "warn" || e.Msg != "WARN careful" || e.TimeMS != time.Date(2026, 11, 22, 13, 51, 12, 291e6, time.UTC).UnixMilli() {
+		t.Errorf("stderr line: %+v %v", e, ok)
+	}
+	if _, ok := tf.parse("2026-11-22T13:51:12.291Z @meshrun:progress {}"); ok {
+		t.Error("marker line shown")
+	}
 }

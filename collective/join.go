@@ -27,8 +27,10 @@ import (
 //	MESHRUN_NATS_CREDS               path of a 0600 credentials file (format: see
 //	                                 package natsrv/creds: user=… and password=… lines)
 //	MESHRUN_TRANSPORT                auto (default) | shm | tcp | nats
-//	MESHRUN_TCP_HOST                 address the tcp data listener binds
-//	                                 (default 127.0.0.1 on one node)
+//	MESHRUN_TCP_HOST                 address the tcp data listener binds and
+//	                                 announces (default 127.0.0.1 on one node;
+//	                                 on several, all interfaces, announced
+//	                                 under the host name)
 //	MESHRUN_COLLECTIVE_TIMEOUT       deadline of one collective (Go duration)
 //	MESHRUN_RENDEZVOUS_TIMEOUT       deadline of the rendezvous (Go duration)
 //	MESHRUN_CHUNK_BYTES              pipelining chunk of large collectives
@@ -216,12 +218,21 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		tcpHost = "127.0.0.1"
 	}
 	if cfg.Transport == "tcp" || cfg.Transport == "auto" {
-		l, err := TCPListen(tcpHost)
+		// One node: loopback. Several and no MESHRUN_TCP_HOST: every interface,
+		// announced under the host name (connections are authenticated anyway).
+		bind := tcpHost
+		if bind == "" {
+			bind = "0.0.0.0"
+		}
+		l, err := TCPListen(bind)
 		if err != nil {
-			return nil, fmt.Errorf("%w: tcp listener on %s: %v", ErrInvalid, tcpHost, err)
+			return nil, fmt.Errorf("%w: tcp listener on %s: %v", ErrInvalid, bind, err)
 		}
 		ln = l
 		me.Addr = l.Addr().String()
+		if tcpHost == "" {
+			me.Addr = net.JoinHostPort(host, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+		}
 	}
 	// Rank 0 decides at the deadline; the others wait a little longer for its answer.
 	rto := cfg.RendezvousTimeout

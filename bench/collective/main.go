@@ -192,7 +192,7 @@ func runProcs(cmds []*exec.Cmd, timeout time.Duration) ([]result, error) {
 
 func runMeshrun(tmp string, n int, transport, ops, sizes string) ([]result, error) {
 	job := fmt.Sprintf("bench-%s-%d-%d", transport, n, os.Getpid())
-	srv, err := natsrv.Start(natsrv.Options{Jobs: []string{job}, MaxPayload: 8 << 20})
+	srv, err := natsrv.Start(natsrv.Options{Jobs: []string{job}})
 	if err != nil {
 		return nil, err
 	}

@@ -477,3 +477,37 @@ func TestLogsFilters(t *testing.T) {
 		t.Error("marker line shown")
 	}
 }
+
+func FuzzParseRanks(f *testing.F) {
+	for _, s := range []string{"0,4-7", "3", "1-1", "2,0", "a", "-", "5-3"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		set, err := ParseRanks(s)
+		if err != nil {
+			return
+		}
+		var rs []int
+		for r := range set {
+			rs = append(rs, r)
+		}
+		again, err := ParseRanks(FormatRanks(rs))
+		if err != nil || len(again) != len(set) {
+			t.Fatalf("%q -> %q -> %v, %v", s, FormatRanks(rs), again, err)
+		}
+		for r := range set {
+			if !again[r] {
+				t.Fatalf("%q lost rank %d", s, r)
+			}
+		}
+	})
+}
+
+func FuzzParseTrace(f *testing.F) {
+	f.Add([]byte("[\n{\"name\":\"a\",\"ph\":\"X\",\"ts\":1,\"dur\":2,\"pid\":0,\"tid\":1},\n"))
+	f.Add([]byte(`{"traceEvents":[{"name":"a"}]}`))
+	f.Add([]byte("[\n{\"name\":\"a\"},\n{\"na"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		parseTrace(b) // never panics
+	})
+}

@@ -29,6 +29,10 @@ const (
 	ExitStartFailed = 127
 )
 
+// DefaultHangAfter is --hang-after's default: hang diagnosis is on unless
+// turned off, and reports before a collective's own deadline (60 s) fails it.
+const DefaultHangAfter = 30 * time.Second
+
 // ErrRankFailed reports a job that ended because a rank failed; the error names
 // the root-cause rank.
 var ErrRankFailed = errors.New("rank failed")
@@ -54,7 +58,8 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
   --grace DUR                  time between SIGTERM and SIGKILL on teardown (default 10s)
   --timeout DUR                end the job after DUR, exit 124 (default none)
   --hang-after DUR             name the ranks missing from a collective the others have
-                               waited in for DUR, and dump every rank's stacks (default off)
+                               waited in for DUR, and dump every rank's stacks (default 30s;
+                               0 turns it off)
   --worker PATH                worker binary (default: "worker" next to the launcher)
   --dry-run                    print the rank table and exit
 `
@@ -76,7 +81,8 @@ type RunOptions struct {
 	// Console is "all" (default), "none" or a rank list like "0,4-7".
 	Console string
 	// HangAfter enables hang diagnosis: a collective waited in for this long
-	// names its missing ranks; 0 disables it.
+	// names its missing ranks; 0 disables it. ParseRunFlags defaults it to
+	// DefaultHangAfter.
 	HangAfter time.Duration
 	// JobID names the job: letters, digits, '-' and '_'; default a UUIDv7.
 	JobID string
@@ -118,7 +124,8 @@ func EnvName(flagName string) string {
 // ParseRunFlags reads `launcher run` flags; getenv supplies MESHRUN_<FLAG>
 // defaults (flags on the command line win). Errors are usage errors.
 func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error) {
-	o := RunOptions{NprocPerNode: "1", LogDir: "runs", Grace: 10 * time.Second, Device: "cpu", NNodes: 1, Console: "all"}
+	o := RunOptions{NprocPerNode: "1", LogDir: "runs", Grace: 10 * time.Second, Device: "cpu", NNodes: 1, Console: "all",
+		HangAfter: DefaultHangAfter}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.NprocPerNode, "nproc-per-node", o.NprocPerNode, "ranks on this machine: N or cpu")
@@ -129,7 +136,7 @@ func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error
 	fs.StringVar(&o.NATS, "nats", "", "external NATS URL")
 	fs.StringVar(&o.NATSCreds, "nats-creds", "", "credentials file for --nats")
 	fs.StringVar(&o.Console, "console", o.Console, "all, none or ranks")
-	fs.DurationVar(&o.HangAfter, "hang-after", 0, "hang diagnosis threshold")
+	fs.DurationVar(&o.HangAfter, "hang-after", o.HangAfter, "hang diagnosis threshold")
 	fs.StringVar(&o.JobID, "job-id", "", "job id (default a UUIDv7)")
 	fs.StringVar(&o.LogDir, "log-dir", o.LogDir, "log directory")
 	fs.DurationVar(&o.Grace, "grace", o.Grace, "SIGTERM to SIGKILL")

@@ -305,7 +305,7 @@ func (r *Rank) loop() {
 	}
 }
 
-// Close flushes the logger and the trace and releases the signal handler.
+// Close flushes the logger and the trace; SIGUSR1 is ignored from then on.
 func (r *Rank) Close() error {
 	if r == nil {
 		return nil
@@ -313,7 +313,9 @@ func (r *Rank) Close() error {
 	var err error
 	r.closeOnce.Do(func() {
 		if r.sigC != nil {
-			signal.Stop(r.sigC)
+			// The launcher may still send SIGUSR1 (it heard "stacks on SIGUSR1"
+			// at Open): from now on it does nothing rather than kill the process.
+			signal.Ignore(syscall.SIGUSR1)
 		}
 		close(r.quit)
 		r.wg.Wait()

@@ -270,6 +270,14 @@ func (c *Communicator) failWith(o *opState, err error) {
 		}
 	}
 	c.w.fail(e)
+	if errors.Is(e, ErrMismatch) { // the culprit is being decided: wait for it
+		t := time.NewTimer(2 * mismatchGrace)
+		select {
+		case <-c.w.ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
 }
 
 // send queues a message to group member peer; it returns the send's index.

@@ -43,8 +43,8 @@ type Error struct {
 	Group    string // the group, e.g. "[0 1 2 3]"
 	Seq      uint64 // sequence number of the collective within the group
 	Op       string // the collective that failed
-	Want     string // descriptor the reporter expected (mismatch)
-	Got      string // descriptor the culprit sent (mismatch)
+	Want     string // descriptor the reporter (and the group's majority) called (mismatch)
+	Got      string // descriptor the culprit called (mismatch)
 	Detail   string
 }
 
@@ -64,7 +64,14 @@ func (e *Error) Error() string {
 		fmt.Fprintf(&b, " (seen by rank %d)", e.Reporter)
 	}
 	if e.Want != "" || e.Got != "" {
-		fmt.Fprintf(&b, ": expected %s, got %s", e.Want, e.Got)
+		fmt.Fprintf(&b, ": expected %s", e.Want)
+		if e.Reporter >= 0 {
+			fmt.Fprintf(&b, " (rank %d)", e.Reporter)
+		}
+		fmt.Fprintf(&b, ", got %s", e.Got)
+		if e.Rank >= 0 {
+			fmt.Fprintf(&b, " (rank %d)", e.Rank)
+		}
 	}
 	if e.Detail != "" {
 		b.WriteString(": ")

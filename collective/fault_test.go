@@ -92,6 +92,9 @@ func TestFaultDifferentOp(t *testing.T) {
 				if s := err.Error(); !strings.Contains(s, "all_gather") || !strings.Contains(s, "all_reduce") {
 					t.Fatalf("rank %d: error lacks both descriptors: %v", r, err)
 				}
+				if c := collective.Culprit(err); c != 2 {
+					t.Fatalf("rank %d: culprit %d, want 2: %v", r, c, err)
+				}
 			}
 			t.Logf("rank 0: %v", errs[0])
 			for _, w := range ws {
@@ -118,7 +121,7 @@ func TestFaultDifferentCount(t *testing.T) {
 		return collective.AllReduce(context.Background(), c, make([]float64, n), collective.Max)
 	})
 	for r, err := range errs {
-		if !errors.Is(err, collective.ErrMismatch) || !strings.Contains(err.Error(), "count=1001") || !strings.Contains(err.Error(), "count=1000") {
+		if !errors.Is(err, collective.ErrMismatch) || !strings.Contains(err.Error(), "count=1001") || !strings.Contains(err.Error(), "count=1000") || collective.Culprit(err) != 1 {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}

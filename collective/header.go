@@ -236,7 +236,7 @@ func checkHeader(want, got *Header) error {
 	if got.Op != want.Op || got.DType != want.DType || got.RedOp != want.RedOp || got.Group != want.Group ||
 		got.Seq != want.Seq || got.Count != want.Count || got.Shape != want.Shape {
 		return &Error{Kind: ErrMismatch, Rank: int(got.Src), Reporter: int(want.Dst), Op: want.Op.String(), Seq: want.Seq,
-			Want: "rank " + itoa(int(want.Dst)) + " " + want.Descriptor(), Got: "rank " + itoa(int(got.Src)) + " " + got.Descriptor()}
+			Want: want.Descriptor(), Got: got.Descriptor()}
 	}
 	if got.Step != want.Step || got.Chunk != want.Chunk || got.Offset != want.Offset || got.Length != want.Length {
 		return &Error{Kind: ErrMismatch, Rank: int(got.Src), Reporter: int(want.Dst), Op: want.Op.String(), Seq: want.Seq,

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,6 +90,8 @@ type World struct {
 	closers []func() error
 	closed  bool
 	gone    map[int]bool // ranks that closed their World
+	votes   map[string]map[int]string
+	voteOn  string
 }
 
 // NewWorld builds a World over a transport and a control plane (Join does this
@@ -204,6 +207,32 @@ func (w *World) failLocal(e *Error, publish bool) {
 		cp.Reporter = w.rank
 		e = &cp
 	}
+	if e.Group == "" && w.cur.Active && !errors.Is(e, ErrAborted) {
+		// A loss seen by the heartbeats: name the collective it interrupted here.
+		cp := *e
+		cp.Group, cp.Seq, cp.Op = w.cur.Group, w.cur.Seq, w.cur.Op
+		e = &cp
+	}
+	if errors.Is(e, ErrMismatch) && e.Want != "" && e.Got != "" && e.Group != "" {
+		w.vote(e)
+		w.mu.Unlock()
+		if publish {
+			_ = w.ctrl.Publish(noticeOf(e))
+		}
+		return
+	}
+	w.mu.Unlock()
+	w.settle(e, publish)
+}
+
+// settle makes e the World's failure: cancels pending calls, tells the job
+// (publish), aborts every link.
+func (w *World) settle(e *Error, publish bool) {
+	w.mu.Lock()
+	if w.err != nil || w.closed {
+		w.mu.Unlock()
+		return
+	}
 	w.err = e
 	w.mu.Unlock()
 	w.log.Warn("collective failed", zap.Error(e))
@@ -222,6 +251,72 @@ func (w *World) failLocal(e *Error, publish bool) {
 		}
 	}
 	w.t.Abort(all, e)
+}
+
+// mismatchGrace is how long mismatch reports are gathered before the culprit
+// is decided.
+const mismatchGrace = 200 * time.Millisecond
+
+// vote records a mismatch report (the reporter's descriptor against the
+// sender's) and, on the first one, decides the culprit mismatchGrace later:
+// the rank whose descriptor the fewest ranks share. In a ring the rank that
+// called something else is reported by its successor and reports its
+// predecessor, so with three or more ranks it stands alone; with two (or an
+// even split) the higher rank is named and the detail says so. Every rank
+// gathers the same reports, so every rank names the same culprit. Caller
+// holds w.mu.
+func (w *World) vote(e *Error) {
+	key := fmt.Sprintf("%s#%d", e.Group, e.Seq)
+	if w.votes == nil {
+		w.votes = map[string]map[int]string{}
+	}
+	v := w.votes[key]
+	if v == nil {
+		v = map[int]string{}
+		w.votes[key] = v
+	}
+	if e.Reporter >= 0 {
+		v[e.Reporter] = e.Want
+	}
+	if e.Rank >= 0 {
+		v[e.Rank] = e.Got
+	}
+	if w.voteOn != "" {
+		return
+	}
+	w.voteOn = key
+	base := *e
+	time.AfterFunc(mismatchGrace, func() {
+		w.mu.Lock()
+		votes := w.votes[key]
+		count := map[string]int{}
+		for _, d := range votes {
+			count[d]++
+		}
+		culprit, majority := -1, ""
+		for r, d := range votes {
+			if culprit < 0 || count[d] < count[votes[culprit]] || count[d] == count[votes[culprit]] && r > culprit {
+				culprit = r
+			}
+		}
+		ref := -1
+		for r, d := range votes {
+			if d != votes[culprit] && (ref < 0 || count[d] > count[majority] || count[d] == count[majority] && r < ref) {
+				ref, majority = r, d
+			}
+		}
+		w.mu.Unlock()
+		final := base
+		final.Rank, final.Reporter, final.Got, final.Want = culprit, ref, votes[culprit], majority
+		if op, _, ok := strings.Cut(majority, " "); ok {
+			op, _, _ = strings.Cut(op, "(")
+			final.Op = op
+		}
+		if count[votes[culprit]] == count[majority] {
+			final.Detail = fmt.Sprintf("ranks %d and %d disagree and no majority tells which is wrong: naming the higher", ref, culprit)
+		}
+		w.settle(&final, false)
+	})
 }
 
 // Fail makes the World fail with err (a *Error or any error, wrapped as

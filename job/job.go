@@ -9,14 +9,19 @@ import (
 	"io"
 	"sort"
 	"strings"
+
+	"github.com/meshrun/meshrun/runlog"
 )
 
-// Env is what a workload gets from its process: arguments, environment, output.
+// Env is what a workload gets from its process: arguments, environment, output,
+// and the rank's logs (log.jsonl, trace.json, error.json, progress; a nil Run
+// writes nothing).
 type Env struct {
 	Args   []string
 	Getenv func(string) string
 	Stdout io.Writer
 	Stderr io.Writer
+	Run    *runlog.Rank
 }
 
 // Workload runs one rank's part of a job and returns the process exit code.
@@ -64,6 +69,16 @@ func Main(ctx context.Context, env Env) int {
 	if !ok {
 		fmt.Fprintf(env.Stderr, "worker: unknown workload %q\n%s", env.Args[0], Usage())
 		return ExitUsage
+	}
+	if env.Run == nil {
+		rl, err := runlog.Open(runlog.Options{Getenv: env.Getenv, Stdout: env.Stdout, Stderr: env.Stderr})
+		if err != nil {
+			fmt.Fprintln(env.Stderr, "worker:", err)
+			return 1
+		}
+		defer rl.Close()
+		defer rl.Recover()
+		env.Run = rl
 	}
 	return w.run(ctx, env)
 }

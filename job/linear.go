@@ -132,7 +132,7 @@ func linearWorkload(ctx context.Context, env Env) int {
 		if err != nil {
 			return err
 		}
-		res, err := linear.Run(ctx, linear.Runtime{World: w, Kernels: k}, l, data)
+		res, err := linear.Run(ctx, newTracer(env.Run).runtime(w, k), l, data)
 		if err != nil {
 			return err
 		}

@@ -80,22 +80,22 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		if err != nil {
 			return err
 		}
-		var kernelT, commT time.Duration
 		var bytes int64
 		counts := map[string]int{}
-		rt := linear.Runtime{World: w,
-			Kernels: linear.Timed{Kernels: k, Observe: func(_ string, d time.Duration) { kernelT += d }},
-			Observe: func(_ string, d time.Duration) { commT += d },
-			Record: func(name string, ex collective.Executed) {
-				if len(ex.Group) > 1 && ex.Kind.Moves() {
-					bytes += ex.Bytes
-					counts[ex.Kind.String()+" "+name]++
-				}
-			}}
+		tr := newTracer(env.Run)
+		rt := tr.runtime(w, k)
+		rt.Record = func(name string, ex collective.Executed) {
+			if len(ex.Group) > 1 && ex.Kind.Moves() {
+				bytes += ex.Bytes
+				counts[ex.Kind.String()+" "+name]++
+			}
+		}
 		var stepMS, kernMS, commMS []float64
 		var first, last float64
 		for s := 1; s <= *steps; s++ {
-			kernelT, commT, bytes = 0, 0, 0
+			tr.take("kernel")
+			tr.take("collective")
+			bytes = 0
 			clear(counts)
 			start := time.Now()
 			loss, err := block.Step(ctx, rt)
@@ -103,12 +103,13 @@ func mlpWorkload(ctx context.Context, env Env) int {
 				return err
 			}
 			d := time.Since(start)
-			stepMS, kernMS, commMS = append(stepMS, ms(d)), append(kernMS, ms(kernelT)), append(commMS, ms(commT))
+			stepMS, kernMS, commMS = append(stepMS, ms(d)), append(kernMS, ms(tr.take("kernel"))), append(commMS, ms(tr.take("collective")))
 			if s == 1 {
 				first = loss
 			}
 			last = loss
 			if w.Rank() == 0 {
+				env.Run.Progress(s, *steps, loss, d)
 				fmt.Fprintf(env.Stdout, "step %d/%d loss %.6f time %.2f ms\n", s, *steps, loss, ms(d))
 			}
 		}

@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/providers"
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/runlog"
 )
 
 // ranks runs fn on this process's rank of a launched job (joined over NATS), or,
@@ -20,7 +24,9 @@ func ranks(ctx context.Context, env Env, n int, fn func(ctx context.Context, w *
 	if env.Getenv("MESHRUN_NATS_URL") == "" {
 		return InProcess(ctx, n, fn)
 	}
-	w, err := collective.Join(ctx, collective.EnvConfig())
+	cfg := collective.EnvConfig()
+	cfg.Logger = env.Run.Log
+	w, err := collective.Join(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -53,10 +59,48 @@ func usageError(env Env, workload string, err error) int {
 	return ExitUsage
 }
 
-// failure prints one line and returns 1.
+// failure records the error (error.json, with the culprit rank), prints one line
+// and returns 1.
 func failure(env Env, workload string, err error) int {
+	env.Run.Fail(err)
 	fmt.Fprintf(env.Stderr, "worker %s: %v\n", workload, err)
 	return 1
+}
+
+// tracer opens a trace span per kernel and redistribution (trace.json) and sums
+// their time per category ("kernel", "collective").
+type tracer struct {
+	run   *runlog.Rank
+	mu    sync.Mutex
+	total map[string]time.Duration
+}
+
+func newTracer(run *runlog.Rank) *tracer { return &tracer{run: run, total: map[string]time.Duration{}} }
+
+func (t *tracer) trace(name, cat string) func() {
+	sp := t.run.Span(name, cat)
+	start := time.Now()
+	return func() {
+		d := time.Since(start)
+		sp.End()
+		t.mu.Lock()
+		t.total[cat] += d
+		t.mu.Unlock()
+	}
+}
+
+// take returns and resets the time spent in a category.
+func (t *tracer) take(cat string) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := t.total[cat]
+	delete(t.total, cat)
+	return d
+}
+
+// runtime is the linear runtime of a workload: kernels and moves traced.
+func (t *tracer) runtime(w *collective.World, k kernels.Kernels) linear.Runtime {
+	return linear.Runtime{World: w, Kernels: linear.Traced{Kernels: k, Trace: t.trace}, Trace: t.trace}
 }
 
 type linearKernels = kernels.Kernels

@@ -3,7 +3,6 @@ package job
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -15,13 +14,7 @@ import (
 func hello(ctx context.Context, env Env) int {
 	rank, world := env.Getenv("RANK"), env.Getenv("WORLD_SIZE")
 	fmt.Fprintf(env.Stdout, "hello from rank %s of %s\n", rank, world)
-	log, err := zap.NewProduction()
-	if err != nil {
-		fmt.Fprintln(env.Stderr, "worker:", err)
-		return 1
-	}
-	log.Info("hello", zap.String("job", env.Getenv("MESHRUN_JOB_ID")), zap.String("rank", rank), zap.Int("pid", os.Getpid()))
-	_ = log.Sync()
+	env.Run.Log.Info("hello", zap.String("world", world))
 	return 0
 }
 
@@ -64,10 +57,11 @@ func sleep(ctx context.Context, env Env) int {
 // barrier joins the job and passes one barrier: the launch-overhead probe.
 func barrier(ctx context.Context, env Env) int {
 	start := time.Now()
-	w, err := collective.Join(ctx, collective.EnvConfig())
+	cfg := collective.EnvConfig()
+	cfg.Logger = env.Run.Log
+	w, err := collective.Join(ctx, cfg)
 	if err != nil {
-		fmt.Fprintf(env.Stderr, "worker barrier: %v\n", err)
-		return 1
+		return failure(env, "barrier", err)
 	}
 	defer w.Close()
 	c, err := w.WorldComm(ctx)
@@ -75,8 +69,8 @@ func barrier(ctx context.Context, env Env) int {
 		err = c.Barrier(ctx)
 	}
 	if err != nil {
-		fmt.Fprintf(env.Stderr, "worker barrier: %v\n", err)
-		return 1
+		w.Fail(err)
+		return failure(env, "barrier", err)
 	}
 	if w.Rank() == 0 {
 		fmt.Fprintf(env.Stdout, "barrier: %d ranks joined and passed a barrier %.1f ms after rank 0 started\n",

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/kernels"
@@ -33,8 +32,9 @@ type Runtime struct {
 	// Record, if set, receives every step the layer executes, with the tensor it
 	// moved ("x", "y", "dw"...).
 	Record func(tensor string, ex collective.Executed)
-	// Observe, if set, receives the wall time of every redistribution.
-	Observe func(tensor string, d time.Duration)
+	// Trace, if set, is called when a redistribution starts (name is the tensor,
+	// cat "collective"); the function it returns is called when it ends.
+	Trace func(name, cat string) (end func())
 }
 
 // Config describes a layer: how x, W and b are laid out (B nil: no bias), the
@@ -200,11 +200,12 @@ func (l *Layer) move(ctx context.Context, rt Runtime, name string, t *tensor.Ten
 
 // execute runs one move's steps on a float32 tensor.
 func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t *tensor.Tensor, rank int) (*tensor.Tensor, error) {
-	start := time.Now()
-	out, log, err := collective.Execute(ctx, rt.World, m.Steps, t.Float32())
-	if rt.Observe != nil {
-		rt.Observe(name, time.Since(start))
+	end := func() {}
+	if rt.Trace != nil {
+		end = rt.Trace(name, "collective")
 	}
+	out, log, err := collective.Execute(ctx, rt.World, m.Steps, t.Float32())
+	end()
 	if err != nil {
 		return nil, fmt.Errorf("linear %s: moving %s %s -> %s: %w", layer, name, m.From, m.To, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/job"
@@ -124,10 +123,11 @@ func TestSkippedGradSkipsWork(t *testing.T) {
 				return err
 			}
 			rt := linear.Runtime{World: w,
-				Kernels: linear.Timed{Kernels: k, Observe: func(op string, _ time.Duration) {
+				Kernels: linear.Traced{Kernels: k, Trace: func(op, _ string) func() {
 					mu.Lock()
 					ops[op]++
 					mu.Unlock()
+					return func() {}
 				}},
 				Record: func(_ string, ex collective.Executed) {
 					if ex.Kind.Moves() && len(ex.Group) > 1 {

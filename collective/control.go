@@ -37,6 +37,11 @@ type Notice struct {
 	Want     string `json:"want,omitempty"`
 	Got      string `json:"got,omitempty"`
 	Detail   string `json:"detail,omitempty"`
+	// Decided: Rank is the culprit as the group decided it. A mismatch is first
+	// reported as seen by one rank (Decided false: Rank is the sender it got the
+	// other descriptor from), then decided by vote (see World) and published
+	// once more by the reporting majority rank.
+	Decided bool `json:"decided,omitempty"`
 }
 
 var codes = map[error]string{
@@ -54,7 +59,7 @@ func kindOf(code string) error {
 }
 
 func noticeOf(e *Error) Notice {
-	return Notice{Group: e.Group, Seq: e.Seq, Op: e.Op, Code: codes[e.Kind], Rank: e.Rank, Reporter: e.Reporter, Want: e.Want, Got: e.Got, Detail: e.Detail}
+	return Notice{Group: e.Group, Seq: e.Seq, Op: e.Op, Code: codes[e.Kind], Rank: e.Rank, Reporter: e.Reporter, Want: e.Want, Got: e.Got, Detail: e.Detail, Decided: true}
 }
 
 func (n Notice) err() *Error {

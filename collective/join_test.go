@@ -169,6 +169,12 @@ func TestAbortAndHeartbeats(t *testing.T) {
 	defer nc.Close()
 	var mu sync.Mutex
 	latest := map[int]collective.State{}
+	notices := make(chan collective.Notice, 16)
+	nsub, err := collective.WatchNotices(nc, job, func(n collective.Notice) { notices <- n })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsub.Unsubscribe()
 	sub, err := collective.WatchHeartbeats(nc, job, func(st collective.State) {
 		mu.Lock()
 		latest[st.Rank] = st
@@ -209,6 +215,14 @@ func TestAbortAndHeartbeats(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("abort took %v", d)
+	}
+	select {
+	case n := <-notices:
+		if !n.Abort || !strings.Contains(n.Detail, "rank 2 hung") {
+			t.Fatalf("notice %+v", n)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("WatchNotices saw no abort")
 	}
 	for i := 0; i < 100 && ws[2].Err() == nil; i++ {
 		time.Sleep(10 * time.Millisecond)

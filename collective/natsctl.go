@@ -395,6 +395,26 @@ func WatchHeartbeats(nc *nats.Conn, job string, fn func(State)) (*nats.Subscript
 	})
 }
 
+// WatchNotices calls fn with every failure notice and abort of job (the
+// launcher's view of whom a collective blamed; see Notice.Decided). Unsubscribe
+// the result to stop.
+func WatchNotices(nc *nats.Conn, job string, fn func(Notice)) (*nats.Subscription, error) {
+	prefix := Subject(job, "ctl.")
+	return nc.Subscribe(prefix+"*", func(m *nats.Msg) {
+		kind := strings.TrimPrefix(m.Subject, prefix)
+		if kind != "fail" && kind != "abort" {
+			return
+		}
+		var n Notice
+		if json.Unmarshal(m.Data, &n) == nil {
+			if kind == "abort" {
+				n.Abort, n.Code = true, "aborted"
+			}
+			fn(n)
+		}
+	})
+}
+
 // Hang is a collective that has waited longer than a threshold, and the ranks
 // of its group that have not entered it.
 type Hang struct {

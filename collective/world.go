@@ -217,7 +217,9 @@ func (w *World) failLocal(e *Error, publish bool) {
 		w.vote(e)
 		w.mu.Unlock()
 		if publish {
-			_ = w.ctrl.Publish(noticeOf(e))
+			n := noticeOf(e)
+			n.Decided = false
+			_ = w.ctrl.Publish(n)
 		}
 		return
 	}
@@ -316,6 +318,9 @@ func (w *World) vote(e *Error) {
 			final.Detail = fmt.Sprintf("ranks %d and %d disagree and no majority tells which is wrong: naming the higher", ref, culprit)
 		}
 		w.settle(&final, false)
+		if ref == w.rank { // one rank tells the job (and the launcher) the decision
+			_ = w.ctrl.Publish(noticeOf(&final))
+		}
 	})
 }
 

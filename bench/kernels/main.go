@@ -46,15 +46,24 @@ func main() {
 	minTime := flag.Duration("mintime", 400*time.Millisecond, "time per measurement")
 	kernel := flag.String("kernel", "", "micro-kernel (avx512, avx2, go; default: best)")
 	only := flag.String("only", "", "run only cases whose name or M_K_N contains this")
+	onlyOp := flag.String("op", "", "run only this op (gemm, forward, backward_input, backward_weight)")
 	peak := flag.Bool("peak", false, "measure the FMA peak instead")
 	withPeer := flag.Bool("peer", false, "also measure OpenBLAS in-process (needs -tags openblas)")
 	rounds := flag.Int("rounds", 5, "alternating rounds per measurement (with -peer)")
+	flag.BoolVar(&useCPUTime, "cputime", false, "time by the thread's CPU clock, not the wall clock (only with -threads 1: ignores time descheduled on a busy machine)")
 	var blk cpu.Blocking
 	flag.IntVar(&blk.MC, "mc", 0, "override MC (0: default)")
 	flag.IntVar(&blk.KC, "kc", 0, "override KC (0: default)")
 	flag.IntVar(&blk.NC, "nc", 0, "override NC (0: default)")
 	flag.Parse()
 	runtime.GOMAXPROCS(*threads)
+	if useCPUTime {
+		if *threads != 1 {
+			fmt.Fprintln(os.Stderr, "-cputime needs -threads 1")
+			os.Exit(2)
+		}
+		runtime.LockOSThread()
+	}
 	if *peak {
 		fmt.Printf("peak\t%d\tfma\t-\t-\t-\t-\t%.1f\n", *threads, peakGFLOPS(*threads, *minTime))
 		return
@@ -85,6 +94,9 @@ func main() {
 			theirs = ops(peer, c)
 		}
 		for i, op := range mine {
+			if *onlyOp != "" && op.name != *onlyOp {
+				continue
+			}
 			if peer == nil {
 				g := measure(op.run, op.flops, *minTime)
 				fmt.Printf("meshrun\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\n", *threads, c.Name, op.name, c.M, c.K, c.N, g)
@@ -147,9 +159,19 @@ func measure(run func(), flops float64, minTime time.Duration) float64 {
 	best := time.Duration(1<<63 - 1)
 	start := time.Now()
 	for n := 0; n < 3 || time.Since(start) < minTime; n++ {
-		t := time.Now()
+		t := now()
 		run()
-		best = min(best, time.Since(t))
+		best = min(best, now()-t)
 	}
 	return flops / best.Seconds() / 1e9
+}
+
+var useCPUTime bool
+
+// now is the wall clock, or the calling thread's CPU clock with -cputime.
+func now() time.Duration {
+	if useCPUTime {
+		return threadCPUTime()
+	}
+	return time.Duration(time.Now().UnixNano())
 }

@@ -3,7 +3,7 @@
 # same step in PyTorch on the gloo backend (bench/mlp/torch_mlp.py, Debian's
 # python3-torch), on the same CPU ranks, in one run, and prints a Markdown table.
 #
-#   bench/mlp/run.sh [repetitions] [steps]        (defaults: 3 repetitions, 20 steps)
+#   bench/mlp/run.sh [repetitions] [steps]        (defaults: 5 repetitions, 20 steps)
 #
 # Configs: tokens 512 hidden 1024 ffn 4096 (the issue's), and tokens 128 hidden
 # 512 ffn 2048 (small: latency-bound). Each at tp = 1 and tp = 2, with the
@@ -16,7 +16,7 @@
 # Raw JSON lines go to $MLP_BENCH_OUT (default: a temporary file, path printed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-reps=${1:-3}
+reps=${1:-5}
 steps=${2:-20}
 py=/usr/bin/python3
 configs=("512 1024 4096" "128 512 2048")
@@ -52,6 +52,24 @@ out=${MLP_BENCH_OUT:-$tmp/results.jsonl}
 cores=$($py -c 'import os; print(len(os.sched_getaffinity(0)))')
 echo "meshrun $rev, $cores cores, torch $($py -c 'import torch; print(torch.__version__)'), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset} OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE:-unset}" >&2
 
+# Other work on the machine distorts every column: before each measurement wait
+# (up to MLP_BENCH_QUIET seconds, default 60) until the CPUs are at least 80%
+# idle over half a second; count the measurements that started without that.
+loaded=0 total=0
+wait_quiet() {
+  local deadline=$((SECONDS + ${MLP_BENCH_QUIET:-60})) u n s i w q x y u2 n2 s2 i2 w2 q2 x2 y2 busy idle
+  total=$((total + 1))
+  while :; do
+    read -r _ u n s i w q x y _ </proc/stat
+    sleep 0.5
+    read -r _ u2 n2 s2 i2 w2 q2 x2 y2 _ </proc/stat
+    busy=$(((u2 + n2 + s2 + q2 + x2 + y2) - (u + n + s + q + x + y)))
+    idle=$(((i2 + w2) - (i + w)))
+    ((busy * 5 <= busy + idle)) && return 0
+    if ((SECONDS >= deadline)); then loaded=$((loaded + 1)); return 0; fi
+  done
+}
+
 # tag JSON: prints one line {"impl": tag, "rep": r, ...report}
 record() {
   local impl=$1 json=$2
@@ -69,12 +87,15 @@ for r in $(seq "$reps"); do
     for tp in 1 2; do
       echo "repetition $r/$reps: tokens $t hidden $h ffn $f, tp=$tp" >&2
       # meshrun: rank 0 ends with one JSON line (the launcher may stamp a prefix).
+      wait_quiet
       line=$("$tmp/bin/launcher" run -n "$tp" --log-dir "$tmp/runs" mlp \
         --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps" 2>&1 | grep '"step_ms_median"' | tail -n1 || true)
       [ -z "$line" ] || line="{${line#*\{}"
       record meshrun "$line"
+      wait_quiet
       line=$($py bench/mlp/torch_mlp.py --tp "$tp" --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps")
       record pytorch "$line"
+      wait_quiet
       line=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
         $py bench/mlp/torch_mlp.py --tp "$tp" --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps")
       record pytorch-unset "$line"
@@ -83,10 +104,10 @@ for r in $(seq "$reps"); do
 done
 [ -n "${MLP_BENCH_OUT:-}" ] || echo "raw results: kept only for this run" >&2
 
-$py - "$out" "$reps" "$steps" "$rev" "$cores" <<'PY'
+$py - "$out" "$reps" "$steps" "$rev" "$cores" "$loaded" "$total" <<'PY'
 import collections, json, sys
 
-path, reps, steps, rev, ncores = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+path, reps, steps, rev, ncores, loaded, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
 runs = collections.defaultdict(list)
 cores = {}
 for line in open(path):
@@ -103,6 +124,7 @@ def best(impl, key):
 keys = sorted({k[1:] for k in runs}, key=lambda k: (-k[0] * k[1] * k[2], k[3]))
 print(f"meshrun {rev}, {ncores} cores split over the tp ranks; {reps} repetitions of {steps} steps, "
       "each cell the best repetition's median step.")
+print(f"{loaded} of {total} measurements started while other processes kept the CPUs more than 20% busy.")
 print(f"PyTorch BLAS kernels: `{cores.get('pytorch', '?')}` as the machine is set up, "
       f"`{cores.get('pytorch-unset', '?')}` with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset.")
 print()

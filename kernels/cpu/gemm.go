@@ -161,14 +161,18 @@ func (j *gemmJob[T]) block(buf *packBuf[T], i0, i1, j0, j1 int) {
 				if fullNC < nc {
 					packB(buf.b, j.b, j.ldb, j.transB, pc, kc, jc+fullNC, nc-fullNC, nr)
 				}
-			} else {
-				packB(buf.b, j.b, j.ldb, j.transB, pc, kc, jc, nc, nr)
 			}
+			// Without directB, each B micro-panel is packed just before its first
+			// use (ic == i0), while its source is in flight and the packed copy is
+			// still in L1/L2 for the kernel; later row blocks reuse it from L3.
 			for ic := i0; ic < i1; ic += mcb {
 				mc := min(mcb, i1-ic)
 				packA(buf.a, j.a, j.lda, j.transA, ic, mc, pc, kc, mr)
 				for jr := 0; jr < nc; jr += nr {
 					cols := min(nr, nc-jr)
+					if ic == i0 && !j.directB {
+						packB(buf.b[(jr/nr)*kc*nr:], j.b, j.ldb, j.transB, pc, kc, jc+jr, cols, nr)
+					}
 					bp, ldb := &buf.b[(jr/nr)*kc*nr], nr
 					if j.directB && jr < fullNC {
 						bp, ldb = &j.b[pc*j.ldb+jc+jr], j.ldb

@@ -3,32 +3,43 @@ package cpu
 // packA copies op(A)[i0:i0+mc, k0:k0+kc] into dst as panels of mr rows: panel p
 // holds, for each k, the mr values op(A)[i0+p*mr+i][k0+k], zero past row mc.
 func packA[T float](dst, a []T, lda int, trans bool, i0, mc, k0, kc, mr int) {
+	if trans {
+		// A is stored K×M: op(A)[i][k] = a[k*lda+i]. Walk k in the outer loop so
+		// each stored row segment is read once, start to end, for all panels.
+		for k := 0; k < kc; k++ {
+			src := a[(k0+k)*lda+i0:][:mc]
+			p := 0
+			if mr == 8 {
+				for ; p+8 <= mc; p += 8 {
+					*(*[8]T)(dst[(p/8)*kc*8+k*8:]) = *(*[8]T)(src[p:])
+				}
+			}
+			for ; p < mc; p += mr {
+				rows := min(mr, mc-p)
+				dk := dst[(p/mr)*kc*mr+k*mr:][:mr]
+				copy(dk, src[p:p+rows])
+				clear(dk[rows:])
+			}
+		}
+		return
+	}
 	for p := 0; p < mc; p += mr {
 		rows := min(mr, mc-p)
 		d := dst[(p/mr)*kc*mr:][:kc*mr]
-		if !trans {
-			if rows == 8 && mr == 8 {
-				packA8(d, a[(i0+p)*lda+k0:], lda, kc)
-				continue
-			}
-			for i := 0; i < rows; i++ {
-				src := a[(i0+p+i)*lda+k0:][:kc]
-				for k, v := range src {
-					d[k*mr+i] = v
-				}
-			}
-			for i := rows; i < mr; i++ {
-				for k := 0; k < kc; k++ {
-					d[k*mr+i] = 0
-				}
-			}
+		if rows == 8 && mr == 8 {
+			packA8(d, a[(i0+p)*lda+k0:], lda, kc)
 			continue
 		}
-		// A is stored K×M: op(A)[i][k] = a[k*lda+i].
-		for k := 0; k < kc; k++ {
-			dk := d[k*mr : k*mr+mr]
-			copy(dk, a[(k0+k)*lda+i0+p:][:rows])
-			clear(dk[rows:])
+		for i := 0; i < rows; i++ {
+			src := a[(i0+p+i)*lda+k0:][:kc]
+			for k, v := range src {
+				d[k*mr+i] = v
+			}
+		}
+		for i := rows; i < mr; i++ {
+			for k := 0; k < kc; k++ {
+				d[k*mr+i] = 0
+			}
 		}
 	}
 }
@@ -40,6 +51,12 @@ func packB[T float](dst, b []T, ldb int, trans bool, k0, kc, j0, nc, nr int) {
 		cols := min(nr, nc-q)
 		d := dst[(q/nr)*kc*nr:][:kc*nr]
 		if !trans {
+			if nr == 48 && cols == 48 {
+				for k := 0; k < kc; k++ {
+					*(*[48]T)(d[k*48:]) = *(*[48]T)(b[(k0+k)*ldb+j0+q:])
+				}
+				continue
+			}
 			for k := 0; k < kc; k++ {
 				dk := d[k*nr : k*nr+nr]
 				copy(dk, b[(k0+k)*ldb+j0+q:][:cols])

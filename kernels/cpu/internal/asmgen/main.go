@@ -91,14 +91,16 @@ func gen(w *bytes.Buffer, k kern) {
 	p("MOVQ c+32(FP), DI")
 	p("MOVQ ldc+40(FP), SI")
 	p("SHLQ $%d, SI", log2(k.elem))
-	// Touch the C tile early so its lines arrive while we compute.
-	p("MOVQ DI, R10")
-	for i := 0; i < k.mr; i++ {
-		p("PREFETCHT0 (R10)")
-		if k.nv*vbytes > 64 {
+	// prefetchC touches every line of the C tile (rows from DI, ldc bytes apart).
+	prefetchC := func() {
+		p("MOVQ DI, R10")
+		for i := 0; i < k.mr; i++ {
+			for off := 0; off < k.nv*vbytes; off += 64 {
+				p("PREFETCHT0 %d(R10)", off)
+			}
 			p("PREFETCHT0 %d(R10)", k.nv*vbytes-1)
+			p("ADDQ SI, R10")
 		}
-		p("ADDQ SI, R10")
 	}
 	xor := "VPXORD"
 	if k.reg == "Y" {
@@ -124,15 +126,21 @@ func gen(w *bytes.Buffer, k kern) {
 		}
 		p("ADDQ DX, BX")
 	}
+	// The k loop runs in two legs so that C is prefetched near the end, late
+	// enough to still be in L1 for the epilogue (streaming B evicts it otherwise).
+	const late = 8 // iterations of 4 k-steps left when C is prefetched
 	p("MOVQ CX, R11")
 	p("SHRQ $2, R11")
-	p("JZ %s_tail", k.name)
+	p("MOVQ $%d, R13", late)
+	p("CMPQ R11, R13")
+	p("CMOVQLT R11, R13")
+	p("SUBQ R13, R11")
+	p("JZ %s_leg2", k.name)
 	label("loop4")
 	if k.masked {
 		p("PREFETCHT0 %d(AX)", 8*k.mr*k.elem)
 	}
 	if k.pfB > 0 {
-		// Packed B is contiguous (ldb = NR): fetch the lines of the k-steps pfB ahead.
 		nrBytes := k.nv * vbytes
 		for off := 0; off < unroll*nrBytes; off += 64 {
 			p("PREFETCHT0 %d(BX)", k.pfB*nrBytes+off)
@@ -144,6 +152,18 @@ func gen(w *bytes.Buffer, k kern) {
 	p("ADDQ $%d, AX", unroll*k.mr*k.elem)
 	p("DECQ R11")
 	p("JNZ %s_loop4", k.name)
+	label("leg2")
+	prefetchC()
+	p("MOVQ R13, R11")
+	p("TESTQ R11, R11")
+	p("JZ %s_tail", k.name)
+	label("loop4b")
+	for u := 0; u < unroll; u++ {
+		step(u)
+	}
+	p("ADDQ $%d, AX", unroll*k.mr*k.elem)
+	p("DECQ R11")
+	p("JNZ %s_loop4b", k.name)
 	label("tail")
 	p("ANDQ $3, CX")
 	p("JZ %s_store", k.name)

@@ -359,6 +359,11 @@ func TestRunNewFlags(t *testing.T) {
 		{"device", []string{"--device", "tpu", "hello"}, []string{"--device"}},
 		{"gpu without cuda", []string{"-n", "gpu", "hello"}, []string{"--nproc-per-node gpu"}},
 		{"hang-after", []string{"--hang-after", "-1s", "hello"}, []string{"--hang-after"}},
+		{"plaintext to a remote NATS", []string{"--nats", "nats://nats.example.org:4222", "--nats-creds", "x", "--job-id", "j", "hello"},
+			[]string{"not on loopback and not TLS", "--insecure"}},
+		{"TLS files without --nats", []string{"--nats-ca", "ca.pem", "hello"}, []string{"without --nats"}},
+		{"client cert without key", []string{"--nats", "tls://nats.example.org:4222", "--nats-creds", "x", "--nats-cert", "c.pem", "--job-id", "j", "hello"},
+			[]string{"both the certificate and its key"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/natsrv"
-	"github.com/meshrun/meshrun/natsrv/creds"
 	"github.com/meshrun/meshrun/runlog"
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -127,9 +127,8 @@ func (j *job) run(ctx context.Context) (int, error) {
 	// The coordination plane: an embedded server on one machine, else the
 	// external one every launcher of the job reaches.
 	var (
-		url       string
-		credsPath string
-		own       creds.Credentials
+		conf natsconn.Config // what the ranks use
+		own  natsconn.Config // what the launcher uses
 	)
 	if j.NATS == "" {
 		srv, err := natsrv.Start(natsrv.Options{Jobs: []string{j.id}})
@@ -137,7 +136,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 			return fail(err)
 		}
 		defer srv.Shutdown()
-		credsPath, err = filepath.Abs(filepath.Join(j.dir, CredsFile))
+		credsPath, err := filepath.Abs(filepath.Join(j.dir, CredsFile))
 		// The credentials are useless once the server is gone; do not leave them.
 		defer os.Remove(credsPath)
 		if err == nil {
@@ -146,17 +145,23 @@ func (j *job) run(ctx context.Context) (int, error) {
 		if err != nil {
 			return fail(fmt.Errorf("nats credentials: %w", err))
 		}
-		url, own = srv.URL(), srv.Admin()
+		admin := srv.Admin()
+		conf = natsconn.Config{URL: srv.URL(), CredsFile: credsPath}
+		own = natsconn.Config{URL: srv.URL(), Creds: &admin}
 	} else {
-		url = j.NATS
-		if credsPath, err = filepath.Abs(j.NATSCreds); err == nil {
-			own, err = creds.Read(credsPath)
+		conf = j.natsConfig()
+		for _, f := range []*string{&conf.CredsFile, &conf.CA, &conf.Cert, &conf.Key} {
+			if *f != "" {
+				if *f, err = filepath.Abs(*f); err != nil {
+					return fail(err)
+				}
+			}
 		}
-		if err != nil {
-			return fail(fmt.Errorf("--nats-creds: %w", err))
-		}
+		own = conf
 	}
-	pl, err := connectPlane(url, own, j.id, j.NodeRank, j.HangAfter > 0)
+	url := conf.URL
+	own.Name = fmt.Sprintf("meshrun-launcher-%d", j.NodeRank)
+	pl, err := connectPlane(own, j.id, j.NodeRank, j.HangAfter > 0)
 	if err != nil {
 		return fail(err)
 	}
@@ -164,14 +169,16 @@ func (j *job) run(ctx context.Context) (int, error) {
 	ev.emit("nats_ready", "url", url, "embedded", j.NATS == "")
 
 	common := map[string]string{
-		"WORLD_SIZE":         strconv.Itoa(j.world),
-		"LOCAL_WORLD_SIZE":   strconv.Itoa(len(j.ranks)),
-		"NNODES":             strconv.Itoa(j.nnodes),
-		"NODE_RANK":          strconv.Itoa(j.NodeRank),
-		"MESHRUN_NODE":       strconv.Itoa(j.NodeRank),
-		"MESHRUN_JOB_ID":     j.id,
-		"MESHRUN_NATS_URL":   url,
-		"MESHRUN_NATS_CREDS": credsPath,
+		"WORLD_SIZE":       strconv.Itoa(j.world),
+		"LOCAL_WORLD_SIZE": strconv.Itoa(len(j.ranks)),
+		"NNODES":           strconv.Itoa(j.nnodes),
+		"NODE_RANK":        strconv.Itoa(j.NodeRank),
+		"MESHRUN_NODE":     strconv.Itoa(j.NodeRank),
+		"MESHRUN_JOB_ID":   j.id,
+	}
+	for _, kv := range conf.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		common[k] = v
 	}
 	show, _ := j.consoleFilter()
 	outCon := newConsole(j.Stdout, collapseWindow, show)

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/meshrun/meshrun/natsconn"
 )
 
 // Exit codes of `launcher run` that do not come from a rank.
@@ -52,6 +54,11 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
   --nats URL[,URL]             an external NATS for several machines (default: embedded,
                                127.0.0.1, random port); needs --nats-creds and --job-id
   --nats-creds FILE            0600 credentials file of the job's NATS user (with --nats)
+  --nats-ca FILE               CA that signed the NATS server's certificate (turns TLS on)
+  --nats-cert FILE, --nats-key FILE
+                               a client certificate for NATS servers that verify clients
+  --insecure                   allow plaintext NATS to a non-loopback address (refused
+                               otherwise: use tls:// and --nats-ca)
   --job-id ID                  job id (default a new UUIDv7)
   --log-dir DIR                where runs/<job-id>/ goes (default ./runs)
   --console all|none|RANKS     ranks shown on the console, e.g. 0,4-7 (default all)
@@ -78,6 +85,10 @@ type RunOptions struct {
 	// starts an embedded server on loopback. NATSCreds is the job user's
 	// credentials file for it.
 	NATS, NATSCreds string
+	// NATSCA, NATSCert and NATSKey are TLS files for the external server;
+	// Insecure allows plaintext to a non-loopback address.
+	NATSCA, NATSCert, NATSKey string
+	Insecure                  bool
 	// Console is "all" (default), "none" or a rank list like "0,4-7".
 	Console string
 	// HangAfter enables hang diagnosis: a collective waited in for this long
@@ -113,7 +124,8 @@ type RunOptions struct {
 var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // runFlagNames are the flags that may also come from MESHRUN_<FLAG>.
-var runFlagNames = []string{"nproc-per-node", "device", "nnodes", "node-rank", "nats", "nats-creds", "job-id", "log-dir",
+var runFlagNames = []string{"nproc-per-node", "device", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
+	"nats-cert", "nats-key", "insecure", "job-id", "log-dir",
 	"console", "grace", "timeout", "hang-after", "worker", "dry-run"}
 
 // EnvName is the environment variable that sets a `launcher run` flag.
@@ -135,6 +147,10 @@ func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error
 	fs.IntVar(&o.NodeRank, "node-rank", 0, "this machine's index")
 	fs.StringVar(&o.NATS, "nats", "", "external NATS URL")
 	fs.StringVar(&o.NATSCreds, "nats-creds", "", "credentials file for --nats")
+	fs.StringVar(&o.NATSCA, "nats-ca", "", "CA of the NATS server's certificate")
+	fs.StringVar(&o.NATSCert, "nats-cert", "", "client certificate for NATS")
+	fs.StringVar(&o.NATSKey, "nats-key", "", "client certificate key for NATS")
+	fs.BoolVar(&o.Insecure, "insecure", false, "allow plaintext NATS to a non-loopback address")
 	fs.StringVar(&o.Console, "console", o.Console, "all, none or ranks")
 	fs.DurationVar(&o.HangAfter, "hang-after", o.HangAfter, "hang diagnosis threshold")
 	fs.StringVar(&o.JobID, "job-id", "", "job id (default a UUIDv7)")
@@ -205,8 +221,13 @@ func (o RunOptions) Validate() error {
 	if o.NATS != "" && o.NATSCreds == "" {
 		p = append(p, "--nats needs --nats-creds FILE (the job user's credentials, handed to the ranks)")
 	}
-	if o.NATS == "" && o.NATSCreds != "" {
-		p = append(p, "--nats-creds without --nats: the embedded server makes its own")
+	if o.NATS == "" && (o.NATSCreds != "" || o.NATSCA != "" || o.NATSCert != "" || o.NATSKey != "") {
+		p = append(p, "--nats-creds/--nats-ca/--nats-cert/--nats-key without --nats: the embedded server makes its own")
+	}
+	if o.NATS != "" && o.NATSCreds != "" {
+		if err := o.natsConfig().Validate(); err != nil {
+			p = append(p, strings.TrimPrefix(err.Error(), natsconn.ErrConfig.Error()+": "))
+		}
 	}
 	if _, err := o.consoleFilter(); err != nil {
 		p = append(p, err.Error())
@@ -225,6 +246,11 @@ func (o RunOptions) Validate() error {
 		return nil
 	}
 	return p
+}
+
+// natsConfig is the external NATS the flags name.
+func (o RunOptions) natsConfig() natsconn.Config {
+	return natsconn.Config{URL: o.NATS, CredsFile: o.NATSCreds, CA: o.NATSCA, Cert: o.NATSCert, Key: o.NATSKey, Insecure: o.Insecure}
 }
 
 // nproc resolves --nproc-per-node.

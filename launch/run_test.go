@@ -131,8 +131,8 @@ func TestRunHello(t *testing.T) {
 		if got := string(b); !strings.HasSuffix(got, fmt.Sprintf("Z hello from rank %d of 4\n", r)) && !strings.Contains(got, fmt.Sprintf(" hello from rank %d of 4\n", r)) {
 			t.Errorf("rank %d stdout.log = %q", r, got)
 		}
-		if b, _ := os.ReadFile(filepath.Join(dir, RankDir(r), "stderr.log")); !bytes.Contains(b, []byte(`"msg":"hello"`)) {
-			t.Errorf("rank %d stderr.log lacks the log line: %q", r, b)
+		if b, _ := os.ReadFile(filepath.Join(dir, RankDir(r), "log.jsonl")); !bytes.Contains(b, []byte(`"msg":"hello"`)) {
+			t.Errorf("rank %d log.jsonl lacks the log line: %q", r, b)
 		}
 	}
 	rec := readJSON[JobRecord](t, filepath.Join(dir, JobFile))

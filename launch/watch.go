@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshrun/meshrun/collective"
-	"github.com/meshrun/meshrun/natsrv/creds"
+	"github.com/meshrun/meshrun/natsconn"
 )
 
 // The launcher's own NATS connection carries, on the job's subjects:
@@ -52,11 +52,10 @@ type plane struct {
 	subs  []*nats.Subscription
 }
 
-func connectPlane(url string, c creds.Credentials, job string, node int, heartbeats bool) (*plane, error) {
-	nc, err := nats.Connect(url, nats.UserInfo(c.User, c.Password), nats.Name(fmt.Sprintf("meshrun-launcher-%d", node)),
-		nats.Timeout(5*time.Second))
+func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool) (*plane, error) {
+	nc, err := natsconn.Connect(conf)
 	if err != nil {
-		return nil, fmt.Errorf("nats %s: %w", url, err)
+		return nil, err
 	}
 	p := &plane{nc: nc, job: job, node: node, notices: make(chan collective.Notice, 64), remote: make(chan nodeMsg, 64),
 		beats: map[int]collective.State{}, seen: map[int]time.Time{}}
@@ -104,7 +103,7 @@ func connectPlane(url string, c creds.Credentials, job string, node int, heartbe
 	}
 	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("nats %s: %w", url, err)
+		return nil, fmt.Errorf("nats %s: %w", conf.URL, err)
 	}
 	return p, nil
 }

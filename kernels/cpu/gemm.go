@@ -44,13 +44,16 @@ var workPerThr = 1 << 21
 
 // engine is everything the provider runs for one element type.
 type engine[T float] struct {
-	uk      *ukernel[T]
-	dot     dotFunc[T]
-	axpy    axpyFunc[T]
-	jobs    *sync.Pool
-	bufs    *freeList[packBuf[T]]
-	gemvs   *sync.Pool
-	scratch *freeList[gemvScratch[T]]
+	uk *ukernel[T]
+	// ukTransA, if set, serves GEMMs with a transposed A (the weight gradient),
+	// where it measured faster; the choice depends only on the problem.
+	ukTransA *ukernel[T]
+	dot      dotFunc[T]
+	axpy     axpyFunc[T]
+	jobs     *sync.Pool
+	bufs     *freeList[packBuf[T]]
+	gemvs    *sync.Pool
+	scratch  *freeList[gemvScratch[T]]
 }
 
 // gemm computes one GEMM on up to threads goroutines. The partition is over
@@ -75,6 +78,9 @@ func (e *engine[T]) gemm(g gemmArgs[T], threads int) {
 		return
 	}
 	uk := e.uk
+	if g.transA && e.ukTransA != nil {
+		uk = e.ukTransA
+	}
 	j := e.jobs.Get().(*gemmJob[T])
 	j.gemmArgs, j.uk, j.bufs = g, uk, e.bufs
 	tilesM := (g.m + uk.mr - 1) / uk.mr

@@ -72,7 +72,11 @@ func New(o Options) (*Provider, error) {
 	p.e32 = engine[float32]{dot: dot32, axpy: axpy32, jobs: &jobPool32, bufs: &bufPool32, gemvs: &gemvPool32, scratch: &gemvScratch32}
 	p.e64 = engine[float64]{dot: dotGo[float64], axpy: axpyGo[float64], jobs: &jobPool64, bufs: &bufPool64, gemvs: &gemvPool64, scratch: &gemvScratch64}
 	p.e32.uk, p.e64.uk = kernels32[0], kernels64[0]
+	if len(kernels32) > 1 && kernels32[1].name == "avx512x12" {
+		p.e32.ukTransA = kernels32[1]
+	}
 	if o.Kernel != "" {
+		p.e32.ukTransA = nil
 		p.e32.uk, p.e64.uk = nil, nil
 		for i, k := range kernels32 {
 			if k.name == o.Kernel {
@@ -100,6 +104,7 @@ func New(o Options) (*Provider, error) {
 			}
 		}
 		p.e32.uk = &uk
+		p.e32.ukTransA = nil
 	}
 	return p, nil
 }

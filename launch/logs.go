@@ -46,10 +46,12 @@ type RankRecord struct {
 
 // Summary is summary.json: how every rank ended and why the job ended.
 type Summary struct {
-	JobID    string `json:"job_id"`
-	Node     int    `json:"node"`
-	NNodes   int    `json:"nnodes"`
-	ExitCode int    `json:"exit_code"`
+	JobID  string `json:"job_id"`
+	Node   int    `json:"node"`
+	NNodes int    `json:"nnodes"`
+	// WorldSize is the number of ranks of the whole job, every node's.
+	WorldSize int `json:"world_size"`
+	ExitCode  int `json:"exit_code"`
 	// Reason: "ok", "rank_failed", "timeout", "interrupted".
 	Reason string `json:"reason"`
 	// RootCauseRank is the rank whose failure ended the job; nil when none did.

@@ -426,7 +426,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 		code = ExitInterrupted
 	}
 	sum := Summary{
-		JobID: j.id, Node: j.NodeRank, NNodes: j.nnodes, ExitCode: code, Reason: reason, Victims: victims,
+		JobID: j.id, Node: j.NodeRank, NNodes: j.nnodes, WorldSize: j.world, ExitCode: code, Reason: reason, Victims: victims,
 		Notice: notice, Hangs: hangs, DurationMS: time.Since(began).Milliseconds(),
 	}
 	if victims == nil {

@@ -108,7 +108,7 @@ func linearWorkload(ctx context.Context, env Env) int {
 	if err := fs.Parse(env.Args[1:]); err != nil {
 		return usageError(env, "linear", err)
 	}
-	cfg, err := a.config()
+	cfg, plans, err := a.plan()
 	if err != nil {
 		return usageError(env, "linear", err)
 	}
@@ -128,18 +128,11 @@ func linearWorkload(ctx context.Context, env Env) int {
 	var mu sync.Mutex
 	var report *LinearReport
 	err = ranks(ctx, env, cfg.X.Mesh.Size(), func(ctx context.Context, w *collective.World) error {
-		l, err := linear.New(cfg, w.Rank())
+		c, err := runChecked(ctx, newTracer(env.Run).runtime(w, k), cfg, plans, data)
 		if err != nil {
 			return err
 		}
-		res, err := linear.Run(ctx, newTracer(env.Run).runtime(w, k), l, data)
-		if err != nil {
-			return err
-		}
-		errs, err := linear.Check(ctx, w, l, data, res)
-		if err != nil {
-			return err
-		}
+		l, res, errs := c.l, c.res, c.errs
 		if a.dump != "" {
 			if err := dump(ctx, w, l, res, a.dump); err != nil {
 				return err
@@ -159,7 +152,7 @@ func linearWorkload(ctx context.Context, env Env) int {
 		for _, e := range errs {
 			r.MaxRelErr = max(r.MaxRelErr, e)
 		}
-		r.PlanMatch = slices.EqualFunc(res.Executed, l.Planned(), sameComm)
+		r.PlanMatch = c.planMatch()
 		mu.Lock()
 		report = r
 		mu.Unlock()
@@ -172,10 +165,59 @@ func linearWorkload(ctx context.Context, env Env) int {
 		return 0 // not rank 0
 	}
 	printJSON(env.Stdout, report)
-	if report.MaxRelErr > 1e-5 || !report.PlanMatch {
+	if report.MaxRelErr > tolerance || !report.PlanMatch {
 		return 1
 	}
 	return 0
+}
+
+// tolerance is the largest relative error of float32 results against the
+// float64 reference that passes.
+const tolerance = 1e-5
+
+// checked is one layer's forward and backward on this rank, checked against the
+// float64 reference.
+type checked struct {
+	l    *linear.Layer
+	res  *linear.Result
+	errs map[string]float64
+}
+
+// runChecked builds rank's layer from plans, runs it on data and checks the
+// results (every rank must call it: the check gathers).
+func runChecked(ctx context.Context, rt linear.Runtime, cfg linear.Config, plans linear.Plans, data *linear.Data) (checked, error) {
+	l, err := linear.NewPlanned(cfg, plans, rt.World.Rank())
+	if err != nil {
+		return checked{}, err
+	}
+	res, err := linear.Run(ctx, rt, l, data)
+	if err != nil {
+		return checked{}, err
+	}
+	errs, err := linear.Check(ctx, rt.World, l, data, res)
+	return checked{l, res, errs}, err
+}
+
+// planMatch reports whether this rank ran the collectives the plan promised
+// (the plan's bytes are rank 0's).
+func (c checked) planMatch() bool { return slices.EqualFunc(c.res.Executed, c.l.Planned(), sameComm) }
+
+// verdict is "" when the run passes on rank 0, else why it fails.
+func (c checked) verdict() string {
+	names := make([]string, 0, len(c.errs))
+	for n := range c.errs {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		if c.errs[n] > tolerance {
+			return fmt.Sprintf("%s: relative error %.3g", n, c.errs[n])
+		}
+	}
+	if !c.planMatch() {
+		return fmt.Sprintf("collectives %v, plan %v", c.res.Executed, c.l.Planned())
+	}
+	return ""
 }
 
 func sameComm(a, b linear.Comm) bool {

@@ -185,26 +185,11 @@ func verifyWorkload(ctx context.Context, env Env) int {
 
 // runVerifyCase runs one case on this rank; rank 0 judges it.
 func runVerifyCase(ctx context.Context, w *collective.World, k linearKernels, c verifyCase) (bool, string, error) {
-	l, err := linear.NewPlanned(c.cfg, c.plans, w.Rank())
-	if err != nil {
-		return false, "", err
-	}
 	data := linear.RandomData(c.cfg.X.Shape, c.cfg.W.Shape[0], c.cfg.B != nil, c.seed)
-	res, err := linear.Run(ctx, linear.Runtime{World: w, Kernels: k}, l, data)
-	if err != nil {
-		return false, "", err
+	r, err := runChecked(ctx, linear.Runtime{World: w, Kernels: k}, c.cfg, c.plans, data)
+	if err != nil || w.Rank() != 0 {
+		return true, "", err
 	}
-	errs, err := linear.Check(ctx, w, l, data, res)
-	if err != nil {
-		return false, "", err
-	}
-	for name, e := range errs {
-		if e > 1e-5 {
-			return false, fmt.Sprintf("%s: relative error %.3g", name, e), nil
-		}
-	}
-	if w.Rank() == 0 && !slices.EqualFunc(res.Executed, l.Planned(), sameComm) {
-		return false, fmt.Sprintf("collectives %v, plan %v", res.Executed, l.Planned()), nil
-	}
-	return true, "", nil
+	why := r.verdict()
+	return why == "", why, nil
 }

@@ -3,6 +3,7 @@ package linear
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/placement"
@@ -14,7 +15,7 @@ import (
 // zeros); other partial ops hold copies. Both reduce back to the whole tensor
 // exactly.
 func Shard(global *tensor.Tensor, spec placement.Spec, rank int) (*tensor.Tensor, error) {
-	if !equalInts(global.Shape(), spec.Shape) {
+	if !slices.Equal(global.Shape(), spec.Shape) {
 		return nil, fmt.Errorf("%w: tensor of shape %v for spec %s", ErrConfig, global.Shape(), spec)
 	}
 	shape, off := spec.Local(rank)
@@ -69,18 +70,6 @@ func zero(t *tensor.Tensor) {
 	} else {
 		clear(t.Float64())
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Gather assembles the whole tensor on every rank from this rank's shard laid

@@ -6,6 +6,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/meshrun/meshrun/placement"
 )
@@ -204,7 +205,7 @@ func Step(locals []Tensor, st placement.Step) ([]Tensor, error) {
 	}
 	out := make([]Tensor, len(locals))
 	for r := range locals {
-		if want := st.From.LocalShape(r); !equalShape(locals[r].Shape, want) {
+		if want := st.From.LocalShape(r); !slices.Equal(locals[r].Shape, want) {
 			return nil, fmt.Errorf("sim: rank %d holds %v before %s, want %v", r, locals[r].Shape, st, want)
 		}
 	}
@@ -276,16 +277,4 @@ func fetch(locals []Tensor, spec placement.Spec, rank int, g []int) (float64, er
 		return 0, fmt.Errorf("sim: rank %d does not hold %v under %s", rank, g, spec)
 	}
 	return locals[rank].Data[k], nil
-}
-
-func equalShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -294,12 +294,32 @@ func (o *opState) send(peer int, step, chunk uint32, off int, p []byte) int {
 		o.ndone++
 		return o.nsent - 1
 	}
+	if o.nsent == o.ndone { // nothing queued: a send that fits goes out inline
+		if ts, ok := o.c.w.t.(trySender); ok {
+			o.sh = h
+			sent, err := ts.trySend(o.c.ranks[peer], &o.sh, p)
+			if sent || err != nil {
+				if err != nil && o.err == nil {
+					o.err = err
+				}
+				o.nsent++
+				o.ndone++
+				return o.nsent - 1
+			}
+		}
+	}
 	if o.nsent-o.ndone >= sendQueue {
 		o.waitSent(o.nsent - sendQueue)
 	}
 	o.c.sq <- sendReq{ctx: o.ctx, peer: o.c.ranks[peer], h: h, p: p}
 	o.nsent++
 	return o.nsent - 1
+}
+
+// trySender is a Transport that can send without blocking when the message
+// fits (shm: room in the ring), which saves the handoff to the sender goroutine.
+type trySender interface {
+	trySend(peer int, h *Header, p []byte) (bool, error)
 }
 
 // waitSent waits until send i (and every earlier one) has completed.

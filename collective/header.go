@@ -246,8 +246,6 @@ func checkHeader(want, got *Header) error {
 	return nil
 }
 
-func itoa(i int) string { return fmt.Sprint(i) }
-
 // hash64 hashes ints (group ranks, counts) for headers.
 func hash64(tag string, xs ...[]int) uint64 {
 	h := fnv.New64a()

@@ -444,6 +444,42 @@ func (t *shmTransport) Send(ctx context.Context, peer int, h *Header, p []byte) 
 	return t.write(ctx, r, r.hb[:], p)
 }
 
+// trySend writes the message only if the ring has room for all of it now.
+func (t *shmTransport) trySend(peer int, h *Header, p []byte) (bool, error) {
+	r := t.out[peer]
+	if r.cma && len(p) >= cmaMin {
+		return false, nil
+	}
+	if !r.mu.TryLock() {
+		return false, nil
+	}
+	defer r.mu.Unlock()
+	if r.mem == nil {
+		return false, errClosedTransport
+	}
+	if e := t.aborted[peer].Load(); e != nil {
+		return false, *e
+	}
+	head := atomic.LoadUint64(r.u64(offHead))
+	tail := atomic.LoadUint64(r.u64(offTail))
+	if r.cap-(head-tail) < uint64(HeaderSize+len(p)) {
+		return false, nil
+	}
+	h.Length = uint32(len(p))
+	h.Encode(r.hb[:])
+	for _, part := range [2][]byte{r.hb[:], p} {
+		for len(part) > 0 {
+			pos := head % r.cap
+			n := min(uint64(len(part)), r.cap-pos)
+			copy(r.data[pos:pos+n], part[:n])
+			head += n
+			part = part[n:]
+		}
+	}
+	t.publish(r, head)
+	return true, nil
+}
+
 func (t *shmTransport) Recv(ctx context.Context, peer int, want *Header, dst []byte) error {
 	r := t.in[peer]
 	r.mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/natsrv/creds"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
@@ -44,6 +45,11 @@ type Config struct {
 	CredsFile                 string
 	// Creds, when set, is used instead of CredsFile (tests, in-process callers).
 	Creds *creds.Credentials
+	// NATSCA, NATSCert and NATSKey are TLS files (MESHRUN_NATS_CA, _CERT, _KEY);
+	// NATSInsecure allows plaintext to a non-loopback server
+	// (MESHRUN_NATS_INSECURE). The policy is natsconn's.
+	NATSCA, NATSCert, NATSKey string
+	NATSInsecure              bool
 	// Transport: "auto" (shm when every rank is on one host, else tcp), "shm",
 	// "tcp", "nats".
 	Transport string
@@ -95,8 +101,8 @@ func EnvConfig() Config {
 	num("NODE_RANK", false, &c.NodeRank)
 	num("NNODES", false, &c.NNodes)
 	c.Job = os.Getenv("MESHRUN_JOB_ID")
-	c.NATSURL = os.Getenv("MESHRUN_NATS_URL")
-	c.CredsFile = os.Getenv("MESHRUN_NATS_CREDS")
+	nc := natsconn.FromEnv(os.Getenv)
+	c.NATSURL, c.CredsFile, c.NATSCA, c.NATSCert, c.NATSKey, c.NATSInsecure = nc.URL, nc.CredsFile, nc.CA, nc.Cert, nc.Key, nc.Insecure
 	c.Transport = os.Getenv("MESHRUN_TRANSPORT")
 	c.TCPHost = os.Getenv("MESHRUN_TCP_HOST")
 	dur("MESHRUN_COLLECTIVE_TIMEOUT", &c.DataTimeout)
@@ -124,6 +130,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Creds == nil && c.CredsFile == "" {
 		errs = append(errs, "no NATS credentials (MESHRUN_NATS_CREDS)")
+	}
+	if c.NATSURL != "" && (c.Creds != nil || c.CredsFile != "") {
+		if err := c.natsConfig().Validate(); err != nil {
+			errs = append(errs, strings.TrimPrefix(err.Error(), natsconn.ErrConfig.Error()+": "))
+		}
 	}
 	switch c.Transport {
 	case "", "auto", "shm", "tcp", "nats":
@@ -155,6 +166,12 @@ func (c *Config) defaults() {
 	c.Options.defaults()
 }
 
+// natsConfig is the rank's NATS connection settings.
+func (c *Config) natsConfig() natsconn.Config {
+	return natsconn.Config{URL: c.NATSURL, CredsFile: c.CredsFile, Creds: c.Creds, CA: c.NATSCA, Cert: c.NATSCert,
+		Key: c.NATSKey, Insecure: c.NATSInsecure, Name: fmt.Sprintf("meshrun-%s-rank-%d", c.Job, c.Rank)}
+}
+
 // Join connects this rank to its job: NATS, rendezvous, data transport,
 // heartbeats. The World fails (every pending call with ErrControlLost) if the
 // NATS connection drops; nothing reconnects.
@@ -164,13 +181,9 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	}
 	cfg.defaults()
 	log := cfg.Logger.With(zap.Int("rank", cfg.Rank))
-	cr := cfg.Creds
-	if cr == nil {
-		c, err := creds.Read(cfg.CredsFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: reading NATS credentials: %v", ErrInvalid, err)
-		}
-		cr = &c
+	natsOpts, err := cfg.natsConfig().Options()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	var wp atomic.Pointer[World]
 	lostCh := make(chan error, 1)
@@ -184,11 +197,8 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		default:
 		}
 	}
-	nc, err := nats.Connect(cfg.NATSURL,
-		nats.Name(fmt.Sprintf("meshrun-%s-rank-%d", cfg.Job, cfg.Rank)),
-		nats.UserInfo(cr.User, cr.Password),
+	nc, err := nats.Connect(cfg.NATSURL, append(natsOpts,
 		nats.NoReconnect(),
-		nats.Timeout(5*time.Second),
 		nats.PingInterval(time.Second), nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err == nil {
@@ -196,7 +206,7 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 			}
 			onLost(err)
 		}),
-	)
+	)...)
 	if err != nil {
 		return nil, &Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: fmt.Sprintf("connecting to NATS at %s: %v", cfg.NATSURL, err)}
 	}

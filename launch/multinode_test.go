@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/internal/testpki"
 	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/natsrv/creds"
 	"github.com/nats-io/nats.go"
@@ -28,6 +29,12 @@ var (
 // standaloneNATS starts the nats-server program (built from the module) as its
 // own process on loopback, with one user per job allowed only its job's subjects.
 func standaloneNATS(t *testing.T, jobs map[string]creds.Credentials) string {
+	return standaloneNATSWith(t, jobs, "")
+}
+
+// standaloneNATSWith is standaloneNATS with extra server configuration (a tls
+// block); the URL it returns is tls:// when the extra configuration has one.
+func standaloneNATSWith(t *testing.T, jobs map[string]creds.Credentials, extra string) string {
 	t.Helper()
 	natsServerOnce.Do(func() {
 		natsServerBin = filepath.Join(bin, "nats-server")
@@ -50,7 +57,7 @@ func standaloneNATS(t *testing.T, jobs map[string]creds.Credentials) string {
 		subj := fmt.Sprintf(`["meshrun.%s.>", "_INBOX.>"]`, job)
 		users = append(users, fmt.Sprintf(`{ user: %q, password: %q, permissions: { publish: %s, subscribe: %s } }`, c.User, c.Password, subj, subj))
 	}
-	conf := fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 8MB\nauthorization { users: [\n%s\n] }\n", port, strings.Join(users, "\n"))
+	conf := fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 8MB\nauthorization { users: [\n%s\n] }\n%s\n", port, strings.Join(users, "\n"), extra)
 	dir := t.TempDir()
 	confFile := filepath.Join(dir, "nats.conf")
 	if err := os.WriteFile(confFile, []byte(conf), 0o600); err != nil {
@@ -77,6 +84,9 @@ func standaloneNATS(t *testing.T, jobs map[string]creds.Credentials) string {
 	case <-time.After(20 * time.Second):
 		t.Fatal("nats-server did not become ready")
 	}
+	if strings.Contains(extra, "tls") {
+		return fmt.Sprintf("tls://127.0.0.1:%d", port)
+	}
 	return fmt.Sprintf("nats://127.0.0.1:%d", port)
 }
 
@@ -92,6 +102,11 @@ func writeCreds(t *testing.T, c creds.Credentials) string {
 // runNodes runs one launcher per node against url and returns their exit codes,
 // log dirs and consoles.
 func runNodes(t *testing.T, url, credsFile, job string, nodes, perNode int, workload ...string) ([]int, []string, []string) {
+	return runNodesWith(t, url, credsFile, job, nodes, perNode, nil, workload...)
+}
+
+// runNodesWith is runNodes with extra launcher flags.
+func runNodesWith(t *testing.T, url, credsFile, job string, nodes, perNode int, flags []string, workload ...string) ([]int, []string, []string) {
 	t.Helper()
 	codes, dirs, consoles := make([]int, nodes), make([]string, nodes), make([]string, nodes)
 	var wg sync.WaitGroup
@@ -103,7 +118,7 @@ func runNodes(t *testing.T, url, credsFile, job string, nodes, perNode int, work
 			var out, errb bytes.Buffer
 			args := append([]string{"run", "--nnodes", fmt.Sprint(nodes), "--node-rank", fmt.Sprint(node), "-n", fmt.Sprint(perNode),
 				"--nats", url, "--nats-creds", credsFile, "--job-id", job, "--log-dir", dirs[node], "--grace", "2s",
-				"--worker", worker()}, workload...)
+				"--worker", worker()}, append(flags, workload...)...)
 			codes[node] = Main(context.Background(), args, &out, &errb)
 			consoles[node] = out.String() + errb.String()
 		}(node)
@@ -210,5 +225,40 @@ func TestNATSRefusals(t *testing.T) {
 		if code != 0 {
 			t.Errorf("job a, node %d: exit %d (it must be unaffected)\n%s", node, code, consoles[node])
 		}
+	}
+}
+
+// TestTLSNodes: the same two-launcher job over a NATS server that requires TLS:
+// launchers and ranks verify its certificate against the job's CA; a plaintext
+// client is refused.
+func TestTLSNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs nats-server")
+	}
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, dir, "nats")
+	cert, key := ca.Issue(t, dir, "server")
+	job := creds.Credentials{User: "job-tls", Password: "pw-tls"}
+	url := standaloneNATSWith(t, map[string]creds.Credentials{"tls-job": job},
+		fmt.Sprintf("tls { cert_file: %q, key_file: %q, ca_file: %q }", cert, key, ca.File))
+	plain := strings.Replace(url, "tls://", "nats://", 1)
+	if nc, err := nats.Connect(plain, nats.UserInfo(job.User, job.Password), nats.Timeout(2*time.Second)); err == nil {
+		nc.Close()
+		t.Error("a plaintext client was admitted by a server that requires TLS")
+	}
+	codes, dirs, consoles := runNodesWith(t, url, writeCreds(t, job), "tls-job", 2, 2, []string{"--nats-ca", ca.File},
+		"mlp", "--mesh", "tp=4", "--tokens", "16", "--hidden", "8", "--steps", "2")
+	for node := range codes {
+		if codes[node] != 0 {
+			t.Fatalf("node %d: exit %d\n%s", node, codes[node], consoles[node])
+		}
+		if sum := readJSON[Summary](t, filepath.Join(dirs[node], "tls-job", SummaryFile)); sum.WorldSize != 4 || sum.ExitCode != 0 {
+			t.Errorf("node %d summary: %+v", node, sum)
+		}
+	}
+	// Without the CA the launcher cannot verify the server and stops before any rank starts.
+	codes, _, consoles = runNodes(t, url, writeCreds(t, job), "tls-job-2", 1, 1, "hello")
+	if codes[0] == 0 || !strings.Contains(consoles[0], "certificate") {
+		t.Errorf("unverifiable server: exit %d\n%s", codes[0], consoles[0])
 	}
 }

@@ -1,21 +1,12 @@
 package natsconn
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
-	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/internal/testpki"
 	"github.com/meshrun/meshrun/natsrv/creds"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -72,57 +63,12 @@ func TestEnvRoundTrip(t *testing.T) {
 	}
 }
 
-type authority struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	file string
-}
-
-// newCA writes a fresh CA certificate to dir.
-func newCA(t *testing.T, dir, name string) authority {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name + "-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return authority{cert: cert, key: key, file: writePEM(t, dir, name+"-ca.pem", "CERTIFICATE", der)}
-}
-
-// issue writes a certificate for 127.0.0.1 signed by the CA, and its key.
-func (a authority) issue(t *testing.T, dir, name string) (certFile, keyFile string) {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	return writePEM(t, dir, name+".pem", "CERTIFICATE", der), writePEM(t, dir, name+"-key.pem", "EC PRIVATE KEY", keyDER)
-}
-
-func writePEM(t *testing.T, dir, f, typ string, b []byte) string {
-	p := filepath.Join(dir, f)
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // tlsServer starts a nats-server on loopback that requires TLS and a user.
-func tlsServer(t *testing.T, dir string, verifyClients bool) (url string, ca authority, user creds.Credentials) {
+func tlsServer(t *testing.T, dir string, verifyClients bool) (url string, ca testpki.CA, user creds.Credentials) {
 	t.Helper()
-	ca = newCA(t, dir, "server")
-	cert, key := ca.issue(t, dir, "server")
-	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cert, KeyFile: key, CaFile: ca.file, Verify: verifyClients})
+	ca = testpki.NewCA(t, dir, "server")
+	cert, key := ca.Issue(t, dir, "server")
+	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cert, KeyFile: key, CaFile: ca.File, Verify: verifyClients})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +90,7 @@ func tlsServer(t *testing.T, dir string, verifyClients bool) (url string, ca aut
 func TestTLS(t *testing.T) {
 	dir := t.TempDir()
 	url, authority, user := tlsServer(t, dir, false)
-	ca, otherCA := authority.file, newCA(t, dir, "other").file
+	ca, otherCA := authority.File, testpki.NewCA(t, dir, "other").File
 	good := Config{URL: url, CA: ca, Creds: &user, Timeout: 2 * time.Second}
 	nc, err := Connect(good)
 	if err != nil {
@@ -182,18 +128,18 @@ func TestTLS(t *testing.T) {
 func TestClientCertificate(t *testing.T) {
 	dir := t.TempDir()
 	url, ca, user := tlsServer(t, dir, true)
-	cert, key := ca.issue(t, dir, "client")
-	nc, err := Connect(Config{URL: url, CA: ca.file, Creds: &user, Cert: cert, Key: key, Timeout: 2 * time.Second}, nats.NoReconnect())
+	cert, key := ca.Issue(t, dir, "client")
+	nc, err := Connect(Config{URL: url, CA: ca.File, Creds: &user, Cert: cert, Key: key, Timeout: 2 * time.Second}, nats.NoReconnect())
 	if err != nil {
 		t.Fatalf("a client certificate from the server's CA: %v", err)
 	}
 	nc.Close()
-	otherCert, otherKey := newCA(t, dir, "other").issue(t, dir, "stranger")
-	if nc, err := Connect(Config{URL: url, CA: ca.file, Creds: &user, Cert: otherCert, Key: otherKey, Timeout: 2 * time.Second}, nats.NoReconnect()); err == nil {
+	otherCert, otherKey := testpki.NewCA(t, dir, "other").Issue(t, dir, "stranger")
+	if nc, err := Connect(Config{URL: url, CA: ca.File, Creds: &user, Cert: otherCert, Key: otherKey, Timeout: 2 * time.Second}, nats.NoReconnect()); err == nil {
 		nc.Close()
 		t.Fatal("a client certificate from an unknown CA was accepted")
 	}
-	if nc, err := Connect(Config{URL: url, CA: ca.file, Creds: &user, Timeout: 2 * time.Second}, nats.NoReconnect()); err == nil {
+	if nc, err := Connect(Config{URL: url, CA: ca.File, Creds: &user, Timeout: 2 * time.Second}, nats.NoReconnect()); err == nil {
 		nc.Close()
 		t.Fatal("a server that verifies clients accepted one without a certificate")
 	}

@@ -54,7 +54,7 @@ func TestTCPRefusesWithoutSecret(t *testing.T) {
 	}
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	io.ReadFull(c, make([]byte, 64)) // the challenge, if any
-	c.Write(make([]byte, 32))         // a guess
+	c.Write(make([]byte, 32))        // a guess
 	if n, err := c.Read(make([]byte, 1)); err == nil || n > 0 {
 		t.Errorf("the stranger's connection is still open (read %d bytes, %v)", n, err)
 	}

@@ -35,9 +35,6 @@ type nodeMsg struct {
 	Reason   string `json:"reason,omitempty"`
 }
 
-// noticeSubjects are where ranks publish failure notices.
-var noticeSubjects = []string{"fail", "ctl.fail"}
-
 // plane is the launcher's connection to the job's NATS.
 type plane struct {
 	nc      *nats.Conn
@@ -59,25 +56,14 @@ func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool) (
 	}
 	p := &plane{nc: nc, job: job, node: node, notices: make(chan collective.Notice, 64), remote: make(chan nodeMsg, 64),
 		beats: map[int]collective.State{}, seen: map[int]time.Time{}}
-	onNotice := func(m *nats.Msg) {
-		var n collective.Notice
-		if json.Unmarshal(m.Data, &n) == nil {
-			select {
-			case p.notices <- n:
-			default:
-			}
+	sub, err := collective.WatchNotices(nc, job, func(n collective.Notice) {
+		select {
+		case p.notices <- n:
+		default:
 		}
-	}
-	// The collective layer has no exported watcher of failure notices yet;
-	// read both the subject it used first and the one it uses now.
-	var sub *nats.Subscription
-	for _, s := range noticeSubjects {
-		if sub, err = nc.Subscribe(collective.Subject(job, s), onNotice); err != nil {
-			break
-		}
-		p.subs = append(p.subs, sub)
-	}
+	})
 	if err == nil {
+		p.subs = append(p.subs, sub)
 		sub, err = nc.Subscribe(collective.Subject(job, "launcher"), func(m *nats.Msg) {
 			var n nodeMsg
 			if json.Unmarshal(m.Data, &n) == nil && n.Node != p.node {

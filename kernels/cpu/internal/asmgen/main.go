@@ -92,16 +92,18 @@ func gen(w *bytes.Buffer, k kern) {
 	p("MOVQ ldc+40(FP), SI")
 	p("SHLQ $%d, SI", log2(k.elem))
 	// prefetchC touches every line of the C tile (rows from DI, ldc bytes apart).
-	prefetchC := func() {
+	prefetchC := func(instr string) {
 		p("MOVQ DI, R10")
 		for i := 0; i < k.mr; i++ {
 			for off := 0; off < k.nv*vbytes; off += 64 {
-				p("PREFETCHT0 %d(R10)", off)
+				p("%s %d(R10)", instr, off)
 			}
-			p("PREFETCHT0 %d(R10)", k.nv*vbytes-1)
+			p("%s %d(R10)", instr, k.nv*vbytes-1)
 			p("ADDQ SI, R10")
 		}
 	}
+	// Early: bring C into L2 (and walk its pages, one per row) while the k loop runs.
+	prefetchC("PREFETCHT1")
 	xor := "VPXORD"
 	if k.reg == "Y" {
 		xor = "VXORPS"
@@ -153,7 +155,7 @@ func gen(w *bytes.Buffer, k kern) {
 	p("DECQ R11")
 	p("JNZ %s_loop4", k.name)
 	label("leg2")
-	prefetchC()
+	prefetchC("PREFETCHT0")
 	p("MOVQ R13, R11")
 	p("TESTQ R11, R11")
 	p("JZ %s_tail", k.name)

@@ -124,7 +124,9 @@ def best(impl, key):
 keys = sorted({k[1:] for k in runs}, key=lambda k: (-k[0] * k[1] * k[2], k[3]))
 print(f"meshrun {rev}, {ncores} cores split over the tp ranks; {reps} repetitions of {steps} steps, "
       "each cell the best repetition's median step.")
+print()
 print(f"{loaded} of {total} measurements started while other processes kept the CPUs more than 20% busy.")
+print()
 print(f"PyTorch BLAS kernels: `{cores.get('pytorch', '?')}` as the machine is set up, "
       f"`{cores.get('pytorch-unset', '?')}` with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset.")
 print()

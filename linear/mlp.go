@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"sync"
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/placement"
@@ -153,14 +155,43 @@ func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
 	return loss, nil
 }
 
+// sgd updates p -= lr·g, split over the rank's cores for large tensors.
 func sgd(p, g *tensor.Tensor, lr float32) {
 	if p == nil || g == nil {
 		return
 	}
 	pv, gv := p.Float32(), g.Float32()
-	for i := range pv {
-		pv[i] -= lr * gv[i]
+	parallel(len(pv), func(_, lo, hi int) {
+		pv, gv := pv[lo:hi], gv[lo:hi:hi]
+		for i := range pv {
+			pv[i] -= lr * gv[i]
+		}
+	})
+}
+
+// pieces is how many contiguous pieces parallel cuts n elements into.
+func pieces(n int) int {
+	const grain = 1 << 16
+	return max(1, min(runtime.GOMAXPROCS(0), (n+grain-1)/grain))
+}
+
+// parallel runs f on piece k = [lo, hi) of [0, n) for every piece, concurrently.
+func parallel(n int, f func(k, lo, hi int)) {
+	parts := pieces(n)
+	if parts == 1 {
+		f(0, 0, n)
+		return
 	}
+	var wg sync.WaitGroup
+	for k := 0; k < parts; k++ {
+		lo, hi := k*n/parts, (k+1)*n/parts
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(k, lo, hi)
+		}()
+	}
+	wg.Wait()
 }
 
 // mse returns the mean squared error of y against the target and its gradient,
@@ -170,12 +201,19 @@ func (m *MLP) mse(ctx context.Context, rt Runtime, y *tensor.Tensor) (float64, *
 	spec := m.Down.Fwd.Final.Spec
 	n := float32(spec.NumElems())
 	dy := tensor.New(tensor.Float32, y.Shape()...)
-	var sum float64
 	yv, tv, dv := y.Float32(), m.Target.Float32(), dy.Float32()
-	for i := range yv {
-		d := yv[i] - tv[i]
-		sum += float64(d) * float64(d)
-		dv[i] = 2 * d / n
+	// Partial sums per piece, added in order: the same loss whatever the threads.
+	sums := make([]float64, pieces(len(yv)))
+	parallel(len(yv), func(k, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			d := yv[i] - tv[i]
+			sums[k] += float64(d) * float64(d)
+			dv[i] = 2 * d / n
+		}
+	})
+	var sum float64
+	for _, s := range sums {
+		sum += s
 	}
 	// The scalar is partial over the mesh dims that split y, replicated elsewhere.
 	ps := make([]placement.Placement, spec.Mesh.NDim())

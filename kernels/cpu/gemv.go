@@ -11,9 +11,6 @@ import "sync"
 // are computed one at a time by calling the same kernel with lda = 0.
 const gemvRows = 4
 
-// axpyUnit is the column grid of the axpy form: parts own whole units.
-const axpyUnit = 64
-
 type (
 	dotFunc[T float]  func(n int, x, a []T, lda int, out *[gemvRows]T)
 	axpyFunc[T float] func(acc, x, a []T, lda int)
@@ -30,13 +27,16 @@ type gemvJob[T float] struct {
 	dot         dotFunc[T]
 	axpy        axpyFunc[T]
 	scratch     *freeList[gemvScratch[T]]
+	// axpy form: row chunks and their partial sums (chunks×cols).
+	chunks, chunkRows int
+	partial           []T
 }
 
 // gemvScratch is one part's working memory (kept off the stack, where the
 // kernels' func values would make it escape).
 type gemvScratch[T float] struct {
 	res [gemvRows]T
-	acc []T
+	acc []T // the axpy form's partial sums
 }
 
 var (
@@ -80,19 +80,27 @@ func (j *gemvJob[T]) run(part int) {
 		}
 		return
 	}
-	units := (j.cols + axpyUnit - 1) / axpyUnit
-	u0, u1 := span(units, j.parts, part)
-	c0, c1 := u0*axpyUnit, min(u1*axpyUnit, j.cols)
-	if c0 >= c1 {
-		return
+	// Axpy form: part owns whole row chunks and fills their partial sums.
+	c0, c1 := span(j.chunks, j.parts, part)
+	for c := c0; c < c1; c++ {
+		r0 := c * j.chunkRows
+		r1 := min(j.rows, r0+j.chunkRows)
+		acc := j.partial[c*j.cols : (c+1)*j.cols]
+		clear(acc)
+		j.axpy(acc, j.x[r0:r1], j.a[r0*j.lda:], j.lda)
 	}
-	sc.acc = grow(sc.acc, c1-c0)
-	ac := sc.acc
-	clear(ac)
-	j.axpy(ac, j.x[:j.rows], j.a[c0:], j.lda)
-	for i, v := range ac {
-		j.put(c0+i, v)
-	}
+}
+
+// axpyChunks splits the rows of the axpy form into a number of chunks that
+// depends on the row count only: each chunk's partial sums are computed
+// independently (in parallel) and then added in chunk order, so results do not
+// depend on the thread count, and each thread streams whole rows.
+func axpyChunks(rows int) (chunks, chunkRows int) {
+	chunks = max(1, min(8, rows/256))
+	chunkRows = (rows + chunks - 1) / chunks
+	chunkRows = (chunkRows + gemvRows - 1) / gemvRows * gemvRows
+	chunks = (rows + chunkRows - 1) / chunkRows
+	return chunks, chunkRows
 }
 
 // gemv runs the dot form (trans = false: out has rows elements, x has cols) or the
@@ -113,12 +121,25 @@ func gemv[T float](trans bool, rows, cols int, a []T, lda int, x, out []T, alpha
 	j := pool.Get().(*gemvJob[T])
 	*j = gemvJob[T]{trans: trans, rows: rows, cols: cols, a: a, x: x, out: out, lda: lda,
 		alpha: alpha, beta: beta, dot: dot, axpy: axpy, scratch: scratch}
-	units := max(1, rows/gemvRows)
-	if trans {
-		units = (cols + axpyUnit - 1) / axpyUnit
+	if !trans {
+		j.parts = max(1, min(threads, rows/gemvRows, 2*rows*cols/workPerThr))
+		parallel(j, j.parts, &j.wg)
+	} else {
+		j.chunks, j.chunkRows = axpyChunks(rows)
+		sc := scratch.get()
+		sc.acc = grow(sc.acc, j.chunks*cols)
+		j.partial = sc.acc
+		j.parts = max(1, min(threads, j.chunks, 2*rows*cols/workPerThr))
+		parallel(j, j.parts, &j.wg)
+		for c := 0; c < cols; c++ {
+			v := j.partial[c]
+			for k := 1; k < j.chunks; k++ {
+				v += j.partial[k*cols+c]
+			}
+			j.put(c, v)
+		}
+		scratch.put(sc)
 	}
-	j.parts = max(1, min(threads, units, 2*rows*cols/workPerThr))
-	parallel(j, j.parts, &j.wg)
 	*j = gemvJob[T]{}
 	pool.Put(j)
 }

@@ -297,6 +297,7 @@ func testDeterminism(t *testing.T, cfg Config, dt tensor.DType) {
 		{TransB: true, M: 9, N: 1000, K: 600, Alpha: 1},
 		{TransA: true, M: 700, N: 97, K: 33, Alpha: 1, Beta: 1},
 		{M: 1, N: 4100, K: 300, Alpha: 1},
+		{M: 1, N: 700, K: 3000, Alpha: 1, Beta: 0.5},
 		{TransB: true, M: 1, N: 2050, K: 300, Alpha: 1},
 	}
 	for si, p := range shapes {

@@ -319,7 +319,7 @@ func (p *Provider) GeluForward(y, x *tensor.Tensor) error {
 		return err
 	}
 	if y.DType() == tensor.Float32 {
-		geluForward(y.Float32(), x.Float32())
+		gelu32s(y.Float32(), nil, x.Float32(), false, p.nthreads())
 	} else {
 		geluForward(y.Float64(), x.Float64())
 	}
@@ -335,7 +335,7 @@ func (p *Provider) GeluBackward(dx, dy, x *tensor.Tensor) error {
 		return err
 	}
 	if dx.DType() == tensor.Float32 {
-		geluBackward(dx.Float32(), dy.Float32(), x.Float32())
+		gelu32s(dx.Float32(), dy.Float32(), x.Float32(), true, p.nthreads())
 	} else {
 		geluBackward(dx.Float64(), dy.Float64(), x.Float64())
 	}

@@ -14,7 +14,7 @@ import (
 
 const (
 	log2e   = 1.44269504088896340736
-	ln2Hi   = 0.693145751953125        // ln 2 rounded to 16 bits: k·ln2Hi is exact
+	ln2Hi   = 0.693145751953125         // ln 2 rounded to 16 bits: k·ln2Hi is exact
 	ln2Lo   = 1.42860682030941723212e-6 // ln 2 - ln2Hi
 	tanhMax = 9                         // tanh(9) rounds to 1 in float32
 )

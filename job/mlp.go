@@ -46,8 +46,16 @@ func mlpWorkload(ctx context.Context, env Env) int {
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of parameters and data")
 	lr := fs.Float64("lr", 0.05, "SGD learning rate")
 	kern := fs.String("kernels", "cpu", "kernel provider")
+	profile := fs.String("cpuprofile", "", "write a CPU profile of the steps to FILE (in-process ranks: one profile)")
 	if err := fs.Parse(env.Args[1:]); err != nil {
 		return usageError(env, "mlp", err)
+	}
+	if *profile != "" {
+		stop, err := startProfile(*profile)
+		if err != nil {
+			return usageError(env, "mlp", err)
+		}
+		defer stop()
 	}
 	if *mesh == "" {
 		*mesh = "tp=" + strconv.Itoa(worldSize(env, 1))

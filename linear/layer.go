@@ -84,6 +84,37 @@ type Layer struct {
 	gradDB   *tensor.Tensor
 	pending  bool
 	fwdMoves map[string]spmd.Move
+	fusedLR  float32 // FuseSGD's learning rate, 0 when not fused
+	bufs     scratch
+}
+
+// scratch keeps the tensors a layer writes from one step to the next, so that a
+// step neither allocates nor zeroes them again.
+type scratch map[string]*tensor.Tensor
+
+// get returns the tensor kept under name, new if its shape changed.
+func (s scratch) get(name string, shape []int) *tensor.Tensor {
+	if t, ok := s[name]; ok && slices.Equal(t.Shape(), shape) {
+		return t
+	}
+	t := tensor.New(tensor.Float32, shape...)
+	s[name] = t
+	return t
+}
+
+// FuseSGD makes Backward apply the SGD update W -= lr·dW inside the weight
+// gradient's GEMM (alpha = -lr, beta = 1) instead of producing dW: no dW buffer,
+// no separate pass over W. It applies only when dW needs no collective (its
+// terms are complete on this rank) and reports whether it does; a fused layer
+// takes one micro-batch per step, and Reduce then returns no dW.
+func (l *Layer) FuseSGD(lr float32) bool {
+	for _, g := range l.Bwd.Grads {
+		if g.Input == "w" && !movesBytes(moveOf(g.Plan, g.Output.Name)) && slices.Equal(l.W.Shape(), g.Output.Spec.LocalShape(l.rank)) {
+			l.fusedLR = lr
+			return true
+		}
+	}
+	return false
 }
 
 // Plans are a layer's forward and backward plans, the same on every rank.
@@ -128,7 +159,7 @@ func NewPlanned(cfg Config, p Plans, rank int) (*Layer, error) {
 	if rank < 0 || rank >= cfg.X.Mesh.Size() {
 		return nil, fmt.Errorf("%w: rank %d outside mesh %s", ErrConfig, rank, cfg.X.Mesh)
 	}
-	l := &Layer{Config: cfg, Fwd: fwd, Bwd: bwd, rank: rank, fwdMoves: map[string]spmd.Move{}}
+	l := &Layer{Config: cfg, Fwd: fwd, Bwd: bwd, rank: rank, fwdMoves: map[string]spmd.Move{}, bufs: scratch{}}
 	for _, m := range fwd.Moves {
 		l.fwdMoves[m.Tensor] = m
 	}
@@ -146,7 +177,8 @@ type Saved struct {
 }
 
 // Forward computes this rank's share of y = x·Wᵀ + b. x is this rank's shard laid
-// out as Config.X; y is laid out as Fwd.Final.
+// out as Config.X; y is laid out as Fwd.Final. The layer reuses y's storage in
+// the next Forward: copy it to keep it longer (the same holds for Backward's dx).
 func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*tensor.Tensor, *Saved, error) {
 	if err := checkShape("x", x, l.X, l.rank); err != nil {
 		return nil, nil, err
@@ -172,7 +204,7 @@ func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*ten
 			return nil, nil, err
 		}
 	}
-	y := tensor.New(tensor.Float32, l.Fwd.Output.Spec.LocalShape(l.rank)...)
+	y := l.bufs.get("y", l.Fwd.Output.Spec.LocalShape(l.rank))
 	if err := rt.Kernels.LinearForward(y, xu, wu, bu); err != nil {
 		return nil, nil, fmt.Errorf("linear %s forward: %w", l.Name, err)
 	}
@@ -266,7 +298,7 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 		}
 		switch g.Input {
 		case "x":
-			d := tensor.New(tensor.Float32, g.Output.Spec.LocalShape(l.rank)...)
+			d := l.bufs.get("dx", g.Output.Spec.LocalShape(l.rank))
 			if err := rt.Kernels.LinearBackwardInput(d, ins[0], ins[1]); err != nil {
 				return nil, fmt.Errorf("linear %s backward input: %w", l.Name, err)
 			}
@@ -278,6 +310,12 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 			}
 			dx = d
 		case "w":
+			if l.fusedLR != 0 {
+				if err := l.sgdWeight(rt, ins[0], ins[1]); err != nil {
+					return nil, fmt.Errorf("linear %s fused weight update: %w", l.Name, err)
+				}
+				continue
+			}
 			if l.dw == nil {
 				l.dw = tensor.New(tensor.Float32, g.Output.Spec.LocalShape(l.rank)...)
 			}
@@ -309,6 +347,9 @@ func (l *Layer) Reduce(ctx context.Context, rt Runtime) (dw, db *tensor.Tensor, 
 		switch g.Input {
 		case "w":
 			t = l.dw
+			if t == nil {
+				continue // fused into Backward
+			}
 		case "b":
 			t = l.db
 		default:
@@ -327,6 +368,37 @@ func (l *Layer) Reduce(ctx context.Context, rt Runtime) (dw, db *tensor.Tensor, 
 	}
 	l.pending = false
 	return dw, db, nil
+}
+
+// sgdWeight computes W += (-lr)·dyᵀ·x with one GEMM.
+func (l *Layer) sgdWeight(rt Runtime, dy, x *tensor.Tensor) error {
+	n, k := l.W.Dim(0), l.W.Dim(1)
+	m := x.Len() / max(k, 1)
+	if k == 0 {
+		return nil
+	}
+	dy2, err := dy.Reshape(m, n)
+	if err != nil {
+		return err
+	}
+	x2, err := x.Reshape(m, k)
+	if err != nil {
+		return err
+	}
+	p := kernels.LinearBackwardWeightGemm(m, n, k, true, tensor.Float32)
+	p.Alpha = -float64(l.fusedLR)
+	return rt.Kernels.Gemm(p, dy2, x2, l.W)
+}
+
+// movesBytes reports whether a move sends anything between ranks (steps over
+// groups of one rank only relabel the layout).
+func movesBytes(m spmd.Move) bool {
+	for _, st := range m.Steps {
+		if st.Moves() {
+			return true
+		}
+	}
+	return false
 }
 
 func moveOf(p *spmd.Plan, name string) spmd.Move {

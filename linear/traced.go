@@ -12,6 +12,11 @@ type Traced struct {
 	Trace func(name, cat string) (end func())
 }
 
+func (t Traced) Gemm(p kernels.GemmParams, a, b, c *tensor.Tensor) error {
+	defer t.Trace("gemm", "kernel")()
+	return t.Kernels.Gemm(p, a, b, c)
+}
+
 func (t Traced) LinearForward(y, x, w, b *tensor.Tensor) error {
 	defer t.Trace("linear_forward", "kernel")()
 	return t.Kernels.LinearForward(y, x, w, b)

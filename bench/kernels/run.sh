@@ -80,7 +80,7 @@ print(f"FMA peak measured: {peak1:.0f} GFLOP/s on one core (fraction of peak = G
 print(f"OpenBLAS 0.3.21 (Debian) kernels: `{core512}` with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset, `{coredef}` in the default environment.")
 print()
 print("| threads | shape (M, K, N) | op | meshrun cpu | OpenBLAS AVX-512 | numpy AVX-512 | numpy default env | meshrun / OpenBLAS AVX-512 | meshrun % of peak |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|")
 worst = 9.9
 for key in sorted(order, key=lambda k: (k[0], order.index(k))):
     t, case, op, m, k, n = key

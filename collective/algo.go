@@ -221,35 +221,42 @@ func AllGather[T Float](ctx context.Context, c *Communicator, in, out []T, count
 		return err
 	}
 	own := out[offs[k]:offs[k+1]]
-	if len(in) > 0 && &own[0] != &in[0] {
-		copy(own, in)
+	// Own segment: sends go out from in, and the copy into out happens while
+	// the peers' segments travel.
+	copyOwn := func() {
+		if len(in) > 0 && &own[0] != &in[0] {
+			copy(own, in)
+		}
 	}
 	seg := func(j int) []T { return out[offs[j]:offs[j+1]] }
 	switch {
 	case n == 1:
 		c.algo = "none"
+		copyOwn()
 	case o.small(total * o.esize):
 		c.algo = "direct"
 		for i := 1; i < n; i++ {
-			sendSeg(o, (k+i)%n, 0, own, offs[k])
+			sendSeg(o, (k+i)%n, 0, in, offs[k])
 		}
+		copyOwn()
 		for i := 1; i < n && err == nil; i++ {
 			p := (k - i + n) % n
 			err = recvSeg(o, p, 0, seg(p), offs[p])
 		}
 	default:
 		c.algo = "ring"
-		err = allGatherRing(o, out, offs)
+		err = allGatherRing(o, in, out, offs, copyOwn)
 	}
 	return c.end(o, err)
 }
 
-func allGatherRing[T Float](o *opState, out []T, offs []int) error {
+func allGatherRing[T Float](o *opState, in, out []T, offs []int, copyOwn func()) error {
 	c := o.c
 	n, k := len(c.ranks), c.me
 	next, prev := (k+1)%n, (k-1+n)%n
 	ce := o.chunkElems()
-	sendSeg(o, next, 0, out[offs[k]:offs[k+1]], offs[k])
+	sendSeg(o, next, 0, in, offs[k])
+	copyOwn()
 	for s := 0; s < n-1; s++ {
 		r := (k - s - 1 + n) % n
 		sg := out[offs[r]:offs[r+1]]

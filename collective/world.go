@@ -307,14 +307,18 @@ func (w *World) vote(e *Error) {
 				ref, majority = r, d
 			}
 		}
+		// Read everything the decision needs while holding the lock: later
+		// reports keep writing this map.
+		got := votes[culprit]
+		tie := count[got] == count[majority]
 		w.mu.Unlock()
 		final := base
-		final.Rank, final.Reporter, final.Got, final.Want = culprit, ref, votes[culprit], majority
+		final.Rank, final.Reporter, final.Got, final.Want = culprit, ref, got, majority
 		if op, _, ok := strings.Cut(majority, " "); ok {
 			op, _, _ = strings.Cut(op, "(")
 			final.Op = op
 		}
-		if count[votes[culprit]] == count[majority] {
+		if tie {
 			final.Detail = fmt.Sprintf("ranks %d and %d disagree and no majority tells which is wrong: naming the higher", ref, culprit)
 		}
 		w.settle(&final, false)

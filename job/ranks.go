@@ -105,8 +105,6 @@ func (t *tracer) runtime(w *collective.World, k kernels.Kernels) linear.Runtime 
 	return linear.Runtime{World: w, Kernels: linear.Traced{Kernels: k, Trace: t.trace}, Trace: t.trace}
 }
 
-type linearKernels = kernels.Kernels
-
 func dispatcher(choice string) (kernels.Kernels, error) {
 	return providers.New(choice, nil)
 }

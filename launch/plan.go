@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -110,7 +111,7 @@ func (o PlanOptions) build() (plan, error) {
 	}
 	p := plan{req: spmd.Request{Op: op}, json: o.JSON}
 	for n := range o.Inputs {
-		if !contains(names, n) {
+		if !slices.Contains(names, n) {
 			return plan{}, fmt.Errorf("--%s: %s takes %s", n, o.Op, flagList(names))
 		}
 	}
@@ -146,7 +147,7 @@ func (o PlanOptions) build() (plan, error) {
 	default:
 		p.grads = strings.Split(o.Grads, ",")
 		for _, g := range p.grads {
-			if !contains(names, g) {
+			if !slices.Contains(names, g) {
 				return plan{}, fmt.Errorf("--grads: %s has no input %q (inputs: %s)", o.Op, g, strings.Join(names, ", "))
 			}
 		}
@@ -188,15 +189,6 @@ func RunPlan(w io.Writer, o PlanOptions) error {
 	}
 	_, err = io.WriteString(w, spmd.Text(fwd, bwd, elemSize))
 	return err
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func flagList(names []string) string {

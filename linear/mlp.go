@@ -3,6 +3,7 @@ package linear
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -101,14 +102,7 @@ func NewMLP(cfg MLPConfig, rank int) (*MLP, error) {
 	return m, nil
 }
 
-func sqrt(n int) float64 {
-	x := float64(max(n, 1))
-	r := x
-	for i := 0; i < 30; i++ {
-		r = (r + x/r) / 2
-	}
-	return r
-}
+func sqrt(n int) float64 { return math.Sqrt(float64(max(n, 1))) }
 
 // FLOPsPerStep is the multiply-adds of a training step times two: forward and
 // the two backward GEMMs of both layers.

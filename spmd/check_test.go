@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/placement/sim"
 )
 
@@ -302,5 +301,3 @@ func checkNumerically(rng *rand.Rand, fwd *Plan, bwd *Backward) error {
 	}
 	return nil
 }
-
-var _ = placement.Sum

@@ -4,49 +4,22 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/meshrun/meshrun/protocol"
 )
 
-// State is what a rank is doing, as its heartbeats report it: the collective in
-// flight (or the last one finished) on some group.
-type State struct {
-	Rank   int       `json:"rank"`
-	Group  string    `json:"group,omitempty"` // ranks, e.g. "[0 1 2 3]"
-	Ranks  []int     `json:"ranks,omitempty"`
-	Seq    uint64    `json:"seq"`
-	Op     string    `json:"op,omitempty"`
-	Active bool      `json:"active"` // in the collective now
-	Since  time.Time `json:"since"`  // when it entered (or left) it
-	Time   time.Time `json:"time"`   // when the heartbeat was sent
-	// Seqs is the sequence number reached per group (collectives entered).
-	Seqs map[string]uint64 `json:"seqs,omitempty"`
-	// Closed: the rank closed its World (a clean exit, not a loss).
-	Closed bool `json:"closed,omitempty"`
-	// Failure is the rank's World failure, if any.
-	Failure *Notice `json:"failure,omitempty"`
-}
+// State is what a rank is doing, as its heartbeats report it (the wire type
+// is protocol's).
+type State = protocol.State
 
-// Notice tells every rank of a group (or the whole job) that a collective failed.
-type Notice struct {
-	Abort    bool   `json:"abort,omitempty"` // the whole job is aborted
-	Group    string `json:"group,omitempty"`
-	Seq      uint64 `json:"seq"`
-	Op       string `json:"op,omitempty"`
-	Code     string `json:"code"` // peer_lost, mismatch, timeout, aborted, control_lost
-	Rank     int    `json:"rank"` // culprit, -1 unknown
-	Reporter int    `json:"reporter"`
-	Want     string `json:"want,omitempty"`
-	Got      string `json:"got,omitempty"`
-	Detail   string `json:"detail,omitempty"`
-	// Decided: Rank is the culprit as the group decided it. A mismatch is first
-	// reported as seen by one rank (Decided false: Rank is the sender it got the
-	// other descriptor from), then decided by vote (see World) and published
-	// once more by the reporting majority rank.
-	Decided bool `json:"decided,omitempty"`
-}
+// Notice tells every rank of a group (or the whole job) that a collective
+// failed (the wire type is protocol's).
+type Notice = protocol.Notice
 
 var codes = map[error]string{
-	ErrAborted: "aborted", ErrPeerLost: "peer_lost", ErrMismatch: "mismatch", ErrTimeout: "timeout",
-	ErrControlLost: "control_lost", ErrCorrupt: "corrupt", ErrAuth: "auth", ErrClosed: "closed",
+	ErrAborted: protocol.CodeAborted, ErrPeerLost: protocol.CodePeerLost, ErrMismatch: protocol.CodeMismatch,
+	ErrTimeout: protocol.CodeTimeout, ErrControlLost: protocol.CodeControlLost, ErrCorrupt: protocol.CodeCorrupt,
+	ErrAuth: protocol.CodeAuth, ErrClosed: protocol.CodeClosed,
 }
 
 func kindOf(code string) error {
@@ -62,7 +35,8 @@ func noticeOf(e *Error) Notice {
 	return Notice{Group: e.Group, Seq: e.Seq, Op: e.Op, Code: codes[e.Kind], Rank: e.Rank, Reporter: e.Reporter, Want: e.Want, Got: e.Got, Detail: e.Detail, Decided: true}
 }
 
-func (n Notice) err() *Error {
+// noticeErr is the error a notice tells of.
+func noticeErr(n Notice) *Error {
 	k := kindOf(n.Code)
 	if n.Abort {
 		k = ErrAborted

@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/meshrun/meshrun/protocol"
 )
 
 // Sentinel errors. Every error a collective returns wraps one of them; test with
 // errors.Is, and use errors.As with *Error for the culprit rank and descriptors.
 var (
-	// ErrAborted: the job was aborted (PublishAbort) or the communicator closed.
+	// ErrAborted: the job was aborted (an abort notice on protocol.AbortSubject,
+	// e.g. from the launcher) or the communicator closed.
 	ErrAborted = errors.New("collective: aborted")
 	// ErrPeerLost: a peer exited, was killed, closed its connection or stopped
 	// sending heartbeats. Error.Rank names it.
@@ -83,14 +86,14 @@ func (e *Error) Error() string {
 // Unwrap returns the sentinel.
 func (e *Error) Unwrap() error { return e.Kind }
 
-// Culprit returns the rank an error names, or -1.
-func Culprit(err error) int {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Rank
-	}
-	return -1
-}
+// CulpritRank is the rank e blames, -1 if unknown: *Error is a protocol.Blamer,
+// so protocol.Culprit reads it without importing this package.
+func (e *Error) CulpritRank() int { return e.Rank }
+
+var _ protocol.Blamer = (*Error)(nil)
+
+// Culprit returns the rank an error names, or -1 (protocol.Culprit).
+func Culprit(err error) int { return protocol.Culprit(err) }
 
 func newErr(kind error, culprit int, detail string) *Error {
 	return &Error{Kind: kind, Rank: culprit, Reporter: -1, Detail: detail}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/natsconn"
-	"github.com/meshrun/meshrun/natsrv/creds"
+	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 )
@@ -26,7 +26,7 @@ import (
 //	MESHRUN_JOB_ID                   job id (required): subjects are meshrun.<job>.…
 //	MESHRUN_NATS_URL                 NATS server (required)
 //	MESHRUN_NATS_CREDS               path of a 0600 credentials file (format: see
-//	                                 package natsrv/creds: user=… and password=… lines)
+//	                                 package natsconn/creds: user=… and password=… lines)
 //	MESHRUN_TRANSPORT                auto (default) | shm | tcp | nats
 //	MESHRUN_TCP_HOST                 address the tcp data listener binds and
 //	                                 announces (default 127.0.0.1 on one node;

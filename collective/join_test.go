@@ -2,6 +2,7 @@ package collective_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/natsrv"
+	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats.go"
 )
 
@@ -168,17 +170,24 @@ func TestAbortAndHeartbeats(t *testing.T) {
 	}
 	defer nc.Close()
 	var mu sync.Mutex
-	latest := map[int]collective.State{}
-	notices := make(chan collective.Notice, 16)
-	nsub, err := collective.WatchNotices(nc, job, func(n collective.Notice) { notices <- n })
+	latest := map[int]protocol.State{}
+	notices := make(chan protocol.Notice, 16)
+	// What the launcher reads of the control plane, with nats.go and protocol only.
+	nsub, err := nc.Subscribe(protocol.NoticeSubjects(job), func(m *nats.Msg) {
+		if n, ok := protocol.ParseNotice(job, m.Subject, m.Data); ok {
+			notices <- n
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nsub.Unsubscribe()
-	sub, err := collective.WatchHeartbeats(nc, job, func(st collective.State) {
-		mu.Lock()
-		latest[st.Rank] = st
-		mu.Unlock()
+	sub, err := nc.Subscribe(protocol.HeartbeatSubjects(job), func(m *nats.Msg) {
+		if st, ok := protocol.ParseHeartbeat(job, m.Subject, m.Data); ok {
+			mu.Lock()
+			latest[st.Rank] = st
+			mu.Unlock()
+		}
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -198,13 +207,17 @@ func TestAbortAndHeartbeats(t *testing.T) {
 	go ws[2].WorldComm(context.Background())
 	time.Sleep(700 * time.Millisecond)
 	mu.Lock()
-	hangs := collective.Hangs(latest, time.Now(), 300*time.Millisecond)
+	hangs := protocol.Hangs(latest, time.Now(), 300*time.Millisecond)
 	mu.Unlock()
 	if len(hangs) != 1 || fmt.Sprint(hangs[0].Missing) != "[2]" || hangs[0].Op != "all_reduce" {
 		t.Fatalf("hangs %v", hangs)
 	}
 	start := time.Now()
-	if err := collective.PublishAbort(nc, job, "launcher: rank 2 hung"); err != nil {
+	abort, _ := json.Marshal(protocol.AbortNotice("launcher: rank 2 hung"))
+	if err := nc.Publish(protocol.AbortSubject(job), abort); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	for r := 0; r < 2; r++ {
@@ -222,7 +235,7 @@ func TestAbortAndHeartbeats(t *testing.T) {
 			t.Fatalf("notice %+v", n)
 		}
 	case <-time.After(2 * time.Second):
-		t.Fatal("WatchNotices saw no abort")
+		t.Fatal("no abort notice seen")
 	}
 	for i := 0; i < 100 && ws[2].Err() == nil; i++ {
 		time.Sleep(10 * time.Millisecond)
@@ -239,53 +252,4 @@ func TestConformanceShm(t *testing.T) { collectivetest.Run(t, joinedWorlds("shm"
 func TestConformanceShmSingleCopy(t *testing.T) {
 	t.Setenv("MESHRUN_SHM_SINGLE_COPY", "1")
 	collectivetest.Run(t, joinedWorlds("shm"))
-}
-
-func TestControlMessages(t *testing.T) {
-	for _, name := range []string{"local", "nats"} {
-		t.Run(name, func(t *testing.T) {
-			var ws []*collective.World
-			if name == "local" {
-				ws = localWorlds(t, 3, collective.Options{})
-			} else {
-				ws = joinedWorlds("tcp")(t, 3, collective.Options{})
-			}
-			defer func() {
-				for _, w := range ws {
-					w.Close()
-				}
-			}()
-			got := make(chan string, 8)
-			var unsubs []func()
-			for _, w := range ws[1:] {
-				me := w.Rank()
-				u, err := w.SubscribeMsg("plan.ready", func(from int, data []byte) { got <- fmt.Sprintf("%d<-%d:%s", me, from, data) })
-				if err != nil {
-					t.Fatal(err)
-				}
-				unsubs = append(unsubs, u)
-			}
-			if err := ws[0].PublishMsg("plan.ready", []byte("v1")); err != nil {
-				t.Fatal(err)
-			}
-			seen := map[string]bool{}
-			for len(seen) < 2 {
-				select {
-				case m := <-got:
-					seen[m] = true
-				case <-time.After(3 * time.Second):
-					t.Fatalf("got %v", seen)
-				}
-			}
-			if !seen["1<-0:v1"] || !seen["2<-0:v1"] {
-				t.Fatalf("got %v", seen)
-			}
-			for _, u := range unsubs {
-				u()
-			}
-			if err := ws[0].PublishMsg("bad topic", nil); !errors.Is(err, collective.ErrInvalid) {
-				t.Fatalf("%v", err)
-			}
-		})
-	}
 }

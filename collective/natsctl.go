@@ -3,7 +3,7 @@ package collective
 // Coordination over NATS.
 //
 // Subjects of job J (all under "meshrun.J.", the only subjects the job's NATS
-// user may use):
+// user may use; package protocol names each one and defines the messages):
 //
 //	meshrun.J.rdv            rendezvous: every rank sends its Announce as a request;
 //	                         rank 0 answers all of them with the Roster once complete
@@ -11,14 +11,14 @@ package collective
 //	                         last one has closed=true (and the failure, if any)
 //	meshrun.J.ctl.fail       failure notices: Notice as JSON, from the rank that
 //	                         detected a failure; every rank fails at once
-//	meshrun.J.ctl.abort      abort: Notice as JSON (PublishAbort), e.g. from the
-//	                         launcher; every rank's pending call fails with ErrAborted
+//	meshrun.J.ctl.abort      abort: Notice as JSON (protocol.AbortNotice), e.g. from
+//	                         the launcher; every rank's pending call fails with ErrAborted
+//	meshrun.J.data.<dst>.<src>, meshrun.J.credit.<src>.<dst>, meshrun.J.dping.<rank>
+//	                         the nats data path (transport "nats"), its window and
+//	                         its readiness check
 //
 // The ctl subjects are read through one subscription so that a rank's notice
 // and its later heartbeats arrive in the order it sent them.
-//	meshrun.J.msg.<topic>  small control messages (World.PublishMsg/SubscribeMsg)
-//	meshrun.J.data.<dst>.<src>, meshrun.J.credit.<src>.<dst>
-//	                       the nats data path (transport "nats") and its window
 //
 // Why core request/reply and not JetStream KV: the rendezvous is a one-shot
 // barrier that needs a single authority to decide "complete", "missing ranks" and
@@ -39,17 +39,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 )
-
-// Subject returns "meshrun.<job>.<suffix>".
-func Subject(job, suffix string) string { return "meshrun." + job + "." + suffix }
 
 // Announce is what a rank tells the rendezvous about itself.
 type Announce struct {
@@ -98,7 +95,7 @@ func bootID() string {
 // Announce and answers all of them with the roster, or with the error (missing
 // ranks, duplicate rank) when the roster cannot complete before ctx ends.
 func rendezvous(ctx context.Context, nc *nats.Conn, job string, me Announce) (*Roster, error) {
-	subj := Subject(job, "rdv")
+	subj := protocol.RendezvousSubject(job)
 	body, _ := json.Marshal(me)
 	if me.Rank == 0 {
 		return coordinate(ctx, nc, subj, me)
@@ -219,34 +216,24 @@ type natsControl struct {
 func newNatsControl(nc *nats.Conn, job string, rank, size int, interval, timeout time.Duration, log *zap.Logger) (*natsControl, error) {
 	c := &natsControl{nc: nc, job: job, rank: rank, size: size, interval: interval, timeout: timeout, log: log,
 		peers: make([]State, size), seen: make([]time.Time, size), quit: make(chan struct{})}
-	prefix := Subject(job, "ctl.")
-	sub, err := nc.Subscribe(prefix+">", func(m *nats.Msg) {
-		kind := strings.TrimPrefix(m.Subject, prefix)
-		switch {
-		case kind == "fail" || kind == "abort":
-			var n Notice
-			if err := json.Unmarshal(m.Data, &n); err != nil {
-				return
-			}
-			if kind == "abort" {
-				n.Abort, n.Code = true, "aborted"
-			}
+	sub, err := nc.Subscribe(protocol.ControlSubjects(job), func(m *nats.Msg) {
+		if n, ok := protocol.ParseNotice(job, m.Subject, m.Data); ok {
 			c.deliver(n)
-		case strings.HasPrefix(kind, "hb."):
-			var s State
-			if json.Unmarshal(m.Data, &s) != nil || s.Rank < 0 || s.Rank >= size {
-				return
-			}
-			c.mu.Lock()
-			c.peers[s.Rank] = s
-			c.seen[s.Rank] = time.Now()
-			c.mu.Unlock()
-			if s.Closed && s.Rank != rank {
-				if s.Failure != nil {
-					c.deliver(*s.Failure)
-				} else {
-					c.deliver(Notice{Code: "peer_closed", Rank: s.Rank, Reporter: rank})
-				}
+			return
+		}
+		s, ok := protocol.ParseHeartbeat(job, m.Subject, m.Data)
+		if !ok || s.Rank < 0 || s.Rank >= size {
+			return
+		}
+		c.mu.Lock()
+		c.peers[s.Rank] = s
+		c.seen[s.Rank] = time.Now()
+		c.mu.Unlock()
+		if s.Closed && s.Rank != rank {
+			if s.Failure != nil {
+				c.deliver(*s.Failure)
+			} else {
+				c.deliver(Notice{Code: protocol.CodePeerClosed, Rank: s.Rank, Reporter: rank})
 			}
 		}
 	})
@@ -271,9 +258,9 @@ func (c *natsControl) deliver(n Notice) {
 
 func (c *natsControl) Publish(n Notice) error {
 	data, _ := json.Marshal(n)
-	subj := Subject(c.job, "ctl.fail")
+	subj := protocol.FailSubject(c.job)
 	if n.Abort {
-		subj = Subject(c.job, "ctl.abort")
+		subj = protocol.AbortSubject(c.job)
 	}
 	if err := c.nc.Publish(subj, data); err != nil {
 		return err
@@ -300,7 +287,7 @@ func (c *natsControl) beat(closing bool) {
 	s := c.state()
 	s.Closed = closing
 	data, _ := json.Marshal(s)
-	c.nc.Publish(Subject(c.job, fmt.Sprintf("ctl.hb.%d", c.rank)), data)
+	c.nc.Publish(protocol.HeartbeatSubject(c.job, c.rank), data)
 }
 
 func (c *natsControl) loop() {
@@ -340,9 +327,9 @@ func (c *natsControl) loop() {
 		}
 		c.mu.Unlock()
 		if lost >= 0 && fn != nil {
-			fn(Notice{Code: "peer_lost", Rank: lost, Reporter: c.rank, Detail: fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", now.Sub(last).Round(time.Millisecond))})
+			fn(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank, Detail: fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", now.Sub(last).Round(time.Millisecond))})
 			// Tell the others too: they may be waiting on someone else.
-			e := (&Notice{Code: "peer_lost", Rank: lost, Reporter: c.rank}).err()
+			e := noticeErr(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank})
 			e.Detail = fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", now.Sub(last).Round(time.Millisecond))
 			c.Publish(noticeOf(e))
 		}
@@ -371,109 +358,4 @@ func (c *natsControl) Close() error {
 		s.Unsubscribe()
 	}
 	return nil
-}
-
-// PublishAbort aborts job: every rank's pending and future collectives fail with
-// ErrAborted carrying reason. nc needs publish rights on meshrun.<job>.ctl.abort
-// (the job's user or an admin user).
-func PublishAbort(nc *nats.Conn, job, reason string) error {
-	data, _ := json.Marshal(Notice{Abort: true, Code: "aborted", Rank: -1, Reporter: -1, Detail: reason})
-	if err := nc.Publish(Subject(job, "ctl.abort"), data); err != nil {
-		return err
-	}
-	return nc.FlushTimeout(2 * time.Second)
-}
-
-// WatchHeartbeats calls fn with every heartbeat of job's ranks (e.g. for a
-// launcher's hang diagnosis; see Hangs). Unsubscribe the result to stop.
-func WatchHeartbeats(nc *nats.Conn, job string, fn func(State)) (*nats.Subscription, error) {
-	return nc.Subscribe(Subject(job, "ctl.hb.*"), func(m *nats.Msg) {
-		var s State
-		if json.Unmarshal(m.Data, &s) == nil {
-			fn(s)
-		}
-	})
-}
-
-// WatchNotices calls fn with every failure notice and abort of job (the
-// launcher's view of whom a collective blamed; see Notice.Decided). Unsubscribe
-// the result to stop.
-func WatchNotices(nc *nats.Conn, job string, fn func(Notice)) (*nats.Subscription, error) {
-	prefix := Subject(job, "ctl.")
-	return nc.Subscribe(prefix+"*", func(m *nats.Msg) {
-		kind := strings.TrimPrefix(m.Subject, prefix)
-		if kind != "fail" && kind != "abort" {
-			return
-		}
-		var n Notice
-		if json.Unmarshal(m.Data, &n) == nil {
-			if kind == "abort" {
-				n.Abort, n.Code = true, "aborted"
-			}
-			fn(n)
-		}
-	})
-}
-
-// Hang is a collective that has waited longer than a threshold, and the ranks
-// of its group that have not entered it.
-type Hang struct {
-	Group   string
-	Seq     uint64
-	Op      string
-	Since   time.Time
-	Waiting []int // ranks inside the collective
-	Missing []int // ranks of the group that never entered it
-}
-
-func (h Hang) String() string {
-	return fmt.Sprintf("%s seq %d on group %s: ranks %v waiting since %s, missing ranks %v",
-		h.Op, h.Seq, h.Group, h.Waiting, h.Since.Format(time.RFC3339Nano), h.Missing)
-}
-
-// Hangs reads the latest heartbeat of every rank (by rank) and returns the
-// collectives that have been in flight longer than after, naming the missing
-// ranks: those whose heartbeat shows a lower sequence number on that group (or
-// no heartbeat at all).
-func Hangs(latest map[int]State, now time.Time, after time.Duration) []Hang {
-	type key struct {
-		g string
-		s uint64
-	}
-	found := map[key]*Hang{}
-	var ranks []int
-	for r := range latest {
-		ranks = append(ranks, r)
-	}
-	sort.Ints(ranks)
-	for _, r := range ranks {
-		s := latest[r]
-		if !s.Active || now.Sub(s.Since) < after {
-			continue
-		}
-		k := key{s.Group, s.Seq}
-		h := found[k]
-		if h == nil {
-			h = &Hang{Group: s.Group, Seq: s.Seq, Op: s.Op, Since: s.Since}
-			found[k] = h
-			for _, m := range s.Ranks {
-				ms, ok := latest[m]
-				if !ok || ms.Seqs[s.Group] < s.Seq {
-					h.Missing = append(h.Missing, m)
-				}
-			}
-		}
-		if s.Since.Before(h.Since) {
-			h.Since = s.Since
-		}
-		h.Waiting = append(h.Waiting, r)
-	}
-	var out []Hang
-	for _, h := range found {
-		out = append(out, *h)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		return out[i].Group < out[j].Group || out[i].Group == out[j].Group && out[i].Seq < out[j].Seq
-	})
-	return out
 }

@@ -5,10 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
+	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats.go"
 )
 
@@ -68,16 +68,16 @@ func NewNatsTransport(ctx context.Context, nc *nats.Conn, job string, rank, size
 		}
 		l := &natsLink{in: make(chan *nats.Msg, natsWindow+4), credits: natsWindow, cch: make(chan struct{}, 1), abort: make(chan struct{})}
 		t.links[p] = l
-		sub, err := nc.ChanSubscribe(Subject(job, fmt.Sprintf("data.%d.%d", rank, p)), l.in)
+		sub, err := nc.ChanSubscribe(protocol.DataSubject(job, rank, p), l.in)
 		if err != nil {
 			return fail(err)
 		}
 		sub.SetPendingLimits(natsWindow+4, (natsWindow+4)*(t.max+HeaderSize))
 		l.sub = sub
 	}
-	csub, err := nc.Subscribe(Subject(job, fmt.Sprintf("credit.%d.*", rank)), func(m *nats.Msg) {
-		p, err := strconv.Atoi(m.Subject[len(Subject(job, fmt.Sprintf("credit.%d.", rank))):])
-		if err != nil || p < 0 || p >= size || t.links[p] == nil || len(m.Data) != 4 {
+	csub, err := nc.Subscribe(protocol.CreditSubjects(job, rank), func(m *nats.Msg) {
+		p, ok := protocol.ParseCreditSubject(job, rank, m.Subject)
+		if !ok || p < 0 || p >= size || t.links[p] == nil || len(m.Data) != 4 {
 			return
 		}
 		l := t.links[p]
@@ -93,7 +93,7 @@ func NewNatsTransport(ctx context.Context, nc *nats.Conn, job string, rank, size
 		return fail(err)
 	}
 	t.subs = append(t.subs, csub)
-	psub, err := nc.Subscribe(Subject(job, fmt.Sprintf("dping.%d", rank)), func(m *nats.Msg) { m.Respond(nil) })
+	psub, err := nc.Subscribe(protocol.DataPingSubject(job, rank), func(m *nats.Msg) { m.Respond(nil) })
 	if err != nil {
 		return fail(err)
 	}
@@ -107,7 +107,7 @@ func NewNatsTransport(ctx context.Context, nc *nats.Conn, job string, rank, size
 			continue
 		}
 		for {
-			_, err := nc.RequestWithContext(ctx, Subject(job, fmt.Sprintf("dping.%d", p)), nil)
+			_, err := nc.RequestWithContext(ctx, protocol.DataPingSubject(job, p), nil)
 			if err == nil {
 				break
 			}
@@ -163,7 +163,7 @@ func (t *natsTransport) Send(ctx context.Context, peer int, h *Header, p []byte)
 	h.Length = uint32(len(p))
 	h.Encode(b)
 	copy(b[HeaderSize:], p)
-	if err := t.nc.Publish(Subject(t.job, "data."+strconv.Itoa(peer)+"."+strconv.Itoa(t.rank)), b); err != nil {
+	if err := t.nc.Publish(protocol.DataSubject(t.job, peer, t.rank), b); err != nil {
 		return &Error{Kind: ErrControlLost, Rank: -1, Reporter: t.rank, Detail: "nats data path: " + err.Error()}
 	}
 	return nil
@@ -200,7 +200,7 @@ func (t *natsTransport) Recv(ctx context.Context, peer int, want *Header, dst []
 		var b [4]byte
 		binary.LittleEndian.PutUint32(b[:], uint32(l.consume))
 		l.consume = 0
-		if err := t.nc.Publish(Subject(t.job, "credit."+strconv.Itoa(peer)+"."+strconv.Itoa(t.rank)), b[:]); err != nil {
+		if err := t.nc.Publish(protocol.CreditSubject(t.job, peer, t.rank), b[:]); err != nil {
 			return &Error{Kind: ErrControlLost, Rank: -1, Reporter: t.rank, Detail: "nats data path: " + err.Error()}
 		}
 	}

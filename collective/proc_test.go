@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/natsrv"
-	"github.com/meshrun/meshrun/natsrv/creds"
 )
 
 // Fault tests with real processes: the test binary re-executes itself as the

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/protocol"
 	"go.uber.org/zap"
 )
 
@@ -150,11 +151,11 @@ func (w *World) State() State {
 }
 
 func (w *World) onNotice(n Notice) {
-	if n.Code == "peer_closed" {
+	if n.Code == protocol.CodePeerClosed {
 		w.peerClosed(n.Rank)
 		return
 	}
-	w.failLocal(n.err(), false)
+	w.failLocal(noticeErr(n), false)
 }
 
 // peerClosed: rank closed its World. A collective in flight with it fails; so

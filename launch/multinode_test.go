@@ -16,7 +16,8 @@ import (
 
 	"github.com/meshrun/meshrun/internal/testpki"
 	"github.com/meshrun/meshrun/natsconn"
-	"github.com/meshrun/meshrun/natsrv/creds"
+	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats.go"
 )
 
@@ -54,7 +55,7 @@ func standaloneNATSWith(t *testing.T, jobs map[string]creds.Credentials, extra s
 	ln.Close()
 	var users []string
 	for job, c := range jobs {
-		subj := fmt.Sprintf(`["meshrun.%s.>", "_INBOX.>"]`, job)
+		subj := fmt.Sprintf(`[%q, "_INBOX.>"]`, protocol.JobSubjects(job))
 		users = append(users, fmt.Sprintf(`{ user: %q, password: %q, permissions: { publish: %s, subscribe: %s } }`, c.User, c.Password, subj, subj))
 	}
 	conf := fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 8MB\nauthorization { users: [\n%s\n] }\n%s\n", port, strings.Join(users, "\n"), extra)
@@ -195,7 +196,7 @@ func TestNATSRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	for _, subj := range []string{"meshrun.job-a.abort", "meshrun.job-a.ctl.fail", "meshrun.job-a.rdv"} {
+	for _, subj := range []string{protocol.AbortSubject("job-a"), protocol.FailSubject("job-a"), protocol.RendezvousSubject("job-a")} {
 		if err := nc.Publish(subj, []byte(`{"reason":"forged"}`)); err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +210,7 @@ func TestNATSRefusals(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Error("publishing into another job's subjects raised no permissions violation")
 	}
-	if _, err := nc.SubscribeSync("meshrun.job-a.>"); err == nil {
+	if _, err := nc.SubscribeSync(protocol.JobSubjects("job-a")); err == nil {
 		nc.Flush()
 		select {
 		case err := <-violations:

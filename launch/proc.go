@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/natsrv"
+	"github.com/meshrun/meshrun/protocol"
 	"github.com/meshrun/meshrun/runlog"
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -318,7 +319,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 				teardown(m.Reason, fmt.Sprintf("node %d ended the job: %s", m.Node, m.Reason))
 			}
 		case n := <-pl.notices:
-			if notice == nil && !n.Abort && n.Code != "peer_closed" {
+			if notice == nil && !n.Abort && n.Code != protocol.CodePeerClosed {
 				notice = &NoticeReport{TimeMS: time.Now().UnixMilli(), Code: n.Code, Culprit: n.Rank, Reporter: n.Reporter,
 					Op: n.Op, Seq: n.Seq, Group: n.Group, Detail: n.Detail}
 				ev.emit("collective_failure", "code", n.Code, "culprit_rank", n.Rank, "reporter_rank", n.Reporter, "op", n.Op, "seq", n.Seq, "group", n.Group, "detail", n.Detail)

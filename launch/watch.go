@@ -10,17 +10,18 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/natsconn"
+	"github.com/meshrun/meshrun/protocol"
 )
 
-// The launcher's own NATS connection carries, on the job's subjects:
+// The launcher's own NATS connection carries, on the job's subjects (package
+// protocol names them; the launcher never imports collective):
 //
-//	meshrun.J.abort     the abort it broadcasts on the first failure (collective.PublishAbort)
-//	meshrun.J.ctl.fail  the ranks' failure notices, read to learn whom a collective blamed
-//	meshrun.J.ctl.hb.*  the ranks' heartbeats, read for --hang-after
-//	meshrun.J.launcher  launcher to launcher (several nodes): a rank's failure with its
-//	                    ms time, so that every node names the same first failure
+//	meshrun.J.ctl.abort  the abort it broadcasts on the first failure (protocol.AbortNotice)
+//	meshrun.J.ctl.fail   the ranks' failure notices, read to learn whom a collective blamed
+//	meshrun.J.ctl.hb.*   the ranks' heartbeats, read for --hang-after
+//	meshrun.J.launcher   launcher to launcher (several nodes): a rank's failure with its
+//	                     ms time, so that every node names the same first failure
 
 // nodeMsg is what a launcher tells the other launchers of the job.
 type nodeMsg struct {
@@ -40,11 +41,11 @@ type plane struct {
 	nc      *nats.Conn
 	job     string
 	node    int
-	notices chan collective.Notice
+	notices chan protocol.Notice
 	remote  chan nodeMsg
 
 	mu    sync.Mutex
-	beats map[int]collective.State
+	beats map[int]protocol.State
 	seen  map[int]time.Time
 	subs  []*nats.Subscription
 }
@@ -54,9 +55,14 @@ func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool) (
 	if err != nil {
 		return nil, err
 	}
-	p := &plane{nc: nc, job: job, node: node, notices: make(chan collective.Notice, 64), remote: make(chan nodeMsg, 64),
-		beats: map[int]collective.State{}, seen: map[int]time.Time{}}
-	sub, err := collective.WatchNotices(nc, job, func(n collective.Notice) {
+	p := &plane{nc: nc, job: job, node: node, notices: make(chan protocol.Notice, 64), remote: make(chan nodeMsg, 64),
+		beats: map[int]protocol.State{}, seen: map[int]time.Time{}}
+	// Failure notices and aborts: whom a collective blamed (see Notice.Decided).
+	sub, err := nc.Subscribe(protocol.NoticeSubjects(job), func(m *nats.Msg) {
+		n, ok := protocol.ParseNotice(job, m.Subject, m.Data)
+		if !ok {
+			return
+		}
 		select {
 		case p.notices <- n:
 		default:
@@ -64,7 +70,7 @@ func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool) (
 	})
 	if err == nil {
 		p.subs = append(p.subs, sub)
-		sub, err = nc.Subscribe(collective.Subject(job, "launcher"), func(m *nats.Msg) {
+		sub, err = nc.Subscribe(protocol.LauncherSubject(job), func(m *nats.Msg) {
 			var n nodeMsg
 			if json.Unmarshal(m.Data, &n) == nil && n.Node != p.node {
 				select {
@@ -76,7 +82,11 @@ func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool) (
 	}
 	if err == nil && heartbeats {
 		p.subs = append(p.subs, sub)
-		sub, err = collective.WatchHeartbeats(nc, job, func(s collective.State) {
+		sub, err = nc.Subscribe(protocol.HeartbeatSubjects(job), func(m *nats.Msg) {
+			s, ok := protocol.ParseHeartbeat(job, m.Subject, m.Data)
+			if !ok {
+				return
+			}
 			p.mu.Lock()
 			p.beats[s.Rank] = s
 			p.seen[s.Rank] = time.Now()
@@ -94,26 +104,34 @@ func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool) (
 	return p, nil
 }
 
-func (p *plane) abort(reason string) error { return collective.PublishAbort(p.nc, p.job, reason) }
+// abort aborts the job: every rank's pending and future collectives fail with
+// ErrAborted carrying reason.
+func (p *plane) abort(reason string) error {
+	data, _ := json.Marshal(protocol.AbortNotice(reason))
+	if err := p.nc.Publish(protocol.AbortSubject(p.job), data); err != nil {
+		return err
+	}
+	return p.nc.FlushTimeout(2 * time.Second)
+}
 
 func (p *plane) tell(m nodeMsg) {
 	m.Node = p.node
 	b, _ := json.Marshal(m)
-	p.nc.Publish(collective.Subject(p.job, "launcher"), b)
+	p.nc.Publish(protocol.LauncherSubject(p.job), b)
 	p.nc.FlushTimeout(time.Second)
 }
 
 // hangs are the collectives in flight for longer than after that some rank has
 // not entered.
-func (p *plane) hangs(now time.Time, after time.Duration) []collective.Hang {
+func (p *plane) hangs(now time.Time, after time.Duration) []protocol.Hang {
 	p.mu.Lock()
-	latest := make(map[int]collective.State, len(p.beats))
+	latest := make(map[int]protocol.State, len(p.beats))
 	for r, s := range p.beats {
 		latest[r] = s
 	}
 	p.mu.Unlock()
-	var out []collective.Hang
-	for _, h := range collective.Hangs(latest, now, after) {
+	var out []protocol.Hang
+	for _, h := range protocol.Hangs(latest, now, after) {
 		if len(h.Missing) > 0 {
 			out = append(out, h)
 		}

@@ -5,7 +5,7 @@
 //     unless Insecure is set: use TLS (tls:// URLs, or a CA file);
 //   - with TLS the server's certificate is verified against CA (or the system
 //     roots); Cert and Key add a client certificate;
-//   - credentials come from a creds file (user/password, see natsrv/creds) and
+//   - credentials come from a creds file (user/password, see natsconn/creds) and
 //     are never passed on a command line.
 //
 // Workers read the same settings from the environment the launcher sets:
@@ -25,7 +25,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshrun/meshrun/natsrv/creds"
+	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/nats-io/nats.go"
 )
 

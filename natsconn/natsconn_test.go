@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/internal/testpki"
-	"github.com/meshrun/meshrun/natsrv/creds"
+	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )

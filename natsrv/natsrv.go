@@ -14,7 +14,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshrun/meshrun/natsrv/creds"
+	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
 )
@@ -63,8 +64,8 @@ func random(n int) string {
 }
 
 // JobSubjects is the subject space of a job: every subject the job's ranks use
-// lies under it.
-func JobSubjects(job string) string { return "meshrun." + job + ".>" }
+// lies under it (protocol.JobSubjects).
+func JobSubjects(job string) string { return protocol.JobSubjects(job) }
 
 func jobUser(job string, c creds.Credentials) *server.User {
 	allow := &server.SubjectPermission{Allow: []string{JobSubjects(job), "_INBOX.>"}}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshrun/meshrun/natsrv/creds"
+	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/nats-io/nats.go"
 )
 

@@ -29,7 +29,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/protocol"
 )
 
 // Files a rank writes into its folder.
@@ -215,7 +215,7 @@ func (r *Rank) Progress(step, total int, loss float64, stepTime time.Duration) {
 // ErrorRecord is error.json.
 type ErrorRecord struct {
 	Error string `json:"error"`
-	// Culprit is the rank the error names (collective.Culprit), when it names one.
+	// Culprit is the rank the error names (protocol.Culprit), when it names one.
 	Culprit *int   `json:"culprit_rank,omitempty"`
 	Rank    int    `json:"rank"`
 	Node    int    `json:"node"`
@@ -237,7 +237,7 @@ func (r *Rank) fail(err error, stack string) {
 	r.failOnce.Do(func() {
 		rec := ErrorRecord{Error: err.Error(), Rank: r.rank, Node: r.node, PID: os.Getpid(), TimeMS: time.Now().UnixMilli(), Stack: stack}
 		fields := []zap.Field{zap.Error(err)}
-		if c := collective.Culprit(err); c >= 0 {
+		if c := protocol.Culprit(err); c >= 0 {
 			rec.Culprit = &c
 			fields = append(fields, zap.Int("culprit_rank", c))
 		}

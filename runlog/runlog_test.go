@@ -13,9 +13,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/meshrun/meshrun/collective"
 )
+
+// blame is an error naming a culprit rank, as collective's errors do
+// (protocol.Blamer); runlog's tests, like runlog, do without collective.
+type blame struct{ rank int }
+
+func (b *blame) Error() string    { return fmt.Sprintf("collective: peer lost: rank %d", b.rank) }
+func (b *blame) CulpritRank() int { return b.rank }
 
 func open(t *testing.T, dir string, stdout, stderr *bytes.Buffer) *Rank {
 	t.Helper()
@@ -152,7 +157,7 @@ func TestProgressAndError(t *testing.T) {
 	var out bytes.Buffer
 	r := open(t, dir, &out, nil)
 	r.Progress(7, 100, 0.25, 1500*time.Microsecond)
-	err := fmt.Errorf("step 7: %w", &collective.Error{Kind: collective.ErrPeerLost, Rank: 5, Reporter: 3, Op: "allreduce"})
+	err := fmt.Errorf("step 7: %w", &blame{rank: 5})
 	r.Fail(err)
 	r.Fail(errors.New("second failure is not recorded"))
 	r.Close()

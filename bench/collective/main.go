@@ -36,8 +36,8 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/natsrv"
-	"github.com/meshrun/meshrun/natsrv/creds"
 )
 
 //go:embed peers/gloo_bench.py

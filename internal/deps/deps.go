@@ -1,0 +1,58 @@
+// Package deps lists a package's dependencies with the go tool, for the tests
+// that keep the layering of docs/architecture.md from regressing (which
+// package may import which).
+package deps
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Module is this module's path.
+const Module = "github.com/meshrun/meshrun"
+
+// Package is one dependency.
+type Package struct {
+	ImportPath string
+	Standard   bool // part of the standard library
+}
+
+// Of returns every package pkgs depend on, pkgs included, as `go list -deps`
+// lists them: test files are not read. It skips t when the go tool is not
+// found and fails it when go list fails.
+func Of(t testing.TB, pkgs ...string) []Package {
+	t.Helper()
+	gotool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool in PATH: ", err)
+	}
+	args := append([]string{"list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}"}, pkgs...)
+	out, err := exec.Command(gotool, args...).Output()
+	if err != nil {
+		msg := err.Error()
+		if ee, ok := err.(*exec.ExitError); ok {
+			msg += ": " + string(ee.Stderr)
+		}
+		t.Fatalf("go list -deps %s: %s", strings.Join(pkgs, " "), msg)
+	}
+	var deps []Package
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		path, std, _ := strings.Cut(line, " ")
+		deps = append(deps, Package{ImportPath: path, Standard: std == "true"})
+	}
+	return deps
+}
+
+// Forbid fails t for every dependency of pkgs that is one of forbidden or lies
+// under one (a forbidden path's subpackages are forbidden too).
+func Forbid(t testing.TB, pkgs []string, forbidden ...string) {
+	t.Helper()
+	for _, d := range Of(t, pkgs...) {
+		for _, f := range forbidden {
+			if d.ImportPath == f || strings.HasPrefix(d.ImportPath, f+"/") {
+				t.Errorf("the dependencies of %s include %s (forbidden: %s)", strings.Join(pkgs, ", "), d.ImportPath, f)
+			}
+		}
+	}
+}

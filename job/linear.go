@@ -17,8 +17,9 @@ import (
 
 // linearArgs are the flags of `worker linear`.
 type linearArgs struct {
-	mesh, x, w, b, out, grads, load, dump, kernels string
-	seed                                           uint64
+	mesh, x, w, b, out, grads, load, dump string
+	seed                                  uint64
+	dev                                   deviceFlags
 }
 
 func (a linearArgs) config() (linear.Config, error) {
@@ -104,7 +105,7 @@ func linearWorkload(ctx context.Context, env Env) int {
 	fs.StringVar(&a.load, "load", "", "read x.npy, w.npy, b.npy, dy.npy (float32, whole tensors) from DIR")
 	fs.StringVar(&a.dump, "dump", "", "write y.npy, dx.npy, dw.npy, db.npy (whole tensors) to DIR on rank 0")
 	fs.Uint64Var(&a.seed, "seed", 1, "seed of the random inputs")
-	fs.StringVar(&a.kernels, "kernels", "cpu", "kernel provider: cpu, openblas, cuda, or per op")
+	a.dev.register(fs)
 	if err := fs.Parse(env.Args[1:]); err != nil {
 		return usageError(env, "linear", err)
 	}
@@ -115,7 +116,7 @@ func linearWorkload(ctx context.Context, env Env) int {
 	if err := cfg.X.Mesh.Validate(worldSize(env, cfg.X.Mesh.Size())); err != nil {
 		return usageError(env, "linear", err)
 	}
-	k, err := dispatcher(a.kernels)
+	rd, err := a.dev.resolve(env)
 	if err != nil {
 		return usageError(env, "linear", err)
 	}
@@ -128,7 +129,11 @@ func linearWorkload(ctx context.Context, env Env) int {
 	var mu sync.Mutex
 	var report *LinearReport
 	err = ranks(ctx, env, cfg.X.Mesh.Size(), func(ctx context.Context, w *collective.World) error {
-		c, err := runChecked(ctx, newTracer(env.Run).runtime(w, k), cfg, plans, data)
+		dev, err := rd.build()
+		if err != nil {
+			return err
+		}
+		c, err := runChecked(ctx, newTracer(env.Run).runtime(w, dev), cfg, plans, data)
 		if err != nil {
 			return err
 		}
@@ -186,7 +191,7 @@ type checked struct {
 // runChecked builds rank's layer from plans, runs it on data and checks the
 // results (every rank must call it: the check gathers).
 func runChecked(ctx context.Context, rt linear.Runtime, cfg linear.Config, plans linear.Plans, data *linear.Data) (checked, error) {
-	l, err := linear.NewPlanned(cfg, plans, rt.World.Rank())
+	l, err := linear.NewPlanned(cfg, plans, rt.World.Rank(), rt.Kernels)
 	if err != nil {
 		return checked{}, err
 	}

@@ -11,11 +11,14 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // MLPReport is the JSON line `worker mlp` prints on rank 0 at the end.
 type MLPReport struct {
 	Mesh             string         `json:"mesh"`
+	Device           string         `json:"device"`
+	Kernels          string         `json:"kernels"`
 	SequenceParallel bool           `json:"sequence_parallel"`
 	Tokens           int            `json:"tokens"`
 	Hidden           int            `json:"hidden"`
@@ -32,6 +35,14 @@ type MLPReport struct {
 	KernelMS   float64 `json:"kernel_ms"`
 	CommMS     float64 `json:"comm_ms"`
 	OverheadMS float64 `json:"overhead_ms"`
+	// Per step (the last): copies between host and device memory the step made
+	// (the loss; nothing else), and the bytes a staged collective backend moved
+	// through host memory.
+	H2DBytesPerStep    int64 `json:"h2d_bytes_per_step"`
+	D2HBytesPerStep    int64 `json:"d2h_bytes_per_step"`
+	H2DCopiesPerStep   int64 `json:"h2d_copies_per_step"`
+	D2HCopiesPerStep   int64 `json:"d2h_copies_per_step"`
+	StagedBytesPerStep int64 `json:"staged_bytes_per_step"`
 }
 
 func mlpWorkload(ctx context.Context, env Env) int {
@@ -45,7 +56,8 @@ func mlpWorkload(ctx context.Context, env Env) int {
 	steps := fs.Int("steps", 20, "training steps")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of parameters and data")
 	lr := fs.Float64("lr", 0.05, "SGD learning rate")
-	kern := fs.String("kernels", "cpu", "kernel provider")
+	var df deviceFlags
+	df.register(fs)
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the steps to FILE (in-process ranks: one profile)")
 	if err := fs.Parse(env.Args[1:]); err != nil {
 		return usageError(env, "mlp", err)
@@ -74,24 +86,28 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		return usageError(env, "mlp", fmt.Errorf("--steps, --tokens, --hidden and --ffn must be positive"))
 	}
 	cfg.Mesh, cfg.SequenceParallel, cfg.LR = m, *sp, float32(*lr)
-	if _, err := linear.NewMLP(cfg, 0); err != nil {
+	if _, err := linear.NewMLP(cfg, 0, nil); err != nil {
 		return usageError(env, "mlp", err)
 	}
-	k, err := dispatcher(*kern)
+	rd, err := df.resolve(env)
 	if err != nil {
 		return usageError(env, "mlp", err)
 	}
 	var report *MLPReport
 	var mu sync.Mutex
 	err = ranks(ctx, env, m.Size(), func(ctx context.Context, w *collective.World) error {
-		block, err := linear.NewMLP(cfg, w.Rank())
+		dev, err := rd.build()
+		if err != nil {
+			return err
+		}
+		block, err := linear.NewMLP(cfg, w.Rank(), dev)
 		if err != nil {
 			return err
 		}
 		var bytes int64
 		counts := map[string]int{}
 		tr := newTracer(env.Run)
-		rt := tr.runtime(w, k)
+		rt := tr.runtime(w, dev)
 		rt.Record = func(name string, ex collective.Executed) {
 			if len(ex.Group) > 1 && ex.Kind.Moves() {
 				bytes += ex.Bytes
@@ -100,17 +116,20 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		}
 		var stepMS, kernMS, commMS []float64
 		var first, last float64
+		var moved tensor.Transfers
 		for s := 1; s <= *steps; s++ {
 			tr.take("kernel")
 			tr.take("collective")
 			bytes = 0
 			clear(counts)
+			before := dev.Transfers()
 			start := time.Now()
 			loss, err := block.Step(ctx, rt)
 			if err != nil {
 				return err
 			}
 			d := time.Since(start)
+			moved = dev.Transfers().Sub(before)
 			stepMS, kernMS, commMS = append(stepMS, ms(d)), append(kernMS, ms(tr.take("kernel"))), append(commMS, ms(tr.take("collective")))
 			if s == 1 {
 				first = loss
@@ -124,13 +143,17 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		if w.Rank() != 0 {
 			return nil
 		}
-		r := &MLPReport{Mesh: m.String(), SequenceParallel: cfg.SequenceParallel, Tokens: cfg.Tokens, Hidden: cfg.Hidden,
+		r := &MLPReport{Mesh: m.String(), Device: dev.Device().String(), Kernels: rd.choice.String(),
+			SequenceParallel: cfg.SequenceParallel, Tokens: cfg.Tokens, Hidden: cfg.Hidden,
 			FFN: cfg.FFN, Steps: *steps, LossFirst: first, LossLast: last, StepMSMedian: median(stepMS),
 			CommBytesPerStep: bytes, Collectives: map[string]int{}, KernelMS: median(kernMS), CommMS: median(commMS)}
 		for k, v := range counts {
 			r.Collectives[k] = v
 		}
 		r.GFLOPs = cfg.FLOPsPerStep() / (r.StepMSMedian / 1e3) / 1e9
+		r.H2DBytesPerStep, r.D2HBytesPerStep = moved.H2D.Bytes, moved.D2H.Bytes
+		r.H2DCopiesPerStep, r.D2HCopiesPerStep = moved.H2D.Calls, moved.D2H.Calls
+		r.StagedBytesPerStep = moved.StagedH2D.Bytes + moved.StagedD2H.Bytes
 		r.OverheadMS = r.StepMSMedian - r.KernelMS - r.CommMS
 		mu.Lock()
 		report = r

@@ -14,7 +14,6 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/kernels"
-	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/runlog"
 )
@@ -101,12 +100,8 @@ func (t *tracer) take(cat string) time.Duration {
 }
 
 // runtime is the linear runtime of a workload: kernels and moves traced.
-func (t *tracer) runtime(w *collective.World, k kernels.Kernels) linear.Runtime {
-	return linear.Runtime{World: w, Kernels: linear.Traced{Kernels: k, Trace: t.trace}, Trace: t.trace}
-}
-
-func dispatcher(choice string) (kernels.Kernels, error) {
-	return providers.New(choice, nil)
+func (t *tracer) runtime(w *collective.World, k kernels.Device) linear.Runtime {
+	return linear.Runtime{World: w, Kernels: linear.Traced(k, t.trace), Trace: t.trace}
 }
 
 // startProfile starts a CPU profile written to path; stop ends it.

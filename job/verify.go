@@ -86,7 +86,7 @@ func linearCases(m placement.Mesh, quick bool) []verifyCase {
 			w := fmt.Sprintf("%dx%d:%s", sz.n, sz.k, pl(func(c choice) string { return c.w }))
 			b := fmt.Sprintf("%d:%s", sz.n, pl(func(c choice) string { return c.b }))
 			seed := uint64(len(out) + 1)
-			a := linearArgs{mesh: m.String(), x: x, w: w, b: b, grads: "x,w,b", kernels: "cpu", seed: seed}
+			a := linearArgs{mesh: m.String(), x: x, w: w, b: b, grads: "x,w,b", seed: seed}
 			cfg, plans, err := a.plan()
 			if err != nil {
 				continue // a layout the rules refuse is not a case
@@ -110,7 +110,8 @@ func verifyWorkload(ctx context.Context, env Env) int {
 	ops := fs.String("ops", "linear", "ops to verify: linear")
 	quick := fs.Bool("quick", false, "uneven sizes only, no partial inputs")
 	world := fs.Int("world", 0, "world size when run alone (default WORLD_SIZE, else 4)")
-	kern := fs.String("kernels", "cpu", "kernel provider")
+	var df deviceFlags
+	df.register(fs)
 	if err := fs.Parse(env.Args[1:]); err != nil {
 		return usageError(env, "verify", err)
 	}
@@ -126,7 +127,7 @@ func verifyWorkload(ctx context.Context, env Env) int {
 		}
 		n = *world
 	}
-	k, err := dispatcher(*kern)
+	rd, err := df.resolve(env)
 	if err != nil {
 		return usageError(env, "verify", err)
 	}
@@ -139,6 +140,10 @@ func verifyWorkload(ctx context.Context, env Env) int {
 	var rows []verifyRow
 	var mu sync.Mutex
 	err = ranks(ctx, env, n, func(ctx context.Context, w *collective.World) error {
+		k, err := rd.build()
+		if err != nil {
+			return err
+		}
 		for i, m := range meshes {
 			row := verifyRow{op: "linear", mesh: m.String()}
 			for _, c := range cases[i] {
@@ -185,7 +190,7 @@ func verifyWorkload(ctx context.Context, env Env) int {
 }
 
 // runVerifyCase runs one case on this rank; rank 0 judges it.
-func runVerifyCase(ctx context.Context, w *collective.World, k kernels.Kernels, c verifyCase) (bool, string, error) {
+func runVerifyCase(ctx context.Context, w *collective.World, k kernels.Device, c verifyCase) (bool, string, error) {
 	data := linear.RandomData(c.cfg.X.Shape, c.cfg.W.Shape[0], c.cfg.B != nil, c.seed)
 	r, err := runChecked(ctx, linear.Runtime{World: w, Kernels: k}, c.cfg, c.plans, data)
 	if err != nil || w.Rank() != 0 {

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -66,8 +67,9 @@ func (r *Registry) factory(name string) (Factory, error) {
 }
 
 // Choice is which provider runs which op: Default for every op, PerOp overriding
-// single ops. A provider only serves ops on its own device; other devices get
-// their default provider (the one named like the device: "cpu", "cuda").
+// single ops. Every provider named must run on Default's device; an op a chosen
+// provider lacks runs on the device's default provider (the one named like the
+// device: "cpu", "sim", "cuda").
 type Choice struct {
 	Default string
 	PerOp   map[Op]string
@@ -110,23 +112,47 @@ func (c Choice) String() string {
 	return strings.Join(parts, ",")
 }
 
-// Logger receives structured log lines; (*zap.SugaredLogger).Infow fits, and so
-// does a no-op func. The dispatcher logs each fallback once, when it is built.
-type Logger func(msg string, keysAndValues ...any)
-
-// Dispatcher routes each (device, op) to one provider, fixed when it is built.
-// It implements Kernels: the device is taken from the output operand. It is safe
-// for concurrent use if its providers are.
-type Dispatcher struct {
-	table     [tensor.CUDA + 1][numOps]Provider
-	providers map[string]Provider
-	choice    Choice
+// Names returns the provider names the choice mentions, Default first.
+func (c Choice) Names() []string {
+	names := []string{c.Default}
+	for _, op := range Ops() {
+		if n, ok := c.PerOp[op]; ok && !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
-// NewDispatcher builds the providers named in choice (and "cpu", the host's
-// default) and fixes the route of every op. An unknown name is an error. An op
-// that the chosen provider lacks goes to its device's default provider, and the
-// fallback is logged once here.
+// Logger receives structured log lines; (*zap.SugaredLogger).Infow fits, and so
+// does a no-op func.
+type Logger func(msg string, keysAndValues ...any)
+
+// route is the provider that serves an op, and why it was picked.
+type route struct {
+	p   Provider
+	why string
+}
+
+// Dispatcher is one rank's device: it routes each op to one provider, fixed
+// when it is built, and allocates and copies tensors in the device's memory
+// (it implements Device). An op on a tensor of another device is an error, never
+// a silent detour. The first call of each op is logged with the provider that
+// ran it and why. It is safe for concurrent use if its providers are.
+type Dispatcher struct {
+	tensor.Memory
+	dev       tensor.DeviceKind
+	table     [numOps]route
+	providers map[string]Provider
+	choice    Choice
+	log       Logger
+	logged    [numOps]atomic.Bool
+}
+
+var _ Device = (*Dispatcher)(nil)
+
+// NewDispatcher builds the providers named in choice and the default provider
+// of their device, and fixes the route of every op. An unknown name, or
+// providers of different devices, is an error.
 func (r *Registry) NewDispatcher(choice Choice, log Logger) (*Dispatcher, error) {
 	if log == nil {
 		log = func(string, ...any) {}
@@ -134,16 +160,10 @@ func (r *Registry) NewDispatcher(choice Choice, log Logger) (*Dispatcher, error)
 	if choice.Default == "" {
 		choice.Default = "cpu"
 	}
-	d := &Dispatcher{providers: map[string]Provider{}, choice: choice}
-	names := []string{"cpu", choice.Default}
-	for _, op := range Ops() {
-		if n, ok := choice.PerOp[op]; ok {
-			names = append(names, n)
-		}
-	}
-	for _, n := range names {
-		if _, done := d.providers[n]; done {
-			continue
+	d := &Dispatcher{providers: map[string]Provider{}, choice: choice, log: log}
+	build := func(n string) (Provider, error) {
+		if p, ok := d.providers[n]; ok {
+			return p, nil
 		}
 		f, err := r.factory(n)
 		if err != nil {
@@ -154,28 +174,45 @@ func (r *Registry) NewDispatcher(choice Choice, log Logger) (*Dispatcher, error)
 			return nil, fmt.Errorf("kernels: provider %q: %w", n, err)
 		}
 		d.providers[n] = p
+		return p, nil
 	}
-	for dev := tensor.CPU; dev <= tensor.CUDA; dev++ {
-		def := d.providers[dev.String()]
-		for _, op := range Ops() {
-			name := choice.Default
-			if n, ok := choice.PerOp[op]; ok && d.providers[n].Device() == dev {
-				name = n
-			}
-			p := d.providers[name]
-			if p.Device() != dev {
-				p = def
-			}
-			if p != nil && p != def && !p.Has(op) {
-				log("kernels: provider lacks op, using the device default",
-					"provider", p.Name(), "op", op.String(), "device", dev.String(), "fallback", dev.String())
-				p = def
-			}
-			if p != nil && !p.Has(op) {
-				p = nil
-			}
-			d.table[dev][op] = p
+	first, err := build(choice.Default)
+	if err != nil {
+		return nil, err
+	}
+	d.dev = first.Device()
+	def, err := build(d.dev.String())
+	if err != nil {
+		return nil, fmt.Errorf("kernels: %q runs on %v, whose default provider is missing: %w", choice.Default, d.dev, err)
+	}
+	mp, ok := def.(MemoryProvider)
+	if !ok {
+		return nil, fmt.Errorf("kernels: provider %q owns no %v memory", def.Name(), d.dev)
+	}
+	d.Memory = mp.Memory()
+	for _, n := range choice.Names()[1:] {
+		p, err := build(n)
+		if err != nil {
+			return nil, err
 		}
+		if p.Device() != d.dev {
+			return nil, fmt.Errorf("%w: provider %q runs on %v, the rank's kernels (%q) on %v", ErrDevice, n, p.Device(), choice.Default, d.dev)
+		}
+	}
+	for _, op := range Ops() {
+		name, why := choice.Default, "chosen"
+		if n, ok := choice.PerOp[op]; ok {
+			name, why = n, "chosen for this op"
+		}
+		p := d.providers[name]
+		if !p.Has(op) {
+			why = fmt.Sprintf("fallback: %s lacks %v", p.Name(), op)
+			p = def
+		}
+		if !p.Has(op) {
+			p, why = nil, fmt.Sprintf("no %v provider has %v", d.dev, op)
+		}
+		d.table[op] = route{p, why}
 	}
 	return d, nil
 }
@@ -183,13 +220,19 @@ func (r *Registry) NewDispatcher(choice Choice, log Logger) (*Dispatcher, error)
 // Choice returns the choice the dispatcher was built from.
 func (d *Dispatcher) Choice() Choice { return d.choice }
 
-// Provider returns the provider that serves op on dev, or nil.
-func (d *Dispatcher) Provider(dev tensor.DeviceKind, op Op) Provider {
-	if dev > tensor.CUDA || op >= numOps {
+// DeviceKind is the kind of device the dispatcher computes on.
+func (d *Dispatcher) DeviceKind() tensor.DeviceKind { return d.dev }
+
+// Provider returns the provider that serves op, or nil.
+func (d *Dispatcher) Provider(op Op) Provider {
+	if op >= numOps {
 		return nil
 	}
-	return d.table[dev][op]
+	return d.table[op].p
 }
+
+// Has reports whether some provider serves op.
+func (d *Dispatcher) Has(op Op) bool { return d.Provider(op) != nil }
 
 // Providers returns the names of the providers the dispatcher built, sorted.
 func (d *Dispatcher) Providers() []string {
@@ -205,20 +248,33 @@ func (d *Dispatcher) route(op Op, out *tensor.Tensor) (Provider, error) {
 	if out == nil {
 		return nil, fmt.Errorf("%w: %v: nil output", ErrShape, op)
 	}
-	dev := out.Device().Kind
-	if p := d.Provider(dev, op); p != nil {
-		return p, nil
+	if op >= numOps {
+		return nil, fmt.Errorf("%w: %v", ErrUnknownOp, op)
 	}
-	return nil, fmt.Errorf("%w: %v on %v", ErrNoProvider, op, dev)
+	if dev := out.Device().Kind; dev != d.dev {
+		return nil, fmt.Errorf("%w: %v on %v, but this rank computes on %v", ErrDevice, op, out, d.dev)
+	}
+	r := d.table[op]
+	if !d.logged[op].Load() && d.logged[op].CompareAndSwap(false, true) {
+		name := "none"
+		if r.p != nil {
+			name = r.p.Name()
+		}
+		d.log("kernels: op runs on provider", "op", op.String(), "provider", name, "device", d.dev.String(), "why", r.why)
+	}
+	if r.p == nil {
+		return nil, fmt.Errorf("%w: %v on %v (%s)", ErrNoProvider, op, d.dev, r.why)
+	}
+	return r.p, nil
 }
 
 // Gemm implements Kernels.
-func (d *Dispatcher) Gemm(p GemmParams, a, b, c *tensor.Tensor) error {
-	k, err := d.route(OpGemm, c)
+func (d *Dispatcher) Gemm(p GemmParams, o GemmOperands) error {
+	k, err := d.route(p.Epilogue.Op(), o.C)
 	if err != nil {
 		return err
 	}
-	return k.Gemm(p, a, b, c)
+	return k.Gemm(p, o)
 }
 
 // Gemv implements Kernels.
@@ -228,69 +284,6 @@ func (d *Dispatcher) Gemv(p GemvParams, a, x, y *tensor.Tensor) error {
 		return err
 	}
 	return k.Gemv(p, a, x, y)
-}
-
-// LinearForward implements Kernels.
-func (d *Dispatcher) LinearForward(y, x, w, b *tensor.Tensor) error {
-	k, err := d.route(OpLinearForward, y)
-	if err != nil {
-		return err
-	}
-	return k.LinearForward(y, x, w, b)
-}
-
-// LinearBackwardInput implements Kernels.
-func (d *Dispatcher) LinearBackwardInput(dx, dy, w *tensor.Tensor) error {
-	k, err := d.route(OpLinearBackwardInput, dx)
-	if err != nil {
-		return err
-	}
-	return k.LinearBackwardInput(dx, dy, w)
-}
-
-// LinearBackwardWeight implements Kernels.
-func (d *Dispatcher) LinearBackwardWeight(dw, dy, x *tensor.Tensor, accumulate bool) error {
-	k, err := d.route(OpLinearBackwardWeight, dw)
-	if err != nil {
-		return err
-	}
-	return k.LinearBackwardWeight(dw, dy, x, accumulate)
-}
-
-// LinearBackwardBias implements Kernels.
-func (d *Dispatcher) LinearBackwardBias(db, dy *tensor.Tensor, accumulate bool) error {
-	k, err := d.route(OpLinearBackwardBias, db)
-	if err != nil {
-		return err
-	}
-	return k.LinearBackwardBias(db, dy, accumulate)
-}
-
-// MatmulForward implements Kernels.
-func (d *Dispatcher) MatmulForward(c, a, b *tensor.Tensor) error {
-	k, err := d.route(OpMatmulForward, c)
-	if err != nil {
-		return err
-	}
-	return k.MatmulForward(c, a, b)
-}
-
-// MatmulBackwardInput implements Kernels.
-func (d *Dispatcher) MatmulBackwardInput(da, dc, b *tensor.Tensor, accumulate bool) error {
-	k, err := d.route(OpMatmulBackwardInput, da)
-	if err != nil {
-		return err
-	}
-	return k.MatmulBackwardInput(da, dc, b, accumulate)
-}
-
-// MatmulBackwardOther implements Kernels.
-func (d *Dispatcher) MatmulBackwardOther(db, dc, a *tensor.Tensor, accumulate bool) error {
-	k, err := d.route(OpMatmulBackwardOther, db)
-	if err != nil {
-		return err
-	}
-	return k.MatmulBackwardOther(db, dc, a, accumulate)
 }
 
 // GeluForward implements Kernels.
@@ -311,4 +304,29 @@ func (d *Dispatcher) GeluBackward(dx, dy, x *tensor.Tensor) error {
 	return k.GeluBackward(dx, dy, x)
 }
 
-var _ Kernels = (*Dispatcher)(nil)
+// BiasGrad implements Kernels.
+func (d *Dispatcher) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
+	k, err := d.route(OpBiasGrad, db)
+	if err != nil {
+		return err
+	}
+	return k.BiasGrad(db, dy, accumulate)
+}
+
+// Axpy implements Kernels.
+func (d *Dispatcher) Axpy(alpha float64, x, y *tensor.Tensor) error {
+	k, err := d.route(OpAxpy, y)
+	if err != nil {
+		return err
+	}
+	return k.Axpy(alpha, x, y)
+}
+
+// MSE implements Kernels.
+func (d *Dispatcher) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
+	k, err := d.route(OpMSE, dy)
+	if err != nil {
+		return err
+	}
+	return k.MSE(dy, sum, y, target, scale)
+}

@@ -21,10 +21,16 @@ func (p *partial) Name() string { return "partial" }
 func (p *partial) Has(op kernels.Op) bool {
 	return op == kernels.OpGemm
 }
-func (p *partial) Gemm(g kernels.GemmParams, a, b, c *tensor.Tensor) error {
+func (p *partial) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	p.calls++
-	return p.Provider.Gemm(g, a, b, c)
+	return p.Provider.Gemm(g, o)
 }
+
+// other is a provider of another device.
+type other struct{ *partial }
+
+func (other) Name() string              { return "other" }
+func (other) Device() tensor.DeviceKind { return tensor.Sim }
 
 func newRegistry(t *testing.T, part *partial) *kernels.Registry {
 	r := kernels.NewRegistry()
@@ -32,6 +38,9 @@ func newRegistry(t *testing.T, part *partial) *kernels.Registry {
 		t.Fatal(err)
 	}
 	if err := r.Register("partial", func() (kernels.Provider, error) { return part, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Register("other", func() (kernels.Provider, error) { return other{part}, nil }); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Register("cpu", func() (kernels.Provider, error) { return nil, nil }); err == nil {
@@ -63,7 +72,7 @@ func TestParseChoice(t *testing.T) {
 	}
 }
 
-func TestDispatcherFallbackLoggedOnce(t *testing.T) {
+func TestDispatcherLogsEachOpOnce(t *testing.T) {
 	part := &partial{}
 	part.Provider, _ = cpu.New(cpu.Options{})
 	var logs []string
@@ -72,30 +81,37 @@ func TestDispatcherFallbackLoggedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every op but gemm falls back, and each fallback is logged once.
-	if len(logs) != len(kernels.Ops())-1 {
-		t.Fatalf("%d log lines, want %d:\n%s", len(logs), len(kernels.Ops())-1, strings.Join(logs, "\n"))
+	if len(logs) != 0 {
+		t.Fatalf("logged before any call: %v", logs)
 	}
-	if got := d.Provider(tensor.CPU, kernels.OpGemm).Name(); got != "partial" {
+	if got := d.Provider(kernels.OpGemm).Name(); got != "partial" {
 		t.Errorf("gemm served by %s", got)
 	}
-	if got := d.Provider(tensor.CPU, kernels.OpLinearForward).Name(); got != "cpu" {
-		t.Errorf("linear_forward served by %s", got)
+	if got := d.Provider(kernels.OpGemmBias).Name(); got != "cpu" {
+		t.Errorf("gemm_bias served by %s", got)
 	}
 	x, _ := tensor.FromFloat32([]float32{1, 2}, 1, 2)
 	w, _ := tensor.FromFloat32([]float32{3, 4, 5, 6}, 2, 2)
+	b, _ := tensor.FromFloat32([]float32{1, 1}, 2)
 	y := tensor.New(tensor.Float32, 1, 2)
-	if err := d.Gemm(kernels.GemmParams{TransB: true, M: 1, N: 2, K: 2, Alpha: 1, DType: tensor.Float32}, x, w, y); err != nil {
-		t.Fatal(err)
+	for range 3 {
+		if err := kernels.LinearForward(d, y, x, w, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := kernels.LinearForward(d, y, x, w, b); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := d.LinearForward(y, x, w, nil); err != nil {
-		t.Fatal(err)
-	}
-	if part.calls != 1 || y.Float32()[0] != 11 || y.Float32()[1] != 17 {
+	if part.calls != 3 || y.Float32()[0] != 12 || y.Float32()[1] != 18 {
 		t.Errorf("calls=%d y=%v", part.calls, y.Float32())
 	}
-	if len(logs) != len(kernels.Ops())-1 {
-		t.Errorf("calls logged again")
+	// One line per op, naming the provider and why: the fallback says what the
+	// chosen provider lacks.
+	if len(logs) != 2 || !strings.Contains(logs[0], "partial") || !strings.Contains(logs[1], "fallback: partial lacks gemm_bias") {
+		t.Errorf("logs:\n%s", strings.Join(logs, "\n"))
+	}
+	if d.DeviceKind() != tensor.CPU || d.Device().Kind != tensor.CPU {
+		t.Errorf("device %v", d.DeviceKind())
 	}
 }
 
@@ -108,16 +124,39 @@ func TestDispatcherPerOpAndErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Provider(tensor.CPU, kernels.OpGemm).Name() != "partial" || d.Provider(tensor.CPU, kernels.OpGemv).Name() != "cpu" {
+	if d.Provider(kernels.OpGemm).Name() != "partial" || d.Provider(kernels.OpGemv).Name() != "cpu" {
 		t.Error("per-op choice not honoured")
-	}
-	if d.Provider(tensor.CUDA, kernels.OpGemm) != nil {
-		t.Error("cuda route without a cuda provider")
 	}
 	if _, err := r.NewDispatcher(kernels.Choice{Default: "nosuch"}, nil); !errors.Is(err, kernels.ErrUnknownProvider) {
 		t.Errorf("unknown provider: %v", err)
 	}
+	// A provider of another device in the same choice is refused.
+	c, _ = kernels.ParseChoice("cpu,gemm=other")
+	if _, err := r.NewDispatcher(c, nil); !errors.Is(err, kernels.ErrDevice) {
+		t.Errorf("providers of two devices: %v", err)
+	}
+	// A device without its default provider ("sim") is refused.
+	if _, err := r.NewDispatcher(kernels.Choice{Default: "other"}, nil); err == nil || !strings.Contains(err.Error(), "sim") {
+		t.Errorf("device without its default provider: %v", err)
+	}
+	// A tensor of another device is an error, not a silent detour to the host.
+	dev := &fakeBuf{}
+	y, _ := tensor.OnDevice(dev, tensor.Float32, 2)
+	x := tensor.New(tensor.Float32, 2)
+	if err := d.GeluForward(y, x); !errors.Is(err, kernels.ErrDevice) {
+		t.Errorf("sim tensor on a cpu dispatcher: %v", err)
+	}
 }
+
+// fakeBuf is a buffer of a device nobody computes on.
+type fakeBuf struct{}
+
+func (*fakeBuf) Memory() tensor.Memory { return fakeMem{} }
+func (*fakeBuf) Len() int              { return 1 << 10 }
+
+type fakeMem struct{ tensor.Memory }
+
+func (fakeMem) Device() tensor.Device { return tensor.Device{Kind: tensor.Sim} }
 
 func TestGemmParamsValidate(t *testing.T) {
 	p := kernels.GemmParams{M: -1, N: 2, K: 3, LDA: 1, LDB: 1, LDC: 1, BatchCount: 1, DType: tensor.Float32}
@@ -148,7 +187,7 @@ func ExampleDispatcher() {
 	w, _ := tensor.FromFloat32([]float32{1, 0, 0, 0, 1, 1}, 2, 3) // w[N=2, K=3]
 	b, _ := tensor.FromFloat32([]float32{10, 20}, 2)
 	y := tensor.New(tensor.Float32, 1, 2)
-	if err := d.LinearForward(y, x, w, b); err != nil {
+	if err := kernels.LinearForward(d, y, x, w, b); err != nil {
 		panic(err)
 	}
 	fmt.Println(y.Float32())

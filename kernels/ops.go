@@ -7,29 +7,30 @@ import (
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// Op names one kernel.
+// Op names one kernel: a GEMM with each of its epilogues, GEMV, or an
+// elementwise op. Providers say which they implement (Provider.Has).
 type Op uint8
 
 // The ops a provider may implement.
 const (
 	OpGemm Op = iota
+	OpGemmBias
+	OpGemmBiasGelu
+	OpGemmDGelu
+	OpGemmDGeluBGrad
+	OpGemmBGrad
 	OpGemv
-	OpLinearForward
-	OpLinearBackwardInput
-	OpLinearBackwardWeight
-	OpLinearBackwardBias
-	OpMatmulForward
-	OpMatmulBackwardInput
-	OpMatmulBackwardOther
 	OpGeluForward
 	OpGeluBackward
+	OpBiasGrad
+	OpAxpy
+	OpMSE
 	numOps
 )
 
 var opNames = [numOps]string{
-	"gemm", "gemv", "linear_forward", "linear_backward_input", "linear_backward_weight",
-	"linear_backward_bias", "matmul_forward", "matmul_backward_input",
-	"matmul_backward_other", "gelu_forward", "gelu_backward",
+	"gemm", "gemm_bias", "gemm_bias_gelu", "gemm_dgelu", "gemm_dgelu_bgrad", "gemm_bgrad",
+	"gemv", "gelu_forward", "gelu_backward", "bias_grad", "axpy", "mse",
 }
 
 func (o Op) String() string {
@@ -56,36 +57,40 @@ func ParseOp(s string) (Op, error) {
 	return 0, fmt.Errorf("%w: %q", ErrUnknownOp, s)
 }
 
-// Kernels is the set of ops. Every op is a pure computation on its operands: it
-// writes only its output tensor, holds no autograd state, and decides nothing
-// about which gradients are needed.
+// GemmOperands are the tensors of one GEMM: A, B and C always; Bias and Aux as
+// the epilogue needs them (see Epilogue).
+type GemmOperands struct {
+	A, B, C   *tensor.Tensor
+	Bias, Aux *tensor.Tensor
+}
+
+// Kernels is what differs per provider: one GEMM with its epilogue, GEMV, and
+// the elementwise ops. Every op is a pure computation on its operands, all on
+// one device: it writes only its outputs, holds no autograd state, and decides
+// nothing about which gradients are needed. The linear layer's and batched
+// matmul's ops are lowered onto these once (LinearForward, MatmulForward...),
+// not once per provider.
 //
-// Shapes (row-major; "..." is any number of leading dims, flattened into M):
-//
-//	LinearForward         y[...,N] = x[...,K] · w[N,K]ᵀ + b[N]  (b may be nil)
-//	LinearBackwardInput   dx[...,K] = dy[...,N] · w[N,K]
-//	LinearBackwardWeight  dw[N,K] (+)= dy[...,N]ᵀ · x[...,K]
-//	LinearBackwardBias    db[N] (+)= Σ over rows of dy[...,N]
-//	MatmulForward         c[B,M,N] = a[B,M,K] · b[B,K,N]   (rank 2 means B = 1)
-//	MatmulBackwardInput   da[B,M,K] (+)= dc[B,M,N] · b[B,K,N]ᵀ
-//	MatmulBackwardOther   db[B,K,N] (+)= a[B,M,K]ᵀ · dc[B,M,N]
-//	GeluForward           y = gelu(x), tanh approximation (PyTorch approximate="tanh")
-//	GeluBackward          dx = dy * gelu'(x)
+//	Gemm          see GemmParams and Epilogue
+//	Gemv          see GemvParams
+//	GeluForward   y = gelu(x), tanh approximation (PyTorch approximate="tanh")
+//	GeluBackward  dx = dy * gelu'(x)
+//	BiasGrad      db[N] (+)= Σ over rows of dy[..., N]
+//	Axpy          y += alpha·x (the SGD update, alpha = -lr)
+//	MSE           dy = scale·(y − target); sum[0] = Σ (y − target)², accumulated
+//	              in float64 in a fixed order (sum is a 1-element float64 tensor
+//	              on the same device)
 //
 // (+)= means the result is added to the output when accumulate is true and
 // overwrites it (without reading it) otherwise.
 type Kernels interface {
-	Gemm(p GemmParams, a, b, c *tensor.Tensor) error
+	Gemm(p GemmParams, o GemmOperands) error
 	Gemv(p GemvParams, a, x, y *tensor.Tensor) error
-	LinearForward(y, x, w, b *tensor.Tensor) error
-	LinearBackwardInput(dx, dy, w *tensor.Tensor) error
-	LinearBackwardWeight(dw, dy, x *tensor.Tensor, accumulate bool) error
-	LinearBackwardBias(db, dy *tensor.Tensor, accumulate bool) error
-	MatmulForward(c, a, b *tensor.Tensor) error
-	MatmulBackwardInput(da, dc, b *tensor.Tensor, accumulate bool) error
-	MatmulBackwardOther(db, dc, a *tensor.Tensor, accumulate bool) error
 	GeluForward(y, x *tensor.Tensor) error
 	GeluBackward(dx, dy, x *tensor.Tensor) error
+	BiasGrad(db, dy *tensor.Tensor, accumulate bool) error
+	Axpy(alpha float64, x, y *tensor.Tensor) error
+	MSE(dy, sum, y, target *tensor.Tensor, scale float64) error
 }
 
 // Provider is one implementation of the ops on one kind of device. A provider
@@ -100,6 +105,20 @@ type Provider interface {
 	Device() tensor.DeviceKind
 	// Has reports whether the provider implements op.
 	Has(op Op) bool
+}
+
+// MemoryProvider is a provider that owns its device's memory: the default
+// provider of each device (cpu, sim, cuda) is one.
+type MemoryProvider interface {
+	Provider
+	Memory() tensor.Memory
+}
+
+// Device is a rank's compute device: the kernels and the memory they run on.
+// The Dispatcher is one.
+type Device interface {
+	Kernels
+	tensor.Memory
 }
 
 // LinearDims checks the operands of LinearForward (b may be nil) and returns the
@@ -133,14 +152,14 @@ func BiasDims(db, dy *tensor.Tensor) (m, n int, err error) {
 	return m, n, sameDType(db, dy)
 }
 
-// LinearForwardGemm is the GEMM of LinearForward once y holds the broadcast bias
-// (or zeros): y[M,N] = 1·x[M,K]·w[N,K]ᵀ + beta·y, beta = 1 with a bias, else 0.
+// LinearForwardGemm is the GEMM of LinearForward: y[M,N] = x[M,K]·w[N,K]ᵀ, with
+// the bias epilogue when bias is true.
 func LinearForwardGemm(m, n, k int, bias bool, dt tensor.DType) GemmParams {
-	beta := 0.0
+	p := GemmParams{TransB: true, M: m, N: n, K: k, Alpha: 1, DType: dt}
 	if bias {
-		beta = 1
+		p.Epilogue = EpilogueBias
 	}
-	return GemmParams{TransB: true, M: m, N: n, K: k, Alpha: 1, Beta: beta, DType: dt}.Normalized()
+	return p.Normalized()
 }
 
 // LinearBackwardInputGemm is dx[M,K] = dy[M,N]·w[N,K].
@@ -212,22 +231,45 @@ func lead(t *tensor.Tensor) int {
 	return m
 }
 
-// CheckGemm validates p (normalized) against the operand sizes and dtypes.
-func CheckGemm(p GemmParams, a, b, c *tensor.Tensor) (GemmParams, error) {
+// CheckGemm validates p (normalized) against the operands' sizes and dtypes:
+// A, B and C of p.DType, Bias and Aux present, of the same dtype and of at least
+// BiasLen and AuxLen elements exactly when the epilogue uses them.
+func CheckGemm(p GemmParams, o GemmOperands) (GemmParams, error) {
 	p = p.Normalized()
 	if err := p.Validate(); err != nil {
 		return p, err
 	}
-	if err := sameDType(a, b, c); err != nil {
+	if o.A == nil || o.B == nil || o.C == nil {
+		return p, fmt.Errorf("%w: gemm needs A, B and C", ErrShape)
+	}
+	if err := sameDType(o.A, o.B, o.C, o.Bias, o.Aux); err != nil {
 		return p, err
 	}
-	if c.DType() != p.DType {
-		return p, fmt.Errorf("%w: gemm params %v, operands %v", ErrDType, p.DType, c.DType())
+	if o.C.DType() != p.DType {
+		return p, fmt.Errorf("%w: gemm params %v, operands %v", ErrDType, p.DType, o.C.DType())
 	}
 	la, lb, lc := p.Lens()
-	if a.Len() < la || b.Len() < lb || c.Len() < lc {
+	if o.A.Len() < la || o.B.Len() < lb || o.C.Len() < lc {
 		return p, fmt.Errorf("%w: gemm needs A>=%d B>=%d C>=%d elements, have %d/%d/%d",
-			ErrShape, la, lb, lc, a.Len(), b.Len(), c.Len())
+			ErrShape, la, lb, lc, o.A.Len(), o.B.Len(), o.C.Len())
+	}
+	for _, x := range []struct {
+		name string
+		t    *tensor.Tensor
+		need int
+		uses bool
+	}{
+		{"bias", o.Bias, p.BiasLen(), p.Epilogue.UsesBias()},
+		{"aux", o.Aux, p.AuxLen(), p.Epilogue.UsesAux()},
+	} {
+		switch {
+		case x.uses && x.t == nil:
+			return p, fmt.Errorf("%w: gemm %v needs %s", ErrShape, p.Epilogue, x.name)
+		case !x.uses && x.t != nil:
+			return p, fmt.Errorf("%w: gemm %v takes no %s", ErrShape, p.Epilogue, x.name)
+		case x.uses && x.t.Len() < x.need:
+			return p, fmt.Errorf("%w: gemm %v needs %s of %d elements, have %d", ErrShape, p.Epilogue, x.name, x.need, x.t.Len())
+		}
 	}
 	return p, nil
 }
@@ -282,6 +324,18 @@ func SameDevice(kind tensor.DeviceKind, ts ...*tensor.Tensor) error {
 		if t != nil && t.Device().Kind != kind {
 			return fmt.Errorf("%w: %v on a %v provider", ErrDevice, t, kind)
 		}
+	}
+	return nil
+}
+
+// MSEDims checks MSE's operands: dy, y and target of one shape and dtype, sum a
+// 1-element float64 tensor.
+func MSEDims(dy, sum, y, target *tensor.Tensor) error {
+	if _, err := ElementwiseDims(dy, y, target); err != nil {
+		return err
+	}
+	if sum == nil || sum.Len() != 1 || sum.DType() != tensor.Float64 {
+		return fmt.Errorf("%w: mse sum %v: want one float64", ErrShape, sum)
 	}
 	return nil
 }

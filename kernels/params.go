@@ -1,12 +1,18 @@
-// Package kernels describes the local compute a rank runs (GEMM, GEMV, the linear
-// layer's forward and its three backward ops, batched matmul, GELU) and dispatches
-// it to providers registered by name: "cpu" (kernels/cpu, pure Go and Go assembly,
-// always built), "openblas" (kernels/openblas, build tag openblas) and "cuda"
-// (kernels/cuda, build tag cuda).
+// Package kernels describes the local compute a rank runs and dispatches it to
+// providers registered by name: "cpu" (kernels/cpu, pure Go and Go assembly,
+// always built), "sim" (kernels/sim: the cpu kernels on simulated device memory),
+// "openblas" (kernels/openblas, build tag openblas) and "cuda" (kernels/cuda,
+// build tag cuda).
+//
+// What differs per provider is small (Kernels): one GEMM described by GemmParams,
+// epilogue included (bias, GELU keeping the pre-activation, the GELU gradient,
+// bias gradients), GEMV, and a few elementwise ops. The linear layer's forward
+// and its three backward ops, and batched matmul, are lowered onto those here,
+// once (LinearForward, LinearBackwardInput, ...).
 //
 // All matrices are row-major. A Dispatcher, built from a Registry and an explicit
-// Choice, routes each op on each device to one provider; there is no global
-// current provider.
+// Choice, serves one device: it routes each op to one provider and allocates the
+// rank's tensors in that device's memory; there is no global current provider.
 package kernels
 
 import (
@@ -35,6 +41,83 @@ type GemmParams struct {
 	BatchCount                int
 	StrideA, StrideB, StrideC int
 	DType                     tensor.DType
+	// Epilogue is what the GEMM does with its result (EpilogueNone: nothing).
+	// Epilogues other than EpilogueNone take one GEMM (BatchCount 1).
+	Epilogue Epilogue
+}
+
+// Epilogue is work fused into a GEMM's output, as cuBLASLt's epilogues: with
+// R = Alpha·op(A)·op(B) + Beta·C (C[M, N], leading dim LDC):
+//
+//	EpilogueNone        C = R
+//	EpilogueBias        C = R + Bias              Bias[N] broadcast over rows
+//	EpilogueBiasGelu    Aux = R + Bias; C = gelu(Aux)   Aux[M, N] (tight) keeps the
+//	                    pre-activation for the backward
+//	EpilogueDGelu       C = R ⊙ gelu'(Aux)        Aux[M, N] is the forward's
+//	                    pre-activation
+//	EpilogueDGeluBGrad  as EpilogueDGelu, and Bias[N] = Σ over rows of C (the
+//	                    bias gradient of the layer before the GELU)
+//	EpilogueBGrad       C = R, and Bias[M] = Σ over k of op(A)[i, k] (with
+//	                    op(A) = dyᵀ: the bias gradient beside the weight gradient)
+//
+// Bias gradients overwrite Bias. GELU is the tanh approximation (see Gelu).
+type Epilogue uint8
+
+// The epilogues.
+const (
+	EpilogueNone Epilogue = iota
+	EpilogueBias
+	EpilogueBiasGelu
+	EpilogueDGelu
+	EpilogueDGeluBGrad
+	EpilogueBGrad
+	numEpilogues
+)
+
+var epilogueOps = [numEpilogues]Op{OpGemm, OpGemmBias, OpGemmBiasGelu, OpGemmDGelu, OpGemmDGeluBGrad, OpGemmBGrad}
+
+// Op is the op a GEMM with this epilogue is dispatched as.
+func (e Epilogue) Op() Op {
+	if e < numEpilogues {
+		return epilogueOps[e]
+	}
+	return numOps
+}
+
+func (e Epilogue) String() string {
+	if e < numEpilogues {
+		return epilogueOps[e].String()
+	}
+	return fmt.Sprintf("epilogue(%d)", uint8(e))
+}
+
+// UsesBias reports whether the epilogue reads or writes the Bias operand.
+func (e Epilogue) UsesBias() bool {
+	return e == EpilogueBias || e == EpilogueBiasGelu || e == EpilogueDGeluBGrad || e == EpilogueBGrad
+}
+
+// UsesAux reports whether the epilogue reads or writes the Aux operand.
+func (e Epilogue) UsesAux() bool {
+	return e == EpilogueBiasGelu || e == EpilogueDGelu || e == EpilogueDGeluBGrad
+}
+
+// BiasLen is the number of elements of the Bias operand (0: none).
+func (p GemmParams) BiasLen() int {
+	switch {
+	case p.Epilogue == EpilogueBGrad:
+		return p.M
+	case p.Epilogue.UsesBias():
+		return p.N
+	}
+	return 0
+}
+
+// AuxLen is the number of elements of the Aux operand (0: none).
+func (p GemmParams) AuxLen() int {
+	if p.Epilogue.UsesAux() {
+		return p.M * p.N
+	}
+	return 0
 }
 
 // Normalized returns p with defaults filled in: tight leading dims, BatchCount >= 1,
@@ -101,6 +184,11 @@ func (p GemmParams) Validate() error {
 	}
 	if p.DType != tensor.Float32 && p.DType != tensor.Float64 {
 		errs = append(errs, fmt.Sprintf("dtype %v", p.DType))
+	}
+	if p.Epilogue >= numEpilogues {
+		errs = append(errs, p.Epilogue.String())
+	} else if p.Epilogue != EpilogueNone && p.BatchCount != 1 {
+		errs = append(errs, fmt.Sprintf("%v on a batch of %d", p.Epilogue, p.BatchCount))
 	}
 	if len(errs) == 0 {
 		return nil

@@ -36,7 +36,7 @@ func TestAccumulation(t *testing.T) {
 	}
 	var mu sync.Mutex
 	err = job.InProcess(context.Background(), m.Size(), func(ctx context.Context, w *collective.World) error {
-		l, err := linear.New(cfg, w.Rank())
+		l, err := linear.New(cfg, w.Rank(), nil)
 		if err != nil {
 			return err
 		}

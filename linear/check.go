@@ -108,19 +108,24 @@ type Result struct {
 }
 
 // Run runs one forward and backward of a layer on this rank with the whole
-// tensors d (each rank takes its shards), and reduces the weight gradients.
+// tensors d (each rank takes its shards, copied to the rank's device), and
+// reduces the weight gradients. The results stay on the device.
 func Run(ctx context.Context, rt Runtime, l *Layer, d *Data) (*Result, error) {
-	var err error
-	if l.W, err = Shard(d.W, l.Config.W, l.rank); err != nil {
+	w, err := Shard(d.W, l.Config.W, l.rank)
+	if err != nil {
 		return nil, err
 	}
+	var b *tensor.Tensor
 	if l.B != nil {
 		if d.B == nil {
 			return nil, fmt.Errorf("%w: the layer has a bias, the data none", ErrConfig)
 		}
-		if l.B, err = Shard(d.B, *l.Config.B, l.rank); err != nil {
+		if b, err = Shard(d.B, *l.Config.B, l.rank); err != nil {
 			return nil, err
 		}
+	}
+	if err := l.SetParams(w, b); err != nil {
+		return nil, err
 	}
 	x, err := Shard(d.X, l.X, l.rank)
 	if err != nil {
@@ -128,6 +133,12 @@ func Run(ctx context.Context, rt Runtime, l *Layer, d *Data) (*Result, error) {
 	}
 	dy, err := Shard(d.DY, l.Bwd.DY.Spec, l.rank)
 	if err != nil {
+		return nil, err
+	}
+	if x, err = tensor.Upload(rt.Kernels, x); err != nil {
+		return nil, err
+	}
+	if dy, err = tensor.Upload(rt.Kernels, dy); err != nil {
 		return nil, err
 	}
 	var log []collective.Executed

@@ -7,6 +7,11 @@
 // consumer asked for. Backward computes only the gradients the layer needs —
 // input, weight and bias are three separate kernels — and what Forward saves
 // depends on them (x only for dW, W only for dx).
+//
+// Every tensor a layer holds (parameters, activations, saved tensors, gradients,
+// scratch) lives on the rank's device and is allocated by its memory; a step
+// copies nothing between host and device. Parameters come in once (SetParams),
+// results go out only when asked (Gather, a dump, the loss).
 package linear
 
 import (
@@ -27,14 +32,28 @@ var ErrConfig = errors.New("linear: bad configuration")
 
 // Runtime is what a rank computes and communicates with.
 type Runtime struct {
-	World   *collective.World
-	Kernels kernels.Kernels
+	World *collective.World
+	// Kernels is the rank's device: its kernels, and the memory every tensor
+	// of a step is allocated in.
+	Kernels kernels.Device
 	// Record, if set, receives every step the layer executes, with the tensor it
 	// moved ("x", "y", "dw"...).
 	Record func(tensor string, ex collective.Executed)
 	// Trace, if set, is called when a redistribution starts (name is the tensor,
-	// cat "collective"); the function it returns is called when it ends.
+	// cat "collective") and when one of the layer's ops starts (name
+	// "linear_forward", "linear_backward_input"...; cat "op"); the function it
+	// returns is called when it ends.
 	Trace func(name, cat string) (end func())
+}
+
+// op runs one of the layer's ops (a lowered kernel call), in a trace span of
+// category "op" when the runtime traces.
+func (rt Runtime) op(name string, f func() error) error {
+	if rt.Trace == nil {
+		return f()
+	}
+	defer rt.Trace(name, "op")()
+	return f()
 }
 
 // Config describes a layer: how x, W and b are laid out (B nil: no bias), the
@@ -85,6 +104,7 @@ type Layer struct {
 	pending  bool
 	fwdMoves map[string]spmd.Move
 	fusedLR  float32 // FuseSGD's learning rate, 0 when not fused
+	mem      tensor.Memory
 	bufs     scratch
 }
 
@@ -92,14 +112,40 @@ type Layer struct {
 // step neither allocates nor zeroes them again.
 type scratch map[string]*tensor.Tensor
 
-// get returns the tensor kept under name, new if its shape changed.
-func (s scratch) get(name string, shape []int) *tensor.Tensor {
-	if t, ok := s[name]; ok && slices.Equal(t.Shape(), shape) {
-		return t
+// get returns the float32 tensor kept under name, allocated in m if new or if
+// its shape changed.
+func (s scratch) get(m tensor.Memory, name string, shape []int) (*tensor.Tensor, error) {
+	return s.getT(m, name, tensor.Float32, shape)
+}
+
+func (s scratch) getT(m tensor.Memory, name string, dt tensor.DType, shape []int) (*tensor.Tensor, error) {
+	if t, ok := s[name]; ok && t.DType() == dt && slices.Equal(t.Shape(), shape) {
+		return t, nil
 	}
-	t := tensor.New(tensor.Float32, shape...)
+	if old, ok := s[name]; ok {
+		if err := m.Free(old); err != nil {
+			return nil, err
+		}
+	}
+	t, err := m.Alloc(dt, shape...)
+	if err != nil {
+		return nil, err
+	}
 	s[name] = t
-	return t
+	return t, nil
+}
+
+// copyOf returns a copy of t in scratch name (on t's device).
+func (s scratch) copyOf(name string, t *tensor.Tensor) (*tensor.Tensor, error) {
+	m := tensor.MemoryOf(t)
+	c, err := s.getT(m, name, t.DType(), t.Shape())
+	if err != nil {
+		return nil, err
+	}
+	if n := t.Bytes(); n > 0 {
+		err = m.Copy2D(c, 0, n, t, 0, n, n, 1)
+	}
+	return c, err
 }
 
 // FuseSGD makes Backward apply the SGD update W -= lr·dW inside the weight
@@ -123,13 +169,14 @@ type Plans struct {
 	Bwd *spmd.Backward
 }
 
-// New plans the layer for rank and allocates its parameter shards (zeros).
-func New(cfg Config, rank int) (*Layer, error) {
+// New plans the layer for rank and allocates its parameter shards (zeros) in
+// mem, the rank's device memory (nil: host memory).
+func New(cfg Config, rank int, mem tensor.Memory) (*Layer, error) {
 	p, err := Plan(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return NewPlanned(cfg, p, rank)
+	return NewPlanned(cfg, p, rank, mem)
 }
 
 // Plan plans a layer: the forward and the backward of the gradients it needs.
@@ -153,21 +200,54 @@ func Plan(cfg Config) (Plans, error) {
 	return Plans{fwd, bwd}, nil
 }
 
-// NewPlanned builds rank's layer from plans made by Plan(cfg).
-func NewPlanned(cfg Config, p Plans, rank int) (*Layer, error) {
+// NewPlanned builds rank's layer from plans made by Plan(cfg), its parameter
+// shards (zeros) allocated in mem (nil: host memory).
+func NewPlanned(cfg Config, p Plans, rank int, mem tensor.Memory) (*Layer, error) {
 	fwd, bwd := p.Fwd, p.Bwd
 	if rank < 0 || rank >= cfg.X.Mesh.Size() {
 		return nil, fmt.Errorf("%w: rank %d outside mesh %s", ErrConfig, rank, cfg.X.Mesh)
 	}
-	l := &Layer{Config: cfg, Fwd: fwd, Bwd: bwd, rank: rank, fwdMoves: map[string]spmd.Move{}, bufs: scratch{}}
+	if mem == nil {
+		mem = tensor.Host
+	}
+	l := &Layer{Config: cfg, Fwd: fwd, Bwd: bwd, rank: rank, fwdMoves: map[string]spmd.Move{}, mem: mem, bufs: scratch{}}
 	for _, m := range fwd.Moves {
 		l.fwdMoves[m.Tensor] = m
 	}
-	l.W = tensor.New(tensor.Float32, cfg.W.LocalShape(rank)...)
+	var err error
+	if l.W, err = mem.Alloc(tensor.Float32, cfg.W.LocalShape(rank)...); err != nil {
+		return nil, err
+	}
 	if cfg.B != nil {
-		l.B = tensor.New(tensor.Float32, cfg.B.LocalShape(rank)...)
+		if l.B, err = mem.Alloc(tensor.Float32, cfg.B.LocalShape(rank)...); err != nil {
+			return nil, err
+		}
 	}
 	return l, nil
+}
+
+// SetParams sets the layer's parameter shards from host tensors (b nil when the
+// layer has no bias), copying them to the layer's device.
+func (l *Layer) SetParams(w, b *tensor.Tensor) error {
+	if err := checkShape("w", w, l.Config.W, l.rank); err != nil {
+		return err
+	}
+	if (b == nil) != (l.B == nil) {
+		return fmt.Errorf("%w: linear %s: bias given %v, layer has one %v", ErrConfig, l.Name, b != nil, l.B != nil)
+	}
+	if b != nil {
+		if err := checkShape("b", b, *l.Config.B, l.rank); err != nil {
+			return err
+		}
+	}
+	var err error
+	if l.W, err = tensor.Upload(l.mem, w); err != nil {
+		return err
+	}
+	if b != nil {
+		l.B, err = tensor.Upload(l.mem, b)
+	}
+	return err
 }
 
 // Saved is what Forward keeps for Backward: x as the GEMM used it (only when dW
@@ -196,7 +276,7 @@ func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*ten
 		// The bias may need a private copy: an owner-rank partial zeroes it.
 		b := l.B
 		if _, ok := l.fwdMoves["b"]; ok {
-			if b, err = l.B.Clone(); err != nil {
+			if b, err = l.bufs.copyOf("b-copy", l.B); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -204,8 +284,11 @@ func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*ten
 			return nil, nil, err
 		}
 	}
-	y := l.bufs.get("y", l.Fwd.Output.Spec.LocalShape(l.rank))
-	if err := rt.Kernels.LinearForward(y, xu, wu, bu); err != nil {
+	y, err := l.bufs.get(rt.Kernels, "y", l.Fwd.Output.Spec.LocalShape(l.rank))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := rt.op("linear_forward", func() error { return kernels.LinearForward(rt.Kernels, y, xu, wu, bu) }); err != nil {
 		return nil, nil, fmt.Errorf("linear %s forward: %w", l.Name, err)
 	}
 	if y, err = l.move(ctx, rt, "y", y); err != nil {
@@ -230,13 +313,13 @@ func (l *Layer) move(ctx context.Context, rt Runtime, name string, t *tensor.Ten
 	return execute(ctx, rt, l.Name, name, m, t, l.rank)
 }
 
-// execute runs one move's steps on a float32 tensor.
+// execute runs one move's steps on a tensor.
 func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t *tensor.Tensor, rank int) (*tensor.Tensor, error) {
 	end := func() {}
 	if rt.Trace != nil {
 		end = rt.Trace(name, "collective")
 	}
-	out, log, err := collective.Execute(ctx, rt.World, m.Steps, t.Float32())
+	out, log, err := redistribute(ctx, rt.World, m.Steps, t)
 	end()
 	if err != nil {
 		return nil, fmt.Errorf("linear %s: moving %s %s -> %s: %w", layer, name, m.From, m.To, err)
@@ -246,7 +329,34 @@ func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t
 			rt.Record(name, ex)
 		}
 	}
-	return tensor.FromFloat32(out, m.To.LocalShape(rank)...)
+	return out.Reshape(m.To.LocalShape(rank)...)
+}
+
+// redistribute runs steps on t (host tensors only, for now).
+func redistribute(ctx context.Context, w *collective.World, steps []placement.Step, t *tensor.Tensor) (*tensor.Tensor, []collective.Executed, error) {
+	if !t.OnHost() {
+		return nil, nil, fmt.Errorf("%w: collectives over %v tensors", ErrConfig, t.Device())
+	}
+	var shape []int
+	if len(steps) > 0 {
+		shape = steps[len(steps)-1].To.LocalShape(w.Rank())
+	} else {
+		shape = t.Shape()
+	}
+	if t.DType() == tensor.Float64 {
+		out, log, err := collective.Execute(ctx, w, steps, t.Float64())
+		if err != nil {
+			return nil, log, err
+		}
+		r, err := tensor.FromFloat64(out, shape...)
+		return r, log, err
+	}
+	out, log, err := collective.Execute(ctx, w, steps, t.Float32())
+	if err != nil {
+		return nil, log, err
+	}
+	r, err := tensor.FromFloat32(out, shape...)
+	return r, log, err
 }
 
 // Backward computes the gradients the layer needs from dy (laid out as Bwd.DY)
@@ -259,6 +369,7 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 	// Layouts of dy this backward has made, shared by the gradients.
 	dys := map[string]*tensor.Tensor{dyKey(l.Bwd.DY.Spec): dy}
 	var dx *tensor.Tensor
+	var err error
 	for _, g := range l.Bwd.Grads {
 		// The local operands: dy in the layout this gradient uses, then the saved
 		// forward operand.
@@ -285,7 +396,7 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 					return nil, fmt.Errorf("%w: linear %s: backward needs the saved %s", ErrConfig, l.Name, in.Name)
 				}
 				if m := moveOf(g.Plan, in.Name); m.Steps != nil {
-					c, err := t.Clone()
+					c, err := l.bufs.copyOf("saved-"+in.Name, t)
 					if err != nil {
 						return nil, err
 					}
@@ -298,11 +409,13 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 		}
 		switch g.Input {
 		case "x":
-			d := l.bufs.get("dx", g.Output.Spec.LocalShape(l.rank))
-			if err := rt.Kernels.LinearBackwardInput(d, ins[0], ins[1]); err != nil {
+			d, err := l.bufs.get(rt.Kernels, "dx", g.Output.Spec.LocalShape(l.rank))
+			if err != nil {
+				return nil, err
+			}
+			if err := rt.op("linear_backward_input", func() error { return kernels.LinearBackwardInput(rt.Kernels, d, ins[0], ins[1]) }); err != nil {
 				return nil, fmt.Errorf("linear %s backward input: %w", l.Name, err)
 			}
-			var err error
 			if m := moveOf(g.Plan, g.Output.Name); m.Steps != nil {
 				if d, err = execute(ctx, rt, l.Name, g.Output.Name, m, d, l.rank); err != nil {
 					return nil, err
@@ -311,22 +424,28 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 			dx = d
 		case "w":
 			if l.fusedLR != 0 {
-				if err := l.sgdWeight(rt, ins[0], ins[1]); err != nil {
+				if err := rt.op("linear_backward_weight_sgd", func() error { return l.sgdWeight(rt, ins[0], ins[1]) }); err != nil {
 					return nil, fmt.Errorf("linear %s fused weight update: %w", l.Name, err)
 				}
 				continue
 			}
 			if l.dw == nil {
-				l.dw = tensor.New(tensor.Float32, g.Output.Spec.LocalShape(l.rank)...)
+				if l.dw, err = rt.Kernels.Alloc(tensor.Float32, g.Output.Spec.LocalShape(l.rank)...); err != nil {
+					return nil, err
+				}
 			}
-			if err := rt.Kernels.LinearBackwardWeight(l.dw, ins[0], ins[1], l.pending); err != nil {
+			if err := rt.op("linear_backward_weight", func() error {
+				return kernels.LinearBackwardWeight(rt.Kernels, l.dw, ins[0], ins[1], l.pending)
+			}); err != nil {
 				return nil, fmt.Errorf("linear %s backward weight: %w", l.Name, err)
 			}
 		case "b":
 			if l.db == nil {
-				l.db = tensor.New(tensor.Float32, g.Output.Spec.LocalShape(l.rank)...)
+				if l.db, err = rt.Kernels.Alloc(tensor.Float32, g.Output.Spec.LocalShape(l.rank)...); err != nil {
+					return nil, err
+				}
 			}
-			if err := rt.Kernels.LinearBackwardBias(l.db, ins[0], l.pending); err != nil {
+			if err := rt.op("linear_backward_bias", func() error { return kernels.LinearBackwardBias(rt.Kernels, l.db, ins[0], l.pending) }); err != nil {
 				return nil, fmt.Errorf("linear %s backward bias: %w", l.Name, err)
 			}
 		}
@@ -387,7 +506,7 @@ func (l *Layer) sgdWeight(rt Runtime, dy, x *tensor.Tensor) error {
 	}
 	p := kernels.LinearBackwardWeightGemm(m, n, k, true, tensor.Float32)
 	p.Alpha = -float64(l.fusedLR)
-	return rt.Kernels.Gemm(p, dy2, x2, l.W)
+	return rt.Kernels.Gemm(p, kernels.GemmOperands{A: dy2, B: x2, C: l.W})
 }
 
 // movesBytes reports whether a move sends anything between ranks (steps over

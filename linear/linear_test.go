@@ -50,7 +50,7 @@ func runCase(t *testing.T, c layerCase) {
 	data := linear.RandomData(cfg.X.Shape, cfg.W.Shape[0], cfg.B != nil, 7)
 	var mu sync.Mutex
 	err = job.InProcess(context.Background(), m.Size(), func(ctx context.Context, w *collective.World) error {
-		l, err := linear.New(cfg, w.Rank())
+		l, err := linear.New(cfg, w.Rank(), nil)
 		if err != nil {
 			return err
 		}
@@ -118,17 +118,19 @@ func TestSkippedGradSkipsWork(t *testing.T) {
 		ops = map[string]int{}
 		var mu sync.Mutex
 		err := job.InProcess(context.Background(), 2, func(ctx context.Context, w *collective.World) error {
-			l, err := linear.New(linear.Config{X: spec(t, "4x6:[R]", m), W: spec(t, "8x6:[S(0)]", m), B: &b, Grads: g}, w.Rank())
+			l, err := linear.New(linear.Config{X: spec(t, "4x6:[R]", m), W: spec(t, "8x6:[S(0)]", m), B: &b, Grads: g}, w.Rank(), nil)
 			if err != nil {
 				return err
 			}
-			rt := linear.Runtime{World: w,
-				Kernels: linear.Traced{Kernels: k, Trace: func(op, _ string) func() {
-					mu.Lock()
-					ops[op]++
-					mu.Unlock()
+			rt := linear.Runtime{World: w, Kernels: k,
+				Trace: func(op, cat string) func() {
+					if cat == "op" {
+						mu.Lock()
+						ops[op]++
+						mu.Unlock()
+					}
 					return func() {}
-				}},
+				},
 				Record: func(_ string, ex collective.Executed) {
 					if ex.Kind.Moves() && len(ex.Group) > 1 {
 						mu.Lock()

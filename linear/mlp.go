@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"runtime"
-	"sync"
 
-	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/tensor"
@@ -36,12 +33,18 @@ type MLP struct {
 	geluBack  *spmd.Backward
 	rank      int
 	X, Target *tensor.Tensor // this rank's shards of the (fixed) batch
+	mem       tensor.Memory
 	bufs      scratch
 }
 
 // NewMLP plans the block for rank and initializes its parameters from the seed so
 // that every sharding holds the same global parameters as the single-rank run.
-func NewMLP(cfg MLPConfig, rank int) (*MLP, error) {
+// Parameters, the batch and every buffer of a step live in mem, the rank's
+// device memory (nil: host memory); they are copied there once, here.
+func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
+	if mem == nil {
+		mem = tensor.Host
+	}
 	mesh := cfg.Mesh
 	tokens := "column"
 	down := "row"
@@ -53,8 +56,8 @@ func NewMLP(cfg MLPConfig, rank int) (*MLP, error) {
 		return nil, err
 	}
 	up.Name = "up" // every gradient, the input's too: the block sits inside a network
-	m := &MLP{Cfg: cfg, rank: rank, bufs: scratch{}}
-	if m.Up, err = New(up, rank); err != nil {
+	m := &MLP{Cfg: cfg, rank: rank, mem: mem, bufs: scratch{}}
+	if m.Up, err = New(up, rank, mem); err != nil {
 		return nil, err
 	}
 	h := m.Up.Fwd.Final
@@ -69,7 +72,7 @@ func NewMLP(cfg MLPConfig, rank int) (*MLP, error) {
 		return nil, err
 	}
 	dn.Name, dn.X = "down", m.gelu.Final.Spec
-	if m.Down, err = New(dn, rank); err != nil {
+	if m.Down, err = New(dn, rank, mem); err != nil {
 		return nil, err
 	}
 	if !m.Down.Bwd.Grads[0].Final.Spec.Equal(m.geluBack.DY.Spec) {
@@ -86,18 +89,29 @@ func NewMLP(cfg MLPConfig, rank int) (*MLP, error) {
 	b2 := randomTensor(rng, []int{cfg.Hidden}, 0.1)
 	x := randomTensor(rng, []int{cfg.Tokens, cfg.Hidden}, 1)
 	target := randomTensor(rng, []int{cfg.Tokens, cfg.Hidden}, 1)
-	for _, s := range []struct {
-		dst  **tensor.Tensor
+	shards := make([]*tensor.Tensor, 6)
+	for i, s := range []struct {
 		src  *tensor.Tensor
 		spec placement.Spec
 	}{
-		{&m.Up.W, w1, m.Up.Config.W}, {&m.Up.B, b1, *m.Up.Config.B},
-		{&m.Down.W, w2, m.Down.Config.W}, {&m.Down.B, b2, *m.Down.Config.B},
-		{&m.X, x, m.Up.X}, {&m.Target, target, m.Down.Fwd.Final.Spec},
+		{w1, m.Up.Config.W}, {b1, *m.Up.Config.B}, {w2, m.Down.Config.W}, {b2, *m.Down.Config.B},
+		{x, m.Up.X}, {target, m.Down.Fwd.Final.Spec},
 	} {
-		if *s.dst, err = Shard(s.src, s.spec, rank); err != nil {
+		if shards[i], err = Shard(s.src, s.spec, rank); err != nil {
 			return nil, err
 		}
+	}
+	if err := m.Up.SetParams(shards[0], shards[1]); err != nil {
+		return nil, err
+	}
+	if err := m.Down.SetParams(shards[2], shards[3]); err != nil {
+		return nil, err
+	}
+	if m.X, err = tensor.Upload(mem, shards[4]); err != nil {
+		return nil, err
+	}
+	if m.Target, err = tensor.Upload(mem, shards[5]); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -112,13 +126,17 @@ func (c MLPConfig) FLOPsPerStep() float64 {
 
 // Step runs one training step: forward, loss, backward, gradient reduction, SGD.
 // It returns the loss (the mean squared error over the whole batch, the same on
-// every rank).
+// every rank). Everything stays on the device but the loss: one float64 comes
+// back to the host.
 func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
 	h, upSaved, err := m.Up.Forward(ctx, rt, m.X)
 	if err != nil {
 		return 0, err
 	}
-	g := m.bufs.get("g", m.gelu.Final.Spec.LocalShape(m.rank))
+	g, err := m.bufs.get(rt.Kernels, "g", m.gelu.Final.Spec.LocalShape(m.rank))
+	if err != nil {
+		return 0, err
+	}
 	if err := rt.Kernels.GeluForward(g, h); err != nil {
 		return 0, err
 	}
@@ -134,7 +152,10 @@ func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	dh := m.bufs.get("dh", h.Shape())
+	dh, err := m.bufs.get(rt.Kernels, "dh", h.Shape())
+	if err != nil {
+		return 0, err
+	}
 	if err := rt.Kernels.GeluBackward(dh, dg, h); err != nil {
 		return 0, err
 	}
@@ -147,83 +168,35 @@ func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
 		if err != nil {
 			return 0, err
 		}
-		sgd(l.W, dw, m.Cfg.LR)
-		sgd(l.B, db, m.Cfg.LR)
+		for _, u := range [][2]*tensor.Tensor{{l.W, dw}, {l.B, db}} {
+			if u[0] != nil && u[1] != nil {
+				// p -= lr·g
+				if err := rt.Kernels.Axpy(-float64(m.Cfg.LR), u[1], u[0]); err != nil {
+					return 0, err
+				}
+			}
+		}
 	}
 	return loss, nil
 }
 
-// sgd updates p -= lr·g, split over the rank's cores for large tensors.
-func sgd(p, g *tensor.Tensor, lr float32) {
-	if p == nil || g == nil {
-		return
-	}
-	pv, gv := p.Float32(), g.Float32()
-	parallel(len(pv), func(_, lo, hi int) {
-		pv, gv := pv[lo:hi], gv[lo:hi:hi]
-		for i := range pv {
-			pv[i] -= lr * gv[i]
-		}
-	})
-}
-
-// pieces is how many contiguous pieces parallel cuts n elements into.
-func pieces(n int) int {
-	const grain = 1 << 16
-	return max(1, min(runtime.GOMAXPROCS(0), (n+grain-1)/grain))
-}
-
-// parallel runs f on piece k = [lo, hi) of [0, n) for every piece, concurrently.
-func parallel(n int, f func(k, lo, hi int)) {
-	parts := pieces(n)
-	if parts == 1 {
-		f(0, 0, n)
-		return
-	}
-	var wg sync.WaitGroup
-	for k := 0; k < parts; k++ {
-		lo, hi := k*n/parts, (k+1)*n/parts
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f(k, lo, hi)
-		}()
-	}
-	wg.Wait()
-}
-
 // mse returns the mean squared error of y against the target and its gradient,
-// laid out as y. The loss sums this rank's squares, then adds the sums of the
-// ranks holding other shards (one 1-element all-reduce, recorded as "loss").
+// laid out as y. The loss sums this rank's squares on the device, adds the sums
+// of the ranks holding other shards (one 1-element all-reduce, recorded as
+// "loss"), and copies that one float64 to the host.
 func (m *MLP) mse(ctx context.Context, rt Runtime, y *tensor.Tensor) (float64, *tensor.Tensor, error) {
 	spec := m.Down.Fwd.Final.Spec
 	n := float32(spec.NumElems())
-	dy := m.bufs.get("dy", y.Shape())
-	yv, tv, dv := y.Float32(), m.Target.Float32(), dy.Float32()
-	// Partial sums per piece (four interleaved accumulators each, for speed),
-	// added in a fixed order: the same loss whatever the threads.
-	sums := make([]float64, pieces(len(yv)))
-	scale := 2 / n
-	parallel(len(yv), func(k, lo, hi int) {
-		var acc [4]float64
-		i := lo
-		for ; i+4 <= hi; i += 4 {
-			for j := range 4 {
-				d := yv[i+j] - tv[i+j]
-				acc[j] += float64(d * d)
-				dv[i+j] = d * scale
-			}
-		}
-		for ; i < hi; i++ {
-			d := yv[i] - tv[i]
-			acc[0] += float64(d * d)
-			dv[i] = d * scale
-		}
-		sums[k] = (acc[0] + acc[1]) + (acc[2] + acc[3])
-	})
-	var sum float64
-	for _, s := range sums {
-		sum += s
+	dy, err := m.bufs.get(rt.Kernels, "dy", y.Shape())
+	if err != nil {
+		return 0, nil, err
+	}
+	sum, err := m.bufs.getT(rt.Kernels, "loss", tensor.Float64, []int{1})
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := rt.Kernels.MSE(dy, sum, y, m.Target, float64(2/n)); err != nil {
+		return 0, nil, err
 	}
 	// The scalar is partial over the mesh dims that split y, replicated elsewhere.
 	ps := make([]placement.Placement, spec.Mesh.NDim())
@@ -234,20 +207,20 @@ func (m *MLP) mse(ctx context.Context, rt Runtime, y *tensor.Tensor) (float64, *
 		}
 	}
 	from := placement.Spec{Shape: []int{1}, Mesh: spec.Mesh, Placements: ps}
-	steps, err := placement.Plan(from, from.WithPlacements(replicated(len(ps))...))
+	to := from.WithPlacements(replicated(len(ps))...)
+	steps, err := placement.Plan(from, to)
 	if err != nil {
 		return 0, nil, err
 	}
-	out, log, err := collective.Execute(ctx, rt.World, steps, []float64{sum})
+	total, err := execute(ctx, rt, "mlp", "loss", spmd.Move{Tensor: "loss", From: from, To: to, Steps: steps}, sum, m.rank)
 	if err != nil {
 		return 0, nil, err
 	}
-	if rt.Record != nil {
-		for _, ex := range log {
-			rt.Record("loss", ex)
-		}
+	host, err := tensor.Download(total)
+	if err != nil {
+		return 0, nil, err
 	}
-	return out[0] / float64(n), dy, nil
+	return host.Float64()[0] / float64(n), dy, nil
 }
 
 func replicated(n int) []placement.Placement {

@@ -31,7 +31,7 @@ func trainMLP(t *testing.T, mesh string, sp bool, steps int) mlpRun {
 	var mu sync.Mutex
 	run := mlpRun{comms: map[string]int{}}
 	err = job.InProcess(context.Background(), m.Size(), func(ctx context.Context, w *collective.World) error {
-		b, err := linear.NewMLP(cfg, w.Rank())
+		b, err := linear.NewMLP(cfg, w.Rank(), nil)
 		if err != nil {
 			return err
 		}

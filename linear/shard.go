@@ -73,8 +73,9 @@ func zero(t *tensor.Tensor) {
 }
 
 // Gather assembles the whole tensor on every rank from this rank's shard laid
-// out per spec, by redistributing it to replicated (partial sums are reduced).
-// It is for checking and dumping results; the layer never calls it.
+// out per spec, by redistributing it to replicated (partial sums are reduced),
+// and returns it in host memory (a copy from the device, counted). It is for
+// checking and dumping results; the layer never calls it.
 func Gather(ctx context.Context, w *collective.World, spec placement.Spec, local *tensor.Tensor) (*tensor.Tensor, error) {
 	ps := make([]placement.Placement, len(spec.Placements))
 	for i := range ps {
@@ -88,9 +89,12 @@ func Gather(ctx context.Context, w *collective.World, spec placement.Spec, local
 	if err != nil {
 		return nil, err
 	}
-	out, _, err := collective.Execute(ctx, w, steps, c.Float32())
+	out, _, err := redistribute(ctx, w, steps, c)
 	if err != nil {
 		return nil, err
 	}
-	return tensor.FromFloat32(out, spec.Shape...)
+	if out, err = tensor.Download(out); err != nil {
+		return nil, err
+	}
+	return out.Reshape(spec.Shape...)
 }

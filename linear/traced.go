@@ -5,44 +5,51 @@ import (
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// Traced wraps kernels and reports each op the layers call: Trace is called when
-// the op starts (cat "kernel") and the function it returns when it ends.
-type Traced struct {
-	kernels.Kernels
+// Traced wraps a device and reports each kernel the layers call: trace is called
+// when the op starts (cat "kernel", name the op: "gemm_bias", "gelu_forward"...)
+// and the function it returns when it ends. Memory calls pass through untraced.
+func Traced(k kernels.Device, trace func(name, cat string) (end func())) kernels.Device {
+	return traced{k, trace}
+}
+
+type device = kernels.Device
+
+type traced struct {
+	device
 	Trace func(name, cat string) (end func())
 }
 
-func (t Traced) Gemm(p kernels.GemmParams, a, b, c *tensor.Tensor) error {
-	defer t.Trace("gemm", "kernel")()
-	return t.Kernels.Gemm(p, a, b, c)
+func (t traced) Gemm(p kernels.GemmParams, o kernels.GemmOperands) error {
+	defer t.Trace(p.Epilogue.Op().String(), "kernel")()
+	return t.device.Gemm(p, o)
 }
 
-func (t Traced) LinearForward(y, x, w, b *tensor.Tensor) error {
-	defer t.Trace("linear_forward", "kernel")()
-	return t.Kernels.LinearForward(y, x, w, b)
+func (t traced) Gemv(p kernels.GemvParams, a, x, y *tensor.Tensor) error {
+	defer t.Trace("gemv", "kernel")()
+	return t.device.Gemv(p, a, x, y)
 }
 
-func (t Traced) LinearBackwardInput(dx, dy, w *tensor.Tensor) error {
-	defer t.Trace("linear_backward_input", "kernel")()
-	return t.Kernels.LinearBackwardInput(dx, dy, w)
-}
-
-func (t Traced) LinearBackwardWeight(dw, dy, x *tensor.Tensor, acc bool) error {
-	defer t.Trace("linear_backward_weight", "kernel")()
-	return t.Kernels.LinearBackwardWeight(dw, dy, x, acc)
-}
-
-func (t Traced) LinearBackwardBias(db, dy *tensor.Tensor, acc bool) error {
-	defer t.Trace("linear_backward_bias", "kernel")()
-	return t.Kernels.LinearBackwardBias(db, dy, acc)
-}
-
-func (t Traced) GeluForward(y, x *tensor.Tensor) error {
+func (t traced) GeluForward(y, x *tensor.Tensor) error {
 	defer t.Trace("gelu_forward", "kernel")()
-	return t.Kernels.GeluForward(y, x)
+	return t.device.GeluForward(y, x)
 }
 
-func (t Traced) GeluBackward(dx, dy, x *tensor.Tensor) error {
+func (t traced) GeluBackward(dx, dy, x *tensor.Tensor) error {
 	defer t.Trace("gelu_backward", "kernel")()
-	return t.Kernels.GeluBackward(dx, dy, x)
+	return t.device.GeluBackward(dx, dy, x)
+}
+
+func (t traced) BiasGrad(db, dy *tensor.Tensor, acc bool) error {
+	defer t.Trace("bias_grad", "kernel")()
+	return t.device.BiasGrad(db, dy, acc)
+}
+
+func (t traced) Axpy(alpha float64, x, y *tensor.Tensor) error {
+	defer t.Trace("axpy", "kernel")()
+	return t.device.Axpy(alpha, x, y)
+}
+
+func (t traced) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
+	defer t.Trace("mse", "kernel")()
+	return t.device.MSE(dy, sum, y, target, scale)
 }

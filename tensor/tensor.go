@@ -1,6 +1,10 @@
 // Package tensor holds dense row-major (C order) tensors: a shape, an element type
-// and either a host slice or a device buffer owned by a kernel provider. It reads and
-// writes NumPy's .npy format. It uses the standard library only.
+// and either a host slice or a device buffer owned by a device's Memory. It reads
+// and writes NumPy's .npy format. It uses the standard library only.
+//
+// Device memory is never touched from the host: the host accessors (Float32,
+// Float64, At, Clone, WriteNpy) panic or fail on a device tensor, and every copy
+// between host and device goes through the device's Memory, which counts it.
 package tensor
 
 import (
@@ -36,47 +40,6 @@ func (d DType) String() string {
 		return "float64"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
-}
-
-// DeviceKind names where a tensor's memory lives.
-type DeviceKind uint8
-
-// Device kinds.
-const (
-	CPU DeviceKind = iota
-	CUDA
-)
-
-func (k DeviceKind) String() string {
-	switch k {
-	case CPU:
-		return "cpu"
-	case CUDA:
-		return "cuda"
-	}
-	return fmt.Sprintf("device(%d)", uint8(k))
-}
-
-// Device is a device kind and an ordinal (the GPU index for CUDA, 0 for the host).
-type Device struct {
-	Kind    DeviceKind
-	Ordinal int
-}
-
-func (d Device) String() string {
-	if d.Kind == CPU {
-		return "cpu"
-	}
-	return fmt.Sprintf("%s:%d", d.Kind, d.Ordinal)
-}
-
-// Buffer is device memory. Providers implement it (the cuda provider wraps a
-// device pointer); the tensor package only carries it.
-type Buffer interface {
-	// Device reports where the memory lives.
-	Device() Device
-	// Len returns the buffer's size in bytes.
-	Len() int
 }
 
 // Tensor is a dense, row-major tensor. The zero value is not usable; build one with
@@ -205,7 +168,7 @@ func (t *Tensor) DType() DType { return t.dtype }
 // Device returns where the data lives.
 func (t *Tensor) Device() Device {
 	if t.buf != nil {
-		return t.buf.Device()
+		return t.buf.Memory().Device()
 	}
 	return Device{Kind: CPU}
 }
@@ -216,11 +179,32 @@ func (t *Tensor) OnHost() bool { return t.buf == nil }
 // Buffer returns the device buffer, or nil for a host tensor.
 func (t *Tensor) Buffer() Buffer { return t.buf }
 
-// Float32 returns the host data of a float32 tensor (a view), or nil.
-func (t *Tensor) Float32() []float32 { return t.f32 }
+// Bytes returns the size of the tensor's data in bytes.
+func (t *Tensor) Bytes() int { return t.Len() * t.dtype.Size() }
 
-// Float64 returns the host data of a float64 tensor (a view), or nil.
-func (t *Tensor) Float64() []float64 { return t.f64 }
+// Float32 returns the host data of a float32 tensor (a view), or nil for another
+// dtype. On a device tensor it panics: host code reading or writing device
+// memory is a bug, and fails loudly where it happens.
+func (t *Tensor) Float32() []float32 {
+	if t.buf != nil {
+		t.hostAccess("Float32")
+	}
+	return t.f32
+}
+
+// Float64 returns the host data of a float64 tensor (a view), or nil for another
+// dtype. On a device tensor it panics, like Float32.
+func (t *Tensor) Float64() []float64 {
+	if t.buf != nil {
+		t.hostAccess("Float64")
+	}
+	return t.f64
+}
+
+// hostAccess panics with ErrDevice: host code touched device memory.
+func (t *Tensor) hostAccess(what string) {
+	panic(fmt.Errorf("%w: host access (%s) to %v: device memory moves only through its Memory (Read/Write, Upload/Download)", ErrDevice, what, t))
+}
 
 // Reshape returns a view with a new shape of the same number of elements.
 func (t *Tensor) Reshape(shape ...int) (*Tensor, error) {
@@ -235,10 +219,21 @@ func (t *Tensor) Reshape(shape ...int) (*Tensor, error) {
 	return &v, nil
 }
 
-// Clone returns a deep copy of a host tensor.
+// Clone returns a deep copy, in the same memory (a device tensor's copy is made
+// by its Memory, on the device).
 func (t *Tensor) Clone() (*Tensor, error) {
 	if t.buf != nil {
-		return nil, fmt.Errorf("%w: clone of a %v tensor", ErrDevice, t.Device())
+		m := t.buf.Memory()
+		c, err := m.Alloc(t.dtype, t.shape...)
+		if err != nil {
+			return nil, err
+		}
+		if n := t.Bytes(); n > 0 {
+			if err := m.Copy2D(c, 0, n, t, 0, n, n, 1); err != nil {
+				return nil, err
+			}
+		}
+		return c, nil
 	}
 	c := &Tensor{shape: append([]int(nil), t.shape...), dtype: t.dtype}
 	if t.f32 != nil {
@@ -250,8 +245,12 @@ func (t *Tensor) Clone() (*Tensor, error) {
 	return c, nil
 }
 
-// At returns element i (flat, row-major) of a host tensor as float64.
+// At returns element i (flat, row-major) of a host tensor as float64; it panics
+// on a device tensor.
 func (t *Tensor) At(i int) float64 {
+	if t.buf != nil {
+		t.hostAccess("At")
+	}
 	if t.dtype == Float32 {
 		return float64(t.f32[i])
 	}

@@ -140,15 +140,15 @@ func ops(p kernels.Kernels, c Case) []op {
 	if !c.Linear {
 		a, b, out := randT(rng, c.M, c.K), randT(rng, c.K, c.N), tensor.New(tensor.Float32, c.M, c.N)
 		g := kernels.GemmParams{M: c.M, N: c.N, K: c.K, Alpha: 1, DType: tensor.Float32}
-		return []op{{"gemm", flops, func() { check(p.Gemm(g, a, b, out)) }}}
+		return []op{{"gemm", flops, func() { check(p.Gemm(g, kernels.GemmOperands{A: a, B: b, C: out})) }}}
 	}
 	x, w, bias := randT(rng, c.M, c.K), randT(rng, c.N, c.K), randT(rng, c.N)
 	y, dy := tensor.New(tensor.Float32, c.M, c.N), randT(rng, c.M, c.N)
 	dx, dw := tensor.New(tensor.Float32, c.M, c.K), tensor.New(tensor.Float32, c.N, c.K)
 	return []op{
-		{"forward", flops, func() { check(p.LinearForward(y, x, w, bias)) }},
-		{"backward_input", flops, func() { check(p.LinearBackwardInput(dx, dy, w)) }},
-		{"backward_weight", flops, func() { check(p.LinearBackwardWeight(dw, dy, x, false)) }},
+		{"forward", flops, func() { check(kernels.LinearForward(p, y, x, w, bias)) }},
+		{"backward_input", flops, func() { check(kernels.LinearBackwardInput(p, dx, dy, w)) }},
+		{"backward_weight", flops, func() { check(kernels.LinearBackwardWeight(p, dw, dy, x, false)) }},
 	}
 }
 

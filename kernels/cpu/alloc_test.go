@@ -21,11 +21,11 @@ func TestNoAllocs(t *testing.T) {
 		dx, dw := tensor.New(tensor.Float32, m, k), tensor.New(tensor.Float32, n, k)
 		x1, y1 := tensor.New(tensor.Float32, 1, k), tensor.New(tensor.Float32, 1, n)
 		calls := map[string]func() error{
-			"forward":         func() error { return p.LinearForward(y, x, w, b) },
-			"backward_input":  func() error { return p.LinearBackwardInput(dx, dy, w) },
-			"backward_weight": func() error { return p.LinearBackwardWeight(dw, dy, x, true) },
-			"backward_bias":   func() error { return p.LinearBackwardBias(b, dy, true) },
-			"gemv":            func() error { return p.LinearForward(y1, x1, w, b) },
+			"forward":         func() error { return kernels.LinearForward(p, y, x, w, b) },
+			"backward_input":  func() error { return kernels.LinearBackwardInput(p, dx, dy, w) },
+			"backward_weight": func() error { return kernels.LinearBackwardWeight(p, dw, dy, x, true) },
+			"backward_bias":   func() error { return kernels.LinearBackwardBias(p, b, dy, true) },
+			"gemv":            func() error { return kernels.LinearForward(p, y1, x1, w, b) },
 			"gelu":            func() error { return p.GeluForward(y, y) },
 			"dgemm": func() error {
 				return p.Dgemm(kernels.GemmParams{M: 40, N: 50, K: 60, Alpha: 1}, make64[:2400], make64[:3000], make64[:2000])

@@ -46,7 +46,7 @@ func BenchmarkSgemm(b *testing.B) {
 			g := kernels.GemmParams{M: n, N: n, K: n, Alpha: 1, DType: tensor.Float32}
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := p.Gemm(g, x, y, z); err != nil {
+				if err := p.Gemm(g, kernels.GemmOperands{A: x, B: y, C: z}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -61,7 +61,7 @@ func BenchmarkDgemm(b *testing.B) {
 	x, y, z := randTensor(tensor.Float64, n, n), randTensor(tensor.Float64, n, n), tensor.New(tensor.Float64, n, n)
 	g := kernels.GemmParams{M: n, N: n, K: n, Alpha: 1, DType: tensor.Float64}
 	for b.Loop() {
-		if err := p.Gemm(g, x, y, z); err != nil {
+		if err := p.Gemm(g, kernels.GemmOperands{A: x, B: y, C: z}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -80,7 +80,7 @@ func BenchmarkLinear(b *testing.B) {
 		b.Run(name+"/forward", func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := p.LinearForward(y, x, w, bias); err != nil {
+				if err := kernels.LinearForward(p, y, x, w, bias); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -88,7 +88,7 @@ func BenchmarkLinear(b *testing.B) {
 		})
 		b.Run(name+"/backward_input", func(b *testing.B) {
 			for b.Loop() {
-				if err := p.LinearBackwardInput(dx, dy, w); err != nil {
+				if err := kernels.LinearBackwardInput(p, dx, dy, w); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -96,7 +96,7 @@ func BenchmarkLinear(b *testing.B) {
 		})
 		b.Run(name+"/backward_weight", func(b *testing.B) {
 			for b.Loop() {
-				if err := p.LinearBackwardWeight(dw, dy, x, false); err != nil {
+				if err := kernels.LinearBackwardWeight(p, dw, dy, x, false); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -104,7 +104,7 @@ func BenchmarkLinear(b *testing.B) {
 		})
 		b.Run(name+"/backward_bias", func(b *testing.B) {
 			for b.Loop() {
-				if err := p.LinearBackwardBias(db, dy, false); err != nil {
+				if err := kernels.LinearBackwardBias(p, db, dy, false); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -138,19 +138,19 @@ func BenchmarkMatmul(b *testing.B) {
 	flops := 2 * float64(B*m*n*k)
 	b.Run("forward", func(b *testing.B) {
 		for b.Loop() {
-			_ = p.MatmulForward(c, a, bb)
+			_ = kernels.MatmulForward(p, c, a, bb)
 		}
 		report(b, flops)
 	})
 	b.Run("backward_input", func(b *testing.B) {
 		for b.Loop() {
-			_ = p.MatmulBackwardInput(da, dc, bb, false)
+			_ = kernels.MatmulBackwardInput(p, da, dc, bb, false)
 		}
 		report(b, flops)
 	})
 	b.Run("backward_other", func(b *testing.B) {
 		for b.Loop() {
-			_ = p.MatmulBackwardOther(db, dc, a, false)
+			_ = kernels.MatmulBackwardOther(p, db, dc, a, false)
 		}
 		report(b, flops)
 	})

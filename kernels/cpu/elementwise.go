@@ -1,42 +1,137 @@
 package cpu
 
 import (
+	"sync"
+
 	"github.com/meshrun/meshrun/kernels"
 )
 
-// broadcastRows sets every row of y[m,n] to b[n].
-func broadcastRows[T float](y, b []T, m, n int) {
+// broadcastRows sets every row of c[m, ldc] to beta·c + b (to b, without reading
+// c, when beta is 0).
+func broadcastRows[T float](c []T, ldc int, b []T, m, n int, beta T) {
+	b = b[:n]
 	for i := 0; i < m; i++ {
-		copy(y[i*n:(i+1)*n], b[:n])
+		row := c[i*ldc:][:n]
+		if beta == 0 {
+			copy(row, b)
+			continue
+		}
+		for j, v := range b {
+			row[j] = beta*row[j] + v
+		}
 	}
 }
 
-// columnSum computes db[j] (+)= Σ_i dy[i*n+j], rows in order.
-func columnSum[T float](db, dy []T, m, n int, accumulate bool) {
+// columnSum computes db[j] (+)= Σ_i a[i*ld+j] over m rows, rows in order.
+func columnSum[T float](db, a []T, m, n, ld int, accumulate bool) {
 	db = db[:n]
 	if !accumulate {
 		clear(db)
 	}
 	for i := 0; i < m; i++ {
-		row := dy[i*n:][:n]
+		row := a[i*ld:][:n]
 		for j, v := range row {
 			db[j] += v
 		}
 	}
 }
 
-// geluForward is y = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), computed in float64.
-func geluForward[T float](y, x []T) {
-	y = y[:len(x)]
-	for i, v := range x {
-		y[i] = T(kernels.Gelu(float64(v)))
+// rowSum computes db[i] = Σ_j a[i*ld+j] over n columns.
+func rowSum[T float](db, a []T, m, n, ld int) {
+	if n == 0 {
+		clear(db[:m])
+		return
+	}
+	for i := 0; i < m; i++ {
+		var s T
+		for _, v := range a[i*ld:][:n] {
+			s += v
+		}
+		db[i] = s
 	}
 }
 
-// geluBackward is dx = dy·gelu'(x), computed in float64.
-func geluBackward[T float](dx, dy, x []T) {
-	dx, dy = dx[:len(x)], dy[:len(x)]
-	for i, v := range x {
-		dx[i] = T(float64(dy[i]) * kernels.GeluGrad(float64(v)))
+// gelu64s is the float64 GELU: the reference formula.
+func gelu64s(y, dy, x []float64, backward bool, _ int) {
+	y = y[:len(x)]
+	if backward {
+		dy = dy[:len(x)]
+		for i, v := range x {
+			y[i] = dy[i] * kernels.GeluGrad(v)
+		}
+		return
 	}
+	for i, v := range x {
+		y[i] = kernels.Gelu(v)
+	}
+}
+
+// pieces is how many contiguous pieces an elementwise op cuts n elements into.
+func pieces(n, threads int) int {
+	const grain = 1 << 16
+	return max(1, min(threads, (n+grain-1)/grain))
+}
+
+// pieceJob runs f on piece k = [lo, hi) of [0, n) for every piece.
+type pieceJob struct {
+	n, parts int
+	f        func(k, lo, hi int)
+}
+
+func (j *pieceJob) run(part int) {
+	lo, hi := span(j.n, j.parts, part)
+	j.f(part, lo, hi)
+}
+
+// inPieces runs f over pieces(n, threads) pieces concurrently.
+func inPieces(n, threads int, f func(k, lo, hi int)) {
+	j := pieceJob{n: n, parts: pieces(n, threads), f: f}
+	if j.parts == 1 {
+		f(0, 0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	parallel(&j, j.parts, &wg)
+}
+
+// axpy computes y += alpha·x in pieces.
+func axpy[T float](alpha T, x, y []T, threads int) {
+	x = x[:len(y)]
+	inPieces(len(y), threads, func(_, lo, hi int) {
+		yv, xv := y[lo:hi], x[lo:hi:hi]
+		for i := range yv {
+			yv[i] += alpha * xv[i]
+		}
+	})
+}
+
+// mse sets dy = scale·(y − t) and returns Σ (y − t)², the squares summed in
+// float64 per piece (four interleaved accumulators each) and the pieces added
+// in order.
+func mse[T float](dy, y, t []T, scale T, threads int) float64 {
+	n := len(y)
+	t, dy = t[:n], dy[:n]
+	sums := make([]float64, pieces(n, threads))
+	inPieces(n, threads, func(k, lo, hi int) {
+		var acc [4]float64
+		i := lo
+		for ; i+4 <= hi; i += 4 {
+			for j := range 4 {
+				d := y[i+j] - t[i+j]
+				acc[j] += float64(d * d)
+				dy[i+j] = d * scale
+			}
+		}
+		for ; i < hi; i++ {
+			d := y[i] - t[i]
+			acc[0] += float64(d * d)
+			dy[i] = d * scale
+		}
+		sums[k] = (acc[0] + acc[1]) + (acc[2] + acc[3])
+	})
+	var sum float64
+	for _, s := range sums {
+		sum += s
+	}
+	return sum
 }

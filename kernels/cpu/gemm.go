@@ -54,6 +54,8 @@ type engine[T float] struct {
 	bufs     *freeList[packBuf[T]]
 	gemvs    *sync.Pool
 	scratch  *freeList[gemvScratch[T]]
+	// gelu is y = gelu(x), or with backward y = dy·gelu'(x), on up to threads cores.
+	gelu func(y, dy, x []T, backward bool, threads int)
 }
 
 // gemm computes one GEMM on up to threads goroutines. The partition is over

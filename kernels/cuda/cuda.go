@@ -23,15 +23,16 @@ const Name = "cuda"
 // ErrNoDevice reports that no CUDA device is visible.
 var ErrNoDevice = errors.New("cuda: no device")
 
-// Buffer is device memory allocated by a Provider; it implements tensor.Buffer.
+// Buffer is device memory allocated by a Provider's Memory; it implements
+// tensor.Buffer.
 type Buffer struct {
 	ptr cu.DevicePtr
 	n   int
-	dev tensor.Device
+	mem *Memory
 }
 
-// Device implements tensor.Buffer.
-func (b *Buffer) Device() tensor.Device { return b.dev }
+// Memory implements tensor.Buffer.
+func (b *Buffer) Memory() tensor.Memory { return b.mem }
 
 // Len implements tensor.Buffer.
 func (b *Buffer) Len() int { return b.n }
@@ -42,6 +43,11 @@ func (b *Buffer) Ptr() cu.DevicePtr { return b.ptr }
 // Provider runs ops on one GPU. Every call binds the provider's context to the
 // calling OS thread for its duration and synchronizes before returning, so ops
 // are synchronous. Calls are serialized.
+//
+// What cuBLAS has no call for (GELU, the mean squared error) runs on the host
+// for now, its operands copied through Memory and counted as transfers: correct,
+// slow, and visible in the per-step transfer counts. The GEMM epilogues with
+// GELU are not implemented (Has reports false).
 type Provider struct {
 	mu      sync.Mutex
 	ordinal int
@@ -50,9 +56,10 @@ type Provider struct {
 	ones    *Buffer // a device vector of 1s (float32), grown on demand
 	ones64  *Buffer
 	host    *cpu.Provider // elementwise ops run on the host (see GeluForward)
+	mem     *Memory
 }
 
-var _ kernels.Provider = (*Provider)(nil)
+var _ kernels.MemoryProvider = (*Provider)(nil)
 
 // New opens device ordinal (as numbered under CUDA_VISIBLE_DEVICES).
 func New(ordinal int) (p *Provider, err error) {
@@ -76,6 +83,7 @@ func New(ordinal int) (p *Provider, err error) {
 		return nil, err
 	}
 	p = &Provider{ordinal: ordinal, ctx: ctx, host: host}
+	p.mem = &Memory{p: p}
 	err = p.do(func() error {
 		var e error
 		func() {
@@ -127,63 +135,150 @@ func (p *Provider) do(f func() error) error {
 	return err
 }
 
-// Alloc returns an uninitialized device tensor.
-func (p *Provider) Alloc(dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
+// Memory implements kernels.MemoryProvider.
+func (p *Provider) Memory() tensor.Memory { return p.mem }
+
+// Memory is the GPU's memory (tensor.Memory).
+type Memory struct {
+	p     *Provider
+	meter tensor.Meter
+}
+
+// Device implements tensor.Memory.
+func (m *Memory) Device() tensor.Device {
+	return tensor.Device{Kind: tensor.CUDA, Ordinal: m.p.ordinal}
+}
+
+// Alloc implements tensor.Memory: zeroed device memory.
+func (m *Memory) Alloc(dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
 	n := tensor.NumElements(shape) * dt.Size()
-	b := &Buffer{n: n, dev: tensor.Device{Kind: tensor.CUDA, Ordinal: p.ordinal}}
+	b := &Buffer{n: n, mem: m}
 	if n > 0 {
-		if err := p.do(func() (err error) { b.ptr, err = cu.MemAlloc(int64(n)); return err }); err != nil {
+		err := m.p.do(func() (err error) {
+			if b.ptr, err = cu.MemAlloc(int64(n)); err != nil {
+				return err
+			}
+			return cu.MemsetD8(b.ptr, 0, int64(n))
+		})
+		if err != nil {
 			return nil, fmt.Errorf("cuda: alloc %d bytes: %w", n, err)
 		}
 	}
 	return tensor.OnDevice(b, dt, shape...)
 }
 
-// Free releases a device tensor's memory.
-func (p *Provider) Free(t *tensor.Tensor) error {
+// buffer returns t's buffer, checking it is live memory of m.
+func (m *Memory) buffer(t *tensor.Tensor) (*Buffer, error) {
 	b, ok := t.Buffer().(*Buffer)
-	if !ok || b.n == 0 {
-		return nil
+	if !ok || b.mem != m {
+		return nil, fmt.Errorf("%w: %v is not memory of %v", tensor.ErrDevice, t, m.Device())
 	}
-	return p.do(func() error { return cu.MemFree(b.ptr) })
+	if b.n > 0 && b.ptr == 0 {
+		return nil, fmt.Errorf("%w: %v used after Free", tensor.ErrDevice, t)
+	}
+	return b, nil
 }
 
-// Upload copies a host tensor to a new device tensor.
-func (p *Provider) Upload(h *tensor.Tensor) (*tensor.Tensor, error) {
-	d, err := p.Alloc(h.DType(), h.Shape()...)
+// Free implements tensor.Memory.
+func (m *Memory) Free(t *tensor.Tensor) error {
+	b, err := m.buffer(t)
+	if err != nil || b.n == 0 {
+		return err
+	}
+	err = m.p.do(func() error { return cu.MemFree(b.ptr) })
+	b.ptr = 0
+	return err
+}
+
+// Read implements tensor.Memory.
+func (m *Memory) Read(p []byte, src *tensor.Tensor, off int, why tensor.Purpose) error {
+	b, err := m.buffer(src)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return d, p.copyH2D(d, h)
+	if err := tensor.CheckRange(src, off, len(p)); err != nil || len(p) == 0 {
+		return err
+	}
+	m.meter.Add(why, false, len(p))
+	return m.p.do(func() error {
+		return cu.MemcpyDtoH(unsafe.Pointer(unsafe.SliceData(p)), b.ptr+cu.DevicePtr(off), int64(len(p)))
+	})
 }
 
-func hostPtr(h *tensor.Tensor) unsafe.Pointer {
-	if h.DType() == tensor.Float32 {
-		return unsafe.Pointer(unsafe.SliceData(h.Float32()))
+// Write implements tensor.Memory.
+func (m *Memory) Write(dst *tensor.Tensor, off int, p []byte, why tensor.Purpose) error {
+	b, err := m.buffer(dst)
+	if err != nil {
+		return err
 	}
-	return unsafe.Pointer(unsafe.SliceData(h.Float64()))
+	if err := tensor.CheckRange(dst, off, len(p)); err != nil || len(p) == 0 {
+		return err
+	}
+	m.meter.Add(why, true, len(p))
+	return m.p.do(func() error {
+		return cu.MemcpyHtoD(b.ptr+cu.DevicePtr(off), unsafe.Pointer(unsafe.SliceData(p)), int64(len(p)))
+	})
 }
 
-func (p *Provider) copyH2D(d, h *tensor.Tensor) error {
-	b := d.Buffer().(*Buffer)
-	n := h.Len() * h.DType().Size()
-	if n == 0 {
+// Copy2D implements tensor.Memory with cuMemcpy2D, device to device.
+func (m *Memory) Copy2D(dst *tensor.Tensor, dstOff, dstPitch int, src *tensor.Tensor, srcOff, srcPitch, width, rows int) error {
+	d, err := m.buffer(dst)
+	if err != nil {
+		return err
+	}
+	s, err := m.buffer(src)
+	if err != nil {
+		return err
+	}
+	if err := tensor.Check2D(dst, dstOff, dstPitch, width, rows); err != nil {
+		return err
+	}
+	if err := tensor.Check2D(src, srcOff, srcPitch, width, rows); err != nil {
+		return err
+	}
+	if width == 0 || rows == 0 {
 		return nil
 	}
-	return p.do(func() error { return cu.MemcpyHtoD(b.ptr, hostPtr(h), int64(n)) })
+	return m.p.do(func() error {
+		if rows == 1 {
+			return cu.MemcpyDtoD(d.ptr+cu.DevicePtr(dstOff), s.ptr+cu.DevicePtr(srcOff), int64(width))
+		}
+		return cu.Memcpy2D(cu.Memcpy2dParam{
+			Height: int64(rows), WidthInBytes: int64(width),
+			DstDevice: d.ptr + cu.DevicePtr(dstOff), DstMemoryType: cu.DeviceMemory, DstPitch: int64(dstPitch),
+			SrcDevice: s.ptr + cu.DevicePtr(srcOff), SrcMemoryType: cu.DeviceMemory, SrcPitch: int64(srcPitch),
+		})
+	})
 }
 
-// Download copies device tensor d into host tensor h (same shape and dtype).
-func (p *Provider) Download(h, d *tensor.Tensor) error {
-	b, ok := d.Buffer().(*Buffer)
-	if !ok || h.Len() != d.Len() || h.DType() != d.DType() || !h.OnHost() {
-		return fmt.Errorf("%w: download %v into %v", kernels.ErrShape, d, h)
+// Zero implements tensor.Memory.
+func (m *Memory) Zero(dst *tensor.Tensor, off, n int) error {
+	b, err := m.buffer(dst)
+	if err != nil {
+		return err
 	}
-	n := h.Len() * h.DType().Size()
-	if n == 0 {
-		return nil
+	if err := tensor.CheckRange(dst, off, n); err != nil || n == 0 {
+		return err
 	}
-	return p.do(func() error { return cu.MemcpyDtoH(hostPtr(h), b.ptr, int64(n)) })
+	return m.p.do(func() error { return cu.MemsetD8(b.ptr+cu.DevicePtr(off), 0, int64(n)) })
+}
+
+// HostAlloc implements tensor.Memory. The staging buffers are ordinary host
+// memory for now (not page-locked).
+func (m *Memory) HostAlloc(n int) ([]byte, error) { return make([]byte, n), nil }
+
+// HostFree implements tensor.Memory.
+func (m *Memory) HostFree([]byte) error { return nil }
+
+// Transfers implements tensor.Memory.
+func (m *Memory) Transfers() tensor.Transfers { return m.meter.Transfers() }
+
+// toHost copies device tensor d into a new host tensor (inside no do; counted).
+func (p *Provider) toHost(d *tensor.Tensor) (*tensor.Tensor, error) { return tensor.Download(d) }
+
+// fromHost copies host tensor h into device tensor d (counted).
+func (p *Provider) fromHost(d, h *tensor.Tensor) error {
+	return p.mem.Write(d, 0, tensor.HostBytes(h), tensor.Transfer)
 }
 
 // Name implements kernels.Provider.
@@ -192,8 +287,14 @@ func (p *Provider) Name() string { return Name }
 // Device implements kernels.Provider.
 func (p *Provider) Device() tensor.DeviceKind { return tensor.CUDA }
 
-// Has implements kernels.Provider: every op (GELU through the host, see GeluForward).
-func (p *Provider) Has(kernels.Op) bool { return true }
+// Has implements kernels.Provider: every op but the GEMM epilogues with GELU.
+func (p *Provider) Has(op kernels.Op) bool {
+	switch op {
+	case kernels.OpGemmBiasGelu, kernels.OpGemmDGelu, kernels.OpGemmDGeluBGrad:
+		return false
+	}
+	return true
+}
 
 // devSlice views device memory as a Go slice header for cu/blas, which takes
 // slices and passes &s[0] to cuBLAS. The slice must never be dereferenced in Go.
@@ -300,11 +401,11 @@ func (p *Provider) onesVec(dt tensor.DType, n int) (*tensor.Tensor, error) {
 				h.Float64()[i] = 1
 			}
 		}
-		if err := cu.MemcpyHtoD(ptr, hostPtr(h), int64(size)); err != nil {
+		if err := cu.MemcpyHtoD(ptr, unsafe.Pointer(unsafe.SliceData(tensor.HostBytes(h))), int64(size)); err != nil {
 			cu.MemFree(ptr)
 			return nil, err
 		}
-		*slot = &Buffer{ptr: ptr, n: size, dev: tensor.Device{Kind: tensor.CUDA, Ordinal: p.ordinal}}
+		*slot = &Buffer{ptr: ptr, n: size, mem: p.mem}
 	}
 	return tensor.OnDevice(*slot, dt, n)
 }

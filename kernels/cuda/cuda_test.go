@@ -17,9 +17,8 @@ func TestConformance(t *testing.T) {
 	}
 	defer p.Close()
 	kerneltest.Run(t, kerneltest.Config{
-		New:      func(int) (kernels.Kernels, error) { return p, nil },
-		ToDevice: p.Upload,
-		ToHost:   p.Download,
-		Short:    true,
+		New:    func(int) (kernels.Kernels, error) { return p, nil },
+		Memory: p.Memory(),
+		Short:  true,
 	})
 }

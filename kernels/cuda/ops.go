@@ -3,20 +3,58 @@
 package cuda
 
 import (
+	"fmt"
+
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// Gemm implements kernels.Kernels.
-func (p *Provider) Gemm(g kernels.GemmParams, a, b, c *tensor.Tensor) error {
-	if err := p.onDevice(a, b, c); err != nil {
+// Gemm implements kernels.Kernels: cuBLAS GEMM; the bias epilogue adds
+// ones[M]·bias[N] with a K = 1 GEMM (beta = 1), the bias-gradient epilogue sums
+// op(A)'s rows with a GEMV against ones. The GELU epilogues are not implemented
+// (Has reports false).
+func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
+	if err := p.onDevice(o.A, o.B, o.C, o.Bias, o.Aux); err != nil {
 		return err
 	}
-	g, err := kernels.CheckGemm(g, a, b, c)
+	g, err := kernels.CheckGemm(g, o)
 	if err != nil {
 		return err
 	}
-	return p.do(func() error { return p.gemm(g, a, b, c) })
+	switch g.Epilogue {
+	case kernels.EpilogueNone, kernels.EpilogueBias, kernels.EpilogueBGrad:
+	default:
+		return p.unsupported(g.Epilogue.Op())
+	}
+	return p.do(func() error {
+		if err := p.gemm(g, o.A, o.B, o.C); err != nil {
+			return err
+		}
+		switch g.Epilogue {
+		case kernels.EpilogueBias:
+			if g.M == 0 || g.N == 0 {
+				return nil
+			}
+			ones, err := p.onesVec(g.DType, g.M)
+			if err != nil {
+				return err
+			}
+			bc := kernels.GemmParams{M: g.M, N: g.N, K: 1, Alpha: 1, Beta: 1, LDC: g.LDC, DType: g.DType}.Normalized()
+			return p.gemm(bc, ones, o.Bias, o.C)
+		case kernels.EpilogueBGrad:
+			// bias[i] = Σ_k op(A)[i, k]: A is K×M (TransA) or M×K, row-major.
+			rows, cols, trans := g.M, g.K, false
+			if g.TransA {
+				rows, cols, trans = g.K, g.M, true
+			}
+			ones, err := p.onesVec(g.DType, g.K)
+			if err != nil {
+				return err
+			}
+			return p.gemv(kernels.GemvParams{Trans: trans, M: rows, N: cols, Alpha: 1, LDA: g.LDA, DType: g.DType}, o.A, ones, o.Bias)
+		}
+		return nil
+	})
 }
 
 // Gemv implements kernels.Kernels.
@@ -31,82 +69,8 @@ func (p *Provider) Gemv(g kernels.GemvParams, a, x, y *tensor.Tensor) error {
 	return p.do(func() error { return p.gemv(g, a, x, y) })
 }
 
-// LinearForward implements kernels.Kernels: y = ones[M]·b[N] (a K = 1 GEMM
-// writes the broadcast bias), then y += x·wᵀ. M = 1 takes cublasSgemv.
-func (p *Provider) LinearForward(y, x, w, b *tensor.Tensor) error {
-	if err := p.onDevice(y, x, w, b); err != nil {
-		return err
-	}
-	m, n, k, err := kernels.LinearDims(y, x, w, b)
-	if err != nil {
-		return err
-	}
-	dt := y.DType()
-	return p.do(func() error {
-		if m == 0 || n == 0 {
-			return nil
-		}
-		if b != nil {
-			ones, err := p.onesVec(dt, m)
-			if err != nil {
-				return err
-			}
-			bc := kernels.GemmParams{M: m, N: n, K: 1, Alpha: 1, DType: dt}.Normalized()
-			if err := p.gemm(bc, ones, b, y); err != nil {
-				return err
-			}
-		}
-		if m == 1 {
-			// y[N] = w[N,K]·x[K] (+ y)
-			g := kernels.GemvParams{M: n, N: k, Alpha: 1, Beta: betaIf(b != nil), DType: dt}.Normalized()
-			return p.gemv(g, w, x, y)
-		}
-		return p.gemm(kernels.LinearForwardGemm(m, n, k, b != nil, dt), x, w, y)
-	})
-}
-
-func betaIf(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// LinearBackwardInput implements kernels.Kernels; M = 1 takes cublasSgemv.
-func (p *Provider) LinearBackwardInput(dx, dy, w *tensor.Tensor) error {
-	if err := p.onDevice(dx, dy, w); err != nil {
-		return err
-	}
-	m, n, k, err := kernels.LinearDims(dy, dx, w, nil)
-	if err != nil {
-		return err
-	}
-	dt := dx.DType()
-	return p.do(func() error {
-		if m == 1 {
-			// dx[K] = w[N,K]ᵀ·dy[N]
-			return p.gemv(kernels.GemvParams{Trans: true, M: n, N: k, Alpha: 1, DType: dt}.Normalized(), w, dy, dx)
-		}
-		return p.gemm(kernels.LinearBackwardInputGemm(m, n, k, dt), dy, w, dx)
-	})
-}
-
-// LinearBackwardWeight implements kernels.Kernels.
-func (p *Provider) LinearBackwardWeight(dw, dy, x *tensor.Tensor, accumulate bool) error {
-	if err := p.onDevice(dw, dy, x); err != nil {
-		return err
-	}
-	m, n, k, err := kernels.LinearDims(dy, x, dw, nil)
-	if err != nil {
-		return err
-	}
-	return p.do(func() error {
-		return p.gemm(kernels.LinearBackwardWeightGemm(m, n, k, accumulate, dw.DType()), dy, x, dw)
-	})
-}
-
-// LinearBackwardBias implements kernels.Kernels: db = dyᵀ·ones, a GEMV.
-func (p *Provider) LinearBackwardBias(db, dy *tensor.Tensor, accumulate bool) error {
+// BiasGrad implements kernels.Kernels: db = dyᵀ·ones, a GEMV.
+func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
 	if err := p.onDevice(db, dy); err != nil {
 		return err
 	}
@@ -125,49 +89,34 @@ func (p *Provider) LinearBackwardBias(db, dy *tensor.Tensor, accumulate bool) er
 	})
 }
 
-// MatmulForward implements kernels.Kernels.
-func (p *Provider) MatmulForward(c, a, b *tensor.Tensor) error {
-	if err := p.onDevice(c, a, b); err != nil {
-		return err
+func betaIf(b bool) float64 {
+	if b {
+		return 1
 	}
-	batch, m, n, k, err := kernels.MatmulDims(c, a, b)
-	if err != nil {
-		return err
-	}
-	return p.do(func() error { return p.gemm(kernels.MatmulForwardGemm(batch, m, n, k, c.DType()), a, b, c) })
+	return 0
 }
 
-// MatmulBackwardInput implements kernels.Kernels.
-func (p *Provider) MatmulBackwardInput(da, dc, b *tensor.Tensor, accumulate bool) error {
-	if err := p.onDevice(da, dc, b); err != nil {
+// Axpy implements kernels.Kernels with cuBLAS axpy.
+func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error {
+	if err := p.onDevice(x, y); err != nil {
 		return err
 	}
-	batch, m, n, k, err := kernels.MatmulDims(dc, da, b)
-	if err != nil {
+	n, err := kernels.ElementwiseDims(y, x)
+	if err != nil || n == 0 {
 		return err
 	}
 	return p.do(func() error {
-		return p.gemm(kernels.MatmulBackwardInputGemm(batch, m, n, k, accumulate, da.DType()), dc, b, da)
+		if y.DType() == tensor.Float32 {
+			p.blas.Saxpy(n, float32(alpha), devSlice[float32](x), 1, devSlice[float32](y), 1)
+		} else {
+			p.blas.Daxpy(n, alpha, devSlice[float64](x), 1, devSlice[float64](y), 1)
+		}
+		return p.blas.Err()
 	})
 }
 
-// MatmulBackwardOther implements kernels.Kernels.
-func (p *Provider) MatmulBackwardOther(db, dc, a *tensor.Tensor, accumulate bool) error {
-	if err := p.onDevice(db, dc, a); err != nil {
-		return err
-	}
-	batch, m, n, k, err := kernels.MatmulDims(dc, a, db)
-	if err != nil {
-		return err
-	}
-	return p.do(func() error {
-		return p.gemm(kernels.MatmulBackwardOtherGemm(batch, m, n, k, accumulate, db.DType()), a, dc, db)
-	})
-}
-
-// GeluForward implements kernels.Kernels. cuBLAS has no elementwise kernels, so
-// this copies x to the host, runs the cpu provider and copies y back: correct,
-// and slow; a device kernel is future work.
+// GeluForward implements kernels.Kernels through the host: x is copied out,
+// the cpu provider runs, y is copied back (both counted as transfers).
 func (p *Provider) GeluForward(y, x *tensor.Tensor) error {
 	if err := p.onDevice(y, x); err != nil {
 		return err
@@ -175,17 +124,12 @@ func (p *Provider) GeluForward(y, x *tensor.Tensor) error {
 	if _, err := kernels.ElementwiseDims(y, x); err != nil {
 		return err
 	}
-	hx, hy := tensor.New(x.DType(), x.Shape()...), tensor.New(y.DType(), y.Shape()...)
-	if err := p.Download(hx, x); err != nil {
-		return err
-	}
-	if err := p.host.GeluForward(hy, hx); err != nil {
-		return err
-	}
-	return p.copyH2D(y, hy)
+	return p.viaHost([]*tensor.Tensor{y}, []*tensor.Tensor{x}, func(h []*tensor.Tensor) error {
+		return p.host.GeluForward(h[0], h[1])
+	})
 }
 
-// GeluBackward implements kernels.Kernels, through the host like GeluForward.
+// GeluBackward implements kernels.Kernels through the host, like GeluForward.
 func (p *Provider) GeluBackward(dx, dy, x *tensor.Tensor) error {
 	if err := p.onDevice(dx, dy, x); err != nil {
 		return err
@@ -193,15 +137,49 @@ func (p *Provider) GeluBackward(dx, dy, x *tensor.Tensor) error {
 	if _, err := kernels.ElementwiseDims(dx, dy, x); err != nil {
 		return err
 	}
-	hx, hdy, hdx := tensor.New(x.DType(), x.Shape()...), tensor.New(dy.DType(), dy.Shape()...), tensor.New(dx.DType(), dx.Shape()...)
-	if err := p.Download(hx, x); err != nil {
+	return p.viaHost([]*tensor.Tensor{dx}, []*tensor.Tensor{dy, x}, func(h []*tensor.Tensor) error {
+		return p.host.GeluBackward(h[0], h[1], h[2])
+	})
+}
+
+// MSE implements kernels.Kernels through the host, like GeluForward.
+func (p *Provider) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
+	if err := p.onDevice(dy, sum, y, target); err != nil {
 		return err
 	}
-	if err := p.Download(hdy, dy); err != nil {
+	if err := kernels.MSEDims(dy, sum, y, target); err != nil {
 		return err
 	}
-	if err := p.host.GeluBackward(hdx, hdy, hx); err != nil {
+	return p.viaHost([]*tensor.Tensor{dy, sum}, []*tensor.Tensor{y, target}, func(h []*tensor.Tensor) error {
+		return p.host.MSE(h[0], h[1], h[2], h[3], scale)
+	})
+}
+
+// viaHost runs f on host copies: outs (written by f) then ins (read), copied in
+// before and outs copied back after.
+func (p *Provider) viaHost(outs, ins []*tensor.Tensor, f func(h []*tensor.Tensor) error) error {
+	h := make([]*tensor.Tensor, 0, len(outs)+len(ins))
+	for _, o := range outs {
+		h = append(h, tensor.New(o.DType(), o.Shape()...))
+	}
+	for _, in := range ins {
+		c, err := p.toHost(in)
+		if err != nil {
+			return err
+		}
+		h = append(h, c)
+	}
+	if err := f(h); err != nil {
 		return err
 	}
-	return p.copyH2D(dx, hdx)
+	for i, o := range outs {
+		if err := p.fromHost(o, h[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *Provider) unsupported(op kernels.Op) error {
+	return fmt.Errorf("%w: cuda %v (next: cuBLASLt epilogues)", kernels.ErrUnsupported, op)
 }

@@ -22,10 +22,8 @@ type Config struct {
 	New func(threads int) (kernels.Kernels, error)
 	// Deterministic: results must be bit-identical for threads = 1 and 2.
 	Deterministic bool
-	// ToDevice copies a host tensor to the provider's device (nil: host provider).
-	ToDevice func(*tensor.Tensor) (*tensor.Tensor, error)
-	// ToHost copies a device tensor back into a host tensor of the same shape.
-	ToHost func(dst, src *tensor.Tensor) error
+	// Memory is the memory of the provider's device (nil: host memory).
+	Memory tensor.Memory
 	// DTypes to test; nil means float32 and float64.
 	DTypes []tensor.DType
 	// Short runs fewer shapes (for slow providers).
@@ -112,14 +110,18 @@ type env struct {
 	k   kernels.Kernels
 }
 
+func (e *env) mem() tensor.Memory {
+	if e.cfg.Memory == nil {
+		return tensor.Host
+	}
+	return e.cfg.Memory
+}
+
 func (e *env) dev(b *buf) *tensor.Tensor {
 	if b == nil {
 		return nil
 	}
-	if e.cfg.ToDevice == nil {
-		return b.t
-	}
-	d, err := e.cfg.ToDevice(b.t)
+	d, err := tensor.Upload(e.mem(), b.t)
 	if err != nil {
 		e.t.Fatalf("to device: %v", err)
 	}
@@ -127,10 +129,10 @@ func (e *env) dev(b *buf) *tensor.Tensor {
 }
 
 func (e *env) back(dst *buf, d *tensor.Tensor) {
-	if e.cfg.ToHost == nil {
+	if d.OnHost() {
 		return
 	}
-	if err := e.cfg.ToHost(dst.t, d); err != nil {
+	if err := e.mem().Read(tensor.HostBytes(dst.t), d, 0, tensor.Transfer); err != nil {
 		e.t.Fatalf("to host: %v", err)
 	}
 }
@@ -179,6 +181,8 @@ func Run(t *testing.T, cfg Config) {
 			t.Run("Linear", func(t *testing.T) { e.t = t; testLinear(e, dt) })
 			t.Run("Matmul", func(t *testing.T) { e.t = t; testMatmul(e, dt) })
 			t.Run("Gelu", func(t *testing.T) { e.t = t; testGelu(e, dt) })
+			t.Run("Epilogues", func(t *testing.T) { e.t = t; testEpilogues(e, dt) })
+			t.Run("Elementwise", func(t *testing.T) { e.t = t; testElementwise(e, dt) })
 			t.Run("Errors", func(t *testing.T) { e.t = t; testErrors(e, dt) })
 			if cfg.Deterministic {
 				t.Run("ThreadCountInvariance", func(t *testing.T) { testDeterminism(t, cfg, dt) })
@@ -268,7 +272,7 @@ func (e *env) runGemm(dt tensor.DType, p kernels.GemmParams, rng *rand.Rand, nam
 		}
 	}
 	dc := e.dev(c)
-	if err := e.k.Gemm(p, e.dev(a), e.dev(b), dc); err != nil {
+	if err := e.k.Gemm(p, kernels.GemmOperands{A: e.dev(a), B: e.dev(b), C: dc}); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
 	e.back(c, dc)

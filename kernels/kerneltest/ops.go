@@ -102,7 +102,7 @@ func testLinear(e *env, dt tensor.DType) {
 				bt = e.dev(b)
 			}
 			dyv := e.dev(y)
-			if err := e.k.LinearForward(dyv, e.dev(x), e.dev(w), bt); err != nil {
+			if err := kernels.LinearForward(e.k, dyv, e.dev(x), e.dev(w), bt); err != nil {
 				t.Fatalf("%s forward: %v", name, err)
 			}
 			e.back(y, dyv)
@@ -111,7 +111,7 @@ func testLinear(e *env, dt tensor.DType) {
 		dx := newBuf(rng, dt, "nan", xs...)
 		want, mag := mm(m, s.k, s.n, func(i, j, k int) (float64, float64) { return dy.all[i*s.n+k], w.all[k*s.k+j] })
 		ddx := e.dev(dx)
-		if err := e.k.LinearBackwardInput(ddx, e.dev(dy), e.dev(w)); err != nil {
+		if err := kernels.LinearBackwardInput(e.k, ddx, e.dev(dy), e.dev(w)); err != nil {
 			t.Fatalf("%s backward input: %v", name, err)
 		}
 		e.back(dx, ddx)
@@ -137,16 +137,42 @@ func testLinear(e *env, dt tensor.DType) {
 				}
 			}
 			ddw, ddb := e.dev(dw), e.dev(db)
-			if err := e.k.LinearBackwardWeight(ddw, e.dev(dy), e.dev(x), acc); err != nil {
+			if err := kernels.LinearBackwardWeight(e.k, ddw, e.dev(dy), e.dev(x), acc); err != nil {
 				t.Fatalf("%s backward weight: %v", name, err)
 			}
-			if err := e.k.LinearBackwardBias(ddb, e.dev(dy), acc); err != nil {
+			if err := kernels.LinearBackwardBias(e.k, ddb, e.dev(dy), acc); err != nil {
 				t.Fatalf("%s backward bias: %v", name, err)
 			}
 			e.back(dw, ddw)
 			e.back(db, ddb)
 			compare(t, name+fmt.Sprintf("_backward_weight_acc%v", acc), dt, dw, want, mag, m)
 			compare(t, name+fmt.Sprintf("_backward_bias_acc%v", acc), dt, db, wantb, magb, m)
+			// The same with the bias gradient fused into the weight-gradient GEMM
+			// (the bias gradient always overwrites).
+			dw2 := newBuf(rng, dt, "nan", s.n, s.k)
+			if acc {
+				copy(dw2.all, dw.all)
+				for i := range dw2.all {
+					setAt(dw2.t, i, dw2.all[i])
+				}
+			}
+			db2 := newBuf(rng, dt, "nan", s.n)
+			wantb2, magb2 := mm(1, s.n, m, func(_, j, k int) (float64, float64) { return dy.all[k*s.n+j], 1 })
+			want2, mag2 := mm(s.n, s.k, m, func(i, j, k int) (float64, float64) { return dy.all[k*s.n+i], x.all[k*s.k+j] })
+			if acc {
+				for i := range want2 {
+					want2[i] += dw2.all[i]
+					mag2[i] += math.Abs(dw2.all[i])
+				}
+			}
+			ddw2, ddb2 := e.dev(dw2), e.dev(db2)
+			if err := kernels.LinearBackwardWeightBias(e.k, ddw2, ddb2, e.dev(dy), e.dev(x), acc); err != nil {
+				t.Fatalf("%s backward weight+bias: %v", name, err)
+			}
+			e.back(dw2, ddw2)
+			e.back(db2, ddb2)
+			compare(t, name+fmt.Sprintf("_backward_weight_bias_acc%v_dw", acc), dt, dw2, want2, mag2, m)
+			compare(t, name+fmt.Sprintf("_backward_weight_bias_acc%v_db", acc), dt, db2, wantb2, magb2, m)
 		}
 	}
 }
@@ -181,7 +207,7 @@ func testMatmul(e *env, dt tensor.DType) {
 			return a.all[(bi*M+i)*K+k], b.all[(bi*K+k)*N+j]
 		})
 		dcv := e.dev(c)
-		if err := e.k.MatmulForward(dcv, e.dev(a), e.dev(b)); err != nil {
+		if err := kernels.MatmulForward(e.k, dcv, e.dev(a), e.dev(b)); err != nil {
 			t.Fatalf("%s forward: %v", name, err)
 		}
 		e.back(c, dcv)
@@ -210,10 +236,10 @@ func testMatmul(e *env, dt tensor.DType) {
 				}
 			}
 			dda, ddb := e.dev(da), e.dev(db)
-			if err := e.k.MatmulBackwardInput(dda, e.dev(dc), e.dev(b), acc); err != nil {
+			if err := kernels.MatmulBackwardInput(e.k, dda, e.dev(dc), e.dev(b), acc); err != nil {
 				t.Fatalf("%s backward input: %v", name, err)
 			}
-			if err := e.k.MatmulBackwardOther(ddb, e.dev(dc), e.dev(a), acc); err != nil {
+			if err := kernels.MatmulBackwardOther(e.k, ddb, e.dev(dc), e.dev(a), acc); err != nil {
 				t.Fatalf("%s backward other: %v", name, err)
 			}
 			e.back(da, dda)
@@ -267,7 +293,7 @@ func testErrors(e *env, dt tensor.DType) {
 	x := e.dev(newBuf(rng, dt, "rand", 3, 4))
 	w := e.dev(newBuf(rng, dt, "rand", 5, 4))
 	y := e.dev(newBuf(rng, dt, "rand", 3, 6))
-	if err := e.k.LinearForward(y, x, w, nil); !errors.Is(err, kernels.ErrShape) {
+	if err := kernels.LinearForward(e.k, y, x, w, nil); !errors.Is(err, kernels.ErrShape) {
 		t.Errorf("linear with wrong output shape: %v, want ErrShape", err)
 	}
 	other := tensor.Float64
@@ -275,16 +301,25 @@ func testErrors(e *env, dt tensor.DType) {
 		other = tensor.Float32
 	}
 	y2 := e.dev(newBuf(rng, other, "rand", 3, 5))
-	if err := e.k.LinearForward(y2, x, w, nil); !errors.Is(err, kernels.ErrDType) {
+	if err := kernels.LinearForward(e.k, y2, x, w, nil); !errors.Is(err, kernels.ErrDType) {
 		t.Errorf("linear with mixed dtypes: %v, want ErrDType", err)
 	}
 	p := kernels.GemmParams{M: 3, N: 5, K: 4, Alpha: 1, DType: dt}
 	short := e.dev(newBuf(rng, dt, "rand", 14))
-	if err := e.k.Gemm(p, x, w, short); !errors.Is(err, kernels.ErrShape) {
+	if err := e.k.Gemm(p, kernels.GemmOperands{A: x, B: w, C: short}); !errors.Is(err, kernels.ErrShape) {
 		t.Errorf("gemm with short C: %v, want ErrShape", err)
 	}
+	bias := e.dev(newBuf(rng, dt, "rand", 5))
+	if err := e.k.Gemm(p, kernels.GemmOperands{A: x, B: w, C: y, Bias: bias}); !errors.Is(err, kernels.ErrShape) {
+		t.Errorf("gemm without epilogue given a bias: %v, want ErrShape", err)
+	}
+	pb := p
+	pb.Epilogue = kernels.EpilogueBiasGelu
+	if err := e.k.Gemm(pb, kernels.GemmOperands{A: x, B: w, C: y, Bias: bias}); !errors.Is(err, kernels.ErrShape) {
+		t.Errorf("gemm bias+gelu without aux: %v, want ErrShape", err)
+	}
 	p.LDA = 2
-	if err := e.k.Gemm(p, x, w, y); !errors.Is(err, kernels.ErrShape) {
+	if err := e.k.Gemm(p, kernels.GemmOperands{A: x, B: w, C: y}); !errors.Is(err, kernels.ErrShape) {
 		t.Errorf("gemm with LDA < K: %v, want ErrShape", err)
 	}
 }
@@ -316,7 +351,7 @@ func testDeterminism(t *testing.T, cfg Config, dt tensor.DType) {
 			cb := &buf{t: c, size: lc}
 			env := &env{t: t, cfg: cfg, k: k}
 			dc := env.dev(cb)
-			if err := k.Gemm(p, env.dev(a), env.dev(b), dc); err != nil {
+			if err := k.Gemm(p, kernels.GemmOperands{A: env.dev(a), B: env.dev(b), C: dc}); err != nil {
 				t.Fatal(err)
 			}
 			env.back(cb, dc)

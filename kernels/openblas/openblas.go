@@ -45,13 +45,10 @@ func (p *Provider) Name() string { return Name }
 // Device implements kernels.Provider.
 func (p *Provider) Device() tensor.DeviceKind { return tensor.CPU }
 
-// Has implements kernels.Provider.
+// Has implements kernels.Provider: GEMM (plain and with the bias epilogue) and
+// GEMV; the other epilogues and the elementwise ops go to the cpu provider.
 func (p *Provider) Has(op kernels.Op) bool {
-	switch op {
-	case kernels.OpLinearBackwardBias, kernels.OpGeluForward, kernels.OpGeluBackward:
-		return false
-	}
-	return true
+	return op == kernels.OpGemm || op == kernels.OpGemmBias || op == kernels.OpGemv
 }
 
 func trans(t bool) C.enum_CBLAS_TRANSPOSE {
@@ -110,17 +107,45 @@ func gemm(g kernels.GemmParams, a, b, c *tensor.Tensor) {
 
 func host(ts ...*tensor.Tensor) error { return kernels.SameDevice(tensor.CPU, ts...) }
 
-// Gemm implements kernels.Kernels.
-func (p *Provider) Gemm(g kernels.GemmParams, a, b, c *tensor.Tensor) error {
-	if err := host(a, b, c); err != nil {
+// Gemm implements kernels.Kernels for no epilogue and the bias epilogue (the
+// rows of C are set to beta·C + bias, then one GEMM with beta = 1).
+func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
+	if err := host(o.A, o.B, o.C, o.Bias); err != nil {
 		return err
 	}
-	g, err := kernels.CheckGemm(g, a, b, c)
+	g, err := kernels.CheckGemm(g, o)
 	if err != nil {
 		return err
 	}
-	gemm(g, a, b, c)
+	switch g.Epilogue {
+	case kernels.EpilogueNone:
+	case kernels.EpilogueBias:
+		if g.DType == tensor.Float32 {
+			broadcast(o.C.Float32(), g.LDC, o.Bias.Float32(), g.M, g.N, float32(g.Beta))
+		} else {
+			broadcast(o.C.Float64(), g.LDC, o.Bias.Float64(), g.M, g.N, g.Beta)
+		}
+		g.Beta = 1
+	default:
+		return unsupported(g.Epilogue.Op())
+	}
+	gemm(g, o.A, o.B, o.C)
 	return nil
+}
+
+// broadcast sets each row of c[m, ldc] to beta·c + b (b without reading c when
+// beta is 0).
+func broadcast[T float32 | float64](c []T, ldc int, b []T, m, n int, beta T) {
+	for i := 0; i < m; i++ {
+		row := c[i*ldc:][:n]
+		for j := range row {
+			if beta == 0 {
+				row[j] = b[j]
+			} else {
+				row[j] = beta*row[j] + b[j]
+			}
+		}
+	}
 }
 
 // Gemv implements kernels.Kernels.
@@ -165,105 +190,27 @@ func scale[T float32 | float64](y []T, beta T) {
 	}
 }
 
-// LinearForward implements kernels.Kernels: the rows of y are set to the bias,
-// then one GEMM with beta = 1.
-func (p *Provider) LinearForward(y, x, w, b *tensor.Tensor) error {
-	if err := host(y, x, w, b); err != nil {
-		return err
-	}
-	m, n, k, err := kernels.LinearDims(y, x, w, b)
-	if err != nil {
-		return err
-	}
-	if b != nil {
-		for i := 0; i < m; i++ {
-			if y.DType() == tensor.Float32 {
-				copy(y.Float32()[i*n:(i+1)*n], b.Float32())
-			} else {
-				copy(y.Float64()[i*n:(i+1)*n], b.Float64())
-			}
-		}
-	}
-	gemm(kernels.LinearForwardGemm(m, n, k, b != nil, y.DType()), x, w, y)
-	return nil
-}
-
-// LinearBackwardInput implements kernels.Kernels.
-func (p *Provider) LinearBackwardInput(dx, dy, w *tensor.Tensor) error {
-	if err := host(dx, dy, w); err != nil {
-		return err
-	}
-	m, n, k, err := kernels.LinearDims(dy, dx, w, nil)
-	if err != nil {
-		return err
-	}
-	gemm(kernels.LinearBackwardInputGemm(m, n, k, dx.DType()), dy, w, dx)
-	return nil
-}
-
-// LinearBackwardWeight implements kernels.Kernels.
-func (p *Provider) LinearBackwardWeight(dw, dy, x *tensor.Tensor, accumulate bool) error {
-	if err := host(dw, dy, x); err != nil {
-		return err
-	}
-	m, n, k, err := kernels.LinearDims(dy, x, dw, nil)
-	if err != nil {
-		return err
-	}
-	gemm(kernels.LinearBackwardWeightGemm(m, n, k, accumulate, dw.DType()), dy, x, dw)
-	return nil
-}
-
-// MatmulForward implements kernels.Kernels.
-func (p *Provider) MatmulForward(c, a, b *tensor.Tensor) error {
-	if err := host(c, a, b); err != nil {
-		return err
-	}
-	batch, m, n, k, err := kernels.MatmulDims(c, a, b)
-	if err != nil {
-		return err
-	}
-	gemm(kernels.MatmulForwardGemm(batch, m, n, k, c.DType()), a, b, c)
-	return nil
-}
-
-// MatmulBackwardInput implements kernels.Kernels.
-func (p *Provider) MatmulBackwardInput(da, dc, b *tensor.Tensor, accumulate bool) error {
-	if err := host(da, dc, b); err != nil {
-		return err
-	}
-	batch, m, n, k, err := kernels.MatmulDims(dc, da, b)
-	if err != nil {
-		return err
-	}
-	gemm(kernels.MatmulBackwardInputGemm(batch, m, n, k, accumulate, da.DType()), dc, b, da)
-	return nil
-}
-
-// MatmulBackwardOther implements kernels.Kernels.
-func (p *Provider) MatmulBackwardOther(db, dc, a *tensor.Tensor, accumulate bool) error {
-	if err := host(db, dc, a); err != nil {
-		return err
-	}
-	batch, m, n, k, err := kernels.MatmulDims(dc, a, db)
-	if err != nil {
-		return err
-	}
-	gemm(kernels.MatmulBackwardOtherGemm(batch, m, n, k, accumulate, db.DType()), a, dc, db)
-	return nil
-}
-
-// LinearBackwardBias is not implemented (Has reports false).
-func (p *Provider) LinearBackwardBias(db, dy *tensor.Tensor, accumulate bool) error {
-	return fmt.Errorf("%w: openblas linear_backward_bias", kernels.ErrUnsupported)
-}
-
 // GeluForward is not implemented (Has reports false).
-func (p *Provider) GeluForward(y, x *tensor.Tensor) error {
-	return fmt.Errorf("%w: openblas gelu_forward", kernels.ErrUnsupported)
-}
+func (p *Provider) GeluForward(y, x *tensor.Tensor) error { return unsupported(kernels.OpGeluForward) }
 
 // GeluBackward is not implemented (Has reports false).
 func (p *Provider) GeluBackward(dx, dy, x *tensor.Tensor) error {
-	return fmt.Errorf("%w: openblas gelu_backward", kernels.ErrUnsupported)
+	return unsupported(kernels.OpGeluBackward)
+}
+
+// BiasGrad is not implemented (Has reports false).
+func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
+	return unsupported(kernels.OpBiasGrad)
+}
+
+// Axpy is not implemented (Has reports false).
+func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error { return unsupported(kernels.OpAxpy) }
+
+// MSE is not implemented (Has reports false).
+func (p *Provider) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
+	return unsupported(kernels.OpMSE)
+}
+
+func unsupported(op kernels.Op) error {
+	return fmt.Errorf("%w: openblas %v", kernels.ErrUnsupported, op)
 }

@@ -57,7 +57,7 @@ func checkOp(op ReduceOp) error {
 
 // AllReduce reduces buf element-wise across the group, in place: afterwards
 // every rank holds the same bits.
-func AllReduce[T Float](ctx context.Context, c *Communicator, buf []T, op ReduceOp) error {
+func AllReduce[T Float](ctx context.Context, c *Group, buf []T, op ReduceOp) error {
 	if err := checkOp(op); err != nil {
 		return err
 	}
@@ -204,7 +204,7 @@ func offsets(counts []int) ([]int, int, error) {
 // AllGather concatenates every member's in (counts[j] elements from member j,
 // in group order) into out, which has sum(counts) elements. Counts may differ
 // (uneven shards); nothing is padded. in may alias its place in out.
-func AllGather[T Float](ctx context.Context, c *Communicator, in, out []T, counts []int) error {
+func AllGather[T Float](ctx context.Context, c *Group, in, out []T, counts []int) error {
 	n, k := len(c.ranks), c.me
 	if len(counts) != n {
 		return invalid("all_gather: %d counts for a group of %d", len(counts), n)
@@ -277,7 +277,7 @@ func allGatherRing[T Float](o *opState, in, out []T, offs []int, copyOwn func())
 // ReduceScatter reduces in (sum(counts) elements, the same layout on every
 // member) across the group and leaves member j's segment (counts[j] elements)
 // in its out. in is not modified.
-func ReduceScatter[T Float](ctx context.Context, c *Communicator, in, out []T, counts []int, op ReduceOp) error {
+func ReduceScatter[T Float](ctx context.Context, c *Group, in, out []T, counts []int, op ReduceOp) error {
 	if err := checkOp(op); err != nil {
 		return err
 	}
@@ -396,7 +396,7 @@ func reduceScatterRing[T Float](o *opState, in, out []T, offs []int, op ReduceOp
 }
 
 // Broadcast copies root's buf (root is a group index) to every member's buf.
-func Broadcast[T Float](ctx context.Context, c *Communicator, buf []T, root int) error {
+func Broadcast[T Float](ctx context.Context, c *Group, buf []T, root int) error {
 	n, k := len(c.ranks), c.me
 	if root < 0 || root >= n {
 		return invalid("broadcast: root %d outside group of %d", root, n)
@@ -438,7 +438,7 @@ func Broadcast[T Float](ctx context.Context, c *Communicator, buf []T, root int)
 // AllToAll sends send[sendOffs(j)...] (sendCounts[j] elements) to member j and
 // receives recvCounts[j] elements from member j into recv, in group order. Each
 // pair's counts must agree (checked on the wire).
-func AllToAll[T Float](ctx context.Context, c *Communicator, send []T, sendCounts []int, recv []T, recvCounts []int) error {
+func AllToAll[T Float](ctx context.Context, c *Group, send []T, sendCounts []int, recv []T, recvCounts []int) error {
 	n, k := len(c.ranks), c.me
 	if len(sendCounts) != n || len(recvCounts) != n {
 		return invalid("all_to_all: %d send and %d recv counts for a group of %d", len(sendCounts), len(recvCounts), n)
@@ -478,7 +478,7 @@ func AllToAll[T Float](ctx context.Context, c *Communicator, send []T, sendCount
 
 // Send sends buf to group member peer; the peer must Recv a buffer of the same
 // length. Sends to a peer are matched with its receives in order.
-func Send[T Float](ctx context.Context, c *Communicator, buf []T, peer int) error {
+func Send[T Float](ctx context.Context, c *Group, buf []T, peer int) error {
 	if peer < 0 || peer >= len(c.ranks) || peer == c.me {
 		return invalid("send: peer %d (group of %d, self %d)", peer, len(c.ranks), c.me)
 	}
@@ -493,7 +493,7 @@ func Send[T Float](ctx context.Context, c *Communicator, buf []T, peer int) erro
 }
 
 // Recv receives into buf what group member peer sent with Send.
-func Recv[T Float](ctx context.Context, c *Communicator, buf []T, peer int) error {
+func Recv[T Float](ctx context.Context, c *Group, buf []T, peer int) error {
 	if peer < 0 || peer >= len(c.ranks) || peer == c.me {
 		return invalid("recv: peer %d (group of %d, self %d)", peer, len(c.ranks), c.me)
 	}
@@ -508,7 +508,7 @@ func Recv[T Float](ctx context.Context, c *Communicator, buf []T, peer int) erro
 
 // Algorithm names the algorithm of the communicator's last collective ("ring",
 // "direct", "chain", "pairwise", "none").
-func (c *Communicator) Algorithm() string {
+func (c *Group) Algorithm() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.algo

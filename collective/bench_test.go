@@ -30,7 +30,7 @@ func BenchmarkAllReduce(b *testing.B) {
 					b.SetBytes(int64(size))
 					b.ReportAllocs()
 					errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
-						c, err := w.WorldComm(context.Background())
+						c, err := w.WorldGroup(context.Background())
 						if err != nil {
 							return err
 						}

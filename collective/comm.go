@@ -37,10 +37,12 @@ func asElems[T Float](b []byte) []T {
 	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), n)
 }
 
-// Communicator runs collectives among a fixed group of ranks. Calls on one
-// Communicator are serialized; every member must make the same calls in the same
-// order (that order is checked: sequence numbers are in every header).
-type Communicator struct {
+// Group runs collectives among a fixed group of ranks on host memory, over the
+// World's Transport: the host algorithms, and the coordination every backend
+// keeps (see Communicator). Calls on one Group are serialized; every member must
+// make the same calls in the same order (that order is checked: sequence numbers
+// are in every header).
+type Group struct {
 	w     *World
 	ranks []int
 	me    int
@@ -75,8 +77,8 @@ type sendReq struct {
 
 const sendQueue = 1024
 
-func newComm(w *World, ranks []int, me int, key string) *Communicator {
-	c := &Communicator{w: w, ranks: ranks, me: me, key: key, id: hash64("group:", ranks),
+func newComm(w *World, ranks []int, me int, key string) *Group {
+	c := &Group{w: w, ranks: ranks, me: me, key: key, id: hash64("group:", ranks),
 		p2pSend: make([]uint64, len(ranks)), p2pRecv: make([]uint64, len(ranks)),
 		sq: make(chan sendReq, sendQueue), sd: make(chan error, sendQueue), quit: make(chan struct{})}
 	c.wg.Add(1)
@@ -84,7 +86,7 @@ func newComm(w *World, ranks []int, me int, key string) *Communicator {
 	return c
 }
 
-func (c *Communicator) sender() {
+func (c *Group) sender() {
 	defer c.wg.Done()
 	for {
 		select {
@@ -101,25 +103,25 @@ func (c *Communicator) sender() {
 	}
 }
 
-func (c *Communicator) stop() {
+func (c *Group) stop() {
 	c.stopOnce.Do(func() { close(c.quit) })
 	c.wg.Wait()
 }
 
 // Size is the number of ranks in the group.
-func (c *Communicator) Size() int { return len(c.ranks) }
+func (c *Group) Size() int { return len(c.ranks) }
 
 // Index is this rank's position in the group.
-func (c *Communicator) Index() int { return c.me }
+func (c *Group) Index() int { return c.me }
 
 // Ranks returns the group's world ranks, in group order.
-func (c *Communicator) Ranks() []int { return append([]int(nil), c.ranks...) }
+func (c *Group) Ranks() []int { return append([]int(nil), c.ranks...) }
 
 // String names the group, e.g. "[0 2]".
-func (c *Communicator) String() string { return c.key }
+func (c *Group) String() string { return c.key }
 
 // World returns the World the communicator belongs to.
-func (c *Communicator) World() *World { return c.w }
+func (c *Group) World() *World { return c.w }
 
 // opCtx is the context of one collective: done when the World fails (which a
 // caller's cancellation also causes), an error past its deadline. Transports
@@ -144,7 +146,7 @@ func (o *opCtx) Err() error {
 
 // opState is one collective in flight.
 type opState struct {
-	c     *Communicator
+	c     *Group
 	octx  opCtx
 	ctx   context.Context // &octx
 	stop  func() bool     // stops the watch of the caller's ctx
@@ -169,11 +171,11 @@ func toError(err error, peer, reporter int) *Error {
 
 // begin starts a collective: checks the World, takes the next sequence number,
 // records the state for heartbeats, sets the deadline.
-func (c *Communicator) begin(ctx context.Context, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, error) {
+func (c *Group) begin(ctx context.Context, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, error) {
 	return c.beginOn(ctx, &c.mu, &c.o, op, dt, red, count, shape)
 }
 
-func (c *Communicator) beginP2P(ctx context.Context, lock *sync.Mutex, dt DType, count int) (*opState, error) {
+func (c *Group) beginP2P(ctx context.Context, lock *sync.Mutex, dt DType, count int) (*opState, error) {
 	o, err := c.beginOn(ctx, lock, new(opState), OpSend, dt, 0, count, 0)
 	if o != nil {
 		o.p2p = lock
@@ -181,7 +183,7 @@ func (c *Communicator) beginP2P(ctx context.Context, lock *sync.Mutex, dt DType,
 	return o, err
 }
 
-func (c *Communicator) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, error) {
+func (c *Group) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, error) {
 	lock.Lock()
 	w := c.w
 	w.mu.Lock()
@@ -225,7 +227,7 @@ func (c *Communicator) beginOn(ctx context.Context, lock *sync.Mutex, o *opState
 
 // end finishes a collective: waits for its sends, turns errors into the World's
 // failure, updates the state.
-func (c *Communicator) end(o *opState, err error) error {
+func (c *Group) end(o *opState, err error) error {
 	if err != nil {
 		c.failWith(o, err)
 	}
@@ -255,7 +257,7 @@ func (c *Communicator) end(o *opState, err error) error {
 	return err
 }
 
-func (c *Communicator) failWith(o *opState, err error) {
+func (c *Group) failWith(o *opState, err error) {
 	cp := *toError(err, -1, c.w.rank) // errors may be shared: never modify one in place
 	e := &cp
 	if e.Group == "" && !errors.Is(e, ErrAborted) && !errors.Is(e, ErrClosed) && !errors.Is(e, ErrControlLost) {
@@ -363,7 +365,7 @@ func (o *opState) chunkElems() int {
 func (o *opState) small(bytes int) bool { return bytes <= o.c.w.opts.SmallBytes }
 
 // scratch returns n bytes of the communicator's reusable scratch.
-func (c *Communicator) scratchBytes(n int) []byte {
+func (c *Group) scratchBytes(n int) []byte {
 	if cap(c.scratch) < n {
 		c.scratch = make([]byte, n)
 	}
@@ -379,7 +381,7 @@ func nchunks(n, ce int) int {
 
 // create is the group-creation handshake: a barrier whose headers carry the
 // group's ranks, so members that disagree fail.
-func (c *Communicator) create(ctx context.Context) error {
+func (c *Group) create(ctx context.Context) error {
 	o, err := c.begin(ctx, OpCreate, DNone, 0, len(c.ranks), hash64("ranks", c.ranks))
 	if err != nil {
 		return err
@@ -388,7 +390,7 @@ func (c *Communicator) create(ctx context.Context) error {
 }
 
 // Barrier returns once every member has entered it.
-func (c *Communicator) Barrier(ctx context.Context) error {
+func (c *Group) Barrier(ctx context.Context) error {
 	o, err := c.begin(ctx, OpBarrier, DNone, 0, 0, 0)
 	if err != nil {
 		return err

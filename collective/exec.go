@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // Executed records one step as this rank ran it, for comparison with the plan
@@ -18,31 +19,50 @@ type Executed struct {
 	Algorithm  string
 }
 
-// Execute runs a redistribution plan on this rank's local shard: the only code
-// that turns placement steps into collective calls. local is dense row-major
-// with shape steps[0].From.LocalShape(rank); the result has
-// steps[len-1].To.LocalShape(rank). local may be overwritten (all-reduce works in
-// place). The mesh must hold the whole world; every rank must execute the same
-// steps.
+// Alloc gives Execute the tensors it writes, so that a caller running the same
+// plan step after step can hand back the same buffers: key names the buffer
+// within the plan (stable from call to call), and the tensor must be a flat
+// tensor of n elements of dt in memory m. Its contents need not be zero.
+type Alloc func(m tensor.Memory, key string, dt tensor.DType, n int) (*tensor.Tensor, error)
+
+// NewAlloc allocates fresh tensors each time.
+func NewAlloc(m tensor.Memory, _ string, dt tensor.DType, n int) (*tensor.Tensor, error) {
+	return m.Alloc(dt, n)
+}
+
+// Execute runs a redistribution plan on this rank's local shard, a tensor of any
+// device: the only code that turns placement steps into collective calls. local
+// is dense row-major with steps[0].From.LocalShape(rank) elements; the result
+// has steps[len-1].To.LocalShape(rank) elements (flat: reshape it). local may be
+// overwritten (all-reduce works in place). The mesh must hold the whole world;
+// every rank must execute the same steps.
+//
+// Data stays on local's device: boxes are packed and unpacked there (by its
+// Memory's 2-D copies), and each collective goes to the Communicator of the
+// step's group for that device (host, staged or nccl). alloc provides the
+// tensors Execute writes (nil: NewAlloc).
 //
 // Boxes are handled in general: a shard is the box Spec.Local(rank) (shape and
 // global offset); data moving between boxes is packed and unpacked along any
 // tensor dim, and a contiguous fast path skips the copies when the boxes are
 // consecutive slices (sharding along dim 0, or outer dims of extent 1).
-func Execute[T Float](ctx context.Context, w *World, steps []placement.Step, local []T) ([]T, []Executed, error) {
+func Execute(ctx context.Context, w *World, steps []placement.Step, local *tensor.Tensor, alloc Alloc) (*tensor.Tensor, []Executed, error) {
+	if alloc == nil {
+		alloc = NewAlloc
+	}
 	var log []Executed
 	rank := w.Rank()
 	for i, st := range steps {
 		if err := st.From.Mesh.Validate(w.Size()); err != nil {
 			return nil, log, fmt.Errorf("%w: step %d: %v", ErrInvalid, i, err)
 		}
-		if want := st.From.LocalElems(rank); int64(len(local)) != want {
-			return nil, log, fmt.Errorf("%w: step %d (%s): rank %d holds %d elements, want %d", ErrInvalid, i, st, rank, len(local), want)
+		if want := st.From.LocalElems(rank); int64(local.Len()) != want {
+			return nil, log, fmt.Errorf("%w: step %d (%s): rank %d holds %d elements, want %d", ErrInvalid, i, st, rank, local.Len(), want)
 		}
-		ex := Executed{Kind: st.Kind, MeshDims: append([]int(nil), st.MeshDims...), InputElems: int64(len(local)), Algorithm: "local"}
-		var z T
-		ex.Bytes = ex.InputElems * int64(sizeOf(z))
-		out, c, err := execStep(ctx, w, st, local)
+		ex := Executed{Kind: st.Kind, MeshDims: append([]int(nil), st.MeshDims...), InputElems: int64(local.Len()), Algorithm: "local"}
+		ex.Bytes = ex.InputElems * int64(local.DType().Size())
+		x := &stepExec{w: w, st: st, mem: tensor.MemoryOf(local), es: local.DType().Size(), alloc: alloc, key: fmt.Sprintf("step%d/", i)}
+		out, c, err := x.run(ctx, local)
 		if c != nil {
 			ex.Group = c.Ranks()
 			ex.Algorithm = c.Algorithm()
@@ -56,13 +76,6 @@ func Execute[T Float](ctx context.Context, w *World, steps []placement.Step, loc
 	return local, log, nil
 }
 
-func sizeOf[T Float](z T) int {
-	if dtypeOf[T]() == Float32 {
-		return 4
-	}
-	return 8
-}
-
 func prod(shape []int) int {
 	n := 1
 	for _, d := range shape {
@@ -71,36 +84,64 @@ func prod(shape []int) int {
 	return n
 }
 
-func execStep[T Float](ctx context.Context, w *World, st placement.Step, local []T) ([]T, *Communicator, error) {
+// stepExec is one step on one rank.
+type stepExec struct {
+	w     *World
+	st    placement.Step
+	mem   tensor.Memory
+	es    int
+	alloc Alloc
+	key   string
+}
+
+func (x *stepExec) get(name string, dt tensor.DType, n int) (*tensor.Tensor, error) {
+	return x.alloc(x.mem, x.key+name, dt, n)
+}
+
+// box2D copies the intersection of the src box (shape ss at global offset so,
+// starting at element srcAt of src) and the dst box (ds at do, from element
+// dstAt of dst), as 2-D copies on their memory.
+func (x *stepExec) box2D(dst *tensor.Tensor, dstAt int, ds, do []int, src *tensor.Tensor, srcAt int, ss, so []int) error {
+	es := x.es
+	return copyBox(ds, do, ss, so, func(di, si, pitchD, pitchS, run, rows int) error {
+		return x.mem.Copy2D(dst, (dstAt+di)*es, pitchD*es, src, (srcAt+si)*es, pitchS*es, run*es, rows)
+	})
+}
+
+func (x *stepExec) run(ctx context.Context, local *tensor.Tensor) (*tensor.Tensor, Communicator, error) {
+	st := x.st
 	if st.GroupSize() == 1 {
 		// A group of one: every kind of step leaves the data as it is (the shard
 		// of a dim split once is the dim; the owner of a partial is the rank).
 		return local, nil, nil
 	}
+	w, dt := x.w, local.DType()
 	rank := w.Rank()
 	mesh := st.From.Mesh
 	fs, fo := st.From.Local(rank)
 	ts, to := st.To.Local(rank)
 	switch st.Kind {
 	case placement.LocalSlice:
-		out := make([]T, prod(ts))
-		copyBox(out, ts, to, local, fs, fo)
-		return out, nil, nil
+		out, err := x.get("out", dt, prod(ts))
+		if err != nil {
+			return nil, nil, err
+		}
+		return out, nil, x.box2D(out, 0, ts, to, local, 0, fs, fo)
 	case placement.OwnerPartial:
 		if st.Op == placement.Sum && mesh.Coords(rank)[st.MeshDims[0]] != 0 {
-			clear(local)
+			return local, nil, x.mem.Zero(local, 0, local.Bytes())
 		}
 		return local, nil, nil
 	}
 	group := mesh.Group(rank, st.MeshDims...)
-	c, err := w.Comm(ctx, group)
+	c, err := w.Communicator(ctx, group, local.Device())
 	if err != nil {
 		return nil, nil, err
 	}
 	n := len(group)
 	switch st.Kind {
 	case placement.AllReduce:
-		return local, c, AllReduce(ctx, c, local, st.Op)
+		return local, c, c.AllReduce(ctx, local, st.Op)
 	case placement.AllGather:
 		counts := make([]int, n)
 		boxes := make([]box, n)
@@ -109,17 +150,25 @@ func execStep[T Float](ctx context.Context, w *World, st placement.Step, local [
 			boxes[j] = box{s, o}
 			counts[j] = prod(s)
 		}
-		out := make([]T, prod(ts))
-		if contiguous(boxes, ts, to) {
-			return out, c, AllGather(ctx, c, local, out, counts)
+		out, err := x.get("out", dt, prod(ts))
+		if err != nil {
+			return nil, c, err
 		}
-		tmp := make([]T, sum(counts))
-		if err := AllGather(ctx, c, local, tmp, counts); err != nil {
+		if contiguous(boxes, ts, to) {
+			return out, c, c.AllGather(ctx, local, out, counts)
+		}
+		tmp, err := x.get("gathered", dt, sum(counts))
+		if err != nil {
+			return nil, c, err
+		}
+		if err := c.AllGather(ctx, local, tmp, counts); err != nil {
 			return nil, c, err
 		}
 		off := 0
 		for j := range boxes {
-			copyBox(out, ts, to, tmp[off:off+counts[j]], boxes[j].shape, boxes[j].off)
+			if err := x.box2D(out, 0, ts, to, tmp, off, boxes[j].shape, boxes[j].off); err != nil {
+				return nil, c, err
+			}
 			off += counts[j]
 		}
 		return out, c, nil
@@ -131,17 +180,24 @@ func execStep[T Float](ctx context.Context, w *World, st placement.Step, local [
 			boxes[j] = box{s, o}
 			counts[j] = prod(s)
 		}
-		out := make([]T, prod(ts))
+		out, err := x.get("out", dt, prod(ts))
+		if err != nil {
+			return nil, c, err
+		}
 		in := local
 		if !contiguous(boxes, fs, fo) {
-			in = make([]T, sum(counts))
+			if in, err = x.get("packed", dt, sum(counts)); err != nil {
+				return nil, c, err
+			}
 			off := 0
 			for j := range boxes {
-				copyBox(in[off:off+counts[j]], boxes[j].shape, boxes[j].off, local, fs, fo)
+				if err := x.box2D(in, off, boxes[j].shape, boxes[j].off, local, 0, fs, fo); err != nil {
+					return nil, c, err
+				}
 				off += counts[j]
 			}
 		}
-		return out, c, ReduceScatter(ctx, c, in, out, counts, st.Op)
+		return out, c, c.ReduceScatter(ctx, in, out, counts, st.Op)
 	case placement.AllToAll:
 		sendCounts := make([]int, n)
 		recvCounts := make([]int, n)
@@ -155,20 +211,33 @@ func execStep[T Float](ctx context.Context, w *World, st placement.Step, local [
 			recvBoxes[j] = intersect(box{s, o}, box{ts, to})
 			recvCounts[j] = prod(recvBoxes[j].shape)
 		}
-		send := make([]T, sum(sendCounts))
-		off := 0
-		for j := range sendBoxes {
-			copyBox(send[off:off+sendCounts[j]], sendBoxes[j].shape, sendBoxes[j].off, local, fs, fo)
-			off += sendCounts[j]
-		}
-		recv := make([]T, sum(recvCounts))
-		if err := AllToAll(ctx, c, send, sendCounts, recv, recvCounts); err != nil {
+		send, err := x.get("send", dt, sum(sendCounts))
+		if err != nil {
 			return nil, c, err
 		}
-		out := make([]T, prod(ts))
+		off := 0
+		for j := range sendBoxes {
+			if err := x.box2D(send, off, sendBoxes[j].shape, sendBoxes[j].off, local, 0, fs, fo); err != nil {
+				return nil, c, err
+			}
+			off += sendCounts[j]
+		}
+		recv, err := x.get("recv", dt, sum(recvCounts))
+		if err != nil {
+			return nil, c, err
+		}
+		if err := c.AllToAll(ctx, send, sendCounts, recv, recvCounts); err != nil {
+			return nil, c, err
+		}
+		out, err := x.get("out", dt, prod(ts))
+		if err != nil {
+			return nil, c, err
+		}
 		off = 0
 		for j := range recvBoxes {
-			copyBox(out, ts, to, recv[off:off+recvCounts[j]], recvBoxes[j].shape, recvBoxes[j].off)
+			if err := x.box2D(out, 0, ts, to, recv, off, recvBoxes[j].shape, recvBoxes[j].off); err != nil {
+				return nil, c, err
+			}
 			off += recvCounts[j]
 		}
 		return out, c, nil
@@ -240,35 +309,41 @@ func contiguous(boxes []box, shape, off []int) bool {
 	return pos == prod(shape)
 }
 
-// copyBox copies the intersection of the src box (dense, shape ss at global
-// offset so) and the dst box (dense, ds at do) from src to dst, one contiguous
-// run along the last dim at a time.
-func copyBox[T Float](dst []T, ds, do []int, src []T, ss, so []int) {
+// copyBox walks the intersection of the src box (dense, shape ss at global
+// offset so) and the dst box (dense, ds at do) and calls copy2D for each 2-D
+// block of it: rows runs of run elements, starting at element di of dst and si
+// of src, pitchD and pitchS elements apart (the last two dims).
+func copyBox(ds, do, ss, so []int, copy2D func(di, si, pitchD, pitchS, run, rows int) error) error {
 	nd := len(ds)
 	if nd == 0 {
-		if len(dst) > 0 && len(src) > 0 {
-			dst[0] = src[0]
-		}
-		return
+		return copy2D(0, 0, 1, 1, 1, 1)
 	}
 	lo := make([]int, nd)
 	hi := make([]int, nd)
 	for d := 0; d < nd; d++ {
 		lo[d], hi[d] = max(do[d], so[d]), min(do[d]+ds[d], so[d]+ss[d])
 		if hi[d] <= lo[d] {
-			return
+			return nil
 		}
 	}
-	idx := append([]int(nil), lo...)
 	run := hi[nd-1] - lo[nd-1]
+	rows, pitchD, pitchS := 1, ds[nd-1], ss[nd-1]
+	outer := nd - 1 // dims before the 2-D block
+	if nd >= 2 {
+		rows = hi[nd-2] - lo[nd-2]
+		outer = nd - 2
+	}
+	idx := append([]int(nil), lo...)
 	for {
 		si, di := 0, 0
 		for d := 0; d < nd; d++ {
 			si = si*ss[d] + idx[d] - so[d]
 			di = di*ds[d] + idx[d] - do[d]
 		}
-		copy(dst[di:di+run], src[si:si+run])
-		d := nd - 2
+		if err := copy2D(di, si, pitchD, pitchS, run, rows); err != nil {
+			return err
+		}
+		d := outer - 1
 		for ; d >= 0; d-- {
 			idx[d]++
 			if idx[d] < hi[d] {
@@ -277,7 +352,7 @@ func copyBox[T Float](dst []T, ds, do []int, src []T, ss, so []int) {
 			idx[d] = lo[d]
 		}
 		if d < 0 {
-			return
+			return nil
 		}
 	}
 }

@@ -52,7 +52,7 @@ func expect(t *testing.T, errs []error, skip int, kind error, culprit int, took,
 }
 
 func worldComms(ws []*collective.World) error {
-	errs := collectivetest.RunRanks(ws, func(w *collective.World) error { _, err := w.WorldComm(context.Background()); return err })
+	errs := collectivetest.RunRanks(ws, func(w *collective.World) error { _, err := w.WorldGroup(context.Background()); return err })
 	return errors.Join(errs...)
 }
 
@@ -70,7 +70,7 @@ func TestFaultDifferentOp(t *testing.T) {
 			}
 			start := time.Now()
 			errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
-				c, err := w.WorldComm(context.Background())
+				c, err := w.WorldGroup(context.Background())
 				if err != nil {
 					return err
 				}
@@ -113,7 +113,7 @@ func TestFaultDifferentCount(t *testing.T) {
 	}
 	start := time.Now()
 	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
-		c, _ := w.WorldComm(context.Background())
+		c, _ := w.WorldGroup(context.Background())
 		n := 1000
 		if w.Rank() == 1 {
 			n = 1001
@@ -141,7 +141,7 @@ func TestFaultCountChangedMidStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
-		c, _ := w.WorldComm(context.Background())
+		c, _ := w.WorldGroup(context.Background())
 		return collective.AllReduce(context.Background(), c, make([]float32, 50000), collective.Sum)
 	})
 	expect(t, errs, -1, collective.ErrMismatch, 3, 0, time.Second)
@@ -159,7 +159,7 @@ func TestFaultRankExits(t *testing.T) {
 	}
 	start := time.Now()
 	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
-		c, _ := w.WorldComm(context.Background())
+		c, _ := w.WorldGroup(context.Background())
 		return collective.AllReduce(context.Background(), c, make([]float32, 50000), collective.Sum)
 	})
 	expect(t, errs, 2, collective.ErrPeerLost, 2, time.Since(start), 2*time.Second)
@@ -180,7 +180,7 @@ func TestFaultRankHangs(t *testing.T) {
 	}
 	start := time.Now()
 	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
-		c, _ := w.WorldComm(context.Background())
+		c, _ := w.WorldGroup(context.Background())
 		buf := make([]float32, 5000)
 		if err := collective.AllReduce(context.Background(), c, buf, collective.Sum); err != nil {
 			return err
@@ -210,7 +210,7 @@ func TestFaultCallerCancel(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	c, _ := ws[0].WorldComm(context.Background())
+	c, _ := ws[0].WorldGroup(context.Background())
 	err := collective.AllReduce(ctx, c, make([]float32, 10), collective.Sum)
 	if !errors.Is(err, collective.ErrAborted) {
 		t.Fatalf("%v", err)
@@ -237,7 +237,7 @@ func TestFaultCloseWhileWaiting(t *testing.T) {
 			leak := collectivetest.Goroutines(t)
 			ws := joinWorlds(t, s, job, 2, tr, collective.Options{})
 			err := worldComms(ws)
-			c, _ := ws[0].WorldComm(context.Background())
+			c, _ := ws[0].WorldGroup(context.Background())
 			if err == nil {
 				errc := make(chan error, 1)
 				go func() { errc <- collective.AllReduce(context.Background(), c, make([]float32, 1<<20), collective.Sum) }()

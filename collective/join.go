@@ -109,6 +109,8 @@ func EnvConfig() Config {
 	dur("MESHRUN_RENDEZVOUS_TIMEOUT", &c.RendezvousTimeout)
 	num("MESHRUN_CHUNK_BYTES", false, &c.ChunkBytes)
 	num("MESHRUN_SMALL_BYTES", false, &c.SmallBytes)
+	num("MESHRUN_STAGE_BYTES", false, &c.StageBytes)
+	c.Collectives = os.Getenv(EnvBackend)
 	return c
 }
 
@@ -140,6 +142,9 @@ func (c *Config) Validate() error {
 	case "", "auto", "shm", "tcp", "nats":
 	default:
 		errs = append(errs, fmt.Sprintf("transport %q: want auto, shm, tcp or nats", c.Transport))
+	}
+	if _, err := ParseBackend(c.Collectives); err != nil {
+		errs = append(errs, fmt.Sprintf("%s=%q: want auto, host, staged or nccl", EnvBackend, c.Collectives))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %s", ErrInvalid, strings.Join(errs, "; "))

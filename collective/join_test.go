@@ -197,14 +197,14 @@ func TestAbortAndHeartbeats(t *testing.T) {
 	res := make(chan error, 2)
 	for r := 0; r < 2; r++ {
 		go func() {
-			c, err := ws[r].WorldComm(context.Background())
+			c, err := ws[r].WorldGroup(context.Background())
 			if err == nil {
 				err = collective.AllReduce(context.Background(), c, make([]float32, 10), collective.Sum)
 			}
 			res <- err
 		}()
 	}
-	go ws[2].WorldComm(context.Background())
+	go ws[2].WorldGroup(context.Background())
 	time.Sleep(700 * time.Millisecond)
 	mu.Lock()
 	hangs := protocol.Hangs(latest, time.Now(), 300*time.Millisecond)

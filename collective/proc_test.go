@@ -72,7 +72,7 @@ func worker() int {
 		return emit()
 	}
 	fault := os.Getenv("MESHRUN_TEST_FAULT")
-	c, err := w.WorldComm(context.Background())
+	c, err := w.WorldGroup(context.Background())
 	buf := make([]float32, 256<<10)
 	start := time.Now()
 	for it := 0; err == nil && time.Since(start) < 30*time.Second; it++ {

@@ -92,7 +92,7 @@ func TestTCPRefusesWithoutSecret(t *testing.T) {
 	errs := make(chan error, 2)
 	for i, w := range ws {
 		go func() {
-			c, err := w.WorldComm(ctx)
+			c, err := w.WorldGroup(ctx)
 			if err != nil {
 				errs <- err
 				return

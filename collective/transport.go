@@ -11,7 +11,7 @@ import (
 // from every other rank of the world. Algorithms are written once over it.
 //
 // Send and Recv may run concurrently with each other and across peers, but at
-// most one Send and one Recv per peer at a time (the Communicator guarantees
+// most one Send and one Recv per peer at a time (the Group guarantees
 // it). Every message carries a Header; Recv checks it against the header the
 // caller expects (see checkHeader) before a byte of payload is used, and fails
 // with ErrMismatch, ErrPeerLost, ErrTimeout (ctx deadline) or the error given to

@@ -1,7 +1,15 @@
-// Package collective moves tensors between the ranks of a meshrun job: a
-// Communicator per group of ranks (the world, or the ranks along mesh dims)
-// with all-reduce, all-gather and reduce-scatter with per-rank counts,
-// all-to-all, broadcast, barrier and send/recv; Execute runs a placement plan.
+// Package collective moves tensors between the ranks of a meshrun job: all-reduce,
+// all-gather and reduce-scatter with per-rank counts, all-to-all, broadcast,
+// barrier and send/recv per group of ranks (the world, or the ranks along mesh
+// dims); Execute runs a placement plan on a tensor.
+//
+// Two layers. A Group runs the algorithms (ring, direct, chain, pairwise) on host
+// memory over the World's Transport. A Communicator takes tensors of one device
+// and is chosen per buffer device: "host" (a Group on host tensors), "staged"
+// (device buffers copied to host memory in chunks, pipelined with a Group's
+// collectives, and back) or "nccl" (registered by builds that have it). Every
+// backend keeps the Group's coordination, so failures look the same on every
+// device.
 //
 // The data plane is a Transport (local, shm, tcp, nats); the coordination plane
 // (rendezvous, heartbeats, failure notices, abort) is a Control, over NATS in a
@@ -51,6 +59,12 @@ type Options struct {
 	// SmallBytes: collectives of at most this many bytes use direct algorithms
 	// (one message to every peer) instead of rings; default 32 KiB.
 	SmallBytes int
+	// Collectives chooses the backend of device buffers: "auto" (default),
+	// "host", "staged" or "nccl" (see Communicator).
+	Collectives string
+	// StageBytes is the staged backend's pipelining unit: device buffers cross
+	// to host memory in chunks of this size; default 4 MiB.
+	StageBytes int
 	// Logger; nil logs nothing.
 	Logger *zap.Logger
 }
@@ -64,6 +78,12 @@ func (o *Options) defaults() {
 	}
 	if o.SmallBytes <= 0 {
 		o.SmallBytes = 32 << 10
+	}
+	if o.Collectives == "" {
+		o.Collectives = BackendAuto
+	}
+	if o.StageBytes <= 0 {
+		o.StageBytes = 4 << 20
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -85,7 +105,8 @@ type World struct {
 
 	mu      sync.Mutex
 	err     *Error
-	comms   map[string]*Communicator
+	comms   map[string]*Group
+	dcomms  map[commKey]Communicator
 	seqs    map[string]uint64
 	cur     State
 	closers []func() error
@@ -102,8 +123,12 @@ func NewWorld(t Transport, ctrl Control, o Options) (*World, error) {
 	if t == nil || ctrl == nil {
 		return nil, fmt.Errorf("%w: nil transport or control", ErrInvalid)
 	}
+	var err error
+	if o.Collectives, err = ParseBackend(o.Collectives); err != nil {
+		return nil, err
+	}
 	w := &World{rank: t.Rank(), size: t.Size(), t: t, ctrl: ctrl, opts: o, job: hash64("job:" + o.Job),
-		log: o.Logger, comms: map[string]*Communicator{}, seqs: map[string]uint64{}}
+		log: o.Logger, comms: map[string]*Group{}, seqs: map[string]uint64{}}
 	w.ctx, w.cancel = context.WithCancelCause(context.Background())
 	w.cur = State{Rank: w.rank, Since: time.Now()}
 	ctrl.Attach(w.State, w.onNotice)
@@ -360,7 +385,7 @@ func (w *World) blame(key string, seq uint64, ranks []int, fallback int) (int, s
 // Comm returns the communicator of the group ranks (world ranks, in group
 // order), creating it on first use. Every member must call Comm with the same
 // ranks; creation is a handshake among them that fails on disagreement.
-func (w *World) Comm(ctx context.Context, ranks []int) (*Communicator, error) {
+func (w *World) Group(ctx context.Context, ranks []int) (*Group, error) {
 	key := fmt.Sprint(ranks)
 	w.mu.Lock()
 	if c, ok := w.comms[key]; ok {
@@ -394,18 +419,18 @@ func (w *World) Comm(ctx context.Context, ranks []int) (*Communicator, error) {
 }
 
 // WorldComm is the communicator of all ranks.
-func (w *World) WorldComm(ctx context.Context) (*Communicator, error) {
+func (w *World) WorldGroup(ctx context.Context) (*Group, error) {
 	r := make([]int, w.size)
 	for i := range r {
 		r[i] = i
 	}
-	return w.Comm(ctx, r)
+	return w.Group(ctx, r)
 }
 
 // MeshComm is the communicator of this rank's group along mesh dims (one group,
 // ranks ordered as placement.Mesh.Group orders them). The mesh must hold the
 // whole world.
-func (w *World) MeshComm(ctx context.Context, mesh placement.Mesh, dims ...int) (*Communicator, error) {
+func (w *World) MeshGroup(ctx context.Context, mesh placement.Mesh, dims ...int) (*Group, error) {
 	if err := mesh.Validate(w.size); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
@@ -414,7 +439,7 @@ func (w *World) MeshComm(ctx context.Context, mesh placement.Mesh, dims ...int) 
 			return nil, fmt.Errorf("%w: mesh %s has no dim %d", ErrInvalid, mesh, d)
 		}
 	}
-	return w.Comm(ctx, mesh.Group(w.rank, dims...))
+	return w.Group(ctx, mesh.Group(w.rank, dims...))
 }
 
 // OnClose registers f to run at Close (after the communicators stop).
@@ -433,7 +458,7 @@ func (w *World) Close() error {
 		return nil
 	}
 	w.closed = true
-	comms := make([]*Communicator, 0, len(w.comms))
+	comms := make([]*Group, 0, len(w.comms))
 	for _, c := range w.comms {
 		comms = append(comms, c)
 	}

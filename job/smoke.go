@@ -64,7 +64,7 @@ func barrier(ctx context.Context, env Env) int {
 		return failure(env, "barrier", err)
 	}
 	defer w.Close()
-	c, err := w.WorldComm(ctx)
+	c, err := w.WorldGroup(ctx)
 	if err == nil {
 		err = c.Barrier(ctx)
 	}

@@ -310,16 +310,25 @@ func (l *Layer) move(ctx context.Context, rt Runtime, name string, t *tensor.Ten
 	if !ok {
 		return t, nil
 	}
-	return execute(ctx, rt, l.Name, name, m, t, l.rank)
+	return execute(ctx, rt, l.Name, name, m, t, l.rank, l.bufs, "forward")
 }
 
-// execute runs one move's steps on a tensor.
-func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t *tensor.Tensor, rank int) (*tensor.Tensor, error) {
+// execute runs one move's steps on a tensor, on its device. The tensors the
+// move writes come from bufs (nil: fresh ones), keyed by the phase, the tensor
+// and the layout it moves to, so a step reuses the last step's.
+func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t *tensor.Tensor, rank int, bufs scratch, phase string) (*tensor.Tensor, error) {
 	end := func() {}
 	if rt.Trace != nil {
 		end = rt.Trace(name, "collective")
 	}
-	out, log, err := redistribute(ctx, rt.World, m.Steps, t)
+	alloc := collective.NewAlloc
+	if bufs != nil {
+		prefix := phase + "/" + name + "/" + placement.FormatList(m.To.Placements) + "/"
+		alloc = func(mem tensor.Memory, key string, dt tensor.DType, n int) (*tensor.Tensor, error) {
+			return bufs.getT(mem, prefix+key, dt, []int{n})
+		}
+	}
+	out, log, err := collective.Execute(ctx, rt.World, m.Steps, t, alloc)
 	end()
 	if err != nil {
 		return nil, fmt.Errorf("linear %s: moving %s %s -> %s: %w", layer, name, m.From, m.To, err)
@@ -330,33 +339,6 @@ func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t
 		}
 	}
 	return out.Reshape(m.To.LocalShape(rank)...)
-}
-
-// redistribute runs steps on t (host tensors only, for now).
-func redistribute(ctx context.Context, w *collective.World, steps []placement.Step, t *tensor.Tensor) (*tensor.Tensor, []collective.Executed, error) {
-	if !t.OnHost() {
-		return nil, nil, fmt.Errorf("%w: collectives over %v tensors", ErrConfig, t.Device())
-	}
-	var shape []int
-	if len(steps) > 0 {
-		shape = steps[len(steps)-1].To.LocalShape(w.Rank())
-	} else {
-		shape = t.Shape()
-	}
-	if t.DType() == tensor.Float64 {
-		out, log, err := collective.Execute(ctx, w, steps, t.Float64())
-		if err != nil {
-			return nil, log, err
-		}
-		r, err := tensor.FromFloat64(out, shape...)
-		return r, log, err
-	}
-	out, log, err := collective.Execute(ctx, w, steps, t.Float32())
-	if err != nil {
-		return nil, log, err
-	}
-	r, err := tensor.FromFloat32(out, shape...)
-	return r, log, err
 }
 
 // Backward computes the gradients the layer needs from dy (laid out as Bwd.DY)
@@ -381,7 +363,7 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 				t, ok := dys[dyKey(local)]
 				if !ok {
 					var err error
-					if t, err = execute(ctx, rt, l.Name, in.Name, moveOf(g.Plan, in.Name), dys[dyKey(in.Spec)], l.rank); err != nil {
+					if t, err = execute(ctx, rt, l.Name, in.Name, moveOf(g.Plan, in.Name), dys[dyKey(in.Spec)], l.rank, l.bufs, "backward"); err != nil {
 						return nil, err
 					}
 					dys[dyKey(local)] = t
@@ -400,7 +382,7 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 					if err != nil {
 						return nil, err
 					}
-					if t, err = execute(ctx, rt, l.Name, in.Name, m, c, l.rank); err != nil {
+					if t, err = execute(ctx, rt, l.Name, in.Name, m, c, l.rank, l.bufs, "backward"); err != nil {
 						return nil, err
 					}
 				}
@@ -417,7 +399,7 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 				return nil, fmt.Errorf("linear %s backward input: %w", l.Name, err)
 			}
 			if m := moveOf(g.Plan, g.Output.Name); m.Steps != nil {
-				if d, err = execute(ctx, rt, l.Name, g.Output.Name, m, d, l.rank); err != nil {
+				if d, err = execute(ctx, rt, l.Name, g.Output.Name, m, d, l.rank, l.bufs, "backward"); err != nil {
 					return nil, err
 				}
 			}
@@ -475,7 +457,7 @@ func (l *Layer) Reduce(ctx context.Context, rt Runtime) (dw, db *tensor.Tensor, 
 			continue
 		}
 		if m := moveOf(g.Plan, g.Output.Name); m.Steps != nil {
-			if t, err = execute(ctx, rt, l.Name, g.Output.Name, m, t, l.rank); err != nil {
+			if t, err = execute(ctx, rt, l.Name, g.Output.Name, m, t, l.rank, l.bufs, "reduce"); err != nil {
 				return nil, nil, err
 			}
 		}

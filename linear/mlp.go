@@ -212,7 +212,7 @@ func (m *MLP) mse(ctx context.Context, rt Runtime, y *tensor.Tensor) (float64, *
 	if err != nil {
 		return 0, nil, err
 	}
-	total, err := execute(ctx, rt, "mlp", "loss", spmd.Move{Tensor: "loss", From: from, To: to, Steps: steps}, sum, m.rank)
+	total, err := execute(ctx, rt, "mlp", "loss", spmd.Move{Tensor: "loss", From: from, To: to, Steps: steps}, sum, m.rank, m.bufs, "loss")
 	if err != nil {
 		return 0, nil, err
 	}

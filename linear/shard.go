@@ -2,6 +2,7 @@ package linear
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -89,12 +90,24 @@ func Gather(ctx context.Context, w *collective.World, spec placement.Spec, local
 	if err != nil {
 		return nil, err
 	}
-	out, _, err := redistribute(ctx, w, steps, c)
+	out, _, err := collective.Execute(ctx, w, steps, c, nil)
 	if err != nil {
 		return nil, err
 	}
-	if out, err = tensor.Download(out); err != nil {
+	host, err := tensor.Download(out)
+	if err != nil {
 		return nil, err
 	}
-	return out.Reshape(spec.Shape...)
+	// What this gathered on a device is not needed there any more.
+	if !out.OnHost() {
+		m := tensor.MemoryOf(out)
+		if out != c {
+			err = m.Free(out)
+		}
+		err = errors.Join(err, m.Free(c))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return host.Reshape(spec.Shape...)
 }

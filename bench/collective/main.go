@@ -225,7 +225,7 @@ func worker() error {
 		return err
 	}
 	defer w.Close()
-	c, err := w.WorldComm(ctx)
+	c, err := w.WorldGroup(ctx)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,8 @@ import (
 // testPlans plans random redistributions on mesh, executes them with
 // collective.Execute on every rank and compares the locals and the executed
 // steps with placement/sim.
-func testPlans(t *testing.T, ws []*collective.World, mesh placement.Mesh) {
+func testPlans(t *testing.T, e *env, mesh placement.Mesh) {
+	ws := e.ws
 	rng := rand.New(rand.NewSource(int64(mesh.Size())))
 	shapes := [][]int{{7, 5}, {5, 6, 3}, {1, 9}, {2, 3}}
 	choices := []string{"R", "S(0)", "S(1)", "S(0,chunk)", "P", "P(avg)", "P(max)", "P(min)"}
@@ -67,10 +68,16 @@ func testPlans(t *testing.T, ws []*collective.World, mesh placement.Mesh) {
 		got := make([][]float64, len(ws))
 		logs := make([][]collective.Executed, len(ws))
 		must(t, RunRanks(ws, func(w *collective.World) error {
-			in := append([]float64(nil), locals[w.Rank()].Data...)
-			out, log, err := collective.Execute(context.Background(), w, steps, in)
-			got[w.Rank()], logs[w.Rank()] = out, log
-			return err
+			in := put(e, w.Rank(), append([]float64(nil), locals[w.Rank()].Data...))
+			out, log, err := collective.Execute(context.Background(), w, steps, in, nil)
+			if err != nil {
+				return err
+			}
+			if out.Device() != in.Device() {
+				return fmt.Errorf("result on %v, input on %v", out.Device(), in.Device())
+			}
+			got[w.Rank()], logs[w.Rank()] = get[float64](out), log
+			return nil
 		}))
 		for r := range ws {
 			if len(got[r]) != len(want[r].Data) {

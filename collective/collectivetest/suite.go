@@ -1,7 +1,9 @@
 // Package collectivetest is the conformance suite every collective transport
-// passes: every op, every reduction, float32 and float64, sizes 0, 1, uneven
-// and larger than a chunk, groups of 1 to 5 ranks, the groups of 2-D meshes, and
-// placement plans executed against placement/sim.
+// passes, through the device-aware Communicator: every op, every reduction,
+// float32 and float64, sizes 0, 1, uneven and larger than a chunk, groups of 1
+// to 5 ranks, the groups of 2-D meshes, and placement plans executed against
+// placement/sim — once on host buffers (the host backend) and once on simulated
+// device buffers (the staged backend, its rounds smaller than the sizes).
 package collectivetest
 
 import (
@@ -13,18 +15,20 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/kernels/sim"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // Factory builds n connected Worlds (ranks 0..n-1) with opts; the suite closes
 // them.
 type Factory func(t testing.TB, n int, opts collective.Options) []*collective.World
 
-// SuiteOptions are the options the suite runs with: small chunks and a small
-// direct threshold so that rings, pipelining and chunk boundaries are exercised
-// at test sizes.
+// SuiteOptions are the options the suite runs with: small chunks, a small
+// direct threshold and small staging rounds so that rings, pipelining, chunk
+// and round boundaries are exercised at test sizes.
 func SuiteOptions() collective.Options {
-	return collective.Options{Job: "conformance", ChunkBytes: 4 << 10, SmallBytes: 1 << 10, DataTimeout: 30 * time.Second}
+	return collective.Options{Job: "conformance", ChunkBytes: 4 << 10, SmallBytes: 1 << 10, StageBytes: 2 << 10, DataTimeout: 30 * time.Second}
 }
 
 // RunRanks runs fn on every rank concurrently and returns the errors by rank.
@@ -51,28 +55,131 @@ func must(t testing.TB, errs []error) {
 	}
 }
 
-// Run runs the whole suite against f.
+// Buffers is where the suite's buffers live.
+type Buffers int
+
+const (
+	// Host buffers go to the host backend.
+	Host Buffers = iota
+	// Sim buffers (kernels/sim device memory, one device per rank) go to the
+	// staged backend.
+	Sim
+)
+
+func (b Buffers) String() string { return [...]string{"host", "sim"}[b] }
+
+// Memories returns one memory per rank for buffers b.
+func (b Buffers) Memories(n int) []tensor.Memory {
+	ms := make([]tensor.Memory, n)
+	for r := range ms {
+		ms[r] = tensor.Host
+		if b == Sim {
+			ms[r] = sim.NewMemory(r)
+		}
+	}
+	return ms
+}
+
+// env is the worlds and each rank's memory.
+type env struct {
+	ws   []*collective.World
+	mems []tensor.Memory
+	want string // the backend the communicators must be
+}
+
+// comm returns w's communicator of ranks for its memory's device.
+func (e *env) comm(w *collective.World, ranks []int) (collective.Communicator, error) {
+	c, err := w.Communicator(context.Background(), ranks, e.mems[w.Rank()].Device())
+	if err == nil && c.Backend() != e.want {
+		err = fmt.Errorf("backend %s for %v buffers, want %s", c.Backend(), e.mems[w.Rank()].Device(), e.want)
+	}
+	return c, err
+}
+
+// put copies x into a new tensor of rank r's memory.
+func put[T collective.Float](e *env, r int, x []T) *tensor.Tensor {
+	var h *tensor.Tensor
+	switch v := any(x).(type) {
+	case []float32:
+		h, _ = tensor.FromFloat32(v, len(v))
+	case []float64:
+		h, _ = tensor.FromFloat64(v, len(v))
+	}
+	d, err := tensor.Upload(e.mems[r], h)
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
+// alloc returns a new tensor of n elements of T in rank r's memory.
+func alloc[T collective.Float](e *env, r, n int) *tensor.Tensor {
+	return put(e, r, make([]T, n))
+}
+
+// get copies t back to a host slice.
+func get[T collective.Float](t *tensor.Tensor) []T {
+	h, err := tensor.Download(t)
+	if err != nil {
+		panic(err)
+	}
+	var z T
+	switch any(z).(type) {
+	case float32:
+		return any(h.Float32()).([]T)
+	default:
+		return any(h.Float64()).([]T)
+	}
+}
+
+// Run runs the whole suite against f, on host buffers and on sim buffers.
 func Run(t *testing.T, f Factory) {
+	for _, b := range []Buffers{Host, Sim} {
+		t.Run("buffers="+b.String(), func(t *testing.T) { runOn(t, f, b) })
+	}
+	// Point to point stays a host Group's.
+	t.Run("send_recv", func(t *testing.T) {
+		ws := f(t, 3, SuiteOptions())
+		defer closeAll(ws)
+		testSendRecv[float64](t, ws)
+	})
+}
+
+func runOn(t *testing.T, f Factory, b Buffers) {
+	want := collective.BackendHost
+	if b == Sim {
+		want = collective.BackendStaged
+	}
 	for n := 1; n <= 5; n++ {
 		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
 			ws := f(t, n, SuiteOptions())
 			defer closeAll(ws)
+			e := &env{ws: ws, mems: b.Memories(n), want: want}
 			sizes := []int{0, 1, 2, n - 1, n + 1, 7, 255, 1000, 3001}
 			if !testing.Short() {
 				sizes = append(sizes, 20011)
 			}
-			t.Run("all_reduce", func(t *testing.T) { testAllReduce[float32](t, ws, sizes); testAllReduce[float64](t, ws, sizes[:6]) })
-			t.Run("all_gather", func(t *testing.T) { testAllGather[float32](t, ws, sizes); testAllGather[float64](t, ws, sizes[:6]) })
+			t.Run("all_reduce", func(t *testing.T) { testAllReduce[float32](t, e, sizes); testAllReduce[float64](t, e, sizes[:6]) })
+			t.Run("all_gather", func(t *testing.T) { testAllGather[float32](t, e, sizes); testAllGather[float64](t, e, sizes[:6]) })
 			t.Run("reduce_scatter", func(t *testing.T) {
-				testReduceScatter[float32](t, ws, sizes)
-				testReduceScatter[float64](t, ws, sizes[:6])
+				testReduceScatter[float32](t, e, sizes)
+				testReduceScatter[float64](t, e, sizes[:6])
 			})
-			t.Run("all_to_all", func(t *testing.T) { testAllToAll[float32](t, ws); testAllToAll[float64](t, ws) })
-			t.Run("broadcast", func(t *testing.T) { testBroadcast[float32](t, ws, sizes) })
-			t.Run("send_recv", func(t *testing.T) { testSendRecv[float64](t, ws) })
+			t.Run("all_to_all", func(t *testing.T) { testAllToAll[float32](t, e); testAllToAll[float64](t, e) })
+			t.Run("broadcast", func(t *testing.T) { testBroadcast[float32](t, e, sizes) })
+			if b == Sim && n > 1 {
+				// The device buffers crossed through host memory, in several
+				// rounds per call: counted as staging, never as transfers.
+				for r, m := range e.mems {
+					tr := m.Transfers()
+					if tr.StagedD2H.Calls == 0 || tr.StagedH2D.Calls == 0 {
+						t.Errorf("rank %d: no staging counted: %+v", r, tr)
+					}
+				}
+			}
 			t.Run("barrier", func(t *testing.T) {
 				must(t, RunRanks(ws, func(w *collective.World) error {
-					c, err := w.WorldComm(context.Background())
+					c, err := e.comm(w, worldRanks(n))
 					if err != nil {
 						return err
 					}
@@ -91,8 +198,9 @@ func Run(t *testing.T, f Factory) {
 			mesh, _ := placement.ParseMesh(m)
 			ws := f(t, mesh.Size(), SuiteOptions())
 			defer closeAll(ws)
-			testMesh(t, ws, mesh)
-			testPlans(t, ws, mesh)
+			e := &env{ws: ws, mems: b.Memories(mesh.Size()), want: want}
+			testMesh(t, e, mesh)
+			testPlans(t, e, mesh)
 		})
 	}
 }
@@ -145,22 +253,23 @@ func worldRanks(n int) []int {
 
 var ops = []collective.ReduceOp{collective.Sum, collective.Avg, collective.Max, collective.Min}
 
-func testAllReduce[T collective.Float](t *testing.T, ws []*collective.World, sizes []int) {
-	n := len(ws)
+func testAllReduce[T collective.Float](t *testing.T, e *env, sizes []int) {
+	n := len(e.ws)
 	for _, size := range sizes {
 		for _, op := range ops {
 			out := make([][]T, n)
-			must(t, RunRanks(ws, func(w *collective.World) error {
-				c, err := w.WorldComm(context.Background())
+			must(t, RunRanks(e.ws, func(w *collective.World) error {
+				c, err := e.comm(w, worldRanks(n))
 				if err != nil {
 					return err
 				}
 				buf := make([]T, size)
 				fill(buf, size, w.Rank(), 0)
-				if err := collective.AllReduce(context.Background(), c, buf, op); err != nil {
+				d := put(e, w.Rank(), buf)
+				if err := c.AllReduce(context.Background(), d, op); err != nil {
 					return err
 				}
-				out[w.Rank()] = buf
+				out[w.Rank()] = get[T](d)
 				return nil
 			}))
 			vals := make([]float64, n)
@@ -199,24 +308,38 @@ func sum(xs []int) int {
 	return s
 }
 
-func testAllGather[T collective.Float](t *testing.T, ws []*collective.World, sizes []int) {
-	n := len(ws)
+func testAllGather[T collective.Float](t *testing.T, e *env, sizes []int) {
+	n := len(e.ws)
 	for _, size := range sizes {
-		counts := unevenCounts(n, size, size)
+		for _, even := range []bool{true, false} {
+			counts := unevenCounts(n, size, size)
+			if even {
+				for i := range counts {
+					counts[i] = size
+				}
+			}
+			testAllGatherCounts[T](t, e, size, counts)
+		}
+	}
+}
+
+func testAllGatherCounts[T collective.Float](t *testing.T, e *env, size int, counts []int) {
+	n := len(e.ws)
+	{
 		total := sum(counts)
 		out := make([][]T, n)
-		must(t, RunRanks(ws, func(w *collective.World) error {
-			c, err := w.WorldComm(context.Background())
+		must(t, RunRanks(e.ws, func(w *collective.World) error {
+			c, err := e.comm(w, worldRanks(n))
 			if err != nil {
 				return err
 			}
 			in := make([]T, counts[w.Rank()])
 			fill(in, size, w.Rank(), 0)
-			o := make([]T, total)
-			if err := collective.AllGather(context.Background(), c, in, o, counts); err != nil {
+			o := alloc[T](e, w.Rank(), total)
+			if err := c.AllGather(context.Background(), put(e, w.Rank(), in), o, counts); err != nil {
 				return err
 			}
-			out[w.Rank()] = o
+			out[w.Rank()] = get[T](o)
 			return nil
 		}))
 		for r := 0; r < n; r++ {
@@ -233,31 +356,37 @@ func testAllGather[T collective.Float](t *testing.T, ws []*collective.World, siz
 	}
 }
 
-func testReduceScatter[T collective.Float](t *testing.T, ws []*collective.World, sizes []int) {
-	n := len(ws)
+func testReduceScatter[T collective.Float](t *testing.T, e *env, sizes []int) {
+	n := len(e.ws)
 	for _, size := range sizes {
 		for _, op := range ops {
 			counts := unevenCounts(n, size, size+int(op))
+			if op == collective.Sum { // and even counts once per size
+				for i := range counts {
+					counts[i] = size
+				}
+			}
 			total := sum(counts)
 			out := make([][]T, n)
-			must(t, RunRanks(ws, func(w *collective.World) error {
-				c, err := w.WorldComm(context.Background())
+			must(t, RunRanks(e.ws, func(w *collective.World) error {
+				c, err := e.comm(w, worldRanks(n))
 				if err != nil {
 					return err
 				}
 				in := make([]T, total)
 				fill(in, size, w.Rank(), 0)
-				keep := append([]T(nil), in...)
-				o := make([]T, counts[w.Rank()])
-				if err := collective.ReduceScatter(context.Background(), c, in, o, counts, op); err != nil {
+				din := put(e, w.Rank(), in)
+				o := alloc[T](e, w.Rank(), counts[w.Rank()])
+				if err := c.ReduceScatter(context.Background(), din, o, counts, op); err != nil {
 					return err
 				}
+				after := get[T](din)
 				for i := range in {
-					if in[i] != keep[i] {
+					if after[i] != in[i] {
 						return fmt.Errorf("reduce_scatter modified its input at %d", i)
 					}
 				}
-				out[w.Rank()] = o
+				out[w.Rank()] = get[T](o)
 				return nil
 			}))
 			off := 0
@@ -277,8 +406,8 @@ func testReduceScatter[T collective.Float](t *testing.T, ws []*collective.World,
 	}
 }
 
-func testAllToAll[T collective.Float](t *testing.T, ws []*collective.World) {
-	n := len(ws)
+func testAllToAll[T collective.Float](t *testing.T, e *env) {
+	n := len(e.ws)
 	for _, size := range []int{0, 1, 5, 3000} {
 		// cnt[i][j]: elements i sends j.
 		rng := rand.New(rand.NewSource(int64(size + n)))
@@ -289,8 +418,8 @@ func testAllToAll[T collective.Float](t *testing.T, ws []*collective.World) {
 				cnt[i][j] = rng.Intn(size + 1)
 			}
 		}
-		must(t, RunRanks(ws, func(w *collective.World) error {
-			c, err := w.WorldComm(context.Background())
+		must(t, RunRanks(e.ws, func(w *collective.World) error {
+			c, err := e.comm(w, worldRanks(n))
 			if err != nil {
 				return err
 			}
@@ -305,10 +434,11 @@ func testAllToAll[T collective.Float](t *testing.T, ws []*collective.World) {
 				fill(send[off:off+cnt[r][j]], j, r, 0)
 				off += cnt[r][j]
 			}
-			recv := make([]T, sum(recvCounts))
-			if err := collective.AllToAll(context.Background(), c, send, cnt[r], recv, recvCounts); err != nil {
+			drecv := alloc[T](e, r, sum(recvCounts))
+			if err := c.AllToAll(context.Background(), put(e, r, send), cnt[r], drecv, recvCounts); err != nil {
 				return err
 			}
+			recv := get[T](drecv)
 			off = 0
 			for j := 0; j < n; j++ {
 				for i := 0; i < recvCounts[j]; i++ {
@@ -323,12 +453,12 @@ func testAllToAll[T collective.Float](t *testing.T, ws []*collective.World) {
 	}
 }
 
-func testBroadcast[T collective.Float](t *testing.T, ws []*collective.World, sizes []int) {
-	n := len(ws)
+func testBroadcast[T collective.Float](t *testing.T, e *env, sizes []int) {
+	n := len(e.ws)
 	for _, size := range sizes {
 		root := size % n
-		must(t, RunRanks(ws, func(w *collective.World) error {
-			c, err := w.WorldComm(context.Background())
+		must(t, RunRanks(e.ws, func(w *collective.World) error {
+			c, err := e.comm(w, worldRanks(n))
 			if err != nil {
 				return err
 			}
@@ -336,9 +466,11 @@ func testBroadcast[T collective.Float](t *testing.T, ws []*collective.World, siz
 			if w.Rank() == root {
 				fill(buf, size, root, 0)
 			}
-			if err := collective.Broadcast(context.Background(), c, buf, root); err != nil {
+			d := put(e, w.Rank(), buf)
+			if err := c.Broadcast(context.Background(), d, root); err != nil {
 				return err
 			}
+			buf = get[T](d)
 			for i := range buf {
 				if want := value(size, root, i); float64(buf[i]) != want {
 					return fmt.Errorf("broadcast size %d root %d: rank %d [%d] = %v, want %v", size, root, w.Rank(), i, buf[i], want)
@@ -356,7 +488,7 @@ func testSendRecv[T collective.Float](t *testing.T, ws []*collective.World) {
 	}
 	// Ring shift, twice, with sizes 0 and 5000.
 	must(t, RunRanks(ws, func(w *collective.World) error {
-		c, err := w.WorldComm(context.Background())
+		c, err := w.WorldGroup(context.Background())
 		if err != nil {
 			return err
 		}
@@ -385,7 +517,7 @@ func testSendRecv[T collective.Float](t *testing.T, ws []*collective.World) {
 
 // testMesh runs all-reduce and all-gather on every group of every mesh dim and
 // of the flattened dims.
-func testMesh(t *testing.T, ws []*collective.World, mesh placement.Mesh) {
+func testMesh(t *testing.T, e *env, mesh placement.Mesh) {
 	dimsets := [][]int{}
 	for d := 0; d < mesh.NDim(); d++ {
 		dimsets = append(dimsets, []int{d})
@@ -393,17 +525,19 @@ func testMesh(t *testing.T, ws []*collective.World, mesh placement.Mesh) {
 	dimsets = append(dimsets, []int{1, 0})
 	for _, dims := range dimsets {
 		size := 3001
-		must(t, RunRanks(ws, func(w *collective.World) error {
-			c, err := w.MeshComm(context.Background(), mesh, dims...)
+		must(t, RunRanks(e.ws, func(w *collective.World) error {
+			group := mesh.Group(w.Rank(), dims...)
+			c, err := e.comm(w, group)
 			if err != nil {
 				return err
 			}
-			group := mesh.Group(w.Rank(), dims...)
 			buf := make([]float32, size)
 			fill(buf, size, w.Rank(), 0)
-			if err := collective.AllReduce(context.Background(), c, buf, collective.Sum); err != nil {
+			d := put(e, w.Rank(), buf)
+			if err := c.AllReduce(context.Background(), d, collective.Sum); err != nil {
 				return err
 			}
+			buf = get[float32](d)
 			for i := range buf {
 				want := 0.0
 				for _, r := range group {
@@ -419,10 +553,11 @@ func testMesh(t *testing.T, ws []*collective.World, mesh placement.Mesh) {
 			}
 			in := make([]float64, counts[c.Index()])
 			fill(in, 1, w.Rank(), 0)
-			out := make([]float64, sum(counts))
-			if err := collective.AllGather(context.Background(), c, in, out, counts); err != nil {
+			dout := alloc[float64](e, w.Rank(), sum(counts))
+			if err := c.AllGather(context.Background(), put(e, w.Rank(), in), dout, counts); err != nil {
 				return err
 			}
+			out := get[float64](dout)
 			k := 0
 			for j, r := range group {
 				for i := 0; i < counts[j]; i++ {

@@ -61,7 +61,7 @@ func run(ctx context.Context) int {
 		return fail(err)
 	}
 	defer w.Close()
-	c, err := w.WorldComm(ctx)
+	c, err := w.WorldGroup(ctx)
 	if err != nil {
 		return fail(err)
 	}

@@ -1,0 +1,284 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// Communicator runs collectives among a fixed group of ranks on tensors of one
+// device. It is the layer above the host Group: each backend moves a kind of
+// buffer, and every one of them keeps the Group's coordination (sequence
+// numbers, the descriptor check, deadlines, failure notices naming the culprit),
+// so a dead, stuck or mismatched rank fails the job the same way on any device.
+//
+// Buffers are flat: counts and offsets are in elements, shapes are not read.
+// Every member must make the same calls in the same order.
+type Communicator interface {
+	// Backend names the backend: "host", "staged" or "nccl".
+	Backend() string
+	// Device is the device whose tensors the communicator takes.
+	Device() tensor.Device
+	// Ranks returns the group's world ranks, in group order; Index is this
+	// rank's position in it.
+	Ranks() []int
+	Index() int
+	// Algorithm names the algorithm of the last collective.
+	Algorithm() string
+
+	AllReduce(ctx context.Context, buf *tensor.Tensor, op ReduceOp) error
+	AllGather(ctx context.Context, in, out *tensor.Tensor, counts []int) error
+	ReduceScatter(ctx context.Context, in, out *tensor.Tensor, counts []int, op ReduceOp) error
+	AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts []int, recv *tensor.Tensor, recvCounts []int) error
+	Broadcast(ctx context.Context, buf *tensor.Tensor, root int) error
+	Barrier(ctx context.Context) error
+}
+
+// The backends' names, and the values of Options.Collectives (and of
+// MESHRUN_COLLECTIVES).
+const (
+	// BackendAuto picks per buffer device: host for host tensors; for device
+	// tensors nccl where it is available for the device, else staged.
+	BackendAuto = "auto"
+	// BackendHost runs the algorithms over the Transport on host memory.
+	BackendHost = "host"
+	// BackendStaged copies device buffers to host memory in chunks, pipelined
+	// with the host algorithms, and back: it works for every device, and for
+	// several ranks sharing one GPU.
+	BackendStaged = "staged"
+	// BackendNCCL runs NCCL on CUDA buffers, coordinated over NATS.
+	BackendNCCL = "nccl"
+)
+
+// DeviceBackend is a collective library that moves one kind of device buffer
+// itself (NCCL). It is registered by the build that has it (RegisterBackend).
+type DeviceBackend interface {
+	// Name is the backend's name ("nccl").
+	Name() string
+	// Serves reports whether the backend takes tensors of dev.
+	Serves(dev tensor.Device) bool
+	// New returns the communicator of group g for dev; g carries the
+	// coordination (a unique id can travel over it) and fails with it.
+	New(ctx context.Context, g *Group, dev tensor.Device) (Communicator, error)
+}
+
+var (
+	backendsMu sync.Mutex
+	backends   []DeviceBackend
+)
+
+// RegisterBackend adds a device backend; builds that have one (cuda) call it
+// from an init function.
+func RegisterBackend(b DeviceBackend) {
+	backendsMu.Lock()
+	defer backendsMu.Unlock()
+	backends = append(backends, b)
+}
+
+func deviceBackend(name string, dev tensor.Device) DeviceBackend {
+	backendsMu.Lock()
+	defer backendsMu.Unlock()
+	for _, b := range backends {
+		if (name == "" || b.Name() == name) && b.Serves(dev) {
+			return b
+		}
+	}
+	return nil
+}
+
+// ParseBackend checks a backend choice: auto, host, staged or nccl.
+func ParseBackend(s string) (string, error) {
+	switch s {
+	case "", BackendAuto:
+		return BackendAuto, nil
+	case BackendHost, BackendStaged, BackendNCCL:
+		return s, nil
+	}
+	return "", fmt.Errorf("%w: collectives backend %q: want auto, host, staged or nccl", ErrInvalid, s)
+}
+
+// EnvBackend is the environment variable that chooses the backend.
+const EnvBackend = "MESHRUN_COLLECTIVES"
+
+// commKey names a communicator: its group and device.
+type commKey struct {
+	group string
+	dev   tensor.Device
+}
+
+// Communicator returns the communicator of group ranks (world ranks, in group
+// order) for tensors of dev, creating it on first use (the Group's handshake,
+// then the backend's). The backend follows Options.Collectives; the choice and
+// why are logged once per communicator.
+func (w *World) Communicator(ctx context.Context, ranks []int, dev tensor.Device) (Communicator, error) {
+	k := commKey{fmt.Sprint(ranks), dev}
+	w.mu.Lock()
+	if c, ok := w.dcomms[k]; ok {
+		w.mu.Unlock()
+		return c, nil
+	}
+	w.mu.Unlock()
+	g, err := w.Group(ctx, ranks)
+	if err != nil {
+		return nil, err
+	}
+	c, why, err := w.newCommunicator(ctx, g, dev)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if old, ok := w.dcomms[k]; ok {
+		return old, nil
+	}
+	if w.dcomms == nil {
+		w.dcomms = map[commKey]Communicator{}
+	}
+	w.dcomms[k] = c
+	w.log.Info("collective backend", zap.Ints("ranks", g.Ranks()), zap.String("device", dev.String()),
+		zap.String("backend", c.Backend()), zap.String("why", why))
+	return c, nil
+}
+
+// newCommunicator picks and builds the backend for g's tensors on dev.
+func (w *World) newCommunicator(ctx context.Context, g *Group, dev tensor.Device) (Communicator, string, error) {
+	choice := w.opts.Collectives
+	if dev.Kind == tensor.CPU {
+		if choice == BackendStaged || choice == BackendNCCL {
+			return &hostComm{g: g}, fmt.Sprintf("host buffers (%s=%s applies to device buffers)", EnvBackend, choice), nil
+		}
+		return &hostComm{g: g}, "host buffers", nil
+	}
+	switch choice {
+	case BackendHost:
+		return nil, "", fmt.Errorf("%w: the host backend (%s=host) takes host buffers; these are on %v: use auto or staged", ErrInvalid, EnvBackend, dev)
+	case BackendStaged:
+		return newStaged(g, dev, w.opts.StageBytes), "chosen (" + EnvBackend + "=staged)", nil
+	case BackendNCCL:
+		b := deviceBackend(BackendNCCL, dev)
+		if b == nil {
+			return nil, "", fmt.Errorf("%w: no nccl backend for %v in this build (build with -tags cuda, and NCCL present at run time)", ErrInvalid, dev)
+		}
+		c, err := b.New(ctx, g, dev)
+		return c, "chosen (" + EnvBackend + "=nccl)", err
+	}
+	if b := deviceBackend("", dev); b != nil {
+		c, err := b.New(ctx, g, dev)
+		return c, "auto: " + b.Name() + " serves " + dev.String(), err
+	}
+	return newStaged(g, dev, w.opts.StageBytes), "auto: no device collective library for " + dev.String(), nil
+}
+
+// hostComm is the host backend: the Group's algorithms on host tensors.
+type hostComm struct{ g *Group }
+
+func (c *hostComm) Backend() string       { return BackendHost }
+func (c *hostComm) Device() tensor.Device { return tensor.Device{Kind: tensor.CPU} }
+func (c *hostComm) Ranks() []int          { return c.g.Ranks() }
+func (c *hostComm) Index() int            { return c.g.Index() }
+func (c *hostComm) Algorithm() string     { return c.g.Algorithm() }
+
+func (c *hostComm) Barrier(ctx context.Context) error { return c.g.Barrier(ctx) }
+
+// onHost checks that every tensor is a host tensor of one float dtype.
+func onHost(ts ...*tensor.Tensor) (tensor.DType, error) {
+	var dt tensor.DType
+	for _, t := range ts {
+		if !t.OnHost() {
+			return 0, fmt.Errorf("%w: %v given to the host backend", ErrInvalid, t)
+		}
+		if t.DType() != tensor.Float32 && t.DType() != tensor.Float64 {
+			return 0, fmt.Errorf("%w: collectives move float32 and float64, not %v", ErrInvalid, t.DType())
+		}
+		if dt != 0 && t.DType() != dt {
+			return 0, fmt.Errorf("%w: mixed %v and %v", ErrInvalid, dt, t.DType())
+		}
+		dt = t.DType()
+	}
+	return dt, nil
+}
+
+func (c *hostComm) AllReduce(ctx context.Context, buf *tensor.Tensor, op ReduceOp) error {
+	dt, err := onHost(buf)
+	if err != nil {
+		return err
+	}
+	if dt == tensor.Float32 {
+		return AllReduce(ctx, c.g, buf.Float32(), op)
+	}
+	return AllReduce(ctx, c.g, buf.Float64(), op)
+}
+
+func (c *hostComm) AllGather(ctx context.Context, in, out *tensor.Tensor, counts []int) error {
+	dt, err := onHost(in, out)
+	if err != nil {
+		return err
+	}
+	if dt == tensor.Float32 {
+		return AllGather(ctx, c.g, in.Float32(), out.Float32(), counts)
+	}
+	return AllGather(ctx, c.g, in.Float64(), out.Float64(), counts)
+}
+
+func (c *hostComm) ReduceScatter(ctx context.Context, in, out *tensor.Tensor, counts []int, op ReduceOp) error {
+	dt, err := onHost(in, out)
+	if err != nil {
+		return err
+	}
+	if dt == tensor.Float32 {
+		return ReduceScatter(ctx, c.g, in.Float32(), out.Float32(), counts, op)
+	}
+	return ReduceScatter(ctx, c.g, in.Float64(), out.Float64(), counts, op)
+}
+
+func (c *hostComm) AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts []int, recv *tensor.Tensor, recvCounts []int) error {
+	dt, err := onHost(send, recv)
+	if err != nil {
+		return err
+	}
+	if dt == tensor.Float32 {
+		return AllToAll(ctx, c.g, send.Float32(), sendCounts, recv.Float32(), recvCounts)
+	}
+	return AllToAll(ctx, c.g, send.Float64(), sendCounts, recv.Float64(), recvCounts)
+}
+
+func (c *hostComm) Broadcast(ctx context.Context, buf *tensor.Tensor, root int) error {
+	dt, err := onHost(buf)
+	if err != nil {
+		return err
+	}
+	if dt == tensor.Float32 {
+		return Broadcast(ctx, c.g, buf.Float32(), root)
+	}
+	return Broadcast(ctx, c.g, buf.Float64(), root)
+}
+
+// sameDevice checks that every tensor lives on dev, in one float dtype.
+func sameDevice(dev tensor.Device, ts ...*tensor.Tensor) (tensor.DType, error) {
+	var dt tensor.DType
+	for _, t := range ts {
+		if t.Device() != dev {
+			return 0, fmt.Errorf("%w: %v given to a communicator of %v", ErrInvalid, t, dev)
+		}
+		if t.DType() != tensor.Float32 && t.DType() != tensor.Float64 {
+			return 0, fmt.Errorf("%w: collectives move float32 and float64, not %v", ErrInvalid, t.DType())
+		}
+		if dt != 0 && t.DType() != dt {
+			return 0, fmt.Errorf("%w: mixed %v and %v", ErrInvalid, dt, t.DType())
+		}
+		dt = t.DType()
+	}
+	return dt, nil
+}
+
+// wireDType is the header's dtype of a tensor dtype.
+func wireDType(dt tensor.DType) DType {
+	if dt == tensor.Float64 {
+		return Float64
+	}
+	return Float32
+}

@@ -2,8 +2,6 @@ package job
 
 import (
 	"flag"
-	"fmt"
-	"strings"
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/providers"
@@ -36,14 +34,8 @@ type rankDevice struct {
 	log    *runlog.Rank
 }
 
-// buildCommand is how to build a launcher and worker with a provider's tag.
-func buildCommand(tag string) string {
-	return fmt.Sprintf("go build -tags %s -o bin/ ./cmd/launcher ./cmd/worker", tag)
-}
-
 // resolve checks the flags (and the environment behind them) before any rank
-// starts: a device or provider this binary lacks, or kernels of one device
-// asked to run on another, is a usage error naming the fix.
+// starts (see providers.Resolve).
 func (d deviceFlags) resolve(env Env) (rankDevice, error) {
 	dev, kern := d.device, d.kernels
 	if dev == "" {
@@ -52,40 +44,9 @@ func (d deviceFlags) resolve(env Env) (rankDevice, error) {
 	if kern == "" {
 		kern = env.Getenv(EnvKernels)
 	}
-	var kind tensor.DeviceKind
-	if dev != "" {
-		k, err := tensor.ParseDeviceKind(dev)
-		if err != nil {
-			return rankDevice{}, fmt.Errorf("--device %q: want cpu, sim or cuda", dev)
-		}
-		kind = k
-		if !providers.Compiled(kind.String()) {
-			return rankDevice{}, fmt.Errorf("--device %s: this worker was built without %s support; build it with: %s",
-				dev, strings.ToUpper(dev), buildCommand(providers.BuildTag(kind.String())))
-		}
-	}
-	if kern == "" {
-		kern = kind.String()
-	}
-	choice, err := kernels.ParseChoice(kern)
+	choice, kind, err := providers.Resolve(dev, kern)
 	if err != nil {
-		return rankDevice{}, fmt.Errorf("--kernels: %v", err)
-	}
-	for i, name := range choice.Names() {
-		pk, ok := providers.DeviceOf(name)
-		if !ok {
-			return rankDevice{}, fmt.Errorf("--kernels: unknown provider %q (known: %s)", name, strings.Join(providers.Known(), ", "))
-		}
-		if !providers.Compiled(name) {
-			return rankDevice{}, fmt.Errorf("--kernels %s: this worker was built without the %s provider; build it with: %s",
-				kern, name, buildCommand(providers.BuildTag(name)))
-		}
-		if i == 0 && dev == "" {
-			kind = pk
-		}
-		if pk != kind {
-			return rankDevice{}, fmt.Errorf("--kernels %s: provider %s runs on %v, the rank's tensors are on %v (--device)", kern, name, pk, kind)
-		}
+		return rankDevice{}, err
 	}
 	return rankDevice{kind: kind, choice: choice, log: env.Run}, nil
 }

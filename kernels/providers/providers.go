@@ -4,7 +4,9 @@
 package providers
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/cpu"
@@ -80,4 +82,54 @@ func Known() []string {
 	}
 	slices.Sort(names)
 	return names
+}
+
+// BuildCommand is how to build the launcher and worker with a build tag.
+func BuildCommand(tag string) string {
+	return fmt.Sprintf("go build -tags %s -o bin/ ./cmd/launcher ./cmd/worker", tag)
+}
+
+// Resolve checks a --device and a --kernels value (either may be empty) before
+// anything runs, and returns the kernels choice and the device the rank's
+// tensors live on: a device or provider this binary lacks is an error naming
+// the build command; kernels of one device asked to run on another are an
+// error. An empty device is the kernels' device (cpu when both are empty); an
+// empty kernels value is the device's own provider.
+func Resolve(device, kernelsSpec string) (kernels.Choice, tensor.DeviceKind, error) {
+	var kind tensor.DeviceKind
+	if device != "" {
+		k, err := tensor.ParseDeviceKind(device)
+		if err != nil {
+			return kernels.Choice{}, 0, fmt.Errorf("--device %q: want cpu, sim or cuda", device)
+		}
+		kind = k
+		if !Compiled(kind.String()) {
+			return kernels.Choice{}, 0, fmt.Errorf("--device %s: this binary was built without %s support; build with: %s",
+				device, strings.ToUpper(device), BuildCommand(BuildTag(kind.String())))
+		}
+	}
+	if kernelsSpec == "" {
+		kernelsSpec = kind.String()
+	}
+	choice, err := kernels.ParseChoice(kernelsSpec)
+	if err != nil {
+		return kernels.Choice{}, 0, fmt.Errorf("--kernels: %v", err)
+	}
+	for i, name := range choice.Names() {
+		pk, ok := DeviceOf(name)
+		if !ok {
+			return kernels.Choice{}, 0, fmt.Errorf("--kernels %s: unknown provider %q (known: %s)", kernelsSpec, name, strings.Join(Known(), ", "))
+		}
+		if !Compiled(name) {
+			return kernels.Choice{}, 0, fmt.Errorf("--kernels %s: this binary was built without the %s provider; build with: %s",
+				kernelsSpec, name, BuildCommand(BuildTag(name)))
+		}
+		if i == 0 && device == "" {
+			kind = pk
+		}
+		if pk != kind {
+			return kernels.Choice{}, 0, fmt.Errorf("--kernels %s: provider %s runs on %v, the rank's tensors are on %v (--device)", kernelsSpec, name, pk, kind)
+		}
+	}
+	return choice, kind, nil
 }

@@ -100,7 +100,7 @@ func (t *tracer) take(cat string) time.Duration {
 }
 
 // runtime is the linear runtime of a workload: kernels and moves traced.
-func (t *tracer) runtime(w *collective.World, k kernels.Device) linear.Runtime {
+func (t *tracer) runtime(w *collective.World, k kernels.Compute) linear.Runtime {
 	return linear.Runtime{World: w, Kernels: linear.Traced(k, t.trace), Trace: t.trace}
 }
 

@@ -190,7 +190,7 @@ func verifyWorkload(ctx context.Context, env Env) int {
 }
 
 // runVerifyCase runs one case on this rank; rank 0 judges it.
-func runVerifyCase(ctx context.Context, w *collective.World, k kernels.Device, c verifyCase) (bool, string, error) {
+func runVerifyCase(ctx context.Context, w *collective.World, k kernels.Compute, c verifyCase) (bool, string, error) {
 	data := linear.RandomData(c.cfg.X.Shape, c.cfg.W.Shape[0], c.cfg.B != nil, c.seed)
 	r, err := runChecked(ctx, linear.Runtime{World: w, Kernels: k}, c.cfg, c.plans, data)
 	if err != nil || w.Rank() != 0 {

@@ -135,7 +135,7 @@ type route struct {
 
 // Dispatcher is one rank's device: it routes each op to one provider, fixed
 // when it is built, and allocates and copies tensors in the device's memory
-// (it implements Device). An op on a tensor of another device is an error, never
+// (it implements Compute). An op on a tensor of another device is an error, never
 // a silent detour. The first call of each op is logged with the provider that
 // ran it and why. It is safe for concurrent use if its providers are.
 type Dispatcher struct {
@@ -148,7 +148,7 @@ type Dispatcher struct {
 	logged    [numOps]atomic.Bool
 }
 
-var _ Device = (*Dispatcher)(nil)
+var _ Compute = (*Dispatcher)(nil)
 
 // NewDispatcher builds the providers named in choice and the default provider
 // of their device, and fixes the route of every op. An unknown name, or

@@ -114,9 +114,9 @@ type MemoryProvider interface {
 	Memory() tensor.Memory
 }
 
-// Device is a rank's compute device: the kernels and the memory they run on.
+// Compute is a rank's compute device: the kernels and the memory they run on.
 // The Dispatcher is one.
-type Device interface {
+type Compute interface {
 	Kernels
 	tensor.Memory
 }

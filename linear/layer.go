@@ -35,7 +35,7 @@ type Runtime struct {
 	World *collective.World
 	// Kernels is the rank's device: its kernels, and the memory every tensor
 	// of a step is allocated in.
-	Kernels kernels.Device
+	Kernels kernels.Compute
 	// Record, if set, receives every step the layer executes, with the tensor it
 	// moved ("x", "y", "dw"...).
 	Record func(tensor string, ex collective.Executed)

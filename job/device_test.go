@@ -1,0 +1,89 @@
+package job
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/meshrun/meshrun/kernels/providers"
+)
+
+// TestMLPOnSim: the block trained on the sim device prints the losses of the
+// cpu run, bit for bit, and copies nothing between host and device in a step
+// but the loss (one float64); its collectives cross through host memory
+// (staged), counted apart.
+func TestMLPOnSim(t *testing.T) {
+	for _, mesh := range []string{"tp=2", "tp=1", "dp=2,tp=2"} {
+		var reports [2]MLPReport
+		var losses [2]string
+		for i, dev := range []string{"cpu", "sim"} {
+			code, out, errs := run(t, "mlp", "--mesh", mesh, "--tokens", "16", "--hidden", "8", "--steps", "3", "--device", dev)
+			if code != 0 {
+				t.Fatalf("%s %s: exit %d: %s", mesh, dev, code, errs)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &reports[i]); err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range lines[:len(lines)-1] {
+				losses[i] += strings.Split(l, " time ")[0] + "\n"
+			}
+		}
+		cpu, sim := reports[0], reports[1]
+		if losses[0] != losses[1] || cpu.LossFirst != sim.LossFirst || cpu.LossLast != sim.LossLast {
+			t.Errorf("%s: losses differ:\ncpu %s sim %s", mesh, losses[0], losses[1])
+		}
+		if sim.Device != "sim:0" || cpu.Device != "cpu" || sim.Kernels != "sim" {
+			t.Errorf("%s: devices %q %q kernels %q", mesh, cpu.Device, sim.Device, sim.Kernels)
+		}
+		if sim.H2DBytesPerStep != 0 || sim.D2HBytesPerStep != 8 || sim.D2HCopiesPerStep != 1 || sim.H2DCopiesPerStep != 0 {
+			t.Errorf("%s: sim step copied h2d %d B (%d copies), d2h %d B (%d copies); want 0 and the loss's 8 B",
+				mesh, sim.H2DBytesPerStep, sim.H2DCopiesPerStep, sim.D2HBytesPerStep, sim.D2HCopiesPerStep)
+		}
+		if cpu.H2DBytesPerStep != 0 || cpu.D2HBytesPerStep != 0 || cpu.StagedBytesPerStep != 0 {
+			t.Errorf("%s: cpu run reports copies %+v", mesh, cpu)
+		}
+		if (sim.StagedBytesPerStep > 0) != (mesh != "tp=1") {
+			t.Errorf("%s: staged %d bytes", mesh, sim.StagedBytesPerStep)
+		}
+	}
+}
+
+// TestVerifyOnSim: every case of verify at world 3 passes with the layers on
+// the sim device.
+func TestVerifyOnSim(t *testing.T) {
+	code, out, errs := run(t, "verify", "--world", "3", "--device", "sim")
+	if code != 0 || !strings.Contains(out, "passed") || strings.Contains(out, "FAIL") {
+		t.Fatalf("exit %d\n%s%s", code, out, errs)
+	}
+}
+
+// TestDeviceFlags: a device or provider this build lacks, or a provider of
+// another device, is a usage error before anything runs, naming the fix.
+func TestDeviceFlags(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"mlp", "--device", "cpu", "--kernels", "sim"}, "provider sim runs on sim"},
+		{[]string{"mlp", "--device", "tpu"}, `--device "tpu"`},
+		{[]string{"verify", "--kernels", "nosuch"}, "unknown provider"},
+	}
+	if !providers.Compiled("cuda") {
+		cases = append(cases,
+			struct {
+				args []string
+				want string
+			}{[]string{"mlp", "--device", "cuda"}, "go build -tags cuda"},
+			struct {
+				args []string
+				want string
+			}{[]string{"linear", "--mesh", "2", "--x", "4x4:[R]", "--w", "4x4:[S(0)]", "--kernels", "cuda"}, "go build -tags cuda"})
+	}
+	for _, tc := range cases {
+		code, out, errs := run(t, tc.args...)
+		if code != ExitUsage || out != "" || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q (want %q)", tc.args, code, out, errs, tc.want)
+		}
+	}
+}

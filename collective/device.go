@@ -274,11 +274,3 @@ func sameDevice(dev tensor.Device, ts ...*tensor.Tensor) (tensor.DType, error) {
 	}
 	return dt, nil
 }
-
-// wireDType is the header's dtype of a tensor dtype.
-func wireDType(dt tensor.DType) DType {
-	if dt == tensor.Float64 {
-		return Float64
-	}
-	return Float32
-}

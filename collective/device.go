@@ -186,20 +186,7 @@ func (c *hostComm) Barrier(ctx context.Context) error { return c.g.Barrier(ctx) 
 
 // onHost checks that every tensor is a host tensor of one float dtype.
 func onHost(ts ...*tensor.Tensor) (tensor.DType, error) {
-	var dt tensor.DType
-	for _, t := range ts {
-		if !t.OnHost() {
-			return 0, fmt.Errorf("%w: %v given to the host backend", ErrInvalid, t)
-		}
-		if t.DType() != tensor.Float32 && t.DType() != tensor.Float64 {
-			return 0, fmt.Errorf("%w: collectives move float32 and float64, not %v", ErrInvalid, t.DType())
-		}
-		if dt != 0 && t.DType() != dt {
-			return 0, fmt.Errorf("%w: mixed %v and %v", ErrInvalid, dt, t.DType())
-		}
-		dt = t.DType()
-	}
-	return dt, nil
+	return sameDevice(tensor.Device{Kind: tensor.CPU}, ts...)
 }
 
 func (c *hostComm) AllReduce(ctx context.Context, buf *tensor.Tensor, op ReduceOp) error {

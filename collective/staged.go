@@ -140,60 +140,69 @@ func write(m tensor.Memory, t *tensor.Tensor, lo, hi, es int, h []byte) error {
 	return m.Write(t, lo*es, h[:(hi-lo)*es], tensor.Staging)
 }
 
-func (s *staged) AllReduce(ctx context.Context, buf *tensor.Tensor, op ReduceOp) error {
-	dt, err := sameDevice(s.dev, buf)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m, es, n := tensor.MemoryOf(buf), dt.Size(), buf.Len()
-	h, err := s.stage(m, n*es)
-	if err != nil {
-		return err
-	}
-	k := s.rounds(n, es)
-	span := func(i int) (int, int) { return balanced(n, k, i) }
-	return pipeline(k,
-		func(i int) error { lo, hi := span(i); return read(m, h[lo*es:], buf, lo, hi, es) },
-		func(i int) error {
-			lo, hi := span(i)
-			return hostAllReduce(ctx, s.g, dt, h[lo*es:hi*es], op)
-		},
-		func(i int) error { lo, hi := span(i); return write(m, buf, lo, hi, es, h[lo*es:]) })
+// flat is one call on a whole buffer cut into rounds of s.chunk bytes. The
+// caller holds s.mu.
+type flat struct {
+	m      tensor.Memory
+	dt     tensor.DType
+	es, n  int
+	rounds int
+	h      []byte // staging for the whole buffer
 }
 
-func (s *staged) Broadcast(ctx context.Context, buf *tensor.Tensor, root int) error {
+func (s *staged) flat(buf *tensor.Tensor) (flat, error) {
 	dt, err := sameDevice(s.dev, buf)
 	if err != nil {
-		return err
+		return flat{}, err
 	}
+	f := flat{m: tensor.MemoryOf(buf), dt: dt, es: dt.Size(), n: buf.Len()}
+	f.rounds = s.rounds(f.n, f.es)
+	f.h, err = s.stage(f.m, f.n*f.es)
+	return f, err
+}
+
+// span is round i's elements; in and out copy them between buf and staging.
+func (f flat) span(i int) (int, int) { return balanced(f.n, f.rounds, i) }
+func (f flat) bytes(i int) []byte    { lo, hi := f.span(i); return f.h[lo*f.es : hi*f.es] }
+func (f flat) in(buf *tensor.Tensor, i int) error {
+	lo, hi := f.span(i)
+	return read(f.m, f.h[lo*f.es:], buf, lo, hi, f.es)
+}
+func (f flat) out(buf *tensor.Tensor, i int) error {
+	lo, hi := f.span(i)
+	return write(f.m, buf, lo, hi, f.es, f.h[lo*f.es:])
+}
+
+func (s *staged) AllReduce(ctx context.Context, buf *tensor.Tensor, op ReduceOp) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m, es, n := tensor.MemoryOf(buf), dt.Size(), buf.Len()
-	h, err := s.stage(m, n*es)
+	f, err := s.flat(buf)
 	if err != nil {
 		return err
 	}
-	k := s.rounds(n, es)
-	span := func(i int) (int, int) { return balanced(n, k, i) }
+	return pipeline(f.rounds,
+		func(i int) error { return f.in(buf, i) },
+		func(i int) error { return hostAllReduce(ctx, s.g, f.dt, f.bytes(i), op) },
+		func(i int) error { return f.out(buf, i) })
+}
+
+// Broadcast: only the root copies out of its device, only the others back in.
+func (s *staged) Broadcast(ctx context.Context, buf *tensor.Tensor, root int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f, err := s.flat(buf)
+	if err != nil {
+		return err
+	}
 	isRoot := s.g.Index() == root
-	return pipeline(k,
-		func(i int) error {
-			if !isRoot {
-				return nil
-			}
-			lo, hi := span(i)
-			return read(m, h[lo*es:], buf, lo, hi, es)
-		},
-		func(i int) error { lo, hi := span(i); return hostBroadcast(ctx, s.g, dt, h[lo*es:hi*es], root) },
-		func(i int) error {
-			if isRoot {
-				return nil
-			}
-			lo, hi := span(i)
-			return write(m, buf, lo, hi, es, h[lo*es:])
-		})
+	none := func(int) error { return nil }
+	in, out := none, none
+	if isRoot {
+		in = func(i int) error { return f.in(buf, i) }
+	} else {
+		out = func(i int) error { return f.out(buf, i) }
+	}
+	return pipeline(f.rounds, in, func(i int) error { return hostBroadcast(ctx, s.g, f.dt, f.bytes(i), root) }, out)
 }
 
 // pieces cuts each member's count into k rounds: piece (r, j) is elements

@@ -3,6 +3,7 @@ package job
 import (
 	"context"
 	"errors"
+	"os"
 	"sync"
 
 	"github.com/meshrun/meshrun/collective"
@@ -10,11 +11,12 @@ import (
 
 // InProcess runs fn on n ranks in this process, over the in-process transport,
 // and returns the first error (a failing rank fails every rank's collectives).
+// MESHRUN_COLLECTIVES chooses the backend of device buffers, as in a job.
 func InProcess(ctx context.Context, n int, fn func(ctx context.Context, w *collective.World) error) error {
 	ts, cs := collective.LocalTransports(n), collective.LocalControls(n)
 	ws := make([]*collective.World, n)
 	for i := range ws {
-		w, err := collective.NewWorld(ts[i], cs[i], collective.Options{Job: "in-process"})
+		w, err := collective.NewWorld(ts[i], cs[i], collective.Options{Job: "in-process", Collectives: os.Getenv(collective.EnvBackend)})
 		if err != nil {
 			return err
 		}

@@ -193,6 +193,14 @@ func Check2D(t *Tensor, off, pitch, width, rows int) error {
 	return CheckRange(t, off, (rows-1)*pitch+width)
 }
 
+// CheckCopy2D reports whether both sides of a Copy2D lie inside their tensors.
+func CheckCopy2D(dst *Tensor, dstOff, dstPitch int, src *Tensor, srcOff, srcPitch, width, rows int) error {
+	if err := Check2D(dst, dstOff, dstPitch, width, rows); err != nil {
+		return err
+	}
+	return Check2D(src, srcOff, srcPitch, width, rows)
+}
+
 // HostBytes views a host tensor's data as bytes (not a copy).
 func HostBytes(t *Tensor) []byte {
 	if t.buf != nil {
@@ -262,10 +270,7 @@ func (hostMemory) Copy2D(dst *Tensor, dstOff, dstPitch int, src *Tensor, srcOff,
 	if err := hostOnly(dst, src); err != nil {
 		return err
 	}
-	if err := Check2D(dst, dstOff, dstPitch, width, rows); err != nil {
-		return err
-	}
-	if err := Check2D(src, srcOff, srcPitch, width, rows); err != nil {
+	if err := CheckCopy2D(dst, dstOff, dstPitch, src, srcOff, srcPitch, width, rows); err != nil {
 		return err
 	}
 	Copy2DBytes(HostBytes(dst), dstOff, dstPitch, HostBytes(src), srcOff, srcPitch, width, rows)

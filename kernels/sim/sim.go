@@ -121,10 +121,7 @@ func (m *Memory) Copy2D(dst *tensor.Tensor, dstOff, dstPitch int, src *tensor.Te
 	if err != nil {
 		return err
 	}
-	if err := tensor.Check2D(dst, dstOff, dstPitch, width, rows); err != nil {
-		return err
-	}
-	if err := tensor.Check2D(src, srcOff, srcPitch, width, rows); err != nil {
+	if err := tensor.CheckCopy2D(dst, dstOff, dstPitch, src, srcOff, srcPitch, width, rows); err != nil {
 		return err
 	}
 	tensor.Copy2DBytes(d, dstOff, dstPitch, s, srcOff, srcPitch, width, rows)

@@ -91,6 +91,11 @@ type LinearReport struct {
 	PlanMatch   bool               `json:"plan_match"`
 	ForwardMS   float64            `json:"forward_ms"`
 	BackwardMS  float64            `json:"backward_ms"`
+	Device      string             `json:"device"`
+	// Copies between host and device in the forward and backward (rank 0).
+	H2DBytes    int64 `json:"h2d_bytes"`
+	D2HBytes    int64 `json:"d2h_bytes"`
+	StagedBytes int64 `json:"staged_bytes"`
 }
 
 func linearWorkload(ctx context.Context, env Env) int {
@@ -147,7 +152,9 @@ func linearWorkload(ctx context.Context, env Env) int {
 			return nil
 		}
 		r := &LinearReport{Mesh: cfg.X.Mesh.String(), X: cfg.X.String(), W: cfg.W.String(), Y: l.Fwd.Final.Spec.String(),
-			Errors: errs, Collectives: res.Executed, ForwardMS: ms(res.Forward), BackwardMS: ms(res.Backward)}
+			Errors: errs, Collectives: res.Executed, ForwardMS: ms(res.Forward), BackwardMS: ms(res.Backward),
+			Device: dev.Device().String(), H2DBytes: res.Moved.H2D.Bytes, D2HBytes: res.Moved.D2H.Bytes,
+			StagedBytes: res.Moved.StagedH2D.Bytes + res.Moved.StagedD2H.Bytes}
 		if cfg.B != nil {
 			r.B = cfg.B.String()
 		}

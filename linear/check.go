@@ -105,6 +105,9 @@ type Result struct {
 	Executed      []Comm         // collectives this rank ran, merged by kind/tensor/dims
 	Forward       time.Duration
 	Backward      time.Duration
+	// Moved is what forward, backward and the gradient reduction copied
+	// between host and device (the inputs' upload before them excluded).
+	Moved tensor.Transfers
 }
 
 // Run runs one forward and backward of a layer on this rank with the whole
@@ -154,6 +157,7 @@ func Run(ctx context.Context, rt Runtime, l *Layer, d *Data) (*Result, error) {
 		}
 	}
 	res := &Result{}
+	before := rt.Kernels.Transfers()
 	t0 := time.Now()
 	y, saved, err := l.Forward(ctx, rt, x)
 	if err != nil {
@@ -169,6 +173,7 @@ func Run(ctx context.Context, rt Runtime, l *Layer, d *Data) (*Result, error) {
 		return nil, err
 	}
 	res.Forward, res.Backward = t1.Sub(t0), time.Since(t1)
+	res.Moved = rt.Kernels.Transfers().Sub(before)
 	res.Y, res.DX, res.DW, res.DB = y, dx, dw, db
 	for i, ex := range log {
 		res.Executed = addComm(res.Executed, Comm{Kind: ex.Kind.String(), Tensor: names[i], MeshDims: ex.MeshDims, Count: 1, Bytes: ex.Bytes})

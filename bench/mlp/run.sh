@@ -5,6 +5,10 @@
 #
 #   bench/mlp/run.sh [repetitions] [steps]        (defaults: 5 repetitions, 20 steps)
 #
+# MLP_BENCH_BASE=REV also builds commit REV and runs it in every cell, alternating
+# with the work tree (or MLP_BENCH_REV), so that a change's effect on the CPU step
+# shows in one run: the table gains "base step ms" and "meshrun / base".
+#
 # Configs: tokens 512 hidden 1024 ffn 4096 (the issue's), and tokens 128 hidden
 # 512 ffn 2048 (small: latency-bound). Each at tp = 1 and tp = 2, with the
 # machine's cores split evenly over the ranks (meshrun: GOMAXPROCS; PyTorch:
@@ -45,6 +49,14 @@ else
   echo "the work tree does not build; building the last commit instead:" >&2
   sed 's/^/  /' "$tmp/build.log" >&2
   build_rev HEAD
+fi
+
+base=""
+if [ -n "${MLP_BENCH_BASE:-}" ]; then
+  mkdir -p "$tmp/base-src"
+  git archive "$MLP_BENCH_BASE" | tar -x -C "$tmp/base-src"
+  (cd "$tmp/base-src" && go build -o "$tmp/base-bin/" ./cmd/launcher ./cmd/worker)
+  base=$(git rev-parse --short "$MLP_BENCH_BASE")
 fi
 
 out=${MLP_BENCH_OUT:-$tmp/results.jsonl}
@@ -92,6 +104,13 @@ for r in $(seq "$reps"); do
         --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps" 2>&1 | grep '"step_ms_median"' | tail -n1 || true)
       [ -z "$line" ] || line="{${line#*\{}"
       record meshrun "$line"
+      if [ -n "$base" ]; then
+        wait_quiet
+        line=$("$tmp/base-bin/launcher" run -n "$tp" --log-dir "$tmp/runs" mlp \
+          --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps" 2>&1 | grep '"step_ms_median"' | tail -n1 || true)
+        [ -z "$line" ] || line="{${line#*\{}"
+        record meshrun-base "$line"
+      fi
       wait_quiet
       line=$($py bench/mlp/torch_mlp.py --tp "$tp" --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps")
       record pytorch "$line"
@@ -104,10 +123,10 @@ for r in $(seq "$reps"); do
 done
 [ -n "${MLP_BENCH_OUT:-}" ] || echo "raw results: kept only for this run" >&2
 
-$py - "$out" "$reps" "$steps" "$rev" "$cores" "$loaded" "$total" <<'PY'
+$py - "$out" "$reps" "$steps" "$rev" "$cores" "$loaded" "$total" "$base" <<'PY'
 import collections, json, sys
 
-path, reps, steps, rev, ncores, loaded, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
+path, reps, steps, rev, ncores, loaded, total, base = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7], sys.argv[8]
 runs = collections.defaultdict(list)
 cores = {}
 for line in open(path):
@@ -130,9 +149,13 @@ print()
 print(f"PyTorch BLAS kernels: `{cores.get('pytorch', '?')}` as the machine is set up, "
       f"`{cores.get('pytorch-unset', '?')}` with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset.")
 print()
-print("| config (tokens x hidden x ffn) | tp | meshrun step ms | PyTorch step ms | PyTorch step ms (OPENBLAS_* unset) "
+if base:
+    print(f"Base: meshrun {base}, run in every cell beside {rev}.")
+    print()
+extra_head, extra_sep = (f" base ({base}) step ms | meshrun / base |", "---|---|") if base else ("", "")
+print("| config (tokens x hidden x ffn) | tp | meshrun step ms |" + extra_head + " PyTorch step ms | PyTorch step ms (OPENBLAS_* unset) "
       "| meshrun / best PyTorch | meshrun GFLOP/s | kernel ms | comm ms | overhead ms | overhead / (kernel + comm) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|" + extra_sep + "---|---|---|---|---|---|---|---|")
 worst_ratio, worst_over = 0.0, -1e9
 for key in keys:
     t, h, f, tp = key
@@ -141,7 +164,11 @@ for key in keys:
     ratio = m["step_ms_median"] / pt
     over = m["overhead_ms"] / (m["kernel_ms"] + m["comm_ms"])
     worst_ratio, worst_over = max(worst_ratio, ratio), max(worst_over, over)
-    print(f"| {t} x {h} x {f} | {tp} | {m['step_ms_median']:.2f} | {p['step_ms_median']:.2f} | {u['step_ms_median']:.2f} "
+    extra = ""
+    if base:
+        b = best("meshrun-base", key)
+        extra = f" {b['step_ms_median']:.2f} | {m['step_ms_median'] / b['step_ms_median']:.2f} |"
+    print(f"| {t} x {h} x {f} | {tp} | {m['step_ms_median']:.2f} |{extra} {p['step_ms_median']:.2f} | {u['step_ms_median']:.2f} "
           f"| {ratio:.2f} | {m['gflops']:.1f} | {m['kernel_ms']:.2f} | {m['comm_ms']:.2f} | {m['overhead_ms']:.2f} | {100 * over:.1f}% |")
 print()
 print(f"Highest meshrun / PyTorch step-time ratio: {worst_ratio:.2f} (target: <= 1.00). "

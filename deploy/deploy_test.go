@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -96,55 +97,145 @@ func TestNATSCluster(t *testing.T) {
 	}
 }
 
-func TestJob(t *testing.T) {
-	ds := docs(t, "k8s/job.yaml")
-	job := byKind(t, ds, "Job")
-	spec := get(t, job, "spec").(map[string]any)
-	if spec["completionMode"] != "Indexed" || spec["completions"] != spec["parallelism"] {
-		t.Fatalf("want an Indexed Job with completions = parallelism: %v", spec)
-	}
-	c := get(t, spec, "template", "spec", "containers", 0)
-	args := strings.Join(toStrings(get(t, c, "args")), " ")
-	for _, want := range []string{"run", "--nnodes=2", "--node-rank=$(JOB_COMPLETION_INDEX)", "--nats=tls://", "--nats-creds=", "--job-id=", "--log-dir=/runs", "--device=cuda"} {
-		if !strings.Contains(args, want) {
-			t.Errorf("launcher args lack %q: %s", want, args)
-		}
-	}
-	if !strings.Contains(args, "--nnodes="+itoa(spec["completions"])) {
-		t.Errorf("--nnodes differs from completions %v", spec["completions"])
-	}
-	env := map[string]any{}
-	for _, e := range get(t, c, "env").([]any) {
-		m := e.(map[string]any)
-		env[m["name"].(string)] = m
-	}
-	idx := get(t, env["JOB_COMPLETION_INDEX"], "valueFrom", "fieldRef", "fieldPath")
-	if idx != "metadata.annotations['batch.kubernetes.io/job-completion-index']" {
-		t.Errorf("node rank from %v", idx)
-	}
-	if get(t, c, "resources", "limits", "nvidia.com/gpu") == nil {
-		t.Error("no GPUs requested")
-	}
-	vols := map[string]map[string]any{}
-	for _, v := range get(t, spec, "template", "spec", "volumes").([]any) {
-		m := v.(map[string]any)
-		vols[m["name"].(string)] = m
-	}
-	if get(t, vols["creds"], "secret", "secretName") == "" || vols["runs"]["persistentVolumeClaim"] == nil {
-		t.Errorf("credentials from a Secret and logs to a volume: %v", vols)
-	}
-}
-
-func TestSlurm(t *testing.T) {
-	data, err := os.ReadFile("slurm/meshrun.sbatch")
+// TestJobs checks every k8s/job-*.yaml: an Indexed Job of launchers, one per
+// node. The CPU image asks for CPUs (one rank each) and no GPU; only the CUDA
+// image asks for GPUs, one per rank, and runs --device=cuda.
+func TestJobs(t *testing.T) {
+	files, err := filepath.Glob("k8s/job-*.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := string(data)
-	for _, want := range []string{"#SBATCH --nodes=", "--ntasks-per-node=1", "srun", "--node-rank \"$SLURM_NODEID\"", "--nnodes \"$SLURM_NNODES\"", "MESHRUN_NATS", "MESHRUN_NATS_CREDS", "MESHRUN_JOB_ID"} {
-		if !strings.Contains(s, want) {
-			t.Errorf("sbatch script lacks %q", want)
-		}
+	seen := map[string]bool{}
+	for _, f := range files {
+		t.Run(f, func(t *testing.T) {
+			job := byKind(t, docs(t, f), "Job")
+			spec := get(t, job, "spec").(map[string]any)
+			if spec["completionMode"] != "Indexed" || spec["completions"] != spec["parallelism"] {
+				t.Fatalf("want an Indexed Job with completions = parallelism: %v", spec)
+			}
+			c := get(t, spec, "template", "spec", "containers", 0)
+			argv := toStrings(get(t, c, "args"))
+			args := strings.Join(argv, " ")
+			for _, want := range []string{"run", "--node-rank=$(JOB_COMPLETION_INDEX)", "--nats=tls://", "--nats-creds=", "--job-id=", "--log-dir=/runs"} {
+				if !strings.Contains(args, want) {
+					t.Errorf("launcher args lack %q: %s", want, args)
+				}
+			}
+			if flagValue(argv, "--nnodes") != itoa(spec["completions"]) {
+				t.Errorf("--nnodes %q differs from completions %v", flagValue(argv, "--nnodes"), spec["completions"])
+			}
+			env := map[string]any{}
+			for _, e := range get(t, c, "env").([]any) {
+				m := e.(map[string]any)
+				env[m["name"].(string)] = m
+			}
+			idx := get(t, env["JOB_COMPLETION_INDEX"], "valueFrom", "fieldRef", "fieldPath")
+			if idx != "metadata.annotations['batch.kubernetes.io/job-completion-index']" {
+				t.Errorf("node rank from %v", idx)
+			}
+			vols := map[string]map[string]any{}
+			for _, v := range get(t, spec, "template", "spec", "volumes").([]any) {
+				m := v.(map[string]any)
+				vols[m["name"].(string)] = m
+			}
+			if get(t, vols["creds"], "secret", "secretName") == "" || vols["runs"]["persistentVolumeClaim"] == nil {
+				t.Errorf("credentials from a Secret and logs to a volume: %v", vols)
+			}
+
+			ranks, err := strconv.Atoi(flagValue(argv, "--nproc-per-node"))
+			if err != nil || ranks < 1 {
+				t.Fatalf("--nproc-per-node %q: want the number of ranks per pod, to match the resources asked for", flagValue(argv, "--nproc-per-node"))
+			}
+			res := get(t, c, "resources").(map[string]any)
+			image := get(t, c, "image").(string)
+			device := flagValue(argv, "--device")
+			switch {
+			case strings.HasSuffix(image, ":cuda"):
+				seen["cuda"] = true
+				if device != "cuda" {
+					t.Errorf("the CUDA image runs --device=%q, want cuda", device)
+				}
+				if gpus := get(t, res, "limits", "nvidia.com/gpu"); gpus != ranks {
+					t.Errorf("nvidia.com/gpu limit %v, want one GPU per rank: %d (--nproc-per-node)", gpus, ranks)
+				}
+			case strings.HasSuffix(image, ":cpu"):
+				seen["cpu"] = true
+				if device != "cpu" && device != "sim" {
+					t.Errorf("the CPU image runs --device=%q, want cpu or sim", device)
+				}
+				for _, kind := range []string{"requests", "limits"} {
+					m, _ := res[kind].(map[string]any)
+					for name := range m {
+						if strings.Contains(strings.ToLower(name), "gpu") {
+							t.Errorf("the CPU image asks for a GPU: resources.%s.%s", kind, name)
+						}
+					}
+				}
+				if cpus := cpuCount(t, get(t, res, "requests", "cpu")); cpus != ranks {
+					t.Errorf("cpu request %d, want one CPU per rank: %d (--nproc-per-node)", cpus, ranks)
+				}
+			default:
+				t.Errorf("image %q: want meshrun:cpu or meshrun:cuda", image)
+			}
+		})
+	}
+	if !seen["cpu"] || !seen["cuda"] {
+		t.Errorf("want a CPU job and a CUDA job among %v, got %v", files, seen)
+	}
+}
+
+// TestSlurm checks every slurm/*.sbatch: one launcher per node through srun.
+// The CPU script asks for CPUs, one rank each, and no GPU; only the CUDA
+// script asks for GPUs, as many per node as it starts ranks.
+func TestSlurm(t *testing.T) {
+	files, err := filepath.Glob("slurm/*.sbatch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, f := range files {
+		t.Run(f, func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := string(data)
+			for _, want := range []string{"#SBATCH --nodes=", "--ntasks-per-node=1", "srun", "--node-rank \"$SLURM_NODEID\"", "--nnodes \"$SLURM_NNODES\"", "MESHRUN_NATS", "MESHRUN_NATS_CREDS", "MESHRUN_JOB_ID"} {
+				if !strings.Contains(s, want) {
+					t.Errorf("sbatch script lacks %q", want)
+				}
+			}
+			var sbatch []string
+			for _, l := range strings.Split(s, "\n") {
+				if strings.HasPrefix(l, "#SBATCH ") {
+					sbatch = append(sbatch, l)
+				}
+			}
+			directives := strings.Join(sbatch, "\n")
+			switch {
+			case strings.Contains(s, "--device cuda"):
+				seen["cuda"] = true
+				gres := regexp.MustCompile(`(?m)^#SBATCH --gres=gpu:(\d+)$`).FindStringSubmatch(s)
+				ranks := regexp.MustCompile(`--nproc-per-node (\d+)`).FindStringSubmatch(s)
+				if gres == nil || ranks == nil || gres[1] != ranks[1] {
+					t.Errorf("want #SBATCH --gres=gpu:N and --nproc-per-node N alike, got %v and %v", gres, ranks)
+				}
+			case strings.Contains(s, "--device cpu") || strings.Contains(s, "--device sim"):
+				seen["cpu"] = true
+				if strings.Contains(strings.ToLower(directives), "gpu") || strings.Contains(directives, "--gres") {
+					t.Errorf("the CPU script asks for GPUs:\n%s", directives)
+				}
+				if !regexp.MustCompile(`(?m)^#SBATCH --cpus-per-task=\d+$`).MatchString(s) ||
+					!strings.Contains(s, `--nproc-per-node "$SLURM_CPUS_PER_TASK"`) {
+					t.Errorf("want #SBATCH --cpus-per-task=N and one rank per CPU (--nproc-per-node \"$SLURM_CPUS_PER_TASK\")")
+				}
+			default:
+				t.Errorf("no --device cpu, sim or cuda")
+			}
+		})
+	}
+	if !seen["cpu"] || !seen["cuda"] {
+		t.Errorf("want a CPU script and a CUDA script among %v, got %v", files, seen)
 	}
 }
 
@@ -161,6 +252,9 @@ func TestDockerfiles(t *testing.T) {
 		if f == "Dockerfile.cuda" && (!strings.Contains(s, "-tags cuda") || !strings.Contains(s, "nvidia/cuda:")) {
 			t.Errorf("%s: want -tags cuda on an official CUDA image", f)
 		}
+		if f == "Dockerfile" && (strings.Contains(s, "-tags") || strings.Contains(s, "nvidia")) {
+			t.Errorf("%s: the CPU image is a plain build, no CUDA", f)
+		}
 	}
 	if _, err := os.Stat(filepath.Join("..", "go.sum")); err != nil {
 		t.Errorf("the images copy go.sum: %v", err)
@@ -173,6 +267,35 @@ func toStrings(v any) []string {
 		out = append(out, x.(string))
 	}
 	return out
+}
+
+// flagValue is the value of --name=VALUE in args, "" when absent.
+func flagValue(args []string, name string) string {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// cpuCount reads a whole-CPU quantity: 8, "8" or "8000m".
+func cpuCount(t *testing.T, v any) int {
+	t.Helper()
+	switch q := v.(type) {
+	case int:
+		return q
+	case string:
+		if m, ok := strings.CutSuffix(q, "m"); ok {
+			if n, err := strconv.Atoi(m); err == nil && n%1000 == 0 {
+				return n / 1000
+			}
+		} else if n, err := strconv.Atoi(q); err == nil {
+			return n
+		}
+	}
+	t.Fatalf("cpu quantity %v: want whole CPUs", v)
+	return 0
 }
 
 func itoa(v any) string {

@@ -394,19 +394,26 @@ func TestRunNewFlags(t *testing.T) {
 }
 
 // TestRunDeviceCUDA: one GPU per rank through CUDA_VISIBLE_DEVICES, drawn from
-// the launcher's own list; runlog's variables are set.
+// the launcher's own list; runlog's variables and MESHRUN_DEVICE are set. A
+// build without CUDA refuses --device cuda, so the test stands in for a cuda
+// build (pretendCUDA).
 func TestRunDeviceCUDA(t *testing.T) {
+	pretendCUDA(t)
 	t.Setenv("CUDA_VISIBLE_DEVICES", "3,5")
-	code, dir, stdout, stderr := launch(t, "-n", "2", "--device", "cuda", "--", "sh", "-c", `echo "gpu=$CUDA_VISIBLE_DEVICES node=$MESHRUN_NODE dir=$MESHRUN_RANK_DIR"`)
+	code, dir, stdout, stderr := launch(t, "-n", "2", "--device", "cuda", "--", "sh", "-c", `echo "gpu=$CUDA_VISIBLE_DEVICES node=$MESHRUN_NODE dir=$MESHRUN_RANK_DIR device=$MESHRUN_DEVICE"`)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for r, gpu := range []string{"3", "5"} {
 		abs, _ := filepath.Abs(filepath.Join(dir, RankDir(r)))
-		want := fmt.Sprintf("0:%d| gpu=%s node=0 dir=%s\n", r, gpu, abs)
+		want := fmt.Sprintf("0:%d| gpu=%s node=0 dir=%s device=cuda\n", r, gpu, abs)
 		if !strings.Contains(stdout, want) {
 			t.Errorf("console lacks %q:\n%s", want, stdout)
 		}
+	}
+	rec := readJSON[JobRecord](t, filepath.Join(dir, JobFile))
+	if rec.Device != "cuda" || rec.Env[EnvDevice] != "cuda" || len(rec.Ranks) != 2 || rec.Ranks[0].GPU != "3" || rec.Ranks[1].GPU != "5" {
+		t.Errorf("job.json: %+v", rec)
 	}
 }
 

@@ -31,8 +31,13 @@ type JobRecord struct {
 	NodeRank int               `json:"node_rank"`
 	NATSURL  string            `json:"nats_url"`
 	Env      map[string]string `json:"env"` // variables set for every rank (rank-specific ones in Ranks)
-	Ranks    []RankRecord      `json:"ranks"`
-	Versions map[string]string `json:"versions"`
+	// Device is the ranks' resolved device (cpu, sim or cuda); Kernels the
+	// --kernels choice, empty for the device's own; ShareGPUs is --share-gpus.
+	Device    string            `json:"device"`
+	Kernels   string            `json:"kernels,omitempty"`
+	ShareGPUs bool              `json:"share_gpus,omitempty"`
+	Ranks     []RankRecord      `json:"ranks"`
+	Versions  map[string]string `json:"versions"`
 }
 
 // RankRecord is one rank in job.json.
@@ -42,6 +47,8 @@ type RankRecord struct {
 	Node       int `json:"node"`
 	PID        int `json:"pid"`
 	GOMAXPROCS int `json:"gomaxprocs"`
+	// GPU is the rank's CUDA_VISIBLE_DEVICES, cuda ranks only.
+	GPU string `json:"gpu,omitempty"`
 }
 
 // Summary is summary.json: how every rank ended and why the job ended.

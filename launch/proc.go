@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -176,6 +177,10 @@ func (j *job) run(ctx context.Context) (int, error) {
 		"NODE_RANK":        strconv.Itoa(j.NodeRank),
 		"MESHRUN_NODE":     strconv.Itoa(j.NodeRank),
 		"MESHRUN_JOB_ID":   j.id,
+		EnvDevice:          j.device,
+	}
+	if j.Kernels != "" {
+		common[EnvKernels] = j.Kernels
 	}
 	for _, kv := range conf.Env() {
 		k, v, _ := strings.Cut(kv, "=")
@@ -526,6 +531,11 @@ func (j *job) start(p *proc, common map[string]string, outCon, errCon *console, 
 
 	cmd := exec.Command(j.path, j.args...)
 	env := os.Environ()
+	if _, ok := common[EnvKernels]; !ok {
+		// No --kernels: the ranks get the device's own provider, not a
+		// MESHRUN_KERNELS the launcher inherited and was told to ignore.
+		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, EnvKernels+"=") })
+	}
 	for k, v := range common {
 		env = append(env, k+"="+v)
 	}
@@ -559,11 +569,12 @@ func (j *job) writeJobRecord(procs []*proc, url string, common map[string]string
 		JobID: j.id, Argv: j.Argv, Command: append([]string{j.path}, j.args...),
 		Started: began, NNodes: j.nnodes, NodeRank: j.NodeRank, World: j.world, NATSURL: url,
 		Env: common, Versions: versions(),
+		Device: j.device, Kernels: j.Kernels, ShareGPUs: j.ShareGPUs,
 	}
 	for _, p := range procs {
 		rec.Ranks = append(rec.Ranks, RankRecord{
 			Rank: p.spec.Rank, LocalRank: p.spec.LocalRank, Node: p.spec.Node,
-			PID: p.pid, GOMAXPROCS: p.spec.GOMAXPROCS,
+			PID: p.pid, GOMAXPROCS: p.spec.GOMAXPROCS, GPU: p.spec.GPU,
 		})
 	}
 	if err := writeJSON(filepath.Join(j.dir, JobFile), rec); err != nil {

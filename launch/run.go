@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/natsconn"
 )
 
@@ -42,13 +43,29 @@ var ErrRankFailed = errors.New("rank failed")
 // ErrInvalid reports options that cannot be run; Validate wraps it.
 var ErrInvalid = errors.New("invalid options")
 
+// Environment variables the launcher sets on every rank: the resolved --device
+// and, when given, --kernels. They are the worker's defaults (job.EnvDevice,
+// job.EnvKernels, which this package does not import); a workload's own
+// --device and --kernels flags win over them.
+const (
+	EnvDevice  = "MESHRUN_DEVICE"
+	EnvKernels = "MESHRUN_KERNELS"
+)
+
 const runUsage = `usage: launcher run [flags] WORKLOAD [ARGS...]     runs "worker WORKLOAD ARGS" on every rank
        launcher run [flags] -- PROGRAM [ARGS...]      runs any program on every rank
 
 flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
-  -n, --nproc-per-node N|cpu|gpu  ranks on this machine (cpu: one per core; gpu: one per
-                               GPU, cuda builds only)
-  --device cpu|cuda            cuda: one GPU per rank through CUDA_VISIBLE_DEVICES (default cpu)
+  -n, --nproc-per-node N|cpu|gpu  ranks on this machine (cpu: one per core this launcher may
+                               use; gpu: one per GPU, cuda builds only, implies --device cuda)
+  --device cpu|sim|cuda        the ranks' device, passed to them as MESHRUN_DEVICE (default:
+                               the --kernels provider's device, else cpu); cuda: one GPU per
+                               rank through CUDA_VISIBLE_DEVICES; sim: simulated device memory
+  --kernels SPEC               kernel providers, passed as MESHRUN_KERNELS: cpu, sim, cuda,
+                               openblas, or per op, e.g. cpu,gemm=openblas (default: the
+                               device's own)
+  --share-gpus                 with --device cuda, let more ranks than visible GPUs share
+                               them, round-robin (refused otherwise)
   --nnodes N                   machines in the job, one launcher each (default 1)
   --node-rank K                this machine's index, 0..N-1; RANK = K*nproc + LOCAL_RANK
   --nats URL[,URL]             an external NATS for several machines (default: embedded,
@@ -76,8 +93,17 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
 type RunOptions struct {
 	// NprocPerNode is "N", "cpu" or "gpu"; default 1.
 	NprocPerNode string
-	// Device is "cpu" (default) or "cuda" (one GPU per rank).
+	// Device is the ranks' device: "cpu", "sim" or "cuda" (one GPU per
+	// rank). Empty means the Kernels provider's device, cuda with
+	// NprocPerNode "gpu", else cpu.
 	Device string
+	// Kernels is the kernels provider choice (kernels.ParseChoice), checked
+	// against the providers compiled into this binary; empty means the
+	// device's own provider.
+	Kernels string
+	// ShareGPUs lets more cuda ranks than visible GPUs share them
+	// round-robin; without it that is refused.
+	ShareGPUs bool
 	// NNodes is the number of launchers in the job (default 1); NodeRank is
 	// this one's index.
 	NNodes, NodeRank int
@@ -124,7 +150,7 @@ type RunOptions struct {
 var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // runFlagNames are the flags that may also come from MESHRUN_<FLAG>.
-var runFlagNames = []string{"nproc-per-node", "device", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
+var runFlagNames = []string{"nproc-per-node", "device", "kernels", "share-gpus", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
 	"nats-cert", "nats-key", "insecure", "job-id", "log-dir",
 	"console", "grace", "timeout", "hang-after", "worker", "dry-run"}
 
@@ -136,13 +162,15 @@ func EnvName(flagName string) string {
 // ParseRunFlags reads `launcher run` flags; getenv supplies MESHRUN_<FLAG>
 // defaults (flags on the command line win). Errors are usage errors.
 func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error) {
-	o := RunOptions{NprocPerNode: "1", LogDir: "runs", Grace: 10 * time.Second, Device: "cpu", NNodes: 1, Console: "all",
+	o := RunOptions{NprocPerNode: "1", LogDir: "runs", Grace: 10 * time.Second, NNodes: 1, Console: "all",
 		HangAfter: DefaultHangAfter}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.NprocPerNode, "nproc-per-node", o.NprocPerNode, "ranks on this machine: N or cpu")
 	fs.StringVar(&o.NprocPerNode, "n", o.NprocPerNode, "short for --nproc-per-node")
-	fs.StringVar(&o.Device, "device", o.Device, "cpu or cuda")
+	fs.StringVar(&o.Device, "device", o.Device, "cpu, sim or cuda")
+	fs.StringVar(&o.Kernels, "kernels", "", "kernels provider choice")
+	fs.BoolVar(&o.ShareGPUs, "share-gpus", false, "let cuda ranks share GPUs")
 	fs.IntVar(&o.NNodes, "nnodes", o.NNodes, "machines")
 	fs.IntVar(&o.NodeRank, "node-rank", 0, "this machine's index")
 	fs.StringVar(&o.NATS, "nats", "", "external NATS URL")
@@ -189,8 +217,22 @@ func (p problems) Unwrap() error { return ErrInvalid }
 // Validate reports every problem with the options at once, in one line.
 func (o RunOptions) Validate() error {
 	var p problems
-	if _, err := o.nproc(); err != nil {
-		p = append(p, err.Error())
+	dev, devErr := o.rankDevice()
+	if devErr != nil {
+		p = append(p, devErr.Error())
+	}
+	n, nerr := o.nproc()
+	// -n gpu in a build without CUDA: the device check has named the build.
+	if nerr != nil && !(o.NprocPerNode == "gpu" && o.deviceName() == "cuda" && devErr != nil && !providers.Compiled("cuda")) {
+		p = append(p, nerr.Error())
+	}
+	if nerr == nil && (dev == "cuda" || devErr != nil && o.deviceName() == "cuda") {
+		if msg := o.gpuProblem(n); msg != "" {
+			p = append(p, msg)
+		}
+	}
+	if o.ShareGPUs && devErr == nil && dev != "cuda" {
+		p = append(p, fmt.Sprintf("--share-gpus with --device %s: only cuda ranks have GPUs to share", dev))
 	}
 	if o.JobID != "" && !jobIDRE.MatchString(o.JobID) {
 		p = append(p, fmt.Sprintf("--job-id %q: want 1 to 64 letters, digits, '-' or '_'", o.JobID))
@@ -200,11 +242,6 @@ func (o RunOptions) Validate() error {
 	}
 	if o.HangAfter < 0 {
 		p = append(p, fmt.Sprintf("--hang-after %v: must not be negative", o.HangAfter))
-	}
-	switch o.Device {
-	case "", "cpu", "cuda":
-	default:
-		p = append(p, fmt.Sprintf("--device %q: want cpu or cuda", o.Device))
 	}
 	if o.NNodes < 0 || o.NNodes > 1<<16 {
 		p = append(p, fmt.Sprintf("--nnodes %d: want 1 or more", o.NNodes))
@@ -260,7 +297,7 @@ func (o RunOptions) nproc() (int, error) {
 	case "":
 		return 1, nil
 	case "cpu":
-		return runtime.NumCPU(), nil
+		return cores(), nil
 	case "gpu":
 		n, err := gpuCount()
 		if err != nil {
@@ -273,7 +310,7 @@ func (o RunOptions) nproc() (int, error) {
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 {
-		return 0, fmt.Errorf("--nproc-per-node %q: want a positive number or cpu", s)
+		return 0, fmt.Errorf("--nproc-per-node %q: want a positive number, cpu or gpu", s)
 	}
 	return n, nil
 }
@@ -293,22 +330,94 @@ func (o RunOptions) consoleFilter() (func(int) bool, error) {
 	return func(r int) bool { return set[r] }, nil
 }
 
-// device is --device, with -n gpu implying cuda.
-func (o RunOptions) device() string {
-	if o.NprocPerNode == "gpu" {
+// cores is how many CPUs this launcher may use, shared out among its ranks:
+// Go's GOMAXPROCS, which honours the CPU affinity mask and a cgroup CPU limit
+// (a container's), or the launcher's own GOMAXPROCS variable when set.
+func cores() int { return runtime.GOMAXPROCS(0) }
+
+// resolveProviders checks a --device and --kernels pair against the providers
+// compiled into this binary (providers.Resolve). Tests replace it to stand in
+// for a cuda build.
+var resolveProviders = providers.Resolve
+
+// deviceName is --device as given, with -n gpu implying cuda; empty when
+// neither says (the kernels' device, else cpu).
+func (o RunOptions) deviceName() string {
+	if o.Device == "" && o.NprocPerNode == "gpu" {
 		return "cuda"
 	}
-	if o.Device == "" {
-		return "cpu"
-	}
 	return o.Device
+}
+
+// rankDevice resolves the ranks' device ("cpu", "sim" or "cuda") from
+// --device, --kernels and -n gpu, and refuses what this build cannot run: a
+// device or provider not compiled in (naming the build command), providers of
+// another device.
+func (o RunOptions) rankDevice() (string, error) {
+	if o.NprocPerNode == "gpu" && o.Device != "" && o.Device != "cuda" {
+		return "", fmt.Errorf("--nproc-per-node gpu starts one rank per GPU: --device %s contradicts it; want --device cuda or a number of ranks", o.Device)
+	}
+	_, kind, err := resolveProviders(o.deviceName(), o.Kernels)
+	if err != nil {
+		if o.Device == "" && o.NprocPerNode == "gpu" {
+			err = fmt.Errorf("--nproc-per-node gpu implies %v", err)
+		}
+		return "", err
+	}
+	return kind.String(), nil
+}
+
+// visibleGPUs are the GPUs the launcher may hand to its ranks: the entries of
+// CUDA_VISIBLE_DEVICES when it is set (even empty), else every device the
+// CUDA driver reports in a cuda build. known is false in a build without CUDA
+// and no CUDA_VISIBLE_DEVICES: nothing to count (the build is refused anyway).
+func visibleGPUs() (ids []string, from string, known bool, err error) {
+	if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok {
+		for _, id := range strings.Split(v, ",") {
+			if id = strings.TrimSpace(id); id != "" {
+				ids = append(ids, id)
+			}
+		}
+		return ids, "CUDA_VISIBLE_DEVICES lists", true, nil
+	}
+	if !providers.Compiled("cuda") {
+		return nil, "", false, nil
+	}
+	n, err := gpuCount()
+	if err != nil {
+		return nil, "", false, err
+	}
+	for i := 0; i < n; i++ {
+		ids = append(ids, strconv.Itoa(i))
+	}
+	return ids, "the CUDA driver reports", true, nil
+}
+
+// gpuProblem checks that n cuda ranks on this node have a GPU each, or may
+// share them (--share-gpus); it returns the problem, "" when none.
+func (o RunOptions) gpuProblem(n int) string {
+	ids, from, known, err := visibleGPUs()
+	switch {
+	case err != nil:
+		return fmt.Sprintf("--device cuda: counting GPUs: %v", err)
+	case !known:
+		return ""
+	case len(ids) == 0:
+		return fmt.Sprintf("--device cuda: no GPU visible (%s none)", from)
+	case n > len(ids) && !o.ShareGPUs:
+		return fmt.Sprintf("--nproc-per-node %s with --device cuda needs %d GPUs, %s %d (%s); pass --share-gpus to let ranks share them",
+			o.NprocPerNode, n, from, len(ids), strings.Join(ids, ","))
+	}
+	return ""
 }
 
 // rankSpec is one rank of the job as the launcher starts it.
 type rankSpec struct {
 	Rank, LocalRank, Node int
 	GOMAXPROCS            int
-	// GPU is the CUDA_VISIBLE_DEVICES of a cuda rank, "" on cpu.
+	// Device is the rank's device: cpu, sim or cuda.
+	Device string
+	// GPU is the CUDA_VISIBLE_DEVICES of a cuda rank, "" otherwise.
 	GPU string
 }
 
@@ -321,7 +430,8 @@ type job struct {
 	path   string   // program to execute
 	args   []string // its arguments
 	nnodes int
-	world  int // ranks on every node
+	world  int    // ranks on every node
+	device string // the ranks' device: cpu, sim or cuda
 }
 
 // resolve fills in defaults: job id, worker path, rank table.
@@ -343,24 +453,25 @@ func (o RunOptions) resolve() (*job, error) {
 	}
 	j.dir = filepath.Join(j.LogDir, j.id)
 	n, _ := o.nproc()
-	procs := runtime.NumCPU() / n
+	procs := cores() / n
 	if procs < 1 {
 		procs = 1
 	}
 	j.world = n * j.nnodes
+	j.device, _ = o.rankDevice()
 	var gpus []string
-	if o.device() == "cuda" {
-		// One GPU per rank, drawn from what this launcher may use.
-		if v := os.Getenv("CUDA_VISIBLE_DEVICES"); v != "" {
-			gpus = strings.Split(v, ",")
-		}
+	if j.device == "cuda" {
+		// One GPU per rank, drawn from what this launcher may use; with
+		// --share-gpus, round-robin (Validate refused more ranks than GPUs
+		// otherwise).
+		gpus, _, _, _ = visibleGPUs()
 	}
 	for l := 0; l < n; l++ {
-		s := rankSpec{Rank: o.NodeRank*n + l, LocalRank: l, Node: o.NodeRank, GOMAXPROCS: procs}
-		if o.device() == "cuda" {
+		s := rankSpec{Rank: o.NodeRank*n + l, LocalRank: l, Node: o.NodeRank, GOMAXPROCS: procs, Device: j.device}
+		if j.device == "cuda" {
 			s.GPU = strconv.Itoa(l)
 			if len(gpus) > 0 {
-				s.GPU = strings.TrimSpace(gpus[l%len(gpus)])
+				s.GPU = gpus[l%len(gpus)]
 			}
 		}
 		j.ranks = append(j.ranks, s)
@@ -396,17 +507,21 @@ func (o RunOptions) workerPath() (string, error) {
 
 // printTable writes the rank table of a dry run.
 func (j *job) printTable(w io.Writer) {
-	fmt.Fprintf(w, "job %s: node %d of %d, %d of %d ranks here, device %s, logs in %s\n",
-		j.id, j.NodeRank, j.nnodes, len(j.ranks), j.world, j.device(), j.dir)
+	kern := j.Kernels
+	if kern == "" {
+		kern = "the device's own"
+	}
+	fmt.Fprintf(w, "job %s: node %d of %d, %d of %d ranks here, device %s, kernels %s, logs in %s\n",
+		j.id, j.NodeRank, j.nnodes, len(j.ranks), j.world, j.device, kern, j.dir)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tRANK\tLOCAL_RANK\tGOMAXPROCS\tGPU\tCOMMAND")
+	fmt.Fprintln(tw, "NODE\tRANK\tLOCAL_RANK\tGOMAXPROCS\tDEVICE\tGPU\tCOMMAND")
 	cmd := strings.Join(append([]string{j.path}, j.args...), " ")
 	for _, r := range j.ranks {
 		gpu := r.GPU
 		if gpu == "" {
 			gpu = "-"
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\n", r.Node, r.Rank, r.LocalRank, r.GOMAXPROCS, gpu, cmd)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\t%s\n", r.Node, r.Rank, r.LocalRank, r.GOMAXPROCS, r.Device, gpu, cmd)
 	}
 	tw.Flush()
 }

@@ -252,6 +252,9 @@ func TestDockerfiles(t *testing.T) {
 		if f == "Dockerfile.cuda" && (!strings.Contains(s, "-tags cuda") || !strings.Contains(s, "nvidia/cuda:")) {
 			t.Errorf("%s: want -tags cuda on an official CUDA image", f)
 		}
+		if f == "Dockerfile.cuda" && !regexp.MustCompile(`(?m)^ARG CUDA_VERSION=11\.`).MatchString(s) {
+			t.Errorf("%s: want CUDA 11 (ARG CUDA_VERSION=11.x): gorgonia.org/cu v0.9.6 does not compile against CUDA 12 headers", f)
+		}
 		if f == "Dockerfile" && (strings.Contains(s, "-tags") || strings.Contains(s, "nvidia")) {
 			t.Errorf("%s: the CPU image is a plain build, no CUDA", f)
 		}

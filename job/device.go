@@ -12,8 +12,8 @@ import (
 // Environment variables the launcher sets on every rank (its --device and
 // --kernels); a workload's own flags win over them.
 const (
-	EnvDevice  = "MESHRUN_DEVICE"
-	EnvKernels = "MESHRUN_KERNELS"
+	EnvDevice  = providers.EnvDevice
+	EnvKernels = providers.EnvKernels
 )
 
 // deviceFlags are the --device and --kernels flags every compute workload has.

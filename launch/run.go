@@ -44,12 +44,11 @@ var ErrRankFailed = errors.New("rank failed")
 var ErrInvalid = errors.New("invalid options")
 
 // Environment variables the launcher sets on every rank: the resolved --device
-// and, when given, --kernels. They are the worker's defaults (job.EnvDevice,
-// job.EnvKernels, which this package does not import); a workload's own
-// --device and --kernels flags win over them.
+// and, when given, --kernels (the worker's defaults; a workload's own --device
+// and --kernels flags win over them).
 const (
-	EnvDevice  = "MESHRUN_DEVICE"
-	EnvKernels = "MESHRUN_KERNELS"
+	EnvDevice  = providers.EnvDevice
+	EnvKernels = providers.EnvKernels
 )
 
 const runUsage = `usage: launcher run [flags] WORKLOAD [ARGS...]     runs "worker WORKLOAD ARGS" on every rank

@@ -84,6 +84,13 @@ func Known() []string {
 	return names
 }
 
+// The environment variables that carry --device and --kernels from the
+// launcher to every rank.
+const (
+	EnvDevice  = "MESHRUN_DEVICE"
+	EnvKernels = "MESHRUN_KERNELS"
+)
+
 // BuildCommand is how to build the launcher and worker with a build tag.
 func BuildCommand(tag string) string {
 	return fmt.Sprintf("go build -tags %s -o bin/ ./cmd/launcher ./cmd/worker", tag)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -205,125 +206,130 @@ func (s *staged) Broadcast(ctx context.Context, buf *tensor.Tensor, root int) er
 	return pipeline(f.rounds, in, func(i int) error { return hostBroadcast(ctx, s.g, f.dt, f.bytes(i), root) }, out)
 }
 
-// pieces cuts each member's count into k rounds: piece (r, j) is elements
-// [lo, hi) of member r's segment.
-func pieces(counts []int, k int) [][][2]int {
-	p := make([][][2]int, len(counts))
+// segmented is one call on a buffer made of one segment per member (counts),
+// cut into rounds: round j moves piece j of every segment. The caller holds s.mu.
+type segmented struct {
+	m              tensor.Memory
+	dt             tensor.DType
+	es, me, rounds int
+	offs           []int      // where each segment starts in the whole buffer
+	pc             [][][2]int // piece (r, j): elements [lo, hi) of segment r
+	base           []int      // where round j's pieces start, all rounds laid out in turn
+	h              []byte     // staging: the rounds' pieces (total), then this member's segment
+}
+
+// segmented checks a call whose whole buffer holds every segment and mine this
+// member's, and cuts it into rounds.
+func (s *staged) segmented(op string, whole, mine *tensor.Tensor, counts []int) (segmented, error) {
+	dt, err := sameDevice(s.dev, whole, mine)
+	if err != nil {
+		return segmented{}, err
+	}
+	me, n := s.g.Index(), s.g.Size()
+	offs, total, err := offsets(counts)
+	if err != nil {
+		return segmented{}, err
+	}
+	if len(counts) != n || whole.Len() != total || mine.Len() != counts[me] {
+		return segmented{}, invalid("%s: %d counts for a group of %d; the buffer of every segment has %d elements (total %d), this member's %d (count %d)",
+			op, len(counts), n, whole.Len(), total, mine.Len(), counts[min(me, len(counts)-1)])
+	}
+	g := segmented{m: tensor.MemoryOf(whole), dt: dt, es: dt.Size(), me: me, offs: offs}
+	g.rounds = s.rounds(slices.Max(append([]int{0}, counts...)), g.es)
+	g.pc = make([][][2]int, n)
 	for r, c := range counts {
-		p[r] = make([][2]int, k)
-		for j := range k {
-			lo, hi := balanced(c, k, j)
-			p[r][j] = [2]int{lo, hi}
+		g.pc[r] = make([][2]int, g.rounds)
+		for j := range g.rounds {
+			lo, hi := balanced(c, g.rounds, j)
+			g.pc[r][j] = [2]int{lo, hi}
 		}
 	}
-	return p
+	g.base = make([]int, g.rounds+1)
+	for j := range g.rounds {
+		g.base[j+1] = g.base[j]
+		for r := range n {
+			g.base[j+1] += g.pc[r][j][1] - g.pc[r][j][0]
+		}
+	}
+	g.h, err = s.stage(g.m, (total+counts[me])*g.es)
+	return g, err
+}
+
+// round is round j's pieces in staging, and its counts.
+func (g segmented) round(j int) ([]byte, []int) {
+	c := make([]int, len(g.pc))
+	for r := range c {
+		c[r] = g.pc[r][j][1] - g.pc[r][j][0]
+	}
+	return g.h[g.base[j]*g.es : g.base[j+1]*g.es], c
+}
+
+// mine is this member's piece of round j in staging.
+func (g segmented) mine(j int) []byte {
+	at := g.base[len(g.base)-1]
+	lo, hi := g.pc[g.me][j][0], g.pc[g.me][j][1]
+	return g.h[(at+lo)*g.es : (at+hi)*g.es]
+}
+
+// each copies round j's pieces between the whole buffer t and staging: out of
+// the device (toHost) or into it.
+func (g segmented) each(t *tensor.Tensor, j int, toHost bool) error {
+	at := g.base[j]
+	for r := range g.pc {
+		lo, hi := g.offs[r]+g.pc[r][j][0], g.offs[r]+g.pc[r][j][1]
+		var err error
+		if toHost {
+			err = read(g.m, g.h[at*g.es:], t, lo, hi, g.es)
+		} else {
+			err = write(g.m, t, lo, hi, g.es, g.h[at*g.es:])
+		}
+		if err != nil {
+			return err
+		}
+		at += hi - lo
+	}
+	return nil
+}
+
+// copyMine copies this member's piece of round j between t and staging.
+func (g segmented) copyMine(t *tensor.Tensor, j int, toHost bool) error {
+	lo, hi := g.pc[g.me][j][0], g.pc[g.me][j][1]
+	if toHost {
+		return read(g.m, g.mine(j), t, lo, hi, g.es)
+	}
+	return write(g.m, t, lo, hi, g.es, g.mine(j))
 }
 
 func (s *staged) AllGather(ctx context.Context, in, out *tensor.Tensor, counts []int) error {
-	dt, err := sameDevice(s.dev, in, out)
-	if err != nil {
-		return err
-	}
-	me, n := s.g.Index(), s.g.Size()
-	offs, total, err := offsets(counts)
-	if err != nil {
-		return err
-	}
-	if len(counts) != n || in.Len() != counts[me] || out.Len() != total {
-		return invalid("all_gather: %d counts for a group of %d, in %d elements (count %d), out %d (total %d)",
-			len(counts), n, in.Len(), counts[min(me, len(counts)-1)], out.Len(), total)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m, es := tensor.MemoryOf(in), dt.Size()
-	// Staging: this member's input, then each round's gathered pieces.
-	h, err := s.stage(m, (counts[me]+total)*es)
+	g, err := s.segmented("all_gather", out, in, counts)
 	if err != nil {
 		return err
 	}
-	hin, hout := h[:counts[me]*es], h[counts[me]*es:]
-	k := s.rounds(slicesMax(counts), es)
-	pc := pieces(counts, k)
-	base := roundBases(pc, k)
-	roundCounts := func(j int) []int {
-		c := make([]int, n)
-		for r := range c {
-			c[r] = pc[r][j][1] - pc[r][j][0]
-		}
-		return c
-	}
-	return pipeline(k,
+	return pipeline(g.rounds,
+		func(j int) error { return g.copyMine(in, j, true) },
 		func(j int) error {
-			lo, hi := pc[me][j][0], pc[me][j][1]
-			return read(m, hin[lo*es:], in, lo, hi, es)
+			round, c := g.round(j)
+			return hostAllGather(ctx, s.g, g.dt, g.mine(j), round, c)
 		},
-		func(j int) error {
-			lo, hi := pc[me][j][0], pc[me][j][1]
-			return hostAllGather(ctx, s.g, dt, hin[lo*es:hi*es], hout[base[j]*es:base[j+1]*es], roundCounts(j))
-		},
-		func(j int) error {
-			at := base[j]
-			for r := range n {
-				lo, hi := pc[r][j][0], pc[r][j][1]
-				if err := write(m, out, offs[r]+lo, offs[r]+hi, es, hout[at*es:]); err != nil {
-					return err
-				}
-				at += hi - lo
-			}
-			return nil
-		})
+		func(j int) error { return g.each(out, j, false) })
 }
 
 func (s *staged) ReduceScatter(ctx context.Context, in, out *tensor.Tensor, counts []int, op ReduceOp) error {
-	dt, err := sameDevice(s.dev, in, out)
-	if err != nil {
-		return err
-	}
-	me, n := s.g.Index(), s.g.Size()
-	offs, total, err := offsets(counts)
-	if err != nil {
-		return err
-	}
-	if len(counts) != n || in.Len() != total || out.Len() != counts[me] {
-		return invalid("reduce_scatter: %d counts for a group of %d, in %d elements (total %d), out %d (count %d)",
-			len(counts), n, in.Len(), total, out.Len(), counts[min(me, len(counts)-1)])
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m, es := tensor.MemoryOf(in), dt.Size()
-	// Staging: each round's pieces of every segment, then this member's output.
-	h, err := s.stage(m, (total+counts[me])*es)
+	g, err := s.segmented("reduce_scatter", in, out, counts)
 	if err != nil {
 		return err
 	}
-	hin, hout := h[:total*es], h[total*es:]
-	k := s.rounds(slicesMax(counts), es)
-	pc := pieces(counts, k)
-	base := roundBases(pc, k)
-	return pipeline(k,
+	return pipeline(g.rounds,
+		func(j int) error { return g.each(in, j, true) },
 		func(j int) error {
-			at := base[j]
-			for r := range n {
-				lo, hi := pc[r][j][0], pc[r][j][1]
-				if err := read(m, hin[at*es:], in, offs[r]+lo, offs[r]+hi, es); err != nil {
-					return err
-				}
-				at += hi - lo
-			}
-			return nil
+			round, c := g.round(j)
+			return hostReduceScatter(ctx, s.g, g.dt, round, g.mine(j), c, op)
 		},
-		func(j int) error {
-			c := make([]int, n)
-			for r := range c {
-				c[r] = pc[r][j][1] - pc[r][j][0]
-			}
-			lo, hi := pc[me][j][0], pc[me][j][1]
-			return hostReduceScatter(ctx, s.g, dt, hin[base[j]*es:base[j+1]*es], hout[lo*es:hi*es], c, op)
-		},
-		func(j int) error {
-			lo, hi := pc[me][j][0], pc[me][j][1]
-			return write(m, out, lo, hi, es, hout[lo*es:])
-		})
+		func(j int) error { return g.copyMine(out, j, false) })
 }
 
 func (s *staged) AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts []int, recv *tensor.Tensor, recvCounts []int) error {
@@ -349,28 +355,6 @@ func (s *staged) AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts [
 			return AllToAll(ctx, s.g, asElems[float32](hs), sendCounts, asElems[float32](hr), recvCounts)
 		},
 		func(int) error { return write(m, recv, 0, nr, es, hr) })
-}
-
-// roundBases returns where round j's pieces start when every round's pieces
-// are laid out one after the other in member order (element offsets; k+1
-// values).
-func roundBases(pc [][][2]int, k int) []int {
-	base := make([]int, k+1)
-	for j := range k {
-		base[j+1] = base[j]
-		for r := range pc {
-			base[j+1] += pc[r][j][1] - pc[r][j][0]
-		}
-	}
-	return base
-}
-
-func slicesMax(xs []int) int {
-	m := 0
-	for _, x := range xs {
-		m = max(m, x)
-	}
-	return m
 }
 
 // The host collectives on staging bytes of dtype dt.

@@ -211,6 +211,8 @@ func HostBytes(t *Tensor) []byte {
 		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(t.f32))), 4*len(t.f32))
 	case len(t.f64) > 0:
 		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(t.f64))), 8*len(t.f64))
+	case len(t.b16) > 0:
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(t.b16))), 2*len(t.b16))
 	}
 	return nil
 }

@@ -17,10 +17,19 @@ const npyMagic = "\x93NUMPY"
 const maxNpyElements = 1 << 31
 
 // WriteNpy writes a host tensor in NumPy's .npy format (version 1.0, little endian,
-// C order).
+// C order). NumPy has no bfloat16: a bfloat16 tensor is written as float32
+// (exactly: every bfloat16 is a float32), and read back as float32; Convert
+// narrows it again.
 func (t *Tensor) WriteNpy(w io.Writer) error {
 	if t.buf != nil {
 		return fmt.Errorf("%w: WriteNpy of a %v tensor", ErrDevice, t.Device())
+	}
+	if t.dtype == BFloat16 {
+		f, err := Convert(t, Float32)
+		if err != nil {
+			return err
+		}
+		return f.WriteNpy(w)
 	}
 	descr := "<f4"
 	if t.dtype == Float64 {

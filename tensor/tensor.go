@@ -15,10 +15,13 @@ import (
 // DType is the element type of a tensor.
 type DType uint8
 
-// Supported element types.
+// Supported element types. The values are also the dtype byte of the
+// collective wire header.
 const (
 	Float32 DType = iota + 1
 	Float64
+	BFloat16
+	numDTypes
 )
 
 // Size returns the size of one element in bytes (0 for an unknown type).
@@ -28,9 +31,14 @@ func (d DType) Size() int {
 		return 4
 	case Float64:
 		return 8
+	case BFloat16:
+		return 2
 	}
 	return 0
 }
+
+// Valid reports whether d is a known element type.
+func (d DType) Valid() bool { return d > 0 && d < numDTypes }
 
 func (d DType) String() string {
 	switch d {
@@ -38,8 +46,23 @@ func (d DType) String() string {
 		return "float32"
 	case Float64:
 		return "float64"
+	case BFloat16:
+		return "bfloat16"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// ParseDType reads "float32", "float64" or "bfloat16" (also "fp32", "bf16").
+func ParseDType(s string) (DType, error) {
+	switch strings.ToLower(s) {
+	case "float32", "fp32", "f32":
+		return Float32, nil
+	case "float64", "fp64", "f64":
+		return Float64, nil
+	case "bfloat16", "bf16":
+		return BFloat16, nil
+	}
+	return 0, fmt.Errorf("%w: unknown dtype %q (want float32, float64 or bfloat16)", ErrDType, s)
 }
 
 // Tensor is a dense, row-major tensor. The zero value is not usable; build one with
@@ -50,6 +73,7 @@ type Tensor struct {
 	dtype DType
 	f32   []float32
 	f64   []float64
+	b16   []BF16
 	buf   Buffer
 }
 
@@ -89,6 +113,8 @@ func New(dt DType, shape ...int) *Tensor {
 		t.f32 = make([]float32, n)
 	case Float64:
 		t.f64 = make([]float64, n)
+	case BFloat16:
+		t.b16 = make([]BF16, n)
 	default:
 		panic(fmt.Errorf("%w: %v", ErrDType, dt))
 	}
@@ -242,6 +268,9 @@ func (t *Tensor) Clone() (*Tensor, error) {
 	if t.f64 != nil {
 		c.f64 = append([]float64(nil), t.f64...)
 	}
+	if t.b16 != nil {
+		c.b16 = append([]BF16(nil), t.b16...)
+	}
 	return c, nil
 }
 
@@ -251,8 +280,11 @@ func (t *Tensor) At(i int) float64 {
 	if t.buf != nil {
 		t.hostAccess("At")
 	}
-	if t.dtype == Float32 {
+	switch t.dtype {
+	case Float32:
 		return float64(t.f32[i])
+	case BFloat16:
+		return float64(t.b16[i].Float32())
 	}
 	return t.f64[i]
 }

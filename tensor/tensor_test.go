@@ -155,3 +155,60 @@ func FuzzReadNpy(f *testing.F) {
 		}
 	})
 }
+
+func TestBF16(t *testing.T) {
+	for _, tc := range []struct {
+		in   float32
+		want uint16
+	}{
+		{1, 0x3f80},
+		{-2, 0xc000},
+		{0, 0},
+		{float32(math.Copysign(0, -1)), 0x8000},
+		{float32(math.Inf(1)), 0x7f80},
+		{float32(math.Inf(-1)), 0xff80},
+		{math.Float32frombits(0x3f808000), 0x3f80}, // tie, even below: stays
+		{math.Float32frombits(0x3f818000), 0x3f82}, // tie, odd below: rounds up
+		{math.Float32frombits(0x3f808001), 0x3f81}, // above the tie: up
+		{math.Float32frombits(0x7f7fffff), 0x7f80}, // largest float32 rounds to +Inf
+		{math.Float32frombits(0x00000001), 0x0000}, // smallest subnormal rounds to 0
+	} {
+		if got := ToBF16(tc.in); uint16(got) != tc.want {
+			t.Errorf("ToBF16(%v = %#x) = %#x, want %#x", tc.in, math.Float32bits(tc.in), uint16(got), tc.want)
+		}
+	}
+	if b := ToBF16(float32(math.NaN())); !math.IsNaN(float64(b.Float32())) {
+		t.Errorf("NaN became %v", b)
+	}
+	// Round trip of every bfloat16 that is a number.
+	for u := 0; u < 1<<16; u++ {
+		b := BF16(u)
+		if f := b.Float32(); !math.IsNaN(float64(f)) && ToBF16(f) != b {
+			t.Fatalf("%#x -> %v -> %#x", u, f, uint16(ToBF16(f)))
+		}
+	}
+	// The relative rounding error is at most half an epsilon.
+	for _, f := range []float32{1.2345678, 3e-20, -7e30, 0.1} {
+		got := float64(ToBF16(f).Float32())
+		if math.Abs(got-float64(f)) > BF16Epsilon/2*math.Abs(float64(f)) {
+			t.Errorf("ToBF16(%v) = %v", f, got)
+		}
+	}
+	x, _ := FromFloat32([]float32{1.5, -0.1, 3}, 3)
+	b, err := Convert(x, BFloat16)
+	if err != nil || b.DType() != BFloat16 || b.At(0) != 1.5 || b.At(2) != 3 {
+		t.Fatalf("convert: %v %v", b, err)
+	}
+	// .npy: written as float32, exactly.
+	var buf bytes.Buffer
+	if err := b.WriteNpy(&buf); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadNpy(&buf)
+	if err != nil || back.DType() != Float32 || back.At(1) != float64(ToBF16(-0.1).Float32()) {
+		t.Fatalf("npy: %v %v", back, err)
+	}
+	if dt, err := ParseDType("bf16"); err != nil || dt != BFloat16 || dt.Size() != 2 {
+		t.Errorf("ParseDType: %v %v", dt, err)
+	}
+}

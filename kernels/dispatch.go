@@ -322,6 +322,15 @@ func (d *Dispatcher) Axpy(alpha float64, x, y *tensor.Tensor) error {
 	return k.Axpy(alpha, x, y)
 }
 
+// Cast implements Kernels.
+func (d *Dispatcher) Cast(dst, src *tensor.Tensor) error {
+	k, err := d.route(OpCast, dst)
+	if err != nil {
+		return err
+	}
+	return k.Cast(dst, src)
+}
+
 // MSE implements Kernels.
 func (d *Dispatcher) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	k, err := d.route(OpMSE, dy)

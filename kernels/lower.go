@@ -29,7 +29,15 @@ func LinearForward(k Kernels, y, x, w, b *tensor.Tensor) error {
 	if err != nil {
 		return err
 	}
-	return k.Gemm(LinearForwardGemm(m, n, kk, b != nil, y.DType()), GemmOperands{A: x, B: w, C: y, Bias: b})
+	return k.Gemm(outType(LinearForwardGemm(m, n, kk, b != nil, x.DType()), y), GemmOperands{A: x, B: w, C: y, Bias: b})
+}
+
+// outType sets p's output dtype to c's.
+func outType(p GemmParams, c *tensor.Tensor) GemmParams {
+	if c.DType() != p.DType {
+		p.OutDType = c.DType()
+	}
+	return p
 }
 
 // LinearForwardGelu computes y = gelu(x·wᵀ + b) with one GEMM, keeping the
@@ -42,7 +50,7 @@ func LinearForwardGelu(k Kernels, y, aux, x, w, b *tensor.Tensor) error {
 	if b == nil || aux == nil || !tensor.SameShape(aux, y) {
 		return fmt.Errorf("%w: linear+gelu needs a bias and aux shaped as y=%v, have b=%v aux=%v", ErrShape, y, b, aux)
 	}
-	p := LinearForwardGemm(m, n, kk, true, y.DType())
+	p := outType(LinearForwardGemm(m, n, kk, true, x.DType()), y)
 	p.Epilogue = EpilogueBiasGelu
 	return k.Gemm(p, GemmOperands{A: x, B: w, C: y, Bias: b, Aux: aux})
 }
@@ -53,7 +61,7 @@ func LinearBackwardInput(k Kernels, dx, dy, w *tensor.Tensor) error {
 	if err != nil {
 		return err
 	}
-	return k.Gemm(LinearBackwardInputGemm(m, n, kk, dx.DType()), GemmOperands{A: dy, B: w, C: dx})
+	return k.Gemm(outType(LinearBackwardInputGemm(m, n, kk, dy.DType()), dx), GemmOperands{A: dy, B: w, C: dx})
 }
 
 // LinearBackwardInputGelu computes dx = (dy·w) ⊙ gelu'(aux), the gradient
@@ -68,7 +76,7 @@ func LinearBackwardInputGelu(k Kernels, dx, db, dy, w, aux *tensor.Tensor) error
 	if aux == nil || !tensor.SameShape(aux, dx) || (db != nil && (db.Rank() != 1 || db.Dim(0) != kk)) {
 		return fmt.Errorf("%w: linear input gradient through gelu: dx=%v aux=%v db=%v", ErrShape, dx, aux, db)
 	}
-	p := LinearBackwardInputGemm(m, n, kk, dx.DType())
+	p := outType(LinearBackwardInputGemm(m, n, kk, dy.DType()), dx)
 	p.Epilogue = EpilogueDGelu
 	if db != nil {
 		p.Epilogue = EpilogueDGeluBGrad
@@ -82,7 +90,7 @@ func LinearBackwardWeight(k Kernels, dw, dy, x *tensor.Tensor, accumulate bool) 
 	if err != nil {
 		return err
 	}
-	return k.Gemm(LinearBackwardWeightGemm(m, n, kk, accumulate, dw.DType()), GemmOperands{A: dy, B: x, C: dw})
+	return k.Gemm(outType(LinearBackwardWeightGemm(m, n, kk, accumulate, dy.DType()), dw), GemmOperands{A: dy, B: x, C: dw})
 }
 
 // LinearBackwardWeightBias computes dw (+)= dyᵀ·x and db = Σ over rows of dy
@@ -95,7 +103,7 @@ func LinearBackwardWeightBias(k Kernels, dw, db, dy, x *tensor.Tensor, accumulat
 	if _, _, err := BiasDims(db, dy); err != nil {
 		return err
 	}
-	p := LinearBackwardWeightGemm(m, n, kk, accumulate, dw.DType())
+	p := outType(LinearBackwardWeightGemm(m, n, kk, accumulate, dy.DType()), dw)
 	p.Epilogue = EpilogueBGrad
 	return k.Gemm(p, GemmOperands{A: dy, B: x, C: dw, Bias: db})
 }

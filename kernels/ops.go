@@ -25,12 +25,13 @@ const (
 	OpBiasGrad
 	OpAxpy
 	OpMSE
+	OpCast
 	numOps
 )
 
 var opNames = [numOps]string{
 	"gemm", "gemm_bias", "gemm_bias_gelu", "gemm_dgelu", "gemm_dgelu_bgrad", "gemm_bgrad",
-	"gemv", "gelu_forward", "gelu_backward", "bias_grad", "axpy", "mse",
+	"gemv", "gelu_forward", "gelu_backward", "bias_grad", "axpy", "mse", "cast",
 }
 
 func (o Op) String() string {
@@ -80,6 +81,12 @@ type GemmOperands struct {
 //	MSE           dy = scale·(y − target); sum[0] = Σ (y − target)², accumulated
 //	              in float64 in a fixed order (sum is a 1-element float64 tensor
 //	              on the same device)
+//	Cast          dst = src in dst's dtype (same shape; narrowing to bfloat16
+//	              rounds to nearest even)
+//
+// bfloat16 operands are computed in float32: GEMMs multiply exactly and
+// accumulate in float32, elementwise ops widen, compute and round once. A
+// bfloat16 dy may have a float32 db (BiasGrad).
 //
 // (+)= means the result is added to the output when accumulate is true and
 // overwrites it (without reading it) otherwise.
@@ -91,6 +98,7 @@ type Kernels interface {
 	BiasGrad(db, dy *tensor.Tensor, accumulate bool) error
 	Axpy(alpha float64, x, y *tensor.Tensor) error
 	MSE(dy, sum, y, target *tensor.Tensor, scale float64) error
+	Cast(dst, src *tensor.Tensor) error
 }
 
 // Provider is one implementation of the ops on one kind of device. A provider
@@ -105,6 +113,8 @@ type Provider interface {
 	Device() tensor.DeviceKind
 	// Has reports whether the provider implements op.
 	Has(op Op) bool
+	// DTypes lists the element types its kernels take.
+	DTypes() []tensor.DType
 }
 
 // MemoryProvider is a provider that owns its device's memory: the default
@@ -121,8 +131,9 @@ type Compute interface {
 	tensor.Memory
 }
 
-// LinearDims checks the operands of LinearForward (b may be nil) and returns the
-// problem sizes: M rows of x, N outputs, K inputs.
+// LinearDims checks the shapes of LinearForward's operands (b may be nil) and
+// returns the problem sizes: M rows of x, N outputs, K inputs. (Their dtypes are
+// the GEMM's to check: CheckGemm.)
 func LinearDims(y, x, w, b *tensor.Tensor) (m, n, k int, err error) {
 	if x.Rank() < 1 || w.Rank() != 2 || y.Rank() != x.Rank() {
 		return 0, 0, 0, fmt.Errorf("%w: linear y=%v x=%v w=%v", ErrShape, y, x, w)
@@ -139,7 +150,7 @@ func LinearDims(y, x, w, b *tensor.Tensor) (m, n, k int, err error) {
 	if !ok {
 		return 0, 0, 0, fmt.Errorf("%w: linear y=%v x=%v w=%v b=%v", ErrShape, y, x, w, b)
 	}
-	return m, n, k, sameDType(y, x, w, b)
+	return m, n, k, nil
 }
 
 // BiasDims checks LinearBackwardBias operands and returns (rows, N).
@@ -149,7 +160,16 @@ func BiasDims(db, dy *tensor.Tensor) (m, n int, err error) {
 	}
 	n = db.Dim(0)
 	m = lead(dy)
-	return m, n, sameDType(db, dy)
+	if err := sameDType(db); err != nil {
+		return 0, 0, err
+	}
+	if err := sameDType(dy); err != nil {
+		return 0, 0, err
+	}
+	if db.DType() != dy.DType() && !(dy.DType() == tensor.BFloat16 && db.DType() == tensor.Float32) {
+		return 0, 0, fmt.Errorf("%w: bias gradient of %v into %v", ErrDType, dy.DType(), db.DType())
+	}
+	return m, n, nil
 }
 
 // LinearForwardGemm is the GEMM of LinearForward: y[M,N] = x[M,K]·w[N,K]ᵀ, with
@@ -242,11 +262,14 @@ func CheckGemm(p GemmParams, o GemmOperands) (GemmParams, error) {
 	if o.A == nil || o.B == nil || o.C == nil {
 		return p, fmt.Errorf("%w: gemm needs A, B and C", ErrShape)
 	}
-	if err := sameDType(o.A, o.B, o.C, o.Bias, o.Aux); err != nil {
+	if err := sameDType(o.A, o.B); err != nil {
 		return p, err
 	}
-	if o.C.DType() != p.DType {
-		return p, fmt.Errorf("%w: gemm params %v, operands %v", ErrDType, p.DType, o.C.DType())
+	if err := sameDType(o.C, o.Bias, o.Aux); err != nil {
+		return p, err
+	}
+	if o.A.DType() != p.DType || o.C.DType() != p.Out() {
+		return p, fmt.Errorf("%w: gemm params %v -> %v, operands %v -> %v", ErrDType, p.DType, p.Out(), o.A.DType(), o.C.DType())
 	}
 	la, lb, lc := p.Lens()
 	if o.A.Len() < la || o.B.Len() < lb || o.C.Len() < lc {
@@ -307,7 +330,7 @@ func sameDType(ts ...*tensor.Tensor) error {
 		if t == nil {
 			continue
 		}
-		if t.DType() != tensor.Float32 && t.DType() != tensor.Float64 {
+		if !t.DType().Valid() {
 			return fmt.Errorf("%w: %v", ErrDType, t.DType())
 		}
 		if dt != 0 && t.DType() != dt {
@@ -326,6 +349,17 @@ func SameDevice(kind tensor.DeviceKind, ts ...*tensor.Tensor) error {
 		}
 	}
 	return nil
+}
+
+// CastDims checks Cast's operands: one shape, valid dtypes.
+func CastDims(dst, src *tensor.Tensor) (int, error) {
+	if !tensor.SameShape(dst, src) {
+		return 0, fmt.Errorf("%w: cast %v to %v", ErrShape, src, dst)
+	}
+	if err := sameDType(dst); err != nil {
+		return 0, err
+	}
+	return dst.Len(), sameDType(src)
 }
 
 // MSEDims checks MSE's operands: dy, y and target of one shape and dtype, sum a

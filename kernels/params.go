@@ -40,7 +40,11 @@ type GemmParams struct {
 	// BatchCount is the number of GEMMs (0 or 1 means one); strides are in elements.
 	BatchCount                int
 	StrideA, StrideB, StrideC int
-	DType                     tensor.DType
+	// DType is the element type of A and B; OutDType that of C, Bias and Aux
+	// (0: DType). Supported: float32, float64, bfloat16 in and out, and
+	// bfloat16 in with float32 out (a weight gradient accumulated in float32).
+	// bfloat16 GEMMs multiply exactly and accumulate in float32.
+	DType, OutDType tensor.DType
 	// Epilogue is what the GEMM does with its result (EpilogueNone: nothing).
 	// Epilogues other than EpilogueNone take one GEMM (BatchCount 1).
 	Epilogue Epilogue
@@ -182,8 +186,9 @@ func (p GemmParams) Validate() error {
 	if p.BatchCount < 1 || p.StrideA < 0 || p.StrideB < 0 || p.StrideC < 0 {
 		errs = append(errs, fmt.Sprintf("bad batch %d strides %d/%d/%d", p.BatchCount, p.StrideA, p.StrideB, p.StrideC))
 	}
-	if p.DType != tensor.Float32 && p.DType != tensor.Float64 {
-		errs = append(errs, fmt.Sprintf("dtype %v", p.DType))
+	badType := !GemmDTypes(p.DType, p.Out())
+	if badType {
+		errs = append(errs, fmt.Sprintf("dtype %v -> %v", p.DType, p.Out()))
 	}
 	if p.Epilogue >= numEpilogues {
 		errs = append(errs, p.Epilogue.String())
@@ -193,7 +198,29 @@ func (p GemmParams) Validate() error {
 	if len(errs) == 0 {
 		return nil
 	}
+	if badType {
+		return fmt.Errorf("%w (%w): gemm %v", ErrShape, ErrDType, errs)
+	}
 	return fmt.Errorf("%w: gemm %v", ErrShape, errs)
+}
+
+// Out is the element type of C, Bias and Aux.
+func (p GemmParams) Out() tensor.DType {
+	if p.OutDType != 0 {
+		return p.OutDType
+	}
+	return p.DType
+}
+
+// GemmDTypes reports whether a GEMM takes inputs of in and writes out.
+func GemmDTypes(in, out tensor.DType) bool {
+	switch in {
+	case tensor.Float32, tensor.Float64:
+		return out == in
+	case tensor.BFloat16:
+		return out == tensor.BFloat16 || out == tensor.Float32
+	}
+	return false
 }
 
 // Lens returns the minimum number of elements A, B and C must hold.

@@ -11,9 +11,22 @@ func (p *Provider) host(ts ...*tensor.Tensor) error {
 	return kernels.SameDevice(tensor.CPU, ts...)
 }
 
+// floats refuses bfloat16 operands in the ops that do not take them yet.
+func floats(op kernels.Op, ts ...*tensor.Tensor) error {
+	for _, t := range ts {
+		if t != nil && t.DType() == tensor.BFloat16 {
+			return fmt.Errorf("%w: cpu %v on bfloat16", kernels.ErrUnsupported, op)
+		}
+	}
+	return nil
+}
+
 // Gemm implements kernels.Kernels, every epilogue included.
 func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if err := p.host(o.A, o.B, o.C, o.Bias, o.Aux); err != nil {
+		return err
+	}
+	if err := floats(kernels.OpGemm, o.A, o.C); err != nil {
 		return err
 	}
 	g, err := kernels.CheckGemm(g, o)
@@ -145,6 +158,9 @@ func (p *Provider) GeluForward(y, x *tensor.Tensor) error {
 	if err := p.host(y, x); err != nil {
 		return err
 	}
+	if err := floats(kernels.OpGeluForward, y, x); err != nil {
+		return err
+	}
 	if _, err := kernels.ElementwiseDims(y, x); err != nil {
 		return err
 	}
@@ -161,6 +177,9 @@ func (p *Provider) GeluBackward(dx, dy, x *tensor.Tensor) error {
 	if err := p.host(dx, dy, x); err != nil {
 		return err
 	}
+	if err := floats(kernels.OpGeluBackward, dx, dy, x); err != nil {
+		return err
+	}
 	if _, err := kernels.ElementwiseDims(dx, dy, x); err != nil {
 		return err
 	}
@@ -175,6 +194,9 @@ func (p *Provider) GeluBackward(dx, dy, x *tensor.Tensor) error {
 // BiasGrad implements kernels.Kernels.
 func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
 	if err := p.host(db, dy); err != nil {
+		return err
+	}
+	if err := floats(kernels.OpBiasGrad, db, dy); err != nil {
 		return err
 	}
 	m, n, err := kernels.BiasDims(db, dy)
@@ -194,6 +216,9 @@ func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error {
 	if err := p.host(x, y); err != nil {
 		return err
 	}
+	if err := floats(kernels.OpAxpy, x, y); err != nil {
+		return err
+	}
 	if _, err := kernels.ElementwiseDims(y, x); err != nil {
 		return err
 	}
@@ -210,6 +235,9 @@ func (p *Provider) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	if err := p.host(dy, sum, y, target); err != nil {
 		return err
 	}
+	if err := floats(kernels.OpMSE, dy, y, target); err != nil {
+		return err
+	}
 	if err := kernels.MSEDims(dy, sum, y, target); err != nil {
 		return err
 	}
@@ -219,4 +247,50 @@ func (p *Provider) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
 		sum.Float64()[0] = mse(dy.Float64(), y.Float64(), target.Float64(), scale, p.nthreads())
 	}
 	return nil
+}
+
+// Cast implements kernels.Kernels.
+func (p *Provider) Cast(dst, src *tensor.Tensor) error {
+	if err := p.host(dst, src); err != nil {
+		return err
+	}
+	n, err := kernels.CastDims(dst, src)
+	if err != nil {
+		return err
+	}
+	switch {
+	case dst.DType() == src.DType():
+		copy(tensor.HostBytes(dst), tensor.HostBytes(src))
+	case dst.DType() == tensor.BFloat16 && src.DType() == tensor.Float32:
+		d, s := dst.BFloat16(), src.Float32()
+		inPieces(n, p.nthreads(), func(_, lo, hi int) {
+			for i := lo; i < hi; i++ {
+				d[i] = tensor.ToBF16(s[i])
+			}
+		})
+	case dst.DType() == tensor.Float32 && src.DType() == tensor.BFloat16:
+		d, s := dst.Float32(), src.BFloat16()
+		inPieces(n, p.nthreads(), func(_, lo, hi int) {
+			for i := lo; i < hi; i++ {
+				d[i] = s[i].Float32()
+			}
+		})
+	default:
+		for i := 0; i < n; i++ {
+			setFloat(dst, i, src.At(i))
+		}
+	}
+	return nil
+}
+
+// setFloat sets element i of a host tensor from a float64 (rounded once).
+func setFloat(t *tensor.Tensor, i int, v float64) {
+	switch t.DType() {
+	case tensor.Float32:
+		t.Float32()[i] = float32(v)
+	case tensor.Float64:
+		t.Float64()[i] = v
+	case tensor.BFloat16:
+		t.BFloat16()[i] = tensor.ToBF16(float32(v))
+	}
 }

@@ -126,6 +126,11 @@ func (p *Provider) Device() tensor.DeviceKind { return tensor.CPU }
 // Has implements kernels.Provider: the cpu provider implements every op.
 func (p *Provider) Has(kernels.Op) bool { return true }
 
+// DTypes implements kernels.Provider.
+func (p *Provider) DTypes() []tensor.DType {
+	return []tensor.DType{tensor.Float32, tensor.Float64}
+}
+
 // Memory implements kernels.MemoryProvider: host memory.
 func (p *Provider) Memory() tensor.Memory { return tensor.Host }
 

@@ -155,6 +155,23 @@ func (p *Provider) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	})
 }
 
+// Cast implements kernels.Kernels through the host, like GeluForward.
+func (p *Provider) Cast(dst, src *tensor.Tensor) error {
+	if err := p.onDevice(dst, src); err != nil {
+		return err
+	}
+	if _, err := kernels.CastDims(dst, src); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{dst}, []*tensor.Tensor{src}, func(h []*tensor.Tensor) error {
+		return p.host.Cast(h[0], h[1])
+	})
+}
+
+// DTypes implements kernels.Provider: float32 and float64 (bfloat16 needs
+// cuBLASLt, next).
+func (p *Provider) DTypes() []tensor.DType { return []tensor.DType{tensor.Float32, tensor.Float64} }
+
 // viaHost runs f on host copies: outs (written by f) then ins (read), copied in
 // before and outs copied back after.
 func (p *Provider) viaHost(outs, ins []*tensor.Tensor, f func(h []*tensor.Tensor) error) error {

@@ -206,6 +206,13 @@ func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
 // Axpy is not implemented (Has reports false).
 func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error { return unsupported(kernels.OpAxpy) }
 
+// DTypes implements kernels.Provider: OpenBLAS's GEMMs are float32 and float64
+// (Debian's 0.3.21 declares cblas_sbgemm but does not export it).
+func (p *Provider) DTypes() []tensor.DType { return []tensor.DType{tensor.Float32, tensor.Float64} }
+
+// Cast is not implemented (Has reports false).
+func (p *Provider) Cast(dst, src *tensor.Tensor) error { return unsupported(kernels.OpCast) }
+
 // MSE is not implemented (Has reports false).
 func (p *Provider) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	return unsupported(kernels.OpMSE)

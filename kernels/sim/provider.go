@@ -45,6 +45,18 @@ func (p *Provider) Device() tensor.DeviceKind { return tensor.Sim }
 // Has implements kernels.Provider: every op the cpu provider has.
 func (p *Provider) Has(op kernels.Op) bool { return p.cpu.Has(op) }
 
+// DTypes implements kernels.Provider: the cpu provider's.
+func (p *Provider) DTypes() []tensor.DType { return p.cpu.DTypes() }
+
+// Cast implements kernels.Kernels.
+func (p *Provider) Cast(dst, src *tensor.Tensor) error {
+	v, err := p.views(dst, src)
+	if err != nil {
+		return err
+	}
+	return p.cpu.Cast(v[0], v[1])
+}
+
 // Memory implements kernels.MemoryProvider.
 func (p *Provider) Memory() tensor.Memory { return p.mem }
 

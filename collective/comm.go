@@ -7,17 +7,25 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/meshrun/meshrun/tensor"
 )
 
-// Float is the element types collectives move.
-type Float interface{ ~float32 | ~float64 }
+// Float is the element types collectives move. Reductions of bfloat16 add in
+// float32 and round once per hop (see reduceInto).
+type Float interface {
+	~float32 | ~float64 | tensor.BF16
+}
 
-func dtypeOf[T Float]() DType {
+func dtypeOf[T Float]() tensor.DType {
 	var z T
-	if unsafe.Sizeof(z) == 4 {
-		return Float32
+	switch unsafe.Sizeof(z) {
+	case 2:
+		return tensor.BFloat16
+	case 4:
+		return tensor.Float32
 	}
-	return Float64
+	return tensor.Float64
 }
 
 func asBytes[T Float](s []T) []byte {
@@ -171,11 +179,11 @@ func toError(err error, peer, reporter int) *Error {
 
 // begin starts a collective: checks the World, takes the next sequence number,
 // records the state for heartbeats, sets the deadline.
-func (c *Group) begin(ctx context.Context, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, error) {
+func (c *Group) begin(ctx context.Context, op Op, dt tensor.DType, red ReduceOp, count int, shape uint64) (*opState, error) {
 	return c.beginOn(ctx, &c.mu, &c.o, op, dt, red, count, shape)
 }
 
-func (c *Group) beginP2P(ctx context.Context, lock *sync.Mutex, dt DType, count int) (*opState, error) {
+func (c *Group) beginP2P(ctx context.Context, lock *sync.Mutex, dt tensor.DType, count int) (*opState, error) {
 	o, err := c.beginOn(ctx, lock, new(opState), OpSend, dt, 0, count, 0)
 	if o != nil {
 		o.p2p = lock
@@ -183,7 +191,7 @@ func (c *Group) beginP2P(ctx context.Context, lock *sync.Mutex, dt DType, count 
 	return o, err
 }
 
-func (c *Group) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op, dt DType, red ReduceOp, count int, shape uint64) (*opState, error) {
+func (c *Group) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op, dt tensor.DType, red ReduceOp, count int, shape uint64) (*opState, error) {
 	lock.Lock()
 	w := c.w
 	w.mu.Lock()
@@ -212,7 +220,7 @@ func (c *Group) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op
 	}
 	w.mu.Unlock()
 	now := time.Now()
-	*o = opState{c: c, esize: dt.Size(), start: now}
+	*o = opState{c: c, esize: max(1, dt.Size()), start: now}
 	o.octx = opCtx{w: w, deadline: now.Add(w.opts.DataTimeout)}
 	o.ctx = &o.octx
 	if ctx.Done() != nil { // a cancelable caller: its cancellation fails the World
@@ -382,7 +390,7 @@ func nchunks(n, ce int) int {
 // create is the group-creation handshake: a barrier whose headers carry the
 // group's ranks, so members that disagree fail.
 func (c *Group) create(ctx context.Context) error {
-	o, err := c.begin(ctx, OpCreate, DNone, 0, len(c.ranks), hash64("ranks", c.ranks))
+	o, err := c.begin(ctx, OpCreate, dnone, 0, len(c.ranks), hash64("ranks", c.ranks))
 	if err != nil {
 		return err
 	}
@@ -391,7 +399,7 @@ func (c *Group) create(ctx context.Context) error {
 
 // Barrier returns once every member has entered it.
 func (c *Group) Barrier(ctx context.Context) error {
-	o, err := c.begin(ctx, OpBarrier, DNone, 0, 0, 0)
+	o, err := c.begin(ctx, OpBarrier, dnone, 0, 0, 0)
 	if err != nil {
 		return err
 	}

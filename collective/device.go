@@ -194,10 +194,7 @@ func (c *hostComm) AllReduce(ctx context.Context, buf *tensor.Tensor, op ReduceO
 	if err != nil {
 		return err
 	}
-	if dt == tensor.Float32 {
-		return AllReduce(ctx, c.g, buf.Float32(), op)
-	}
-	return AllReduce(ctx, c.g, buf.Float64(), op)
+	return hostAllReduce(ctx, c.g, dt, tensor.HostBytes(buf), op)
 }
 
 func (c *hostComm) AllGather(ctx context.Context, in, out *tensor.Tensor, counts []int) error {
@@ -205,10 +202,7 @@ func (c *hostComm) AllGather(ctx context.Context, in, out *tensor.Tensor, counts
 	if err != nil {
 		return err
 	}
-	if dt == tensor.Float32 {
-		return AllGather(ctx, c.g, in.Float32(), out.Float32(), counts)
-	}
-	return AllGather(ctx, c.g, in.Float64(), out.Float64(), counts)
+	return hostAllGather(ctx, c.g, dt, tensor.HostBytes(in), tensor.HostBytes(out), counts)
 }
 
 func (c *hostComm) ReduceScatter(ctx context.Context, in, out *tensor.Tensor, counts []int, op ReduceOp) error {
@@ -216,10 +210,7 @@ func (c *hostComm) ReduceScatter(ctx context.Context, in, out *tensor.Tensor, co
 	if err != nil {
 		return err
 	}
-	if dt == tensor.Float32 {
-		return ReduceScatter(ctx, c.g, in.Float32(), out.Float32(), counts, op)
-	}
-	return ReduceScatter(ctx, c.g, in.Float64(), out.Float64(), counts, op)
+	return hostReduceScatter(ctx, c.g, dt, tensor.HostBytes(in), tensor.HostBytes(out), counts, op)
 }
 
 func (c *hostComm) AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts []int, recv *tensor.Tensor, recvCounts []int) error {
@@ -227,10 +218,7 @@ func (c *hostComm) AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts
 	if err != nil {
 		return err
 	}
-	if dt == tensor.Float32 {
-		return AllToAll(ctx, c.g, send.Float32(), sendCounts, recv.Float32(), recvCounts)
-	}
-	return AllToAll(ctx, c.g, send.Float64(), sendCounts, recv.Float64(), recvCounts)
+	return hostAllToAll(ctx, c.g, dt, tensor.HostBytes(send), sendCounts, tensor.HostBytes(recv), recvCounts)
 }
 
 func (c *hostComm) Broadcast(ctx context.Context, buf *tensor.Tensor, root int) error {
@@ -238,10 +226,7 @@ func (c *hostComm) Broadcast(ctx context.Context, buf *tensor.Tensor, root int) 
 	if err != nil {
 		return err
 	}
-	if dt == tensor.Float32 {
-		return Broadcast(ctx, c.g, buf.Float32(), root)
-	}
-	return Broadcast(ctx, c.g, buf.Float64(), root)
+	return hostBroadcast(ctx, c.g, dt, tensor.HostBytes(buf), root)
 }
 
 // sameDevice checks that every tensor lives on dev, in one float dtype.
@@ -251,8 +236,8 @@ func sameDevice(dev tensor.Device, ts ...*tensor.Tensor) (tensor.DType, error) {
 		if t.Device() != dev {
 			return 0, fmt.Errorf("%w: %v given to a communicator of %v", ErrInvalid, t, dev)
 		}
-		if t.DType() != tensor.Float32 && t.DType() != tensor.Float64 {
-			return 0, fmt.Errorf("%w: collectives move float32 and float64, not %v", ErrInvalid, t.DType())
+		if !t.DType().Valid() {
+			return 0, fmt.Errorf("%w: collectives move float32, float64 and bfloat16, not %v", ErrInvalid, t.DType())
 		}
 		if dt != 0 && t.DType() != dt {
 			return 0, fmt.Errorf("%w: mixed %v and %v", ErrInvalid, dt, t.DType())

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // HeaderSize is the fixed size of every message header on every transport.
@@ -43,37 +45,15 @@ func (o Op) String() string {
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
 
-// DType is the element type on the wire.
-type DType uint8
+// dnone is the dtype byte of collectives that move no data (barrier, group
+// creation); the others carry tensor.DType's value.
+const dnone tensor.DType = 0
 
-const (
-	DNone DType = iota
-	Float32
-	Float64
-	dtypeMax
-)
-
-func (d DType) String() string {
-	switch d {
-	case DNone:
+func dtypeName(d tensor.DType) string {
+	if d == dnone {
 		return "none"
-	case Float32:
-		return "float32"
-	case Float64:
-		return "float64"
 	}
-	return fmt.Sprintf("dtype(%d)", uint8(d))
-}
-
-// Size is the element size in bytes.
-func (d DType) Size() int {
-	switch d {
-	case Float32:
-		return 4
-	case Float64:
-		return 8
-	}
-	return 1
+	return d.String()
 }
 
 // Header is the fixed binary header carried by every message. The first seven
@@ -101,7 +81,7 @@ func (d DType) Size() int {
 //	76 check   u32   FNV-1a of bytes 0..75
 type Header struct {
 	Op     Op
-	DType  DType
+	DType  tensor.DType
 	RedOp  uint8
 	Job    uint64
 	Group  uint64
@@ -176,9 +156,9 @@ func DecodeHeader(b []byte, maxPayload int) (Header, error) {
 		return h, errChecksum
 	}
 	h.Op = Op(b[5])
-	h.DType = DType(b[6])
+	h.DType = tensor.DType(b[6])
 	h.RedOp = b[7]
-	if h.Op == OpNone || h.Op >= opMax || h.DType >= dtypeMax || h.RedOp > 3 {
+	if h.Op == OpNone || h.Op >= opMax || (h.DType != dnone && !h.DType.Valid()) || h.RedOp > 3 {
 		return h, errOp
 	}
 	h.Job = le.Uint64(b[8:])
@@ -220,7 +200,7 @@ func (h *Header) Descriptor() string {
 	if h.Op == OpAllReduce || h.Op == OpReduceScatter {
 		red = "(" + ReduceOp(h.RedOp).String() + ")"
 	}
-	return fmt.Sprintf("%s%s %s count=%d shape=%016x seq=%d group=%016x", h.Op, red, h.DType, h.Count, h.Shape, h.Seq, h.Group)
+	return fmt.Sprintf("%s%s %s count=%d shape=%016x seq=%d group=%016x", h.Op, red, dtypeName(h.DType), h.Count, h.Shape, h.Seq, h.Group)
 }
 
 // check compares a received header with the one the receiver expects. A

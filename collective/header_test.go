@@ -3,10 +3,12 @@ package collective
 import (
 	"errors"
 	"testing"
+
+	"github.com/meshrun/meshrun/tensor"
 )
 
 func TestHeaderRoundTrip(t *testing.T) {
-	h := Header{Op: OpAllGather, DType: Float64, RedOp: 2, Job: 1, Group: 2, Seq: 3, Src: 4, Dst: 5, Count: 6, Shape: 7, Step: 8, Chunk: 9, Offset: 10, Length: 11}
+	h := Header{Op: OpAllGather, DType: tensor.Float64, RedOp: 2, Job: 1, Group: 2, Seq: 3, Src: 4, Dst: 5, Count: 6, Shape: 7, Step: 8, Chunk: 9, Offset: 10, Length: 11}
 	var b [HeaderSize]byte
 	h.Encode(b[:])
 	got, err := DecodeHeader(b[:], 0)
@@ -31,7 +33,7 @@ func TestHeaderRoundTrip(t *testing.T) {
 }
 
 func TestCheckHeaderNamesBoth(t *testing.T) {
-	want := Header{Op: OpAllReduce, DType: Float32, Seq: 3, Src: 1, Dst: 0, Count: 100}
+	want := Header{Op: OpAllReduce, DType: tensor.Float32, Seq: 3, Src: 1, Dst: 0, Count: 100}
 	got := want
 	got.Op, got.Count = OpAllGather, 50
 	err := checkHeader(&want, &got)
@@ -58,7 +60,7 @@ func contains(s, sub string) bool {
 // FuzzDecodeMessage: the decoder never panics, never allocates, and accepts
 // only messages whose payload fits the declared bound and the buffer.
 func FuzzDecodeMessage(f *testing.F) {
-	h := Header{Op: OpAllReduce, DType: Float32, Count: 4, Length: 16}
+	h := Header{Op: OpAllReduce, DType: tensor.Float32, Count: 4, Length: 16}
 	b := make([]byte, HeaderSize+16)
 	h.Encode(b)
 	f.Add(b)

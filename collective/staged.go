@@ -348,41 +348,58 @@ func (s *staged) AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts [
 	hs, hr := h[:ns*es], h[ns*es:]
 	return pipeline(1,
 		func(int) error { return read(m, hs, send, 0, ns, es) },
-		func(int) error {
-			if dt == tensor.Float64 {
-				return AllToAll(ctx, s.g, asElems[float64](hs), sendCounts, asElems[float64](hr), recvCounts)
-			}
-			return AllToAll(ctx, s.g, asElems[float32](hs), sendCounts, asElems[float32](hr), recvCounts)
-		},
+		func(int) error { return hostAllToAll(ctx, s.g, dt, hs, sendCounts, hr, recvCounts) },
 		func(int) error { return write(m, recv, 0, nr, es, hr) })
 }
 
-// The host collectives on staging bytes of dtype dt.
+// The host collectives on bytes holding elements of dtype dt.
 
 func hostAllReduce(ctx context.Context, g *Group, dt tensor.DType, b []byte, op ReduceOp) error {
-	if dt == tensor.Float64 {
+	switch dt {
+	case tensor.Float64:
 		return AllReduce(ctx, g, asElems[float64](b), op)
+	case tensor.BFloat16:
+		return AllReduce(ctx, g, asElems[tensor.BF16](b), op)
 	}
 	return AllReduce(ctx, g, asElems[float32](b), op)
 }
 
 func hostBroadcast(ctx context.Context, g *Group, dt tensor.DType, b []byte, root int) error {
-	if dt == tensor.Float64 {
+	switch dt {
+	case tensor.Float64:
 		return Broadcast(ctx, g, asElems[float64](b), root)
+	case tensor.BFloat16:
+		return Broadcast(ctx, g, asElems[tensor.BF16](b), root)
 	}
 	return Broadcast(ctx, g, asElems[float32](b), root)
 }
 
 func hostAllGather(ctx context.Context, g *Group, dt tensor.DType, in, out []byte, counts []int) error {
-	if dt == tensor.Float64 {
+	switch dt {
+	case tensor.Float64:
 		return AllGather(ctx, g, asElems[float64](in), asElems[float64](out), counts)
+	case tensor.BFloat16:
+		return AllGather(ctx, g, asElems[tensor.BF16](in), asElems[tensor.BF16](out), counts)
 	}
 	return AllGather(ctx, g, asElems[float32](in), asElems[float32](out), counts)
 }
 
 func hostReduceScatter(ctx context.Context, g *Group, dt tensor.DType, in, out []byte, counts []int, op ReduceOp) error {
-	if dt == tensor.Float64 {
+	switch dt {
+	case tensor.Float64:
 		return ReduceScatter(ctx, g, asElems[float64](in), asElems[float64](out), counts, op)
+	case tensor.BFloat16:
+		return ReduceScatter(ctx, g, asElems[tensor.BF16](in), asElems[tensor.BF16](out), counts, op)
 	}
 	return ReduceScatter(ctx, g, asElems[float32](in), asElems[float32](out), counts, op)
+}
+
+func hostAllToAll(ctx context.Context, g *Group, dt tensor.DType, send []byte, sendCounts []int, recv []byte, recvCounts []int) error {
+	switch dt {
+	case tensor.Float64:
+		return AllToAll(ctx, g, asElems[float64](send), sendCounts, asElems[float64](recv), recvCounts)
+	case tensor.BFloat16:
+		return AllToAll(ctx, g, asElems[tensor.BF16](send), sendCounts, asElems[tensor.BF16](recv), recvCounts)
+	}
+	return AllToAll(ctx, g, asElems[float32](send), sendCounts, asElems[float32](recv), recvCounts)
 }

@@ -9,6 +9,7 @@ package collectivetest
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand"
 	"sync"
 	"testing"
@@ -104,6 +105,8 @@ func put[T collective.Float](e *env, r int, x []T) *tensor.Tensor {
 		h, _ = tensor.FromFloat32(v, len(v))
 	case []float64:
 		h, _ = tensor.FromFloat64(v, len(v))
+	case []tensor.BF16:
+		h, _ = tensor.FromBFloat16(v, len(v))
 	}
 	d, err := tensor.Upload(e.mems[r], h)
 	if err != nil {
@@ -127,6 +130,8 @@ func get[T collective.Float](t *tensor.Tensor) []T {
 	switch any(z).(type) {
 	case float32:
 		return any(h.Float32()).([]T)
+	case tensor.BF16:
+		return any(h.BFloat16()).([]T)
 	default:
 		return any(h.Float64()).([]T)
 	}
@@ -159,14 +164,28 @@ func runOn(t *testing.T, f Factory, b Buffers) {
 			if !testing.Short() {
 				sizes = append(sizes, 20011)
 			}
-			t.Run("all_reduce", func(t *testing.T) { testAllReduce[float32](t, e, sizes); testAllReduce[float64](t, e, sizes[:6]) })
-			t.Run("all_gather", func(t *testing.T) { testAllGather[float32](t, e, sizes); testAllGather[float64](t, e, sizes[:6]) })
+			t.Run("all_reduce", func(t *testing.T) {
+				testAllReduce[float32](t, e, sizes)
+				testAllReduce[float64](t, e, sizes[:6])
+				testAllReduce[tensor.BF16](t, e, sizes)
+			})
+			t.Run("all_gather", func(t *testing.T) {
+				testAllGather[float32](t, e, sizes)
+				testAllGather[float64](t, e, sizes[:6])
+				testAllGather[tensor.BF16](t, e, sizes)
+			})
 			t.Run("reduce_scatter", func(t *testing.T) {
 				testReduceScatter[float32](t, e, sizes)
 				testReduceScatter[float64](t, e, sizes[:6])
+				testReduceScatter[tensor.BF16](t, e, sizes)
 			})
-			t.Run("all_to_all", func(t *testing.T) { testAllToAll[float32](t, e); testAllToAll[float64](t, e) })
-			t.Run("broadcast", func(t *testing.T) { testBroadcast[float32](t, e, sizes) })
+			t.Run("all_to_all", func(t *testing.T) {
+				testAllToAll[float32](t, e)
+				testAllToAll[float64](t, e)
+				testAllToAll[tensor.BF16](t, e)
+			})
+			t.Run("broadcast", func(t *testing.T) { testBroadcast[float32](t, e, sizes); testBroadcast[tensor.BF16](t, e, sizes[:7]) })
+			t.Run("bf16_bound", func(t *testing.T) { testBF16Bound(t, e) })
 			if b == Sim && n > 1 {
 				// The device buffers crossed through host memory, in several
 				// rounds per call: counted as staging, never as transfers.
@@ -216,8 +235,25 @@ func value(seed, r, i int) float64 { return float64((seed*31+r*7+i*13)%17 - 8) }
 
 func fill[T collective.Float](x []T, seed, r, off int) {
 	for i := range x {
-		x[i] = T(value(seed, r, off+i))
+		x[i] = fromF64[T](value(seed, r, off+i))
 	}
+}
+
+// fromF64 and f64 convert suite values (small integers, exact in every dtype)
+// to and from an element type.
+func fromF64[T collective.Float](v float64) T {
+	var z T
+	if _, ok := any(z).(tensor.BF16); ok {
+		return any(tensor.ToBF16(float32(v))).(T)
+	}
+	return T(v)
+}
+
+func f64[T collective.Float](x T) float64 {
+	if b, ok := any(x).(tensor.BF16); ok {
+		return float64(b.Float32())
+	}
+	return float64(x)
 }
 
 func reduceRef(op collective.ReduceOp, vals []float64) float64 {
@@ -279,7 +315,7 @@ func testAllReduce[T collective.Float](t *testing.T, e *env, sizes []int) {
 				}
 				want := reduceRef(op, vals)
 				for r := 0; r < n; r++ {
-					if !close64(float64(out[r][i]), want) || out[r][i] != out[0][i] {
+					if !close64(f64(out[r][i]), want) || out[r][i] != out[0][i] {
 						t.Fatalf("all_reduce(%v) size %d rank %d [%d] = %v, want %v (rank 0 has %v)", op, size, r, i, out[r][i], want, out[0][i])
 					}
 				}
@@ -346,7 +382,7 @@ func testAllGatherCounts[T collective.Float](t *testing.T, e *env, size int, cou
 			k := 0
 			for j := 0; j < n; j++ {
 				for i := 0; i < counts[j]; i++ {
-					if want := value(size, j, i); float64(out[r][k]) != want {
+					if want := value(size, j, i); f64(out[r][k]) != want {
 						t.Fatalf("all_gather counts %v rank %d: element %d of rank %d = %v, want %v", counts, r, i, j, out[r][k], want)
 					}
 					k++
@@ -396,7 +432,7 @@ func testReduceScatter[T collective.Float](t *testing.T, e *env, sizes []int) {
 					for j := range vals {
 						vals[j] = value(size, j, off+i)
 					}
-					if want := reduceRef(op, vals); !close64(float64(out[r][i]), want) {
+					if want := reduceRef(op, vals); !close64(f64(out[r][i]), want) {
 						t.Fatalf("reduce_scatter(%v) counts %v rank %d [%d] = %v, want %v", op, counts, r, i, out[r][i], want)
 					}
 				}
@@ -442,7 +478,7 @@ func testAllToAll[T collective.Float](t *testing.T, e *env) {
 			off = 0
 			for j := 0; j < n; j++ {
 				for i := 0; i < recvCounts[j]; i++ {
-					if want := value(r, j, i); float64(recv[off+i]) != want {
+					if want := value(r, j, i); f64(recv[off+i]) != want {
 						return fmt.Errorf("all_to_all size %d: rank %d got %v from %d at %d, want %v", size, r, recv[off+i], j, i, want)
 					}
 				}
@@ -472,7 +508,7 @@ func testBroadcast[T collective.Float](t *testing.T, e *env, sizes []int) {
 			}
 			buf = get[T](d)
 			for i := range buf {
-				if want := value(size, root, i); float64(buf[i]) != want {
+				if want := value(size, root, i); f64(buf[i]) != want {
 					return fmt.Errorf("broadcast size %d root %d: rank %d [%d] = %v, want %v", size, root, w.Rank(), i, buf[i], want)
 				}
 			}
@@ -506,7 +542,7 @@ func testSendRecv[T collective.Float](t *testing.T, ws []*collective.World) {
 				return err
 			}
 			for i := range in {
-				if want := value(size, (r-1+n)%n, i); float64(in[i]) != want {
+				if want := value(size, (r-1+n)%n, i); f64(in[i]) != want {
 					return fmt.Errorf("recv size %d: rank %d [%d] = %v, want %v", size, r, i, in[i], want)
 				}
 			}
@@ -543,7 +579,7 @@ func testMesh(t *testing.T, e *env, mesh placement.Mesh) {
 				for _, r := range group {
 					want += value(size, r, i)
 				}
-				if float64(buf[i]) != want {
+				if f64(buf[i]) != want {
 					return fmt.Errorf("mesh %s dims %v: rank %d [%d] = %v, want %v", mesh, dims, w.Rank(), i, buf[i], want)
 				}
 			}
@@ -570,4 +606,62 @@ func testMesh(t *testing.T, e *env, mesh placement.Mesh) {
 			return nil
 		}))
 	}
+}
+
+// BF16SumBound is the documented bound of a bfloat16 sum over n ranks: every
+// hop adds in float32 and rounds once, so the result is within
+// (n−1)·2^−8·Σ|x_r| of the exact sum of the (bfloat16) inputs.
+func BF16SumBound(n int, absSum float64) float64 {
+	return float64(max(n-1, 0)) * tensor.BF16Epsilon / 2 * absSum
+}
+
+// testBF16Bound all-reduces random bfloat16 values (not exact in sums) and
+// checks every element against the float64 sum of the same inputs, within
+// BF16SumBound, on every rank alike.
+func testBF16Bound(t *testing.T, e *env) {
+	n := len(e.ws)
+	const size = 5000
+	in := make([][]tensor.BF16, n)
+	rng := rand.New(rand.NewSource(int64(n)))
+	for r := range in {
+		in[r] = make([]tensor.BF16, size)
+		for i := range in[r] {
+			in[r][i] = tensor.ToBF16(float32(rng.NormFloat64() * math.Pow(2, float64(rng.Intn(8)-4))))
+		}
+	}
+	out := make([][]tensor.BF16, n)
+	must(t, RunRanks(e.ws, func(w *collective.World) error {
+		c, err := e.comm(w, worldRanks(n))
+		if err != nil {
+			return err
+		}
+		d := put(e, w.Rank(), append([]tensor.BF16(nil), in[w.Rank()]...))
+		if err := c.AllReduce(context.Background(), d, collective.Sum); err != nil {
+			return err
+		}
+		out[w.Rank()] = get[tensor.BF16](d)
+		return nil
+	}))
+	worst := 0.0
+	for i := 0; i < size; i++ {
+		var exact, abs float64
+		for r := range in {
+			v := float64(in[r][i].Float32())
+			exact += v
+			abs += math.Abs(v)
+		}
+		for r := range out {
+			if out[r][i] != out[0][i] {
+				t.Fatalf("element %d: rank %d has %v, rank 0 %v", i, r, out[r][i], out[0][i])
+			}
+		}
+		err := math.Abs(float64(out[0][i].Float32()) - exact)
+		if bound := BF16SumBound(n, abs); err > bound {
+			t.Fatalf("element %d: bf16 sum %v, exact %v: error %.3g over the bound %.3g", i, out[0][i], exact, err, bound)
+		}
+		if abs > 0 {
+			worst = max(worst, err/abs)
+		}
+	}
+	t.Logf("%d ranks: worst error %.3g of Σ|x| (bound %.3g)", n, worst, BF16SumBound(n, 1))
 }

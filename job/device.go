@@ -2,6 +2,7 @@ package job
 
 import (
 	"flag"
+	"fmt"
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/providers"
@@ -18,12 +19,13 @@ const (
 
 // deviceFlags are the --device and --kernels flags every compute workload has.
 type deviceFlags struct {
-	device, kernels string
+	device, kernels, dtype string
 }
 
 func (d *deviceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.device, "device", "", "device of the rank's tensors: cpu, sim or cuda (default $"+EnvDevice+", else the kernels' device, else cpu)")
 	fs.StringVar(&d.kernels, "kernels", "", "kernel provider, optionally per op: cpu, sim, cuda, openblas, or e.g. cpu,gemm=openblas (default $"+EnvKernels+", else the device's own)")
+	fs.StringVar(&d.dtype, "dtype", "float32", "compute dtype: float32 or bfloat16 (parameters and SGD stay float32)")
 }
 
 // rankDevice is a validated device choice: building it gives each rank its
@@ -31,6 +33,7 @@ func (d *deviceFlags) register(fs *flag.FlagSet) {
 type rankDevice struct {
 	kind   tensor.DeviceKind
 	choice kernels.Choice
+	dtype  tensor.DType
 	log    *runlog.Rank
 }
 
@@ -48,7 +51,14 @@ func (d deviceFlags) resolve(env Env) (rankDevice, error) {
 	if err != nil {
 		return rankDevice{}, err
 	}
-	return rankDevice{kind: kind, choice: choice, log: env.Run}, nil
+	dt, err := tensor.ParseDType(d.dtype)
+	if err != nil || (dt != tensor.Float32 && dt != tensor.BFloat16) {
+		return rankDevice{}, fmt.Errorf("--dtype %q: want float32 or bfloat16", d.dtype)
+	}
+	if err := providers.CheckDType(choice, dt); err != nil {
+		return rankDevice{}, err
+	}
+	return rankDevice{kind: kind, choice: choice, dtype: dt, log: env.Run}, nil
 }
 
 // build makes one rank's device: its own dispatcher (and, on sim, its own

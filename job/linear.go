@@ -85,7 +85,9 @@ type LinearReport struct {
 	W           string             `json:"w"`
 	B           string             `json:"b,omitempty"`
 	Y           string             `json:"y"`
+	DType       string             `json:"dtype"`
 	MaxRelErr   float64            `json:"max_rel_err"`
+	Tolerance   float64            `json:"tolerance"`
 	Errors      map[string]float64 `json:"errors"`
 	Collectives []linear.Comm      `json:"collectives"`
 	PlanMatch   bool               `json:"plan_match"`
@@ -125,11 +127,15 @@ func linearWorkload(ctx context.Context, env Env) int {
 	if err != nil {
 		return usageError(env, "linear", err)
 	}
+	cfg.DType = rd.dtype
 	data := linear.RandomData(cfg.X.Shape, cfg.W.Shape[0], cfg.B != nil, a.seed)
 	if a.load != "" {
 		if data, err = loadData(a.load, cfg); err != nil {
 			return usageError(env, "linear", err)
 		}
+	}
+	if err := data.RoundTo(cfg.Compute()); err != nil {
+		return usageError(env, "linear", err)
 	}
 	var mu sync.Mutex
 	var report *LinearReport
@@ -165,6 +171,7 @@ func linearWorkload(ctx context.Context, env Env) int {
 			r.MaxRelErr = max(r.MaxRelErr, e)
 		}
 		r.PlanMatch = c.planMatch()
+		r.DType, r.Tolerance = l.Compute().String(), c.tolerance(w.Size())
 		mu.Lock()
 		report = r
 		mu.Unlock()
@@ -177,15 +184,11 @@ func linearWorkload(ctx context.Context, env Env) int {
 		return 0 // not rank 0
 	}
 	printJSON(env.Stdout, report)
-	if report.MaxRelErr > tolerance || !report.PlanMatch {
+	if report.MaxRelErr > report.Tolerance || !report.PlanMatch {
 		return 1
 	}
 	return 0
 }
-
-// tolerance is the largest relative error of float32 results against the
-// float64 reference that passes.
-const tolerance = 1e-5
 
 // checked is one layer's forward and backward on this rank, checked against the
 // float64 reference.
@@ -193,6 +196,14 @@ type checked struct {
 	l    *linear.Layer
 	res  *linear.Result
 	errs map[string]float64
+}
+
+// tolerance is the largest error that passes (linear.Tolerance for the layer's
+// dtype, world and longest contraction).
+func (c checked) tolerance(world int) float64 {
+	xs, ws := c.l.X.Shape, c.l.Config.W.Shape
+	k := max(xs[len(xs)-1], ws[0], tensor.NumElements(xs[:len(xs)-1]))
+	return linear.Tolerance(c.l.Compute(), world, k)
 }
 
 // runChecked builds rank's layer from plans, runs it on data and checks the
@@ -215,15 +226,16 @@ func runChecked(ctx context.Context, rt linear.Runtime, cfg linear.Config, plans
 func (c checked) planMatch() bool { return slices.EqualFunc(c.res.Executed, c.l.Planned(), sameComm) }
 
 // verdict is "" when the run passes on rank 0, else why it fails.
-func (c checked) verdict() string {
+func (c checked) verdict(world int) string {
 	names := make([]string, 0, len(c.errs))
 	for n := range c.errs {
 		names = append(names, n)
 	}
 	slices.Sort(names)
+	tol := c.tolerance(world)
 	for _, n := range names {
-		if c.errs[n] > tolerance {
-			return fmt.Sprintf("%s: relative error %.3g", n, c.errs[n])
+		if c.errs[n] > tol {
+			return fmt.Sprintf("%s: error %.3g over the tolerance %.3g", n, c.errs[n], tol)
 		}
 	}
 	if !c.planMatch() {

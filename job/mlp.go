@@ -19,6 +19,7 @@ type MLPReport struct {
 	Mesh             string         `json:"mesh"`
 	Device           string         `json:"device"`
 	Kernels          string         `json:"kernels"`
+	DType            string         `json:"dtype"`
 	SequenceParallel bool           `json:"sequence_parallel"`
 	Tokens           int            `json:"tokens"`
 	Hidden           int            `json:"hidden"`
@@ -58,6 +59,7 @@ func mlpWorkload(ctx context.Context, env Env) int {
 	lr := fs.Float64("lr", 0.05, "SGD learning rate")
 	var df deviceFlags
 	df.register(fs)
+	gradDType := fs.String("grad-dtype", "", "dtype weight gradients are reduced in: float32 or bfloat16 (default: --dtype)")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the steps to FILE (in-process ranks: one profile)")
 	if err := fs.Parse(env.Args[1:]); err != nil {
 		return usageError(env, "mlp", err)
@@ -92,6 +94,12 @@ func mlpWorkload(ctx context.Context, env Env) int {
 	rd, err := df.resolve(env)
 	if err != nil {
 		return usageError(env, "mlp", err)
+	}
+	cfg.DType = rd.dtype
+	if *gradDType != "" {
+		if cfg.GradDType, err = tensor.ParseDType(*gradDType); err != nil || (cfg.GradDType != tensor.Float32 && cfg.GradDType != tensor.BFloat16) {
+			return usageError(env, "mlp", fmt.Errorf("--grad-dtype %q: want float32 or bfloat16", *gradDType))
+		}
 	}
 	var report *MLPReport
 	var mu sync.Mutex
@@ -143,7 +151,7 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		if w.Rank() != 0 {
 			return nil
 		}
-		r := &MLPReport{Mesh: m.String(), Device: dev.Device().String(), Kernels: rd.choice.String(),
+		r := &MLPReport{Mesh: m.String(), Device: dev.Device().String(), Kernels: rd.choice.String(), DType: rd.dtype.String(),
 			SequenceParallel: cfg.SequenceParallel, Tokens: cfg.Tokens, Hidden: cfg.Hidden,
 			FFN: cfg.FFN, Steps: *steps, LossFirst: first, LossLast: last, StepMSMedian: median(stepMS),
 			CommBytesPerStep: bytes, Collectives: map[string]int{}, KernelMS: median(kernMS), CommMS: median(commMS)}

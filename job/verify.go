@@ -11,6 +11,7 @@ import (
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // verifyCase is one layer layout and size to check.
@@ -136,6 +137,12 @@ func verifyWorkload(ctx context.Context, env Env) int {
 	cases := make([][]verifyCase, len(meshes))
 	for i, m := range meshes {
 		cases[i] = linearCases(m, *quick)
+		for j := range cases[i] {
+			cases[i][j].cfg.DType = rd.dtype
+			if rd.dtype != tensor.Float32 {
+				cases[i][j].command += " --dtype " + rd.dtype.String()
+			}
+		}
 	}
 	var rows []verifyRow
 	var mu sync.Mutex
@@ -192,10 +199,13 @@ func verifyWorkload(ctx context.Context, env Env) int {
 // runVerifyCase runs one case on this rank; rank 0 judges it.
 func runVerifyCase(ctx context.Context, w *collective.World, k kernels.Compute, c verifyCase) (bool, string, error) {
 	data := linear.RandomData(c.cfg.X.Shape, c.cfg.W.Shape[0], c.cfg.B != nil, c.seed)
+	if err := data.RoundTo(c.cfg.Compute()); err != nil {
+		return false, "", err
+	}
 	r, err := runChecked(ctx, linear.Runtime{World: w, Kernels: k}, c.cfg, c.plans, data)
 	if err != nil || w.Rank() != 0 {
 		return true, "", err
 	}
-	why := r.verdict()
+	why := r.verdict(w.Size())
 	return why == "", why, nil
 }

@@ -51,6 +51,9 @@ func (r *Registry) Names() []string {
 	return names
 }
 
+// Factory returns the factory registered under name.
+func (r *Registry) Factory(name string) (Factory, error) { return r.factory(name) }
+
 func (r *Registry) factory(name string) (Factory, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

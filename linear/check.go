@@ -40,8 +40,36 @@ func randomTensor(rng *rand.Rand, shape []int, scale float64) *tensor.Tensor {
 	return t
 }
 
+// RoundTo rounds the data to values dtype dt holds exactly (bfloat16: to
+// nearest even), so that a run in dt and the float64 reference start from the
+// same numbers.
+func (d *Data) RoundTo(dt tensor.DType) error {
+	if dt == tensor.Float32 {
+		return nil
+	}
+	for _, t := range []**tensor.Tensor{&d.X, &d.W, &d.B, &d.DY} {
+		if *t == nil {
+			continue
+		}
+		r, err := tensor.Convert(*t, dt)
+		if err != nil {
+			return err
+		}
+		if *t, err = tensor.Convert(r, tensor.Float32); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Reference computes y, dx, dw and db of whole tensors in float64.
-func Reference(d *Data) (y, dx, dw, db []float64) {
+func Reference(d *Data) (y, dx, dw, db []float64) { return reference(d, false) }
+
+// Magnitudes computes, for every element of y, dx, dw and db, the sum of the
+// magnitudes of the terms Reference adds: the scale of its rounding errors.
+func Magnitudes(d *Data) (y, dx, dw, db []float64) { return reference(d, true) }
+
+func reference(d *Data, abs bool) (y, dx, dw, db []float64) {
 	xs := d.X.Shape()
 	k := xs[len(xs)-1]
 	m := d.X.Len() / max(k, 1)
@@ -50,6 +78,12 @@ func Reference(d *Data) (y, dx, dw, db []float64) {
 	}
 	n := d.W.Dim(0)
 	x, w, dyv := d.X.Float32(), d.W.Float32(), d.DY.Float32()
+	f := func(v float32) float64 {
+		if abs {
+			return math.Abs(float64(v))
+		}
+		return float64(v)
+	}
 	y = make([]float64, m*n)
 	dx = make([]float64, m*k)
 	dw = make([]float64, n*k)
@@ -58,17 +92,17 @@ func Reference(d *Data) (y, dx, dw, db []float64) {
 		for j := 0; j < n; j++ {
 			s := 0.0
 			if d.B != nil {
-				s = float64(d.B.Float32()[j])
+				s = f(d.B.Float32()[j])
 			}
 			for p := 0; p < k; p++ {
-				s += float64(x[i*k+p]) * float64(w[j*k+p])
+				s += f(x[i*k+p]) * f(w[j*k+p])
 			}
 			y[i*n+j] = s
-			g := float64(dyv[i*n+j])
+			g := f(dyv[i*n+j])
 			db[j] += g
 			for p := 0; p < k; p++ {
-				dx[i*k+p] += g * float64(w[j*k+p])
-				dw[j*k+p] += g * float64(x[i*k+p])
+				dx[i*k+p] += g * f(w[j*k+p])
+				dw[j*k+p] += g * f(x[i*k+p])
 			}
 		}
 	}
@@ -77,16 +111,46 @@ func Reference(d *Data) (y, dx, dw, db []float64) {
 
 // RelErr is max|got - want| / max|want| (absolute when want is all zeros).
 func RelErr(got *tensor.Tensor, want []float64) float64 {
-	g := got.Float32()
 	var diff, scale float64
 	for i, w := range want {
-		diff = max(diff, math.Abs(float64(g[i])-w))
+		diff = max(diff, math.Abs(got.At(i)-w))
 		scale = max(scale, math.Abs(w))
 	}
 	if scale == 0 {
 		return diff
 	}
 	return diff / scale
+}
+
+// BoundErr is max over elements of |got - want| / mag, the error of each
+// element relative to the magnitudes of the terms that made it (0/0 is 0).
+func BoundErr(got *tensor.Tensor, want, mag []float64) float64 {
+	worst := 0.0
+	for i, w := range want {
+		d := math.Abs(got.At(i) - w)
+		switch {
+		case d == 0:
+		case mag[i] == 0:
+			return math.Inf(1)
+		default:
+			worst = max(worst, d/mag[i])
+		}
+	}
+	return worst
+}
+
+// Tolerance is the largest error Check may report for a run in dtype dt over
+// ranks ranks whose longest contraction (K, N or the tokens) is k. float32
+// (RelErr): 1e-5. bfloat16 (BoundErr): the inputs are exact, every product is
+// exact in float32, the float32 sums err by at most k·2^-24 of the magnitude,
+// and each rounding to bfloat16 by at most 2^-8 of it: one when a result is
+// stored, one when a float32 gradient is cast for the wire, one per hop of a
+// reduction (at most ranks-1), so (2 + ranks)·2^-8 + k·2^-24.
+func Tolerance(dt tensor.DType, ranks, k int) float64 {
+	if dt == tensor.BFloat16 {
+		return float64(2+ranks)*tensor.BF16Epsilon/2 + float64(k)*0x1p-24
+	}
+	return 1e-5
 }
 
 // Comm is one kind of collective a run executed (or planned): how many and the
@@ -138,11 +202,14 @@ func Run(ctx context.Context, rt Runtime, l *Layer, d *Data) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if x, err = tensor.Upload(rt.Kernels, x); err != nil {
-		return nil, err
-	}
-	if dy, err = tensor.Upload(rt.Kernels, dy); err != nil {
-		return nil, err
+	for _, t := range []**tensor.Tensor{&x, &dy} {
+		h, err := tensor.Convert(*t, l.Compute())
+		if err != nil {
+			return nil, err
+		}
+		if *t, err = tensor.Upload(rt.Kernels, h); err != nil {
+			return nil, err
+		}
 	}
 	var log []collective.Executed
 	var names []string
@@ -200,20 +267,28 @@ func addComm(cs []Comm, c Comm) []Comm {
 }
 
 // Planned lists the collectives the layer's plans promise, merged as Result.Executed
-// merges what ran (float32 bytes of rank 0's buffers).
+// merges what ran (bytes of rank 0's buffers: the weight and bias gradients in
+// the wire dtype, everything else in the compute dtype).
 func (l *Layer) Planned() []Comm {
 	var cs []Comm
 	for _, c := range append(l.Fwd.Collectives(), l.Bwd.Collectives()...) {
-		cs = addComm(cs, Comm{Kind: c.Step.Kind.String(), Tensor: c.Tensor, MeshDims: c.Step.MeshDims, Count: 1, Bytes: c.Elems() * 4})
+		size := l.Compute().Size()
+		if c.Tensor == "dw" || c.Tensor == "db" {
+			size = l.Wire().Size()
+		}
+		cs = addComm(cs, Comm{Kind: c.Step.Kind.String(), Tensor: c.Tensor, MeshDims: c.Step.MeshDims, Count: 1, Bytes: c.Elems() * int64(size)})
 	}
 	return cs
 }
 
 // Check assembles a run's results on every rank and compares them with the
-// float64 reference; it returns the relative error per tensor. Every rank must
-// call it (it gathers).
+// float64 reference; it returns the error per tensor: RelErr for float32
+// layers, BoundErr for bfloat16 ones (see Tolerance). Every rank must call it
+// (it gathers).
 func Check(ctx context.Context, w *collective.World, l *Layer, d *Data, r *Result) (map[string]float64, error) {
 	ry, rdx, rdw, rdb := Reference(d)
+	my, mdx, mdw, mdb := Magnitudes(d)
+	mags := map[string][]float64{"y": my, "dx": mdx, "dw": mdw, "db": mdb}
 	errs := map[string]float64{}
 	type item struct {
 		name  string
@@ -241,7 +316,11 @@ func Check(ctx context.Context, w *collective.World, l *Layer, d *Data, r *Resul
 		if err != nil {
 			return nil, fmt.Errorf("gathering %s: %w", it.name, err)
 		}
-		errs[it.name] = RelErr(full, it.want)
+		if l.Compute() == tensor.Float32 {
+			errs[it.name] = RelErr(full, it.want)
+		} else {
+			errs[it.name] = BoundErr(full, it.want, mags[it.name])
+		}
 	}
 	return errs, nil
 }

@@ -65,6 +65,30 @@ type Config struct {
 	B     *placement.Spec
 	Out   []placement.Placement
 	Grads Grads
+	// DType is the compute dtype: of x, y, dy, dx and the GEMMs (0: float32).
+	// With bfloat16 the parameters stay float32 (the master copy, what SGD
+	// updates), each Forward computes with bfloat16 copies of them, and weight
+	// and bias gradients accumulate in float32, as Megatron's bf16 mode.
+	DType tensor.DType
+	// GradDType is the dtype the weight and bias gradients cross the wire in
+	// when they are reduced (0: DType).
+	GradDType tensor.DType
+}
+
+// Compute is the compute dtype (DType, float32 by default).
+func (c Config) Compute() tensor.DType {
+	if c.DType == 0 {
+		return tensor.Float32
+	}
+	return c.DType
+}
+
+// Wire is the dtype weight and bias gradients are reduced in.
+func (c Config) Wire() tensor.DType {
+	if c.GradDType == 0 {
+		return c.Compute()
+	}
+	return c.GradDType
 }
 
 // Grads says which gradients a layer computes.
@@ -102,6 +126,8 @@ type Layer struct {
 	gradDW   *tensor.Tensor
 	gradDB   *tensor.Tensor
 	pending  bool
+	// wc and bc are the compute-dtype copies of W and B (bfloat16 layers).
+	wc, bc   *tensor.Tensor
 	fwdMoves map[string]spmd.Move
 	fusedLR  float32 // FuseSGD's learning rate, 0 when not fused
 	mem      tensor.Memory
@@ -112,12 +138,8 @@ type Layer struct {
 // step neither allocates nor zeroes them again.
 type scratch map[string]*tensor.Tensor
 
-// get returns the float32 tensor kept under name, allocated in m if new or if
-// its shape changed.
-func (s scratch) get(m tensor.Memory, name string, shape []int) (*tensor.Tensor, error) {
-	return s.getT(m, name, tensor.Float32, shape)
-}
-
+// getT returns the tensor of dtype dt kept under name, allocated in m if new or
+// if its shape or dtype changed.
 func (s scratch) getT(m tensor.Memory, name string, dt tensor.DType, shape []int) (*tensor.Tensor, error) {
 	if t, ok := s[name]; ok && t.DType() == dt && slices.Equal(t.Shape(), shape) {
 		return t, nil
@@ -207,6 +229,11 @@ func NewPlanned(cfg Config, p Plans, rank int, mem tensor.Memory) (*Layer, error
 	if rank < 0 || rank >= cfg.X.Mesh.Size() {
 		return nil, fmt.Errorf("%w: rank %d outside mesh %s", ErrConfig, rank, cfg.X.Mesh)
 	}
+	for _, dt := range []tensor.DType{cfg.Compute(), cfg.Wire()} {
+		if dt != tensor.Float32 && dt != tensor.BFloat16 {
+			return nil, fmt.Errorf("%w: linear %s: dtype %v (want float32 or bfloat16)", ErrConfig, cfg.Name, dt)
+		}
+	}
 	if mem == nil {
 		mem = tensor.Host
 	}
@@ -229,14 +256,14 @@ func NewPlanned(cfg Config, p Plans, rank int, mem tensor.Memory) (*Layer, error
 // SetParams sets the layer's parameter shards from host tensors (b nil when the
 // layer has no bias), copying them to the layer's device.
 func (l *Layer) SetParams(w, b *tensor.Tensor) error {
-	if err := checkShape("w", w, l.Config.W, l.rank); err != nil {
+	if err := checkShape("w", w, l.Config.W, l.rank, tensor.Float32); err != nil {
 		return err
 	}
 	if (b == nil) != (l.B == nil) {
 		return fmt.Errorf("%w: linear %s: bias given %v, layer has one %v", ErrConfig, l.Name, b != nil, l.B != nil)
 	}
 	if b != nil {
-		if err := checkShape("b", b, *l.Config.B, l.rank); err != nil {
+		if err := checkShape("b", b, *l.Config.B, l.rank, tensor.Float32); err != nil {
 			return err
 		}
 	}
@@ -260,23 +287,27 @@ type Saved struct {
 // out as Config.X; y is laid out as Fwd.Final. The layer reuses y's storage in
 // the next Forward: copy it to keep it longer (the same holds for Backward's dx).
 func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*tensor.Tensor, *Saved, error) {
-	if err := checkShape("x", x, l.X, l.rank); err != nil {
+	dt := l.Compute()
+	if err := checkShape("x", x, l.X, l.rank, dt); err != nil {
+		return nil, nil, err
+	}
+	w, b, err := l.computeParams(rt)
+	if err != nil {
 		return nil, nil, err
 	}
 	xu, err := l.move(ctx, rt, "x", x)
 	if err != nil {
 		return nil, nil, err
 	}
-	wu, err := l.move(ctx, rt, "w", l.W)
+	wu, err := l.move(ctx, rt, "w", w)
 	if err != nil {
 		return nil, nil, err
 	}
 	var bu *tensor.Tensor
-	if l.B != nil {
+	if b != nil {
 		// The bias may need a private copy: an owner-rank partial zeroes it.
-		b := l.B
-		if _, ok := l.fwdMoves["b"]; ok {
-			if b, err = l.bufs.copyOf("b-copy", l.B); err != nil {
+		if _, ok := l.fwdMoves["b"]; ok && b == l.B {
+			if b, err = l.bufs.copyOf("b-copy", b); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -284,7 +315,7 @@ func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*ten
 			return nil, nil, err
 		}
 	}
-	y, err := l.bufs.get(rt.Kernels, "y", l.Fwd.Output.Spec.LocalShape(l.rank))
+	y, err := l.bufs.getT(rt.Kernels, "y", dt, l.Fwd.Output.Spec.LocalShape(l.rank))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -302,6 +333,31 @@ func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*ten
 		s.W = wu
 	}
 	return y, s, nil
+}
+
+// computeParams returns the parameters in the compute dtype: W and B
+// themselves in float32, else copies cast from them (made at every Forward, so
+// that they follow the float32 masters' updates).
+func (l *Layer) computeParams(rt Runtime) (w, b *tensor.Tensor, err error) {
+	dt := l.Compute()
+	if dt == l.W.DType() {
+		return l.W, l.B, nil
+	}
+	if l.wc, err = l.bufs.getT(rt.Kernels, "w-compute", dt, l.W.Shape()); err != nil {
+		return nil, nil, err
+	}
+	if err := rt.Kernels.Cast(l.wc, l.W); err != nil {
+		return nil, nil, err
+	}
+	if l.B != nil {
+		if l.bc, err = l.bufs.getT(rt.Kernels, "b-compute", dt, l.B.Shape()); err != nil {
+			return nil, nil, err
+		}
+		if err := rt.Kernels.Cast(l.bc, l.B); err != nil {
+			return nil, nil, err
+		}
+	}
+	return l.wc, l.bc, nil
 }
 
 // move runs the forward plan's redistribution of one tensor (if any).
@@ -345,7 +401,7 @@ func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t
 // and returns dx (laid out as Config.X), or nil when dx is not needed. Weight
 // and bias gradient terms accumulate across calls (micro-batches) until Reduce.
 func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *Saved) (*tensor.Tensor, error) {
-	if err := checkShape("dy", dy, l.Bwd.DY.Spec, l.rank); err != nil {
+	if err := checkShape("dy", dy, l.Bwd.DY.Spec, l.rank, l.Compute()); err != nil {
 		return nil, err
 	}
 	// Layouts of dy this backward has made, shared by the gradients.
@@ -391,7 +447,7 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 		}
 		switch g.Input {
 		case "x":
-			d, err := l.bufs.get(rt.Kernels, "dx", g.Output.Spec.LocalShape(l.rank))
+			d, err := l.bufs.getT(rt.Kernels, "dx", l.Compute(), g.Output.Spec.LocalShape(l.rank))
 			if err != nil {
 				return nil, err
 			}
@@ -457,7 +513,7 @@ func (l *Layer) Reduce(ctx context.Context, rt Runtime) (dw, db *tensor.Tensor, 
 			continue
 		}
 		if m := moveOf(g.Plan, g.Output.Name); m.Steps != nil {
-			if t, err = execute(ctx, rt, l.Name, g.Output.Name, m, t, l.rank, l.bufs, "reduce"); err != nil {
+			if t, err = l.reduceOne(ctx, rt, g.Output.Name, m, t); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -469,6 +525,31 @@ func (l *Layer) Reduce(ctx context.Context, rt Runtime) (dw, db *tensor.Tensor, 
 	}
 	l.pending = false
 	return dw, db, nil
+}
+
+// reduceOne runs a float32 gradient's move in the wire dtype: cast down,
+// moved, cast back up into a float32 buffer laid out as the result.
+func (l *Layer) reduceOne(ctx context.Context, rt Runtime, name string, m spmd.Move, t *tensor.Tensor) (*tensor.Tensor, error) {
+	wire := l.Wire()
+	if wire == t.DType() {
+		return execute(ctx, rt, l.Name, name, m, t, l.rank, l.bufs, "reduce")
+	}
+	down, err := l.bufs.getT(rt.Kernels, "wire-"+name, wire, t.Shape())
+	if err != nil {
+		return nil, err
+	}
+	if err := rt.Kernels.Cast(down, t); err != nil {
+		return nil, err
+	}
+	moved, err := execute(ctx, rt, l.Name, name, m, down, l.rank, l.bufs, "reduce")
+	if err != nil {
+		return nil, err
+	}
+	up, err := l.bufs.getT(rt.Kernels, "reduced-"+name, t.DType(), moved.Shape())
+	if err != nil {
+		return nil, err
+	}
+	return up, rt.Kernels.Cast(up, moved)
 }
 
 // sgdWeight computes W += (-lr)·dyᵀ·x with one GEMM.
@@ -486,7 +567,8 @@ func (l *Layer) sgdWeight(rt Runtime, dy, x *tensor.Tensor) error {
 	if err != nil {
 		return err
 	}
-	p := kernels.LinearBackwardWeightGemm(m, n, k, true, tensor.Float32)
+	p := kernels.LinearBackwardWeightGemm(m, n, k, true, x.DType())
+	p.OutDType = l.W.DType()
 	p.Alpha = -float64(l.fusedLR)
 	return rt.Kernels.Gemm(p, kernels.GemmOperands{A: dy2, B: x2, C: l.W})
 }
@@ -513,15 +595,15 @@ func moveOf(p *spmd.Plan, name string) spmd.Move {
 
 func dyKey(s placement.Spec) string { return placement.FormatList(s.Placements) }
 
-func checkShape(name string, t *tensor.Tensor, spec placement.Spec, rank int) error {
+func checkShape(name string, t *tensor.Tensor, spec placement.Spec, rank int, dt tensor.DType) error {
 	if t == nil {
 		return fmt.Errorf("%w: %s is nil", ErrConfig, name)
 	}
 	if want := spec.LocalShape(rank); !slices.Equal(t.Shape(), want) {
 		return fmt.Errorf("%w: rank %d's %s has shape %v, %s wants %v", ErrConfig, rank, name, t.Shape(), spec, want)
 	}
-	if t.DType() != tensor.Float32 {
-		return fmt.Errorf("%w: %s is %v, want float32", ErrConfig, name, t.DType())
+	if t.DType() != dt {
+		return fmt.Errorf("%w: %s is %v, want %v", ErrConfig, name, t.DType(), dt)
 	}
 	return nil
 }

@@ -23,6 +23,10 @@ type MLPConfig struct {
 	SequenceParallel bool
 	Seed             uint64
 	LR               float32
+	// DType is the compute dtype (0: float32); with bfloat16 the parameters
+	// and SGD stay float32 (see Config.DType). GradDType is the dtype weight
+	// gradients are reduced in (0: DType).
+	DType, GradDType tensor.DType
 }
 
 // MLP is one rank's share of the block.
@@ -56,6 +60,7 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 		return nil, err
 	}
 	up.Name = "up" // every gradient, the input's too: the block sits inside a network
+	up.DType, up.GradDType = cfg.DType, cfg.GradDType
 	m := &MLP{Cfg: cfg, rank: rank, mem: mem, bufs: scratch{}}
 	if m.Up, err = New(up, rank, mem); err != nil {
 		return nil, err
@@ -72,6 +77,7 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 		return nil, err
 	}
 	dn.Name, dn.X = "down", m.gelu.Final.Spec
+	dn.DType, dn.GradDType = cfg.DType, cfg.GradDType
 	if m.Down, err = New(dn, rank, mem); err != nil {
 		return nil, err
 	}
@@ -107,11 +113,14 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 	if err := m.Down.SetParams(shards[2], shards[3]); err != nil {
 		return nil, err
 	}
-	if m.X, err = tensor.Upload(mem, shards[4]); err != nil {
-		return nil, err
-	}
-	if m.Target, err = tensor.Upload(mem, shards[5]); err != nil {
-		return nil, err
+	for i, dst := range []**tensor.Tensor{&m.X, &m.Target} {
+		h, err := tensor.Convert(shards[4+i], m.Up.Compute())
+		if err != nil {
+			return nil, err
+		}
+		if *dst, err = tensor.Upload(mem, h); err != nil {
+			return nil, err
+		}
 	}
 	return m, nil
 }
@@ -133,7 +142,8 @@ func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	g, err := m.bufs.get(rt.Kernels, "g", m.gelu.Final.Spec.LocalShape(m.rank))
+	dt := m.Up.Compute()
+	g, err := m.bufs.getT(rt.Kernels, "g", dt, m.gelu.Final.Spec.LocalShape(m.rank))
 	if err != nil {
 		return 0, err
 	}
@@ -152,7 +162,7 @@ func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	dh, err := m.bufs.get(rt.Kernels, "dh", h.Shape())
+	dh, err := m.bufs.getT(rt.Kernels, "dh", dt, h.Shape())
 	if err != nil {
 		return 0, err
 	}
@@ -187,7 +197,7 @@ func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
 func (m *MLP) mse(ctx context.Context, rt Runtime, y *tensor.Tensor) (float64, *tensor.Tensor, error) {
 	spec := m.Down.Fwd.Final.Spec
 	n := float32(spec.NumElems())
-	dy, err := m.bufs.get(rt.Kernels, "dy", y.Shape())
+	dy, err := m.bufs.getT(rt.Kernels, "dy", y.DType(), y.Shape())
 	if err != nil {
 		return 0, nil, err
 	}

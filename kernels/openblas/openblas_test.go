@@ -3,12 +3,14 @@
 package openblas_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/kerneltest"
 	"github.com/meshrun/meshrun/kernels/openblas"
 	"github.com/meshrun/meshrun/kernels/providers"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // TestConformance runs the suite through a dispatcher, so the ops OpenBLAS lacks
@@ -28,4 +30,20 @@ func TestConformance(t *testing.T) {
 	kerneltest.Run(t, kerneltest.Config{
 		New: func(int) (kernels.Kernels, error) { return d, nil },
 	})
+}
+
+// TestNoBF16: asking for bfloat16 with the openblas provider is an error that
+// names the provider and the dtype, never a quiet float32 run.
+func TestNoBF16(t *testing.T) {
+	c, err := kernels.ParseChoice("openblas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = providers.CheckDType(c, tensor.BFloat16)
+	if err == nil || !strings.Contains(err.Error(), "openblas") || !strings.Contains(err.Error(), "bfloat16") {
+		t.Fatalf("openblas with bfloat16: %v", err)
+	}
+	if err := providers.CheckDType(c, tensor.Float32); err != nil {
+		t.Fatal(err)
+	}
 }

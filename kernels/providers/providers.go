@@ -91,6 +91,41 @@ const (
 	EnvKernels = "MESHRUN_KERNELS"
 )
 
+// cudaDTypes are the cuda provider's dtypes, known without opening a GPU.
+var cudaDTypes = []tensor.DType{tensor.Float32, tensor.Float64}
+
+// DTypes lists the element types provider name computes in: asked of the
+// provider itself, but for cuda (which would open a GPU).
+func DTypes(name string) ([]tensor.DType, error) {
+	if name == "cuda" {
+		return cudaDTypes, nil
+	}
+	f, err := Registry().Factory(name)
+	if err != nil {
+		return nil, err
+	}
+	p, err := f()
+	if err != nil {
+		return nil, err
+	}
+	return p.DTypes(), nil
+}
+
+// CheckDType reports an error naming the provider when a provider of choice has
+// no kernels for dt (a dtype is never quietly run in another).
+func CheckDType(choice kernels.Choice, dt tensor.DType) error {
+	for _, name := range choice.Names() {
+		dts, err := DTypes(name)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(dts, dt) {
+			return fmt.Errorf("--dtype %v: provider %s has no %v kernels (it has %v)", dt, name, dt, dts)
+		}
+	}
+	return nil
+}
+
 // BuildCommand is how to build the launcher and worker with a build tag.
 func BuildCommand(tag string) string {
 	return fmt.Sprintf("go build -tags %s -o bin/ ./cmd/launcher ./cmd/worker", tag)

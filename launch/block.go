@@ -6,6 +6,7 @@ import (
 
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // BlockOptions describe a Megatron MLP block to plan: column-parallel linear ->
@@ -15,6 +16,19 @@ type BlockOptions struct {
 	Mesh                string
 	Tokens, Hidden, FFN int
 	SequenceParallel    bool
+	DType               string // element type the bytes count ("": float32)
+}
+
+// elemSize is the size of an element of dtype s ("" is float32).
+func elemSize(s string) (int, error) {
+	if s == "" {
+		return 4, nil
+	}
+	dt, err := tensor.ParseDType(s)
+	if err != nil {
+		return 0, fmt.Errorf("--dtype %q: want float32, bfloat16 or float64", s)
+	}
+	return dt.Size(), nil
 }
 
 // blockStage is one op of the block and how it was planned.
@@ -99,7 +113,10 @@ func RunBlock(w io.Writer, o BlockOptions) error {
 	if err != nil {
 		return err
 	}
-	const elemSize = 4
+	elemSize, err := elemSize(o.DType)
+	if err != nil {
+		return err
+	}
 	type tally struct {
 		key      string
 		n, bytes int64
@@ -122,7 +139,7 @@ func RunBlock(w io.Writer, o BlockOptions) error {
 				count[phase] = append(count[phase], t)
 			}
 			t.n++
-			t.bytes += c.Elems() * elemSize
+			t.bytes += c.Elems() * int64(elemSize)
 		}
 	}
 	for i, s := range stages {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // PlanOptions are the flags of `launcher plan`.
@@ -24,6 +25,8 @@ type PlanOptions struct {
 	Dims   string            // dims a sum reduces, "0,1"
 	World  int               // if > 0, the mesh must hold this many ranks
 	JSON   bool
+	// DType is the element type the bytes are counted in ("float32" default,
+	// "bfloat16", "float64").
 	// Block plans a whole block instead of one op ("mlp").
 	Block string
 	BlockOptions
@@ -48,6 +51,7 @@ func ParsePlanFlags(args []string) (PlanOptions, error) {
 	fs.StringVar(&o.Dims, "dims", "", "dims a sum reduces, e.g. 0,1 (default all)")
 	fs.IntVar(&o.World, "world", 0, "check the mesh against this many ranks")
 	fs.BoolVar(&o.JSON, "json", false, "print JSON")
+	fs.StringVar(&o.DType, "dtype", "float32", "element type the bytes count: float32, bfloat16 or float64")
 	fs.StringVar(&o.Block, "block", "", "plan a block instead of one op: mlp")
 	fs.IntVar(&o.Tokens, "tokens", 64, "block: tokens")
 	fs.IntVar(&o.Hidden, "hidden", 32, "block: hidden size")
@@ -72,6 +76,7 @@ type plan struct {
 	req   spmd.Request
 	grads []string
 	json  bool
+	dtype tensor.DType
 }
 
 // Validate checks every flag before any planning and reports the first problem.
@@ -80,7 +85,10 @@ func (o PlanOptions) Validate() error {
 		if o.Block != "mlp" {
 			return fmt.Errorf("--block %q: want mlp", o.Block)
 		}
-		o.BlockOptions.Mesh = o.Mesh
+		o.BlockOptions.Mesh, o.BlockOptions.DType = o.Mesh, o.DType
+		if _, err := elemSize(o.DType); err != nil {
+			return err
+		}
 		_, err := o.BlockOptions.plan()
 		return err
 	}
@@ -109,7 +117,12 @@ func (o PlanOptions) build() (plan, error) {
 	if op == "linear" && o.Inputs["b"] == "" {
 		op, names = "linear_nobias", names[:2]
 	}
-	p := plan{req: spmd.Request{Op: op}, json: o.JSON}
+	p := plan{req: spmd.Request{Op: op}, json: o.JSON, dtype: tensor.Float32}
+	if o.DType != "" {
+		if p.dtype, err = tensor.ParseDType(o.DType); err != nil {
+			return plan{}, fmt.Errorf("--dtype %q: want float32, bfloat16 or float64", o.DType)
+		}
+	}
 	for n := range o.Inputs {
 		if !slices.Contains(names, n) {
 			return plan{}, fmt.Errorf("--%s: %s takes %s", n, o.Op, flagList(names))
@@ -178,7 +191,7 @@ func RunPlan(w io.Writer, o PlanOptions) error {
 	if err != nil {
 		return err
 	}
-	const elemSize = 4 // float32
+	elemSize := p.dtype.Size()
 	if p.json {
 		b, err := json.Marshal(spmd.NewReport(fwd, bwd, elemSize))
 		if err != nil {

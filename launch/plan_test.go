@@ -81,6 +81,8 @@ func TestPlanErrors(t *testing.T) {
 		{"unknown grad", []string{"plan", "--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--grads", "q"}, `no input "q"`},
 		{"input the op lacks", []string{"plan", "--mesh", "4", "--op", "gelu", "--x", "8x16:[R]", "--w", "32x16:[R]"}, "--w: gelu takes --x"},
 		{"shard beyond the tensor", []string{"plan", "--mesh", "4", "--x", "8x16:[S(2)]", "--w", "32x16:[R]"}, "tensor dim 2"},
+		{"unknown dtype", []string{"plan", "--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--dtype", "fp8"}, `--dtype "fp8"`},
+		{"unknown dtype, block", []string{"plan", "--mesh", "4", "--block", "mlp", "--dtype", "int8"}, `--dtype "int8"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
@@ -90,5 +92,31 @@ func TestPlanErrors(t *testing.T) {
 				t.Fatalf("exit %d, stdout %q, stderr %q; want exit 2 and one line with %q", code, out.String(), msg, tc.want)
 			}
 		})
+	}
+}
+
+// TestPlanDType: bytes are counted in the element type asked for.
+func TestPlanDType(t *testing.T) {
+	for _, tc := range []struct {
+		dtype string
+		bytes string
+	}{{"float32", "4-byte elements"}, {"bfloat16", "2-byte elements"}, {"float64", "8-byte elements"}} {
+		var out, errb bytes.Buffer
+		code := Main(context.Background(), []string{"plan", "--mesh", "4", "--x", "8x16:[S(1)]", "--w", "32x16:[S(1)]", "--dtype", tc.dtype}, &out, &errb)
+		if code != 0 || !strings.Contains(out.String(), tc.bytes) {
+			t.Fatalf("%s: exit %d %s%s", tc.dtype, code, out.String(), errb.String())
+		}
+	}
+	var f32, bf16 bytes.Buffer
+	for _, c := range []struct {
+		dt  string
+		out *bytes.Buffer
+	}{{"float32", &f32}, {"bfloat16", &bf16}} {
+		if code := Main(context.Background(), []string{"plan", "--mesh", "tp=2", "--block", "mlp", "--dtype", c.dt}, c.out, &bytes.Buffer{}); code != 0 {
+			t.Fatalf("block %s: exit %d", c.dt, code)
+		}
+	}
+	if !strings.Contains(f32.String(), "(8192 B)") || !strings.Contains(bf16.String(), "(4096 B)") {
+		t.Fatalf("block bytes: float32\n%s\nbfloat16\n%s", f32.String(), bf16.String())
 	}
 }

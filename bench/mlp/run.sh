@@ -5,6 +5,10 @@
 #
 #   bench/mlp/run.sh [repetitions] [steps]        (defaults: 5 repetitions, 20 steps)
 #
+# MLP_BENCH_DTYPES="float32 bfloat16" runs every cell in each dtype (default
+# float32): meshrun's `mlp --dtype` and PyTorch's step under autocast, and adds a
+# table of bf16 against float32 (step time, comm bytes, final loss).
+#
 # MLP_BENCH_BASE=REV also builds commit REV and runs it in every cell, alternating
 # with the work tree (or MLP_BENCH_REV), so that a change's effect on the CPU step
 # shows in one run: the table gains "base step ms" and "meshrun / base".
@@ -97,14 +101,15 @@ for r in $(seq "$reps"); do
   for cfg in "${configs[@]}"; do
     read -r t h f <<<"$cfg"
     for tp in 1 2; do
-      echo "repetition $r/$reps: tokens $t hidden $h ffn $f, tp=$tp" >&2
+      for dt in ${MLP_BENCH_DTYPES:-float32}; do
+      echo "repetition $r/$reps: tokens $t hidden $h ffn $f, tp=$tp, $dt" >&2
       # meshrun: rank 0 ends with one JSON line (the launcher may stamp a prefix).
       wait_quiet
-      line=$("$tmp/bin/launcher" run -n "$tp" --log-dir "$tmp/runs" mlp \
+      line=$("$tmp/bin/launcher" run -n "$tp" --log-dir "$tmp/runs" mlp --dtype "$dt" \
         --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps" 2>&1 | grep '"step_ms_median"' | tail -n1 || true)
       [ -z "$line" ] || line="{${line#*\{}"
       record meshrun "$line"
-      if [ -n "$base" ]; then
+      if [ -n "$base" ] && [ "$dt" = float32 ]; then
         wait_quiet
         line=$("$tmp/base-bin/launcher" run -n "$tp" --log-dir "$tmp/runs" mlp \
           --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps" 2>&1 | grep '"step_ms_median"' | tail -n1 || true)
@@ -112,12 +117,13 @@ for r in $(seq "$reps"); do
         record meshrun-base "$line"
       fi
       wait_quiet
-      line=$($py bench/mlp/torch_mlp.py --tp "$tp" --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps")
+      line=$($py bench/mlp/torch_mlp.py --tp "$tp" --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps" --dtype "$dt")
       record pytorch "$line"
       wait_quiet
       line=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
-        $py bench/mlp/torch_mlp.py --tp "$tp" --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps")
+        $py bench/mlp/torch_mlp.py --tp "$tp" --tokens "$t" --hidden "$h" --ffn "$f" --steps "$steps" --dtype "$dt")
       record pytorch-unset "$line"
+      done
     done
   done
 done
@@ -133,14 +139,15 @@ for line in open(path):
     d = json.loads(line)
     tp = int(d["mesh"].split("=")[1])
     key = (d["tokens"], d["hidden"], d["ffn"], tp)
-    runs[(d["impl"],) + key].append(d)
+    runs[(d["impl"], d.get("dtype", "float32")) + key].append(d)
     if d["impl"].startswith("pytorch"):
         cores[d["impl"]] = d.get("blas_core", "?")
 
-def best(impl, key):
-    return min(runs[(impl,) + key], key=lambda d: d["step_ms_median"])
+def best(impl, key, dtype="float32"):
+    return min(runs[(impl, dtype) + key], key=lambda d: d["step_ms_median"])
 
-keys = sorted({k[1:] for k in runs}, key=lambda k: (-k[0] * k[1] * k[2], k[3]))
+keys = sorted({k[2:] for k in runs}, key=lambda k: (-k[0] * k[1] * k[2], k[3]))
+bf16 = any(k[1] == "bfloat16" for k in runs)
 print(f"meshrun {rev}, {ncores} cores split over the tp ranks; {reps} repetitions of {steps} steps, "
       "each cell the best repetition's median step.")
 print()
@@ -173,4 +180,20 @@ for key in keys:
 print()
 print(f"Highest meshrun / PyTorch step-time ratio: {worst_ratio:.2f} (target: <= 1.00). "
       f"Highest overhead over kernel + comm: {100 * worst_over:.1f}% (target: < 10%).")
+if bf16:
+    print()
+    print("bfloat16 (mixed precision: float32 masters and SGD, bf16 compute and wire) against float32, same run:")
+    print()
+    print("| config | tp | meshrun f32 ms | meshrun bf16 ms | bf16 / f32 | comm B/step f32 | bf16 | bytes ratio "
+          "| loss after the steps f32 | bf16 | relative difference | PyTorch bf16 ms (best) | meshrun bf16 / PyTorch bf16 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for key in keys:
+        t, h, f, tp = key
+        a, b = best("meshrun", key), best("meshrun", key, "bfloat16")
+        p = min(best("pytorch", key, "bfloat16")["step_ms_median"], best("pytorch-unset", key, "bfloat16")["step_ms_median"])
+        cb = b["comm_bytes_per_step"] / a["comm_bytes_per_step"] if a["comm_bytes_per_step"] else float("nan")
+        rel = abs(b["loss_last"] - a["loss_last"]) / abs(a["loss_last"])
+        print(f"| {t} x {h} x {f} | {tp} | {a['step_ms_median']:.2f} | {b['step_ms_median']:.2f} | {b['step_ms_median'] / a['step_ms_median']:.2f} "
+              f"| {a['comm_bytes_per_step']} | {b['comm_bytes_per_step']} | {cb:.3f} | {a['loss_last']:.6f} | {b['loss_last']:.6f} | {rel:.2e} "
+              f"| {p:.2f} | {b['step_ms_median'] / p:.2f} |")
 PY

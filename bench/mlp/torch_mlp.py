@@ -14,6 +14,10 @@ the one meshrun's linear/mlp.go runs, sharded by hand the Megatron way:
     loss = mean((y - target)^2), autograd backward (dW, db, dx), SGD in place
 
 so it issues one all-reduce forward (y) and one backward (dx), as meshrun does.
+With --dtype bfloat16 the step runs under torch.autocast("cpu", bfloat16): the
+parameters and SGD stay float32, the linears compute in bf16 (oneDNN), and the
+two all-reduces move bf16 tensors (upcast to float32 for gloo only when this
+torch's gloo refuses bf16; the report says which).
 Rank 0 prints one JSON line: step_ms_median (median over the steps after the
 warm-up), gflops = 12 tokens hidden ffn / step time, comm_ms (median time inside
 the two all-reduces per step), and which BLAS kernels the process runs.
@@ -39,9 +43,26 @@ class _CommClock:
     seconds = 0.0
 
 
+class _Wire:
+    """Whether gloo all-reduced bf16 tensors as they are (set on first use)."""
+
+    bf16_native = None
+
+
 def _all_reduce(t):
     start = time.perf_counter()
-    dist.all_reduce(t)
+    if t.dtype == torch.bfloat16 and _Wire.bf16_native is not False:
+        try:
+            dist.all_reduce(t)
+            _Wire.bf16_native = True
+        except RuntimeError:
+            _Wire.bf16_native = False
+    if t.dtype == torch.bfloat16 and _Wire.bf16_native is False:
+        f = t.float()
+        dist.all_reduce(f)
+        t.copy_(f)
+    elif t.dtype != torch.bfloat16:
+        dist.all_reduce(t)
     _CommClock.seconds += time.perf_counter() - start
     return t
 
@@ -129,13 +150,16 @@ def run(rank, args, port, out):
     x.requires_grad_()
     del w1, w2
 
+    bf16 = args.dtype == "bfloat16"
+
     def step():
-        xin = CopyToTP.apply(x) if tp > 1 else x
-        h = F.linear(xin, w1l, b1l)
-        g = F.gelu(h, approximate="tanh")
-        part = F.linear(g, w2l)
-        y = (ReduceFromTP.apply(part) if tp > 1 else part) + b2r
-        loss = F.mse_loss(y, target)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            xin = CopyToTP.apply(x) if tp > 1 else x
+            h = F.linear(xin, w1l, b1l)
+            g = F.gelu(h, approximate="tanh")
+            part = F.linear(g, w2l)
+            y = (ReduceFromTP.apply(part) if tp > 1 else part) + b2r
+            loss = F.mse_loss(y.float(), target)
         loss.backward()
         with torch.no_grad():
             for p in params:
@@ -177,7 +201,9 @@ def run(rank, args, port, out):
             "gflops": 12.0 * args.tokens * args.hidden * args.ffn / step_s / 1e9,
             "comm_ms": statistics.median(measured_comm) * 1e3,
             "collectives_per_step": {"all_reduce y": 1, "all_reduce dx": 1} if tp > 1 else {},
-            "comm_bytes_per_step": 2 * 4 * args.tokens * args.hidden if tp > 1 else 0,
+            "comm_bytes_per_step": 2 * (2 if bf16 and _Wire.bf16_native else 4) * args.tokens * args.hidden if tp > 1 else 0,
+            "dtype": args.dtype,
+            "bf16_on_wire": bool(bf16 and _Wire.bf16_native),
             "torch": torch.__version__,
             "blas_core": core,
             "blas_threads": blas_threads,
@@ -205,6 +231,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (default cores / tp)")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = ap.parse_args()
     if args.ffn == 0:
         args.ffn = 4 * args.hidden

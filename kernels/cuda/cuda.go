@@ -57,6 +57,7 @@ type Provider struct {
 	ones64  *Buffer
 	host    *cpu.Provider // elementwise ops run on the host (see GeluForward)
 	mem     *Memory
+	lt      *lt // cuBLASLt, for bfloat16 GEMMs (made on first use)
 }
 
 var _ kernels.MemoryProvider = (*Provider)(nil)
@@ -116,7 +117,7 @@ func (p *Provider) Close() error {
 			errs = append(errs, cu.MemFree(b.ptr))
 		}
 	}
-	errs = append(errs, p.blas.Close())
+	errs = append(errs, p.closeLt(), p.blas.Close())
 	errs = append(errs, p.ctx.Unlock(), p.ctx.Destroy())
 	return errors.Join(errs...)
 }

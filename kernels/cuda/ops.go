@@ -21,6 +21,12 @@ func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if err != nil {
 		return err
 	}
+	if g.DType == tensor.BFloat16 {
+		if g.BatchCount != 1 || (g.Epilogue != kernels.EpilogueNone && g.Epilogue != kernels.EpilogueBias) {
+			return fmt.Errorf("%w: cuda bfloat16 %v of %d batches (cuBLASLt: single GEMMs, bias epilogue)", kernels.ErrUnsupported, g.Epilogue.Op(), g.BatchCount)
+		}
+		return p.do(func() error { return p.gemmLt(g, o) })
+	}
 	switch g.Epilogue {
 	case kernels.EpilogueNone, kernels.EpilogueBias, kernels.EpilogueBGrad:
 	default:
@@ -78,6 +84,11 @@ func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
 	if err != nil {
 		return err
 	}
+	if dy.DType() == tensor.BFloat16 {
+		return p.viaHost([]*tensor.Tensor{db}, []*tensor.Tensor{dy}, func(h []*tensor.Tensor) error {
+			return p.host.BiasGrad(h[0], h[1], accumulate)
+		})
+	}
 	dt := db.DType()
 	return p.do(func() error {
 		ones, err := p.onesVec(dt, m)
@@ -104,6 +115,11 @@ func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error {
 	n, err := kernels.ElementwiseDims(y, x)
 	if err != nil || n == 0 {
 		return err
+	}
+	if y.DType() == tensor.BFloat16 {
+		return p.viaHost([]*tensor.Tensor{y}, []*tensor.Tensor{x}, func(h []*tensor.Tensor) error {
+			return p.host.Axpy(alpha, h[1], h[0])
+		})
 	}
 	return p.do(func() error {
 		if y.DType() == tensor.Float32 {
@@ -168,19 +184,18 @@ func (p *Provider) Cast(dst, src *tensor.Tensor) error {
 	})
 }
 
-// DTypes implements kernels.Provider: float32 and float64 (bfloat16 needs
-// cuBLASLt, next).
-func (p *Provider) DTypes() []tensor.DType { return []tensor.DType{tensor.Float32, tensor.Float64} }
+// DTypes implements kernels.Provider: float32 and float64 through cuBLAS,
+// bfloat16 GEMMs through cuBLASLt (the elementwise bf16 ops through the host).
+func (p *Provider) DTypes() []tensor.DType {
+	return []tensor.DType{tensor.Float32, tensor.Float64, tensor.BFloat16}
+}
 
-// viaHost runs f on host copies: outs (written by f) then ins (read), copied in
-// before and outs copied back after.
+// viaHost runs f on host copies: outs (written, and read when the op
+// accumulates) then ins, all copied in before, outs copied back after.
 func (p *Provider) viaHost(outs, ins []*tensor.Tensor, f func(h []*tensor.Tensor) error) error {
 	h := make([]*tensor.Tensor, 0, len(outs)+len(ins))
-	for _, o := range outs {
-		h = append(h, tensor.New(o.DType(), o.Shape()...))
-	}
-	for _, in := range ins {
-		c, err := p.toHost(in)
+	for _, t := range append(append([]*tensor.Tensor(nil), outs...), ins...) {
+		c, err := p.toHost(t)
 		if err != nil {
 			return err
 		}

@@ -84,15 +84,16 @@ func Known() []string {
 	return names
 }
 
-// The environment variables that carry --device and --kernels from the
-// launcher to every rank.
+// The environment variables that carry --device, --kernels and --dtype from
+// the launcher to every rank.
 const (
 	EnvDevice  = "MESHRUN_DEVICE"
 	EnvKernels = "MESHRUN_KERNELS"
+	EnvDType   = "MESHRUN_DTYPE"
 )
 
 // cudaDTypes are the cuda provider's dtypes, known without opening a GPU.
-var cudaDTypes = []tensor.DType{tensor.Float32, tensor.Float64}
+var cudaDTypes = []tensor.DType{tensor.Float32, tensor.Float64, tensor.BFloat16}
 
 // DTypes lists the element types provider name computes in: asked of the
 // provider itself, but for cuda (which would open a GPU).

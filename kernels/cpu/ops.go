@@ -11,22 +11,9 @@ func (p *Provider) host(ts ...*tensor.Tensor) error {
 	return kernels.SameDevice(tensor.CPU, ts...)
 }
 
-// floats refuses bfloat16 operands in the ops that do not take them yet.
-func floats(op kernels.Op, ts ...*tensor.Tensor) error {
-	for _, t := range ts {
-		if t != nil && t.DType() == tensor.BFloat16 {
-			return fmt.Errorf("%w: cpu %v on bfloat16", kernels.ErrUnsupported, op)
-		}
-	}
-	return nil
-}
-
 // Gemm implements kernels.Kernels, every epilogue included.
 func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if err := p.host(o.A, o.B, o.C, o.Bias, o.Aux); err != nil {
-		return err
-	}
-	if err := floats(kernels.OpGemm, o.A, o.C); err != nil {
 		return err
 	}
 	g, err := kernels.CheckGemm(g, o)
@@ -34,7 +21,9 @@ func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 		return err
 	}
 	t := p.nthreads()
-	if g.DType == tensor.Float32 {
+	if g.DType == tensor.BFloat16 {
+		p.gemm16(g, o)
+	} else if g.DType == tensor.Float32 {
 		gemmEpilogue(&p.e32, t, g, o.A.Float32(), o.B.Float32(), o.C.Float32(), f32(o.Bias), f32(o.Aux))
 	} else {
 		gemmEpilogue(&p.e64, t, g, o.A.Float64(), o.B.Float64(), o.C.Float64(), f64(o.Bias), f64(o.Aux))
@@ -158,13 +147,12 @@ func (p *Provider) GeluForward(y, x *tensor.Tensor) error {
 	if err := p.host(y, x); err != nil {
 		return err
 	}
-	if err := floats(kernels.OpGeluForward, y, x); err != nil {
-		return err
-	}
 	if _, err := kernels.ElementwiseDims(y, x); err != nil {
 		return err
 	}
-	if y.DType() == tensor.Float32 {
+	if y.DType() == tensor.BFloat16 {
+		p.gelu16(y.BFloat16(), nil, x.BFloat16(), false)
+	} else if y.DType() == tensor.Float32 {
 		p.e32.gelu(y.Float32(), nil, x.Float32(), false, p.nthreads())
 	} else {
 		p.e64.gelu(y.Float64(), nil, x.Float64(), false, p.nthreads())
@@ -177,13 +165,12 @@ func (p *Provider) GeluBackward(dx, dy, x *tensor.Tensor) error {
 	if err := p.host(dx, dy, x); err != nil {
 		return err
 	}
-	if err := floats(kernels.OpGeluBackward, dx, dy, x); err != nil {
-		return err
-	}
 	if _, err := kernels.ElementwiseDims(dx, dy, x); err != nil {
 		return err
 	}
-	if dx.DType() == tensor.Float32 {
+	if dx.DType() == tensor.BFloat16 {
+		p.gelu16(dx.BFloat16(), dy.BFloat16(), x.BFloat16(), true)
+	} else if dx.DType() == tensor.Float32 {
 		p.e32.gelu(dx.Float32(), dy.Float32(), x.Float32(), true, p.nthreads())
 	} else {
 		p.e64.gelu(dx.Float64(), dy.Float64(), x.Float64(), true, p.nthreads())
@@ -196,14 +183,13 @@ func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
 	if err := p.host(db, dy); err != nil {
 		return err
 	}
-	if err := floats(kernels.OpBiasGrad, db, dy); err != nil {
-		return err
-	}
 	m, n, err := kernels.BiasDims(db, dy)
 	if err != nil {
 		return err
 	}
-	if db.DType() == tensor.Float32 {
+	if dy.DType() == tensor.BFloat16 {
+		p.biasGrad16(matOf(db, 0), dy.BFloat16(), m, n, accumulate)
+	} else if db.DType() == tensor.Float32 {
 		columnSum(db.Float32(), dy.Float32(), m, n, n, accumulate)
 	} else {
 		columnSum(db.Float64(), dy.Float64(), m, n, n, accumulate)
@@ -216,13 +202,12 @@ func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error {
 	if err := p.host(x, y); err != nil {
 		return err
 	}
-	if err := floats(kernels.OpAxpy, x, y); err != nil {
-		return err
-	}
 	if _, err := kernels.ElementwiseDims(y, x); err != nil {
 		return err
 	}
-	if y.DType() == tensor.Float32 {
+	if y.DType() == tensor.BFloat16 {
+		p.axpy16(float32(alpha), x.BFloat16(), y.BFloat16())
+	} else if y.DType() == tensor.Float32 {
 		axpy(float32(alpha), x.Float32(), y.Float32(), p.nthreads())
 	} else {
 		axpy(alpha, x.Float64(), y.Float64(), p.nthreads())
@@ -235,13 +220,12 @@ func (p *Provider) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	if err := p.host(dy, sum, y, target); err != nil {
 		return err
 	}
-	if err := floats(kernels.OpMSE, dy, y, target); err != nil {
-		return err
-	}
 	if err := kernels.MSEDims(dy, sum, y, target); err != nil {
 		return err
 	}
-	if y.DType() == tensor.Float32 {
+	if y.DType() == tensor.BFloat16 {
+		sum.Float64()[0] = p.mse16(dy.BFloat16(), y.BFloat16(), target.BFloat16(), float32(scale))
+	} else if y.DType() == tensor.Float32 {
 		sum.Float64()[0] = mse(dy.Float32(), y.Float32(), target.Float32(), float32(scale), p.nthreads())
 	} else {
 		sum.Float64()[0] = mse(dy.Float64(), y.Float64(), target.Float64(), scale, p.nthreads())
@@ -262,19 +246,9 @@ func (p *Provider) Cast(dst, src *tensor.Tensor) error {
 	case dst.DType() == src.DType():
 		copy(tensor.HostBytes(dst), tensor.HostBytes(src))
 	case dst.DType() == tensor.BFloat16 && src.DType() == tensor.Float32:
-		d, s := dst.BFloat16(), src.Float32()
-		inPieces(n, p.nthreads(), func(_, lo, hi int) {
-			for i := lo; i < hi; i++ {
-				d[i] = tensor.ToBF16(s[i])
-			}
-		})
+		p.ew16(ewCastTo16, n, ewArgs{y: dst.BFloat16(), f: src.Float32()})
 	case dst.DType() == tensor.Float32 && src.DType() == tensor.BFloat16:
-		d, s := dst.Float32(), src.BFloat16()
-		inPieces(n, p.nthreads(), func(_, lo, hi int) {
-			for i := lo; i < hi; i++ {
-				d[i] = s[i].Float32()
-			}
-		})
+		p.ew16(ewCastTo32, n, ewArgs{x: src.BFloat16(), f: dst.Float32()})
 	default:
 		for i := 0; i < n; i++ {
 			setFloat(dst, i, src.At(i))

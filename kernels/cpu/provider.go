@@ -27,8 +27,12 @@ type Options struct {
 	// Threads caps the goroutines per call; 0 means runtime.GOMAXPROCS(0) at call time.
 	Threads int
 	// Kernel forces a micro-kernel ("avx512", "avx2", "go"; see Kernels); "" picks
-	// the best one this CPU runs.
+	// the best one this CPU runs. "go" also selects the portable bfloat16 path
+	// unless BF16 says otherwise.
 	Kernel string
+	// BF16 forces the bfloat16 path ("avx512bf16", "avx512", "go"; see
+	// BF16Kernels); "" picks the best one this CPU runs.
+	BF16 string
 	// Block overrides the float32 cache blocking (zero fields keep the kernel's
 	// defaults). For tuning; results do not depend on MC and NC, only on KC.
 	Block Blocking
@@ -43,6 +47,7 @@ type Provider struct {
 	threads int
 	e32     engine[float32]
 	e64     engine[float64]
+	e16     engine16
 }
 
 var _ kernels.MemoryProvider = (*Provider)(nil)
@@ -90,6 +95,18 @@ func New(o Options) (*Provider, error) {
 			p.e32.dot, p.e32.axpy = dotGo[float32], axpyGo[float32]
 		}
 	}
+	p.e16.p = bf16Paths[0]
+	bname := o.BF16
+	if bname == "" && o.Kernel == "go" {
+		bname = "go"
+	}
+	if bname != "" {
+		bp, err := findPath16(bname)
+		if err != nil {
+			return nil, err
+		}
+		p.e16.p = bp
+	}
 	if o.Block != (Blocking{}) {
 		uk := *p.e32.uk
 		for _, v := range []struct {
@@ -112,6 +129,9 @@ func New(o Options) (*Provider, error) {
 // Kernel returns the name of the micro-kernel in use.
 func (p *Provider) Kernel() string { return p.e32.uk.name }
 
+// BF16Kernel returns the name of the bfloat16 path in use.
+func (p *Provider) BF16Kernel() string { return p.e16.p.name }
+
 // Blocking returns the float32 cache blocking in use.
 func (p *Provider) Blocking() Blocking {
 	return Blocking{MC: p.e32.uk.mc, KC: p.e32.uk.kc, NC: p.e32.uk.nc}
@@ -128,7 +148,7 @@ func (p *Provider) Has(kernels.Op) bool { return true }
 
 // DTypes implements kernels.Provider.
 func (p *Provider) DTypes() []tensor.DType {
-	return []tensor.DType{tensor.Float32, tensor.Float64}
+	return []tensor.DType{tensor.Float32, tensor.Float64, tensor.BFloat16}
 }
 
 // Memory implements kernels.MemoryProvider: host memory.

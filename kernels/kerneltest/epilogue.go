@@ -17,20 +17,22 @@ func testEpilogues(e *env, dt tensor.DType) {
 	shapes := [][3]int{{1, 17, 9}, {7, 49, 33}, {24, 96, 65}, {65, 100, 130}, {3, 5, 0}}
 	epis := []kernels.Epilogue{kernels.EpilogueBias, kernels.EpilogueBiasGelu, kernels.EpilogueDGelu,
 		kernels.EpilogueDGeluBGrad, kernels.EpilogueBGrad}
-	for si, s := range shapes {
-		for _, ep := range epis {
-			if !e.has(ep.Op()) {
-				continue
-			}
-			for tr := 0; tr < 4; tr++ {
-				ab := alphaBetas[(si+tr)%len(alphaBetas)]
-				p := kernels.GemmParams{TransA: tr&1 != 0, TransB: tr&2 != 0, M: s[0], N: s[1], K: s[2],
-					Alpha: ab[0], Beta: ab[1], DType: dt, Epilogue: ep}.Normalized()
-				if (si+tr)%2 == 1 {
-					p.LDC += 7
+	for _, out := range outs(dt) {
+		for si, s := range shapes {
+			for _, ep := range epis {
+				if !e.has(ep.Op()) {
+					continue
 				}
-				name := fmt.Sprintf("%v_M%d_N%d_K%d_tA%v_tB%v_a%v_b%v_ldc%d", ep, s[0], s[1], s[2], p.TransA, p.TransB, ab[0], ab[1], p.LDC)
-				e.runEpilogue(dt, p, rng, name)
+				for tr := 0; tr < 4; tr++ {
+					ab := alphaBetas[(si+tr)%len(alphaBetas)]
+					p := outParams(kernels.GemmParams{TransA: tr&1 != 0, TransB: tr&2 != 0, M: s[0], N: s[1], K: s[2],
+						Alpha: ab[0], Beta: ab[1], DType: dt, Epilogue: ep}, out).Normalized()
+					if (si+tr)%2 == 1 {
+						p.LDC += 7
+					}
+					name := fmt.Sprintf("%v_%v_M%d_N%d_K%d_tA%v_tB%v_a%v_b%v_ldc%d", out, ep, s[0], s[1], s[2], p.TransA, p.TransB, ab[0], ab[1], p.LDC)
+					e.runEpilogue(dt, p, rng, name)
+				}
 			}
 		}
 	}
@@ -46,7 +48,8 @@ func (e *env) runEpilogue(dt tensor.DType, p kernels.GemmParams, rng *rand.Rand,
 	if p.Beta == 0 {
 		fill = "nan"
 	}
-	c := newBuf(rng, dt, fill, lc)
+	od := p.Out() // C, Bias and Aux
+	c := newBuf(rng, od, fill, lc)
 	r, rmag := gemmRef(p, a.all, b.all, c.all)
 	// Between-row padding of C keeps whatever it holds.
 	wantC, magC := append([]float64(nil), c.all...), make([]float64, lc)
@@ -58,9 +61,9 @@ func (e *env) runEpilogue(dt tensor.DType, p kernels.GemmParams, rng *rand.Rand,
 	at := func(i, j int) int { return i*p.LDC + j }
 	switch p.Epilogue {
 	case kernels.EpilogueBias, kernels.EpilogueBiasGelu:
-		bias = newBuf(rng, dt, "rand", n)
+		bias = newBuf(rng, od, "rand", n)
 		if p.Epilogue == kernels.EpilogueBiasGelu {
-			aux = newBuf(rng, dt, "nan", m*n)
+			aux = newBuf(rng, od, "nan", m*n)
 			wantAux, magAux = make([]float64, m*n), make([]float64, m*n)
 		}
 		for i := 0; i < m; i++ {
@@ -75,13 +78,13 @@ func (e *env) runEpilogue(dt tensor.DType, p kernels.GemmParams, rng *rand.Rand,
 			}
 		}
 	case kernels.EpilogueDGelu, kernels.EpilogueDGeluBGrad:
-		aux = newBuf(rng, dt, "rand", m*n)
+		aux = newBuf(rng, od, "rand", m*n)
 		wantAux, magAux = aux.all, make([]float64, m*n)
 		for i := range magAux {
 			magAux[i] = 1
 		}
 		if p.Epilogue == kernels.EpilogueDGeluBGrad {
-			bias = newBuf(rng, dt, "nan", n)
+			bias = newBuf(rng, od, "nan", n)
 			wantBias, magBias = make([]float64, n), make([]float64, n)
 		}
 		for i := 0; i < m; i++ {
@@ -102,7 +105,7 @@ func (e *env) runEpilogue(dt tensor.DType, p kernels.GemmParams, rng *rand.Rand,
 				wantC[at(i, j)], magC[at(i, j)] = r[at(i, j)], rmag[at(i, j)]
 			}
 		}
-		bias = newBuf(rng, dt, "nan", m)
+		bias = newBuf(rng, od, "nan", m)
 		wantBias, magBias = make([]float64, m), make([]float64, m)
 		for i := 0; i < m; i++ {
 			for k := 0; k < p.K; k++ {
@@ -120,14 +123,14 @@ func (e *env) runEpilogue(dt tensor.DType, p kernels.GemmParams, rng *rand.Rand,
 		t.Fatalf("%s: %v", name, err)
 	}
 	e.back(c, o.C)
-	compare(t, name+"_C", dt, c, wantC, magC, p.K+20)
+	compare(t, name+"_C", od, c, wantC, magC, p.K+20)
 	if wantAux != nil {
 		e.back(aux, o.Aux)
-		compare(t, name+"_aux", dt, aux, wantAux, magAux, p.K+20)
+		compare(t, name+"_aux", od, aux, wantAux, magAux, p.K+20)
 	}
 	if wantBias != nil {
 		e.back(bias, o.Bias)
-		compare(t, name+"_bias", dt, bias, wantBias, magBias, max(m, p.K)+20)
+		compare(t, name+"_bias", od, bias, wantBias, magBias, max(m, p.K)+20)
 	}
 }
 
@@ -149,27 +152,9 @@ func testElementwise(e *env, dt tensor.DType) {
 		name := fmt.Sprintf("M%d_N%d", m, n)
 		dy := newBuf(rng, dt, "rand", m, n)
 		for _, acc := range []bool{false, true} {
-			fill := "nan"
-			if acc {
-				fill = "rand"
+			for _, od := range outs(dt) { // a bfloat16 dy may have a float32 db
+				testBiasGrad(e, name, rng, dy, od, m, n, acc)
 			}
-			db := newBuf(rng, dt, fill, n)
-			want, mag := make([]float64, n), make([]float64, n)
-			for j := 0; j < n; j++ {
-				if acc {
-					want[j], mag[j] = db.all[j], math.Abs(db.all[j])
-				}
-				for i := 0; i < m; i++ {
-					want[j] += dy.all[i*n+j]
-					mag[j] += math.Abs(dy.all[i*n+j])
-				}
-			}
-			d := e.dev(db)
-			if err := e.k.BiasGrad(d, e.dev(dy), acc); err != nil {
-				t.Fatalf("%s bias_grad: %v", name, err)
-			}
-			e.back(db, d)
-			compare(t, fmt.Sprintf("%s_bias_grad_acc%v", name, acc), dt, db, want, mag, m)
 		}
 		// y += alpha·x
 		x := newBuf(rng, dt, "rand", m, n)
@@ -212,4 +197,29 @@ func testElementwise(e *env, dt tensor.DType) {
 			t.Errorf("%s mse: sum %v, want %v", name, got, wantSum)
 		}
 	}
+}
+
+func testBiasGrad(e *env, name string, rng *rand.Rand, dy *buf, od tensor.DType, m, n int, acc bool) {
+	t := e.t
+	fill := "nan"
+	if acc {
+		fill = "rand"
+	}
+	db := newBuf(rng, od, fill, n)
+	want, mag := make([]float64, n), make([]float64, n)
+	for j := 0; j < n; j++ {
+		if acc {
+			want[j], mag[j] = db.all[j], math.Abs(db.all[j])
+		}
+		for i := 0; i < m; i++ {
+			want[j] += dy.all[i*n+j]
+			mag[j] += math.Abs(dy.all[i*n+j])
+		}
+	}
+	d := e.dev(db)
+	if err := e.k.BiasGrad(d, e.dev(dy), acc); err != nil {
+		t.Fatalf("%s bias_grad: %v", name, err)
+	}
+	e.back(db, d)
+	compare(t, fmt.Sprintf("%s_bias_grad_%v_acc%v", name, od, acc), od, db, want, mag, m)
 }

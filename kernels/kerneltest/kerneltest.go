@@ -6,6 +6,7 @@
 package kerneltest
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -24,7 +25,8 @@ type Config struct {
 	Deterministic bool
 	// Memory is the memory of the provider's device (nil: host memory).
 	Memory tensor.Memory
-	// DTypes to test; nil means float32 and float64.
+	// DTypes to test; nil means the provider's (its DTypes method), or float32
+	// and float64. bfloat16 runs the GEMMs with bfloat16 and float32 outputs.
 	DTypes []tensor.DType
 	// Short runs fewer shapes (for slow providers).
 	Short bool
@@ -49,7 +51,11 @@ func newBuf(rng *rand.Rand, dt tensor.DType, fill string, shape ...int) *buf {
 		case "nan":
 			b.all[i] = math.NaN()
 		case "rand":
-			b.all[i] = float64(float32(rng.Float64()*2 - 1))
+			v := float32(rng.Float64()*2 - 1)
+			if dt == tensor.BFloat16 { // exact bfloat16 values
+				v = tensor.ToBF16(v).Float32()
+			}
+			b.all[i] = float64(v)
 		}
 	}
 	var err error
@@ -64,6 +70,16 @@ func newBuf(rng *rand.Rand, dt tensor.DType, fill string, shape ...int) *buf {
 		}
 		b.raw = raw
 		b.t, err = tensor.FromFloat32(raw[guard:guard+n:guard+n], shape...)
+	case tensor.BFloat16:
+		raw := make([]tensor.BF16, n+2*guard)
+		for i := range raw {
+			raw[i] = tensor.ToBF16(float32(math.NaN()))
+		}
+		for i, v := range b.all {
+			raw[guard+i] = tensor.ToBF16(float32(v))
+		}
+		b.raw = raw
+		b.t, err = tensor.FromBFloat16(raw[guard:guard+n:guard+n], shape...)
 	default:
 		raw := make([]float64, n+2*guard)
 		for i := range raw {
@@ -94,6 +110,13 @@ func (b *buf) checkGuards(t *testing.T, what string) {
 	case []float64:
 		for i := range raw {
 			if (i < guard || i >= guard+b.size) && !math.IsNaN(raw[i]) {
+				bad(i)
+				return
+			}
+		}
+	case []tensor.BF16:
+		for i := range raw {
+			if (i < guard || i >= guard+b.size) && !math.IsNaN(float64(raw[i].Float32())) {
 				bad(i)
 				return
 			}
@@ -138,9 +161,12 @@ func (e *env) back(dst *buf, d *tensor.Tensor) {
 }
 
 // compare checks got against want with a bound scaled by mag (the sum of the
-// magnitudes that went into each element) and K.
-func compare(t *testing.T, what string, dt tensor.DType, got *buf, want, mag []float64, k int) {
+// magnitudes that went into each element) and K: float32 or float64 rounding per
+// step, as got's dtype says (bfloat16 results are summed in float32), and for a
+// bfloat16 result one final rounding, half a bfloat16 epsilon (2^-8) relative.
+func compare(t *testing.T, what string, _ tensor.DType, got *buf, want, mag []float64, k int) {
 	t.Helper()
+	dt := got.t.DType()
 	eps := 1.2e-7
 	if dt == tensor.Float64 {
 		eps = 2.3e-16
@@ -149,6 +175,9 @@ func compare(t *testing.T, what string, dt tensor.DType, got *buf, want, mag []f
 	for i := range want {
 		g := got.value(i)
 		tol := 4 * eps * float64(k+4) * (mag[i] + 1e-30)
+		if dt == tensor.BFloat16 {
+			tol += tensor.BF16Epsilon / 2 * (math.Abs(want[i]) + tol)
+		}
 		if math.IsNaN(want[i]) != math.IsNaN(g) || math.Abs(g-want[i]) > tol {
 			if errs < 5 {
 				t.Errorf("%s: element %d = %v, want %v (tol %.3g)", what, i, g, want[i], tol)
@@ -162,6 +191,24 @@ func compare(t *testing.T, what string, dt tensor.DType, got *buf, want, mag []f
 	got.checkGuards(t, what)
 }
 
+// outs are the output dtypes tested for inputs of dt: bfloat16 GEMMs write
+// bfloat16 or float32.
+func outs(dt tensor.DType) []tensor.DType {
+	if dt == tensor.BFloat16 {
+		return []tensor.DType{tensor.BFloat16, tensor.Float32}
+	}
+	return []tensor.DType{dt}
+}
+
+// outParams sets p's output dtype (0 when it is the input's).
+func outParams(p kernels.GemmParams, out tensor.DType) kernels.GemmParams {
+	p.OutDType = 0
+	if out != p.DType {
+		p.OutDType = out
+	}
+	return p
+}
+
 // Run runs the whole suite.
 func Run(t *testing.T, cfg Config) {
 	k, err := cfg.New(0)
@@ -171,13 +218,23 @@ func Run(t *testing.T, cfg Config) {
 	dts := cfg.DTypes
 	if dts == nil {
 		dts = []tensor.DType{tensor.Float32, tensor.Float64}
+		if p, ok := k.(interface{ DTypes() []tensor.DType }); ok {
+			dts = p.DTypes()
+		}
 	}
 	for _, dt := range dts {
 		t.Run(dt.String(), func(t *testing.T) {
 			e := &env{t: t, cfg: cfg, k: k}
+			if err := e.probe(dt); err != nil {
+				// A provider that lists a dtype its device memory cannot hold:
+				// reported, not hidden, but not the suite's to fail on.
+				t.Skipf("%v listed but refused on %v memory: %v", dt, e.mem().Device(), err)
+			}
 			t.Run("Gemm", func(t *testing.T) { e.t = t; testGemm(e, dt) })
 			t.Run("GemmBatched", func(t *testing.T) { e.t = t; testGemmBatched(e, dt) })
-			t.Run("Gemv", func(t *testing.T) { e.t = t; testGemv(e, dt) })
+			if dt != tensor.BFloat16 { // GemvParams are float32 or float64; M = 1 GEMMs cover bfloat16
+				t.Run("Gemv", func(t *testing.T) { e.t = t; testGemv(e, dt) })
+			}
 			t.Run("Linear", func(t *testing.T) { e.t = t; testLinear(e, dt) })
 			t.Run("Matmul", func(t *testing.T) { e.t = t; testMatmul(e, dt) })
 			t.Run("Gelu", func(t *testing.T) { e.t = t; testGelu(e, dt) })
@@ -191,6 +248,22 @@ func Run(t *testing.T, cfg Config) {
 	}
 }
 
+// probe runs one small GEMM of dt and reports whether the device's memory
+// refuses the dtype (tensor.ErrDType); other failures are left to the suite.
+func (e *env) probe(dt tensor.DType) error {
+	if e.cfg.Memory == nil {
+		return nil
+	}
+	rng := rand.New(rand.NewPCG(0, 0))
+	a, b, c := newBuf(rng, dt, "rand", 2, 3), newBuf(rng, dt, "rand", 3, 2), newBuf(rng, dt, "nan", 2, 2)
+	err := e.k.Gemm(kernels.GemmParams{M: 2, N: 2, K: 3, Alpha: 1, DType: dt},
+		kernels.GemmOperands{A: e.dev(a), B: e.dev(b), C: e.dev(c)})
+	if errors.Is(err, tensor.ErrDType) {
+		return err
+	}
+	return nil
+}
+
 // edge sizes around the tiles providers use (4, 6, 8, 16, 24, 48) and their blocks.
 var gemmShapes = [][3]int{ // M, N, K
 	{0, 5, 3}, {4, 0, 3}, {3, 4, 0}, {1, 1, 1}, {1, 17, 9}, {1, 49, 300},
@@ -200,6 +273,10 @@ var gemmShapes = [][3]int{ // M, N, K
 }
 
 var bigGemmShapes = [][3]int{{200, 150, 520}, {130, 300, 300}, {257, 97, 33}}
+
+// deepGemmShapes split K into several cache blocks on every bfloat16 path (a
+// bfloat16 C is then written once, from float32 sums kept between blocks).
+var deepGemmShapes = [][3]int{{21, 70, 4501}, {9, 50, 2049}}
 
 var alphaBetas = [][2]float64{{1, 0}, {1, 1}, {0.5, -2}, {0, 0.5}, {-1.5, 0}}
 
@@ -249,7 +326,7 @@ func (e *env) runGemm(dt tensor.DType, p kernels.GemmParams, rng *rand.Rand, nam
 	if p.Beta == 0 {
 		fill = "nan"
 	}
-	c := newBuf(rng, dt, fill, lc)
+	c := newBuf(rng, p.Out(), fill, lc)
 	// Elements of C between rows (ld > N) must keep their value: make them NaN
 	// and expect NaN back.
 	if lc > 0 {
@@ -276,13 +353,16 @@ func (e *env) runGemm(dt tensor.DType, p kernels.GemmParams, rng *rand.Rand, nam
 		t.Fatalf("%s: %v", name, err)
 	}
 	e.back(c, dc)
-	compare(t, name, dt, c, want, mag, p.K)
+	compare(t, name, p.Out(), c, want, mag, p.K)
 }
 
 func setAt(t *tensor.Tensor, i int, v float64) {
-	if t.DType() == tensor.Float32 {
+	switch t.DType() {
+	case tensor.Float32:
 		t.Float32()[i] = float32(v)
-	} else {
+	case tensor.BFloat16:
+		t.BFloat16()[i] = tensor.ToBF16(float32(v))
+	default:
 		t.Float64()[i] = v
 	}
 }
@@ -292,40 +372,52 @@ func testGemm(e *env, dt tensor.DType) {
 	shapes := gemmShapes
 	if !e.cfg.Short {
 		shapes = append(shapes, bigGemmShapes...)
+		if dt == tensor.BFloat16 {
+			shapes = append(shapes, deepGemmShapes...)
+		}
 	}
-	for si, s := range shapes {
-		for tr := 0; tr < 4; tr++ {
-			for ai, ab := range alphaBetas {
-				if (si+tr+ai)%2 == 1 && s[0]*s[1]*s[2] > 20000 {
-					continue // the big shapes get half the combinations
+	for _, out := range outs(dt) {
+		for si, s := range shapes {
+			for tr := 0; tr < 4; tr++ {
+				for ai, ab := range alphaBetas {
+					e.gemmCase(dt, out, si, s, tr, ai, ab, rng)
 				}
-				p := kernels.GemmParams{TransA: tr&1 != 0, TransB: tr&2 != 0, M: s[0], N: s[1], K: s[2],
-					Alpha: ab[0], Beta: ab[1], DType: dt}
-				odd := (si+ai)%2 == 1
-				if odd {
-					p = p.Normalized()
-					p.LDA += 3
-					p.LDB += 5
-					p.LDC += 7
-				}
-				name := fmt.Sprintf("M%d_N%d_K%d_tA%v_tB%v_a%v_b%v_odd%v", s[0], s[1], s[2], p.TransA, p.TransB, ab[0], ab[1], odd)
-				e.runGemm(dt, p, rng, name)
 			}
 		}
 	}
 }
 
+// gemmCase runs one GEMM of testGemm: shape s, transposes tr, alpha/beta ab.
+func (e *env) gemmCase(dt, out tensor.DType, si int, s [3]int, tr, ai int, ab [2]float64, rng *rand.Rand) {
+	if (si+tr+ai)%2 == 1 && s[0]*s[1]*s[2] > 20000 {
+		return // the big shapes get half the combinations
+	}
+	p := outParams(kernels.GemmParams{TransA: tr&1 != 0, TransB: tr&2 != 0, M: s[0], N: s[1], K: s[2],
+		Alpha: ab[0], Beta: ab[1], DType: dt}, out)
+	odd := (si+ai)%2 == 1
+	if odd {
+		p = p.Normalized()
+		p.LDA += 3
+		p.LDB += 5
+		p.LDC += 7
+	}
+	name := fmt.Sprintf("%v_M%d_N%d_K%d_tA%v_tB%v_a%v_b%v_odd%v", out, s[0], s[1], s[2], p.TransA, p.TransB, ab[0], ab[1], odd)
+	e.runGemm(dt, p, rng, name)
+}
+
 func testGemmBatched(e *env, dt tensor.DType) {
 	rng := rand.New(rand.NewPCG(2, uint64(dt)))
-	for tr := 0; tr < 4; tr++ {
-		p := kernels.GemmParams{TransA: tr&1 != 0, TransB: tr&2 != 0, M: 9, N: 50, K: 17,
-			Alpha: 1, Beta: 0.5, BatchCount: 3, DType: dt}.Normalized()
-		p.StrideA += 11
-		p.StrideC += 13
-		e.runGemm(dt, p, rng, fmt.Sprintf("batch3_tr%d", tr))
-		p1 := p
-		p1.M = 1
-		p1.StrideA, p1.StrideC = 0, 0
-		e.runGemm(dt, p1, rng, fmt.Sprintf("batch3_M1_tr%d", tr))
+	for _, out := range outs(dt) {
+		for tr := 0; tr < 4; tr++ {
+			p := outParams(kernels.GemmParams{TransA: tr&1 != 0, TransB: tr&2 != 0, M: 9, N: 50, K: 17,
+				Alpha: 1, Beta: 0.5, BatchCount: 3, DType: dt}, out).Normalized()
+			p.StrideA += 11
+			p.StrideC += 13
+			e.runGemm(dt, p, rng, fmt.Sprintf("%v_batch3_tr%d", out, tr))
+			p1 := p
+			p1.M = 1
+			p1.StrideA, p1.StrideC = 0, 0
+			e.runGemm(dt, p1, rng, fmt.Sprintf("%v_batch3_M1_tr%d", out, tr))
+		}
 	}
 }

@@ -63,6 +63,14 @@ func testGemv(e *env, dt tensor.DType) {
 
 // linear reference: y[m,n] = Σ_k x[m,k] w[n,k] (+ b[n]).
 func testLinear(e *env, dt tensor.DType) {
+	for _, od := range outs(dt) {
+		testLinearOut(e, dt, od)
+	}
+}
+
+// testLinearOut runs the linear ops with inputs (x, w, dy) of dt and outputs
+// (y, b, dx, dw, db) of od.
+func testLinearOut(e *env, dt, od tensor.DType) {
 	t := e.t
 	rng := rand.New(rand.NewPCG(4, uint64(dt)))
 	for _, s := range []struct {
@@ -72,10 +80,10 @@ func testLinear(e *env, dt tensor.DType) {
 		m := tensor.NumElements(s.lead)
 		xs := append(append([]int(nil), s.lead...), s.k)
 		ys := append(append([]int(nil), s.lead...), s.n)
-		name := fmt.Sprintf("M%d_N%d_K%d", m, s.n, s.k)
+		name := fmt.Sprintf("%v_M%d_N%d_K%d", od, m, s.n, s.k)
 		x := newBuf(rng, dt, "rand", xs...)
 		w := newBuf(rng, dt, "rand", s.n, s.k)
-		b := newBuf(rng, dt, "rand", s.n)
+		b := newBuf(rng, od, "rand", s.n)
 		dy := newBuf(rng, dt, "rand", ys...)
 		mm := func(rows, cols, inner int, f func(i, j, k int) (float64, float64)) ([]float64, []float64) {
 			want, mag := make([]float64, rows*cols), make([]float64, rows*cols)
@@ -91,7 +99,7 @@ func testLinear(e *env, dt tensor.DType) {
 			return want, mag
 		}
 		for _, bias := range []bool{true, false} {
-			y := newBuf(rng, dt, "nan", ys...)
+			y := newBuf(rng, od, "nan", ys...)
 			want, mag := mm(m, s.n, s.k, func(i, j, k int) (float64, float64) { return x.all[i*s.k+k], w.all[j*s.k+k] })
 			var bt *tensor.Tensor
 			if bias {
@@ -108,7 +116,7 @@ func testLinear(e *env, dt tensor.DType) {
 			e.back(y, dyv)
 			compare(t, name+fmt.Sprintf("_forward_bias%v", bias), dt, y, want, mag, s.k)
 		}
-		dx := newBuf(rng, dt, "nan", xs...)
+		dx := newBuf(rng, od, "nan", xs...)
 		want, mag := mm(m, s.k, s.n, func(i, j, k int) (float64, float64) { return dy.all[i*s.n+k], w.all[k*s.k+j] })
 		ddx := e.dev(dx)
 		if err := kernels.LinearBackwardInput(e.k, ddx, e.dev(dy), e.dev(w)); err != nil {
@@ -122,9 +130,9 @@ func testLinear(e *env, dt tensor.DType) {
 			if acc {
 				fill = "rand"
 			}
-			dw := newBuf(rng, dt, fill, s.n, s.k)
+			dw := newBuf(rng, od, fill, s.n, s.k)
 			want, mag := mm(s.n, s.k, m, func(i, j, k int) (float64, float64) { return dy.all[k*s.n+i], x.all[k*s.k+j] })
-			db := newBuf(rng, dt, fill, s.n)
+			db := newBuf(rng, od, fill, s.n)
 			wantb, magb := mm(1, s.n, m, func(_, j, k int) (float64, float64) { return dy.all[k*s.n+j], 1 })
 			if acc {
 				for i := range want {
@@ -149,14 +157,14 @@ func testLinear(e *env, dt tensor.DType) {
 			compare(t, name+fmt.Sprintf("_backward_bias_acc%v", acc), dt, db, wantb, magb, m)
 			// The same with the bias gradient fused into the weight-gradient GEMM
 			// (the bias gradient always overwrites).
-			dw2 := newBuf(rng, dt, "nan", s.n, s.k)
+			dw2 := newBuf(rng, od, "nan", s.n, s.k)
 			if acc {
 				copy(dw2.all, dw.all)
 				for i := range dw2.all {
 					setAt(dw2.t, i, dw2.all[i])
 				}
 			}
-			db2 := newBuf(rng, dt, "nan", s.n)
+			db2 := newBuf(rng, od, "nan", s.n)
 			wantb2, magb2 := mm(1, s.n, m, func(_, j, k int) (float64, float64) { return dy.all[k*s.n+j], 1 })
 			want2, mag2 := mm(s.n, s.k, m, func(i, j, k int) (float64, float64) { return dy.all[k*s.n+i], x.all[k*s.k+j] })
 			if acc {
@@ -335,13 +343,26 @@ func testDeterminism(t *testing.T, cfg Config, dt tensor.DType) {
 		{M: 1, N: 700, K: 3000, Alpha: 1, Beta: 0.5},
 		{TransB: true, M: 1, N: 2050, K: 300, Alpha: 1},
 	}
-	for si, p := range shapes {
-		p.DType = dt
+	if dt == tensor.BFloat16 {
+		// K over several cache blocks (float32 sums kept for a bfloat16 C), and
+		// the small-M paths.
+		shapes = append(shapes, kernels.GemmParams{M: 70, N: 150, K: 4500, Alpha: 1, Beta: 0.5},
+			kernels.GemmParams{TransB: true, M: 16, N: 700, K: 4500, Alpha: 1, Beta: 1},
+			kernels.GemmParams{TransA: true, M: 100, N: 130, K: 5000, Alpha: 1, Beta: 1})
+	}
+	var all []kernels.GemmParams
+	for _, od := range outs(dt) {
+		for _, p := range shapes {
+			p.DType = dt
+			all = append(all, outParams(p, od))
+		}
+	}
+	for si, p := range all {
 		p = p.Normalized()
 		la, lb, lc := p.Lens()
 		a := newBuf(rng, dt, "rand", la)
 		b := newBuf(rng, dt, "rand", lb)
-		c0 := newBuf(rng, dt, "rand", lc)
+		c0 := newBuf(rng, p.Out(), "rand", lc)
 		for i, threads := range []int{1, 2} {
 			k, err := cfg.New(threads)
 			if err != nil {
@@ -362,7 +383,7 @@ func testDeterminism(t *testing.T, cfg Config, dt tensor.DType) {
 		}
 		for j := range results[0] {
 			if math.Float64bits(results[0][j]) != math.Float64bits(results[1][j]) {
-				t.Fatalf("shape %d: element %d differs between 1 and 2 threads: %v vs %v", si, j, results[0][j], results[1][j])
+				t.Fatalf("shape %d (%v -> %v): element %d differs between 1 and 2 threads: %v vs %v", si, p.DType, p.Out(), j, results[0][j], results[1][j])
 			}
 		}
 	}

@@ -1,0 +1,484 @@
+package cpu
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// bfloat16 GEMMs: A and B bfloat16, products exact in float32, sums in float32,
+// C float32 or bfloat16 (rounded once, to nearest even as tensor.ToBF16, after
+// alpha, beta and the bias). Three paths, chosen at start-up (see bf16Paths):
+//
+//   - "avx512bf16": VDPBF16PS micro-kernels on panels of bfloat16 pairs: each
+//     32-bit lane of a packed panel holds (k, k+1) of one row of A or one column
+//     of B (an odd K is padded with a zero), and one instruction multiplies a
+//     broadcast A pair by 16 B pairs and adds both products to 16 float32 sums.
+//   - "avx512": for AVX-512 CPUs without AVX512_BF16: bfloat16 is widened to
+//     float32 while packing and the float32 AVX-512 micro-kernel runs on the
+//     panels; its tile goes through the same output stage.
+//   - "go": portable Go (the noasm tag, other architectures).
+//
+// The loop nest is the float32 one (gemm.go): BLIS blocking, pooled panels,
+// work split over output tiles only, never over K, so results do not depend on
+// the thread count. With a bfloat16 C and K split into several KC blocks, the
+// sums of the first blocks are kept in a float32 buffer and C is written once,
+// by the last block. Small M with a transposed B (the forward of a linear layer
+// on a few rows, M = 1 included) takes dot-product kernels that read both
+// operands unpacked; M = 1 with an untransposed B streams B rows (axpy form).
+
+type bf16 = tensor.BF16
+
+// epi16 is the output stage of a tile (or of rows) of float32 results r:
+//
+//	v = alpha·r[i][j] (+ bias[j] when bias != nil) (+ beta·in[i][j] when beta != 0)
+//	out[i][j] = v, as float32 or rounded to bfloat16
+//
+// in, out and bias point at element (0, 0) of the tile; ldIn and ldOut are in
+// bytes; flags say which of them hold bfloat16. The assembly reads this struct
+// through go_asm.h.
+type epi16 struct {
+	alpha, beta float32
+	out         unsafe.Pointer
+	ldOut       int
+	in          unsafe.Pointer
+	ldIn        int
+	bias        unsafe.Pointer
+	flags       uint64
+	// tile is scratch for kernels that compute a tile before the output stage.
+	tile *float32
+}
+
+const (
+	epiOutBF16  = 1 << iota // out holds bfloat16
+	epiInBF16               // in holds bfloat16
+	epiBiasBF16             // bias holds bfloat16
+)
+
+// mat16 is a float32 or bfloat16 row-major matrix (or vector) operand.
+type mat16 struct {
+	f32 []float32
+	b16 []bf16
+	ld  int
+	bf  bool // b16, not f32
+}
+
+func (m *mat16) valid() bool { return m.f32 != nil || m.b16 != nil }
+
+func (m *mat16) size() int {
+	if m.bf {
+		return 2
+	}
+	return 4
+}
+
+// at returns a pointer to element (i, j).
+func (m *mat16) at(i, j int) unsafe.Pointer {
+	if m.bf {
+		return unsafe.Pointer(&m.b16[i*m.ld+j])
+	}
+	return unsafe.Pointer(&m.f32[i*m.ld+j])
+}
+
+// gemmArgs16 is one bfloat16 GEMM: out = alpha·op(a)·op(b) + bias + beta·in.
+type gemmArgs16 struct {
+	transA, transB bool
+	m, n, k        int
+	alpha, beta    float32
+	a, b           []bf16
+	lda, ldb       int
+	in, out        mat16 // in is read only when beta != 0; it may be out itself
+	bias           mat16 // a row vector (N) when valid
+}
+
+// ukernel16 is a packed-panel micro-kernel for bfloat16 GEMMs and its blocking.
+// With pairs, panels hold bfloat16 pairs along k (depth = ceil(kc/2) 32-bit
+// lanes per row or column); otherwise float32 values (depth kc).
+type ukernel16 struct {
+	name       string
+	mr, nr     int
+	pairs      bool
+	mc, kc, nc int
+	// fn computes the mr×nr tile from panels a (depth×mr) and b (depth×nr) and
+	// applies e to rows < mr and the columns set in mask.
+	fn    func(depth int, a, b *float32, mr int, mask uint64, e *epi16)
+	packA func(dst []float32, a []bf16, lda int, trans bool, i0, mc, k0, kc, mr int)
+	packB func(dst []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc, nr int)
+}
+
+func (uk *ukernel16) depth(kc int) int {
+	if uk.pairs {
+		return (kc + 1) / 2
+	}
+	return kc
+}
+
+// dotKernel16 computes out[i*ldo+j] = Σ_{k<n} x[i*ldx+k]·w[j*ldw+k] for i < r,
+// j < c, in float32, the same way for every (i, j).
+type dotKernel16 struct {
+	r, c int
+	fn   func(n int, x *bf16, ldx int, w *bf16, ldw int, out *float32, ldo int)
+}
+
+// path16 is one way to run the bfloat16 kernels.
+type path16 struct {
+	name string
+	uk   *ukernel16
+	// dots are the small-M kernels, by rows r (8, 4, 2, 1); each entry has the
+	// kernel for its widest c and one with c = 1.
+	dots [4][2]dotKernel16
+	// axpy adds Σ_r x[r]·b[r*ldb+j] to acc[j] (j < len(acc)), rows in order.
+	axpy    func(acc []float32, x, b []bf16, ldb int)
+	epiRows func(rows, cols int, src []float32, lds int, e *epi16)
+	toF32   func(dst []float32, src []bf16)
+	toBF16  func(dst []bf16, src []float32)
+	// gelu is y = gelu(x) or, with backward, y = dy·gelu'(x), in float32.
+	gelu func(y, dy, x []float32, backward bool)
+}
+
+// bf16Paths lists the paths this machine runs, best first; "go" is last.
+var bf16Paths = []*path16{goPath16}
+
+var goPath16 = &path16{
+	name: "go",
+	uk: &ukernel16{name: "go", mr: 4, nr: 4, mc: 128, kc: 256, nc: 1024,
+		fn: goTile16, packA: packAWiden, packB: packBWiden},
+	dots: [4][2]dotKernel16{
+		{{8, 1, dotGo16(8, 1)}, {8, 1, dotGo16(8, 1)}},
+		{{4, 1, dotGo16(4, 1)}, {4, 1, dotGo16(4, 1)}},
+		{{2, 1, dotGo16(2, 1)}, {2, 1, dotGo16(2, 1)}},
+		{{1, 1, dotGo16(1, 1)}, {1, 1, dotGo16(1, 1)}},
+	},
+	axpy:    axpyGo16,
+	epiRows: epiRowsGo,
+	toF32:   toF32Go,
+	toBF16:  toBF16Go,
+	gelu:    geluGo32,
+}
+
+// BF16Kernels returns the bfloat16 paths this machine can run, best first:
+// "avx512bf16" (VDPBF16PS), "avx512" (widened to float32), "go".
+func BF16Kernels() []string {
+	var names []string
+	for _, p := range bf16Paths {
+		names = append(names, p.name)
+	}
+	return names
+}
+
+func findPath16(name string) (*path16, error) {
+	for _, p := range bf16Paths {
+		if p.name == name {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("cpu: bfloat16 kernel %q not available here (have %v)", name, BF16Kernels())
+}
+
+// packBuf16 holds one goroutine's panels and scratch.
+type packBuf16 struct {
+	a, b, part, tile, rows []float32
+	e                      epi16
+}
+
+var bufPool16 freeList[packBuf16]
+
+// engine16 runs bfloat16 GEMMs on one path.
+type engine16 struct {
+	p *path16
+}
+
+var jobPool16 = sync.Pool{New: func() any { return new(gemmJob16) }}
+
+// gemmJob16 is a bfloat16 GEMM split into parts over whole micro-tiles (or, on
+// the dot and axpy paths, over fixed column chunks).
+type gemmJob16 struct {
+	gemmArgs16
+	p      *path16
+	uk     *ukernel16
+	kind   int // jobPacked, jobDot, jobAxpy
+	parts  int
+	splitN bool
+	// axpy form: row chunks of B and their partial sums (chunks×n).
+	chunks, chunkRows int
+	partial           []float32
+	wg                sync.WaitGroup
+}
+
+const (
+	jobPacked = iota
+	jobDot
+	jobAxpy
+)
+
+// dotMaxM is the largest M that takes the dot kernels (with a transposed B).
+var dotMaxM = 16
+
+// dotChunk is the column grid of the dot path: rows of B per epilogue pass.
+const dotChunk = 32
+
+// gemm computes one bfloat16 GEMM on up to threads goroutines.
+func (e *engine16) gemm(g gemmArgs16, threads int) {
+	if g.m == 0 || g.n == 0 {
+		return
+	}
+	if g.k == 0 || g.alpha == 0 {
+		epiNoProduct(&g)
+		return
+	}
+	j := jobPool16.Get().(*gemmJob16)
+	j.gemmArgs16, j.p, j.uk = g, e.p, e.p.uk
+	flops := 2 * g.m * g.n * g.k
+	threads = max(1, min(threads, flops/workPerThr))
+	switch {
+	case g.m == 1 && (!g.transA || g.lda == 1) && !g.transB:
+		// out[0,:] = Σ_k a[k]·b[k,:]: stream rows of B.
+		j.kind = jobAxpy
+		j.chunks, j.chunkRows = axpyChunks(g.k)
+		buf := bufPool16.get()
+		buf.rows = grow(buf.rows, j.chunks*g.n+g.n)
+		j.partial = buf.rows
+		j.parts = min(threads, j.chunks)
+		parallel(j, j.parts, &j.wg)
+		sum := j.partial[j.chunks*g.n:][:g.n]
+		copy(sum, j.partial[:g.n])
+		for c := 1; c < j.chunks; c++ {
+			for x, v := range j.partial[c*g.n:][:g.n] {
+				sum[x] += v
+			}
+		}
+		e.out(&buf.e, &g, 0, 0)
+		e.p.epiRows(1, g.n, sum, g.n, &buf.e)
+		bufPool16.put(buf)
+	case g.transB && g.m <= dotMaxM && (!g.transA || g.m == 1 && g.lda == 1):
+		if g.transA { // one row stored as a column of lda = 1
+			g.transA, g.lda = false, g.k
+			j.gemmArgs16 = g
+		}
+		j.kind = jobDot
+		j.parts = min(threads, (g.n+dotChunk-1)/dotChunk)
+		parallel(j, j.parts, &j.wg)
+	default:
+		uk := j.uk
+		j.kind = jobPacked
+		tilesM := (g.m + uk.mr - 1) / uk.mr
+		tilesN := (g.n + uk.nr - 1) / uk.nr
+		j.splitN = g.n >= g.m && tilesN >= threads || tilesM < threads
+		if j.splitN {
+			j.parts = min(threads, tilesN)
+		} else {
+			j.parts = min(threads, tilesM)
+		}
+		parallel(j, j.parts, &j.wg)
+	}
+	j.gemmArgs16, j.partial = gemmArgs16{}, nil
+	jobPool16.Put(j)
+}
+
+// out points e at the output stage of the block at (i, j) of g: the final
+// output, the beta term from g.in and the bias.
+func (e *engine16) out(ep *epi16, g *gemmArgs16, i, j int) {
+	ep.alpha, ep.beta = g.alpha, g.beta
+	ep.flags = 0
+	ep.out, ep.ldOut = g.out.at(i, j), g.out.ld*g.out.size()
+	if g.out.bf {
+		ep.flags |= epiOutBF16
+	}
+	ep.in, ep.ldIn = nil, 0
+	if g.beta != 0 {
+		ep.in, ep.ldIn = g.in.at(i, j), g.in.ld*g.in.size()
+		if g.in.bf {
+			ep.flags |= epiInBF16
+		}
+	}
+	ep.bias = nil
+	if g.bias.valid() {
+		ep.bias = g.bias.at(0, j)
+		if g.bias.bf {
+			ep.flags |= epiBiasBF16
+		}
+	}
+}
+
+func (j *gemmJob16) run(part int) {
+	switch j.kind {
+	case jobAxpy:
+		c0, c1 := span(j.chunks, j.parts, part)
+		for c := c0; c < c1; c++ {
+			r0 := c * j.chunkRows
+			r1 := min(j.k, r0+j.chunkRows)
+			acc := j.partial[c*j.n : (c+1)*j.n]
+			clear(acc)
+			j.p.axpy(acc, j.a[r0:r1], j.b[r0*j.ldb:], j.ldb)
+		}
+		return
+	case jobDot:
+		c0, c1 := span((j.n+dotChunk-1)/dotChunk, j.parts, part)
+		buf := bufPool16.get()
+		j.dotBlock(buf, c0*dotChunk, min(c1*dotChunk, j.n))
+		bufPool16.put(buf)
+		return
+	}
+	uk := j.uk
+	i0, i1, j0, j1 := 0, j.m, 0, j.n
+	if j.splitN {
+		t0, t1 := span((j.n+uk.nr-1)/uk.nr, j.parts, part)
+		j0, j1 = t0*uk.nr, min(t1*uk.nr, j.n)
+	} else {
+		t0, t1 := span((j.m+uk.mr-1)/uk.mr, j.parts, part)
+		i0, i1 = t0*uk.mr, min(t1*uk.mr, j.m)
+	}
+	if i0 >= i1 || j0 >= j1 {
+		return
+	}
+	buf := bufPool16.get()
+	j.block(buf, i0, i1, j0, j1)
+	bufPool16.put(buf)
+}
+
+// dotBlock computes columns [j0, j1) of the output with the dot kernels, in
+// chunks of dotChunk columns: all rows of the chunk, then its output stage.
+func (j *gemmJob16) dotBlock(buf *packBuf16, j0, j1 int) {
+	m := j.m
+	buf.rows = grow(buf.rows, m*dotChunk)
+	tmp := buf.rows
+	e := &buf.e
+	var eng engine16
+	for c0 := j0; c0 < j1; c0 += dotChunk {
+		cols := min(dotChunk, j1-c0)
+		for i := 0; i < m; {
+			g := 0
+			for m-i < j.p.dots[g][0].r {
+				g++
+			}
+			d := j.p.dots[g]
+			r := d[0].r
+			x := &j.a[i*j.lda]
+			c := 0
+			for ; c+d[0].c <= cols; c += d[0].c {
+				d[0].fn(j.k, x, j.lda, &j.b[(c0+c)*j.ldb], j.ldb, &tmp[i*dotChunk+c], dotChunk)
+			}
+			for ; c < cols; c++ {
+				d[1].fn(j.k, x, j.lda, &j.b[(c0+c)*j.ldb], j.ldb, &tmp[i*dotChunk+c], dotChunk)
+			}
+			i += r
+		}
+		eng.out(e, &j.gemmArgs16, 0, c0)
+		j.p.epiRows(m, cols, tmp, dotChunk, e)
+	}
+}
+
+// block computes out[i0:i1, j0:j1] with the BLIS loop nest of gemmJob.block.
+// With a bfloat16 output and several K blocks, the sums before the last block
+// go to buf.part (float32, rows i0..i1 of the current column block).
+func (j *gemmJob16) block(buf *packBuf16, i0, i1, j0, j1 int) {
+	uk := j.uk
+	mr, nr := uk.mr, uk.nr
+	ncb := balance(j1-j0, uk.nc, nr)
+	kcb := balance(j.k, uk.kc, 2)
+	mcb := balance(i1-i0, uk.mc, mr)
+	dcb := uk.depth(kcb)
+	buf.b = growPanel(buf.b, dcb*ncb)
+	buf.a = growPanel(buf.a, dcb*mcb)
+	buf.tile = grow(buf.tile, mr*nr)
+	partial := j.out.bf && kcb < j.k
+	var part mat16
+	if partial {
+		buf.part = growPanel(buf.part, (i1-i0)*ncb)
+		part = mat16{f32: buf.part, ld: ncb}
+	}
+	e := &buf.e
+	e.tile = &buf.tile[0]
+	outSize := j.out.size()
+	for jc := j0; jc < j1; jc += ncb {
+		nc := min(ncb, j1-jc)
+		for pc := 0; pc < j.k; pc += kcb {
+			kc := min(kcb, j.k-pc)
+			dc := uk.depth(kc)
+			first, last := pc == 0, pc+kc == j.k
+			for ic := i0; ic < i1; ic += mcb {
+				mc := min(mcb, i1-ic)
+				uk.packA(buf.a, j.a, j.lda, j.transA, ic, mc, pc, kc, mr)
+				for jr := 0; jr < nc; jr += nr {
+					cols := min(nr, nc-jr)
+					bp := buf.b[(jr/nr)*dc*nr:]
+					if ic == i0 {
+						uk.packB(bp, j.b, j.ldb, j.transB, pc, kc, jc+jr, cols, nr)
+					}
+					mask := uint64(1)<<cols - 1
+					for ir := 0; ir < mc; ir += mr {
+						rows := min(mr, mc-ir)
+						i, jj := ic+ir, jc+jr
+						e.alpha = j.alpha
+						e.flags = 0
+						// The beta term: C (or in) on the first K block, the
+						// running sum after it.
+						e.in, e.ldIn, e.beta = nil, 0, j.beta
+						switch {
+						case first && j.beta != 0:
+							e.in, e.ldIn = j.in.at(i, jj), j.in.ld*j.in.size()
+							if j.in.bf {
+								e.flags |= epiInBF16
+							}
+						case !first && partial:
+							e.in, e.ldIn, e.beta = part.at(i-i0, jr), part.ld*4, 1
+						case !first:
+							e.in, e.ldIn, e.beta = j.out.at(i, jj), j.out.ld*outSize, 1
+						}
+						if partial && !last {
+							e.out, e.ldOut = part.at(i-i0, jr), part.ld*4
+						} else {
+							e.out, e.ldOut = j.out.at(i, jj), j.out.ld*outSize
+							if j.out.bf {
+								e.flags |= epiOutBF16
+							}
+						}
+						e.bias = nil
+						if first && j.bias.valid() {
+							e.bias = j.bias.at(0, jj)
+							if j.bias.bf {
+								e.flags |= epiBiasBF16
+							}
+						}
+						uk.fn(dc, &buf.a[(ir/mr)*dc*mr], &bp[0], rows, mask, e)
+					}
+				}
+			}
+		}
+	}
+	e.out, e.in, e.bias, e.tile = nil, nil, nil, nil
+}
+
+// epiNoProduct is the output stage without a product (K = 0 or alpha = 0):
+// out = bias + beta·in.
+func epiNoProduct(g *gemmArgs16) {
+	for i := 0; i < g.m; i++ {
+		for j := 0; j < g.n; j++ {
+			var v float32
+			if g.bias.valid() {
+				v = g.bias.get(0, j)
+			}
+			if g.beta != 0 {
+				v += g.beta * g.in.get(i, j)
+			}
+			g.out.set(i, j, v)
+		}
+	}
+}
+
+func (m *mat16) get(i, j int) float32 {
+	if m.bf {
+		return m.b16[i*m.ld+j].Float32()
+	}
+	return m.f32[i*m.ld+j]
+}
+
+func (m *mat16) set(i, j int, v float32) {
+	if m.bf {
+		m.b16[i*m.ld+j] = tensor.ToBF16(v)
+	} else {
+		m.f32[i*m.ld+j] = v
+	}
+}

@@ -1,0 +1,230 @@
+package cpu
+
+import (
+	"unsafe"
+
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// The portable bfloat16 kernels: the "go" path, and the reference the
+// assembly paths are tested against.
+
+// goTile16 runs the portable 4×4 float32 micro-kernel on widened panels into the
+// scratch tile, then the output stage.
+func goTile16(depth int, a, b *float32, mr int, mask uint64, e *epi16) {
+	t := unsafe.Slice(e.tile, 16)
+	goKernel(depth, a, b, 4, &t[0], 4, 4, 0xf, 1, 0)
+	cols := 0
+	for mask != 0 {
+		cols++
+		mask >>= 1
+	}
+	epiRowsGo(mr, cols, t, 4, e)
+}
+
+// epiRowsGo applies e to rows×cols float32 results src (leading dim lds).
+func epiRowsGo(rows, cols int, src []float32, lds int, e *epi16) {
+	for i := 0; i < rows; i++ {
+		r := src[i*lds:][:cols]
+		for j, x := range r {
+			v := e.alpha * x
+			if e.bias != nil {
+				v += loadF(e.bias, j, e.flags&epiBiasBF16 != 0)
+			}
+			if e.beta != 0 {
+				v += e.beta * loadF(unsafe.Add(e.in, i*e.ldIn), j, e.flags&epiInBF16 != 0)
+			}
+			p := unsafe.Add(e.out, i*e.ldOut)
+			if e.flags&epiOutBF16 != 0 {
+				*(*bf16)(unsafe.Add(p, 2*j)) = tensor.ToBF16(v)
+			} else {
+				*(*float32)(unsafe.Add(p, 4*j)) = v
+			}
+		}
+	}
+}
+
+// loadF reads element j of a float32 or bfloat16 row as float32.
+func loadF(p unsafe.Pointer, j int, bf bool) float32 {
+	if bf {
+		return (*bf16)(unsafe.Add(p, 2*j)).Float32()
+	}
+	return *(*float32)(unsafe.Add(p, 4*j))
+}
+
+// packAWiden packs op(A)[i0:i0+mc, k0:k0+kc] as float32 panels of mr rows (see
+// packA), widening bfloat16.
+func packAWiden(dst []float32, a []bf16, lda int, trans bool, i0, mc, k0, kc, mr int) {
+	for p := 0; p < mc; p += mr {
+		rows := min(mr, mc-p)
+		d := dst[(p/mr)*kc*mr:][:kc*mr]
+		for i := 0; i < rows; i++ {
+			if trans {
+				for k := 0; k < kc; k++ {
+					d[k*mr+i] = a[(k0+k)*lda+i0+p+i].Float32()
+				}
+				continue
+			}
+			for k, v := range a[(i0+p+i)*lda+k0:][:kc] {
+				d[k*mr+i] = v.Float32()
+			}
+		}
+		for i := rows; i < mr; i++ {
+			for k := 0; k < kc; k++ {
+				d[k*mr+i] = 0
+			}
+		}
+	}
+}
+
+// packBWiden packs op(B)[k0:k0+kc, j0:j0+nc] as float32 panels of nr columns
+// (see packB), widening bfloat16.
+func packBWiden(dst []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc, nr int) {
+	for q := 0; q < nc; q += nr {
+		cols := min(nr, nc-q)
+		d := dst[(q/nr)*kc*nr:][:kc*nr]
+		for k := 0; k < kc; k++ {
+			dk := d[k*nr : k*nr+nr]
+			if trans {
+				for j := 0; j < cols; j++ {
+					dk[j] = b[(j0+q+j)*ldb+k0+k].Float32()
+				}
+			} else {
+				for j, v := range b[(k0+k)*ldb+j0+q:][:cols] {
+					dk[j] = v.Float32()
+				}
+			}
+			clear(dk[cols:])
+		}
+	}
+}
+
+// pair packs two bfloat16 values into one 32-bit lane: lo at k, hi at k+1.
+func pair(lo, hi bf16) uint32 { return uint32(lo) | uint32(hi)<<16 }
+
+// lanes views packed panels as 32-bit lanes (bfloat16 pairs are not floats:
+// they must be moved as bits).
+func lanes(s []float32) []uint32 {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint32)(unsafe.Pointer(&s[0])), len(s))
+}
+
+// packAPairs packs op(A)[i0:i0+mc, k0:k0+kc] as panels of mr rows of bfloat16
+// pairs: panel p holds, for each pair q, the mr lanes (op(A)[i][k0+2q],
+// op(A)[i][k0+2q+1]), zero past row mc and past kc.
+func packAPairs(dst32 []float32, a []bf16, lda int, trans bool, i0, mc, k0, kc, mr int) {
+	dst := lanes(dst32)
+	kp := (kc + 1) / 2
+	for p := 0; p < mc; p += mr {
+		rows := min(mr, mc-p)
+		d := dst[(p/mr)*kp*mr:][:kp*mr]
+		for i := 0; i < rows; i++ {
+			at := func(k int) bf16 {
+				if k >= kc {
+					return 0
+				}
+				if trans {
+					return a[(k0+k)*lda+i0+p+i]
+				}
+				return a[(i0+p+i)*lda+k0+k]
+			}
+			for q := 0; q < kp; q++ {
+				d[q*mr+i] = pair(at(2*q), at(2*q+1))
+			}
+		}
+		for i := rows; i < mr; i++ {
+			for q := 0; q < kp; q++ {
+				d[q*mr+i] = 0
+			}
+		}
+	}
+}
+
+// packBPairs packs op(B)[k0:k0+kc, j0:j0+nc] as panels of nr columns of
+// bfloat16 pairs along k, zero past nc and past kc.
+func packBPairs(dst32 []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc, nr int) {
+	dst := lanes(dst32)
+	kp := (kc + 1) / 2
+	for q := 0; q < nc; q += nr {
+		cols := min(nr, nc-q)
+		d := dst[(q/nr)*kp*nr:][:kp*nr]
+		at := func(k, j int) bf16 {
+			if k >= kc {
+				return 0
+			}
+			if trans {
+				return b[(j0+q+j)*ldb+k0+k]
+			}
+			return b[(k0+k)*ldb+j0+q+j]
+		}
+		for p := 0; p < kp; p++ {
+			dk := d[p*nr : p*nr+nr]
+			for j := 0; j < cols; j++ {
+				dk[j] = pair(at(2*p, j), at(2*p+1, j))
+			}
+			clear(dk[cols:])
+		}
+	}
+}
+
+// dotGo16 returns the portable r×c dot kernel.
+func dotGo16(r, c int) func(n int, x *bf16, ldx int, w *bf16, ldw int, out *float32, ldo int) {
+	return func(n int, x *bf16, ldx int, w *bf16, ldw int, out *float32, ldo int) {
+		xs := unsafe.Slice(x, (r-1)*ldx+n)
+		ws := unsafe.Slice(w, (c-1)*ldw+n)
+		os := unsafe.Slice(out, (r-1)*ldo+c)
+		for i := 0; i < r; i++ {
+			xr := xs[i*ldx:][:n]
+			for j := 0; j < c; j++ {
+				wr := ws[j*ldw:][:n]
+				var s float32
+				for k, v := range xr {
+					s += v.Float32() * wr[k].Float32()
+				}
+				os[i*ldo+j] = s
+			}
+		}
+	}
+}
+
+// axpyGo16 adds Σ_r x[r]·b[r*ldb+j] to acc[j], rows in order.
+func axpyGo16(acc []float32, x, b []bf16, ldb int) {
+	n := len(acc)
+	for r, v := range x {
+		xv := v.Float32()
+		for j, w := range b[r*ldb:][:n] {
+			acc[j] += xv * w.Float32()
+		}
+	}
+}
+
+func toF32Go(dst []float32, src []bf16) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = v.Float32()
+	}
+}
+
+func toBF16Go(dst []bf16, src []float32) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = tensor.ToBF16(v)
+	}
+}
+
+// geluGo32 is the portable float32 GELU (gelu32, geluGrad32) on a whole slice.
+func geluGo32(y, dy, x []float32, backward bool) {
+	y = y[:len(x)]
+	if backward {
+		dy = dy[:len(x)]
+	}
+	for i, v := range x {
+		if backward {
+			y[i] = dy[i] * geluGrad32(v)
+		} else {
+			y[i] = gelu32(v)
+		}
+	}
+}

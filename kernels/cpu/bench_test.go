@@ -174,3 +174,56 @@ func BenchmarkGelu(b *testing.B) {
 		report(b, float64(n))
 	})
 }
+
+func randBF16(shape ...int) *tensor.Tensor {
+	t := tensor.New(tensor.BFloat16, shape...)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range t.BFloat16() {
+		t.BFloat16()[i] = tensor.ToBF16(rng.Float32()*2 - 1)
+	}
+	return t
+}
+
+// BenchmarkLinearBF16 is BenchmarkLinear with bfloat16 operands and outputs,
+// for every bfloat16 path.
+func BenchmarkLinearBF16(b *testing.B) {
+	for _, path := range cpu.BF16Kernels() {
+		p, err := cpu.New(cpu.Options{BF16: path})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, s := range linearShapes {
+			m, k, n := s[0], s[1], s[2]
+			x, w, bias := randBF16(m, k), randBF16(n, k), randBF16(n)
+			y, dy := tensor.New(tensor.BFloat16, m, n), randBF16(m, n)
+			dx, dw := tensor.New(tensor.BFloat16, m, k), tensor.New(tensor.BFloat16, n, k)
+			flops := 2 * float64(m) * float64(n) * float64(k)
+			name := fmt.Sprintf("%s/M%d_K%d_N%d", path, m, k, n)
+			b.Run(name+"/forward", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := kernels.LinearForward(p, y, x, w, bias); err != nil {
+						b.Fatal(err)
+					}
+				}
+				report(b, flops)
+			})
+			b.Run(name+"/backward_input", func(b *testing.B) {
+				for b.Loop() {
+					if err := kernels.LinearBackwardInput(p, dx, dy, w); err != nil {
+						b.Fatal(err)
+					}
+				}
+				report(b, flops)
+			})
+			b.Run(name+"/backward_weight", func(b *testing.B) {
+				for b.Loop() {
+					if err := kernels.LinearBackwardWeight(p, dw, dy, x, false); err != nil {
+						b.Fatal(err)
+					}
+				}
+				report(b, flops)
+			})
+		}
+	}
+}

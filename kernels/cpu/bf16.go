@@ -115,11 +115,12 @@ func (uk *ukernel16) depth(kc int) int {
 	return kc
 }
 
-// dotKernel16 computes out[i*ldo+j] = Σ_{k<n} x[i*ldx+k]·w[j*ldw+k] for i < r,
-// j < c, in float32, the same way for every (i, j).
+// dotKernel16 computes out[i*ldo+j] = Σ_{k<n} x_i[k]·w[j*ldw+k] for i < r,
+// j < c, in float32, the same way for every (i, j), from the r rows x_i packed
+// by the path's packX.
 type dotKernel16 struct {
 	r, c int
-	fn   func(n int, x *bf16, ldx int, w *bf16, ldw int, out *float32, ldo int)
+	fn   func(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 }
 
 // path16 is one way to run the bfloat16 kernels.
@@ -127,8 +128,12 @@ type path16 struct {
 	name string
 	uk   *ukernel16
 	// dots are the small-M kernels, by rows r (8, 4, 2, 1); each entry has the
-	// kernel for its widest c and one with c = 1.
-	dots [4][2]dotKernel16
+	// kernel for its widest c and one with c = 1. packX packs r rows of x (n
+	// elements, leading dim ldx) for them: per step of dotE elements, r rows
+	// of 64 bytes (dotE bfloat16 or float32 values), zero past n.
+	dots  [4][2]dotKernel16
+	dotE  int
+	packX func(dst []float32, x []bf16, ldx, r, n int)
 	// axpy adds Σ_r x[r]·b[r*ldb+j] to acc[j] (j < len(acc)), rows in order.
 	axpy    func(acc []float32, x, b []bf16, ldb int)
 	epiRows func(rows, cols int, src []float32, lds int, e *epi16)
@@ -151,6 +156,8 @@ var goPath16 = &path16{
 		{{2, 1, dotGo16(2, 1)}, {2, 1, dotGo16(2, 1)}},
 		{{1, 1, dotGo16(1, 1)}, {1, 1, dotGo16(1, 1)}},
 	},
+	dotE:    32,
+	packX:   packDotX16,
 	axpy:    axpyGo16,
 	epiRows: epiRowsGo,
 	toF32:   toF32Go,
@@ -204,8 +211,14 @@ type gemmJob16 struct {
 	// axpy form: row chunks of B and their partial sums (chunks×n).
 	chunks, chunkRows int
 	partial           []float32
-	wg                sync.WaitGroup
+	// dot form: the row groups of A (first row, dots index) and their packed copies.
+	groups  []dotGroup
+	xpacked []float32
+	wg      sync.WaitGroup
 }
+
+// dotGroup is a group of rows of A for one dot kernel, packed at off in xpacked.
+type dotGroup struct{ i0, g, off int }
 
 const (
 	jobPacked = iota
@@ -258,8 +271,11 @@ func (e *engine16) gemm(g gemmArgs16, threads int) {
 			j.gemmArgs16 = g
 		}
 		j.kind = jobDot
+		buf := bufPool16.get()
+		j.packDotX(buf)
 		j.parts = min(threads, (g.n+dotChunk-1)/dotChunk)
 		parallel(j, j.parts, &j.wg)
+		bufPool16.put(buf)
 	default:
 		uk := j.uk
 		j.kind = jobPacked
@@ -273,8 +289,32 @@ func (e *engine16) gemm(g gemmArgs16, threads int) {
 		}
 		parallel(j, j.parts, &j.wg)
 	}
-	j.gemmArgs16, j.partial = gemmArgs16{}, nil
+	j.gemmArgs16, j.partial, j.xpacked = gemmArgs16{}, nil, nil
 	jobPool16.Put(j)
+}
+
+// packDotX splits the rows of A into groups for the dot kernels (8, 4, 2, 1
+// rows) and packs each into buf.a.
+func (j *gemmJob16) packDotX(buf *packBuf16) {
+	steps := (j.k + j.p.dotE - 1) / j.p.dotE
+	j.groups = j.groups[:0]
+	off := 0
+	for i := 0; i < j.m; {
+		g := 0
+		for j.m-i < j.p.dots[g][0].r {
+			g++
+		}
+		j.groups = append(j.groups, dotGroup{i, g, off})
+		r := j.p.dots[g][0].r
+		off += steps * r * 16
+		i += r
+	}
+	buf.a = grow(buf.a, off)
+	j.xpacked = buf.a
+	for _, gr := range j.groups {
+		r := j.p.dots[gr.g][0].r
+		j.p.packX(j.xpacked[gr.off:], j.a[gr.i0*j.lda:], j.lda, r, j.k)
+	}
 }
 
 // out points e at the output stage of the block at (i, j) of g: the final
@@ -341,32 +381,26 @@ func (j *gemmJob16) run(part int) {
 // dotBlock computes columns [j0, j1) of the output with the dot kernels, in
 // chunks of dotChunk columns: all rows of the chunk, then its output stage.
 func (j *gemmJob16) dotBlock(buf *packBuf16, j0, j1 int) {
-	m := j.m
-	buf.rows = grow(buf.rows, m*dotChunk)
+	buf.rows = grow(buf.rows, j.m*dotChunk)
 	tmp := buf.rows
 	e := &buf.e
 	var eng engine16
 	for c0 := j0; c0 < j1; c0 += dotChunk {
 		cols := min(dotChunk, j1-c0)
-		for i := 0; i < m; {
-			g := 0
-			for m-i < j.p.dots[g][0].r {
-				g++
-			}
-			d := j.p.dots[g]
-			r := d[0].r
-			x := &j.a[i*j.lda]
+		for _, gr := range j.groups {
+			d := j.p.dots[gr.g]
+			xp := (*bf16)(unsafe.Pointer(&j.xpacked[gr.off]))
+			out := tmp[gr.i0*dotChunk:]
 			c := 0
 			for ; c+d[0].c <= cols; c += d[0].c {
-				d[0].fn(j.k, x, j.lda, &j.b[(c0+c)*j.ldb], j.ldb, &tmp[i*dotChunk+c], dotChunk)
+				d[0].fn(j.k, xp, &j.b[(c0+c)*j.ldb], j.ldb, &out[c], dotChunk)
 			}
 			for ; c < cols; c++ {
-				d[1].fn(j.k, x, j.lda, &j.b[(c0+c)*j.ldb], j.ldb, &tmp[i*dotChunk+c], dotChunk)
+				d[1].fn(j.k, xp, &j.b[(c0+c)*j.ldb], j.ldb, &out[c], dotChunk)
 			}
-			i += r
 		}
 		eng.out(e, &j.gemmArgs16, 0, c0)
-		j.p.epiRows(m, cols, tmp, dotChunk, e)
+		j.p.epiRows(j.m, cols, tmp, dotChunk, e)
 	}
 }
 

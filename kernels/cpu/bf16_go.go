@@ -169,19 +169,52 @@ func packBPairs(dst32 []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc, 
 	}
 }
 
-// dotGo16 returns the portable r×c dot kernel.
-func dotGo16(r, c int) func(n int, x *bf16, ldx int, w *bf16, ldw int, out *float32, ldo int) {
-	return func(n int, x *bf16, ldx int, w *bf16, ldw int, out *float32, ldo int) {
-		xs := unsafe.Slice(x, (r-1)*ldx+n)
+// packDotX16 packs r rows of x for the dot kernels that take bfloat16 steps of
+// 32: dst (as bfloat16) holds, for each step s and row i, x[i*ldx+32s+t] for
+// t < 32, zero past n.
+func packDotX16(dst32 []float32, x []bf16, ldx, r, n int) {
+	steps := (n + 31) / 32
+	dst := unsafe.Slice((*bf16)(unsafe.Pointer(&dst32[0])), steps*r*32)
+	for s := 0; s < steps; s++ {
+		k0 := 32 * s
+		w := min(32, n-k0)
+		for i := 0; i < r; i++ {
+			d := dst[(s*r+i)*32:][:32]
+			copy(d, x[i*ldx+k0:][:w])
+			clear(d[w:])
+		}
+	}
+}
+
+// packDotXWiden packs r rows of x widened to float32, in steps of 16.
+func packDotXWiden(dst []float32, x []bf16, ldx, r, n int) {
+	steps := (n + 15) / 16
+	for s := 0; s < steps; s++ {
+		k0 := 16 * s
+		w := min(16, n-k0)
+		for i := 0; i < r; i++ {
+			d := dst[(s*r+i)*16:][:16]
+			for t, v := range x[i*ldx+k0:][:w] {
+				d[t] = v.Float32()
+			}
+			clear(d[w:])
+		}
+	}
+}
+
+// dotGo16 returns the portable r×c dot kernel on rows packed by packDotX16.
+func dotGo16(r, c int) func(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int) {
+	return func(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int) {
+		steps := (n + 31) / 32
+		xs := unsafe.Slice(xp, steps*r*32)
 		ws := unsafe.Slice(w, (c-1)*ldw+n)
 		os := unsafe.Slice(out, (r-1)*ldo+c)
 		for i := 0; i < r; i++ {
-			xr := xs[i*ldx:][:n]
 			for j := 0; j < c; j++ {
 				wr := ws[j*ldw:][:n]
 				var s float32
-				for k, v := range xr {
-					s += v.Float32() * wr[k].Float32()
+				for k, v := range wr {
+					s += xs[((k/32)*r+i)*32+k%32].Float32() * v.Float32()
 				}
 				os[i*ldo+j] = s
 			}

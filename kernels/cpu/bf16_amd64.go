@@ -1,0 +1,242 @@
+//go:build amd64 && !noasm
+
+package cpu
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+// The VDPBF16PS micro-kernels (kernel_amd64.s, see internal/asmgen): an
+// mr×nr tile from panels of bfloat16 pairs, through the output stage of e.
+//
+//go:noescape
+func bgemmDP8x48(depth int, a, b *float32, mr int, mask uint64, e *epi16)
+
+//go:noescape
+func bgemmDP12x32(depth int, a, b *float32, mr int, mask uint64, e *epi16)
+
+// transpose16x16b is transpose16x16 with leading dims in bytes.
+//
+//go:noescape
+func transpose16x16b(dst *float32, ldd int, src *float32, lds int)
+
+// The dot kernels: out[i*ldo+j] = Σ_k x_i[k]·w[j*ldw+k], x packed by steps.
+// DP: VDPBF16PS on bfloat16 steps of 32; W: w widened, FMAs on float32 steps of 16.
+//
+//go:noescape
+func bdotDP8x2(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotDP8x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotDP4x4(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotDP4x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotDP2x6(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotDP2x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotDP1x6(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotDP1x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotW8x2(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotW8x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotW4x4(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotW4x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotW2x6(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotW2x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotW1x6(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+//go:noescape
+func bdotW1x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+// The helpers of bf16_amd64.s.
+//
+//go:noescape
+func epiRowsAVX512(rows, cols int, src *float32, lds int, e *epi16)
+
+//go:noescape
+func cvtToF32AVX512(dst *float32, src *bf16, n int)
+
+//go:noescape
+func cvtToBF16AVX512(dst *bf16, src *float32, n int)
+
+//go:noescape
+func baxpy4W(n int, x *[4]float32, b *bf16, ldb int, acc *float32)
+
+//go:noescape
+func baxpy1W(n int, x float32, b *bf16, acc *float32)
+
+func init() {
+	if !cpu.X86.HasAVX512F || !cpu.X86.HasAVX512BW || !cpu.X86.HasAVX512VL || !cpu.X86.HasAVX512DQ {
+		return
+	}
+	widen := &path16{
+		name: "avx512",
+		uk: &ukernel16{name: "avx512", mr: 8, nr: 48, mc: 96, kc: 1024, nc: 4128,
+			fn: widenTile, packA: packAWiden, packB: packBWiden},
+		dots: [4][2]dotKernel16{
+			{{8, 2, bdotW8x2}, {8, 1, bdotW8x1}},
+			{{4, 4, bdotW4x4}, {4, 1, bdotW4x1}},
+			{{2, 6, bdotW2x6}, {2, 1, bdotW2x1}},
+			{{1, 6, bdotW1x6}, {1, 1, bdotW1x1}},
+		},
+		dotE:    16,
+		packX:   packDotXWiden,
+		axpy:    axpyW16,
+		epiRows: epiRows512,
+		toF32:   toF32AVX512,
+		toBF16:  toBF16AVX512,
+		gelu:    gelu512,
+	}
+	paths := []*path16{widen}
+	if cpu.X86.HasAVX512BF16 {
+		dp := *widen
+		dp.name = "avx512bf16"
+		dp.uk = &ukernel16{name: "avx512bf16", mr: 8, nr: 48, pairs: true, mc: 96, kc: 2048, nc: 4128,
+			fn: bgemmDP8x48, packA: packAPairs, packB: packBPairs512}
+		dp.dots = [4][2]dotKernel16{
+			{{8, 2, bdotDP8x2}, {8, 1, bdotDP8x1}},
+			{{4, 4, bdotDP4x4}, {4, 1, bdotDP4x1}},
+			{{2, 6, bdotDP2x6}, {2, 1, bdotDP2x1}},
+			{{1, 6, bdotDP1x6}, {1, 1, bdotDP1x1}},
+		}
+		dp.dotE, dp.packX = 32, packDotX16
+		paths = append([]*path16{&dp}, paths...)
+	}
+	bf16Paths = append(paths, bf16Paths...)
+}
+
+// widenTile runs the float32 AVX-512 micro-kernel on widened panels into the
+// scratch tile, then the output stage.
+func widenTile(depth int, a, b *float32, mr int, mask uint64, e *epi16) {
+	sgemmAVX512(depth, a, b, 48, e.tile, 48, 8, 1<<48-1, 1, 0)
+	cols := 0
+	for m := mask; m != 0; m >>= 1 {
+		cols++
+	}
+	epiRowsAVX512(mr, cols, e.tile, 48, e)
+}
+
+func epiRows512(rows, cols int, src []float32, lds int, e *epi16) {
+	if rows == 0 || cols == 0 {
+		return
+	}
+	_ = src[(rows-1)*lds+cols-1]
+	epiRowsAVX512(rows, cols, &src[0], lds, e)
+}
+
+func toF32AVX512(dst []float32, src []bf16) {
+	if len(src) == 0 {
+		return
+	}
+	_ = dst[len(src)-1]
+	cvtToF32AVX512(&dst[0], &src[0], len(src))
+}
+
+func toBF16AVX512(dst []bf16, src []float32) {
+	if len(src) == 0 {
+		return
+	}
+	_ = dst[len(src)-1]
+	cvtToBF16AVX512(&dst[0], &src[0], len(src))
+}
+
+// gelu512 is the float32 GELU: AVX-512 on whole 16-element blocks, gelu32 on
+// the tail.
+func gelu512(y, dy, x []float32, backward bool) {
+	n := len(x)
+	body := n &^ 15
+	if body > 0 {
+		if backward {
+			geluBackwardAVX512(&y[0], &dy[0], &x[0], body)
+		} else {
+			geluForwardAVX512(&y[0], &x[0], body)
+		}
+	}
+	for i := body; i < n; i++ {
+		if backward {
+			y[i] = dy[i] * geluGrad32(x[i])
+		} else {
+			y[i] = gelu32(x[i])
+		}
+	}
+}
+
+// axpyW16 adds Σ_r x[r]·b[r*ldb+j] to acc[j], rows in order, widened.
+func axpyW16(acc []float32, x, b []bf16, ldb int) {
+	n, rows := len(acc), len(x)
+	if n == 0 || rows == 0 {
+		return
+	}
+	_ = b[(rows-1)*ldb+n-1]
+	r := 0
+	for ; r+4 <= rows; r += 4 {
+		xs := [4]float32{x[r].Float32(), x[r+1].Float32(), x[r+2].Float32(), x[r+3].Float32()}
+		baxpy4W(n, &xs, &b[r*ldb], ldb, &acc[0])
+	}
+	for ; r < rows; r++ {
+		baxpy1W(n, x[r].Float32(), &b[r*ldb], &acc[0])
+	}
+}
+
+// packBPairs512 is packBPairs with the transposed case (B stored N×K, the
+// forward's weight) as 16×16 transposes of 32-bit pairs.
+func packBPairs512(dst []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc, nr int) {
+	if !trans || nc%16 != 0 || nr%16 != 0 {
+		packBPairs(dst, b, ldb, trans, k0, kc, j0, nc, nr)
+		return
+	}
+	kp := (kc + 1) / 2
+	full := kc / 32 * 16 // pairs in whole 16×16 blocks
+	for q := 0; q < nc; q += nr {
+		cols := min(nr, nc-q)
+		d := dst[(q/nr)*kp*nr:][:kp*nr]
+		for j := 0; j < cols; j += 16 {
+			src := b[(j0+q+j)*ldb+k0:]
+			_ = src[15*ldb+kc-1]
+			for p := 0; p < full; p += 16 {
+				transpose16x16b(&d[p*nr+j], nr*4, (*float32)(unsafe.Pointer(&src[2*p])), ldb*2)
+			}
+			dl := lanes(d)
+			for p := full; p < kp; p++ {
+				for r := 0; r < 16; r++ {
+					hi := bf16(0)
+					if 2*p+1 < kc {
+						hi = src[r*ldb+2*p+1]
+					}
+					dl[p*nr+j+r] = pair(src[r*ldb+2*p], hi)
+				}
+			}
+		}
+		if cols < nr {
+			dl := lanes(d)
+			for p := 0; p < kp; p++ {
+				clear(dl[p*nr+cols : p*nr+nr])
+			}
+		}
+	}
+}

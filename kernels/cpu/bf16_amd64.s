@@ -1,0 +1,310 @@
+//go:build amd64 && !noasm
+
+#include "textflag.h"
+#include "go_asm.h"
+
+// bfloat16 helpers for the AVX-512 paths (AVX512F and BW). Rounding to
+// bfloat16 is tensor.ToBF16's, in integer arithmetic: (u + 0x7fff + (u>>16 & 1))
+// >> 16, and u>>16 | 0x40 for NaN.
+
+// ROUND16 rounds the 16 floats of zmm a to bfloat16 in the low words of t.
+// Z26 = 1, Z27 = 0x7fff, Z28 = 0x40 (dwords); clobbers K4.
+#define ROUND16(a, t) \
+	VPSRLD $16, a, t              \
+	VPANDD Z26, t, t              \
+	VPADDD Z27, t, t              \
+	VPADDD a, t, t                \
+	VPSRLD $16, t, t              \
+	VCMPPS $3, a, a, K4           \
+	VPSRLD $16, a, K4, t          \
+	VPORD Z28, t, K4, t
+
+#define ROUNDCONSTS \
+	MOVL $1, R13                  \
+	VPBROADCASTD R13, Z26         \
+	MOVL $0x7fff, R13             \
+	VPBROADCASTD R13, Z27         \
+	MOVL $0x40, R13               \
+	VPBROADCASTD R13, Z28
+
+// func epiRowsAVX512(rows, cols int, src *float32, lds int, e *epi16)
+// The output stage of epi16 on rows×cols float32 results src (leading dim lds).
+TEXT ·epiRowsAVX512(SB), NOSPLIT, $0-40
+	MOVQ rows+0(FP), R8
+	MOVQ cols+8(FP), CX
+	TESTQ R8, R8
+	JZ edone
+	TESTQ CX, CX
+	JZ edone
+	MOVQ src+16(FP), SI
+	MOVQ lds+24(FP), DX
+	SHLQ $2, DX
+	MOVQ e+32(FP), DI
+	ROUNDCONSTS
+	VBROADCASTSS epi16_alpha(DI), Z24
+	VBROADCASTSS epi16_beta(DI), Z25
+	// K2: a full chunk; K3: the last partial chunk.
+	MOVL $0xffff, AX
+	KMOVW AX, K2
+	MOVQ CX, R12
+	ANDQ $15, CX
+	MOVQ $1, AX
+	SHLQ CX, AX
+	DECQ AX
+	KMOVW AX, K3
+	MOVQ R12, CX
+	MOVQ epi16_flags(DI), R11
+	MOVL epi16_beta(DI), R12
+	ANDL $0x7fffffff, R12
+	JZ ebeta0
+	ORQ $0x100, R11               // the beta term is read
+ebeta0:
+	MOVQ epi16_out(DI), R9
+	MOVQ epi16_ldOut(DI), R12
+	MOVQ epi16_in(DI), R10
+	MOVQ epi16_ldIn(DI), R13
+	MOVQ epi16_bias(DI), BX
+erow:
+	XORQ AX, AX
+ecol:
+	MOVQ CX, DI
+	SUBQ AX, DI
+	CMPQ DI, $16
+	JLT etailmask
+	KMOVW K2, K1
+	JMP eload
+etailmask:
+	KMOVW K3, K1
+eload:
+	VMOVUPS.Z (SI)(AX*4), K1, Z0
+	VMULPS Z24, Z0, Z0
+	TESTQ BX, BX
+	JZ enobias
+	TESTQ $const_epiBiasBF16, R11
+	JNZ ebiasbf
+	VMOVUPS.Z (BX)(AX*4), K1, Z1
+	JMP ebiasadd
+ebiasbf:
+	VPMOVZXWD.Z (BX)(AX*2), K1, Z1
+	VPSLLD $16, Z1, Z1
+ebiasadd:
+	VADDPS Z1, Z0, Z0
+enobias:
+	TESTQ $0x100, R11
+	JZ enobeta
+	TESTQ $const_epiInBF16, R11
+	JNZ einbf
+	VMOVUPS.Z (R10)(AX*4), K1, Z1
+	JMP einadd
+einbf:
+	VPMOVZXWD.Z (R10)(AX*2), K1, Z1
+	VPSLLD $16, Z1, Z1
+einadd:
+	VFMADD231PS Z25, Z1, Z0
+enobeta:
+	TESTQ $const_epiOutBF16, R11
+	JNZ eoutbf
+	VMOVUPS Z0, K1, (R9)(AX*4)
+	JMP enext
+eoutbf:
+	ROUND16(Z0, Z2)
+	VPMOVDW Z2, K1, (R9)(AX*2)
+enext:
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JLT ecol
+	ADDQ DX, SI
+	ADDQ R12, R9
+	ADDQ R13, R10
+	DECQ R8
+	JNZ erow
+	VZEROUPPER
+edone:
+	RET
+
+// func cvtToF32AVX512(dst *float32, src *bf16, n int)
+TEXT ·cvtToF32AVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ CX, DX
+	SHRQ $5, DX
+	JZ wtail
+wloop:
+	VPMOVZXWD (SI), Z0
+	VPMOVZXWD 32(SI), Z1
+	VPSLLD $16, Z0, Z0
+	VPSLLD $16, Z1, Z1
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	ADDQ $64, SI
+	ADDQ $128, DI
+	DECQ DX
+	JNZ wloop
+wtail:
+	ANDQ $31, CX
+	JZ wdone
+	CMPQ CX, $16
+	JLT wlast
+	VPMOVZXWD (SI), Z0
+	VPSLLD $16, Z0, Z0
+	VMOVUPS Z0, (DI)
+	ADDQ $32, SI
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JZ wdone
+wlast:
+	MOVQ $1, AX
+	SHLQ CX, AX
+	DECQ AX
+	KMOVW AX, K1
+	VPMOVZXWD.Z (SI), K1, Z0
+	VPSLLD $16, Z0, Z0
+	VMOVUPS Z0, K1, (DI)
+wdone:
+	VZEROUPPER
+	RET
+
+// func cvtToBF16AVX512(dst *bf16, src *float32, n int)
+TEXT ·cvtToBF16AVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	ROUNDCONSTS
+	MOVQ CX, DX
+	SHRQ $5, DX
+	JZ ntail
+nloop:
+	VMOVUPS (SI), Z0
+	VMOVUPS 64(SI), Z1
+	ROUND16(Z0, Z2)
+	ROUND16(Z1, Z3)
+	VPMOVDW Z2, (DI)
+	VPMOVDW Z3, 32(DI)
+	ADDQ $128, SI
+	ADDQ $64, DI
+	DECQ DX
+	JNZ nloop
+ntail:
+	ANDQ $31, CX
+	JZ ndone
+	CMPQ CX, $16
+	JLT nlast
+	VMOVUPS (SI), Z0
+	ROUND16(Z0, Z2)
+	VPMOVDW Z2, (DI)
+	ADDQ $64, SI
+	ADDQ $32, DI
+	SUBQ $16, CX
+	JZ ndone
+nlast:
+	MOVQ $1, AX
+	SHLQ CX, AX
+	DECQ AX
+	KMOVW AX, K1
+	VMOVUPS.Z (SI), K1, Z0
+	ROUND16(Z0, Z2)
+	VPMOVDW Z2, K1, (DI)
+ndone:
+	VZEROUPPER
+	RET
+
+// func baxpy4W(n int, x *[4]float32, b *bf16, ldb int, acc *float32)
+// acc[j] = fma(x3, b3[j], fma(x2, b2[j], fma(x1, b1[j], fma(x0, b0[j], acc[j]))))
+// for j < n, bi row i of b (leading dim ldb), widened.
+TEXT ·baxpy4W(SB), NOSPLIT, $0-40
+	MOVQ n+0(FP), CX
+	MOVQ x+8(FP), SI
+	MOVQ b+16(FP), R8
+	MOVQ ldb+24(FP), DX
+	SHLQ $1, DX
+	MOVQ acc+32(FP), DI
+	LEAQ (R8)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	LEAQ (R10)(DX*1), R11
+	VBROADCASTSS 0(SI), Z4
+	VBROADCASTSS 4(SI), Z5
+	VBROADCASTSS 8(SI), Z6
+	VBROADCASTSS 12(SI), Z7
+	XORQ AX, AX
+	MOVQ CX, BX
+	SHRQ $4, BX
+	JZ a4tail
+a4loop:
+	VMOVUPS (DI)(AX*4), Z0
+	VPMOVZXWD (R8)(AX*2), Z1
+	VPMOVZXWD (R9)(AX*2), Z2
+	VPSLLD $16, Z1, Z1
+	VPSLLD $16, Z2, Z2
+	VFMADD231PS Z4, Z1, Z0
+	VPMOVZXWD (R10)(AX*2), Z1
+	VFMADD231PS Z5, Z2, Z0
+	VPMOVZXWD (R11)(AX*2), Z2
+	VPSLLD $16, Z1, Z1
+	VPSLLD $16, Z2, Z2
+	VFMADD231PS Z6, Z1, Z0
+	VFMADD231PS Z7, Z2, Z0
+	VMOVUPS Z0, (DI)(AX*4)
+	ADDQ $16, AX
+	DECQ BX
+	JNZ a4loop
+a4tail:
+	ANDQ $15, CX
+	JZ a4done
+	MOVQ $1, BX
+	SHLQ CX, BX
+	DECQ BX
+	KMOVW BX, K1
+	VMOVUPS.Z (DI)(AX*4), K1, Z0
+	VPMOVZXWD.Z (R8)(AX*2), K1, Z1
+	VPMOVZXWD.Z (R9)(AX*2), K1, Z2
+	VPSLLD $16, Z1, Z1
+	VPSLLD $16, Z2, Z2
+	VFMADD231PS Z4, Z1, Z0
+	VPMOVZXWD.Z (R10)(AX*2), K1, Z1
+	VFMADD231PS Z5, Z2, Z0
+	VPMOVZXWD.Z (R11)(AX*2), K1, Z2
+	VPSLLD $16, Z1, Z1
+	VPSLLD $16, Z2, Z2
+	VFMADD231PS Z6, Z1, Z0
+	VFMADD231PS Z7, Z2, Z0
+	VMOVUPS Z0, K1, (DI)(AX*4)
+a4done:
+	VZEROUPPER
+	RET
+
+// func baxpy1W(n int, x float32, b *bf16, acc *float32)
+// acc[j] = fma(x, b[j], acc[j]) for j < n.
+TEXT ·baxpy1W(SB), NOSPLIT, $0-32
+	MOVQ n+0(FP), CX
+	VBROADCASTSS x+8(FP), Z4
+	MOVQ b+16(FP), R8
+	MOVQ acc+24(FP), DI
+	XORQ AX, AX
+	MOVQ CX, BX
+	SHRQ $4, BX
+	JZ a1tail
+a1loop:
+	VMOVUPS (DI)(AX*4), Z0
+	VPMOVZXWD (R8)(AX*2), Z1
+	VPSLLD $16, Z1, Z1
+	VFMADD231PS Z4, Z1, Z0
+	VMOVUPS Z0, (DI)(AX*4)
+	ADDQ $16, AX
+	DECQ BX
+	JNZ a1loop
+a1tail:
+	ANDQ $15, CX
+	JZ a1done
+	MOVQ $1, BX
+	SHLQ CX, BX
+	DECQ BX
+	KMOVW BX, K1
+	VMOVUPS.Z (DI)(AX*4), K1, Z0
+	VPMOVZXWD.Z (R8)(AX*2), K1, Z1
+	VPSLLD $16, Z1, Z1
+	VFMADD231PS Z4, Z1, Z0
+	VMOVUPS Z0, K1, (DI)(AX*4)
+a1done:
+	VZEROUPPER
+	RET

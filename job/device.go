@@ -25,7 +25,7 @@ type deviceFlags struct {
 func (d *deviceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.device, "device", "", "device of the rank's tensors: cpu, sim or cuda (default $"+EnvDevice+", else the kernels' device, else cpu)")
 	fs.StringVar(&d.kernels, "kernels", "", "kernel provider, optionally per op: cpu, sim, cuda, openblas, or e.g. cpu,gemm=openblas (default $"+EnvKernels+", else the device's own)")
-	fs.StringVar(&d.dtype, "dtype", "float32", "compute dtype: float32 or bfloat16 (parameters and SGD stay float32)")
+	fs.StringVar(&d.dtype, "dtype", "", "compute dtype: float32 or bfloat16; parameters and SGD stay float32 (default $"+providers.EnvDType+", else float32)")
 }
 
 // rankDevice is a validated device choice: building it gives each rank its
@@ -51,9 +51,16 @@ func (d deviceFlags) resolve(env Env) (rankDevice, error) {
 	if err != nil {
 		return rankDevice{}, err
 	}
-	dt, err := tensor.ParseDType(d.dtype)
+	dts := d.dtype
+	if dts == "" {
+		dts = env.Getenv(providers.EnvDType)
+	}
+	if dts == "" {
+		dts = "float32"
+	}
+	dt, err := tensor.ParseDType(dts)
 	if err != nil || (dt != tensor.Float32 && dt != tensor.BFloat16) {
-		return rankDevice{}, fmt.Errorf("--dtype %q: want float32 or bfloat16", d.dtype)
+		return rankDevice{}, fmt.Errorf("--dtype %q: want float32 or bfloat16", dts)
 	}
 	if err := providers.CheckDType(choice, dt); err != nil {
 		return rankDevice{}, err

@@ -2,6 +2,7 @@ package job
 
 import (
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 
@@ -84,6 +85,60 @@ func TestDeviceFlags(t *testing.T) {
 		code, out, errs := run(t, tc.args...)
 		if code != ExitUsage || out != "" || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q (want %q)", tc.args, code, out, errs, tc.want)
+		}
+	}
+}
+
+// TestMLPBFloat16: mixed precision halves the bytes on the wire, keeps the loss
+// within 1e-2 of the float32 run, and reduces gradients in float32 when asked.
+func TestMLPBFloat16(t *testing.T) {
+	report := func(args ...string) MLPReport {
+		t.Helper()
+		code, out, errs := run(t, append([]string{"mlp", "--tokens", "32", "--hidden", "16", "--steps", "20"}, args...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errs)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var r MLPReport
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, mesh := range []string{"tp=2", "dp=2,tp=2"} {
+		f32 := report("--mesh", mesh)
+		bf := report("--mesh", mesh, "--dtype", "bfloat16")
+		if bf.DType != "bfloat16" || f32.DType != "float32" {
+			t.Fatalf("dtypes %q %q", f32.DType, bf.DType)
+		}
+		// The loss scalar's all-reduce (dp meshes) is a float64 in both.
+		data := func(r MLPReport) int64 { return r.CommBytesPerStep - 8*int64(r.Collectives["all_reduce loss"]) }
+		if 2*data(bf) != data(f32) {
+			t.Errorf("%s: bf16 moves %d bytes a step, float32 %d: want exactly half", mesh, bf.CommBytesPerStep, f32.CommBytesPerStep)
+		}
+		if rel := math.Abs(bf.LossLast-f32.LossLast) / f32.LossLast; rel > 1e-2 || bf.LossLast >= bf.LossFirst {
+			t.Errorf("%s: loss after 20 steps %v (bf16) vs %v (float32): %.2g relative", mesh, bf.LossLast, f32.LossLast, rel)
+		}
+		// Gradients reduced in float32 on the wire: dp moves float32 weight
+		// gradients, so more bytes than bf16 end to end.
+		if mesh == "dp=2,tp=2" {
+			g32 := report("--mesh", mesh, "--dtype", "bfloat16", "--grad-dtype", "float32")
+			if g32.CommBytesPerStep <= bf.CommBytesPerStep {
+				t.Errorf("--grad-dtype float32 moved %d bytes, bf16 wire %d", g32.CommBytesPerStep, bf.CommBytesPerStep)
+			}
+		}
+	}
+}
+
+// TestVerifyBFloat16: every case of verify passes in bfloat16 at world sizes 1
+// to 4 (the full set at 1-3 and on dp=2,tp=2 quick).
+func TestVerifyBFloat16(t *testing.T) {
+	for _, args := range [][]string{
+		{"--world", "1"}, {"--world", "2"}, {"--world", "3"}, {"--world", "4", "--quick"}, {"--world", "3", "--device", "sim"},
+	} {
+		code, out, errs := run(t, append([]string{"verify", "--dtype", "bfloat16"}, args...)...)
+		if code != 0 || !strings.Contains(out, "passed") || strings.Contains(out, "FAIL") {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errs)
 		}
 	}
 }

@@ -72,6 +72,8 @@ func TestDeviceFlags(t *testing.T) {
 		{name: "cpu tensors, sim kernels", args: []string{"--device", "cpu", "--kernels", "sim", "mlp"}, cvd: "-",
 			want: []string{"--kernels sim: provider sim runs on sim, the rank's tensors are on cpu"}},
 		{name: "unknown device", args: []string{"--device", "tpu", "mlp"}, cvd: "-", want: []string{`--device "tpu": want cpu, sim or cuda`}},
+		{name: "bfloat16", args: []string{"--dtype", "bfloat16", "mlp"}, cvd: "-", dev: "cpu"},
+		{name: "unknown dtype", args: []string{"--dtype", "fp8", "mlp"}, cvd: "-", want: []string{`--dtype "fp8": want float32 or bfloat16`}},
 		{name: "unknown provider", args: []string{"--kernels", "nosuch", "mlp"}, cvd: "-", want: []string{`unknown provider "nosuch"`}},
 		{name: "gpu ranks on sim", args: []string{"-n", "gpu", "--device", "sim", "mlp"}, cvd: "-", want: []string{"--device sim contradicts it"}},
 		{name: "share-gpus without cuda", args: []string{"--share-gpus", "mlp"}, cvd: "-", want: []string{"--share-gpus with --device cpu"}},
@@ -250,6 +252,18 @@ func TestRunDeviceEnv(t *testing.T) {
 			t.Errorf("console:\n%s", stdout)
 		}
 		if rec := readJSON[JobRecord](t, filepath.Join(dir, JobFile)); rec.Device != "sim" || rec.Kernels != "sim" || rec.Env[EnvKernels] != "sim" {
+			t.Errorf("job.json: %+v", rec)
+		}
+	})
+	t.Run("dtype", func(t *testing.T) {
+		code, dir, stdout, stderr := launch(t, "-n", "2", "--dtype", "bfloat16", "--", "sh", "-c", `echo "dtype=$MESHRUN_DTYPE"`)
+		if code != 0 {
+			t.Fatalf("exit %d; stderr:\n%s", code, stderr)
+		}
+		if !strings.Contains(stdout, "ranks[0-1]: dtype=bfloat16\n") {
+			t.Errorf("console:\n%s", stdout)
+		}
+		if rec := readJSON[JobRecord](t, filepath.Join(dir, JobFile)); rec.DType != "bfloat16" || rec.Env[EnvDType] != "bfloat16" {
 			t.Errorf("job.json: %+v", rec)
 		}
 	})

@@ -35,6 +35,7 @@ type JobRecord struct {
 	// --kernels choice, empty for the device's own; ShareGPUs is --share-gpus.
 	Device    string            `json:"device"`
 	Kernels   string            `json:"kernels,omitempty"`
+	DType     string            `json:"dtype,omitempty"`
 	ShareGPUs bool              `json:"share_gpus,omitempty"`
 	Ranks     []RankRecord      `json:"ranks"`
 	Versions  map[string]string `json:"versions"`

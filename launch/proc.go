@@ -182,6 +182,9 @@ func (j *job) run(ctx context.Context) (int, error) {
 	if j.Kernels != "" {
 		common[EnvKernels] = j.Kernels
 	}
+	if j.DType != "" {
+		common[EnvDType] = j.DType
+	}
 	for _, kv := range conf.Env() {
 		k, v, _ := strings.Cut(kv, "=")
 		common[k] = v
@@ -569,7 +572,7 @@ func (j *job) writeJobRecord(procs []*proc, url string, common map[string]string
 		JobID: j.id, Argv: j.Argv, Command: append([]string{j.path}, j.args...),
 		Started: began, NNodes: j.nnodes, NodeRank: j.NodeRank, World: j.world, NATSURL: url,
 		Env: common, Versions: versions(),
-		Device: j.device, Kernels: j.Kernels, ShareGPUs: j.ShareGPUs,
+		Device: j.device, Kernels: j.Kernels, DType: j.DType, ShareGPUs: j.ShareGPUs,
 	}
 	for _, p := range procs {
 		rec.Ranks = append(rec.Ranks, RankRecord{

@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/natsconn"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // Exit codes of `launcher run` that do not come from a rank.
@@ -49,6 +50,7 @@ var ErrInvalid = errors.New("invalid options")
 const (
 	EnvDevice  = providers.EnvDevice
 	EnvKernels = providers.EnvKernels
+	EnvDType   = providers.EnvDType
 )
 
 const runUsage = `usage: launcher run [flags] WORKLOAD [ARGS...]     runs "worker WORKLOAD ARGS" on every rank
@@ -63,6 +65,8 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
   --kernels SPEC               kernel providers, passed as MESHRUN_KERNELS: cpu, sim, cuda,
                                openblas, or per op, e.g. cpu,gemm=openblas (default: the
                                device's own)
+  --dtype float32|bfloat16     the ranks' compute dtype, passed as MESHRUN_DTYPE; refused when
+                               a kernels provider lacks it (default: the workload's, float32)
   --share-gpus                 with --device cuda, let more ranks than visible GPUs share
                                them, round-robin (refused otherwise)
   --nnodes N                   machines in the job, one launcher each (default 1)
@@ -100,6 +104,10 @@ type RunOptions struct {
 	// against the providers compiled into this binary; empty means the
 	// device's own provider.
 	Kernels string
+	// DType is the ranks' compute dtype ("float32" or "bfloat16"; empty: the
+	// workload's default), passed as MESHRUN_DTYPE and checked against the
+	// kernels providers before any rank starts.
+	DType string
 	// ShareGPUs lets more cuda ranks than visible GPUs share them
 	// round-robin; without it that is refused.
 	ShareGPUs bool
@@ -149,7 +157,7 @@ type RunOptions struct {
 var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // runFlagNames are the flags that may also come from MESHRUN_<FLAG>.
-var runFlagNames = []string{"nproc-per-node", "device", "kernels", "share-gpus", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
+var runFlagNames = []string{"nproc-per-node", "device", "kernels", "dtype", "share-gpus", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
 	"nats-cert", "nats-key", "insecure", "job-id", "log-dir",
 	"console", "grace", "timeout", "hang-after", "worker", "dry-run"}
 
@@ -169,6 +177,7 @@ func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error
 	fs.StringVar(&o.NprocPerNode, "n", o.NprocPerNode, "short for --nproc-per-node")
 	fs.StringVar(&o.Device, "device", o.Device, "cpu, sim or cuda")
 	fs.StringVar(&o.Kernels, "kernels", "", "kernels provider choice")
+	fs.StringVar(&o.DType, "dtype", "", "compute dtype: float32 or bfloat16")
 	fs.BoolVar(&o.ShareGPUs, "share-gpus", false, "let cuda ranks share GPUs")
 	fs.IntVar(&o.NNodes, "nnodes", o.NNodes, "machines")
 	fs.IntVar(&o.NodeRank, "node-rank", 0, "this machine's index")
@@ -219,6 +228,8 @@ func (o RunOptions) Validate() error {
 	dev, devErr := o.rankDevice()
 	if devErr != nil {
 		p = append(p, devErr.Error())
+	} else if err := o.checkDType(); err != nil {
+		p = append(p, err.Error())
 	}
 	n, nerr := o.nproc()
 	// -n gpu in a build without CUDA: the device check has named the build.
@@ -364,6 +375,22 @@ func (o RunOptions) rankDevice() (string, error) {
 		return "", err
 	}
 	return kind.String(), nil
+}
+
+// checkDType refuses a --dtype the ranks' kernels providers lack.
+func (o RunOptions) checkDType() error {
+	if o.DType == "" {
+		return nil
+	}
+	dt, err := tensor.ParseDType(o.DType)
+	if err != nil || (dt != tensor.Float32 && dt != tensor.BFloat16) {
+		return fmt.Errorf("--dtype %q: want float32 or bfloat16", o.DType)
+	}
+	choice, _, err := resolveProviders(o.deviceName(), o.Kernels)
+	if err != nil {
+		return err
+	}
+	return providers.CheckDType(choice, dt)
 }
 
 // visibleGPUs are the GPUs the launcher may hand to its ranks: the entries of

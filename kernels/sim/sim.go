@@ -175,6 +175,12 @@ func (m *Memory) view(t *tensor.Tensor) (*tensor.Tensor, error) {
 			s = unsafe.Slice((*float64)(unsafe.Pointer(unsafe.SliceData(d))), n)
 		}
 		return tensor.FromFloat64(s, shape...)
+	case tensor.BFloat16:
+		var s []tensor.BF16
+		if n > 0 {
+			s = unsafe.Slice((*tensor.BF16)(unsafe.Pointer(unsafe.SliceData(d))), n)
+		}
+		return tensor.FromBFloat16(s, shape...)
 	}
 	return nil, fmt.Errorf("%w: %v", tensor.ErrDType, t.DType())
 }

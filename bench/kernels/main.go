@@ -48,13 +48,21 @@ func main() {
 	only := flag.String("only", "", "run only cases whose name or M_K_N contains this")
 	onlyOp := flag.String("op", "", "run only this op (gemm, forward, backward_input, backward_weight)")
 	peak := flag.Bool("peak", false, "measure the FMA peak instead")
+	peakBF16 := flag.Bool("peakbf16", false, "measure the VDPBF16PS peak instead (AVX512_BF16)")
 	withPeer := flag.Bool("peer", false, "also measure OpenBLAS in-process (needs -tags openblas)")
-	rounds := flag.Int("rounds", 5, "alternating rounds per measurement (with -peer)")
+	rounds := flag.Int("rounds", 5, "alternating rounds per measurement")
+	withBF16 := flag.Bool("bf16", true, "also measure bfloat16 GEMMs (impl meshrun-bf16)")
+	withF32 := flag.Bool("f32", true, "measure float32 GEMMs (impl meshrun; -f32=false: bfloat16 only)")
+	bf16Path := flag.String("bf16path", "", "bfloat16 path (avx512bf16, avx512, go; default: best)")
 	flag.BoolVar(&useCPUTime, "cputime", false, "time by the thread's CPU clock, not the wall clock (only with -threads 1: ignores time descheduled on a busy machine)")
 	var blk cpu.Blocking
 	flag.IntVar(&blk.MC, "mc", 0, "override MC (0: default)")
 	flag.IntVar(&blk.KC, "kc", 0, "override KC (0: default)")
 	flag.IntVar(&blk.NC, "nc", 0, "override NC (0: default)")
+	var bblk cpu.Blocking
+	flag.IntVar(&bblk.MC, "bmc", 0, "override the bfloat16 MC (0: default)")
+	flag.IntVar(&bblk.KC, "bkc", 0, "override the bfloat16 KC (0: default)")
+	flag.IntVar(&bblk.NC, "bnc", 0, "override the bfloat16 NC (0: default)")
 	flag.Parse()
 	runtime.GOMAXPROCS(*threads)
 	if useCPUTime {
@@ -65,15 +73,24 @@ func main() {
 		runtime.LockOSThread()
 	}
 	if *peak {
-		fmt.Printf("peak\t%d\tfma\t-\t-\t-\t-\t%.1f\n", *threads, peakGFLOPS(*threads, *minTime))
+		fmt.Printf("peak\t%d\tfma\t-\t-\t-\t-\t%.1f\n", *threads, peakGFLOPS(*threads, *minTime, false))
 		return
 	}
-	p, err := cpu.New(cpu.Options{Kernel: *kernel, Block: blk})
+	if *peakBF16 {
+		if !hasDPBF16() {
+			fmt.Fprintln(os.Stderr, "-peakbf16: this CPU has no AVX512_BF16")
+			os.Exit(2)
+		}
+		fmt.Printf("peak\t%d\tdpbf16\t-\t-\t-\t-\t%.1f\n", *threads, peakGFLOPS(*threads, *minTime, true))
+		return
+	}
+	p, err := cpu.New(cpu.Options{Kernel: *kernel, Block: blk, BF16: *bf16Path, BF16Block: bblk})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	fmt.Fprintf(os.Stderr, "cpu provider, %s micro-kernel, blocking %+v, GOMAXPROCS=%d\n", p.Kernel(), p.Blocking(), *threads)
+	fmt.Fprintf(os.Stderr, "cpu provider, %s micro-kernel, blocking %+v, bfloat16 path %s, blocking %+v, GOMAXPROCS=%d\n",
+		p.Kernel(), p.Blocking(), p.BF16Kernel(), p.BF16Blocking(), *threads)
 	var peer kernels.Kernels
 	if *withPeer {
 		var desc string
@@ -88,30 +105,38 @@ func main() {
 		if *only != "" && !strings.Contains(key, *only) {
 			continue
 		}
-		mine := ops(p, c)
-		var theirs []op
-		if peer != nil {
-			theirs = ops(peer, c)
+		var impls []impl
+		if *withF32 || !*withBF16 {
+			impls = append(impls, impl{"meshrun", ops(p, c, tensor.Float32)})
 		}
-		for i, op := range mine {
-			if *onlyOp != "" && op.name != *onlyOp {
+		if peer != nil {
+			impls = append(impls, impl{"openblas", ops(peer, c, tensor.Float32)})
+		}
+		if *withBF16 {
+			impls = append(impls, impl{"meshrun-bf16", ops(p, c, tensor.BFloat16)})
+		}
+		for i, o := range impls[0].ops {
+			if *onlyOp != "" && o.name != *onlyOp {
 				continue
 			}
-			if peer == nil {
-				g := measure(op.run, op.flops, *minTime)
-				fmt.Printf("meshrun\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\n", *threads, c.Name, op.name, c.M, c.K, c.N, g)
-				continue
-			}
-			var gm, gp float64
+			best := make([]float64, len(impls))
 			slice := *minTime / time.Duration(*rounds)
 			for r := 0; r < *rounds; r++ {
-				gm = max(gm, measure(op.run, op.flops, slice))
-				gp = max(gp, measure(theirs[i].run, op.flops, slice))
+				for k, im := range impls {
+					best[k] = max(best[k], measure(im.ops[i].run, o.flops, slice))
+				}
 			}
-			fmt.Printf("meshrun\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\n", *threads, c.Name, op.name, c.M, c.K, c.N, gm)
-			fmt.Printf("openblas\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\n", *threads, c.Name, op.name, c.M, c.K, c.N, gp)
+			for k, im := range impls {
+				fmt.Printf("%s\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\n", im.name, *threads, c.Name, o.name, c.M, c.K, c.N, best[k])
+			}
 		}
 	}
+}
+
+// impl is one implementation's ops for a case.
+type impl struct {
+	name string
+	ops  []op
 }
 
 type op struct {
@@ -120,10 +145,15 @@ type op struct {
 	run   func()
 }
 
-func randT(rng *rand.Rand, shape ...int) *tensor.Tensor {
-	t := tensor.New(tensor.Float32, shape...)
-	for i := range t.Float32() {
-		t.Float32()[i] = rng.Float32()*2 - 1
+func randT(rng *rand.Rand, dt tensor.DType, shape ...int) *tensor.Tensor {
+	t := tensor.New(dt, shape...)
+	for i := 0; i < t.Len(); i++ {
+		v := rng.Float32()*2 - 1
+		if dt == tensor.BFloat16 {
+			t.BFloat16()[i] = tensor.ToBF16(v)
+		} else {
+			t.Float32()[i] = v
+		}
 	}
 	return t
 }
@@ -134,17 +164,19 @@ func check(err error) {
 	}
 }
 
-func ops(p kernels.Kernels, c Case) []op {
+// ops returns the case's GEMMs with operands and outputs of dt: a square GEMM,
+// or a linear layer's forward (with its bias) and both backward GEMMs.
+func ops(p kernels.Kernels, c Case, dt tensor.DType) []op {
 	rng := rand.New(rand.NewPCG(1, 2))
 	flops := 2 * float64(c.M) * float64(c.K) * float64(c.N)
 	if !c.Linear {
-		a, b, out := randT(rng, c.M, c.K), randT(rng, c.K, c.N), tensor.New(tensor.Float32, c.M, c.N)
-		g := kernels.GemmParams{M: c.M, N: c.N, K: c.K, Alpha: 1, DType: tensor.Float32}
+		a, b, out := randT(rng, dt, c.M, c.K), randT(rng, dt, c.K, c.N), tensor.New(dt, c.M, c.N)
+		g := kernels.GemmParams{M: c.M, N: c.N, K: c.K, Alpha: 1, DType: dt}
 		return []op{{"gemm", flops, func() { check(p.Gemm(g, kernels.GemmOperands{A: a, B: b, C: out})) }}}
 	}
-	x, w, bias := randT(rng, c.M, c.K), randT(rng, c.N, c.K), randT(rng, c.N)
-	y, dy := tensor.New(tensor.Float32, c.M, c.N), randT(rng, c.M, c.N)
-	dx, dw := tensor.New(tensor.Float32, c.M, c.K), tensor.New(tensor.Float32, c.N, c.K)
+	x, w, bias := randT(rng, dt, c.M, c.K), randT(rng, dt, c.N, c.K), randT(rng, dt, c.N)
+	y, dy := tensor.New(dt, c.M, c.N), randT(rng, dt, c.M, c.N)
+	dx, dw := tensor.New(dt, c.M, c.K), tensor.New(dt, c.N, c.K)
 	return []op{
 		{"forward", flops, func() { check(kernels.LinearForward(p, y, x, w, bias)) }},
 		{"backward_input", flops, func() { check(kernels.LinearBackwardInput(p, dx, dy, w)) }},

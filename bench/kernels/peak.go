@@ -5,9 +5,14 @@ import (
 	"time"
 )
 
-// peakGFLOPS runs the FMA loop on threads goroutines and returns the best rate.
-func peakGFLOPS(threads int, minTime time.Duration) float64 {
+// peakGFLOPS runs the FMA loop (or, with bf16, the VDPBF16PS loop) on threads
+// goroutines and returns the best rate.
+func peakGFLOPS(threads int, minTime time.Duration, bf16 bool) float64 {
 	const iters = 1 << 22
+	loop, flops := fmaLoop, 12*16*2.0 // 12 FMAs of 16 lanes, 2 flops each
+	if bf16 {
+		loop, flops = dpbf16Loop, 24*16*4.0 // 24 VDPBF16PS of 16 lanes, 2 products and 2 adds each
+	}
 	best := 0.0
 	start := time.Now()
 	for time.Since(start) < minTime {
@@ -15,11 +20,10 @@ func peakGFLOPS(threads int, minTime time.Duration) float64 {
 		t := time.Now()
 		for i := 0; i < threads; i++ {
 			wg.Add(1)
-			go func() { defer wg.Done(); fmaLoop(iters) }()
+			go func() { defer wg.Done(); loop(iters) }()
 		}
 		wg.Wait()
-		// fmaLoop does 12 FMAs of 16 lanes (2 flops each) per iteration.
-		best = max(best, float64(threads)*iters*12*16*2/time.Since(t).Seconds()/1e9)
+		best = max(best, float64(threads)*iters*flops/time.Since(t).Seconds()/1e9)
 	}
 	return best
 }

@@ -117,7 +117,7 @@ func init() {
 		dp := *widen
 		dp.name = "avx512bf16"
 		dp.uk = &ukernel16{name: "avx512bf16", mr: 8, nr: 48, pairs: true, mc: 96, kc: 2048, nc: 4128,
-			fn: bgemmDP8x48, packA: packAPairs, packB: packBPairs512}
+			fn: bgemmDP8x48, packA: packAPairs512, packB: packBPairs512}
 		dp.dots = [4][2]dotKernel16{
 			{{8, 2, bdotDP8x2}, {8, 1, bdotDP8x1}},
 			{{4, 4, bdotDP4x4}, {4, 1, bdotDP4x1}},
@@ -203,40 +203,121 @@ func axpyW16(acc []float32, x, b []bf16, ldb int) {
 	}
 }
 
-// packBPairs512 is packBPairs with the transposed case (B stored N×K, the
-// forward's weight) as 16×16 transposes of 32-bit pairs.
-func packBPairs512(dst []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc, nr int) {
-	if !trans || nc%16 != 0 || nr%16 != 0 {
-		packBPairs(dst, b, ldb, trans, k0, kc, j0, nc, nr)
+//go:noescape
+func transpose16x16s(dst *float32, ldd int, src *float32, lds int, dst2 *float32)
+
+//go:noescape
+func pairRowsSplit(dst *float32, pstride int, src *bf16, lds int, pairs, chunks int)
+
+//go:noescape
+func pairRows(dst *float32, ldd int, src *bf16, lds int, pairs, chunks int, lmask, smask uint64)
+
+// maskBits returns a mask of the n low bits (n <= 64).
+func maskBits(n int) uint64 {
+	if n >= 64 {
+		return ^uint64(0)
+	}
+	return 1<<n - 1
+}
+
+// packAPairs512 is packAPairs for 8-row panels: a transposed A (the weight
+// gradient's dyᵀ) interleaves pairs of rows of a; an untransposed A transposes
+// 32-bit pairs, two panels (16 rows) at a time.
+func packAPairs512(dst []float32, a []bf16, lda int, trans bool, i0, mc, k0, kc, mr int) {
+	if mr != 8 {
+		packAPairs(dst, a, lda, trans, i0, mc, k0, kc, mr)
 		return
 	}
 	kp := (kc + 1) / 2
-	full := kc / 32 * 16 // pairs in whole 16×16 blocks
-	for q := 0; q < nc; q += nr {
-		cols := min(nr, nc-q)
-		d := dst[(q/nr)*kp*nr:][:kp*nr]
-		for j := 0; j < cols; j += 16 {
-			src := b[(j0+q+j)*ldb+k0:]
-			_ = src[15*ldb+kc-1]
-			for p := 0; p < full; p += 16 {
-				transpose16x16b(&d[p*nr+j], nr*4, (*float32)(unsafe.Pointer(&src[2*p])), ldb*2)
-			}
-			dl := lanes(d)
-			for p := full; p < kp; p++ {
-				for r := 0; r < 16; r++ {
-					hi := bf16(0)
-					if 2*p+1 < kc {
-						hi = src[r*ldb+2*p+1]
-					}
-					dl[p*nr+j+r] = pair(src[r*ldb+2*p], hi)
+	whole := kc / 2
+	panel := func(p int) []uint32 { return lanes(dst[(p/8)*kp*8:][:kp*8]) }
+	if trans {
+		// Whole pairs of full panels walk the rows of a once, 16 columns at a
+		// time; the rest panel by panel.
+		p := 0
+		if whole > 0 {
+			chunks := mc / 16
+			if chunks > 0 {
+				_ = a[(k0+2*whole-1)*lda+i0+16*chunks-1]
+				pairRowsSplit(&dst[0], kp*8*4, &a[k0*lda+i0], lda, whole, chunks)
+				for q := 0; q < 16*chunks; q += 8 {
+					packAPanel(panel(q), a, lda, true, i0+q, 8, k0, kc, whole, 8)
 				}
+				p = 16 * chunks
 			}
 		}
-		if cols < nr {
-			dl := lanes(d)
-			for p := 0; p < kp; p++ {
-				clear(dl[p*nr+cols : p*nr+nr])
+		for ; p < mc; p += 8 {
+			rows := min(8, mc-p)
+			d := panel(p)
+			if whole > 0 {
+				_ = a[(k0+2*whole-1)*lda+i0+p+rows-1]
+				pairRows((*float32)(unsafe.Pointer(&d[0])), 8, &a[k0*lda+i0+p], lda, whole, 1, maskBits(rows), 0xff)
 			}
+			packAPanel(d, a, lda, true, i0+p, rows, k0, kc, whole, 8)
+		}
+		return
+	}
+	blocks := kc / 32 // 16 pairs each
+	p := 0
+	for ; p+16 <= mc; p += 16 {
+		d0, d1 := panel(p), panel(p+8)
+		src := a[(i0+p)*lda+k0:]
+		if blocks > 0 {
+			_ = src[15*lda+32*blocks-1]
+		}
+		for q := 0; q < blocks; q++ {
+			transpose16x16s((*float32)(unsafe.Pointer(&d0[q*128])), 32, (*float32)(unsafe.Pointer(&src[32*q])), 2*lda,
+				(*float32)(unsafe.Pointer(&d1[q*128])))
+		}
+		packAPanel(d0, a, lda, false, i0+p, 8, k0, kc, 16*blocks, 8)
+		packAPanel(d1, a, lda, false, i0+p+8, 8, k0, kc, 16*blocks, 8)
+	}
+	for ; p < mc; p += 8 {
+		packAPanel(panel(p), a, lda, false, i0+p, min(8, mc-p), k0, kc, 0, 8)
+	}
+}
+
+// packBPairs512 is packBPairs with SIMD: a transposed B (stored N×K, the
+// forward's weight) by 16×16 transposes of 32-bit pairs, an untransposed one
+// by interleaving pairs of rows.
+func packBPairs512(dst []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc, nr int) {
+	kp := (kc + 1) / 2
+	whole := kc / 2
+	blocks := kc / 32
+	chunks := (nr + 15) / 16
+	if nr > 64 {
+		packBPairs(dst, b, ldb, trans, k0, kc, j0, nc, nr)
+		return
+	}
+	for q := 0; q < nc; q += nr {
+		cols := min(nr, nc-q)
+		d := lanes(dst[(q/nr)*kp*nr:][:kp*nr])
+		if !trans {
+			if whole > 0 {
+				_ = b[(k0+2*whole-1)*ldb+j0+q+cols-1]
+				pairRows((*float32)(unsafe.Pointer(&d[0])), nr, &b[k0*ldb+j0+q], ldb, whole, chunks,
+					maskBits(cols), maskBits(nr-16*(chunks-1)))
+			}
+			packBPanel(d, b, ldb, false, k0, kc, j0+q, 0, cols, whole, nr)
+			for p := whole; p < kp; p++ {
+				clear(d[p*nr+cols : p*nr+nr])
+			}
+			continue
+		}
+		c16 := cols &^ 15
+		for j := 0; j < c16; j += 16 {
+			src := b[(j0+q+j)*ldb+k0:]
+			if blocks > 0 {
+				_ = src[15*ldb+32*blocks-1]
+			}
+			for p := 0; p < blocks; p++ {
+				transpose16x16b((*float32)(unsafe.Pointer(&d[16*p*nr+j])), nr*4, (*float32)(unsafe.Pointer(&src[32*p])), ldb*2)
+			}
+		}
+		packBPanel(d, b, ldb, true, k0, kc, j0+q, 0, c16, 16*blocks, nr)
+		packBPanel(d, b, ldb, true, k0, kc, j0+q, c16, cols, 0, nr)
+		for p := 0; p < kp; p++ {
+			clear(d[p*nr+cols : p*nr+nr])
 		}
 	}
 }

@@ -308,3 +308,118 @@ a1tail:
 a1done:
 	VZEROUPPER
 	RET
+
+// func pairRows(dst *float32, ldd int, src *bf16, lds int, pairs, chunks int, lmask, smask uint64)
+// Interleaves pairs of rows of src into 32-bit lanes: for p < pairs and j <
+// 16·chunks (chunks <= 4), dst[p*ldd+j] = src[2p*lds+j] | src[(2p+1)*lds+j]<<16
+// where bit j of lmask is set, else 0; the last chunk stores the lanes set in
+// smask (its 16 bits). ldd is in lanes, lds in elements.
+TEXT ·pairRows(SB), NOSPLIT, $0-64
+	MOVQ dst+0(FP), DI
+	MOVQ ldd+8(FP), DX
+	SHLQ $2, DX
+	MOVQ src+16(FP), SI
+	MOVQ lds+24(FP), R8
+	SHLQ $1, R8
+	LEAQ (SI)(R8*1), R9
+	SHLQ $1, R8
+	MOVQ pairs+32(FP), CX
+	TESTQ CX, CX
+	JZ pdone
+	MOVQ chunks+40(FP), R10
+	MOVQ lmask+48(FP), AX
+	KMOVQ AX, K1
+	KSHIFTRQ $16, K1, K2
+	KSHIFTRQ $32, K1, K3
+	KSHIFTRQ $48, K1, K4
+	MOVQ smask+56(FP), AX
+	KMOVQ AX, K5
+ploop:
+	VPMOVZXWD.Z (SI), K1, Z0
+	VPMOVZXWD.Z (R9), K1, Z1
+	VPSLLD $16, Z1, Z1
+	VPORD Z1, Z0, Z0
+	CMPQ R10, $1
+	JEQ plast0
+	VMOVDQU32 Z0, (DI)
+	VPMOVZXWD.Z 32(SI), K2, Z0
+	VPMOVZXWD.Z 32(R9), K2, Z1
+	VPSLLD $16, Z1, Z1
+	VPORD Z1, Z0, Z0
+	CMPQ R10, $2
+	JEQ plast1
+	VMOVDQU32 Z0, 64(DI)
+	VPMOVZXWD.Z 64(SI), K3, Z0
+	VPMOVZXWD.Z 64(R9), K3, Z1
+	VPSLLD $16, Z1, Z1
+	VPORD Z1, Z0, Z0
+	CMPQ R10, $3
+	JEQ plast2
+	VMOVDQU32 Z0, 128(DI)
+	VPMOVZXWD.Z 96(SI), K4, Z0
+	VPMOVZXWD.Z 96(R9), K4, Z1
+	VPSLLD $16, Z1, Z1
+	VPORD Z1, Z0, Z0
+	VMOVDQU32 Z0, K5, 192(DI)
+	JMP pnext
+plast0:
+	VMOVDQU32 Z0, K5, (DI)
+	JMP pnext
+plast1:
+	VMOVDQU32 Z0, K5, 64(DI)
+	JMP pnext
+plast2:
+	VMOVDQU32 Z0, K5, 128(DI)
+pnext:
+	ADDQ R8, SI
+	ADDQ R8, R9
+	ADDQ DX, DI
+	DECQ CX
+	JNZ ploop
+	VZEROUPPER
+pdone:
+	RET
+
+// func pairRowsSplit(dst *float32, pstride int, src *bf16, lds int, pairs, chunks int)
+// pairRows for 8-lane panels pstride bytes apart, 16 columns (two panels) per
+// chunk: for p < pairs, c < chunks, j < 16, with v = src[2p*lds+16c+j] |
+// src[(2p+1)*lds+16c+j]<<16: panel 2c+j/8 gets v at lane 8p + j%8. lds is in
+// elements. A transposed A (K×M) packed into panels of 8 rows of op(A).
+TEXT ·pairRowsSplit(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ pstride+8(FP), DX
+	MOVQ src+16(FP), SI
+	MOVQ lds+24(FP), R8
+	SHLQ $1, R8
+	LEAQ (SI)(R8*1), R9
+	SHLQ $1, R8
+	MOVQ pairs+32(FP), CX
+	MOVQ chunks+40(FP), R10
+	TESTQ CX, CX
+	JZ sdone
+	TESTQ R10, R10
+	JZ sdone
+	LEAQ (DX)(DX*1), R12          // two panels
+sloop:
+	MOVQ DI, R11
+	XORQ AX, AX
+	MOVQ R10, BX
+schunk:
+	VPMOVZXWD (SI)(AX*1), Z0
+	VPMOVZXWD (R9)(AX*1), Z1
+	VPSLLD $16, Z1, Z1
+	VPORD Z1, Z0, Z0
+	VMOVUPS Y0, (R11)
+	VEXTRACTF32X8 $1, Z0, (R11)(DX*1)
+	ADDQ $32, AX
+	ADDQ R12, R11
+	DECQ BX
+	JNZ schunk
+	ADDQ R8, SI
+	ADDQ R8, R9
+	ADDQ $32, DI
+	DECQ CX
+	JNZ sloop
+	VZEROUPPER
+sdone:
+	RET

@@ -114,57 +114,79 @@ func lanes(s []float32) []uint32 {
 // packAPairs packs op(A)[i0:i0+mc, k0:k0+kc] as panels of mr rows of bfloat16
 // pairs: panel p holds, for each pair q, the mr lanes (op(A)[i][k0+2q],
 // op(A)[i][k0+2q+1]), zero past row mc and past kc.
-func packAPairs(dst32 []float32, a []bf16, lda int, trans bool, i0, mc, k0, kc, mr int) {
-	dst := lanes(dst32)
+func packAPairs(dst []float32, a []bf16, lda int, trans bool, i0, mc, k0, kc, mr int) {
 	kp := (kc + 1) / 2
 	for p := 0; p < mc; p += mr {
-		rows := min(mr, mc-p)
-		d := dst[(p/mr)*kp*mr:][:kp*mr]
-		for i := 0; i < rows; i++ {
-			at := func(k int) bf16 {
-				if k >= kc {
-					return 0
-				}
-				if trans {
-					return a[(k0+k)*lda+i0+p+i]
-				}
-				return a[(i0+p+i)*lda+k0+k]
+		d := lanes(dst[(p/mr)*kp*mr:][:kp*mr])
+		packAPanel(d, a, lda, trans, i0+p, min(mr, mc-p), k0, kc, 0, mr)
+	}
+}
+
+// packAPanel fills pairs q >= q0 of one A panel (rows from row i0, rows of
+// them real, the rest zero).
+func packAPanel(d []uint32, a []bf16, lda int, trans bool, i0, rows, k0, kc, q0, mr int) {
+	kp := (kc + 1) / 2
+	whole := kc / 2
+	for i := 0; i < rows; i++ {
+		if trans { // op(A)[i][k] = a[k*lda+i]
+			col := a[k0*lda+i0+i:]
+			for q := q0; q < whole; q++ {
+				d[q*mr+i] = pair(col[2*q*lda], col[(2*q+1)*lda])
 			}
-			for q := 0; q < kp; q++ {
-				d[q*mr+i] = pair(at(2*q), at(2*q+1))
+			if whole < kp && whole >= q0 {
+				d[whole*mr+i] = pair(col[2*whole*lda], 0)
 			}
+			continue
 		}
-		for i := rows; i < mr; i++ {
-			for q := 0; q < kp; q++ {
-				d[q*mr+i] = 0
-			}
+		row := a[(i0+i)*lda+k0:][:kc]
+		for q := q0; q < whole; q++ {
+			d[q*mr+i] = pair(row[2*q], row[2*q+1])
 		}
+		if whole < kp && whole >= q0 {
+			d[whole*mr+i] = pair(row[kc-1], 0)
+		}
+	}
+	for q := q0; q < kp; q++ {
+		clear(d[q*mr+rows : q*mr+mr])
 	}
 }
 
 // packBPairs packs op(B)[k0:k0+kc, j0:j0+nc] as panels of nr columns of
 // bfloat16 pairs along k, zero past nc and past kc.
-func packBPairs(dst32 []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc, nr int) {
-	dst := lanes(dst32)
+func packBPairs(dst []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc, nr int) {
 	kp := (kc + 1) / 2
 	for q := 0; q < nc; q += nr {
 		cols := min(nr, nc-q)
-		d := dst[(q/nr)*kp*nr:][:kp*nr]
-		at := func(k, j int) bf16 {
-			if k >= kc {
-				return 0
-			}
-			if trans {
-				return b[(j0+q+j)*ldb+k0+k]
-			}
-			return b[(k0+k)*ldb+j0+q+j]
-		}
+		d := lanes(dst[(q/nr)*kp*nr:][:kp*nr])
+		packBPanel(d, b, ldb, trans, k0, kc, j0+q, 0, cols, 0, nr)
 		for p := 0; p < kp; p++ {
-			dk := d[p*nr : p*nr+nr]
-			for j := 0; j < cols; j++ {
-				dk[j] = pair(at(2*p, j), at(2*p+1, j))
+			clear(d[p*nr+cols : p*nr+nr])
+		}
+	}
+}
+
+// packBPanel fills columns [c0, c1) of pairs q >= q0 of one B panel whose first
+// column is column j0 of op(B).
+func packBPanel(d []uint32, b []bf16, ldb int, trans bool, k0, kc, j0, c0, c1, q0, nr int) {
+	kp := (kc + 1) / 2
+	whole := kc / 2
+	for j := c0; j < c1; j++ {
+		if trans { // op(B)[k][j] = b[j*ldb+k]
+			row := b[(j0+j)*ldb+k0:][:kc]
+			for q := q0; q < whole; q++ {
+				d[q*nr+j] = pair(row[2*q], row[2*q+1])
 			}
-			clear(dk[cols:])
+			if whole < kp && whole >= q0 {
+				d[whole*nr+j] = pair(row[kc-1], 0)
+			}
+			continue
+		}
+		col := b[k0*ldb+j0+j:]
+		for q := q0; q < whole; q++ {
+			d[q*nr+j] = pair(col[2*q*ldb], col[(2*q+1)*ldb])
+		}
+		if whole < kp && whole >= q0 {
+			d[whole*nr+j] = pair(col[2*whole*ldb], 0)
 		}
 	}
 }

@@ -36,6 +36,8 @@ type Options struct {
 	// Block overrides the float32 cache blocking (zero fields keep the kernel's
 	// defaults). For tuning; results do not depend on MC and NC, only on KC.
 	Block Blocking
+	// BF16Block is Block for the bfloat16 GEMMs (KC in k values, even).
+	BF16Block Blocking
 }
 
 // Blocking is the cache blocking of the GEMM loop nest: MC rows of A and KC of K
@@ -107,6 +109,18 @@ func New(o Options) (*Provider, error) {
 		}
 		p.e16.p = bp
 	}
+	if o.BF16Block != (Blocking{}) {
+		bp := *p.e16.p
+		uk := *bp.uk
+		if err := override(&uk.mc, &uk.kc, &uk.nc, o.BF16Block); err != nil {
+			return nil, err
+		}
+		if uk.kc%2 != 0 {
+			return nil, fmt.Errorf("cpu: bfloat16 KC = %d is odd", uk.kc)
+		}
+		bp.uk = &uk
+		p.e16.p = &bp
+	}
 	if o.Block != (Blocking{}) {
 		uk := *p.e32.uk
 		for _, v := range []struct {
@@ -126,11 +140,33 @@ func New(o Options) (*Provider, error) {
 	return p, nil
 }
 
+// override sets the non-zero fields of b.
+func override(mc, kc, nc *int, b Blocking) error {
+	for _, v := range []struct {
+		dst *int
+		src int
+	}{{mc, b.MC}, {kc, b.KC}, {nc, b.NC}} {
+		if v.src < 0 {
+			return fmt.Errorf("cpu: negative blocking %+v", b)
+		}
+		if v.src > 0 {
+			*v.dst = v.src
+		}
+	}
+	return nil
+}
+
 // Kernel returns the name of the micro-kernel in use.
 func (p *Provider) Kernel() string { return p.e32.uk.name }
 
 // BF16Kernel returns the name of the bfloat16 path in use.
 func (p *Provider) BF16Kernel() string { return p.e16.p.name }
+
+// BF16Blocking returns the bfloat16 cache blocking in use.
+func (p *Provider) BF16Blocking() Blocking {
+	uk := p.e16.p.uk
+	return Blocking{MC: uk.mc, KC: uk.kc, NC: uk.nc}
+}
 
 // Blocking returns the float32 cache blocking in use.
 func (p *Provider) Blocking() Blocking {

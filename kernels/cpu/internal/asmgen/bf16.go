@@ -86,15 +86,20 @@ func genBF16(w *bytes.Buffer, k kernBF16) {
 	p("MOVQ b+16(FP), BX")
 	p("MOVQ e+40(FP), DI")
 	// Prefetch the output rows: bytes 0, 64, last-64 and last of each row
-	// (last = NR·4-1 for float32, NR·2-1 for bfloat16): every line they span.
-	p("MOVQ epi16_ldOut(DI), SI")
-	p("MOVQ $%d, R12", nr*4-1)
-	p("MOVQ $%d, R13", nr*2-1)
-	p("MOVQ epi16_flags(DI), R11")
-	p("TESTQ $const_epiOutBF16, R11")
-	p("CMOVQNE R13, R12")
-	prefetchOut := func(instr string) {
-		p("MOVQ epi16_out(DI), R10")
+	// (last = NR·4-1 for float32, NR·2-1 for bfloat16): every line they span;
+	// and the rows of the beta term when they are elsewhere (the float32 sums
+	// of earlier K blocks).
+	// (The k loop keeps its counts in R11 and R13: prefetches use R8-R10, R12, SI.)
+	p("MOVQ epi16_flags(DI), R8")
+	lastByte := func(flag string) {
+		p("MOVQ $%d, R12", nr*4-1)
+		p("MOVQ $%d, R9", nr*2-1)
+		p("TESTQ $%s, R8", flag)
+		p("CMOVQNE R9, R12")
+	}
+	rowsPF := func(instr, ptr, ld string) {
+		p("MOVQ epi16_%s(DI), R10", ptr)
+		p("MOVQ epi16_%s(DI), SI", ld)
 		for i := 0; i < k.mr; i++ {
 			p("%s (R10)", instr)
 			p("%s 64(R10)", instr)
@@ -104,6 +109,22 @@ func genBF16(w *bytes.Buffer, k kernBF16) {
 				p("ADDQ SI, R10")
 			}
 		}
+	}
+	pfCount := 0
+	prefetchOut := func(instr string) {
+		pfCount++
+		lastByte("const_epiOutBF16")
+		rowsPF(instr, "out", "ldOut")
+		// The beta term's rows, when read and not the output's.
+		p("MOVL epi16_beta(DI), R9")
+		p("ANDL $0x7fffffff, R9")
+		p("JZ %s_nopfin%d", k.name, pfCount)
+		p("MOVQ epi16_in(DI), R10")
+		p("CMPQ R10, epi16_out(DI)")
+		p("JEQ %s_nopfin%d", k.name, pfCount)
+		lastByte("const_epiInBF16")
+		rowsPF(instr, "in", "ldIn")
+		label(fmt.Sprintf("nopfin%d", pfCount))
 	}
 	prefetchOut("PREFETCHT1")
 	for i := 0; i < nacc; i++ {
@@ -116,7 +137,7 @@ func genBF16(w *bytes.Buffer, k kernBF16) {
 		}
 		for i := 0; i < k.mr; i++ {
 			r := bc[i%2]
-			p("VPBROADCASTD %d(AX), Z%d", (u*k.mr+i)*4, r)
+			p("VBROADCASTSS %d(AX), Z%d", (u*k.mr+i)*4, r)
 			for v := 0; v < k.nv; v++ {
 				p("%s", vdpbf16ps(acc(i, v), breg(v), r))
 			}

@@ -53,8 +53,9 @@ func main() {
 	for _, k := range ks {
 		gen(&b, k)
 	}
-	genTranspose(&b, "transpose16x16", 2)
-	genTranspose(&b, "transpose16x16b", 0)
+	genTranspose(&b, "transpose16x16", 2, false)
+	genTranspose(&b, "transpose16x16b", 0, false)
+	genTranspose(&b, "transpose16x16s", 0, true)
 	for _, k := range bf16Kernels {
 		genBF16(&b, k)
 	}
@@ -272,12 +273,20 @@ func log2(n int) int {
 // genTranspose writes name(dst *float32, ldd int, src *float32, lds int):
 // dst[k*ldd+j] = src[j*lds+k] for j, k < 16 (32-bit elements), in four shuffle
 // stages. The leading dims are in elements << shift bytes (shift 2: float32
-// elements; 0: bytes, for rows of bfloat16 pairs at any offset).
-func genTranspose(w *bytes.Buffer, name string, shift int) {
+// elements; 0: bytes, for rows of bfloat16 pairs at any offset). With split,
+// the function takes a fifth argument dst2 and stores columns j >= 8 there
+// (dst2[k*ldd+j-8]): two 8-row panels at once.
+func genTranspose(w *bytes.Buffer, name string, shift int, split bool) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
 	z := func(i int) string { return fmt.Sprintf("Z%d", i) }
-	fmt.Fprintf(w, "\n// func %s(dst *float32, ldd int, src *float32, lds int)\n", name)
-	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-32\n", name)
+	if split {
+		fmt.Fprintf(w, "\n// func %s(dst *float32, ldd int, src *float32, lds int, dst2 *float32)\n", name)
+		fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-40\n", name)
+		p("MOVQ dst2+32(FP), R8")
+	} else {
+		fmt.Fprintf(w, "\n// func %s(dst *float32, ldd int, src *float32, lds int)\n", name)
+		fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-32\n", name)
+	}
 	p("MOVQ dst+0(FP), DI")
 	p("MOVQ ldd+8(FP), DX")
 	if shift > 0 {
@@ -325,7 +334,13 @@ func genTranspose(w *bytes.Buffer, name string, shift int) {
 		out[c], out[4+c], out[8+c], out[12+c] = z(c), z(4+c), z(8+c), z(12+c)
 	}
 	for k := 0; k < 16; k++ {
-		p("VMOVUPS %s, (DI)", out[k])
+		if split {
+			p("VMOVUPS Y%s, (DI)", out[k][1:])
+			p("VEXTRACTF32X8 $1, %s, (R8)", out[k])
+			p("ADDQ DX, R8")
+		} else {
+			p("VMOVUPS %s, (DI)", out[k])
+		}
 		p("ADDQ DX, DI")
 	}
 	p("VZEROUPPER")

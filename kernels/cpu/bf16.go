@@ -123,15 +123,24 @@ type dotKernel16 struct {
 	fn   func(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 }
 
+// directKernel16 computes an 8×32 tile reading an untransposed B in place:
+// depth whole pairs of rows from b (ldb elements apart), plus one row paired
+// with zeros when odd is 1, against an 8-row A panel of pairs; then applies e
+// to rows < mr and the columns in mask (columns past it are not read).
+type directKernel16 func(depth int, a *float32, b *bf16, mr int, mask uint64, e *epi16, ldb int, odd int)
+
 // path16 is one way to run the bfloat16 kernels.
 type path16 struct {
 	name string
 	uk   *ukernel16
-	// dots are the small-M kernels, by rows r (8, 4, 2, 1); each entry has the
+	// direct, if set, serves small M with an untransposed B (8×32 tiles):
+	// packing B would cost more than the multiply.
+	direct directKernel16
+	// dots are the small-M kernels, by rows r (4, 2, 1); each entry has the
 	// kernel for its widest c and one with c = 1. packX packs r rows of x (n
 	// elements, leading dim ldx) for them: per step of dotE elements, r rows
 	// of 64 bytes (dotE bfloat16 or float32 values), zero past n.
-	dots  [4][2]dotKernel16
+	dots  [3][2]dotKernel16
 	dotE  int
 	packX func(dst []float32, x []bf16, ldx, r, n int)
 	// axpy adds Σ_r x[r]·b[r*ldb+j] to acc[j] (j < len(acc)), rows in order.
@@ -150,8 +159,7 @@ var goPath16 = &path16{
 	name: "go",
 	uk: &ukernel16{name: "go", mr: 4, nr: 4, mc: 128, kc: 256, nc: 1024,
 		fn: goTile16, packA: packAWiden, packB: packBWiden},
-	dots: [4][2]dotKernel16{
-		{{8, 1, dotGo16(8, 1)}, {8, 1, dotGo16(8, 1)}},
+	dots: [3][2]dotKernel16{
 		{{4, 1, dotGo16(4, 1)}, {4, 1, dotGo16(4, 1)}},
 		{{2, 1, dotGo16(2, 1)}, {2, 1, dotGo16(2, 1)}},
 		{{1, 1, dotGo16(1, 1)}, {1, 1, dotGo16(1, 1)}},
@@ -224,6 +232,7 @@ const (
 	jobPacked = iota
 	jobDot
 	jobAxpy
+	jobDirect
 )
 
 // dotMaxM is the largest M that takes the dot kernels (with a transposed B).
@@ -276,6 +285,17 @@ func (e *engine16) gemm(g gemmArgs16, threads int) {
 		j.parts = min(threads, (g.n+dotChunk-1)/dotChunk)
 		parallel(j, j.parts, &j.wg)
 		bufPool16.put(buf)
+	case !g.transB && g.m <= dotMaxM && e.p.direct != nil:
+		// A packed once (two 8-row panels at most), B read in place.
+		j.kind = jobDirect
+		buf := bufPool16.get()
+		kp := (g.k + 1) / 2
+		buf.a = growPanel(buf.a, 16*kp)
+		j.xpacked = buf.a
+		e.p.uk.packA(j.xpacked, g.a, g.lda, g.transA, 0, g.m, 0, g.k, 8) // the pairs path
+		j.parts = min(threads, (g.n+31)/32)
+		parallel(j, j.parts, &j.wg)
+		bufPool16.put(buf)
 	default:
 		uk := j.uk
 		j.kind = jobPacked
@@ -293,7 +313,7 @@ func (e *engine16) gemm(g gemmArgs16, threads int) {
 	jobPool16.Put(j)
 }
 
-// packDotX splits the rows of A into groups for the dot kernels (8, 4, 2, 1
+// packDotX splits the rows of A into groups for the dot kernels (4, 2, 1
 // rows) and packs each into buf.a.
 func (j *gemmJob16) packDotX(buf *packBuf16) {
 	steps := (j.k + j.p.dotE - 1) / j.p.dotE
@@ -360,6 +380,12 @@ func (j *gemmJob16) run(part int) {
 		j.dotBlock(buf, c0*dotChunk, min(c1*dotChunk, j.n))
 		bufPool16.put(buf)
 		return
+	case jobDirect:
+		t0, t1 := span((j.n+31)/32, j.parts, part)
+		buf := bufPool16.get()
+		j.directBlock(buf, t0*32, min(t1*32, j.n))
+		bufPool16.put(buf)
+		return
 	}
 	uk := j.uk
 	i0, i1, j0, j1 := 0, j.m, 0, j.n
@@ -404,6 +430,33 @@ func (j *gemmJob16) dotBlock(buf *packBuf16, j0, j1 int) {
 	}
 }
 
+// directBlock computes columns [j0, j1) with the direct kernel: 8×32 tiles,
+// all of K at once, A packed in j.xpacked.
+func (j *gemmJob16) directBlock(buf *packBuf16, j0, j1 int) {
+	e := &buf.e
+	e.alpha, e.beta = j.alpha, j.beta
+	var in, bias tileOperand
+	if j.beta != 0 {
+		in = j.in.operand(0, 0, epiInBF16)
+	}
+	if j.bias.valid() {
+		bias = j.bias.operand(0, 0, epiBiasBF16)
+	}
+	out := j.out.operand(0, 0, epiOutBF16)
+	e.flags = in.flag | out.flag | bias.flag
+	e.ldIn, e.ldOut = in.ld, out.ld
+	kp := (j.k + 1) / 2
+	for jj := j0; jj < j1; jj += 32 {
+		mask := uint64(1)<<min(32, j1-jj) - 1
+		e.bias = bias.at(0, jj)
+		for i := 0; i < j.m; i += 8 {
+			e.in, e.out = in.at(i, jj), out.at(i, jj)
+			j.p.direct(j.k/2, &j.xpacked[i*kp], &j.b[jj], min(8, j.m-i), mask, e, j.ldb, j.k%2)
+		}
+	}
+	e.out, e.in, e.bias = nil, nil, nil
+}
+
 // block computes out[i0:i1, j0:j1] with the BLIS loop nest of gemmJob.block.
 // With a bfloat16 output and several K blocks, the sums before the last block
 // go to buf.part (float32, rows i0..i1 of the current column block).
@@ -425,13 +478,37 @@ func (j *gemmJob16) block(buf *packBuf16, i0, i1, j0, j1 int) {
 	}
 	e := &buf.e
 	e.tile = &buf.tile[0]
-	outSize := j.out.size()
+	e.alpha = j.alpha
+	// Element (0, 0) of the block's output, beta term and bias, for this K
+	// block; tiles offset them (in bytes).
+	var out, in, bias tileOperand
 	for jc := j0; jc < j1; jc += ncb {
 		nc := min(ncb, j1-jc)
 		for pc := 0; pc < j.k; pc += kcb {
 			kc := min(kcb, j.k-pc)
 			dc := uk.depth(kc)
 			first, last := pc == 0, pc+kc == j.k
+			// The beta term: C (or in) on the first K block, the running sum
+			// after it; the output: C on the last block, else the running sum.
+			in, e.beta = tileOperand{}, j.beta
+			switch {
+			case first && j.beta != 0:
+				in = j.in.operand(i0, jc, epiInBF16)
+			case !first && partial:
+				in, e.beta = part.operand(0, 0, 0), 1
+			case !first:
+				in, e.beta = j.out.operand(i0, jc, epiInBF16), 1
+			}
+			if partial && !last {
+				out = part.operand(0, 0, 0)
+			} else {
+				out = j.out.operand(i0, jc, epiOutBF16)
+			}
+			bias = tileOperand{}
+			if first && j.bias.valid() {
+				bias = j.bias.operand(0, jc, epiBiasBF16)
+			}
+			e.flags = in.flag | out.flag | bias.flag
 			for ic := i0; ic < i1; ic += mcb {
 				mc := min(mcb, i1-ic)
 				uk.packA(buf.a, j.a, j.lda, j.transA, ic, mc, pc, kc, mr)
@@ -442,47 +519,42 @@ func (j *gemmJob16) block(buf *packBuf16, i0, i1, j0, j1 int) {
 						uk.packB(bp, j.b, j.ldb, j.transB, pc, kc, jc+jr, cols, nr)
 					}
 					mask := uint64(1)<<cols - 1
+					e.bias = bias.at(0, jr)
 					for ir := 0; ir < mc; ir += mr {
-						rows := min(mr, mc-ir)
-						i, jj := ic+ir, jc+jr
-						e.alpha = j.alpha
-						e.flags = 0
-						// The beta term: C (or in) on the first K block, the
-						// running sum after it.
-						e.in, e.ldIn, e.beta = nil, 0, j.beta
-						switch {
-						case first && j.beta != 0:
-							e.in, e.ldIn = j.in.at(i, jj), j.in.ld*j.in.size()
-							if j.in.bf {
-								e.flags |= epiInBF16
-							}
-						case !first && partial:
-							e.in, e.ldIn, e.beta = part.at(i-i0, jr), part.ld*4, 1
-						case !first:
-							e.in, e.ldIn, e.beta = j.out.at(i, jj), j.out.ld*outSize, 1
-						}
-						if partial && !last {
-							e.out, e.ldOut = part.at(i-i0, jr), part.ld*4
-						} else {
-							e.out, e.ldOut = j.out.at(i, jj), j.out.ld*outSize
-							if j.out.bf {
-								e.flags |= epiOutBF16
-							}
-						}
-						e.bias = nil
-						if first && j.bias.valid() {
-							e.bias = j.bias.at(0, jj)
-							if j.bias.bf {
-								e.flags |= epiBiasBF16
-							}
-						}
-						uk.fn(dc, &buf.a[(ir/mr)*dc*mr], &bp[0], rows, mask, e)
+						i := ic - i0 + ir
+						e.in, e.ldIn = in.at(i, jr), in.ld
+						e.out, e.ldOut = out.at(i, jr), out.ld
+						uk.fn(dc, &buf.a[(ir/mr)*dc*mr], &bp[0], min(mr, mc-ir), mask, e)
 					}
 				}
 			}
 		}
 	}
 	e.out, e.in, e.bias, e.tile = nil, nil, nil, nil
+}
+
+// tileOperand is a matrix operand of the output stage seen from one element:
+// tiles at (i, j) from it are ld·i + size·j bytes further.
+type tileOperand struct {
+	p        unsafe.Pointer
+	ld, size int
+	flag     uint64
+}
+
+// operand returns m from element (i, j), with flag set when m is bfloat16.
+func (m *mat16) operand(i, j int, flag uint64) tileOperand {
+	o := tileOperand{p: m.at(i, j), ld: m.ld * m.size(), size: m.size()}
+	if m.bf {
+		o.flag = flag
+	}
+	return o
+}
+
+func (o *tileOperand) at(i, j int) unsafe.Pointer {
+	if o.p == nil {
+		return nil
+	}
+	return unsafe.Add(o.p, i*o.ld+j*o.size)
 }
 
 // epiNoProduct is the output stage without a product (K = 0 or alpha = 0):

@@ -15,6 +15,9 @@ import (
 func bgemmDP8x48(depth int, a, b *float32, mr int, mask uint64, e *epi16)
 
 //go:noescape
+func bgemmDPD8x32(depth int, a *float32, b *bf16, mr int, mask uint64, e *epi16, ldb int, odd int)
+
+//go:noescape
 func bgemmDP12x32(depth int, a, b *float32, mr int, mask uint64, e *epi16)
 
 // transpose16x16b is transpose16x16 with leading dims in bytes.
@@ -26,13 +29,13 @@ func transpose16x16b(dst *float32, ldd int, src *float32, lds int)
 // DP: VDPBF16PS on bfloat16 steps of 32; W: w widened, FMAs on float32 steps of 16.
 //
 //go:noescape
-func bdotDP8x2(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+func bdotDP4x6(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 
 //go:noescape
-func bdotDP8x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+func bdotW4x6(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 
-//go:noescape
-func bdotDP4x4(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
+
+
 
 //go:noescape
 func bdotDP4x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
@@ -49,14 +52,8 @@ func bdotDP1x6(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 //go:noescape
 func bdotDP1x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 
-//go:noescape
-func bdotW8x2(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 
-//go:noescape
-func bdotW8x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 
-//go:noescape
-func bdotW4x4(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 
 //go:noescape
 func bdotW4x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
@@ -98,9 +95,8 @@ func init() {
 		name: "avx512",
 		uk: &ukernel16{name: "avx512", mr: 8, nr: 48, mc: 96, kc: 1024, nc: 4128,
 			fn: widenTile, packA: packAWiden, packB: packBWiden},
-		dots: [4][2]dotKernel16{
-			{{8, 2, bdotW8x2}, {8, 1, bdotW8x1}},
-			{{4, 4, bdotW4x4}, {4, 1, bdotW4x1}},
+		dots: [3][2]dotKernel16{
+			{{4, 6, bdotW4x6}, {4, 1, bdotW4x1}},
 			{{2, 6, bdotW2x6}, {2, 1, bdotW2x1}},
 			{{1, 6, bdotW1x6}, {1, 1, bdotW1x1}},
 		},
@@ -118,13 +114,13 @@ func init() {
 		dp.name = "avx512bf16"
 		dp.uk = &ukernel16{name: "avx512bf16", mr: 8, nr: 48, pairs: true, mc: 96, kc: 2048, nc: 4128,
 			fn: bgemmDP8x48, packA: packAPairs512, packB: packBPairs512}
-		dp.dots = [4][2]dotKernel16{
-			{{8, 2, bdotDP8x2}, {8, 1, bdotDP8x1}},
-			{{4, 4, bdotDP4x4}, {4, 1, bdotDP4x1}},
+		dp.dots = [3][2]dotKernel16{
+			{{4, 6, bdotDP4x6}, {4, 1, bdotDP4x1}},
 			{{2, 6, bdotDP2x6}, {2, 1, bdotDP2x1}},
 			{{1, 6, bdotDP1x6}, {1, 1, bdotDP1x1}},
 		}
 		dp.dotE, dp.packX = 32, packDotX16
+		dp.direct = bgemmDPD8x32
 		paths = append([]*path16{&dp}, paths...)
 	}
 	bf16Paths = append(paths, bf16Paths...)
@@ -321,3 +317,5 @@ func packBPairs512(dst []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc,
 		}
 	}
 }
+
+

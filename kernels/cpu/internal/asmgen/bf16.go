@@ -126,7 +126,11 @@ func genBF16(w *bytes.Buffer, k kernBF16) {
 		rowsPF(instr, "in", "ldIn")
 		label(fmt.Sprintf("nopfin%d", pfCount))
 	}
+	// Early (into L2) only when the k loop is long enough for it to matter.
+	p("CMPQ CX, $%d", 4*8+4)
+	p("JLT %s_nopf1", k.name)
 	prefetchOut("PREFETCHT1")
+	label("nopf1")
 	for i := 0; i < nacc; i++ {
 		p("VPXORD Z%d, Z%d, Z%d", i, i, i)
 	}
@@ -325,7 +329,7 @@ type kernDot struct {
 var dotKernels = func() []kernDot {
 	var ks []kernDot
 	for _, dp := range []bool{true, false} {
-		for _, rc := range [][2]int{{8, 2}, {8, 1}, {4, 4}, {4, 1}, {2, 6}, {2, 1}, {1, 6}, {1, 1}} {
+		for _, rc := range [][2]int{{4, 6}, {4, 1}, {2, 6}, {2, 1}, {1, 6}, {1, 1}} {
 			pfx := "bdotDP"
 			if !dp {
 				pfx = "bdotW"
@@ -335,6 +339,9 @@ var dotKernels = func() []kernDot {
 	}
 	return ks
 }()
+
+// dotPF is how far ahead (bytes) the dot kernels prefetch their w rows.
+var dotPF = 4096
 
 func genDot(w *bytes.Buffer, k kernDot) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
@@ -401,6 +408,15 @@ func genDot(w *bytes.Buffer, k kernDot) {
 		p("ADDQ $%d, AX", 2*e)
 	}
 	label("loop")
+	// With few w rows in flight (the kernels for many x rows), prefetch each
+	// dotPF bytes ahead: rows are short (a few KB) streams that the hardware
+	// prefetcher alone picks up late. (With one x row, six streams keep memory
+	// busy and prefetches only add traffic: measured slower.)
+	if k.r >= 4 {
+		for j := 0; j < k.c; j++ {
+			p("PREFETCHT0 %d(%s)(AX*1)", dotPF, rows[j])
+		}
+	}
 	body(false)
 	p("DECQ BX")
 	p("JNZ %s_loop", k.name)
@@ -423,8 +439,10 @@ func genDot(w *bytes.Buffer, k kernDot) {
 			p("VADDPS Y30, Y%d, Y%d", a, a)
 			p("VEXTRACTF32X4 $1, Y%d, X30", a)
 			p("VADDPS X30, X%d, X%d", a, a)
-			p("VHADDPS X%d, X%d, X%d", a, a, a)
-			p("VHADDPS X%d, X%d, X%d", a, a, a)
+			p("VPERMILPS $0x4E, X%d, X30", a)
+			p("VADDPS X30, X%d, X%d", a, a)
+			p("VPERMILPS $0xB1, X%d, X30", a)
+			p("VADDPS X30, X%d, X%d", a, a)
 			p("VMOVSS X%d, %d(BX)", a, 4*j)
 		}
 		if i < k.r-1 {
@@ -433,4 +451,113 @@ func genDot(w *bytes.Buffer, k kernDot) {
 	}
 	p("VZEROUPPER")
 	p("RET")
+}
+
+// genDirect writes the small-M VDPBF16PS kernel that reads an untransposed B
+// in place (no packing):
+//
+//	func name(depth int, a *float32, b *bf16, mr int, mask uint64, e *epi16, ldb int, odd int)
+//
+// a is a packed 8-row A panel of bfloat16 pairs (depth+odd pairs), b points at
+// row 0 of the 32 columns of the tile (rows ldb elements apart; columns past
+// mask are not read). Each pair of rows of b is interleaved into pairs with
+// VPUNPCKLWD/VPUNPCKHWD, which order the columns by 128-bit lanes: the lo
+// accumulator holds columns 0-3, 8-11, 16-19, 24-27, the hi one 4-7, 12-15,
+// 20-23, 28-31; two VPERMT2PS restore the order before the output stage. With
+// odd = 1 a last row of b pairs with zeros.
+func genDirect(w *bytes.Buffer, name string) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
+	label := func(l string) { fmt.Fprintf(w, "%s_%s:\n", name, l) }
+	const mr, nv = 8, 2
+	acc := func(i, v int) int { return i*nv + v }
+	const blo, bhi, r0, r1, bc0, bc1, idx0, idx1 = 16, 17, 18, 19, 20, 21, 22, 23
+	fmt.Fprintf(w, "\n// func %s(depth int, a *float32, b *bf16, mr int, mask uint64, e *epi16, ldb int, odd int)\n", name)
+	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
+	p("MOVQ depth+0(FP), CX")
+	p("MOVQ a+8(FP), AX")
+	p("MOVQ b+16(FP), BX")
+	p("MOVQ e+40(FP), DI")
+	p("MOVQ ldb+48(FP), DX")
+	p("SHLQ $1, DX")
+	p("MOVQ mask+32(FP), R9")
+	p("KMOVQ R9, K5")
+	// Prefetch distances: 8 pairs ahead (rows 16 and 17 on).
+	p("MOVQ DX, R12")
+	p("SHLQ $4, R12")
+	p("LEAQ (R12)(DX*1), R13")
+	// The output rows into L2 (64 bytes of bfloat16 or 128 of float32 each).
+	p("MOVQ epi16_out(DI), R10")
+	p("MOVQ epi16_ldOut(DI), SI")
+	for i := 0; i < mr; i++ {
+		p("PREFETCHT1 (R10)")
+		p("PREFETCHT1 64(R10)")
+		p("PREFETCHT1 127(R10)")
+		if i < mr-1 {
+			p("ADDQ SI, R10")
+		}
+	}
+	for i := 0; i < mr*nv; i++ {
+		p("VPXORD Z%d, Z%d, Z%d", i, i, i)
+	}
+	step := func(aoff int, zeroHi bool) {
+		p("VMOVDQU16.Z (BX), K5, Z%d", r0)
+		if zeroHi {
+			p("VPXORD Z%d, Z%d, Z%d", r1, r1, r1)
+		} else {
+			p("VMOVDQU16.Z (BX)(DX*1), K5, Z%d", r1)
+			p("PREFETCHT0 (BX)(R12*1)")
+			p("PREFETCHT0 (BX)(R13*1)")
+		}
+		p("VPUNPCKLWD Z%d, Z%d, Z%d", r1, r0, blo)
+		p("VPUNPCKHWD Z%d, Z%d, Z%d", r1, r0, bhi)
+		for i := 0; i < mr; i++ {
+			r := bc0 + i%2
+			p("VBROADCASTSS %d(AX), Z%d", aoff+4*i, r)
+			p("%s", vdpbf16ps(acc(i, 0), blo, r))
+			p("%s", vdpbf16ps(acc(i, 1), bhi, r))
+		}
+		p("LEAQ (BX)(DX*2), BX")
+	}
+	p("MOVQ CX, R11")
+	p("SHRQ $1, R11")
+	p("JZ %s_one", name)
+	label("loop2")
+	step(0, false)
+	step(32, false)
+	p("ADDQ $64, AX")
+	p("DECQ R11")
+	p("JNZ %s_loop2", name)
+	label("one")
+	p("ANDQ $1, CX")
+	p("JZ %s_odd", name)
+	step(0, false)
+	p("ADDQ $32, AX")
+	label("odd")
+	p("MOVQ odd+56(FP), CX")
+	p("TESTQ CX, CX")
+	p("JZ %s_order", name)
+	step(0, true)
+	label("order")
+	p("LEAQ directIdx<>(SB), R10")
+	p("VMOVDQU32 (R10), Z%d", idx0)
+	p("VMOVDQU32 64(R10), Z%d", idx1)
+	for i := 0; i < mr; i++ {
+		lo, hi := acc(i, 0), acc(i, 1)
+		p("VMOVAPS Z%d, Z24", lo)
+		p("VPERMT2PS Z%d, Z%d, Z%d", hi, idx0, lo)
+		p("VPERMT2PS Z%d, Z%d, Z24", hi, idx1)
+		p("VMOVAPS Z24, Z%d", hi)
+	}
+	genStore16(w, name, mr, nv, acc)
+}
+
+// genDirectIdx writes the VPERMT2PS indices of genDirect.
+func genDirectIdx(w *bytes.Buffer) {
+	idx := []int{0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23,
+		8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31}
+	fmt.Fprintf(w, "\n// directIdx: VPERMT2PS indices restoring the column order after VPUNPCK[LH]WD.\n")
+	for i, v := range idx {
+		fmt.Fprintf(w, "DATA directIdx<>+%d(SB)/4, $%d\n", 4*i, v)
+	}
+	fmt.Fprintf(w, "GLOBL directIdx<>(SB), RODATA|NOPTR, $128\n")
 }

@@ -62,6 +62,8 @@ func main() {
 	for _, d := range dotKernels {
 		genDot(&b, d)
 	}
+	genDirect(&b, "bgemmDPD8x32")
+	genDirectIdx(&b)
 	if err := os.WriteFile(*out, b.Bytes(), 0o644); err != nil {
 		log.Fatal(err)
 	}

@@ -34,9 +34,6 @@ func bdotDP4x6(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 //go:noescape
 func bdotW4x6(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 
-
-
-
 //go:noescape
 func bdotDP4x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 
@@ -51,9 +48,6 @@ func bdotDP1x6(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
 
 //go:noescape
 func bdotDP1x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
-
-
-
 
 //go:noescape
 func bdotW4x1(n int, xp *bf16, w *bf16, ldw int, out *float32, ldo int)
@@ -317,5 +311,3 @@ func packBPairs512(dst []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc,
 		}
 	}
 }
-
-

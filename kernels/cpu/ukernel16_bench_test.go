@@ -19,7 +19,7 @@ func BenchmarkMicroKernelBF16(b *testing.B) {
 			continue
 		}
 		for _, l2 := range []bool{false, true} {
-			for _, kc := range []int{256, 1024, 2048} {
+			for _, kc := range []int{16, 256, 1024, 2048} {
 				b.Run(fmt.Sprintf("%s_l2%v_kc%d", uk.name, l2, kc), func(b *testing.B) {
 					d := uk.depth(kc)
 					panels := 1

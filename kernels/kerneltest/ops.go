@@ -347,6 +347,7 @@ func testDeterminism(t *testing.T, cfg Config, dt tensor.DType) {
 		// K over several cache blocks (float32 sums kept for a bfloat16 C), and
 		// the small-M paths.
 		shapes = append(shapes, kernels.GemmParams{M: 70, N: 150, K: 4500, Alpha: 1, Beta: 0.5},
+			kernels.GemmParams{TransA: true, M: 300, N: 200, K: 7, Alpha: 1, Beta: 1},
 			kernels.GemmParams{TransB: true, M: 16, N: 700, K: 4500, Alpha: 1, Beta: 1},
 			kernels.GemmParams{TransA: true, M: 100, N: 130, K: 5000, Alpha: 1, Beta: 1})
 	}

@@ -40,6 +40,12 @@ func vcvtne2ps2bf16(dst, src1, src2 int) string {
 	return byteLine(evex512(3, 0x72, dst, src1, src2), fmt.Sprintf("VCVTNE2PS2BF16 Z%d, Z%d, Z%d", dst, src1, src2))
 }
 
+// vcvtneps2bf16 returns VCVTNEPS2BF16 Ydst, Zsrc (EVEX.512.F3.0F38.W0 72 /r,
+// vvvv unused): 16 floats to 16 bfloat16, rounded to nearest even.
+func vcvtneps2bf16(dst, src int) string {
+	return byteLine(evex512(2, 0x72, dst, 0, src), fmt.Sprintf("VCVTNEPS2BF16 Y%d, Z%d", dst, src))
+}
+
 func byteLine(b []byte, comment string) string {
 	parts := make([]string, len(b))
 	for i, x := range b {
@@ -66,6 +72,10 @@ var bf16Kernels = []kernBF16{
 	{"bgemmDP8x48", 8, 3},
 	{"bgemmDP12x32", 12, 2},
 }
+
+// shortPF is how many tiles below the current one a kernel with a short k
+// loop prefetches.
+var shortPF = 3
 
 func genBF16(w *bytes.Buffer, k kernBF16) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
@@ -128,8 +138,24 @@ func genBF16(w *bytes.Buffer, k kernBF16) {
 	}
 	// Early (into L2) only when the k loop is long enough for it to matter.
 	p("CMPQ CX, $%d", 4*8+4)
-	p("JLT %s_nopf1", k.name)
+	p("JLT %s_short", k.name)
 	prefetchOut("PREFETCHT1")
+	p("JMP %s_nopf1", k.name)
+	// A short k loop (small K: the output stage dominates): warm the output
+	// rows of the next tiles below this one instead, which the loop nest
+	// computes next (the current tile's are prefetched in leg 2).
+	label("short")
+	lastByte("const_epiOutBF16")
+	p("MOVQ epi16_out(DI), R10")
+	p("MOVQ epi16_ldOut(DI), SI")
+	for i := 0; i < k.mr; i++ {
+		p("ADDQ SI, R10")
+	}
+	for i := 0; i < shortPF*k.mr; i++ {
+		p("PREFETCHT0 (R10)")
+		p("PREFETCHT0 (R10)(R12*1)")
+		p("ADDQ SI, R10")
+	}
 	label("nopf1")
 	for i := 0; i < nacc; i++ {
 		p("VPXORD Z%d, Z%d, Z%d", i, i, i)
@@ -190,13 +216,16 @@ func genBF16(w *bytes.Buffer, k kernBF16) {
 	p("JNZ %s_loop1", k.name)
 
 	label("store")
-	genStore16(w, k.name, k.mr, k.nv, acc)
+	genStore16(w, k.name, k.mr, k.nv, acc, true)
 }
 
 // genStore16 writes the output stage of epi16 for an mr×(16·nv) tile held in
 // registers acc(i, v), e in DI, mask in mask+32(FP), rows in mr+24(FP). It
-// uses Z24..Z31 and K1..K4, and ends with RET.
-func genStore16(w *bytes.Buffer, name string, mr, nv int, acc func(i, v int) int) {
+// uses Z24..Z31 and K1..K4, and ends with RET. With hw, bfloat16 results are
+// rounded by VCVTNE2PS2BF16/VCVTNEPS2BF16 (AVX512_BF16: to nearest even, NaN
+// quieted as tensor.ToBF16, but denormals flushed to zero, as VDPBF16PS
+// itself does); otherwise in integer arithmetic, exactly tensor.ToBF16.
+func genStore16(w *bytes.Buffer, name string, mr, nv int, acc func(i, v int) int, hw bool) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
 	label := func(l string) { fmt.Fprintf(w, "%s_%s:\n", name, l) }
 	const alpha, beta, one, rbias, quiet, tmp, tmp2 = 24, 25, 26, 27, 28, 30, 31
@@ -280,6 +309,9 @@ func genStore16(w *bytes.Buffer, name string, mr, nv int, acc func(i, v int) int
 						p("VMOVUPS Z%d, K%d, %d(R9)", a, v+1, 64*v)
 						continue
 					}
+					if hw {
+						continue // converted by pairs below
+					}
 					// Round to nearest even: (u + 0x7fff + (u>>16 & 1)) >> 16;
 					// NaN: u>>16 | 0x40.
 					p("VPSRLD $16, Z%d, Z%d", a, tmp2)
@@ -291,6 +323,20 @@ func genStore16(w *bytes.Buffer, name string, mr, nv int, acc func(i, v int) int
 					p("VPSRLD $16, Z%d, K4, Z%d", a, tmp2)
 					p("VPORD Z%d, Z%d, K4, Z%d", quiet, tmp2, tmp2)
 					p("VPMOVDW Z%d, K%d, %d(R9)", tmp2, v+1, 32*v)
+				}
+				if out == 1 && hw {
+					// VCVTNE2PS2BF16: two vectors into 32 words (columns
+					// 32v..32v+31, mask bits of K(v+1) for 32 columns: K1
+					// holds all of them from bit 0, K3 those from 32).
+					for v := 0; v < nv; v += 2 {
+						if v+1 < nv {
+							p("%s", vcvtne2ps2bf16(tmp2, acc(i, v+1), acc(i, v)))
+							p("VMOVDQU16 Z%d, K%d, %d(R9)", tmp2, v+1, 32*v)
+						} else {
+							p("%s", vcvtneps2bf16(tmp2, acc(i, v)))
+							p("VMOVDQU16 Y%d, K%d, %d(R9)", tmp2, v+1, 32*v)
+						}
+					}
 				}
 				if i == mr-1 {
 					break
@@ -548,7 +594,7 @@ func genDirect(w *bytes.Buffer, name string) {
 		p("VPERMT2PS Z%d, Z%d, Z24", hi, idx1)
 		p("VMOVAPS Z24, Z%d", hi)
 	}
-	genStore16(w, name, mr, nv, acc)
+	genStore16(w, name, mr, nv, acc, true)
 }
 
 // genDirectIdx writes the VPERMT2PS indices of genDirect.

@@ -227,3 +227,48 @@ func BenchmarkLinearBF16(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkElementwise compares the elementwise ops on float32 and bfloat16
+// (GFLOP/s counts one per element).
+func BenchmarkElementwise(b *testing.B) {
+	p := provider(b)
+	m, n := 2048, 4096
+	for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
+		rnd := func(shape ...int) *tensor.Tensor {
+			if dt == tensor.BFloat16 {
+				return randBF16(shape...)
+			}
+			return randTensor(dt, shape...)
+		}
+		x, dy, y := rnd(m, n), rnd(m, n), tensor.New(dt, m, n)
+		db := tensor.New(tensor.Float32, n)
+		sum := tensor.New(tensor.Float64, 1)
+		other := tensor.New(tensor.Float32, m, n)
+		if dt == tensor.Float32 {
+			other = tensor.New(tensor.BFloat16, m, n)
+		}
+		if dt == tensor.Float32 {
+			db = tensor.New(dt, n)
+		}
+		for _, c := range []struct {
+			name string
+			f    func() error
+		}{
+			{"gelu_forward", func() error { return p.GeluForward(y, x) }},
+			{"gelu_backward", func() error { return p.GeluBackward(y, dy, x) }},
+			{"bias_grad", func() error { return p.BiasGrad(db, dy, false) }},
+			{"axpy", func() error { return p.Axpy(-0.1, x, y) }},
+			{"mse", func() error { return p.MSE(y, sum, x, dy, 0.5) }},
+			{"cast", func() error { return p.Cast(other, x) }},
+		} {
+			b.Run(fmt.Sprintf("%v/%s", dt, c.name), func(b *testing.B) {
+				for b.Loop() {
+					if err := c.f(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				report(b, float64(m*n))
+			})
+		}
+	}
+}

@@ -150,6 +150,8 @@ type path16 struct {
 	toBF16  func(dst []bf16, src []float32)
 	// gelu is y = gelu(x) or, with backward, y = dy·gelu'(x), in float32.
 	gelu func(y, dy, x []float32, backward bool)
+	// colSum adds the rows of a (leading dim lda) to acc, rows in order.
+	colSum func(acc []float32, a []bf16, lda, rows int)
 }
 
 // bf16Paths lists the paths this machine runs, best first; "go" is last.
@@ -171,6 +173,7 @@ var goPath16 = &path16{
 	toF32:   toF32Go,
 	toBF16:  toBF16Go,
 	gelu:    geluGo32,
+	colSum:  colSumGo,
 }
 
 // BF16Kernels returns the bfloat16 paths this machine can run, best first:

@@ -79,6 +79,9 @@ func cvtToBF16AVX512(dst *bf16, src *float32, n int)
 func baxpy4W(n int, x *[4]float32, b *bf16, ldb int, acc *float32)
 
 //go:noescape
+func colSumBF16(acc *float32, a *bf16, lda, rows, n int)
+
+//go:noescape
 func baxpy1W(n int, x float32, b *bf16, acc *float32)
 
 func init() {
@@ -101,6 +104,7 @@ func init() {
 		toF32:   toF32AVX512,
 		toBF16:  toBF16AVX512,
 		gelu:    gelu512,
+		colSum:  colSum512,
 	}
 	paths := []*path16{widen}
 	if cpu.X86.HasAVX512BF16 {
@@ -153,6 +157,17 @@ func toBF16AVX512(dst []bf16, src []float32) {
 	}
 	_ = dst[len(src)-1]
 	cvtToBF16AVX512(&dst[0], &src[0], len(src))
+}
+
+// colSum512 adds the rows of a (rows×len(acc), leading dim lda) to acc, rows
+// in order (as colSumGo).
+func colSum512(acc []float32, a []bf16, lda, rows int) {
+	n := len(acc)
+	if n == 0 || rows == 0 {
+		return
+	}
+	_ = a[(rows-1)*lda+n-1]
+	colSumBF16(&acc[0], &a[0], lda, rows, n)
 }
 
 // gelu512 is the float32 GELU: AVX-512 on whole 16-element blocks, gelu32 on

@@ -423,3 +423,56 @@ schunk:
 	VZEROUPPER
 sdone:
 	RET
+
+// func colSumBF16(acc *float32, a *bf16, lda, rows, n int)
+// acc[j] += a[i*lda+j] for each row i in order, j < n: row by row, so every
+// acc[j] sees the same additions in the same order as a scalar loop.
+TEXT ·colSumBF16(SB), NOSPLIT, $0-40
+	MOVQ acc+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ lda+16(FP), DX
+	SHLQ $1, DX
+	MOVQ rows+24(FP), R8
+	MOVQ n+32(FP), CX
+	TESTQ R8, R8
+	JZ cdone
+	TESTQ CX, CX
+	JZ cdone
+	MOVQ CX, R9
+	ANDQ $15, R9
+	MOVQ $1, AX
+	MOVQ CX, R10
+	MOVQ R9, CX
+	SHLQ CX, AX
+	DECQ AX
+	KMOVW AX, K1                  // the last partial chunk
+	MOVQ R10, CX
+	SHRQ $4, R10                  // whole chunks
+crow:
+	XORQ AX, AX
+	MOVQ R10, BX
+	TESTQ BX, BX
+	JZ ctail
+cchunk:
+	VPMOVZXWD (SI)(AX*2), Z0
+	VPSLLD $16, Z0, Z0
+	VADDPS (DI)(AX*4), Z0, Z0
+	VMOVUPS Z0, (DI)(AX*4)
+	ADDQ $16, AX
+	DECQ BX
+	JNZ cchunk
+ctail:
+	TESTQ R9, R9
+	JZ cnext
+	VPMOVZXWD.Z (SI)(AX*2), K1, Z0
+	VPSLLD $16, Z0, Z0
+	VMOVUPS.Z (DI)(AX*4), K1, Z1
+	VADDPS Z1, Z0, Z0
+	VMOVUPS Z0, K1, (DI)(AX*4)
+cnext:
+	ADDQ DX, SI
+	DECQ R8
+	JNZ crow
+	VZEROUPPER
+cdone:
+	RET

@@ -255,6 +255,17 @@ func axpyGo16(acc []float32, x, b []bf16, ldb int) {
 	}
 }
 
+// colSumGo adds the rows of a (rows×len(acc), leading dim lda) to acc, rows
+// in order.
+func colSumGo(acc []float32, a []bf16, lda, rows int) {
+	n := len(acc)
+	for i := 0; i < rows; i++ {
+		for j, v := range a[i*lda:][:n] {
+			acc[j] += v.Float32()
+		}
+	}
+}
+
 func toF32Go(dst []float32, src []bf16) {
 	dst = dst[:len(src)]
 	for i, v := range src {

@@ -120,11 +120,7 @@ func (p *Provider) rowSums16(bias mat16, g *gemmArgs16) {
 	switch {
 	case g.k == 0:
 	case g.transA: // A is K rows of M
-		for k := 0; k < g.k; k++ {
-			for i, v := range g.a[k*g.lda:][:g.m] {
-				s[i] += v.Float32()
-			}
-		}
+		p.e16.p.colSum(s, g.a, g.lda, g.k)
 	default:
 		for i := range s {
 			var acc float32
@@ -175,11 +171,7 @@ func (p *Provider) biasGrad16(db mat16, dy []bf16, m, n int, accumulate bool) {
 	if !accumulate {
 		clear(acc)
 	}
-	for i := 0; i < m; i++ {
-		for j, v := range dy[i*n:][:n] {
-			acc[j] += v.Float32()
-		}
-	}
+	p.e16.p.colSum(acc, dy, n, m)
 	if sc != nil {
 		storeVec(db, acc)
 		scratchPool.put(sc)

@@ -73,10 +73,6 @@ var bf16Kernels = []kernBF16{
 	{"bgemmDP12x32", 12, 2},
 }
 
-// shortPF is how many tiles below the current one a kernel with a short k
-// loop prefetches.
-var shortPF = 3
-
 func genBF16(w *bytes.Buffer, k kernBF16) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
 	label := func(l string) { fmt.Fprintf(w, "%s_%s:\n", k.name, l) }
@@ -138,24 +134,8 @@ func genBF16(w *bytes.Buffer, k kernBF16) {
 	}
 	// Early (into L2) only when the k loop is long enough for it to matter.
 	p("CMPQ CX, $%d", 4*8+4)
-	p("JLT %s_short", k.name)
+	p("JLT %s_nopf1", k.name)
 	prefetchOut("PREFETCHT1")
-	p("JMP %s_nopf1", k.name)
-	// A short k loop (small K: the output stage dominates): warm the output
-	// rows of the next tiles below this one instead, which the loop nest
-	// computes next (the current tile's are prefetched in leg 2).
-	label("short")
-	lastByte("const_epiOutBF16")
-	p("MOVQ epi16_out(DI), R10")
-	p("MOVQ epi16_ldOut(DI), SI")
-	for i := 0; i < k.mr; i++ {
-		p("ADDQ SI, R10")
-	}
-	for i := 0; i < shortPF*k.mr; i++ {
-		p("PREFETCHT0 (R10)")
-		p("PREFETCHT0 (R10)(R12*1)")
-		p("ADDQ SI, R10")
-	}
 	label("nopf1")
 	for i := 0; i < nacc; i++ {
 		p("VPXORD Z%d, Z%d, Z%d", i, i, i)

@@ -91,7 +91,7 @@ func init() {
 	widen := &path16{
 		name: "avx512",
 		uk: &ukernel16{name: "avx512", mr: 8, nr: 48, mc: 96, kc: 1024, nc: 4128,
-			fn: widenTile, packA: packAWiden, packB: packBWiden},
+			fn: widenTile, packA: packAWiden512, packB: packBWiden512},
 		dots: [3][2]dotKernel16{
 			{{4, 6, bdotW4x6}, {4, 1, bdotW4x1}},
 			{{2, 6, bdotW2x6}, {2, 1, bdotW2x1}},
@@ -215,6 +215,9 @@ func transpose16x16s(dst *float32, ldd int, src *float32, lds int, dst2 *float32
 func pairRowsSplit(dst *float32, pstride int, src *bf16, lds int, pairs, chunks int)
 
 //go:noescape
+func unpairRows(dst *float32, src *float32, n, pairs, chunks int, smask uint64)
+
+//go:noescape
 func pairRows(dst *float32, ldd int, src *bf16, lds int, pairs, chunks int, lmask, smask uint64)
 
 // maskBits returns a mask of the n low bits (n <= 64).
@@ -325,4 +328,59 @@ func packBPairs512(dst []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc,
 			clear(d[p*nr+cols : p*nr+nr])
 		}
 	}
+}
+
+// pairScratch holds a panel of pairs on its way to float32 (the widened path).
+type pairScratch struct{ s []float32 }
+
+var pairScratches freeList[pairScratch]
+
+// widenPanel widens a panel of kc rows of n lanes from pairs (kp = ceil(kc/2)
+// rows) into dst (kc rows of n floats).
+func widenPanel(dst, pairs []float32, kc, n int) {
+	whole := kc / 2
+	chunks := (n + 15) / 16
+	if whole > 0 {
+		_ = dst[kc*n-1]
+		unpairRows(&dst[0], &pairs[0], n, whole, chunks, maskBits(n-16*(chunks-1)))
+	}
+	if kc%2 == 1 {
+		last, row := lanes(pairs[whole*n:][:n]), lanes(dst[(kc-1)*n:][:n])
+		for j, v := range last {
+			row[j] = v << 16
+		}
+	}
+}
+
+// packAWiden512 is packAWiden through the pair packing: A packed as pairs,
+// then widened panel by panel.
+func packAWiden512(dst []float32, a []bf16, lda int, trans bool, i0, mc, k0, kc, mr int) {
+	if mr > 64 {
+		packAWiden(dst, a, lda, trans, i0, mc, k0, kc, mr)
+		return
+	}
+	kp := (kc + 1) / 2
+	sc := pairScratches.get()
+	sc.s = grow(sc.s, ((mc+mr-1)/mr)*kp*mr)
+	packAPairs512(sc.s, a, lda, trans, i0, mc, k0, kc, mr)
+	for p := 0; p < mc; p += mr {
+		widenPanel(dst[(p/mr)*kc*mr:], sc.s[(p/mr)*kp*mr:], kc, mr)
+	}
+	pairScratches.put(sc)
+}
+
+// packBWiden512 is packBWiden through the pair packing.
+func packBWiden512(dst []float32, b []bf16, ldb int, trans bool, k0, kc, j0, nc, nr int) {
+	if nr > 64 {
+		packBWiden(dst, b, ldb, trans, k0, kc, j0, nc, nr)
+		return
+	}
+	kp := (kc + 1) / 2
+	sc := pairScratches.get()
+	sc.s = grow(sc.s, ((nc+nr-1)/nr)*kp*nr)
+	packBPairs512(sc.s, b, ldb, trans, k0, kc, j0, nc, nr)
+	for q := 0; q < nc; q += nr {
+		widenPanel(dst[(q/nr)*kc*nr:], sc.s[(q/nr)*kp*nr:], kc, nr)
+	}
+	pairScratches.put(sc)
 }

@@ -476,3 +476,79 @@ cnext:
 	VZEROUPPER
 cdone:
 	RET
+
+// func unpairRows(dst *float32, src *float32, n, pairs, chunks int, smask uint64)
+// Widens a panel of bfloat16 pairs (rows of n 32-bit lanes) into float32 rows
+// of n: for p < pairs, dst[2p*n+j] = float32(lo(src[p*n+j])),
+// dst[(2p+1)*n+j] = float32(hi(src[p*n+j])), j < n = 16·chunks, the last chunk
+// storing the lanes of smask (chunks <= 4).
+TEXT ·unpairRows(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), DX
+	SHLQ $2, DX                   // a row in bytes
+	MOVQ pairs+24(FP), CX
+	MOVQ chunks+32(FP), R10
+	MOVQ smask+40(FP), AX
+	KMOVQ AX, K1
+	TESTQ CX, CX
+	JZ udone
+	MOVL $0xffff0000, AX
+	VPBROADCASTD AX, Z31
+	LEAQ (DI)(DX*1), R9           // the odd row
+uloop:
+	VMOVDQU32 (SI), Z0
+	CMPQ R10, $1
+	JEQ u1
+	VMOVDQU32 64(SI), Z1
+	CMPQ R10, $2
+	JEQ u2
+	VMOVDQU32 128(SI), Z2
+	CMPQ R10, $3
+	JEQ u3
+	VMOVDQU32 192(SI), Z3
+	VPSLLD $16, Z3, Z7
+	VPANDD Z31, Z3, Z3
+	VMOVDQU32 Z7, K1, 192(DI)
+	VMOVDQU32 Z3, K1, 192(R9)
+	VPSLLD $16, Z2, Z6
+	VPANDD Z31, Z2, Z2
+	VMOVDQU32 Z6, 128(DI)
+	VMOVDQU32 Z2, 128(R9)
+	JMP ufull2
+u3:
+	VPSLLD $16, Z2, Z6
+	VPANDD Z31, Z2, Z2
+	VMOVDQU32 Z6, K1, 128(DI)
+	VMOVDQU32 Z2, K1, 128(R9)
+ufull2:
+	VPSLLD $16, Z1, Z5
+	VPANDD Z31, Z1, Z1
+	VMOVDQU32 Z5, 64(DI)
+	VMOVDQU32 Z1, 64(R9)
+	JMP ufull1
+u2:
+	VPSLLD $16, Z1, Z5
+	VPANDD Z31, Z1, Z1
+	VMOVDQU32 Z5, K1, 64(DI)
+	VMOVDQU32 Z1, K1, 64(R9)
+ufull1:
+	VPSLLD $16, Z0, Z4
+	VPANDD Z31, Z0, Z0
+	VMOVDQU32 Z4, (DI)
+	VMOVDQU32 Z0, (R9)
+	JMP unext
+u1:
+	VPSLLD $16, Z0, Z4
+	VPANDD Z31, Z0, Z0
+	VMOVDQU32 Z4, K1, (DI)
+	VMOVDQU32 Z0, K1, (R9)
+unext:
+	ADDQ DX, SI
+	LEAQ (DI)(DX*2), DI
+	LEAQ (R9)(DX*2), R9
+	DECQ CX
+	JNZ uloop
+	VZEROUPPER
+udone:
+	RET

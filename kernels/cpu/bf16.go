@@ -288,7 +288,7 @@ func (e *engine16) gemm(g gemmArgs16, threads int) {
 		j.parts = min(threads, (g.n+dotChunk-1)/dotChunk)
 		parallel(j, j.parts, &j.wg)
 		bufPool16.put(buf)
-	case !g.transB && (g.m <= dotMaxM || g.k <= directMaxK) && e.p.direct != nil:
+	case !g.transB && (g.m <= directMaxM || g.k <= directMaxK) && e.p.direct != nil:
 		// A packed once (a few 8-row panels, or short ones), B read in place:
 		// with few rows, columns split (each B column strip read once, all
 		// rows at a time); with a short K (a weight gradient over a few rows
@@ -299,7 +299,7 @@ func (e *engine16) gemm(g gemmArgs16, threads int) {
 		buf.a = growPanel(buf.a, (g.m+7)/8*8*kp)
 		j.xpacked = buf.a
 		e.p.uk.packA(j.xpacked, g.a, g.lda, g.transA, 0, g.m, 0, g.k, 8) // the pairs path
-		j.splitN = g.m <= dotMaxM
+		j.splitN = g.m <= directMaxM
 		if j.splitN {
 			j.parts = min(threads, (g.n+31)/32)
 		} else {
@@ -446,43 +446,79 @@ func (j *gemmJob16) dotBlock(buf *packBuf16, j0, j1 int) {
 	}
 }
 
+// directMaxM is the largest M for which an untransposed B is read in place
+// (measured: 2x the packed path at M = 8, 1.1x at 48, slower from 64).
+var directMaxM = 48
+
 // directMaxK is the largest K for which an untransposed B is read in place
 // whatever M: the output stage dominates, and rows are written left to right
 // (measured: 1.8x the packed path at K = 8, even at K = 12, slower from 14).
 var directMaxK = 12
 
-// directBlock computes out[i0:i1, j0:j1] with the direct kernel: 8×32 tiles,
-// all of K at once, A packed in j.xpacked; column tiles in the outer loop when
-// columns are split (few rows), rows outer otherwise.
+// directKC is the K block (rows of B) of the direct kernel with few rows of
+// A: the rows of a block are walked tile after tile, so their pages stay in
+// the TLB (rows of a large B are pages apart) and each row is a stream.
+const directKC = 64
+
+// directBlock computes out[i0:i1, j0:j1] with the direct kernel, 8×32 tiles,
+// A packed in j.xpacked. With few rows of A (columns split), K is walked in
+// blocks of directKC rows of B, all tiles of a block before the next, the sums
+// kept in float32 between blocks (in the output itself if it is float32);
+// otherwise (K small) all of K at once, row panels outer.
 func (j *gemmJob16) directBlock(buf *packBuf16, i0, i1, j0, j1 int) {
 	e := &buf.e
-	e.alpha, e.beta = j.alpha, j.beta
-	var in, bias tileOperand
-	if j.beta != 0 {
-		in = j.in.operand(0, 0, epiInBF16)
-	}
-	if j.bias.valid() {
-		bias = j.bias.operand(0, 0, epiBiasBF16)
-	}
-	out := j.out.operand(0, 0, epiOutBF16)
-	e.flags = in.flag | out.flag | bias.flag
-	e.ldIn, e.ldOut = in.ld, out.ld
+	e.alpha = j.alpha
 	kp := (j.k + 1) / 2
-	tile := func(i, jj int) {
-		e.bias = bias.at(0, jj)
-		e.in, e.out = in.at(i, jj), out.at(i, jj)
-		j.p.direct(j.k/2, &j.xpacked[i*kp], &j.b[jj], min(8, i1-i), uint64(1)<<min(32, j1-jj)-1, e, j.ldb, j.k%2)
-	}
+	kcb := j.k
 	if j.splitN {
-		for jj := j0; jj < j1; jj += 32 {
-			for i := i0; i < i1; i += 8 {
-				tile(i, jj)
-			}
+		kcb = directKC
+	}
+	partial := j.out.bf && kcb < j.k
+	var part mat16
+	if partial {
+		buf.part = growPanel(buf.part, (i1-i0)*(j1-j0))
+		part = mat16{f32: buf.part, ld: j1 - j0}
+	}
+	var in, out, bias tileOperand
+	for pc := 0; pc < j.k; pc += kcb {
+		kc := min(kcb, j.k-pc)
+		first, last := pc == 0, pc+kc == j.k
+		in, e.beta = tileOperand{}, j.beta
+		switch {
+		case first && j.beta != 0:
+			in = j.in.operand(i0, j0, epiInBF16)
+		case !first && partial:
+			in, e.beta = part.operand(0, 0, 0), 1
+		case !first:
+			in, e.beta = j.out.operand(i0, j0, epiInBF16), 1
 		}
-	} else {
-		for i := i0; i < i1; i += 8 {
+		if partial && !last {
+			out = part.operand(0, 0, 0)
+		} else {
+			out = j.out.operand(i0, j0, epiOutBF16)
+		}
+		bias = tileOperand{}
+		if first && j.bias.valid() {
+			bias = j.bias.operand(0, j0, epiBiasBF16)
+		}
+		e.flags = in.flag | out.flag | bias.flag
+		e.ldIn, e.ldOut = in.ld, out.ld
+		tile := func(i, jj int) {
+			e.bias = bias.at(0, jj-j0)
+			e.in, e.out = in.at(i-i0, jj-j0), out.at(i-i0, jj-j0)
+			j.p.direct(kc/2, &j.xpacked[i*kp+pc/2*8], &j.b[pc*j.ldb+jj], min(8, i1-i), uint64(1)<<min(32, j1-jj)-1, e, j.ldb, kc%2)
+		}
+		if j.splitN {
 			for jj := j0; jj < j1; jj += 32 {
-				tile(i, jj)
+				for i := i0; i < i1; i += 8 {
+					tile(i, jj)
+				}
+			}
+		} else {
+			for i := i0; i < i1; i += 8 {
+				for jj := j0; jj < j1; jj += 32 {
+					tile(i, jj)
+				}
 			}
 		}
 	}

@@ -348,6 +348,7 @@ func testDeterminism(t *testing.T, cfg Config, dt tensor.DType) {
 		// the small-M paths.
 		shapes = append(shapes, kernels.GemmParams{M: 70, N: 150, K: 4500, Alpha: 1, Beta: 0.5},
 			kernels.GemmParams{TransA: true, M: 300, N: 200, K: 7, Alpha: 1, Beta: 1},
+			kernels.GemmParams{M: 40, N: 900, K: 1001, Alpha: 1, Beta: 0.5},
 			kernels.GemmParams{TransB: true, M: 16, N: 700, K: 4500, Alpha: 1, Beta: 1},
 			kernels.GemmParams{TransA: true, M: 100, N: 130, K: 5000, Alpha: 1, Beta: 1})
 	}

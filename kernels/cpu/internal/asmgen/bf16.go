@@ -507,10 +507,6 @@ func genDirect(w *bytes.Buffer, name string) {
 	p("SHLQ $1, DX")
 	p("MOVQ mask+32(FP), R9")
 	p("KMOVQ R9, K5")
-	// Prefetch distances: 8 pairs ahead (rows 16 and 17 on).
-	p("MOVQ DX, R12")
-	p("SHLQ $4, R12")
-	p("LEAQ (R12)(DX*1), R13")
 	// The output rows into L2 (64 bytes of bfloat16 or 128 of float32 each).
 	p("MOVQ epi16_out(DI), R10")
 	p("MOVQ epi16_ldOut(DI), SI")
@@ -531,8 +527,10 @@ func genDirect(w *bytes.Buffer, name string) {
 			p("VPXORD Z%d, Z%d, Z%d", r1, r1, r1)
 		} else {
 			p("VMOVDQU16.Z (BX)(DX*1), K5, Z%d", r1)
-			p("PREFETCHT0 (BX)(R12*1)")
-			p("PREFETCHT0 (BX)(R13*1)")
+			// The same rows two tiles to the right: the loop nest walks a
+			// block of rows tile after tile, so each row is a stream.
+			p("PREFETCHT0 128(BX)")
+			p("PREFETCHT0 128(BX)(DX*1)")
 		}
 		p("VPUNPCKLWD Z%d, Z%d, Z%d", r1, r0, blo)
 		p("VPUNPCKHWD Z%d, Z%d, Z%d", r1, r0, bhi)

@@ -72,7 +72,12 @@ for r in $(seq "$rounds"); do
     OMP_NUM_THREADS=$t $py bench/kernels/peer_torch.py torch-bf16 "$t" "$secs" 2>/dev/null >>"$out"
   done
 done
-torchdesc=$($py -c 'import torch; print(f"PyTorch {torch.__version__} (mkldnn {torch.backends.mkldnn.is_available()}, oneDNN {torch.backends.mkldnn.version() if hasattr(torch.backends.mkldnn, \"version\") else \"?\"})")' 2>/dev/null || echo "PyTorch ?")
+torchdesc=$($py - <<'PY' 2>/dev/null || echo "PyTorch (not found)"
+import re, torch
+m = re.search(r"MKL-DNN (v[0-9.]+)", torch.__config__.show())
+print(f"PyTorch {torch.__version__} (Debian python3-torch, oneDNN {m.group(1) if m else '?'}, mkldnn available: {torch.backends.mkldnn.is_available()})")
+PY
+)
 
 $py - "$out" "$peak1" "$core512" "$coredef" "$peak16" "$torchdesc" <<'PY'
 import sys, collections

@@ -27,7 +27,11 @@ import (
 // sums of the first blocks are kept in a float32 buffer and C is written once,
 // by the last block. Small M with a transposed B (the forward of a linear layer
 // on a few rows, M = 1 included) takes dot-product kernels that read both
-// operands unpacked; M = 1 with an untransposed B streams B rows (axpy form).
+// operands unpacked; an untransposed B with small M or small K a direct
+// VDPBF16PS kernel that interleaves its rows in registers; M = 1 with an
+// untransposed B streams B rows (axpy form). The VDPBF16PS path rounds
+// bfloat16 stores with VCVTNE2PS2BF16, which, like VDPBF16PS, flushes
+// denormals to zero; elsewhere rounding is exactly tensor.ToBF16.
 
 type bf16 = tensor.BF16
 
@@ -210,13 +214,14 @@ type engine16 struct {
 
 var jobPool16 = sync.Pool{New: func() any { return new(gemmJob16) }}
 
-// gemmJob16 is a bfloat16 GEMM split into parts over whole micro-tiles (or, on
-// the dot and axpy paths, over fixed column chunks).
+// gemmJob16 is a bfloat16 GEMM split into parts over whole micro-tiles of a
+// grid anchored at (0, 0) (on the dot and axpy paths, over fixed column or row
+// chunks): results do not depend on the number of parts.
 type gemmJob16 struct {
 	gemmArgs16
 	p      *path16
 	uk     *ukernel16
-	kind   int // jobPacked, jobDot, jobAxpy
+	kind   int // jobPacked, jobDot, jobAxpy, jobDirect
 	parts  int
 	splitN bool
 	// axpy form: row chunks of B and their partial sums (chunks×n).
@@ -274,7 +279,7 @@ func (e *engine16) gemm(g gemmArgs16, threads int) {
 				sum[x] += v
 			}
 		}
-		e.out(&buf.e, &g, 0, 0)
+		buf.e.whole(&g, 0, 0)
 		e.p.epiRows(1, g.n, sum, g.n, &buf.e)
 		bufPool16.put(buf)
 	case g.transB && g.m <= dotMaxM && (!g.transA || g.m == 1 && g.lda == 1):
@@ -348,9 +353,9 @@ func (j *gemmJob16) packDotX(buf *packBuf16) {
 	}
 }
 
-// out points e at the output stage of the block at (i, j) of g: the final
-// output, the beta term from g.in and the bias.
-func (e *engine16) out(ep *epi16, g *gemmArgs16, i, j int) {
+// whole points ep at the output stage of g's output from element (i, j), for
+// results of all of K: the final output, the beta term from g.in, the bias.
+func (ep *epi16) whole(g *gemmArgs16, i, j int) {
 	ep.alpha, ep.beta = g.alpha, g.beta
 	ep.flags = 0
 	ep.out, ep.ldOut = g.out.at(i, j), g.out.ld*g.out.size()
@@ -426,7 +431,6 @@ func (j *gemmJob16) dotBlock(buf *packBuf16, j0, j1 int) {
 	buf.rows = grow(buf.rows, j.m*dotChunk)
 	tmp := buf.rows
 	e := &buf.e
-	var eng engine16
 	for c0 := j0; c0 < j1; c0 += dotChunk {
 		cols := min(dotChunk, j1-c0)
 		for _, gr := range j.groups {
@@ -441,7 +445,7 @@ func (j *gemmJob16) dotBlock(buf *packBuf16, j0, j1 int) {
 				d[1].fn(j.k, xp, &j.b[(c0+c)*j.ldb], j.ldb, &out[c], dotChunk)
 			}
 		}
-		eng.out(e, &j.gemmArgs16, 0, c0)
+		e.whole(&j.gemmArgs16, 0, c0)
 		j.p.epiRows(j.m, cols, tmp, dotChunk, e)
 	}
 }

@@ -17,9 +17,6 @@ func bgemmDP8x48(depth int, a, b *float32, mr int, mask uint64, e *epi16)
 //go:noescape
 func bgemmDPD8x32(depth int, a *float32, b *bf16, mr int, mask uint64, e *epi16, ldb int, odd int)
 
-//go:noescape
-func bgemmDP12x32(depth int, a, b *float32, mr int, mask uint64, e *epi16)
-
 // transpose16x16b is transpose16x16 with leading dims in bytes.
 //
 //go:noescape

@@ -345,7 +345,7 @@ func (j *gemmJob16) packDotX(buf *packBuf16) {
 		off += steps * r * 16
 		i += r
 	}
-	buf.a = grow(buf.a, off)
+	buf.a = growPanel(buf.a, off)
 	j.xpacked = buf.a
 	for _, gr := range j.groups {
 		r := j.p.dots[gr.g][0].r

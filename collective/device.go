@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"go.uber.org/zap"
 
@@ -245,4 +246,43 @@ func sameDevice(dev tensor.Device, ts ...*tensor.Tensor) (tensor.DType, error) {
 		dt = t.DType()
 	}
 	return dt, nil
+}
+
+// AllGatherBytes gathers every rank's bytes (of any length) on every rank, in
+// rank order, over the world group: for small control data (errors, records)
+// that must reach every rank. The bytes travel as opaque 2-byte elements.
+func AllGatherBytes(ctx context.Context, w *World, b []byte) ([][]byte, error) {
+	g, err := w.WorldGroup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	n := w.Size()
+	lens := make([]float64, n)
+	ones := make([]int, n)
+	for i := range ones {
+		ones[i] = 1
+	}
+	if err := AllGather(ctx, g, []float64{float64(len(b))}, lens, ones); err != nil {
+		return nil, err
+	}
+	counts := make([]int, n)
+	total := 0
+	for r, l := range lens {
+		counts[r] = (int(l) + 1) / 2
+		total += counts[r]
+	}
+	in := make([]tensor.BF16, counts[w.Rank()])
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(in))), 2*len(in)), b)
+	out := make([]tensor.BF16, total)
+	if err := AllGather(ctx, g, in, out, counts); err != nil {
+		return nil, err
+	}
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(out))), 2*len(out))
+	res := make([][]byte, n)
+	off := 0
+	for r := range res {
+		res[r] = append([]byte(nil), raw[2*off:2*off+int(lens[r])]...)
+		off += counts[r]
+	}
+	return res, nil
 }

@@ -122,10 +122,10 @@ type Layer struct {
 	// DW and DB accumulate this rank's gradient terms as the backward plan
 	// computes them (before their reduction); Reduce turns them into gradients
 	// laid out as W and B.
-	dw, db   *tensor.Tensor
-	gradDW   *tensor.Tensor
-	gradDB   *tensor.Tensor
-	pending  bool
+	dw, db  *tensor.Tensor
+	gradDW  *tensor.Tensor
+	gradDB  *tensor.Tensor
+	pending bool
 	// wc and bc are the compute-dtype copies of W and B (bfloat16 layers).
 	wc, bc   *tensor.Tensor
 	fwdMoves map[string]spmd.Move

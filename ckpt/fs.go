@@ -1,0 +1,69 @@
+package ckpt
+
+import (
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// FS is the file system a checkpoint is written to and read from: the calls
+// saving and loading make, so that tests can wrap it to inject faults (a write
+// that fails, a process that dies halfway).
+type FS interface {
+	MkdirAll(dir string) error
+	// Create creates (or truncates) a file for writing.
+	Create(name string) (File, error)
+	Open(name string) (File, error)
+	Stat(name string) (fs.FileInfo, error)
+	ReadDir(dir string) ([]fs.DirEntry, error)
+	Rename(from, to string) error
+	RemoveAll(name string) error
+	// SyncDir makes a directory's entries (creations, renames) durable.
+	SyncDir(dir string) error
+}
+
+// File is an open file of an FS.
+type File interface {
+	io.Reader
+	io.ReaderAt
+	io.Writer
+	Sync() error
+	Close() error
+}
+
+// OS is the operating system's file system.
+var OS FS = osFS{}
+
+type osFS struct{}
+
+func (osFS) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o755) }
+func (osFS) Create(name string) (File, error) {
+	return os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+}
+func (osFS) Open(name string) (File, error)             { return os.Open(name) }
+func (osFS) Stat(name string) (fs.FileInfo, error)      { return os.Stat(name) }
+func (osFS) ReadDir(dir string) ([]fs.DirEntry, error)  { return os.ReadDir(dir) }
+func (osFS) Rename(from, to string) error               { return os.Rename(from, to) }
+func (osFS) RemoveAll(name string) error                { return os.RemoveAll(name) }
+func (osFS) SyncDir(dir string) error                   { return syncDir(dir) }
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	// Some file systems do not sync directories; that is not a failure.
+	if errors.Is(err, os.ErrInvalid) {
+		return nil
+	}
+	return err
+}
+
+// parentDir is the directory holding path.
+func parentDir(path string) string { return filepath.Dir(filepath.Clean(path)) }

@@ -42,12 +42,12 @@ func (osFS) MkdirAll(dir string) error { return os.MkdirAll(dir, 0o755) }
 func (osFS) Create(name string) (File, error) {
 	return os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 }
-func (osFS) Open(name string) (File, error)             { return os.Open(name) }
-func (osFS) Stat(name string) (fs.FileInfo, error)      { return os.Stat(name) }
-func (osFS) ReadDir(dir string) ([]fs.DirEntry, error)  { return os.ReadDir(dir) }
-func (osFS) Rename(from, to string) error               { return os.Rename(from, to) }
-func (osFS) RemoveAll(name string) error                { return os.RemoveAll(name) }
-func (osFS) SyncDir(dir string) error                   { return syncDir(dir) }
+func (osFS) Open(name string) (File, error)            { return os.Open(name) }
+func (osFS) Stat(name string) (fs.FileInfo, error)     { return os.Stat(name) }
+func (osFS) ReadDir(dir string) ([]fs.DirEntry, error) { return os.ReadDir(dir) }
+func (osFS) Rename(from, to string) error              { return os.Rename(from, to) }
+func (osFS) RemoveAll(name string) error               { return os.RemoveAll(name) }
+func (osFS) SyncDir(dir string) error                  { return syncDir(dir) }
 
 func syncDir(dir string) error {
 	d, err := os.Open(dir)

@@ -163,7 +163,9 @@ func (c *checksumWriter) flush() error {
 
 // StepDir is the folder of the checkpoint of step under root; TempDir is where
 // it is written before it is complete.
-func StepDir(root string, step int) string { return filepath.Join(root, fmt.Sprintf("step-%08d", step)) }
+func StepDir(root string, step int) string {
+	return filepath.Join(root, fmt.Sprintf("step-%08d", step))
+}
 
 // TempDir is the folder a checkpoint of step is written into; Commit renames
 // it to StepDir.

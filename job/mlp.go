@@ -16,15 +16,21 @@ import (
 
 // MLPReport is the JSON line `worker mlp` prints on rank 0 at the end.
 type MLPReport struct {
-	Mesh             string         `json:"mesh"`
-	Device           string         `json:"device"`
-	Kernels          string         `json:"kernels"`
-	DType            string         `json:"dtype"`
-	SequenceParallel bool           `json:"sequence_parallel"`
-	Tokens           int            `json:"tokens"`
-	Hidden           int            `json:"hidden"`
-	FFN              int            `json:"ffn"`
-	Steps            int            `json:"steps"`
+	Mesh             string `json:"mesh"`
+	Device           string `json:"device"`
+	Kernels          string `json:"kernels"`
+	DType            string `json:"dtype"`
+	SequenceParallel bool   `json:"sequence_parallel"`
+	Tokens           int    `json:"tokens"`
+	Hidden           int    `json:"hidden"`
+	FFN              int    `json:"ffn"`
+	Steps            int    `json:"steps"`
+	FirstStep        int    `json:"first_step"` // 1, or the checkpoint's step + 1
+	// LoadMS is the time --resume/--init took to read and place the
+	// parameters, SaveMS the last checkpoint's save; ParamBytes their size.
+	LoadMS           float64        `json:"load_ms,omitempty"`
+	SaveMS           float64        `json:"save_ms,omitempty"`
+	ParamBytes       int64          `json:"param_bytes"`
 	LossFirst        float64        `json:"loss_first"`
 	LossLast         float64        `json:"loss_last"`
 	StepMSMedian     float64        `json:"step_ms_median"`
@@ -61,6 +67,8 @@ func mlpWorkload(ctx context.Context, env Env) int {
 	df.register(fs)
 	gradDType := fs.String("grad-dtype", "", "dtype weight gradients are reduced in: float32 or bfloat16 (default: --dtype)")
 	profile := fs.String("cpuprofile", "", "write a CPU profile of the steps to FILE (in-process ranks: one profile)")
+	var cf ckptFlags
+	cf.register(fs)
 	if err := fs.Parse(env.Args[1:]); err != nil {
 		return usageError(env, "mlp", err)
 	}
@@ -88,7 +96,12 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		return usageError(env, "mlp", fmt.Errorf("--steps, --tokens, --hidden and --ffn must be positive"))
 	}
 	cfg.Mesh, cfg.SequenceParallel, cfg.LR = m, *sp, float32(*lr)
-	if _, err := linear.NewMLP(cfg, 0, nil); err != nil {
+	probe, err := linear.NewMLP(cfg, 0, nil)
+	if err != nil {
+		return usageError(env, "mlp", err)
+	}
+	ck, startStep, err := cf.open(probe.Params(), *steps)
+	if err != nil {
 		return usageError(env, "mlp", err)
 	}
 	rd, err := df.resolve(env)
@@ -112,6 +125,14 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		if err != nil {
 			return err
 		}
+		var loadMS, saveMS float64
+		if ck != nil {
+			start := time.Now()
+			if err := linear.LoadParams(ctx, w, ck, block.Params()); err != nil {
+				return err
+			}
+			loadMS = ms(time.Since(start))
+		}
 		var bytes int64
 		counts := map[string]int{}
 		tr := newTracer(env.Run)
@@ -125,7 +146,7 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		var stepMS, kernMS, commMS []float64
 		var first, last float64
 		var moved tensor.Transfers
-		for s := 1; s <= *steps; s++ {
+		for s := startStep + 1; s <= *steps; s++ {
 			tr.take("kernel")
 			tr.take("collective")
 			bytes = 0
@@ -139,7 +160,7 @@ func mlpWorkload(ctx context.Context, env Env) int {
 			d := time.Since(start)
 			moved = dev.Transfers().Sub(before)
 			stepMS, kernMS, commMS = append(stepMS, ms(d)), append(kernMS, ms(tr.take("kernel"))), append(commMS, ms(tr.take("collective")))
-			if s == 1 {
+			if s == startStep+1 {
 				first = loss
 			}
 			last = loss
@@ -147,13 +168,24 @@ func mlpWorkload(ctx context.Context, env Env) int {
 				env.Run.Progress(s, *steps, loss, d)
 				fmt.Fprintf(env.Stdout, "step %d/%d loss %.6f time %.2f ms\n", s, *steps, loss, ms(d))
 			}
+			if cf.due(s, *steps) {
+				d, err := cf.saveStep(ctx, w, block, s)
+				if err != nil {
+					return err
+				}
+				saveMS = ms(d)
+				if w.Rank() == 0 {
+					fmt.Fprintf(env.Stdout, "saved step %d to %s in %.1f ms\n", s, cf.save, saveMS)
+				}
+			}
 		}
 		if w.Rank() != 0 {
 			return nil
 		}
 		r := &MLPReport{Mesh: m.String(), Device: dev.Device().String(), Kernels: rd.choice.String(), DType: rd.dtype.String(),
 			SequenceParallel: cfg.SequenceParallel, Tokens: cfg.Tokens, Hidden: cfg.Hidden,
-			FFN: cfg.FFN, Steps: *steps, LossFirst: first, LossLast: last, StepMSMedian: median(stepMS),
+			FFN: cfg.FFN, Steps: *steps, FirstStep: startStep + 1, LossFirst: first, LossLast: last, StepMSMedian: median(stepMS),
+			LoadMS: loadMS, SaveMS: saveMS, ParamBytes: paramBytes(block.Params()),
 			CommBytesPerStep: bytes, Collectives: map[string]int{}, KernelMS: median(kernMS), CommMS: median(commMS)}
 		for k, v := range counts {
 			r.Collectives[k] = v
@@ -169,6 +201,9 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		return nil
 	})
 	if err != nil {
+		if corrupt(err) {
+			return usageError(env, "mlp", err)
+		}
 		return failure(env, "mlp", err)
 	}
 	if report != nil {

@@ -1,0 +1,91 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/meshrun/meshrun/ckpt"
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/linear"
+)
+
+// ckptFlags are mlp's checkpoint flags.
+type ckptFlags struct {
+	save         string
+	every, keep  int
+	resume, init string
+}
+
+func (c *ckptFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.save, "save", "", "save checkpoints into DIR (one folder step-N per checkpoint)")
+	fs.IntVar(&c.every, "save-every", 0, "with --save: save every N steps (0: at the end only)")
+	fs.IntVar(&c.keep, "keep", 3, "with --save: keep the newest K checkpoints (0: all)")
+	fs.StringVar(&c.resume, "resume", "", "resume from a checkpoint: DIR (its newest), DIR/step-N, or a safetensors file")
+	fs.StringVar(&c.init, "init", "", "start from the weights of FILE.safetensors (up.weight, up.bias, down.weight, down.bias)")
+}
+
+// open checks --resume or --init against the model before any rank starts and
+// returns the checkpoint (nil when none) and the step it was saved at.
+func (c ckptFlags) open(ps []linear.Param, steps int) (*ckpt.Checkpoint, int, error) {
+	if c.every < 0 || c.keep < 0 {
+		return nil, 0, fmt.Errorf("--save-every and --keep must not be negative")
+	}
+	if c.every > 0 && c.save == "" {
+		return nil, 0, fmt.Errorf("--save-every needs --save DIR")
+	}
+	path, flagName := c.resume, "--resume"
+	if c.init != "" {
+		if c.resume != "" {
+			return nil, 0, fmt.Errorf("--resume and --init: pick one")
+		}
+		path, flagName = c.init, "--init"
+	}
+	if path == "" {
+		return nil, 0, nil
+	}
+	ck, err := ckpt.Open(ckpt.OS, path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", flagName, err)
+	}
+	if err := linear.Expect(ck, ps); err != nil {
+		return nil, 0, fmt.Errorf("%s %s: %w", flagName, path, err)
+	}
+	step := 0
+	if c.resume != "" {
+		step = ck.Index.Step
+	}
+	if step >= steps {
+		return nil, 0, fmt.Errorf("--resume %s is at step %d: --steps %d leaves nothing to train", path, step, steps)
+	}
+	return ck, step, nil
+}
+
+// due reports whether step s is saved.
+func (c ckptFlags) due(s, last int) bool {
+	return c.save != "" && ((c.every > 0 && s%c.every == 0) || s == last)
+}
+
+// save writes the block's checkpoint of step s and returns how long it took.
+func (c ckptFlags) saveStep(ctx context.Context, w *collective.World, b *linear.MLP, s int) (time.Duration, error) {
+	start := time.Now()
+	err := linear.SaveParams(ctx, w, b.Params(), linear.SaveOptions{Root: c.save, Step: s, Keep: c.keep})
+	return time.Since(start), err
+}
+
+// paramBytes is the size of a block's parameters (float32).
+func paramBytes(ps []linear.Param) int64 {
+	var n int64
+	for _, p := range ps {
+		n += 4 * p.Spec.NumElems()
+	}
+	return n
+}
+
+// corrupt reports whether err is a checkpoint that could not be loaded (the
+// workload then exits with ExitUsage, as for any bad input).
+func corrupt(err error) bool {
+	return errors.Is(err, ckpt.ErrCorrupt) || errors.Is(err, ckpt.ErrFormat) || errors.Is(err, ckpt.ErrMismatch)
+}

@@ -1,0 +1,92 @@
+package job
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/meshrun/meshrun/ckpt"
+)
+
+func mlpReport(t *testing.T, args ...string) MLPReport {
+	t.Helper()
+	code, out, errs := run(t, append([]string{"mlp", "--tokens", "16", "--hidden", "10", "--ffn", "22"}, args...)...)
+	if code != 0 {
+		t.Fatalf("%v: exit %d: %s", args, code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var r MLPReport
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestMLPSaveResume: saved on tp=4 every 5 steps, resumed at step 5 on
+// dp=2,tp=2, tp=3 and one rank, the run ends with the uninterrupted run's loss.
+func TestMLPSaveResume(t *testing.T) {
+	dir := t.TempDir()
+	full := mlpReport(t, "--mesh", "tp=4", "--steps", "10", "--save", dir, "--save-every", "5")
+	if steps, _ := ckpt.Steps(ckpt.OS, dir); len(steps) != 2 || steps[0] != 5 || steps[1] != 10 {
+		t.Fatalf("checkpoints %v", steps)
+	}
+	for _, mesh := range []string{"dp=2,tp=2", "tp=3", "1"} {
+		r := mlpReport(t, "--mesh", mesh, "--steps", "10", "--resume", ckpt.StepDir(dir, 5))
+		if r.FirstStep != 6 || math.Abs(r.LossLast-full.LossLast) > 1e-6*full.LossLast {
+			t.Errorf("%s: resumed at %d, loss %v, uninterrupted %v", mesh, r.FirstStep, r.LossLast, full.LossLast)
+		}
+	}
+	// --resume DIR takes the newest: step 10 leaves nothing to train.
+	if code, _, errs := run(t, "mlp", "--tokens", "16", "--hidden", "10", "--ffn", "22", "--steps", "10", "--resume", dir); code != ExitUsage || !strings.Contains(errs, "step 10") {
+		t.Errorf("resume at the last step: exit %d %s", code, errs)
+	}
+}
+
+// TestResumeDamaged: a damaged checkpoint or one of another model is refused
+// with exit 2 and an error naming the file or the tensor, nothing trained.
+func TestResumeDamaged(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(dir string)
+		args   []string
+		want   string
+	}{
+		{"flipped byte", func(dir string) { flipByte(t, filepath.Join(dir, "rank-00001.safetensors"), -3) }, nil, `rank-00001.safetensors: tensor "`},
+		{"truncated file", func(dir string) {
+			name := filepath.Join(dir, "rank-00000.safetensors")
+			st, _ := os.Stat(name)
+			os.Truncate(name, st.Size()-100)
+		}, nil, "rank-00000.safetensors: "},
+		{"missing file", func(dir string) { os.Remove(filepath.Join(dir, "rank-00001.safetensors")) }, nil, "rank-00001.safetensors: file missing"},
+		{"wrong shape", func(string) {}, []string{"--hidden", "12"}, `tensor "down.bias" is float32 [10], the model wants float32 [12]`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			mlpReport(t, "--mesh", "tp=2", "--steps", "2", "--save", root)
+			tc.damage(ckpt.StepDir(root, 2))
+			args := append([]string{"mlp", "--mesh", "tp=2", "--tokens", "16", "--hidden", "10", "--ffn", "22", "--steps", "4", "--resume", root}, tc.args...)
+			code, out, errs := run(t, args...)
+			if code != ExitUsage || strings.Contains(out, "step 3") || !strings.Contains(errs, tc.want) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit 2 naming %q", code, out, errs, tc.want)
+			}
+		})
+	}
+}
+
+func flipByte(t *testing.T, name string, off int64) {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off < 0 {
+		off += int64(len(b))
+	}
+	b[off] ^= 0xff
+	if err := os.WriteFile(name, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -466,7 +466,12 @@ func openSafetensors(fsys FS, path string, size int64) (*Checkpoint, error) {
 	}
 	base := filepath.Base(path)
 	c.files[base] = &openFile{path: path, hdr: hdr}
-	c.Index = &Index{Format: Format, Tensors: map[string]*TensorInfo{}, Files: map[string]*FileInfo{}, Meta: hdr.Meta}
+	c.Index = &Index{Format: Format, Tensors: map[string]*TensorInfo{}, Files: map[string]*FileInfo{base: {Size: size}}, Meta: hdr.Meta}
+	// A file that ckpt.Convert wrote says which step and mesh it came from.
+	if s, err := strconv.Atoi(hdr.Meta["step"]); err == nil && s >= 0 {
+		c.Index.Step = s
+	}
+	c.Index.Mesh = hdr.Meta["mesh"]
 	for _, e := range hdr.Entries {
 		c.Index.Tensors[e.Name] = &TensorInfo{Shape: e.Shape, DType: e.DType.String(),
 			Boxes: []Box{{File: base, Offset: make([]int, len(e.Shape)), Shape: e.Shape}}}

@@ -164,3 +164,29 @@ func (c *Checkpoint) ReadAll(name string) (*tensor.Tensor, error) {
 	out := tensor.New(c.DType(name), t.Shape...)
 	return out, c.Read(name, make([]int, len(t.Shape)), t.Shape, tensor.HostBytes(out))
 }
+
+// Convert writes checkpoint c as one plain safetensors file at dst (every
+// tensor whole, in name order, data verified as it is read), written beside
+// dst and renamed into place. meta goes into its __metadata__.
+func Convert(fsys FS, c *Checkpoint, dst string, meta map[string]string) (*FileInfo, error) {
+	names := c.Names()
+	entries := make([]Entry, len(names))
+	data := make([][]byte, len(names))
+	for i, name := range names {
+		t, err := c.ReadAll(name)
+		if err != nil {
+			return nil, err
+		}
+		entries[i] = Entry{Name: name, DType: t.DType(), Shape: t.Shape()}
+		data[i] = tensor.HostBytes(t)
+	}
+	tmp := dst + ".tmp"
+	info, err := WriteFile(fsys, tmp, entries, data, meta)
+	if err != nil {
+		return nil, err
+	}
+	if err := fsys.Rename(tmp, dst); err != nil {
+		return nil, err
+	}
+	return info, fsys.SyncDir(parentDir(dst))
+}

@@ -24,6 +24,8 @@ commands:
          launcher logs why [JOB|latest]
   trace  every rank's trace merged into one Chrome/Perfetto file
          launcher trace [JOB|latest] -o trace.json
+  ckpt   inspect a checkpoint, or gather it into one safetensors file
+         launcher ckpt inspect DIR      launcher ckpt convert DIR --to model.safetensors
 `
 
 // Main runs the launcher's command line and returns the process exit code.
@@ -52,6 +54,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return logsMain(ctx, args[1:], stdout, stderr)
 	case "trace":
 		return traceMain(args[1:], stdout, stderr)
+	case "ckpt":
+		return ckptMain(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -230,3 +230,65 @@ func FuzzReadHeader(f *testing.F) {
 		}
 	})
 }
+
+// TestDirectReads: boxes that are one run in the file and in the destination
+// are read straight into it, whole blocks verified in place, and the partial
+// blocks at their ends through the scratch buffer; damage in a middle block is
+// found by the reads that touch it, and only by them.
+func TestDirectReads(t *testing.T) {
+	root := t.TempDir()
+	rows, cols := 2048, 700 // 2.7 MiB a file box: whole blocks in the middle
+	g := global(rows, cols)
+	tmp := ckpt.TempDir(root, 1)
+	os.MkdirAll(tmp, 0o755)
+	idx := &ckpt.Index{Step: 1, Tensors: map[string]*ckpt.TensorInfo{"w": {Shape: []int{rows, cols}, DType: "float32"}}, Files: map[string]*ckpt.FileInfo{}}
+	for p := 0; p < 2; p++ {
+		name := fmt.Sprintf("rank-%05d.safetensors", p)
+		small := fmt.Sprintf("s%d", p) // first in the file: w starts off the block grid
+		lo := p * rows / 2
+		bx := box(g, []int{lo, 0}, []int{rows / 2, cols})
+		info, err := ckpt.WriteFile(ckpt.OS, filepath.Join(tmp, name),
+			[]ckpt.Entry{{Name: small, DType: tensor.Float32, Shape: []int{3}}, {Name: "w", DType: tensor.Float32, Shape: bx.Shape()}},
+			[][]byte{tensor.HostBytes(global(3)), tensor.HostBytes(bx)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idx.Files[name] = info
+		idx.Tensors["w"].Boxes = append(idx.Tensors["w"].Boxes, ckpt.Box{File: name, Offset: []int{lo, 0}, Shape: bx.Shape()})
+		idx.Tensors[small] = &ckpt.TensorInfo{Shape: []int{3}, DType: "float32", Boxes: []ckpt.Box{{File: name, Offset: []int{0}, Shape: []int{3}}}}
+	}
+	if err := ckpt.Commit(ckpt.OS, root, idx, 0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ckpt.Open(ckpt.OS, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range [][2]int{{0, rows}, {500, 1000}, {1023, 2}, {1500, 548}} {
+		got := tensor.New(tensor.Float32, r[1], cols)
+		if err := c.Read("w", []int{r[0], 0}, []int{r[1], cols}, tensor.HostBytes(got)); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(tensor.HostBytes(got), tensor.HostBytes(box(g, []int{r[0], 0}, []int{r[1], cols}))) {
+			t.Fatalf("rows %v: wrong values", r)
+		}
+	}
+	// Damage block 1 of rank 1's file (rows of w near its middle).
+	name := filepath.Join(ckpt.StepDir(root, 1), "rank-00001.safetensors")
+	hdrLen := int64(8)
+	b, _ := os.ReadFile(name)
+	for i := 0; i < 8; i++ {
+		hdrLen += int64(b[i]) << (8 * i)
+	}
+	b[hdrLen+ckpt.BlockSize+100] ^= 1
+	os.WriteFile(name, b, 0o644)
+	c, _ = ckpt.Open(ckpt.OS, root)
+	// Block 1 holds bytes [1 MiB, 2 MiB) of the data: w's rows from about
+	// 1024 + 374 to 1024 + 749.
+	if err := c.Read("w", []int{1024, 0}, []int{1024, cols}, make([]byte, 1024*cols*4)); !errors.Is(err, ckpt.ErrCorrupt) || !strings.Contains(err.Error(), "block 1") {
+		t.Fatalf("damaged block read: %v", err)
+	}
+	if err := c.Read("w", []int{1024, 0}, []int{300, cols}, make([]byte, 300*cols*4)); err != nil {
+		t.Fatalf("a read that does not touch the damaged block: %v", err)
+	}
+}

@@ -1,11 +1,11 @@
 package ckpt
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"io/fs"
 	"path/filepath"
 	"slices"
@@ -79,8 +79,18 @@ type FileInfo struct {
 
 // WriteFile writes a safetensors file holding entries (their data in data,
 // one slice each, in order) and fsyncs it; it returns the file's size and
-// checksums.
+// checksums. Data goes to the file in ioChunk writes straight from the slices
+// (no staging copy), the checksums computed on the way.
 func WriteFile(fsys FS, name string, entries []Entry, data [][]byte, meta map[string]string) (*FileInfo, error) {
+	return writeFile(fsys, name, entries, data, meta, true)
+}
+
+// ioChunk is the size of each write and read: large enough for few system
+// calls, small enough that the kernel neither throttles one huge copy nor
+// faults a huge untouched buffer in page by page.
+const ioChunk = 4 << 20
+
+func writeFile(fsys FS, name string, entries []Entry, data [][]byte, meta map[string]string, sync bool) (*FileInfo, error) {
 	if len(entries) != len(data) {
 		return nil, fmt.Errorf("ckpt: %d entries, %d data", len(entries), len(data))
 	}
@@ -97,21 +107,22 @@ func WriteFile(fsys FS, name string, entries []Entry, data [][]byte, meta map[st
 	if err != nil {
 		return nil, err
 	}
-	info := &FileInfo{}
-	w := &checksumWriter{w: bufio.NewWriterSize(f, 4<<20)}
+	w := &checksumWriter{w: f}
 	if _, err = w.Write(hdr); err == nil {
 		w.data = true
 		for _, d := range data {
-			if _, err = w.Write(d); err != nil {
-				break
+			for len(d) > 0 && err == nil {
+				k := min(len(d), ioChunk)
+				_, err = w.Write(d[:k])
+				d = d[k:]
 			}
 		}
 	}
 	if err == nil {
-		err = w.flush()
-	}
-	if err == nil {
-		err = f.Sync()
+		w.finish()
+		if sync {
+			err = f.Sync()
+		}
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -119,14 +130,13 @@ func WriteFile(fsys FS, name string, entries []Entry, data [][]byte, meta map[st
 	if err != nil {
 		return nil, fmt.Errorf("ckpt: writing %s: %w", name, err)
 	}
-	info.Size, info.CRC32C, info.Blocks = w.n, w.crc, w.blocks
-	return info, nil
+	return &FileInfo{Size: w.n, CRC32C: w.crc, Blocks: w.blocks}, nil
 }
 
 // checksumWriter computes the whole-file CRC and, once data is set, the CRC
 // of each BlockSize block of what follows.
 type checksumWriter struct {
-	w      *bufio.Writer
+	w      io.Writer
 	n      int64
 	crc    uint32
 	data   bool
@@ -153,12 +163,11 @@ func (c *checksumWriter) Write(p []byte) (int, error) {
 	return c.w.Write(p)
 }
 
-func (c *checksumWriter) flush() error {
+func (c *checksumWriter) finish() {
 	if c.inBlk > 0 {
 		c.blocks = append(c.blocks, c.block)
 		c.block, c.inBlk = 0, 0
 	}
-	return c.w.Flush()
 }
 
 // StepDir is the folder of the checkpoint of step under root; TempDir is where

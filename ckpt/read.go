@@ -11,10 +11,22 @@ import (
 
 // Read fills dst with the box [off, off+shape) of tensor name (dense,
 // row-major, the tensor's dtype). From each file box it intersects, it reads
-// the byte span of the intersection, widened to whole checksum blocks, and
-// verifies those blocks before using a byte: data that does not match its
-// checksum is ErrCorrupt naming the file, the tensor and the block.
+// the bytes of the intersection, and the checksum blocks they lie in, and
+// verifies every such block before using a byte of it: data that does not
+// match its checksum is ErrCorrupt naming the file, the tensor and the block.
+// Where the intersection is one run in the file and in dst (the same layout on
+// both sides), whole blocks are read straight into dst.
 func (c *Checkpoint) Read(name string, off, shape []int, dst []byte) error {
+	return c.read(name, off, shape, dst, true)
+}
+
+// ReadChecked is Read for a box whose blocks Check has just verified: it does
+// not verify them again (the file is trusted not to change in between).
+func (c *Checkpoint) ReadChecked(name string, off, shape []int, dst []byte) error {
+	return c.read(name, off, shape, dst, false)
+}
+
+func (c *Checkpoint) read(name string, off, shape []int, dst []byte, verify bool) error {
 	t, ok := c.Index.Tensors[name]
 	if !ok {
 		return fmt.Errorf("%w: no tensor %q", ErrMismatch, name)
@@ -30,15 +42,28 @@ func (c *Checkpoint) Read(name string, off, shape []int, dst []byte) error {
 		}
 		f := c.files[b.File]
 		e, _ := f.hdr.Entry(name)
-		// The intersection's first and last elements within the file box.
-		first, last := flat(b.Shape, b.Offset, lo), flat(b.Shape, b.Offset, dec(hi))
-		start, end := e.Begin+int64(first)*int64(es), e.Begin+int64(last+1)*int64(es)
-		src, err := c.readSpan(f, name, start, end)
+		fh, err := c.fs.Open(f.path)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrFormat, f.path, missing(err))
+		}
+		r := &spanReader{c: c, f: f, fh: fh, name: name, trust: !verify}
+		// The intersection's first and last elements, in the file box and in dst.
+		last := dec(hi)
+		sFirst, sLast := flat(b.Shape, b.Offset, lo), flat(b.Shape, b.Offset, last)
+		dFirst, dLast := flat(shape, off, lo), flat(shape, off, last)
+		count := tensor.NumElements(sub(hi, lo))
+		start := e.Begin + int64(sFirst)*int64(es)
+		if sLast-sFirst+1 == count && dLast-dFirst+1 == count {
+			err = r.copyOut(dst[dFirst*es:(dLast+1)*es], start)
+		} else {
+			err = copyRuns(dst, off, shape, b.Offset, b.Shape, lo, hi, es, func(p []byte, fileElem int) error {
+				return r.copyOut(p, e.Begin+int64(fileElem)*int64(es))
+			})
+		}
+		fh.Close()
 		if err != nil {
 			return err
 		}
-		// Copy the intersection, run by run along the last dim.
-		copyRuns(dst, off, shape, src, b.Offset, b.Shape, lo, hi, es)
 	}
 	return nil
 }
@@ -47,6 +72,14 @@ func dec(hi []int) []int {
 	out := make([]int, len(hi))
 	for i, v := range hi {
 		out[i] = v - 1
+	}
+	return out
+}
+
+func sub(a, b []int) []int {
+	out := make([]int, len(a))
+	for i := range a {
+		out[i] = a[i] - b[i]
 	}
 	return out
 }
@@ -72,51 +105,139 @@ func flat(shape, off, idx []int) int {
 	return i
 }
 
-// readSpan reads data bytes [start, end) of f, widened to whole checksum
-// blocks that it verifies, and returns bytes [start, end).
-func (c *Checkpoint) readSpan(f *openFile, name string, start, end int64) ([]byte, error) {
-	lo, hi := start, end
-	if f.info != nil {
-		lo = start / BlockSize * BlockSize
-		hi = min((end+BlockSize-1)/BlockSize*BlockSize, f.hdr.DataLen)
-	}
-	buf := make([]byte, hi-lo)
-	fh, err := c.fs.Open(f.path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrFormat, f.path, missing(err))
-	}
-	defer fh.Close()
-	if _, err := fh.ReadAt(buf, f.hdr.DataStart+lo); err != nil {
-		return nil, fmt.Errorf("%w: %s: reading tensor %q: %v", ErrFormat, f.path, name, err)
-	}
-	if f.info != nil {
-		for b := lo; b < hi; b += BlockSize {
-			blk := buf[b-lo : min(b-lo+BlockSize, hi-lo)]
-			if got, want := crc32.Checksum(blk, castagnoli), f.info.Blocks[b/BlockSize]; got != want {
-				return nil, fmt.Errorf("%w: %s: tensor %q: block %d (data bytes %d-%d) has CRC-32C %08x, the index says %08x",
-					ErrCorrupt, f.path, name, b/BlockSize, b, b+int64(len(blk)), got, want)
-			}
-		}
-	}
-	return buf[start-lo : end-lo], nil
+// spanReader reads a file's data section in verified pieces: whole checksum
+// blocks, ioChunk at a time, into a scratch buffer kept between pieces.
+type spanReader struct {
+	c          *Checkpoint
+	f          *openFile
+	fh         File
+	name       string
+	buf        []byte
+	start, end int64 // data bytes buf holds
+	checked    []bool // per block of buf: verified
+	trust      bool   // verified before: do not check again
 }
 
-// copyRuns copies the elements of the box [lo, hi) into dst (the box
-// doff+dshape) from src, the bytes of the file box soff+sshape from its element
-// at lo on. Element size es.
-func copyRuns(dst []byte, doff, dshape []int, src []byte, soff, sshape, lo, hi []int, es int) {
+// verify checks the blocks of p, which holds data bytes from pos (a block
+// boundary) on.
+func (r *spanReader) verify(p []byte, pos int64) error {
+	if r.f.info == nil || r.trust {
+		return nil
+	}
+	for o := 0; o < len(p); o += BlockSize {
+		blk := p[o:min(o+BlockSize, len(p))]
+		b := (pos + int64(o)) / BlockSize
+		if got, want := crc32.Checksum(blk, castagnoli), r.f.info.Blocks[b]; got != want {
+			return fmt.Errorf("%w: %s: tensor %q: block %d (data bytes %d-%d) has CRC-32C %08x, the index says %08x",
+				ErrCorrupt, r.f.path, r.name, b, b*BlockSize, b*BlockSize+int64(len(blk)), got, want)
+		}
+	}
+	return nil
+}
+
+func (r *spanReader) readAt(p []byte, pos int64) error {
+	if _, err := r.fh.ReadAt(p, r.f.hdr.DataStart+pos); err != nil {
+		return fmt.Errorf("%w: %s: reading tensor %q: %v", ErrFormat, r.f.path, r.name, err)
+	}
+	return nil
+}
+
+// copyOut copies data bytes [pos, pos+len(p)) into p through the scratch
+// buffer, loading the chunks they lie in and verifying the blocks they touch.
+func (r *spanReader) copyOut(p []byte, pos int64) error {
+	return r.walk(pos, pos+int64(len(p)), func(chunk []byte, at int64) {
+		copy(p[at-pos:], chunk)
+	})
+}
+
+// walk loads data bytes [pos, end) chunk by chunk into the scratch buffer,
+// verifies the blocks they touch, and hands each piece (and its data offset)
+// to f, if f is not nil.
+func (r *spanReader) walk(pos, end int64, f func(piece []byte, at int64)) error {
+	for pos < end {
+		if pos < r.start || pos >= r.end {
+			cs := pos / ioChunk * ioChunk
+			ce := min(cs+ioChunk, r.f.hdr.DataLen)
+			if r.buf == nil {
+				r.buf = make([]byte, ioChunk)
+				r.checked = make([]bool, ioChunk/BlockSize)
+			}
+			if err := r.readAt(r.buf[:ce-cs], cs); err != nil {
+				return err
+			}
+			clear(r.checked)
+			r.start, r.end = cs, ce
+		}
+		n := min(end, r.end) - pos
+		for b := (pos - r.start) / BlockSize; b <= (pos-r.start+n-1)/BlockSize; b++ {
+			if !r.checked[b] {
+				lo := b * BlockSize
+				if err := r.verify(r.buf[lo:min(lo+BlockSize, r.end-r.start)], r.start+lo); err != nil {
+					return err
+				}
+				r.checked[b] = true
+			}
+		}
+		if f != nil {
+			f(r.buf[pos-r.start:pos-r.start+n], pos)
+		}
+		pos += n
+	}
+	return nil
+}
+
+// readInto fills p with data bytes [pos, pos+len(p)): the whole blocks inside
+// straight into p (verified there), the partial blocks at its ends through the
+// scratch buffer.
+func (r *spanReader) readInto(p []byte, pos int64) error {
+	end := pos + int64(len(p))
+	m0 := (pos + BlockSize - 1) / BlockSize * BlockSize
+	m1 := end / BlockSize * BlockSize
+	if end == r.f.hdr.DataLen {
+		m1 = end // the file's last block is short: whole all the same
+	}
+	if r.f.info == nil {
+		m0, m1 = pos, end
+	}
+	if m1 <= m0 {
+		return r.copyOut(p, pos)
+	}
+	if err := r.copyOut(p[:m0-pos], pos); err != nil {
+		return err
+	}
+	mid := p[m0-pos : m1-pos]
+	// Touch the destination first: the kernel faults untouched pages in one by
+	// one inside a read, far slower than a pass over them here.
+	for i := 0; i < len(mid); i += 4096 {
+		mid[i] = 0
+	}
+	for o := 0; o < len(mid); o += ioChunk {
+		piece := mid[o:min(o+ioChunk, len(mid))]
+		if err := r.readAt(piece, m0+int64(o)); err != nil {
+			return err
+		}
+		if err := r.verify(piece, m0+int64(o)); err != nil {
+			return err
+		}
+	}
+	return r.copyOut(p[m1-pos:], m1)
+}
+
+// copyRuns walks the elements of the box [lo, hi), one run along the last dim
+// at a time, and calls read with the part of dst (the box doff+dshape) the run
+// fills and the run's first element's index in the file box soff+sshape.
+func copyRuns(dst []byte, doff, dshape, soff, sshape, lo, hi []int, es int, read func(p []byte, fileElem int) error) error {
 	nd := len(lo)
 	if nd == 0 {
-		copy(dst[:es], src[:es])
-		return
+		return read(dst[:es], 0)
 	}
-	first := flat(sshape, soff, lo)
 	run := (hi[nd-1] - lo[nd-1]) * es
 	idx := append([]int(nil), lo...)
 	for {
-		si := (flat(sshape, soff, idx) - first) * es
 		di := flat(dshape, doff, idx) * es
-		copy(dst[di:di+run], src[si:si+run])
+		if err := read(dst[di:di+run], flat(sshape, soff, idx)); err != nil {
+			return err
+		}
 		d := nd - 2
 		for ; d >= 0; d-- {
 			idx[d]++
@@ -126,9 +247,46 @@ func copyRuns(dst []byte, doff, dshape []int, src []byte, soff, sshape, lo, hi [
 			idx[d] = lo[d]
 		}
 		if d < 0 {
-			return
+			return nil
 		}
 	}
+}
+
+// Check verifies, without keeping any of it, the data Read of the same box
+// would read: every checksum block it touches (through one scratch buffer).
+func (c *Checkpoint) Check(name string, off, shape []int) error {
+	t, ok := c.Index.Tensors[name]
+	if !ok {
+		return fmt.Errorf("%w: no tensor %q", ErrMismatch, name)
+	}
+	es := int64(c.DType(name).Size())
+	if len(off) != len(t.Shape) || len(shape) != len(t.Shape) {
+		return fmt.Errorf("ckpt: check of %q: box %v+%v, tensor %v", name, off, shape, t.Shape)
+	}
+	for _, b := range t.Boxes {
+		lo, hi, ok := intersect(off, shape, b.Offset, b.Shape)
+		if !ok {
+			continue
+		}
+		f := c.files[b.File]
+		if f.info == nil {
+			continue
+		}
+		e, _ := f.hdr.Entry(name)
+		fh, err := c.fs.Open(f.path)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrFormat, f.path, missing(err))
+		}
+		r := &spanReader{c: c, f: f, fh: fh, name: name}
+		start := e.Begin + int64(flat(b.Shape, b.Offset, lo))*es
+		end := e.Begin + int64(flat(b.Shape, b.Offset, dec(hi))+1)*es
+		err = r.walk(start, end, nil)
+		fh.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Verify reads every file whole and checks its CRC-32C against the index.

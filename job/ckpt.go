@@ -16,6 +16,7 @@ import (
 type ckptFlags struct {
 	save         string
 	every, keep  int
+	sync         bool
 	resume, init string
 }
 
@@ -23,6 +24,7 @@ func (c *ckptFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.save, "save", "", "save checkpoints into DIR (one folder step-N per checkpoint)")
 	fs.IntVar(&c.every, "save-every", 0, "with --save: save every N steps (0: at the end only)")
 	fs.IntVar(&c.keep, "keep", 3, "with --save: keep the newest K checkpoints (0: all)")
+	fs.BoolVar(&c.sync, "save-sync", true, "with --save: fsync the files and folders (false: a checkpoint survives any process dying, not the machine losing power)")
 	fs.StringVar(&c.resume, "resume", "", "resume from a checkpoint: DIR (its newest), DIR/step-N, or a safetensors file")
 	fs.StringVar(&c.init, "init", "", "start from the weights of FILE.safetensors (up.weight, up.bias, down.weight, down.bias)")
 }
@@ -63,6 +65,15 @@ func (c ckptFlags) open(ps []linear.Param, steps int) (*ckpt.Checkpoint, int, er
 	return ck, step, nil
 }
 
+// waitAll waits for every rank of w.
+func waitAll(ctx context.Context, w *collective.World) error {
+	g, err := w.WorldGroup(ctx)
+	if err != nil {
+		return err
+	}
+	return g.Barrier(ctx)
+}
+
 // due reports whether step s is saved.
 func (c ckptFlags) due(s, last int) bool {
 	return c.save != "" && ((c.every > 0 && s%c.every == 0) || s == last)
@@ -70,8 +81,15 @@ func (c ckptFlags) due(s, last int) bool {
 
 // save writes the block's checkpoint of step s and returns how long it took.
 func (c ckptFlags) saveStep(ctx context.Context, w *collective.World, b *linear.MLP, s int) (time.Duration, error) {
+	if err := waitAll(ctx, w); err != nil {
+		return 0, err
+	}
 	start := time.Now()
-	err := linear.SaveParams(ctx, w, b.Params(), linear.SaveOptions{Root: c.save, Step: s, Keep: c.keep})
+	fsys := ckpt.OS
+	if !c.sync {
+		fsys = ckpt.NoSync(fsys)
+	}
+	err := linear.SaveParams(ctx, w, b.Params(), linear.SaveOptions{Root: c.save, Step: s, Keep: c.keep, FS: fsys})
 	return time.Since(start), err
 }
 

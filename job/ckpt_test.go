@@ -33,8 +33,9 @@ func TestMLPSaveResume(t *testing.T) {
 	if steps, _ := ckpt.Steps(ckpt.OS, dir); len(steps) != 2 || steps[0] != 5 || steps[1] != 10 {
 		t.Fatalf("checkpoints %v", steps)
 	}
-	for _, mesh := range []string{"dp=2,tp=2", "tp=3", "1"} {
-		r := mlpReport(t, "--mesh", mesh, "--steps", "10", "--resume", ckpt.StepDir(dir, 5))
+	for _, mesh := range []string{"dp=2,tp=2", "tp=3", "1", "tp=2 --device sim"} {
+		args := append(strings.Fields("--mesh "+mesh), "--steps", "10", "--resume", ckpt.StepDir(dir, 5))
+		r := mlpReport(t, args...)
 		if r.FirstStep != 6 || math.Abs(r.LossLast-full.LossLast) > 1e-6*full.LossLast {
 			t.Errorf("%s: resumed at %d, loss %v, uninterrupted %v", mesh, r.FirstStep, r.LossLast, full.LossLast)
 		}
@@ -88,5 +89,31 @@ func flipByte(t *testing.T, name string, off int64) {
 	b[off] ^= 0xff
 	if err := os.WriteFile(name, b, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMLPInit: --init starts from full weights another tool wrote (a plain
+// safetensors file named up.weight, up.bias, down.weight, down.bias): the
+// first loss is the one of a run resumed from the same weights, on any mesh.
+func TestMLPInit(t *testing.T) {
+	dir := t.TempDir()
+	saved := mlpReport(t, "--mesh", "tp=2", "--steps", "3", "--save", dir)
+	c, err := ckpt.Open(ckpt.OS, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "model.safetensors")
+	if _, err := ckpt.Convert(ckpt.OS, c, file, nil); err != nil {
+		t.Fatal(err)
+	}
+	resumed := mlpReport(t, "--mesh", "tp=2", "--steps", "4", "--resume", dir)
+	for _, mesh := range []string{"tp=3", "1"} {
+		r := mlpReport(t, "--mesh", mesh, "--steps", "1", "--init", file)
+		if r.FirstStep != 1 || math.Abs(r.LossFirst-resumed.LossFirst) > 1e-6*resumed.LossFirst {
+			t.Errorf("%s: --init loss %v, resumed %v (saved after %v)", mesh, r.LossFirst, resumed.LossFirst, saved.LossLast)
+		}
+	}
+	if code, _, errs := run(t, "mlp", "--steps", "1", "--init", file, "--resume", dir); code != ExitUsage || !strings.Contains(errs, "pick one") {
+		t.Errorf("--init and --resume: exit %d %s", code, errs)
 	}
 }

@@ -127,6 +127,11 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		}
 		var loadMS, saveMS float64
 		if ck != nil {
+			// Time the load from when every rank is ready (not from when the
+			// first finished initializing).
+			if err := waitAll(ctx, w); err != nil {
+				return err
+			}
 			start := time.Now()
 			if err := linear.LoadParams(ctx, w, ck, block.Params()); err != nil {
 				return err

@@ -182,20 +182,18 @@ func writeShards(fsys ckpt.FS, dir string, rec *fileRecord, ps []Param, rank int
 }
 
 // LoadParams replaces ps's shards with checkpoint c's (every rank calls it,
-// after Expect passed): each rank reads its boxes, whatever mesh wrote them,
-// and verifies the checksums of what it read; then the ranks agree, and only
-// if every rank read its shards does any rank replace a weight. An error
-// (ckpt.ErrCorrupt, naming the file, tensor and block) is the same on every
-// rank.
+// after Expect passed), whatever mesh wrote them. First each rank verifies the
+// checksums of every block its boxes touch (reading through a small scratch
+// buffer); then the ranks agree; only if every rank's data verified does any
+// rank read its boxes into its parameters, in place. An error (ckpt.ErrCorrupt,
+// naming the file, tensor and block) is the same on every rank, and leaves
+// every weight as it was.
 func LoadParams(ctx context.Context, w *collective.World, c *ckpt.Checkpoint, ps []Param) error {
 	rank := w.Rank()
-	hosts := make([]*tensor.Tensor, len(ps))
 	var mine error
-	for i, p := range ps {
+	for _, p := range ps {
 		shape, off := p.Spec.Local(rank)
-		hosts[i] = tensor.New(tensor.Float32, shape...)
-		if err := c.Read(p.Name, off, shape, tensor.HostBytes(hosts[i])); err != nil {
-			mine = err
+		if mine = c.Check(p.Name, off, shape); mine != nil {
 			break
 		}
 	}
@@ -215,39 +213,28 @@ func LoadParams(ctx context.Context, w *collective.World, c *ckpt.Checkpoint, ps
 			return fmt.Errorf("%w: rank %d: %s", ckpt.ErrCorrupt, r, m)
 		}
 	}
-	// Per layer, the loaded weight and bias (a parameter not in ps keeps its
-	// current value).
-	type wb struct{ w, b *tensor.Tensor }
-	var order []*Layer
-	loaded := map[*Layer]*wb{}
-	for i, p := range ps {
-		v, ok := loaded[p.layer]
-		if !ok {
-			v = &wb{}
-			loaded[p.layer] = v
-			order = append(order, p.layer)
-		}
-		if p.bias {
-			v.b = hosts[i]
-		} else {
-			v.w = hosts[i]
+	for _, p := range ps {
+		if err := p.read(c, rank); err != nil {
+			return fmt.Errorf("checkpoint verified but not read whole: %w", err)
 		}
 	}
-	for _, l := range order {
-		v := loaded[l]
-		for _, t := range []struct {
-			dst **tensor.Tensor
-			cur *tensor.Tensor
-		}{{&v.w, l.W}, {&v.b, l.B}} {
-			if *t.dst == nil && t.cur != nil {
-				if *t.dst, err = tensor.Download(t.cur); err != nil {
-					return err
-				}
-			}
-		}
-		if err := l.SetParams(v.w, v.b); err != nil {
-			return err
-		}
+	return nil
+}
+
+// read reads the parameter's box from c into its shard, in place: straight
+// into host memory, or through a host buffer into device memory.
+func (p Param) read(c *ckpt.Checkpoint, rank int) error {
+	shape, off := p.Spec.Local(rank)
+	t := p.Tensor()
+	if t.OnHost() {
+		return c.ReadChecked(p.Name, off, shape, tensor.HostBytes(t))
+	}
+	h := tensor.New(tensor.Float32, shape...)
+	if err := c.ReadChecked(p.Name, off, shape, tensor.HostBytes(h)); err != nil {
+		return err
+	}
+	if n := h.Bytes(); n > 0 {
+		return tensor.MemoryOf(t).Write(t, 0, tensor.HostBytes(h), tensor.Transfer)
 	}
 	return nil
 }

@@ -231,11 +231,10 @@ func FuzzReadHeader(f *testing.F) {
 	})
 }
 
-// TestDirectReads: boxes that are one run in the file and in the destination
-// are read straight into it, whole blocks verified in place, and the partial
-// blocks at their ends through the scratch buffer; damage in a middle block is
-// found by the reads that touch it, and only by them.
-func TestDirectReads(t *testing.T) {
+// TestBlockReads: boxes of several blocks that start off the block grid read
+// back exactly; damage in a middle block is found by the reads that touch it,
+// and only by them.
+func TestBlockReads(t *testing.T) {
 	root := t.TempDir()
 	rows, cols := 2048, 700 // 2.7 MiB a file box: whole blocks in the middle
 	g := global(rows, cols)

@@ -14,8 +14,9 @@ import (
 // the bytes of the intersection, and the checksum blocks they lie in, and
 // verifies every such block before using a byte of it: data that does not
 // match its checksum is ErrCorrupt naming the file, the tensor and the block.
-// Where the intersection is one run in the file and in dst (the same layout on
-// both sides), whole blocks are read straight into dst.
+// Reads go through one ioChunk scratch buffer (the kernel copies into memory
+// that stays hot; on some machines reading straight into large, freshly
+// faulted memory is several times slower), then into dst.
 func (c *Checkpoint) Read(name string, off, shape []int, dst []byte) error {
 	return c.read(name, off, shape, dst, true)
 }
@@ -113,7 +114,7 @@ type spanReader struct {
 	fh         File
 	name       string
 	buf        []byte
-	start, end int64 // data bytes buf holds
+	start, end int64  // data bytes buf holds
 	checked    []bool // per block of buf: verified
 	trust      bool   // verified before: do not check again
 }
@@ -184,43 +185,6 @@ func (r *spanReader) walk(pos, end int64, f func(piece []byte, at int64)) error 
 		pos += n
 	}
 	return nil
-}
-
-// readInto fills p with data bytes [pos, pos+len(p)): the whole blocks inside
-// straight into p (verified there), the partial blocks at its ends through the
-// scratch buffer.
-func (r *spanReader) readInto(p []byte, pos int64) error {
-	end := pos + int64(len(p))
-	m0 := (pos + BlockSize - 1) / BlockSize * BlockSize
-	m1 := end / BlockSize * BlockSize
-	if end == r.f.hdr.DataLen {
-		m1 = end // the file's last block is short: whole all the same
-	}
-	if r.f.info == nil {
-		m0, m1 = pos, end
-	}
-	if m1 <= m0 {
-		return r.copyOut(p, pos)
-	}
-	if err := r.copyOut(p[:m0-pos], pos); err != nil {
-		return err
-	}
-	mid := p[m0-pos : m1-pos]
-	// Touch the destination first: the kernel faults untouched pages in one by
-	// one inside a read, far slower than a pass over them here.
-	for i := 0; i < len(mid); i += 4096 {
-		mid[i] = 0
-	}
-	for o := 0; o < len(mid); o += ioChunk {
-		piece := mid[o:min(o+ioChunk, len(mid))]
-		if err := r.readAt(piece, m0+int64(o)); err != nil {
-			return err
-		}
-		if err := r.verify(piece, m0+int64(o)); err != nil {
-			return err
-		}
-	}
-	return r.copyOut(p[m1-pos:], m1)
 }
 
 // copyRuns walks the elements of the box [lo, hi), one run along the last dim

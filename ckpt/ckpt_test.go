@@ -163,6 +163,12 @@ func TestCorruption(t *testing.T) {
 				t.Fatalf("got %v, want %v naming %q", err, tc.kind, tc.want)
 			}
 			t.Log(err)
+			if tc.onRead {
+				// The whole-file check (ckpt inspect) names the tensor and block too.
+				if err := c.Verify(); !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("verify: got %v, want %v naming %q", err, tc.kind, tc.want)
+				}
+			}
 		})
 	}
 	// A folder whose only save never finished holds no checkpoint.

@@ -271,7 +271,29 @@ func (c *Checkpoint) Verify() error {
 			return fmt.Errorf("%w: %s: %v", ErrFormat, f.path, err)
 		}
 		if got := h.Sum32(); got != f.info.CRC32C {
-			return fmt.Errorf("%w: %s: CRC-32C %08x, the index says %08x", ErrCorrupt, f.path, got, f.info.CRC32C)
+			if err := c.locate(f); err != nil {
+				return err
+			}
+			return fmt.Errorf("%w: %s: CRC-32C %08x, the index says %08x (every data block matches: the header bytes differ)",
+				ErrCorrupt, f.path, got, f.info.CRC32C)
+		}
+	}
+	return nil
+}
+
+// locate finds the damage in file f, whose CRC-32C failed, block by block:
+// the error names the tensor and the block, or is nil when every data block
+// matches.
+func (c *Checkpoint) locate(f *openFile) error {
+	fh, err := c.fs.Open(f.path)
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrFormat, f.path, missing(err))
+	}
+	defer fh.Close()
+	for _, e := range f.hdr.Entries {
+		r := &spanReader{c: c, f: f, fh: fh, name: e.Name}
+		if err := r.walk(e.Begin, e.End, nil); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -89,4 +89,3 @@ func TestCheckpointSurvivesSIGKILL(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
-

@@ -13,7 +13,13 @@ import (
 
 func mlpReport(t *testing.T, args ...string) MLPReport {
 	t.Helper()
-	code, out, errs := run(t, append([]string{"mlp", "--tokens", "16", "--hidden", "10", "--ffn", "22"}, args...)...)
+	return mlpRun(t, append([]string{"--tokens", "16", "--hidden", "10", "--ffn", "22"}, args...)...)
+}
+
+// mlpRun runs worker mlp with args and returns its JSON report.
+func mlpRun(t *testing.T, args ...string) MLPReport {
+	t.Helper()
+	code, out, errs := run(t, append([]string{"mlp"}, args...)...)
 	if code != 0 {
 		t.Fatalf("%v: exit %d: %s", args, code, errs)
 	}

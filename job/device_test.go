@@ -94,16 +94,7 @@ func TestDeviceFlags(t *testing.T) {
 func TestMLPBFloat16(t *testing.T) {
 	report := func(args ...string) MLPReport {
 		t.Helper()
-		code, out, errs := run(t, append([]string{"mlp", "--tokens", "32", "--hidden", "16", "--steps", "20"}, args...)...)
-		if code != 0 {
-			t.Fatalf("%v: exit %d: %s", args, code, errs)
-		}
-		lines := strings.Split(strings.TrimSpace(out), "\n")
-		var r MLPReport
-		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
-			t.Fatal(err)
-		}
-		return r
+		return mlpRun(t, append([]string{"--tokens", "32", "--hidden", "16", "--steps", "20"}, args...)...)
 	}
 	for _, mesh := range []string{"tp=2", "dp=2,tp=2"} {
 		f32 := report("--mesh", mesh)

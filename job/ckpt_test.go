@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/ckpt"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 func mlpReport(t *testing.T, args ...string) MLPReport {
@@ -121,5 +122,26 @@ func TestMLPInit(t *testing.T) {
 	}
 	if code, _, errs := run(t, "mlp", "--steps", "1", "--init", file, "--resume", dir); code != ExitUsage || !strings.Contains(errs, "pick one") {
 		t.Errorf("--init and --resume: exit %d %s", code, errs)
+	}
+	// Weights of the right shapes in another dtype are refused, naming the tensor.
+	var entries []ckpt.Entry
+	var data [][]byte
+	for _, name := range c.Names() {
+		w, err := c.ReadAll(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "down.weight" {
+			w, _ = tensor.Convert(w, tensor.BFloat16)
+		}
+		entries = append(entries, ckpt.Entry{Name: name, DType: w.DType(), Shape: w.Shape()})
+		data = append(data, tensor.HostBytes(w))
+	}
+	other := filepath.Join(t.TempDir(), "bf16.safetensors")
+	if _, err := ckpt.WriteFile(ckpt.OS, other, entries, data, nil); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := run(t, "mlp", "--tokens", "16", "--hidden", "10", "--ffn", "22", "--steps", "1", "--init", other); code != ExitUsage || !strings.Contains(errs, `"down.weight" is bfloat16`) {
+		t.Errorf("bfloat16 weights for a float32 model: exit %d %s", code, errs)
 	}
 }

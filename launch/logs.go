@@ -60,8 +60,11 @@ type Summary struct {
 	// WorldSize is the number of ranks of the whole job, every node's.
 	WorldSize int `json:"world_size"`
 	ExitCode  int `json:"exit_code"`
-	// Reason: "ok", "rank_failed", "timeout", "interrupted".
+	// Reason: "ok", "rank_failed", "timeout", "interrupted", "fatal" (a
+	// problem of the job as a whole, in Error).
 	Reason string `json:"reason"`
+	// Error is what ended a "fatal" job.
+	Error string `json:"error,omitempty"`
 	// RootCauseRank is the rank whose failure ended the job; nil when none did.
 	RootCauseRank *int `json:"root_cause_rank"`
 	// RootCause tells how the root-cause rank failed; with several nodes it may

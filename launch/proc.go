@@ -217,6 +217,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 		notice   *NoticeReport
 		hangs    []HangReport
 		reported = map[string]bool{}
+		fatalErr error // a problem the plane reported (pl.fatal)
 	)
 	signalAll := func(sig syscall.Signal) {
 		for _, p := range procs {
@@ -379,6 +380,12 @@ func (j *job) run(ctx context.Context) (int, error) {
 						FormatRanks(asked), runlog.StacksPrefix)
 				}
 			}
+		case err := <-pl.fatal:
+			if !tearing {
+				fatalErr = err
+				say("%v: tearing the job down", err)
+				teardown("fatal", err.Error())
+			}
 		case <-timeoutC:
 			timeoutC = nil
 			pl.tell(nodeMsg{Kind: "teardown", Reason: "timeout", TimeMS: time.Now().UnixMilli()})
@@ -433,6 +440,8 @@ func (j *job) run(ctx context.Context) (int, error) {
 		code = ExitTimeout
 	case "interrupted":
 		code = ExitInterrupted
+	case "fatal":
+		code = 1
 	}
 	sum := Summary{
 		JobID: j.id, Node: j.NodeRank, NNodes: j.nnodes, WorldSize: j.world, ExitCode: code, Reason: reason, Victims: victims,
@@ -440,6 +449,9 @@ func (j *job) run(ctx context.Context) (int, error) {
 	}
 	if victims == nil {
 		sum.Victims = []int{}
+	}
+	if fatalErr != nil {
+		sum.Error = fatalErr.Error()
 	}
 	if root != nil && reason == "rank_failed" {
 		if p := byRank[root.Rank]; p != nil && root.Node == j.NodeRank {
@@ -481,6 +493,8 @@ func (j *job) run(ctx context.Context) (int, error) {
 		return code, fmt.Errorf("timed out after %v; %d ranks torn down; logs in %s", j.Timeout, len(victims), j.dir)
 	case "interrupted":
 		return code, fmt.Errorf("interrupted; %d ranks torn down; logs in %s", len(victims), j.dir)
+	case "fatal":
+		return code, fmt.Errorf("%v; %d ranks torn down; logs in %s", fatalErr, len(victims), j.dir)
 	}
 	return 0, nil
 }

@@ -43,6 +43,9 @@ type plane struct {
 	node    int
 	notices chan protocol.Notice
 	remote  chan nodeMsg
+	// fatal carries problems that end the job at once, before any collective
+	// deadline: the supervisor tears the job down naming them.
+	fatal chan error
 
 	mu    sync.Mutex
 	beats map[int]protocol.State
@@ -55,7 +58,7 @@ func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool) (
 	if err != nil {
 		return nil, err
 	}
-	p := &plane{nc: nc, job: job, node: node, notices: make(chan protocol.Notice, 64), remote: make(chan nodeMsg, 64),
+	p := &plane{nc: nc, job: job, node: node, notices: make(chan protocol.Notice, 64), remote: make(chan nodeMsg, 64), fatal: make(chan error, 8),
 		beats: map[int]protocol.State{}, seen: map[int]time.Time{}}
 	// Failure notices and aborts: whom a collective blamed (see Notice.Decided).
 	sub, err := nc.Subscribe(protocol.NoticeSubjects(job), func(m *nats.Msg) {

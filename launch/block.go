@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/tensor"
@@ -31,14 +32,16 @@ func elemSize(s string) (int, error) {
 	return dt.Size(), nil
 }
 
-// blockStage is one op of the block and how it was planned.
-type blockStage struct {
-	title string
-	fwd   *spmd.Plan
-	bwd   *spmd.Backward
+// blockTitles are the headings of the block's ops (layout.MLP.Ops).
+var blockTitles = map[string]string{
+	"up":   "column-parallel linear (up projection)",
+	"gelu": "gelu",
+	"down": "row-parallel linear (down projection)",
 }
 
-func (o BlockOptions) plan() ([]blockStage, error) {
+// plan lays out and plans the block (package layout: the layout the mlp
+// workload runs).
+func (o BlockOptions) plan() ([]layout.Op, error) {
 	mesh, err := placement.ParseMesh(o.Mesh)
 	if err != nil {
 		return nil, fmt.Errorf("--mesh: %w", err)
@@ -46,65 +49,11 @@ func (o BlockOptions) plan() ([]blockStage, error) {
 	if o.Tokens < 1 || o.Hidden < 1 || o.FFN < 1 {
 		return nil, fmt.Errorf("--tokens, --hidden and --ffn must be positive")
 	}
-	nd := mesh.NDim()
-	tp := nd - 1
-	// pl builds placements: tokens on the data-parallel dims, tensor dim t on tp.
-	pl := func(tokens int, t placement.Placement) []placement.Placement {
-		ps := make([]placement.Placement, nd)
-		for i := range ps {
-			ps[i] = placement.Replicate{}
-			if i < tp && tokens >= 0 {
-				ps[i] = placement.Shard{Dim: tokens}
-			}
-		}
-		ps[tp] = t
-		return ps
-	}
-	spec := func(shape []int, ps []placement.Placement) placement.Spec {
-		return placement.Spec{Shape: shape, Mesh: mesh, Placements: ps}
-	}
-	x := pl(0, placement.Replicate{})
-	out := pl(0, placement.Replicate{})
-	if o.SequenceParallel {
-		x = pl(0, placement.Shard{Dim: 0})
-		out = x
-	}
-	up := spmd.Request{Op: "linear", Inputs: []spmd.Operand{
-		{Name: "x", Spec: spec([]int{o.Tokens, o.Hidden}, x)},
-		{Name: "w1", Spec: spec([]int{o.FFN, o.Hidden}, pl(-1, placement.Shard{Dim: 0}))},
-		{Name: "b1", Spec: spec([]int{o.FFN}, pl(-1, placement.Shard{Dim: 0}))},
-	}, Options: spmd.Options{Output: "h"}}
-	var stages []blockStage
-	add := func(title string, req spmd.Request) (spmd.Operand, error) {
-		fwd, err := spmd.Forward(req)
-		if err != nil {
-			return spmd.Operand{}, err
-		}
-		stages = append(stages, blockStage{title: title, fwd: fwd})
-		return fwd.Final, nil
-	}
-	h, err := add("column-parallel linear (up projection)", up)
+	l, err := layout.NewMLP(mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)
 	if err != nil {
 		return nil, err
 	}
-	g, err := add("gelu", spmd.Request{Op: "gelu", Inputs: []spmd.Operand{{Name: "h", Spec: h.Spec}}, Options: spmd.Options{Output: "g"}})
-	if err != nil {
-		return nil, err
-	}
-	_, err = add("row-parallel linear (down projection)", spmd.Request{Op: "linear", Inputs: []spmd.Operand{
-		{Name: "g", Spec: g.Spec},
-		{Name: "w2", Spec: spec([]int{o.Hidden, o.FFN}, pl(-1, placement.Shard{Dim: 1}))},
-		{Name: "b2", Spec: spec([]int{o.Hidden}, pl(-1, placement.Replicate{}))},
-	}, Options: spmd.Options{Out: out}})
-	if err != nil {
-		return nil, err
-	}
-	for i := range stages {
-		if stages[i].bwd, err = spmd.BackwardOf(stages[i].fwd, nil, nil); err != nil {
-			return nil, err
-		}
-	}
-	return stages, nil
+	return l.Ops, nil
 }
 
 // RunBlock prints the plan of every op of the block and the block's totals.
@@ -143,9 +92,9 @@ func RunBlock(w io.Writer, o BlockOptions) error {
 		}
 	}
 	for i, s := range stages {
-		fmt.Fprintf(w, "== %d. %s\n%s\n", i+1, s.title, spmd.Text(s.fwd, s.bwd, elemSize))
-		note("forward", s.fwd.Collectives())
-		note("backward", s.bwd.Collectives())
+		fmt.Fprintf(w, "== %d. %s\n%s\n", i+1, blockTitles[s.Name], spmd.Text(s.Fwd, s.Bwd, elemSize))
+		note("forward", s.Fwd.Collectives())
+		note("backward", s.Bwd.Collectives())
 	}
 	fmt.Fprintf(w, "== MLP block on %s: tokens %d, hidden %d, ffn %d, sequence parallel %v\n", o.Mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)
 	for _, phase := range []string{"forward", "backward"} {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 
+	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/tensor"
@@ -49,34 +50,22 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 	if mem == nil {
 		mem = tensor.Host
 	}
-	mesh := cfg.Mesh
-	tokens := "column"
-	down := "row"
-	if cfg.SequenceParallel {
-		tokens, down = "sequence-column", "sequence-row"
-	}
-	up, err := Preset(tokens, mesh, cfg.Tokens, cfg.Hidden, cfg.FFN, true)
+	l, err := cfg.Layout()
 	if err != nil {
 		return nil, err
 	}
-	up.Name = "up" // every gradient, the input's too: the block sits inside a network
-	up.DType, up.GradDType = cfg.DType, cfg.GradDType
 	m := &MLP{Cfg: cfg, rank: rank, mem: mem, bufs: scratch{}}
+	up := layerConfig("up", l.Up) // every gradient, the input's too: the block sits inside a network
+	up.DType, up.GradDType = cfg.DType, cfg.GradDType
 	if m.Up, err = New(up, rank, mem); err != nil {
 		return nil, err
 	}
-	h := m.Up.Fwd.Final
-	if m.gelu, err = spmd.Forward(spmd.Request{Op: "gelu", Inputs: []spmd.Operand{{Name: "h", Spec: h.Spec}}, Options: spmd.Options{Output: "g"}}); err != nil {
-		return nil, err
+	gelu := l.Ops[1]
+	if h := m.Up.Fwd.Final.Spec; !h.Equal(gelu.Fwd.Inputs[0].Spec) {
+		return nil, fmt.Errorf("%w: mlp: up's h %s is not the layout's %s", ErrConfig, h, gelu.Fwd.Inputs[0].Spec)
 	}
-	if m.geluBack, err = spmd.BackwardOf(m.gelu, nil, nil); err != nil {
-		return nil, err
-	}
-	dn, err := Preset(down, mesh, cfg.Tokens, cfg.FFN, cfg.Hidden, true)
-	if err != nil {
-		return nil, err
-	}
-	dn.Name, dn.X = "down", m.gelu.Final.Spec
+	m.gelu, m.geluBack = gelu.Fwd, gelu.Bwd
+	dn := layerConfig("down", l.Down)
 	dn.DType, dn.GradDType = cfg.DType, cfg.GradDType
 	if m.Down, err = New(dn, rank, mem); err != nil {
 		return nil, err
@@ -123,6 +112,16 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 		}
 	}
 	return m, nil
+}
+
+// Layout is the block's layout on cfg.Mesh (package layout: the definition
+// `launcher plan --block mlp` shows).
+func (c MLPConfig) Layout() (layout.MLP, error) {
+	l, err := layout.NewMLP(c.Mesh, c.Tokens, c.Hidden, c.FFN, c.SequenceParallel)
+	if err != nil {
+		return layout.MLP{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return l, nil
 }
 
 func sqrt(n int) float64 { return math.Sqrt(float64(max(n, 1))) }

@@ -1,0 +1,55 @@
+package launch
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+// golden compares got with the file at path, or rewrites the file with -update.
+func golden(t *testing.T, path, got string) {
+	t.Helper()
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test -run %s -update writes it)", err, t.Name())
+	}
+	if got != string(want) {
+		t.Errorf("output differs from %s (go test -run %s -update rewrites it after review)\n--- got\n%s\n--- want\n%s", path, t.Name(), got, want)
+	}
+}
+
+// TestPlanBlockGolden pins `launcher plan --block mlp` (the layout comes from
+// package linear/layout, which the mlp workload runs): 1-D and 2-D meshes,
+// with and without sequence parallel, uneven sizes.
+func TestPlanBlockGolden(t *testing.T) {
+	for _, tc := range []struct{ file, args string }{
+		{"tp2.txt", "--mesh tp=2"},
+		{"tp3-sp-uneven.txt", "--mesh tp=3 --sequence-parallel --tokens 13 --hidden 8 --ffn 22"},
+		{"dp2-tp2.txt", "--mesh dp=2,tp=2 --tokens 12 --hidden 8 --ffn 24"},
+		{"dp2-tp2-sp-bf16.txt", "--mesh dp=2,tp=2 --sequence-parallel --tokens 12 --hidden 8 --ffn 24 --dtype bfloat16"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			args := append([]string{"plan", "--block", "mlp"}, strings.Fields(tc.args)...)
+			if code := Main(context.Background(), args, &out, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			golden(t, filepath.Join("testdata", "block", tc.file), "$ launcher "+strings.Join(args, " ")+"\n"+out.String())
+		})
+	}
+}

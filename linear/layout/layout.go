@@ -1,0 +1,180 @@
+// Package layout defines how the linear layers and the Megatron MLP block are
+// laid out on a mesh whose last dim is tensor parallel (tp) and whose other
+// dims, if any, are data parallel (dp): which placement x, W and b take, and
+// which the block's activations take. It is pure (specs in, specs and plans
+// out) so that the launcher (`launcher plan --block mlp`) and package linear
+// (which runs the block) read the one definition.
+package layout
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/spmd"
+)
+
+// ErrUnknown reports a preset name that is not in the table.
+var ErrUnknown = errors.New("layout: unknown preset")
+
+// presets are the usual layouts of a linear layer x[M, K] · W[N, K]ᵀ + b[N]. On
+// a 1-D mesh there is no dp.
+var presets = map[string]struct {
+	help string
+	// x, w, b: placement on the tp dim; dp dims always shard x's tokens (dim 0)
+	// and replicate W and b. out: the output's placement on tp (nil = the
+	// rule's default).
+	x, w, b, out placement.Placement
+	dataParallel bool // every mesh dim, tp included, splits tokens
+}{
+	"replicated":      {help: "everything replicated, no communication", x: placement.Replicate{}, w: placement.Replicate{}, b: placement.Replicate{}},
+	"column":          {help: "Megatron column parallel: W split by output features, y split by columns", x: placement.Replicate{}, w: placement.Shard{Dim: 0}, b: placement.Shard{Dim: 0}},
+	"column-gather":   {help: "column parallel with y gathered", x: placement.Replicate{}, w: placement.Shard{Dim: 0}, b: placement.Shard{Dim: 0}, out: placement.Replicate{}},
+	"row":             {help: "Megatron row parallel: x and W split by input features, y all-reduced, bias added once", x: placement.Shard{Dim: 1}, w: placement.Shard{Dim: 1}, b: placement.Replicate{}, out: placement.Replicate{}},
+	"data-parallel":   {help: "tokens split over every mesh dim, W and b replicated, weight gradients all-reduced", dataParallel: true, w: placement.Replicate{}, b: placement.Replicate{}},
+	"sequence-column": {help: "sequence parallel column: tokens split on tp, gathered before the GEMM, dx reduce-scattered", x: placement.Shard{Dim: 0}, w: placement.Shard{Dim: 0}, b: placement.Shard{Dim: 0}},
+	"sequence-row":    {help: "sequence parallel row: y reduce-scattered to tokens split on tp", x: placement.Shard{Dim: 1}, w: placement.Shard{Dim: 1}, b: placement.Replicate{}, out: placement.Shard{Dim: 0}},
+}
+
+// Presets lists the preset names with a line of help each, sorted.
+func Presets() []string {
+	var out []string
+	for n, p := range presets {
+		out = append(out, fmt.Sprintf("%-16s %s", n, p.help))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Layer is the layout of one linear layer y = x·Wᵀ + b.
+type Layer struct {
+	X, W placement.Spec
+	B    *placement.Spec // nil: no bias
+	// Out is the placement the consumer wants for y (nil: the rule's default).
+	Out []placement.Placement
+}
+
+// Preset lays out x[M, K], W[N, K] and b[N] (no bias when bias is false) on
+// mesh as the preset name says. On a 2-D mesh such as dp=2,tp=2 it is the
+// dp x tp layout: tokens split over dp.
+func Preset(name string, mesh placement.Mesh, m, k, n int, bias bool) (Layer, error) {
+	p, ok := presets[name]
+	if !ok {
+		var names []string
+		for n := range presets {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return Layer{}, fmt.Errorf("%w %q (known: %s)", ErrUnknown, name, strings.Join(names, ", "))
+	}
+	nd := mesh.NDim()
+	if nd == 0 {
+		return Layer{}, fmt.Errorf("layout: preset %s: the mesh has no dims", name)
+	}
+	xs, ws, bs := make([]placement.Placement, nd), make([]placement.Placement, nd), make([]placement.Placement, nd)
+	for i := 0; i < nd-1; i++ {
+		xs[i], ws[i], bs[i] = placement.Shard{Dim: 0}, placement.Replicate{}, placement.Replicate{}
+	}
+	xs[nd-1], ws[nd-1], bs[nd-1] = p.x, p.w, p.b
+	if p.dataParallel {
+		xs[nd-1] = placement.Shard{Dim: 0}
+	}
+	var l Layer
+	if p.out != nil {
+		l.Out = make([]placement.Placement, nd)
+		copy(l.Out, xs[:nd-1])
+		l.Out[nd-1] = p.out
+	}
+	var err error
+	if l.X, err = placement.NewSpec([]int{m, k}, mesh, xs...); err != nil {
+		return Layer{}, err
+	}
+	if l.W, err = placement.NewSpec([]int{n, k}, mesh, ws...); err != nil {
+		return Layer{}, err
+	}
+	if bias {
+		b, err := placement.NewSpec([]int{n}, mesh, bs...)
+		if err != nil {
+			return Layer{}, err
+		}
+		l.B = &b
+	}
+	return l, nil
+}
+
+// MLP is the layout of the Megatron MLP block y = W2·gelu(W1·x + b1) + b2 for
+// x[tokens, hidden], W1[ffn, hidden], W2[hidden, ffn]: a column-parallel up
+// projection (W1 and b1 split by ffn over tp), gelu on h split by ffn, and a
+// row-parallel down projection (W2 split by ffn, b2 replicated, y summed over
+// tp); tokens are split over the dp dims. Sequence parallel also splits the
+// tokens of x and y over tp: x is all-gathered before the first GEMM and y
+// reduce-scattered after the second, instead of y all-reduced.
+type MLP struct {
+	// Up is x, W1, b1; Down is g (what gelu leaves), W2, b2 and the layout y
+	// is wanted in.
+	Up, Down Layer
+	// Ops are the block's three ops in order ("up", "gelu", "down"), each
+	// planned forward and backward (every gradient). Their tensors are named
+	// x, w1, b1, h; h, g; g, w2, b2, y.
+	Ops []Op
+}
+
+// Op is one op of a block, planned.
+type Op struct {
+	Name string
+	Fwd  *spmd.Plan
+	Bwd  *spmd.Backward
+}
+
+// NewMLP lays out and plans the block on mesh.
+func NewMLP(mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool) (MLP, error) {
+	if tokens < 1 || hidden < 1 || ffn < 1 {
+		return MLP{}, fmt.Errorf("layout: mlp: tokens %d, hidden %d, ffn %d: each must be positive", tokens, hidden, ffn)
+	}
+	up, down := "column", "row"
+	if sequenceParallel {
+		up, down = "sequence-column", "sequence-row"
+	}
+	var m MLP
+	var err error
+	if m.Up, err = Preset(up, mesh, tokens, hidden, ffn, true); err != nil {
+		return MLP{}, err
+	}
+	if m.Down, err = Preset(down, mesh, tokens, ffn, hidden, true); err != nil {
+		return MLP{}, err
+	}
+	plan := func(name string, req spmd.Request) (placement.Spec, error) {
+		fwd, err := spmd.Forward(req)
+		if err != nil {
+			return placement.Spec{}, err
+		}
+		bwd, err := spmd.BackwardOf(fwd, nil, nil)
+		if err != nil {
+			return placement.Spec{}, err
+		}
+		m.Ops = append(m.Ops, Op{Name: name, Fwd: fwd, Bwd: bwd})
+		return fwd.Final.Spec, nil
+	}
+	h, err := plan("up", spmd.Request{Op: "linear", Inputs: []spmd.Operand{
+		{Name: "x", Spec: m.Up.X}, {Name: "w1", Spec: m.Up.W}, {Name: "b1", Spec: *m.Up.B},
+	}, Options: spmd.Options{Output: "h", Out: m.Up.Out}})
+	if err != nil {
+		return MLP{}, err
+	}
+	if m.Down.X, err = plan("gelu", spmd.Request{Op: "gelu", Inputs: []spmd.Operand{{Name: "h", Spec: h}}, Options: spmd.Options{Output: "g"}}); err != nil {
+		return MLP{}, err
+	}
+	if _, err = plan("down", spmd.Request{Op: "linear", Inputs: []spmd.Operand{
+		{Name: "g", Spec: m.Down.X}, {Name: "w2", Spec: m.Down.W}, {Name: "b2", Spec: *m.Down.B},
+	}, Options: spmd.Options{Out: m.Down.Out}}); err != nil {
+		return MLP{}, err
+	}
+	// The gradient down's backward hands gelu must be the one gelu's backward
+	// takes: no move between them.
+	if dg, want := m.Ops[2].Bwd.Grads[0].Final.Spec, m.Ops[1].Bwd.DY.Spec; !dg.Equal(want) {
+		return MLP{}, fmt.Errorf("layout: mlp: down's dg %s does not meet gelu's dg %s", dg, want)
+	}
+	return m, nil
+}

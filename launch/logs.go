@@ -52,18 +52,34 @@ type RankRecord struct {
 	GPU string `json:"gpu,omitempty"`
 }
 
-// Summary is summary.json: how every rank ended and why the job ended.
+// Summary is summary.json: how every rank ended and why the job ended. Its
+// attempt fields are the last attempt's; Attempts lists every attempt (more
+// than one with --max-restarts).
 type Summary struct {
 	JobID  string `json:"job_id"`
 	Node   int    `json:"node"`
 	NNodes int    `json:"nnodes"`
 	// WorldSize is the number of ranks of the whole job, every node's.
 	WorldSize int `json:"world_size"`
-	ExitCode  int `json:"exit_code"`
-	// Reason: "ok", "rank_failed", "timeout", "interrupted", "fatal" (a
-	// problem of the job as a whole, in Error).
-	Reason string `json:"reason"`
-	// Error is what ended a "fatal" job.
+	AttemptSummary
+	// DurationMS is the whole job's, every attempt's.
+	DurationMS int64            `json:"duration_ms"`
+	Attempts   []AttemptSummary `json:"attempts"`
+}
+
+// AttemptSummary is how one attempt of the job ended. An attempt's own folder
+// (the job folder for attempt 0, attempt-N/ after) holds it as summary.json
+// too.
+type AttemptSummary struct {
+	// Attempt counts from 0 (TORCHELASTIC_RESTART_COUNT); Dir is its folder,
+	// relative to the job's ("." for attempt 0).
+	Attempt  int    `json:"attempt"`
+	Dir      string `json:"dir"`
+	ExitCode int    `json:"exit_code"`
+	// Reason: "ok", "rank_failed", "hang", "timeout", "interrupted", "fatal"
+	// (a problem of the job as a whole, in Error).
+	Reason Outcome `json:"reason"`
+	// Error is what ended a "fatal" attempt.
 	Error string `json:"error,omitempty"`
 	// RootCauseRank is the rank whose failure ended the job; nil when none did.
 	RootCauseRank *int `json:"root_cause_rank"`
@@ -71,7 +87,8 @@ type Summary struct {
 	// be another node's rank (the first failure across nodes).
 	RootCause *RootCause `json:"root_cause,omitempty"`
 	// Victims are this node's ranks the launcher tore down because of the root
-	// cause, the timeout or an interrupt.
+	// cause, the timeout or an interrupt, and ranks that failed only because
+	// of the root cause (a collective that timed out waiting for it).
 	Victims []int `json:"victims"`
 	// Notice is the first collective failure a rank announced (it names the
 	// culprit rank the collective layer blamed).
@@ -94,6 +111,11 @@ type RootCause struct {
 	Error string `json:"error,omitempty"`
 	// Culprit is the rank its error names (e.g. the peer a collective lost).
 	Culprit *int `json:"culprit_rank,omitempty"`
+	// Hung: the rank did not fail; it never entered a collective its peers
+	// waited in (Error says which), and was torn down. ReportedBy is the rank
+	// whose collective timed out waiting for it, when one did.
+	Hung       bool `json:"hung,omitempty"`
+	ReportedBy *int `json:"reported_by,omitempty"`
 }
 
 // NoticeReport is a collective failure as the ranks announced it.

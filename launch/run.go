@@ -141,6 +141,40 @@ type RunOptions struct {
 	Worker string
 	// DryRun prints the rank table and starts nothing.
 	DryRun bool
+
+	// MaxRestarts restarts every rank up to this many times after a rank
+	// fails or hangs (TORCHELASTIC_RESTART_COUNT counts the attempts).
+	MaxRestarts int
+	// MasterAddr and MasterPort are the ranks' MASTER_ADDR and MASTER_PORT
+	// (torch's env:// rendezvous); empty and 0 choose them per attempt.
+	MasterAddr string
+	MasterPort int
+	// Standalone is torchrun's --standalone: one node, the embedded server.
+	Standalone bool
+	// RdzvEndpoint (the NATS server), RdzvID (the job id), RdzvBackend and
+	// RdzvConf are torchrun's rendezvous flags, mapped onto NATS and the job
+	// id by ParseRunFlags.
+	RdzvEndpoint, RdzvID, RdzvBackend, RdzvConf string
+	// Role is ROLE_NAME (default "default").
+	Role string
+	// Redirects and Tee are torchrun's stream choices per local rank (0
+	// none, 1 stdout, 2 stderr, 3 both, or "0:1,1:2"): redirected streams
+	// stay off the console (they are always in the logs); tee puts them back.
+	Redirects, Tee string
+	// LocalRanksFilter shows only these local ranks on the console.
+	LocalRanksFilter string
+	// LocalAddr is the address this node's ranks announce to their peers.
+	LocalAddr string
+	// Module runs Command[0] as a Python module, RunPath as a Python
+	// script; NoPython runs a .py script as a program. Python is the
+	// interpreter (default python3).
+	Module, NoPython, RunPath bool
+	Python                    string
+	// MonitorInterval and StartMethod are accepted for torchrun's command
+	// lines and unused; LogsSpecs is refused.
+	MonitorInterval float64
+	StartMethod     string
+	LogsSpecs       string
 	// Program is true when Command is a program to run as is (after "--"),
 	// false when Command[0] is a worker workload.
 	Program bool
@@ -159,7 +193,9 @@ var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // runFlagNames are the flags that may also come from MESHRUN_<FLAG>.
 var runFlagNames = []string{"nproc-per-node", "device", "kernels", "dtype", "share-gpus", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
 	"nats-cert", "nats-key", "insecure", "job-id", "log-dir",
-	"console", "grace", "timeout", "hang-after", "worker", "dry-run"}
+	"console", "grace", "timeout", "hang-after", "worker", "dry-run",
+	"max-restarts", "master-addr", "master-port", "rdzv-endpoint", "rdzv-id", "rdzv-backend", "rdzv-conf", "role",
+	"redirects", "tee", "local-ranks-filter", "local-addr", "python"}
 
 // EnvName is the environment variable that sets a `launcher run` flag.
 func EnvName(flagName string) string {
@@ -179,7 +215,7 @@ func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error
 	fs.StringVar(&o.Kernels, "kernels", "", "kernels provider choice")
 	fs.StringVar(&o.DType, "dtype", "", "compute dtype: float32 or bfloat16")
 	fs.BoolVar(&o.ShareGPUs, "share-gpus", false, "let cuda ranks share GPUs")
-	fs.IntVar(&o.NNodes, "nnodes", o.NNodes, "machines")
+	fs.Var(nnodesValue{&o.NNodes}, "nnodes", "machines")
 	fs.IntVar(&o.NodeRank, "node-rank", 0, "this machine's index")
 	fs.StringVar(&o.NATS, "nats", "", "external NATS URL")
 	fs.StringVar(&o.NATSCreds, "nats-creds", "", "credentials file for --nats")
@@ -195,6 +231,8 @@ func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error
 	fs.DurationVar(&o.Timeout, "timeout", 0, "job timeout")
 	fs.StringVar(&o.Worker, "worker", "", "worker binary")
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print the rank table and exit")
+	o.torchrunFlags(fs)
+	underscoreAliases(fs)
 	if getenv != nil {
 		for _, n := range runFlagNames {
 			v := getenv(EnvName(n))
@@ -213,7 +251,7 @@ func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error
 	consumed := len(args) - len(rest)
 	o.Program = consumed > 0 && args[consumed-1] == "--"
 	o.Command = rest
-	return o, nil
+	return o, o.applyTorchrun()
 }
 
 // problems collects every problem Validate finds.
@@ -282,6 +320,7 @@ func (o RunOptions) Validate() error {
 	if o.Timeout < 0 {
 		p = append(p, fmt.Sprintf("--timeout %v: must not be negative", o.Timeout))
 	}
+	p = append(p, o.torchrunProblems()...)
 	if len(o.Command) == 0 {
 		if o.Program {
 			p = append(p, "no program after --")
@@ -327,6 +366,14 @@ func (o RunOptions) nproc() (int, error) {
 
 // consoleFilter resolves --console into which ranks the console shows.
 func (o RunOptions) consoleFilter() (func(int) bool, error) {
+	if o.LocalRanksFilter != "" {
+		set, err := ParseRanks(o.LocalRanksFilter)
+		if err != nil {
+			return nil, err
+		}
+		n, _ := o.nproc()
+		return func(r int) bool { return set[r-o.NodeRank*n] }, nil
+	}
 	switch o.Console {
 	case "", "all":
 		return func(int) bool { return true }, nil
@@ -502,15 +549,15 @@ func (o RunOptions) resolve() (*job, error) {
 		}
 		j.ranks = append(j.ranks, s)
 	}
-	if o.Program {
-		j.path, j.args = o.Command[0], o.Command[1:]
-	} else {
+	path, args, workload := o.command()
+	if workload {
 		w, err := o.workerPath()
 		if err != nil {
 			return nil, err
 		}
-		j.path, j.args = w, o.Command
+		path = w
 	}
+	j.path, j.args = path, args
 	return j, nil
 }
 

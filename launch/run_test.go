@@ -148,7 +148,7 @@ func TestRunHello(t *testing.T) {
 		t.Errorf("creds file left behind: %v", err)
 	}
 	sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
-	if sum.ExitCode != 0 || sum.RootCauseRank != nil || sum.Reason != "ok" || len(sum.Ranks) != 4 {
+	if sum.ExitCode != 0 || sum.RootCauseRank != nil || sum.Reason != OutcomeOK || len(sum.Ranks) != 4 {
 		t.Errorf("summary.json: %+v", sum)
 	}
 	ev, err := os.ReadFile(filepath.Join(dir, EventsFile))
@@ -217,7 +217,7 @@ func TestRunTimeout(t *testing.T) {
 	if code != ExitTimeout {
 		t.Fatalf("exit %d, want %d; stderr:\n%s", code, ExitTimeout, stderr)
 	}
-	if sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile)); sum.Reason != "timeout" || sum.RootCauseRank != nil {
+	if sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile)); sum.Reason != OutcomeTimeout || sum.RootCauseRank != nil {
 		t.Errorf("summary.json: %+v", sum)
 	}
 }

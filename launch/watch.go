@@ -34,6 +34,10 @@ type nodeMsg struct {
 	Signal   string `json:"signal,omitempty"`
 	TimeMS   int64  `json:"time_ms"`
 	Reason   string `json:"reason,omitempty"`
+	// Attempt is the attempt the message is about (--max-restarts); Detail
+	// explains a "fatal" teardown.
+	Attempt int    `json:"attempt"`
+	Detail  string `json:"detail,omitempty"`
 }
 
 // plane is the launcher's connection to the job's NATS.
@@ -46,6 +50,8 @@ type plane struct {
 	// fatal carries problems that end the job at once, before any collective
 	// deadline: the supervisor tears the job down naming them.
 	fatal chan error
+	// sync is what launchers of several nodes agree on between attempts.
+	sync *attemptSync
 
 	mu    sync.Mutex
 	beats map[int]protocol.State

@@ -63,7 +63,7 @@ func Why(jobDir string, w io.Writer) error {
 				}
 			}
 		}
-	case sum.Reason == "ok":
+	case sum.Reason == OutcomeOK:
 		fmt.Fprintln(w, "\nevery rank exited 0")
 	default:
 		fmt.Fprintf(w, "\nno rank failed first: the job ended by %s\n", sum.Reason)

@@ -23,6 +23,8 @@ func TestSubjects(t *testing.T) {
 		{NoticeSubjects("j1"), "meshrun.j1.ctl.*"},
 		{ControlSubjects("j1"), "meshrun.j1.ctl.>"},
 		{LauncherSubject("j1"), "meshrun.j1.launcher"},
+		{MasterSubject("j1"), "meshrun.j1.launcher.master"},
+		{AttemptSubject("j1"), "meshrun.j1.launcher.attempt"},
 		{DataSubject("j1", 2, 0), "meshrun.j1.data.2.0"},
 		{CreditSubject("j1", 0, 2), "meshrun.j1.credit.0.2"},
 		{CreditSubjects("j1", 0), "meshrun.j1.credit.0.*"},

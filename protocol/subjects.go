@@ -19,6 +19,8 @@
 //	meshrun.J.ctl.abort           AbortSubject: Notice as JSON (AbortNotice); anything on
 //	                              it aborts the whole job
 //	meshrun.J.launcher            LauncherSubject: launcher to launcher (several nodes)
+//	meshrun.J.launcher.master     MasterSubject: an attempt's MASTER_ADDR/PORT, from node 0
+//	meshrun.J.launcher.attempt    AttemptSubject: a node's ranks of an attempt all exited
 //	meshrun.J.data.<dst>.<src>    DataSubject: the nats data path (transport "nats")
 //	meshrun.J.credit.<src>.<dst>  CreditSubject: its credit window, back to the sender
 //	meshrun.J.dping.<rank>        DataPingSubject: answered once a rank's data
@@ -66,6 +68,15 @@ func ControlSubjects(job string) string { return prefix(job) + "ctl.>" }
 // LauncherSubject carries messages between the launchers of a job (one per
 // node): "meshrun.<job>.launcher".
 func LauncherSubject(job string) string { return prefix(job) + "launcher" }
+
+// MasterSubject carries the other launchers' requests for an attempt's
+// MASTER_ADDR and MASTER_PORT, which node 0's launcher answers:
+// "meshrun.<job>.launcher.master".
+func MasterSubject(job string) string { return prefix(job) + "launcher.master" }
+
+// AttemptSubject carries each launcher's word that its ranks of an attempt
+// have all exited, before a restart: "meshrun.<job>.launcher.attempt".
+func AttemptSubject(job string) string { return prefix(job) + "launcher.attempt" }
 
 // DataSubject carries the nats transport's messages from rank src to rank dst:
 // "meshrun.<job>.data.<dst>.<src>".

@@ -19,21 +19,48 @@ import (
 const whyLines = 10
 
 // Why writes why a job ended: the root-cause rank, its error and last lines,
-// what the collectives reported, hangs, and the victims apart.
-func Why(jobDir string, w io.Writer) error {
-	var sum Summary
+// what the collectives reported, hangs, and the victims apart; for a job
+// that restarted, of its last attempt, after a line per attempt.
+func Why(jobDir string, w io.Writer) error { return WhyAttempt(jobDir, -1, w) }
+
+// WhyAttempt is Why for one attempt (from 0; -1 the last).
+func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
+	var job Summary
 	b, err := os.ReadFile(filepath.Join(jobDir, SummaryFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("%s has no %s: the job is still running or its launcher was killed; see %s", jobDir, SummaryFile, EventsFile)
 	}
 	if err == nil {
-		err = json.Unmarshal(b, &sum)
+		err = json.Unmarshal(b, &job)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %v", SummaryFile, err)
 	}
+	sum := job.AttemptSummary
+	if len(job.Attempts) > 0 {
+		if attempt >= len(job.Attempts) {
+			return fmt.Errorf("job %s ran %d attempts (0 to %d): no attempt %d", job.JobID, len(job.Attempts), len(job.Attempts)-1, attempt)
+		}
+		if attempt >= 0 {
+			sum = job.Attempts[attempt]
+		}
+	} else if attempt > 0 {
+		return fmt.Errorf("job %s ran one attempt: no attempt %d", job.JobID, attempt)
+	}
 	fmt.Fprintf(w, "job %s: %s, exit %d, %d ranks on node %d of %d, %.2f s\n",
-		sum.JobID, sum.Reason, sum.ExitCode, len(sum.Ranks), sum.Node, max(sum.NNodes, 1), float64(sum.DurationMS)/1000)
+		job.JobID, job.Reason, job.ExitCode, len(sum.Ranks), job.Node, max(job.NNodes, 1), float64(job.DurationMS)/1000)
+	if len(job.Attempts) > 1 {
+		for _, a := range job.Attempts {
+			what := a.Reason.String()
+			if a.RootCauseRank != nil {
+				what += fmt.Sprintf(", root cause rank %d", *a.RootCauseRank)
+			}
+			fmt.Fprintf(w, "  attempt %d: %s, exit %d, %.2f s, logs in %s\n", a.Attempt, what, a.ExitCode, float64(a.DurationMS)/1000,
+				filepath.Join(jobDir, a.Dir))
+		}
+		fmt.Fprintf(w, "attempt %d:\n", sum.Attempt)
+	}
+	jobDir = filepath.Join(jobDir, sum.Dir)
 	rc := sum.RootCause
 	switch {
 	case rc != nil:
@@ -41,15 +68,21 @@ func Why(jobDir string, w io.Writer) error {
 		if rc.Signal != "" {
 			how = fmt.Sprintf("was killed by %s (exit %d)", rc.Signal, rc.ExitCode)
 		}
+		if rc.Hung {
+			how = "hung"
+		}
 		fmt.Fprintf(w, "\nroot cause: rank %d on node %d %s at %s (first failure, ms clock)\n",
 			rc.Rank, rc.Node, how, time.UnixMilli(rc.TimeMS).Format("2006-01-02 15:04:05.000"))
 		if rc.Error != "" {
 			fmt.Fprintf(w, "  error: %s\n", rc.Error)
 		}
+		if rc.ReportedBy != nil {
+			fmt.Fprintf(w, "  found by rank %d, whose collective timed out waiting for it\n", *rc.ReportedBy)
+		}
 		if rc.Culprit != nil && *rc.Culprit != rc.Rank {
 			fmt.Fprintf(w, "  its error blames rank %d\n", *rc.Culprit)
 		}
-		if rc.Node != sum.Node {
+		if rc.Node != job.Node {
 			fmt.Fprintf(w, "  (its logs are on node %d)\n", rc.Node)
 		} else {
 			es, err := ReadLogs(jobDir, map[int]bool{rc.Rank: true})
@@ -65,6 +98,8 @@ func Why(jobDir string, w io.Writer) error {
 		}
 	case sum.Reason == OutcomeOK:
 		fmt.Fprintln(w, "\nevery rank exited 0")
+	case sum.Reason == OutcomeFatal:
+		fmt.Fprintf(w, "\nno rank failed first: %s\n", sum.Error)
 	default:
 		fmt.Fprintf(w, "\nno rank failed first: the job ended by %s\n", sum.Reason)
 	}

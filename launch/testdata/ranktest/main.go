@@ -32,6 +32,7 @@ func run(ctx context.Context) int {
 	killRank := flag.Int("kill-rank", -1, "rank that kills itself with SIGKILL")
 	failAt := flag.Int("at", 3, "step at which the rank fails")
 	stallRank := flag.Int("stall-rank", -1, "rank that never joins")
+	blockRank := flag.Int("block-rank", -1, "rank that stops before the barrier of step -at (joined, alive, never entering it)")
 	warn := flag.Bool("warn", false, "every rank logs the same warning at the start")
 	flag.Parse()
 	rank, _ := strconv.Atoi(os.Getenv("RANK"))
@@ -72,6 +73,11 @@ func run(ctx context.Context) int {
 			fmt.Fprintf(os.Stderr, "rank %d: injected failure at step %d, exiting %d\n", rank, k, *failCode)
 			rl.Close()
 			return *failCode
+		}
+		if k == *failAt && rank == *blockRank {
+			fmt.Fprintf(os.Stderr, "rank %d: blocking before the barrier of step %d\n", rank, k)
+			<-ctx.Done()
+			return 0
 		}
 		if k == *failAt && rank == *killRank {
 			rl.Close()

@@ -20,7 +20,7 @@ import (
 type attemptSync struct {
 	mu     sync.Mutex
 	master masterInfo           // node 0: the current attempt's
-	done   map[int]map[int]bool // attempt -> nodes whose ranks all exited
+	done   map[int]map[int]Outcome // attempt -> node -> how its ranks ended
 	change chan struct{}        // closed and replaced on every change of done
 	subs   []*nats.Subscription
 }
@@ -32,10 +32,12 @@ type masterInfo struct {
 	Port    int    `json:"port"`
 }
 
-// attemptMsg is a node's word that its ranks of an attempt all exited.
+// attemptMsg is a node's word that its ranks of an attempt all exited, and
+// how.
 type attemptMsg struct {
-	Node    int `json:"node"`
-	Attempt int `json:"attempt"`
+	Node    int     `json:"node"`
+	Attempt int     `json:"attempt"`
+	Outcome Outcome `json:"outcome"`
 }
 
 // syncer starts the plane's attempt agreement on first use.
@@ -45,7 +47,7 @@ func (p *plane) syncer() (*attemptSync, error) {
 	if p.sync != nil {
 		return p.sync, nil
 	}
-	s := &attemptSync{master: masterInfo{Attempt: -1}, done: map[int]map[int]bool{}, change: make(chan struct{})}
+	s := &attemptSync{master: masterInfo{Attempt: -1}, done: map[int]map[int]Outcome{}, change: make(chan struct{})}
 	sub, err := p.nc.Subscribe(protocol.AttemptSubject(p.job), func(m *nats.Msg) {
 		var a attemptMsg
 		if json.Unmarshal(m.Data, &a) != nil {
@@ -53,9 +55,9 @@ func (p *plane) syncer() (*attemptSync, error) {
 		}
 		s.mu.Lock()
 		if s.done[a.Attempt] == nil {
-			s.done[a.Attempt] = map[int]bool{}
+			s.done[a.Attempt] = map[int]Outcome{}
 		}
-		s.done[a.Attempt][a.Node] = true
+		s.done[a.Attempt][a.Node] = a.Outcome
 		close(s.change)
 		s.change = make(chan struct{})
 		s.mu.Unlock()
@@ -118,15 +120,16 @@ func (p *plane) askMaster(attempt int, wait time.Duration) (masterInfo, error) {
 }
 
 // attemptDone tells the other launchers this node's ranks of attempt have all
-// exited, and waits until every one of the nnodes nodes has said so.
-func (p *plane) attemptDone(attempt, nnodes int, wait time.Duration) error {
+// exited, with their outcome, and waits until every one of the nnodes nodes
+// has said so; it returns every node's outcome.
+func (p *plane) attemptDone(attempt int, o Outcome, nnodes int, wait time.Duration) (map[int]Outcome, error) {
 	s, err := p.syncer()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	b, _ := json.Marshal(attemptMsg{Node: p.node, Attempt: attempt})
+	b, _ := json.Marshal(attemptMsg{Node: p.node, Attempt: attempt, Outcome: o})
 	if err := p.nc.Publish(protocol.AttemptSubject(p.job), b); err != nil {
-		return err
+		return nil, err
 	}
 	p.nc.Flush()
 	timer := time.NewTimer(wait)
@@ -135,19 +138,22 @@ func (p *plane) attemptDone(attempt, nnodes int, wait time.Duration) error {
 		s.mu.Lock()
 		have, change := len(s.done[attempt]), s.change
 		var missing []int
+		out := map[int]Outcome{}
 		for n := 0; n < nnodes; n++ {
-			if !s.done[attempt][n] {
+			if o, ok := s.done[attempt][n]; ok {
+				out[n] = o
+			} else {
 				missing = append(missing, n)
 			}
 		}
 		s.mu.Unlock()
 		if have >= nnodes {
-			return nil
+			return out, nil
 		}
 		select {
 		case <-change:
 		case <-timer.C:
-			return fmt.Errorf("restart: nodes %s did not finish attempt %d within %v", FormatRanks(missing), attempt, wait)
+			return nil, fmt.Errorf("restart: nodes %s did not finish attempt %d within %v", FormatRanks(missing), attempt, wait)
 		}
 	}
 }

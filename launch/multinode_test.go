@@ -263,3 +263,42 @@ func TestTLSNodes(t *testing.T) {
 		t.Errorf("unverifiable server: exit %d\n%s", codes[0], consoles[0])
 	}
 }
+
+// TestTwoNodesRestart: two launchers restart together after a rank of node 1
+// fails once; every attempt's ranks on both nodes get the same MASTER_ADDR and
+// MASTER_PORT (node 0's, handed out over NATS), a new port per attempt.
+func TestTwoNodesRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs nats-server")
+	}
+	jobs := map[string]creds.Credentials{"restart-job": {User: "job-restart", Password: "pw-restart"}}
+	url := standaloneNATS(t, jobs)
+	script := `echo "master $MASTER_ADDR:$MASTER_PORT attempt $TORCHELASTIC_RESTART_COUNT"; ` +
+		`if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 3; fi; sleep 0.2`
+	codes, dirs, consoles := runNodesWith(t, url, writeCreds(t, jobs["restart-job"]), "restart-job", 2, 1,
+		[]string{"--max-restarts", "1"}, "--", "sh", "-c", script)
+	masters := map[string]bool{}
+	for node := range codes {
+		if codes[node] != 0 {
+			t.Fatalf("node %d: exit %d\n%s", node, codes[node], consoles[node])
+		}
+		sum := readJSON[Summary](t, filepath.Join(dirs[node], "restart-job", SummaryFile))
+		if len(sum.Attempts) != 2 || sum.Reason != OutcomeOK {
+			t.Errorf("node %d summary: %+v", node, sum)
+		}
+		for a, sub := range []string{".", AttemptDir(1)} {
+			b, _ := os.ReadFile(filepath.Join(dirs[node], "restart-job", sub, RankDir(node), "stdout.log"))
+			i := bytes.Index(b, []byte("master "))
+			if i < 0 || !bytes.Contains(b, []byte(fmt.Sprintf("attempt %d", a))) {
+				t.Fatalf("node %d attempt %d printed %q", node, a, b)
+			}
+			masters[fmt.Sprintf("%d %s", a, bytes.Fields(b[i:])[1])] = true
+		}
+	}
+	if len(masters) != 2 {
+		t.Errorf("MASTER_ADDR:MASTER_PORT per attempt, both nodes: %v (want one per attempt, a new port each)", masters)
+	}
+	if s := readJSON[Summary](t, filepath.Join(dirs[1], "restart-job", SummaryFile)); s.Attempts[0].Reason != OutcomeRankFailed {
+		t.Errorf("node 1's attempt 0: %+v", s.Attempts[0])
+	}
+}

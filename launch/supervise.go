@@ -134,21 +134,35 @@ func (j *job) run(ctx context.Context) (int, error) {
 			}
 		}
 		sums, last = append(sums, s), a
-		if !a.outcome.restartable() || n >= j.MaxRestarts {
+		if n >= j.MaxRestarts {
 			break
 		}
-		say("attempt %d ended (%s, exit %d): restarting every rank (restart %d of %d)", n, a.outcome, s.ExitCode, n+1, j.MaxRestarts)
-		ev.emit("restart", "attempt", n+1, "after", a.outcome, "exit_code", s.ExitCode)
+		restart, why := a.outcome.restartable(), fmt.Sprintf("attempt %d ended (%s, exit %d)", n, a.outcome, s.ExitCode)
 		if j.nnodes > 1 {
-			if err := pl.attemptDone(n, j.nnodes, restartWait); err != nil {
-				// Not every node finished the attempt: record why, and stop.
-				a := &attempt{j: j, n: n + 1, ev: ev, pl: pl, say: say, outCon: outCon, errCon: errCon, began: time.Now()}
-				a.dir = j.attemptDir(n + 1)
-				a.fatal(err)
-				sums, last = append(sums, a.summary()), a
+			// Every node restarts, or none: each says how its ranks ended.
+			outs, err := pl.attemptDone(n, a.outcome, j.nnodes, restartWait)
+			if err != nil {
+				say("%v", err)
 				break
 			}
+			restart = false
+			for node := 0; node < j.nnodes; node++ {
+				o := outs[node]
+				if !o.restartable() && o != OutcomeOK {
+					restart = false
+					break
+				}
+				if o.restartable() && !restart {
+					restart = true
+					why = fmt.Sprintf("attempt %d ended (%s on node %d)", n, o, node)
+				}
+			}
 		}
+		if !restart {
+			break
+		}
+		say("%s: restarting every rank (restart %d of %d)", why, n+1, j.MaxRestarts)
+		ev.emit("restart", "attempt", n+1, "after", a.outcome, "exit_code", s.ExitCode)
 		pl.reset()
 	}
 	s := sums[len(sums)-1]

@@ -19,9 +19,9 @@ import (
 // of an attempt meets a rank of the next.
 type attemptSync struct {
 	mu     sync.Mutex
-	master masterInfo           // node 0: the current attempt's
+	master masterInfo              // node 0: the current attempt's
 	done   map[int]map[int]Outcome // attempt -> node -> how its ranks ended
-	change chan struct{}        // closed and replaced on every change of done
+	change chan struct{}           // closed and replaced on every change of done
 	subs   []*nats.Subscription
 }
 

@@ -55,6 +55,8 @@ const (
 
 const runUsage = `usage: launcher run [flags] WORKLOAD [ARGS...]     runs "worker WORKLOAD ARGS" on every rank
        launcher run [flags] -- PROGRAM [ARGS...]      runs any program on every rank
+       launcher run [flags] SCRIPT.py [ARGS...]       runs "python3 -u SCRIPT.py ARGS" (as torchrun)
+       launcher run [flags] -m MODULE [ARGS...]       runs "python3 -u -m MODULE ARGS"
 
 flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
   -n, --nproc-per-node N|cpu|gpu  ranks on this machine (cpu: one per core this launcher may
@@ -85,10 +87,32 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
   --grace DUR                  time between SIGTERM and SIGKILL on teardown (default 10s)
   --timeout DUR                end the job after DUR, exit 124 (default none)
   --hang-after DUR             name the ranks missing from a collective the others have
-                               waited in for DUR, and dump every rank's stacks (default 30s;
+                               waited in for DUR, dump every rank's stacks, and end the job
+                               with the missing rank as root cause, exit 125 (default 30s;
                                0 turns it off)
   --worker PATH                worker binary (default: "worker" next to the launcher)
   --dry-run                    print the rank table and exit
+  --max-restarts N             after a rank fails or hangs, restart every rank, up to N times
+                               (TORCHELASTIC_RESTART_COUNT; logs of attempt K in attempt-K/)
+  --python PATH                interpreter of .py scripts and -m modules (default python3)
+
+torchrun's flags, in both spellings (--nproc_per_node or --nproc-per-node; docs/launcher.md):
+  --standalone                 one node, the embedded NATS server (the default)
+  --rdzv-endpoint HOST:PORT    the NATS server (as --nats nats://HOST:PORT)
+  --rdzv-id ID                 the job id (as --job-id)
+  --rdzv-backend static|c10d|nats   accepted: the rendezvous runs over NATS
+  --rdzv-conf join_timeout=S   the ranks' rendezvous deadline
+  --master-addr ADDR, --master-port PORT
+                               MASTER_ADDR and MASTER_PORT (default: 127.0.0.1 on one node, node
+                               0's host name on several, and a free port, new each attempt)
+  --role NAME                  ROLE_NAME (default "default")
+  -r, --redirects 0|1|2|3|LR:N,...   streams (1 stdout, 2 stderr, 3 both) kept off the console
+  -t, --tee 0|1|2|3|LR:N,...   streams on the console as well as in the logs (the default)
+  --local-ranks-filter RANKS   local ranks shown on the console
+  --local-addr ADDR            the address this node's ranks announce
+  -m, --module                 run a Python module; --no-python runs the script as a program;
+                               --run-path runs it with python (what a .py gets anyway)
+  --monitor-interval S, --start-method M   accepted, unused; --logs-specs refused
 `
 
 // RunOptions are the flags of `launcher run`. The zero value of every field but
@@ -207,6 +231,30 @@ func EnvName(flagName string) string {
 func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error) {
 	o := RunOptions{NprocPerNode: "1", LogDir: "runs", Grace: 10 * time.Second, NNodes: 1, Console: "all",
 		HangAfter: DefaultHangAfter}
+	fs := o.flagSet()
+	if getenv != nil {
+		for _, n := range runFlagNames {
+			v := getenv(EnvName(n))
+			if v == "" {
+				continue
+			}
+			if err := fs.Set(n, v); err != nil {
+				return o, fmt.Errorf("%s=%q: %v", EnvName(n), v, err)
+			}
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err // flag.ErrHelp for -h
+	}
+	rest := fs.Args()
+	consumed := len(args) - len(rest)
+	o.Program = consumed > 0 && args[consumed-1] == "--"
+	o.Command = rest
+	return o, o.applyTorchrun()
+}
+
+// flagSet is `launcher run`'s flags, read into o.
+func (o *RunOptions) flagSet() *flag.FlagSet {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.NprocPerNode, "nproc-per-node", o.NprocPerNode, "ranks on this machine: N or cpu")
@@ -233,25 +281,7 @@ func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error
 	fs.BoolVar(&o.DryRun, "dry-run", false, "print the rank table and exit")
 	o.torchrunFlags(fs)
 	underscoreAliases(fs)
-	if getenv != nil {
-		for _, n := range runFlagNames {
-			v := getenv(EnvName(n))
-			if v == "" {
-				continue
-			}
-			if err := fs.Set(n, v); err != nil {
-				return o, fmt.Errorf("%s=%q: %v", EnvName(n), v, err)
-			}
-		}
-	}
-	if err := fs.Parse(args); err != nil {
-		return o, err // flag.ErrHelp for -h
-	}
-	rest := fs.Args()
-	consumed := len(args) - len(rest)
-	o.Program = consumed > 0 && args[consumed-1] == "--"
-	o.Command = rest
-	return o, o.applyTorchrun()
+	return fs
 }
 
 // problems collects every problem Validate finds.

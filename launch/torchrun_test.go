@@ -2,6 +2,7 @@ package launch
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -286,4 +287,22 @@ func TestTorchErrorFile(t *testing.T) {
 	if got := torchError(filepath.Join(dir, "none")); got != "" {
 		t.Errorf("missing file: %q", got)
 	}
+}
+
+// TestRunUsageListsEveryFlag: `launcher run -h` names every flag run takes
+// (the underscore spellings apart, which it states once).
+func TestRunUsageListsEveryFlag(t *testing.T) {
+	var o RunOptions
+	o.flagSet().VisitAll(func(f *flag.Flag) {
+		if strings.Contains(f.Name, "_") {
+			return
+		}
+		dash := "--" + f.Name
+		if len(f.Name) == 1 {
+			dash = "-" + f.Name + ","
+		}
+		if !strings.Contains(runUsage, dash) {
+			t.Errorf("launcher run -h does not mention %s", dash)
+		}
+	})
 }

@@ -21,12 +21,12 @@ type ckptFlags struct {
 }
 
 func (c *ckptFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.save, "save", "", "save checkpoints into DIR (one folder step-N per checkpoint)")
-	fs.IntVar(&c.every, "save-every", 0, "with --save: save every N steps (0: at the end only)")
-	fs.IntVar(&c.keep, "keep", 3, "with --save: keep the newest K checkpoints (0: all)")
+	fs.StringVar(&c.save, "save", "", "save checkpoints into `DIR` (one folder step-N per checkpoint)")
+	fs.IntVar(&c.every, "save-every", 0, "with --save: save every `N` steps (0: at the end only)")
+	fs.IntVar(&c.keep, "keep", 3, "with --save: keep the newest `K` checkpoints (0: all)")
 	fs.BoolVar(&c.sync, "save-sync", true, "with --save: fsync the files and folders (false: a checkpoint survives any process dying, not the machine losing power)")
-	fs.StringVar(&c.resume, "resume", "", "resume from a checkpoint: DIR (its newest), DIR/step-N, or a safetensors file")
-	fs.StringVar(&c.init, "init", "", "start from the weights of FILE.safetensors (up.weight, up.bias, down.weight, down.bias)")
+	fs.StringVar(&c.resume, "resume", "", "resume from `PATH`: a folder of checkpoints (its newest), one (DIR/step-N), or a safetensors file")
+	fs.StringVar(&c.init, "init", "", "start from the weights in `FILE`, a safetensors file (up.weight, up.bias, down.weight, down.bias)")
 }
 
 // open checks --resume or --init against the model before any rank starts and

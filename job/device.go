@@ -23,9 +23,9 @@ type deviceFlags struct {
 }
 
 func (d *deviceFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&d.device, "device", "", "device of the rank's tensors: cpu, sim or cuda (default $"+EnvDevice+", else the kernels' device, else cpu)")
-	fs.StringVar(&d.kernels, "kernels", "", "kernel provider, optionally per op: cpu, sim, cuda, openblas, or e.g. cpu,gemm=openblas (default $"+EnvKernels+", else the device's own)")
-	fs.StringVar(&d.dtype, "dtype", "", "compute dtype: float32 or bfloat16; parameters and SGD stay float32 (default $"+providers.EnvDType+", else float32)")
+	fs.StringVar(&d.device, "device", "", "`DEVICE` of the rank's tensors: cpu, sim or cuda (default $"+EnvDevice+", else the kernels' device, else cpu)")
+	fs.StringVar(&d.kernels, "kernels", "", "kernel providers, `SPEC`: cpu, sim, cuda, openblas, or e.g. cpu,gemm=openblas (default $"+EnvKernels+", else the device's own)")
+	fs.StringVar(&d.dtype, "dtype", "", "compute `DTYPE`: float32 or bfloat16; parameters and SGD stay float32 (default $"+providers.EnvDType+", else float32)")
 }
 
 // rankDevice is a validated device choice: building it gives each rank its

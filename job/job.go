@@ -5,11 +5,14 @@ package job
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
 
+	"github.com/meshrun/meshrun/internal/flaghelp"
 	"github.com/meshrun/meshrun/runlog"
 )
 
@@ -24,21 +27,30 @@ type Env struct {
 	Run    *runlog.Rank
 }
 
-// Workload runs one rank's part of a job and returns the process exit code.
-type Workload func(ctx context.Context, env Env) int
+// task is one run of a workload, in three steps: flags registers its flags;
+// setup checks the parsed flags and the positional arguments (with the job's
+// WORLD_SIZE, MESHRUN_DEVICE... from the environment) and prepares what run
+// needs, doing no work and joining nothing, an error being a usage error; run
+// does the work and returns the exit code.
+type task interface {
+	flags(fs *flag.FlagSet)
+	setup(env Env, args []string) error
+	run(ctx context.Context, env Env) int
+}
 
 // workloads is every workload by name. It is never changed at run time.
 var workloads = map[string]struct {
-	run  Workload
-	help string
+	new     func() task
+	args    string // the positional arguments after the flags
+	summary string
 }{
-	"hello":   {hello, "print the rank, log one line, exit 0"},
-	"exit":    {exitCode, "exit CODE [RANK]: exit CODE (only on rank RANK; the others wait to be stopped)"},
-	"sleep":   {sleep, "sleep DUR, exit 0"},
-	"barrier": {barrier, "join the job over NATS, pass one barrier, print the time from start"},
-	"linear":  {linearWorkload, "one sharded linear layer forward and backward, checked against float64 (--mesh --x --w [--b] ...)"},
-	"verify":  {verifyWorkload, "every mesh and placement combination at even and uneven sizes, checked against float64 and the plans ([--quick])"},
-	"mlp":     {mlpWorkload, "train the Megatron MLP block (--mesh --tokens --hidden --ffn --steps [--sequence-parallel])"},
+	"hello":   {func() task { return &helloTask{} }, "", "print the rank, log one line, exit 0"},
+	"exit":    {func() task { return &exitTask{} }, "CODE [RANK]", "exit CODE (only on rank RANK; the others wait to be stopped)"},
+	"sleep":   {func() task { return &sleepTask{} }, "DUR", "sleep DUR (e.g. 30s), exit 0"},
+	"barrier": {func() task { return &barrierTask{} }, "", "join the job over NATS, pass one barrier, print the time from start"},
+	"linear":  {func() task { return &linearTask{} }, "", "one sharded linear layer forward and backward, checked against float64"},
+	"verify":  {func() task { return &verifyTask{} }, "", "every mesh and placement combination at even and uneven sizes, checked against float64 and the plans"},
+	"mlp":     {func() task { return &mlpTask{} }, "", "train the Megatron MLP block (SGD, mean squared error), optionally sequence parallel, with checkpoints"},
 }
 
 // ExitUsage is the exit code for bad arguments.
@@ -52,10 +64,36 @@ func Usage() string {
 	}
 	sort.Strings(names)
 	var b strings.Builder
-	b.WriteString("usage: worker WORKLOAD [ARGS...]\n\nworkloads:\n")
+	b.WriteString("usage: worker WORKLOAD [FLAGS] [ARGS...]\n\nworkloads:\n")
 	for _, n := range names {
-		fmt.Fprintf(&b, "  %-8s %s\n", n, workloads[n].help)
+		w := workloads[n]
+		line := w.summary
+		if w.args != "" {
+			line = w.args + ": " + line
+		}
+		fmt.Fprintf(&b, "  %-8s %s\n", n, line)
 	}
+	b.WriteString("\n\"worker WORKLOAD -h\" lists a workload's flags. The launcher starts one worker per rank\n" +
+		"(launcher run -n N WORKLOAD ...) with RANK, WORLD_SIZE and MESHRUN_* set; linear, verify and\n" +
+		"mlp also run alone, their ranks in one process.\n")
+	return b.String()
+}
+
+// workloadUsage is `worker NAME -h`: the usage line, what it does, every flag.
+func workloadUsage(name string, fs *flag.FlagSet) string {
+	w := workloads[name]
+	var b strings.Builder
+	fmt.Fprintf(&b, "usage: worker %s", name)
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		b.WriteString(" [FLAGS]")
+	}
+	if w.args != "" {
+		fmt.Fprintf(&b, " %s", w.args)
+	}
+	fmt.Fprintf(&b, "\n  %s\n\nflags:\n", w.summary)
+	flaghelp.Flags(&b, fs)
 	return b.String()
 }
 
@@ -65,9 +103,26 @@ func Main(ctx context.Context, env Env) int {
 		fmt.Fprint(env.Stderr, Usage())
 		return ExitUsage
 	}
-	w, ok := workloads[env.Args[0]]
+	name := env.Args[0]
+	switch name {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(env.Stdout, Usage())
+		return 0
+	}
+	w, ok := workloads[name]
 	if !ok {
-		fmt.Fprintf(env.Stderr, "worker: unknown workload %q\n%s", env.Args[0], Usage())
+		fmt.Fprintf(env.Stderr, "worker: unknown workload %q\n%s", name, Usage())
+		return ExitUsage
+	}
+	t := w.new()
+	fs := newFlags(name)
+	t.flags(fs)
+	if err := fs.Parse(env.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(env.Stdout, workloadUsage(name, fs))
+			return 0
+		}
+		fmt.Fprintf(env.Stderr, "worker %s: %v (worker %s -h lists the flags)\n", name, flaghelp.Error(fs, err), name)
 		return ExitUsage
 	}
 	if env.Run == nil {
@@ -80,5 +135,16 @@ func Main(ctx context.Context, env Env) int {
 		defer rl.Recover()
 		env.Run = rl
 	}
-	return w.run(ctx, env)
+	if err := t.setup(env, fs.Args()); err != nil {
+		return usageError(env, name, err)
+	}
+	return t.run(ctx, env)
+}
+
+// noArgs refuses positional arguments where a workload takes none.
+func noArgs(args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("unexpected argument %q (flags are --name VALUE)", args[0])
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package job
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -100,46 +101,67 @@ type LinearReport struct {
 	StagedBytes int64 `json:"staged_bytes"`
 }
 
-func linearWorkload(ctx context.Context, env Env) int {
-	var a linearArgs
-	fs := newFlags("linear")
-	fs.StringVar(&a.mesh, "mesh", "", "device mesh, e.g. tp=4 or dp=2,tp=2")
-	fs.StringVar(&a.x, "x", "", "input as SHAPE:[PLACEMENTS], e.g. 8x16:[S(0)]")
-	fs.StringVar(&a.w, "w", "", "weight [N,K] as SHAPE:[PLACEMENTS]")
-	fs.StringVar(&a.b, "b", "", "bias [N] as SHAPE:[PLACEMENTS] (none: no bias)")
-	fs.StringVar(&a.out, "out", "", "layout the consumer wants for y")
-	fs.StringVar(&a.grads, "grads", "x,w,b", "gradients to compute: x,w,b or none")
-	fs.StringVar(&a.load, "load", "", "read x.npy, w.npy, b.npy, dy.npy (float32, whole tensors) from DIR")
-	fs.StringVar(&a.dump, "dump", "", "write y.npy, dx.npy, dw.npy, db.npy (whole tensors) to DIR on rank 0")
+// linearTask is `worker linear`.
+type linearTask struct {
+	a     linearArgs
+	cfg   linear.Config
+	plans linear.Plans
+	rd    rankDevice
+	data  *linear.Data // --load's tensors; nil: random ones from --seed
+}
+
+func (t *linearTask) flags(fs *flag.FlagSet) {
+	a := &t.a
+	fs.StringVar(&a.mesh, "mesh", "", "device `MESH`, e.g. tp=4 or dp=2,tp=2 (required)")
+	fs.StringVar(&a.x, "x", "", "input x [M,K] as `SHAPE:[PLACEMENTS]`, e.g. 8x16:[S(0)] (required)")
+	fs.StringVar(&a.w, "w", "", "weight W [N,K] as `SHAPE:[PLACEMENTS]` (required)")
+	fs.StringVar(&a.b, "b", "", "bias b [N] as `SHAPE:[PLACEMENTS]` (default: no bias)")
+	fs.StringVar(&a.out, "out", "", "`PLACEMENTS` the consumer wants for y, e.g. [S(0),R] (default: the plan's)")
+	fs.StringVar(&a.grads, "grads", "x,w,b", "`GRADS` to compute: some of x,w,b, or none")
+	fs.StringVar(&a.load, "load", "", "read x.npy, w.npy, b.npy, dy.npy (float32, whole tensors) from `DIR` (default: random from --seed)")
+	fs.StringVar(&a.dump, "dump", "", "write y.npy, dx.npy, dw.npy, db.npy (whole tensors) to `DIR` on rank 0")
 	fs.Uint64Var(&a.seed, "seed", 1, "seed of the random inputs")
 	a.dev.register(fs)
-	if err := fs.Parse(env.Args[1:]); err != nil {
-		return usageError(env, "linear", err)
+}
+
+func (t *linearTask) setup(env Env, args []string) error {
+	if err := noArgs(args); err != nil {
+		return err
 	}
-	cfg, plans, err := a.plan()
+	cfg, plans, err := t.a.plan()
 	if err != nil {
-		return usageError(env, "linear", err)
+		return err
 	}
 	if err := cfg.X.Mesh.Validate(worldSize(env, cfg.X.Mesh.Size())); err != nil {
-		return usageError(env, "linear", err)
+		return err
 	}
-	rd, err := a.dev.resolve(env)
-	if err != nil {
-		return usageError(env, "linear", err)
+	if t.rd, err = t.a.dev.resolve(env); err != nil {
+		return err
 	}
-	cfg.DType = rd.dtype
-	data := linear.RandomData(cfg.X.Shape, cfg.W.Shape[0], cfg.B != nil, a.seed)
-	if a.load != "" {
-		if data, err = loadData(a.load, cfg); err != nil {
+	cfg.DType = t.rd.dtype
+	if t.a.load != "" {
+		if t.data, err = loadData(t.a.load, cfg); err != nil {
+			return err
+		}
+		if err := t.data.RoundTo(cfg.Compute()); err != nil {
+			return err
+		}
+	}
+	t.cfg, t.plans = cfg, plans
+	return nil
+}
+
+func (t *linearTask) run(ctx context.Context, env Env) int {
+	a, cfg, plans, rd, data := t.a, t.cfg, t.plans, t.rd, t.data
+	if data == nil {
+		data = linear.RandomData(cfg.X.Shape, cfg.W.Shape[0], cfg.B != nil, a.seed)
+		if err := data.RoundTo(cfg.Compute()); err != nil {
 			return usageError(env, "linear", err)
 		}
 	}
-	if err := data.RoundTo(cfg.Compute()); err != nil {
-		return usageError(env, "linear", err)
-	}
 	var mu sync.Mutex
 	var report *LinearReport
-	err = ranks(ctx, env, cfg.X.Mesh.Size(), func(ctx context.Context, w *collective.World) error {
+	err := ranks(ctx, env, cfg.X.Mesh.Size(), func(ctx context.Context, w *collective.World) error {
 		dev, err := rd.build()
 		if err != nil {
 			return err

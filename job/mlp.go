@@ -2,12 +2,14 @@ package job
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"sort"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/meshrun/meshrun/ckpt"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/placement"
@@ -52,71 +54,93 @@ type MLPReport struct {
 	StagedBytesPerStep int64 `json:"staged_bytes_per_step"`
 }
 
-func mlpWorkload(ctx context.Context, env Env) int {
-	fs := newFlags("mlp")
-	mesh := fs.String("mesh", "", "device mesh (default tp=WORLD_SIZE)")
-	sp := fs.Bool("sequence-parallel", false, "split tokens over tp outside the block")
-	cfg := linear.MLPConfig{}
-	fs.IntVar(&cfg.Tokens, "tokens", 512, "tokens per step")
-	fs.IntVar(&cfg.Hidden, "hidden", 1024, "hidden size")
-	fs.IntVar(&cfg.FFN, "ffn", 0, "ffn size (default 4 x hidden)")
-	steps := fs.Int("steps", 20, "training steps")
-	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of parameters and data")
-	lr := fs.Float64("lr", 0.05, "SGD learning rate")
-	var df deviceFlags
-	df.register(fs)
-	gradDType := fs.String("grad-dtype", "", "dtype weight gradients are reduced in: float32 or bfloat16 (default: --dtype)")
-	profile := fs.String("cpuprofile", "", "write a CPU profile of the steps to FILE (in-process ranks: one profile)")
-	var cf ckptFlags
-	cf.register(fs)
-	if err := fs.Parse(env.Args[1:]); err != nil {
-		return usageError(env, "mlp", err)
+// mlpTask is `worker mlp`.
+type mlpTask struct {
+	mesh      string
+	cfg       linear.MLPConfig
+	steps     int
+	lr        float64
+	df        deviceFlags
+	gradDType string
+	profile   string
+	cf        ckptFlags
+	// From setup: the mesh, the checkpoint to start from (nil: none) and its
+	// step, the ranks' device.
+	m         placement.Mesh
+	ck        *ckpt.Checkpoint
+	startStep int
+	rd        rankDevice
+}
+
+func (t *mlpTask) flags(fs *flag.FlagSet) {
+	fs.StringVar(&t.mesh, "mesh", "", "device `MESH`, its last dim tensor parallel, e.g. dp=2,tp=2 (default tp=$WORLD_SIZE)")
+	fs.BoolVar(&t.cfg.SequenceParallel, "sequence-parallel", false, "split tokens over tp outside the block")
+	fs.IntVar(&t.cfg.Tokens, "tokens", 512, "tokens per step")
+	fs.IntVar(&t.cfg.Hidden, "hidden", 1024, "hidden size")
+	fs.IntVar(&t.cfg.FFN, "ffn", 0, "ffn size (default 4 x hidden)")
+	fs.IntVar(&t.steps, "steps", 20, "training steps")
+	fs.Uint64Var(&t.cfg.Seed, "seed", 1, "seed of parameters and data")
+	fs.Float64Var(&t.lr, "lr", 0.05, "SGD learning rate")
+	t.df.register(fs)
+	fs.StringVar(&t.gradDType, "grad-dtype", "", "`DTYPE` weight gradients are reduced in: float32 or bfloat16 (default: --dtype)")
+	fs.StringVar(&t.profile, "cpuprofile", "", "write a CPU profile of the steps to `FILE` (in-process ranks: one profile)")
+	t.cf.register(fs)
+}
+
+func (t *mlpTask) setup(env Env, args []string) error {
+	if err := noArgs(args); err != nil {
+		return err
 	}
-	if *profile != "" {
-		stop, err := startProfile(*profile)
+	cfg := &t.cfg
+	if t.mesh == "" {
+		t.mesh = "tp=" + strconv.Itoa(worldSize(env, 1))
+	}
+	m, err := placement.ParseMesh(t.mesh)
+	if err != nil {
+		return fmt.Errorf("--mesh: %w", err)
+	}
+	if err := m.Validate(worldSize(env, m.Size())); err != nil {
+		return err
+	}
+	if cfg.FFN == 0 {
+		cfg.FFN = 4 * cfg.Hidden
+	}
+	if t.steps < 1 || cfg.Tokens < 1 || cfg.Hidden < 1 || cfg.FFN < 1 {
+		return fmt.Errorf("--steps, --tokens, --hidden and --ffn must be positive")
+	}
+	cfg.Mesh, cfg.LR = m, float32(t.lr)
+	probe, err := linear.NewMLP(*cfg, 0, nil)
+	if err != nil {
+		return err
+	}
+	if t.ck, t.startStep, err = t.cf.open(probe.Params(), t.steps); err != nil {
+		return err
+	}
+	if t.rd, err = t.df.resolve(env); err != nil {
+		return err
+	}
+	cfg.DType = t.rd.dtype
+	if t.gradDType != "" {
+		if cfg.GradDType, err = tensor.ParseDType(t.gradDType); err != nil || (cfg.GradDType != tensor.Float32 && cfg.GradDType != tensor.BFloat16) {
+			return fmt.Errorf("--grad-dtype %q: want float32 or bfloat16", t.gradDType)
+		}
+	}
+	t.m = m
+	return nil
+}
+
+func (t *mlpTask) run(ctx context.Context, env Env) int {
+	if t.profile != "" {
+		stop, err := startProfile(t.profile)
 		if err != nil {
 			return usageError(env, "mlp", err)
 		}
 		defer stop()
 	}
-	if *mesh == "" {
-		*mesh = "tp=" + strconv.Itoa(worldSize(env, 1))
-	}
-	m, err := placement.ParseMesh(*mesh)
-	if err != nil {
-		return usageError(env, "mlp", fmt.Errorf("--mesh: %w", err))
-	}
-	if err := m.Validate(worldSize(env, m.Size())); err != nil {
-		return usageError(env, "mlp", err)
-	}
-	if cfg.FFN == 0 {
-		cfg.FFN = 4 * cfg.Hidden
-	}
-	if *steps < 1 || cfg.Tokens < 1 || cfg.Hidden < 1 || cfg.FFN < 1 {
-		return usageError(env, "mlp", fmt.Errorf("--steps, --tokens, --hidden and --ffn must be positive"))
-	}
-	cfg.Mesh, cfg.SequenceParallel, cfg.LR = m, *sp, float32(*lr)
-	probe, err := linear.NewMLP(cfg, 0, nil)
-	if err != nil {
-		return usageError(env, "mlp", err)
-	}
-	ck, startStep, err := cf.open(probe.Params(), *steps)
-	if err != nil {
-		return usageError(env, "mlp", err)
-	}
-	rd, err := df.resolve(env)
-	if err != nil {
-		return usageError(env, "mlp", err)
-	}
-	cfg.DType = rd.dtype
-	if *gradDType != "" {
-		if cfg.GradDType, err = tensor.ParseDType(*gradDType); err != nil || (cfg.GradDType != tensor.Float32 && cfg.GradDType != tensor.BFloat16) {
-			return usageError(env, "mlp", fmt.Errorf("--grad-dtype %q: want float32 or bfloat16", *gradDType))
-		}
-	}
+	cfg, m, ck, startStep, rd, cf, steps := t.cfg, t.m, t.ck, t.startStep, t.rd, t.cf, t.steps
 	var report *MLPReport
 	var mu sync.Mutex
-	err = ranks(ctx, env, m.Size(), func(ctx context.Context, w *collective.World) error {
+	err := ranks(ctx, env, m.Size(), func(ctx context.Context, w *collective.World) error {
 		dev, err := rd.build()
 		if err != nil {
 			return err
@@ -151,7 +175,7 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		var stepMS, kernMS, commMS []float64
 		var first, last float64
 		var moved tensor.Transfers
-		for s := startStep + 1; s <= *steps; s++ {
+		for s := startStep + 1; s <= steps; s++ {
 			tr.take("kernel")
 			tr.take("collective")
 			bytes = 0
@@ -170,10 +194,10 @@ func mlpWorkload(ctx context.Context, env Env) int {
 			}
 			last = loss
 			if w.Rank() == 0 {
-				env.Run.Progress(s, *steps, loss, d)
-				fmt.Fprintf(env.Stdout, "step %d/%d loss %.6f time %.2f ms\n", s, *steps, loss, ms(d))
+				env.Run.Progress(s, steps, loss, d)
+				fmt.Fprintf(env.Stdout, "step %d/%d loss %.6f time %.2f ms\n", s, steps, loss, ms(d))
 			}
-			if cf.due(s, *steps) {
+			if cf.due(s, steps) {
 				d, err := cf.saveStep(ctx, w, block, s)
 				if err != nil {
 					return err
@@ -189,7 +213,7 @@ func mlpWorkload(ctx context.Context, env Env) int {
 		}
 		r := &MLPReport{Mesh: m.String(), Device: dev.Device().String(), Kernels: rd.choice.String(), DType: rd.dtype.String(),
 			SequenceParallel: cfg.SequenceParallel, Tokens: cfg.Tokens, Hidden: cfg.Hidden,
-			FFN: cfg.FFN, Steps: *steps, FirstStep: startStep + 1, LossFirst: first, LossLast: last, StepMSMedian: median(stepMS),
+			FFN: cfg.FFN, Steps: steps, FirstStep: startStep + 1, LossFirst: first, LossLast: last, StepMSMedian: median(stepMS),
 			LoadMS: loadMS, SaveMS: saveMS, ParamBytes: paramBytes(block.Params()),
 			CommBytesPerStep: bytes, Collectives: map[string]int{}, KernelMS: median(kernMS), CommMS: median(commMS)}
 		for k, v := range counts {

@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"strconv"
 	"time"
@@ -11,52 +12,88 @@ import (
 	"github.com/meshrun/meshrun/collective"
 )
 
-func hello(ctx context.Context, env Env) int {
+// helloTask is `worker hello`.
+type helloTask struct{}
+
+func (*helloTask) flags(*flag.FlagSet)              {}
+func (*helloTask) setup(_ Env, args []string) error { return noArgs(args) }
+
+func (*helloTask) run(ctx context.Context, env Env) int {
 	rank, world := env.Getenv("RANK"), env.Getenv("WORLD_SIZE")
 	fmt.Fprintf(env.Stdout, "hello from rank %s of %s\n", rank, world)
 	env.Run.Log.Info("hello", zap.String("world", world))
 	return 0
 }
 
-func exitCode(ctx context.Context, env Env) int {
-	if len(env.Args) < 2 {
-		fmt.Fprintln(env.Stderr, "worker exit: want CODE [RANK]")
-		return ExitUsage
+// exitTask is `worker exit CODE [RANK]`.
+type exitTask struct {
+	code int
+	rank string // "" for every rank
+}
+
+func (*exitTask) flags(*flag.FlagSet) {}
+
+func (t *exitTask) setup(_ Env, args []string) error {
+	if len(args) < 1 || len(args) > 2 {
+		return fmt.Errorf("want CODE [RANK]")
 	}
-	code, err := strconv.Atoi(env.Args[1])
+	code, err := strconv.Atoi(args[0])
 	if err != nil {
-		fmt.Fprintf(env.Stderr, "worker exit: bad code %q\n", env.Args[1])
-		return ExitUsage
+		return fmt.Errorf("bad code %q", args[0])
 	}
-	if len(env.Args) > 2 && env.Args[2] != env.Getenv("RANK") {
+	t.code = code
+	if len(args) > 1 {
+		t.rank = args[1]
+	}
+	return nil
+}
+
+func (t *exitTask) run(ctx context.Context, env Env) int {
+	if t.rank != "" && t.rank != env.Getenv("RANK") {
 		<-ctx.Done() // a healthy peer, until the launcher stops it
 		return 0
 	}
 	time.Sleep(100 * time.Millisecond)
-	fmt.Fprintf(env.Stderr, "rank %s: exiting with code %d\n", env.Getenv("RANK"), code)
-	return code
+	fmt.Fprintf(env.Stderr, "rank %s: exiting with code %d\n", env.Getenv("RANK"), t.code)
+	return t.code
 }
 
-func sleep(ctx context.Context, env Env) int {
-	if len(env.Args) < 2 {
-		fmt.Fprintln(env.Stderr, "worker sleep: want DUR")
-		return ExitUsage
+// sleepTask is `worker sleep DUR`.
+type sleepTask struct{ d time.Duration }
+
+func (*sleepTask) flags(*flag.FlagSet) {}
+
+func (t *sleepTask) setup(_ Env, args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("want DUR")
 	}
-	d, err := time.ParseDuration(env.Args[1])
+	d, err := time.ParseDuration(args[0])
 	if err != nil {
-		fmt.Fprintf(env.Stderr, "worker sleep: %v\n", err)
-		return ExitUsage
+		return err
 	}
+	t.d = d
+	return nil
+}
+
+func (t *sleepTask) run(ctx context.Context, env Env) int {
 	select {
-	case <-time.After(d):
+	case <-time.After(t.d):
 	case <-ctx.Done():
 	}
 	return 0
 }
 
-// barrier joins the job and passes one barrier: the launch-overhead probe.
-func barrier(ctx context.Context, env Env) int {
-	start := time.Now()
+// barrierTask joins the job and passes one barrier: the launch-overhead probe.
+type barrierTask struct{ start time.Time }
+
+func (*barrierTask) flags(*flag.FlagSet) {}
+
+func (t *barrierTask) setup(_ Env, args []string) error {
+	t.start = time.Now()
+	return noArgs(args)
+}
+
+func (t *barrierTask) run(ctx context.Context, env Env) int {
 	cfg := collective.EnvConfig()
 	cfg.Logger = env.Run.Log
 	w, err := collective.Join(ctx, cfg)
@@ -74,7 +111,7 @@ func barrier(ctx context.Context, env Env) int {
 	}
 	if w.Rank() == 0 {
 		fmt.Fprintf(env.Stdout, "barrier: %d ranks joined and passed a barrier %.1f ms after rank 0 started\n",
-			w.Size(), float64(time.Since(start).Microseconds())/1000)
+			w.Size(), float64(time.Since(t.start).Microseconds())/1000)
 	}
 	return 0
 }

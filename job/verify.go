@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"slices"
 	"strings"
@@ -106,37 +107,54 @@ type verifyRow struct {
 	failures      []string
 }
 
-func verifyWorkload(ctx context.Context, env Env) int {
-	fs := newFlags("verify")
-	ops := fs.String("ops", "linear", "ops to verify: linear")
-	quick := fs.Bool("quick", false, "uneven sizes only, no partial inputs")
-	world := fs.Int("world", 0, "world size when run alone (default WORLD_SIZE, else 4)")
-	var df deviceFlags
-	df.register(fs)
-	if err := fs.Parse(env.Args[1:]); err != nil {
-		return usageError(env, "verify", err)
+// verifyTask is `worker verify`.
+type verifyTask struct {
+	ops   string
+	quick bool
+	world int
+	df    deviceFlags
+	n     int // ranks
+	rd    rankDevice
+}
+
+func (t *verifyTask) flags(fs *flag.FlagSet) {
+	fs.StringVar(&t.ops, "ops", "linear", "`OPS` to verify: linear")
+	fs.BoolVar(&t.quick, "quick", false, "uneven sizes only, no partial inputs")
+	fs.IntVar(&t.world, "world", 0, "world size when run alone (default $WORLD_SIZE, else 4)")
+	t.df.register(fs)
+}
+
+func (t *verifyTask) setup(env Env, args []string) error {
+	if err := noArgs(args); err != nil {
+		return err
 	}
-	for _, op := range strings.Split(*ops, ",") {
+	for _, op := range strings.Split(t.ops, ",") {
 		if op != "linear" {
-			return usageError(env, "verify", fmt.Errorf("--ops: unknown op %q (known: linear)", op))
+			return fmt.Errorf("--ops: unknown op %q (known: linear)", op)
 		}
 	}
-	n := worldSize(env, 4)
-	if *world > 0 {
-		if env.Getenv("WORLD_SIZE") != "" && *world != n {
-			return usageError(env, "verify", fmt.Errorf("--world %d, but the job has %d ranks", *world, n))
+	t.n = worldSize(env, 4)
+	if t.world < 0 {
+		return fmt.Errorf("--world %d: want a positive number", t.world)
+	}
+	if t.world > 0 {
+		if env.Getenv("WORLD_SIZE") != "" && t.world != t.n {
+			return fmt.Errorf("--world %d, but the job has %d ranks", t.world, t.n)
 		}
-		n = *world
+		t.n = t.world
 	}
-	rd, err := df.resolve(env)
-	if err != nil {
-		return usageError(env, "verify", err)
-	}
+	var err error
+	t.rd, err = t.df.resolve(env)
+	return err
+}
+
+func (t *verifyTask) run(ctx context.Context, env Env) int {
+	n, rd := t.n, t.rd
 	// The cases (and their plans) are the same on every rank: build them once.
 	meshes := Meshes(n)
 	cases := make([][]verifyCase, len(meshes))
 	for i, m := range meshes {
-		cases[i] = linearCases(m, *quick)
+		cases[i] = linearCases(m, t.quick)
 		for j := range cases[i] {
 			cases[i][j].cfg.DType = rd.dtype
 			if rd.dtype != tensor.Float32 {
@@ -146,7 +164,7 @@ func verifyWorkload(ctx context.Context, env Env) int {
 	}
 	var rows []verifyRow
 	var mu sync.Mutex
-	err = ranks(ctx, env, n, func(ctx context.Context, w *collective.World) error {
+	err := ranks(ctx, env, n, func(ctx context.Context, w *collective.World) error {
 		k, err := rd.build()
 		if err != nil {
 			return err

@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,23 +15,67 @@ const ckptUsage = `usage: launcher ckpt inspect PATH             tensors, shapes
        launcher ckpt convert PATH --to FILE     gather every tensor into one plain safetensors file
 
 PATH is a checkpoint folder (step-N), a folder of checkpoints (the newest), or a
-safetensors file.
+safetensors file. "launcher ckpt inspect -h", "launcher ckpt convert -h": their flags.
 `
+
+// ckptHelp is the usage of each ckpt subcommand.
+var ckptHelp = map[string]string{
+	"inspect": `usage: launcher ckpt inspect PATH
+  the checkpoint's tensors, shapes, dtypes, placements, files and step; verifies every
+  checksum and names the tensor and block of any damage (exit 2)
+  PATH is a checkpoint folder (step-N), a folder of checkpoints (the newest), or a
+  safetensors file
+`,
+	"convert": `usage: launcher ckpt convert PATH --to FILE
+  gathers every tensor into one plain safetensors file (step and mesh in its metadata),
+  verifying what it reads
+  PATH is a checkpoint folder (step-N), a folder of checkpoints (the newest), or a
+  safetensors file
+`,
+}
+
+// ckptFlags are the flags of `launcher ckpt CMD`: convert's --to.
+func ckptFlags(cmd string) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet("ckpt "+cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	to := new(string)
+	if cmd == "convert" {
+		fs.StringVar(to, "to", "", "the safetensors `FILE` to write (required)")
+	}
+	return fs, to
+}
 
 // ckptMain runs `launcher ckpt`. Bad or damaged input exits 2.
 func ckptMain(args []string, stdout, stderr io.Writer) int {
-	if len(args) < 2 || (args[0] != "inspect" && args[0] != "convert") {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help") {
+		fmt.Fprint(stdout, ckptUsage)
+		return 0
+	}
+	if len(args) == 0 || ckptHelp[args[0]] == "" {
 		fmt.Fprint(stderr, ckptUsage)
 		return ExitUsage
 	}
-	fs := flag.NewFlagSet("ckpt", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	to := fs.String("to", "", "the safetensors file convert writes")
-	path := args[1]
-	if err := fs.Parse(args[2:]); err != nil || fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "launcher ckpt: bad flags %v\n%s", args[2:], ckptUsage)
+	name := "launcher ckpt " + args[0]
+	fs, to := ckptFlags(args[0])
+	pos, err := parseInterspersed(fs, args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, helpText(ckptHelp[args[0]], fs))
+		return 0
+	}
+	if err != nil {
+		err = flagError(name, fs, err)
+	} else if len(pos) == 0 {
+		err = fmt.Errorf("PATH is required (%s -h)", name)
+	} else if len(pos) > 1 {
+		err = fmt.Errorf("one PATH, got %q", pos)
+	} else if args[0] == "convert" && *to == "" {
+		err = fmt.Errorf("--to FILE is required")
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return ExitUsage
 	}
+	path := pos[0]
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "launcher ckpt %s: %v\n", args[0], err)
 		return ExitUsage
@@ -45,9 +90,6 @@ func ckptMain(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 	case "convert":
-		if *to == "" {
-			return fail(fmt.Errorf("--to FILE is required"))
-		}
 		meta := map[string]string{"format": "meshrun", "step": fmt.Sprint(c.Index.Step), "mesh": c.Index.Mesh}
 		info, err := ckpt.Convert(ckpt.OS, c, *to, meta)
 		if err != nil {

@@ -4,8 +4,13 @@ package launch
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"strings"
+
+	"github.com/meshrun/meshrun/internal/flaghelp"
 )
 
 // ExitUsage is the exit code for bad flags and inputs that cannot be run.
@@ -26,6 +31,8 @@ commands:
          launcher trace [JOB|latest] -o trace.json
   ckpt   inspect a checkpoint, or gather it into one safetensors file
          launcher ckpt inspect DIR      launcher ckpt convert DIR --to model.safetensors
+
+"launcher COMMAND -h" lists a command's flags; "worker WORKLOAD -h" a workload's.
 `
 
 // Main runs the launcher's command line and returns the process exit code.
@@ -37,6 +44,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "plan":
 		o, err := ParsePlanFlags(args[1:])
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, planHelp())
+			return 0
+		}
 		if err == nil {
 			err = o.Validate()
 		}
@@ -62,4 +73,20 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "launcher: unknown command %q\n%s", args[0], usage)
 	return ExitUsage
+}
+
+// helpText is a command's -h: its usage lines, then every flag of fs with its
+// default (from the FlagSet itself, so it cannot drift from the flags).
+func helpText(head string, fs *flag.FlagSet) string {
+	var b strings.Builder
+	b.WriteString(head)
+	b.WriteString("\nflags:\n")
+	flaghelp.Flags(&b, fs)
+	return b.String()
+}
+
+// flagError is a bad flag of command cmd (fs.Parse's error) as one line that
+// names the flag and points at cmd -h.
+func flagError(cmd string, fs *flag.FlagSet, err error) error {
+	return fmt.Errorf("%v (%s -h lists the flags)", flaghelp.Error(fs, err), cmd)
 }

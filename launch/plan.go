@@ -35,33 +35,58 @@ type PlanOptions struct {
 // planInputs are the input flags `launcher plan` knows, by op.
 var planInputs = []string{"x", "w", "b", "a"}
 
-// ParsePlanFlags reads `launcher plan` flags. Errors are usage errors.
-func ParsePlanFlags(args []string) (PlanOptions, error) {
-	o := PlanOptions{Inputs: map[string]string{}}
-	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
+// planInputHelp says which ops take each input flag.
+var planInputHelp = map[string]string{
+	"x": "linear, gelu, relu, sum",
+	"w": "linear: the weight [N,K]",
+	"b": "linear: the bias [N], optional; add, matmul: the second operand",
+	"a": "add, matmul: the first operand",
+}
+
+const planUsage = `usage: launcher plan --mesh MESH [--op OP] --x SPEC --w SPEC [--b SPEC] [FLAGS]
+       launcher plan --mesh MESH --block mlp [--tokens N] [--hidden N] [--ffn N] [--sequence-parallel]
+  how an op (or the Megatron MLP block) is sharded: the layouts, collectives and bytes
+  of its forward and backward; SPEC is SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R]
+`
+
+// planFlags registers the flags of `launcher plan` into o; inputs are the
+// --x, --w, --b and --a values, which finish puts into o.Inputs.
+func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
+	fs = flag.NewFlagSet("plan", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&o.Mesh, "mesh", "", "device mesh: 4 or dp=2,tp=2")
-	fs.StringVar(&o.Op, "op", "linear", "op: "+strings.Join(spmd.Ops(), ", "))
-	in := map[string]*string{}
+	fs.StringVar(&o.Mesh, "mesh", "", "device `MESH`: 4 or dp=2,tp=2 (required)")
+	fs.StringVar(&o.Op, "op", "linear", "`OP`: "+strings.Join(spmd.Ops(), ", "))
+	inputs = map[string]*string{}
 	for _, n := range planInputs {
-		in[n] = fs.String(n, "", "input "+n+" as SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R]")
+		inputs[n] = fs.String(n, "", "input "+n+" as `SPEC`, e.g. 8x16:[S(0),R] ("+planInputHelp[n]+")")
 	}
-	fs.StringVar(&o.Out, "out", "", "placement the consumer wants for the output, e.g. [S(0),S(1)]")
-	fs.StringVar(&o.Grads, "grads", "", "gradients wanted: x,w,b or none (default all)")
-	fs.StringVar(&o.Dims, "dims", "", "dims a sum reduces, e.g. 0,1 (default all)")
-	fs.IntVar(&o.World, "world", 0, "check the mesh against this many ranks")
+	fs.StringVar(&o.Out, "out", "", "`PLACEMENTS` the consumer wants for the output, e.g. [S(0),S(1)] (default: the op's own)")
+	fs.StringVar(&o.Grads, "grads", "", "`GRADS` wanted: some of the inputs, e.g. x,w, or none (default: all)")
+	fs.StringVar(&o.Dims, "dims", "", "`DIMS` a sum reduces, e.g. 0,1 (default: all)")
+	fs.IntVar(&o.World, "world", 0, "check the mesh against this many ranks (default: no check)")
 	fs.BoolVar(&o.JSON, "json", false, "print JSON")
-	fs.StringVar(&o.DType, "dtype", "float32", "element type the bytes count: float32, bfloat16 or float64")
-	fs.StringVar(&o.Block, "block", "", "plan a block instead of one op: mlp")
+	fs.StringVar(&o.DType, "dtype", "float32", "element type the bytes count, `DTYPE`: float32, bfloat16 or float64")
+	fs.StringVar(&o.Block, "block", "", "plan a `BLOCK` instead of one op: mlp")
 	fs.IntVar(&o.Tokens, "tokens", 64, "block: tokens")
 	fs.IntVar(&o.Hidden, "hidden", 32, "block: hidden size")
 	fs.IntVar(&o.FFN, "ffn", 128, "block: ffn size")
 	fs.BoolVar(&o.SequenceParallel, "sequence-parallel", false, "block: shard tokens over tp outside the MLP")
+	return fs, inputs
+}
+
+// ParsePlanFlags reads `launcher plan` flags. Errors are usage errors;
+// flag.ErrHelp for -h.
+func ParsePlanFlags(args []string) (PlanOptions, error) {
+	o := PlanOptions{Inputs: map[string]string{}}
+	fs, in := planFlags(&o)
 	if err := fs.Parse(args); err != nil {
-		return o, err
+		if errors.Is(err, flag.ErrHelp) {
+			return o, err
+		}
+		return o, flagError("launcher plan", fs, err)
 	}
 	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return o, fmt.Errorf("unexpected argument %q (launcher plan -h lists the flags)", fs.Arg(0))
 	}
 	for n, v := range in {
 		if *v != "" {
@@ -69,6 +94,12 @@ func ParsePlanFlags(args []string) (PlanOptions, error) {
 		}
 	}
 	return o, nil
+}
+
+// planHelp is `launcher plan -h`.
+func planHelp() string {
+	fs, _ := planFlags(&PlanOptions{})
+	return helpText(planUsage, fs)
 }
 
 // plan is a validated PlanOptions.

@@ -19,20 +19,10 @@ import (
 	"github.com/meshrun/meshrun/runlog"
 )
 
-const logsUsage = `usage: launcher logs [JOB|latest] [flags]    the ranks' logs merged by time
+const logsUsage = `usage: launcher logs [JOB|latest] [FLAGS]    the ranks' logs merged by time
        launcher logs why [JOB|latest] [--log-dir DIR]   the root cause, its error and last lines, the victims
-
-flags:
-  --log-dir DIR     where the jobs are (default ./runs)
-  --rank RANKS      only these ranks, e.g. 0,4-7
-  --level LEVEL     only entries at LEVEL or above: debug, info, warn, error
-                    (stdout and stderr lines count as info unless they start with a level)
-  --grep RE         only entries whose text matches RE
-  --since DUR       only entries of the last DUR, e.g. 5m
-  --tail N          only the last N entries
-  -f                follow: keep printing new entries until the job ends
-  --json            one JSON object per entry
-  --collapse        identical entries of several ranks within 150 ms as one: ranks[1-7]: msg
+  JOB is a job id or a folder under --log-dir (default: the latest); flags may come before
+  or after it. Stdout and stderr lines count as info unless they start with a level.
 `
 
 // Entry is one merged log entry: a line of a rank's stdout or stderr, or an
@@ -410,19 +400,22 @@ func logsMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs := flag.NewFlagSet("logs", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	o := LogsOptions{}
-	fs.StringVar(&o.LogDir, "log-dir", "runs", "")
-	ranks := fs.String("rank", "", "")
-	fs.StringVar(&o.Level, "level", "", "")
-	grep := fs.String("grep", "", "")
-	fs.DurationVar(&o.Since, "since", 0, "")
-	fs.IntVar(&o.Tail, "tail", 0, "")
-	fs.BoolVar(&o.Follow, "f", false, "")
-	fs.BoolVar(&o.JSON, "json", false, "")
-	fs.BoolVar(&o.Collapse, "collapse", false, "")
+	fs.StringVar(&o.LogDir, "log-dir", "runs", "`DIR` holding the jobs' folders")
+	ranks := fs.String("rank", "", "only these `RANKS`, e.g. 0,4-7")
+	fs.StringVar(&o.Level, "level", "", "only entries at `LEVEL` or above: debug, info, warn, error")
+	grep := fs.String("grep", "", "only entries whose text matches the regular expression `RE`")
+	fs.DurationVar(&o.Since, "since", 0, "only entries of the last `DUR`, e.g. 5m")
+	fs.IntVar(&o.Tail, "tail", 0, "only the last `N` entries")
+	fs.BoolVar(&o.Follow, "f", false, "follow: keep printing new entries until the job ends")
+	fs.BoolVar(&o.JSON, "json", false, "one JSON object per entry")
+	fs.BoolVar(&o.Collapse, "collapse", false, "identical entries of several ranks within 150 ms as one: ranks[1-7]: msg")
 	job, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, logsUsage)
+		fmt.Fprint(stdout, helpText(logsUsage, fs))
 		return 0
+	}
+	if err != nil {
+		err = flagError("launcher logs", fs, err)
 	}
 	var p problems
 	if err != nil {

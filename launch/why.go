@@ -179,13 +179,15 @@ func lastLine(path string) string {
 func whyMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("why", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	logDir := fs.String("log-dir", "runs", "")
+	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
 	pos, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, logsUsage)
+		fmt.Fprint(stdout, helpText(whyUsage, fs))
 		return 0
 	}
-	if err == nil && len(pos) > 1 {
+	if err != nil {
+		err = flagError("launcher logs why", fs, err)
+	} else if len(pos) > 1 {
 		err = fmt.Errorf("one job at most, got %q", pos)
 	}
 	if err != nil {
@@ -209,7 +211,13 @@ func whyMain(args []string, stdout, stderr io.Writer) int {
 
 const traceUsage = `usage: launcher trace [JOB|latest] [-o FILE] [--log-dir DIR]
   every rank's trace.json merged into one Chrome trace (Perfetto, chrome://tracing),
-  one process per rank; -o - writes to stdout (default trace.json)
+  one process per rank; JOB is a job id or a folder under --log-dir (default: the latest)
+`
+
+const whyUsage = `usage: launcher logs why [JOB|latest] [--log-dir DIR]
+  why the job ended: the root-cause rank, its error and last lines, what the collectives
+  reported, hangs, the victims apart (and, for a job that restarted, its attempts); JOB is
+  a job id or a folder under --log-dir (default: the latest)
 `
 
 // MergeTraces merges the ranks' trace.json files of a job into one Chrome
@@ -305,14 +313,16 @@ func parseTrace(b []byte) ([]json.RawMessage, error) {
 func traceMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	logDir := fs.String("log-dir", "runs", "")
-	out := fs.String("o", "trace.json", "")
+	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
+	out := fs.String("o", "trace.json", "write the merged trace to `FILE`; - for stdout")
 	pos, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, traceUsage)
+		fmt.Fprint(stdout, helpText(traceUsage, fs))
 		return 0
 	}
-	if err == nil && len(pos) > 1 {
+	if err != nil {
+		err = flagError("launcher trace", fs, err)
+	} else if len(pos) > 1 {
 		err = fmt.Errorf("one job at most, got %q", pos)
 	}
 	if err != nil {

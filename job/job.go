@@ -56,6 +56,14 @@ var workloads = map[string]struct {
 // ExitUsage is the exit code for bad arguments.
 const ExitUsage = 2
 
+// EnvCheck, set to 1, makes the worker check its arguments and stop: Main
+// parses the workload's flags and runs its setup, as a rank would with the
+// job's WORLD_SIZE, RANK, MESHRUN_DEVICE, MESHRUN_KERNELS and MESHRUN_DTYPE,
+// but opens no logs, joins nothing and does no work; it exits 0, or
+// ExitUsage with the problem on stderr. The launcher runs one such check
+// before it starts any rank (launch.EnvCheck mirrors the name).
+const EnvCheck = "MESHRUN_CHECK"
+
 // Usage lists the workloads.
 func Usage() string {
 	var names []string
@@ -125,7 +133,8 @@ func Main(ctx context.Context, env Env) int {
 		fmt.Fprintf(env.Stderr, "worker %s: %v (worker %s -h lists the flags)\n", name, flaghelp.Error(fs, err), name)
 		return ExitUsage
 	}
-	if env.Run == nil {
+	check := env.Getenv(EnvCheck) == "1"
+	if env.Run == nil && !check {
 		rl, err := runlog.Open(runlog.Options{Getenv: env.Getenv, Stdout: env.Stdout, Stderr: env.Stderr})
 		if err != nil {
 			fmt.Fprintln(env.Stderr, "worker:", err)
@@ -137,6 +146,9 @@ func Main(ctx context.Context, env Env) int {
 	}
 	if err := t.setup(env, fs.Args()); err != nil {
 		return usageError(env, name, err)
+	}
+	if check {
+		return 0
 	}
 	return t.run(ctx, env)
 }

@@ -109,11 +109,11 @@ func (t *mlpTask) setup(env Env, args []string) error {
 		return fmt.Errorf("--steps, --tokens, --hidden and --ffn must be positive")
 	}
 	cfg.Mesh, cfg.LR = m, float32(t.lr)
-	probe, err := linear.NewMLP(*cfg, 0, nil)
+	params, err := linear.PlanMLP(*cfg)
 	if err != nil {
 		return err
 	}
-	if t.ck, t.startStep, err = t.cf.open(probe.Params(), t.steps); err != nil {
+	if t.ck, t.startStep, err = t.cf.open(params, t.steps); err != nil {
 		return err
 	}
 	if t.rd, err = t.df.resolve(env); err != nil {

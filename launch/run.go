@@ -645,6 +645,9 @@ func (o RunOptions) Run(ctx context.Context) (int, error) {
 	if err != nil {
 		return ExitUsage, err
 	}
+	if err := j.checkWorkload(); err != nil {
+		return ExitUsage, err
+	}
 	if j.DryRun {
 		j.printTable(j.Stdout)
 		return 0, nil

@@ -50,28 +50,16 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 	if mem == nil {
 		mem = tensor.Host
 	}
-	l, err := cfg.Layout()
+	p, err := cfg.plan()
 	if err != nil {
 		return nil, err
 	}
-	m := &MLP{Cfg: cfg, rank: rank, mem: mem, bufs: scratch{}}
-	up := layerConfig("up", l.Up) // every gradient, the input's too: the block sits inside a network
-	up.DType, up.GradDType = cfg.DType, cfg.GradDType
-	if m.Up, err = New(up, rank, mem); err != nil {
+	m := &MLP{Cfg: cfg, rank: rank, mem: mem, bufs: scratch{}, gelu: p.gelu.Fwd, geluBack: p.gelu.Bwd}
+	if m.Up, err = NewPlanned(p.up, p.upPlans, rank, mem); err != nil {
 		return nil, err
 	}
-	gelu := l.Ops[1]
-	if h := m.Up.Fwd.Final.Spec; !h.Equal(gelu.Fwd.Inputs[0].Spec) {
-		return nil, fmt.Errorf("%w: mlp: up's h %s is not the layout's %s", ErrConfig, h, gelu.Fwd.Inputs[0].Spec)
-	}
-	m.gelu, m.geluBack = gelu.Fwd, gelu.Bwd
-	dn := layerConfig("down", l.Down)
-	dn.DType, dn.GradDType = cfg.DType, cfg.GradDType
-	if m.Down, err = New(dn, rank, mem); err != nil {
+	if m.Down, err = NewPlanned(p.down, p.downPlans, rank, mem); err != nil {
 		return nil, err
-	}
-	if !m.Down.Bwd.Grads[0].Final.Spec.Equal(m.geluBack.DY.Spec) {
-		return nil, fmt.Errorf("%w: mlp: down's dx %s does not meet gelu's dy %s", ErrConfig, m.Down.Bwd.Grads[0].Final.Spec, m.geluBack.DY.Spec)
 	}
 	// Where a weight gradient is complete on its rank, SGD runs inside its GEMM.
 	m.Up.FuseSGD(cfg.LR)
@@ -112,6 +100,52 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 		}
 	}
 	return m, nil
+}
+
+// mlpPlan is a block laid out and planned: its layers' configs and plans,
+// and gelu's plans.
+type mlpPlan struct {
+	up, down           Config
+	upPlans, downPlans Plans
+	gelu               layout.Op
+}
+
+// plan lays out and plans the block, every problem NewMLP would report about
+// cfg found before anything is allocated.
+func (c MLPConfig) plan() (mlpPlan, error) {
+	l, err := c.Layout()
+	if err != nil {
+		return mlpPlan{}, err
+	}
+	p := mlpPlan{up: layerConfig("up", l.Up), down: layerConfig("down", l.Down), gelu: l.Ops[1]}
+	// Every gradient, the input's too: the block sits inside a network.
+	p.up.DType, p.up.GradDType = c.DType, c.GradDType
+	p.down.DType, p.down.GradDType = c.DType, c.GradDType
+	if p.upPlans, err = Plan(p.up); err != nil {
+		return mlpPlan{}, err
+	}
+	if h, want := p.upPlans.Fwd.Final.Spec, p.gelu.Fwd.Inputs[0].Spec; !h.Equal(want) {
+		return mlpPlan{}, fmt.Errorf("%w: mlp: up's h %s is not the layout's %s", ErrConfig, h, want)
+	}
+	if p.downPlans, err = Plan(p.down); err != nil {
+		return mlpPlan{}, err
+	}
+	if dg, want := p.downPlans.Bwd.Grads[0].Final.Spec, p.gelu.Bwd.DY.Spec; !dg.Equal(want) {
+		return mlpPlan{}, fmt.Errorf("%w: mlp: down's dx %s does not meet gelu's dy %s", ErrConfig, dg, want)
+	}
+	return p, nil
+}
+
+// PlanMLP checks cfg as NewMLP does, without building the block or allocating
+// anything, and returns the parameters the block would have: their names and
+// layouts, what a checkpoint is checked against before any rank starts (their
+// Tensor is nil).
+func PlanMLP(cfg MLPConfig) ([]Param, error) {
+	p, err := cfg.plan()
+	if err != nil {
+		return nil, err
+	}
+	return append(LayerParams("up", &Layer{Config: p.up}), LayerParams("down", &Layer{Config: p.down})...), nil
 }
 
 // Layout is the block's layout on cfg.Mesh (package layout: the definition

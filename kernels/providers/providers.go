@@ -41,10 +41,16 @@ func must(err error) {
 
 // New is a shortcut: parse a --kernels value and build a dispatcher from the
 // default registry.
+// A provider this binary lacks is an error naming the build command.
 func New(choice string, log kernels.Logger) (*kernels.Dispatcher, error) {
 	c, err := kernels.ParseChoice(choice)
 	if err != nil {
 		return nil, err
+	}
+	for _, name := range c.Names() {
+		if _, known := DeviceOf(name); known && !Compiled(name) {
+			return nil, fmt.Errorf("%w: %s: this binary was built without it; build with: %s", kernels.ErrUnknownProvider, name, BuildCommand(BuildTag(name)))
+		}
 	}
 	return Registry().NewDispatcher(c, log)
 }

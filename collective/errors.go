@@ -30,8 +30,16 @@ var (
 	ErrRendezvous = errors.New("collective: rendezvous failed")
 	// ErrCorrupt: a message failed to decode (bad magic, version, checksum, length).
 	ErrCorrupt = errors.New("collective: corrupt message")
-	// ErrAuth: a data connection failed authentication.
+	// ErrAuth: a data connection failed authentication, or the NATS server
+	// refused the rank's credentials (Error.Detail names their file and the
+	// server's answer).
 	ErrAuth = errors.New("collective: authentication failed")
+	// ErrPermission: the NATS server refused this rank a subject of its job
+	// (a "Permissions Violation": credentials of another job, or a
+	// MESHRUN_JOB_ID that is not theirs). Error.Detail names the subject and
+	// the credentials. Join fails with it at once, a joined World as soon as
+	// the server says so.
+	ErrPermission = errors.New("collective: NATS permission denied")
 	// ErrInvalid: bad arguments (lengths, counts, ranks, options).
 	ErrInvalid = errors.New("collective: invalid argument")
 	// ErrClosed: the communicator or world was closed, or failed earlier.

@@ -180,13 +180,21 @@ func (c *Config) natsConfig() natsconn.Config {
 // Join connects this rank to its job: NATS, rendezvous, data transport,
 // heartbeats. The World fails (every pending call with ErrControlLost) if the
 // NATS connection drops; nothing reconnects.
+//
+// What cannot succeed fails at once rather than at the rendezvous deadline:
+// a credentials file that is missing, unreadable or garbled (ErrInvalid,
+// naming the file), credentials the server refuses (ErrAuth, naming the file
+// and the server's answer; the connection is tried once, never retried), and
+// a subject of the job the server does not allow these credentials
+// (ErrPermission, naming the subject; a joined World fails with it too).
 func Join(ctx context.Context, cfg Config) (*World, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg.defaults()
 	log := cfg.Logger.With(zap.Int("rank", cfg.Rank))
-	natsOpts, err := cfg.natsConfig().Options()
+	nconf := cfg.natsConfig()
+	natsOpts, err := nconf.Options()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
@@ -202,6 +210,26 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		default:
 		}
 	}
+	// A permissions violation arrives asynchronously: before the World exists
+	// it cancels every wait of the join (jctx), after it fails the World.
+	jctx, jcancel := context.WithCancelCause(ctx)
+	defer jcancel(nil)
+	var denied atomic.Pointer[Error]
+	onDenied := func(err error) *Error {
+		pe := nconf.PermissionError(err)
+		if pe == nil {
+			return nil
+		}
+		e := &Error{Kind: ErrPermission, Rank: -1, Reporter: cfg.Rank, Detail: fmt.Sprintf("%s; MESHRUN_JOB_ID is %q: are it and the credentials of the same job?",
+			strings.TrimPrefix(pe.Error(), natsconn.ErrPermission.Error()+": "), cfg.Job)}
+		if w := wp.Load(); w != nil {
+			w.fail(e)
+			return e
+		}
+		denied.CompareAndSwap(nil, e)
+		jcancel(e)
+		return e
+	}
 	nc, err := nats.Connect(cfg.NATSURL, append(natsOpts,
 		nats.NoReconnect(),
 		nats.PingInterval(time.Second), nats.MaxPingsOutstanding(3),
@@ -211,9 +239,14 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 			}
 			onLost(err)
 		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { onDenied(err) }),
 	)...)
 	if err != nil {
-		return nil, &Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: fmt.Sprintf("connecting to NATS at %s: %v", cfg.NATSURL, err)}
+		err = nconf.ConnectError(err)
+		if errors.Is(err, natsconn.ErrRefused) {
+			return nil, &Error{Kind: ErrAuth, Rank: -1, Reporter: cfg.Rank, Detail: strings.TrimPrefix(err.Error(), natsconn.ErrRefused.Error()+": ")}
+		}
+		return nil, &Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: fmt.Sprintf("connecting to NATS at %s: %v", cfg.NATSURL, errors.Unwrap(err))}
 	}
 	ok := false
 	defer func() {
@@ -221,7 +254,22 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 			nc.Close()
 		}
 	}()
+	// deniedErr is the permissions violation the server reported, if any: the
+	// handler's, or the connection's last error (set before a later flush
+	// returns, while the handler may still be on its way).
+	deniedErr := func() error {
+		if e := denied.Load(); e != nil {
+			return e
+		}
+		if e := onDenied(nc.LastError()); e != nil {
+			return e
+		}
+		return nil
+	}
 	ctl, err := newNatsControl(nc, cfg.Job, cfg.Rank, cfg.WorldSize, cfg.HeartbeatInterval, cfg.HeartbeatTimeout, log)
+	if e := deniedErr(); e != nil {
+		return nil, e
+	}
 	if err != nil {
 		return nil, &Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: err.Error()}
 	}
@@ -254,9 +302,12 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	if cfg.Rank != 0 {
 		rto += 2 * time.Second
 	}
-	rctx, cancel := context.WithTimeout(ctx, rto)
+	rctx, cancel := context.WithTimeout(jctx, rto)
 	roster, err := rendezvous(rctx, nc, cfg.Job, me)
 	cancel()
+	if e := deniedErr(); e != nil {
+		err = e // the cause of a rendezvous cut short
+	}
 	if err != nil {
 		if ln != nil {
 			ln.Close()
@@ -270,7 +321,7 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 			kind = "shm"
 		}
 	}
-	tctx, cancel := context.WithTimeout(ctx, cfg.RendezvousTimeout)
+	tctx, cancel := context.WithTimeout(jctx, cfg.RendezvousTimeout)
 	defer cancel()
 	var t Transport
 	switch kind {
@@ -287,6 +338,12 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		t, err = NewShmTransport(tctx, cfg.Job, cfg.Rank, cfg.WorldSize, roster)
 	case "nats":
 		t, err = NewNatsTransport(tctx, nc, cfg.Job, cfg.Rank, cfg.WorldSize)
+	}
+	if e := deniedErr(); e != nil {
+		if err == nil {
+			t.Close()
+		}
+		err = e
 	}
 	if err != nil {
 		if ln != nil {
@@ -307,6 +364,10 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	}
 	w.log = log
 	wp.Store(w)
+	if e := denied.Load(); e != nil {
+		w.Close() // reported between the last check and Store
+		return nil, e
+	}
 	w.OnClose(func() error { nc.Close(); return nil })
 	ok = true
 	log.Info("joined", zap.String("job", cfg.Job), zap.Int("world", cfg.WorldSize), zap.String("transport", t.Name()))

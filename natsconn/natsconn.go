@@ -21,6 +21,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -29,8 +30,18 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// ErrConfig reports settings that cannot make a safe connection.
-var ErrConfig = errors.New("natsconn: bad NATS settings")
+// Sentinel errors; test with errors.Is.
+var (
+	// ErrConfig reports settings that cannot make a safe connection, a
+	// credentials file that is missing, unreadable or garbled among them.
+	ErrConfig = errors.New("natsconn: bad NATS settings")
+	// ErrRefused reports a server that refused the credentials (its
+	// "Authorization Violation"); the error names the credentials file.
+	ErrRefused = errors.New("natsconn: NATS refused the credentials")
+	// ErrPermission reports a subject the credentials' user may not use (the
+	// server's asynchronous "Permissions Violation"); see Config.PermissionError.
+	ErrPermission = errors.New("natsconn: NATS permission violation")
+)
 
 // Config is one NATS endpoint and how to authenticate to it.
 type Config struct {
@@ -168,7 +179,12 @@ func (c Config) Options() ([]nats.Option, error) {
 	if cr == nil {
 		r, err := creds.Read(c.CredsFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+			// A *PathError names the file already; say what it is.
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return nil, fmt.Errorf("%w: credentials file %s: %v", ErrConfig, c.CredsFile, err)
 		}
 		cr = &r
 	}
@@ -205,7 +221,10 @@ func (c Config) Options() ([]nats.Option, error) {
 	return opts, nil
 }
 
-// Connect connects with c's options followed by extra.
+// Connect connects with c's options followed by extra. It tries each server
+// of the URL once and returns the first answer: a server that refuses the
+// credentials is reported at once (ErrRefused, naming the credentials file
+// and the server's answer), never retried.
 func Connect(c Config, extra ...nats.Option) (*nats.Conn, error) {
 	opts, err := c.Options()
 	if err != nil {
@@ -213,7 +232,63 @@ func Connect(c Config, extra ...nats.Option) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(c.URL, append(opts, extra...)...)
 	if err != nil {
-		return nil, fmt.Errorf("natsconn: connecting to %s: %w", c.URL, err)
+		return nil, c.ConnectError(err)
 	}
 	return nc, nil
+}
+
+// ConnectError explains err, returned by nats.Connect with c's options: a
+// refusal of the credentials wraps ErrRefused and names their file and the
+// server's answer; anything else names the URL. Both wrap err.
+func (c Config) ConnectError(err error) error {
+	if refused(err) {
+		return fmt.Errorf("%w: NATS at %s rejected %s: %w", ErrRefused, c.URL, c.CredsName(), err)
+	}
+	return fmt.Errorf("natsconn: connecting to %s: %w", c.URL, err)
+}
+
+// refused reports an error of the server refusing the credentials.
+func refused(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
+}
+
+// CredsName says where c's credentials come from, for errors: "credentials
+// file PATH (user U)" (the user when the file is readable), or "the
+// credentials of user U". Never the password.
+func (c Config) CredsName() string {
+	if c.Creds != nil {
+		return fmt.Sprintf("the credentials of user %q", c.Creds.User)
+	}
+	if r, err := creds.Read(c.CredsFile); err == nil {
+		return fmt.Sprintf("credentials file %s (user %q)", c.CredsFile, r.User)
+	}
+	return "credentials file " + c.CredsFile
+}
+
+// permissionSubject finds the subject in the server's text: `Permissions
+// Violation for Publish to "S"`, `... for Subscription to "S"` or `... for
+// Publish with Reply of "S"`.
+var permissionSubject = regexp.MustCompile(`(?i)for (publish to|subscription to|publish with reply of) "([^"]+)"`)
+
+// PermissionError explains err, a permissions violation nats.go reported
+// (to an ErrorHandler, or as the connection's LastError): it wraps
+// ErrPermission and err, and names the operation, the subject, and c's
+// credentials. It returns nil when err is no permissions violation.
+func (c Config) PermissionError(err error) error {
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) {
+		return nil
+	}
+	what := "a subject"
+	if m := permissionSubject.FindStringSubmatch(err.Error()); m != nil {
+		op := "publish to"
+		switch strings.ToLower(m[1]) {
+		case "subscription to":
+			op = "subscribe to"
+		case "publish with reply of":
+			op = "receive replies on"
+		}
+		what = fmt.Sprintf("%s %q", op, m[2])
+	}
+	return fmt.Errorf("%w: %s is not allowed for %s (server: %w)", ErrPermission, what, c.CredsName(), err)
 }

@@ -114,7 +114,11 @@ func (p *plane) askMaster(attempt int, wait time.Duration) (masterInfo, error) {
 		} else {
 			last = err.Error()
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case err := <-p.fatal: // node 0 (or another) cannot start: no answer will come
+			return masterInfo{}, err
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	return masterInfo{}, fmt.Errorf("node 0's launcher did not hand out MASTER_ADDR/MASTER_PORT of attempt %d within %v (%s)", attempt, wait, last)
 }

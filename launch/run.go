@@ -642,17 +642,25 @@ func (o RunOptions) Run(ctx context.Context) (int, error) {
 		o.Stderr = io.Discard
 	}
 	j, err := o.resolve()
-	if err != nil {
-		return ExitUsage, err
+	if err == nil {
+		err = j.checkWorkload()
 	}
-	if err := j.checkWorkload(); err != nil {
+	if err != nil {
+		if !o.DryRun {
+			o.tellCannotStart(err)
+		}
 		return ExitUsage, err
 	}
 	if j.DryRun {
 		j.printTable(j.Stdout)
 		return 0, nil
 	}
-	return j.run(ctx)
+	code, err := j.run(ctx)
+	if cs := (cannotStart{}); errors.As(err, &cs) {
+		o.tellCannotStart(cs.error)
+		err = cs.error
+	}
+	return code, err
 }
 
 // runMain is `launcher run`.
@@ -663,7 +671,9 @@ func runMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if err == nil {
-		err = o.Validate()
+		if err = o.Validate(); err != nil && !o.DryRun {
+			o.tellCannotStart(err)
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "launcher run: %v\n", err)

@@ -42,19 +42,26 @@ func (j *job) run(ctx context.Context) (int, error) {
 		return ExitUsage, fmt.Errorf("%w: job folder %s already holds a job; pick another --job-id", ErrInvalid, j.dir)
 	}
 	if err := os.MkdirAll(j.dir, 0o755); err != nil {
-		return 1, fmt.Errorf("job folder: %w", err)
+		return 1, cannotStart{fmt.Errorf("job folder: %w", err)}
 	}
 	ev, err := openEvents(j.dir)
 	if err != nil {
-		return 1, fmt.Errorf("job folder: %w", err)
+		return 1, cannotStart{fmt.Errorf("job folder: %w", err)}
 	}
 	defer ev.close()
 	ev.emit("job_start", "job_id", j.id, "node", j.NodeRank, "nnodes", j.nnodes, "world_size", j.world,
 		"local_ranks", len(j.ranks), "command", append([]string{j.path}, j.args...), "max_restarts", j.MaxRestarts)
 	fail := func(err error) (int, error) {
 		ev.emit("job_end", "exit_code", 1, "error", err.Error())
-		return 1, err
+		return 1, cannotStart{err}
 	}
+
+	show, _ := j.consoleFilter()
+	outCon := newConsole(j.Stdout, collapseWindow, func(r int) bool { return show(r) && j.shown(r, 1) })
+	errCon := newConsole(j.Stderr, collapseWindow, func(r int) bool { return show(r) && j.shown(r, 2) })
+	defer outCon.close()
+	defer errCon.close()
+	say := func(format string, a ...any) { errCon.notice(time.Now(), "launcher: "+fmt.Sprintf(format, a...)) }
 
 	// The coordination plane: an embedded server on one machine, else the
 	// external one every launcher of the job reaches.
@@ -93,19 +100,20 @@ func (j *job) run(ctx context.Context) (int, error) {
 	}
 	url := conf.URL
 	own.Name = fmt.Sprintf("meshrun-launcher-%d", j.NodeRank)
-	pl, err := connectPlane(own, j.id, j.NodeRank, j.HangAfter > 0)
+	pl, err := connectPlane(own, j.id, j.NodeRank, j.HangAfter > 0, say)
 	if err != nil {
 		return fail(err)
 	}
 	defer pl.close()
+	if j.NATS != "" {
+		if err := pl.announce(j.hello(), presenceWindow, say); err != nil {
+			// Not told to the others: the job that runs is theirs.
+			ev.emit("job_end", "exit_code", ExitUsage, "error", err.Error())
+			return ExitUsage, err
+		}
+	}
 	ev.emit("nats_ready", "url", url, "embedded", j.NATS == "")
 
-	show, _ := j.consoleFilter()
-	outCon := newConsole(j.Stdout, collapseWindow, func(r int) bool { return show(r) && j.shown(r, 1) })
-	errCon := newConsole(j.Stderr, collapseWindow, func(r int) bool { return show(r) && j.shown(r, 2) })
-	defer outCon.close()
-	defer errCon.close()
-	say := func(format string, a ...any) { errCon.notice(time.Now(), "launcher: "+fmt.Sprintf(format, a...)) }
 	say("job %s, node %d of %d, %d of %d ranks, logs in %s", j.id, j.NodeRank, j.nnodes, len(j.ranks), j.world, j.dir)
 
 	common := j.commonEnv(conf)
@@ -123,7 +131,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 		a := &attempt{j: j, n: n, ev: ev, pl: pl, url: url, say: say, outCon: outCon, errCon: errCon, began: time.Now(),
 			reported: map[string]bool{}}
 		if err := a.prepare(common); err != nil {
-			a.fatal(err)
+			a.onFatal(err) // the other nodes' ranks would wait for this one's
 		} else {
 			a.run(ctx, timeoutC)
 		}

@@ -21,7 +21,10 @@ import (
 //	meshrun.J.ctl.fail   the ranks' failure notices, read to learn whom a collective blamed
 //	meshrun.J.ctl.hb.*   the ranks' heartbeats, read for --hang-after
 //	meshrun.J.launcher   launcher to launcher (several nodes): a rank's failure with its
-//	                     ms time, so that every node names the same first failure
+//	                     ms time, so that every node names the same first failure;
+//	                     a launcher that cannot start
+//	meshrun.J.launcher.hello, .master, .attempt
+//	                     presence (presence.go), MASTER_ADDR/PORT and restarts (attempts.go)
 
 // nodeMsg is what a launcher tells the other launchers of the job.
 type nodeMsg struct {
@@ -54,18 +57,21 @@ type plane struct {
 	sync *attemptSync
 
 	mu    sync.Mutex
+	nodes map[int]hello // the other nodes' launchers (announce)
 	beats map[int]protocol.State
 	seen  map[int]time.Time
 	subs  []*nats.Subscription
 }
 
-func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool) (*plane, error) {
+// connectPlane connects the launcher to its job's subjects; say reports
+// what it notices outside of an attempt's events (see announce).
+func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool, say func(format string, a ...any)) (*plane, error) {
 	nc, err := natsconn.Connect(conf)
 	if err != nil {
 		return nil, err
 	}
 	p := &plane{nc: nc, job: job, node: node, notices: make(chan protocol.Notice, 64), remote: make(chan nodeMsg, 64), fatal: make(chan error, 8),
-		beats: map[int]protocol.State{}, seen: map[int]time.Time{}}
+		nodes: map[int]hello{}, beats: map[int]protocol.State{}, seen: map[int]time.Time{}}
 	// Failure notices and aborts: whom a collective blamed (see Notice.Decided).
 	sub, err := nc.Subscribe(protocol.NoticeSubjects(job), func(m *nats.Msg) {
 		n, ok := protocol.ParseNotice(job, m.Subject, m.Data)
@@ -81,11 +87,16 @@ func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool) (
 		p.subs = append(p.subs, sub)
 		sub, err = nc.Subscribe(protocol.LauncherSubject(job), func(m *nats.Msg) {
 			var n nodeMsg
-			if json.Unmarshal(m.Data, &n) == nil && n.Node != p.node {
-				select {
-				case p.remote <- n:
-				default:
-				}
+			if json.Unmarshal(m.Data, &n) != nil || n.Node == p.node {
+				return
+			}
+			if n.Kind == kindCannotStart {
+				p.onCannotStart(n, say)
+				return
+			}
+			select {
+			case p.remote <- n:
+			default:
 			}
 		})
 	}

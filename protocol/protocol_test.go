@@ -25,6 +25,7 @@ func TestSubjects(t *testing.T) {
 		{LauncherSubject("j1"), "meshrun.j1.launcher"},
 		{MasterSubject("j1"), "meshrun.j1.launcher.master"},
 		{AttemptSubject("j1"), "meshrun.j1.launcher.attempt"},
+		{PresenceSubject("j1"), "meshrun.j1.launcher.hello"},
 		{DataSubject("j1", 2, 0), "meshrun.j1.data.2.0"},
 		{CreditSubject("j1", 0, 2), "meshrun.j1.credit.0.2"},
 		{CreditSubjects("j1", 0), "meshrun.j1.credit.0.*"},

@@ -74,6 +74,13 @@ func LauncherSubject(job string) string { return prefix(job) + "launcher" }
 // "meshrun.<job>.launcher.master".
 func MasterSubject(job string) string { return prefix(job) + "launcher.master" }
 
+// PresenceSubject carries each launcher's hello as it joins a job (node,
+// host, pid), which the job's other launchers answer with theirs: a second
+// launcher for a node already running, or one whose --nnodes or
+// --nproc-per-node differ, is refused before it starts a rank:
+// "meshrun.<job>.launcher.hello".
+func PresenceSubject(job string) string { return prefix(job) + "launcher.hello" }
+
 // AttemptSubject carries each launcher's word that its ranks of an attempt
 // have all exited, before a restart: "meshrun.<job>.launcher.attempt".
 func AttemptSubject(job string) string { return prefix(job) + "launcher.attempt" }

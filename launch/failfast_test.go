@@ -195,3 +195,47 @@ func TestNodeCannotStart(t *testing.T) {
 		})
 	}
 }
+
+// TestWrongJobCredentials: launchers given credentials of another job (their
+// --job-id is not the credentials' job), or credentials the server refuses,
+// end within the bound naming the subject the server refused and the job id,
+// or the credentials file and the server's answer; not at the rendezvous
+// deadline.
+func TestWrongJobCredentials(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs nats-server")
+	}
+	jobs := map[string]creds.Credentials{"perm-a": {User: "job-perm-a", Password: "pw-perm-a"}}
+	url := standaloneNATS(t, jobs)
+	for _, tc := range []struct {
+		name, job string
+		creds     creds.Credentials
+		want      []string
+	}{
+		{"another job's", "perm-x", jobs["perm-a"], []string{`is not allowed for credentials file`, `"meshrun.perm-x.`, `--job-id is "perm-x"`}},
+		{"a wrong password", "perm-a", creds.Credentials{User: "job-perm-a", Password: "guess"}, []string{"NATS refused the credentials", `(user "job-perm-a"): nats: Authorization Violation`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			codes, _, consoles := runNodes(t, url, writeCreds(t, tc.creds), tc.job, 2, 1, "barrier")
+			took := time.Since(start)
+			for node, code := range codes {
+				t.Logf("node %d: exit %d after %v: %s", node, code, took.Round(time.Millisecond), strings.TrimSpace(consoles[node]))
+				if code == 0 {
+					t.Errorf("node %d: exit 0", node)
+				}
+				for _, want := range tc.want {
+					if !strings.Contains(consoles[node], want) {
+						t.Errorf("node %d: console lacks %q", node, want)
+					}
+				}
+				if strings.Contains(consoles[node], tc.creds.Password) {
+					t.Errorf("node %d: the console shows the password", node)
+				}
+			}
+			if took > failFastBound {
+				t.Errorf("the launchers ended after %v, want < %v", took, failFastBound)
+			}
+		})
+	}
+}

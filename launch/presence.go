@@ -181,7 +181,10 @@ func (o RunOptions) tellCannotStart(err error) {
 	conf := o.natsConfig()
 	conf.Timeout = time.Second
 	conf.Name = fmt.Sprintf("meshrun-launcher-%d", o.NodeRank)
-	nc, cerr := natsconn.Connect(conf)
+	if errors.Is(err, natsconn.ErrPermission) || errors.Is(err, natsconn.ErrRefused) {
+		return // these credentials cannot tell the job anything
+	}
+	nc, cerr := natsconn.Connect(conf, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	if cerr != nil {
 		return
 	}

@@ -66,11 +66,28 @@ type plane struct {
 // connectPlane connects the launcher to its job's subjects; say reports
 // what it notices outside of an attempt's events (see announce).
 func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool, say func(format string, a ...any)) (*plane, error) {
-	nc, err := natsconn.Connect(conf)
+	// The server refuses a subject of the job to credentials of another job
+	// asynchronously: that ends the job at once (p.fatal), naming the subject.
+	fatal := make(chan error, 8)
+	denied := func(err error) error {
+		pe := conf.PermissionError(err)
+		if pe != nil {
+			pe = fmt.Errorf("%w; --job-id is %q: are it and the credentials of the same job?", pe, job)
+		}
+		return pe
+	}
+	nc, err := natsconn.Connect(conf, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if pe := denied(err); pe != nil {
+			select {
+			case fatal <- pe:
+			default:
+			}
+		}
+	}))
 	if err != nil {
 		return nil, err
 	}
-	p := &plane{nc: nc, job: job, node: node, notices: make(chan protocol.Notice, 64), remote: make(chan nodeMsg, 64), fatal: make(chan error, 8),
+	p := &plane{nc: nc, job: job, node: node, notices: make(chan protocol.Notice, 64), remote: make(chan nodeMsg, 64), fatal: fatal,
 		nodes: map[int]hello{}, beats: map[int]protocol.State{}, seen: map[int]time.Time{}}
 	// Failure notices and aborts: whom a collective blamed (see Notice.Decided).
 	sub, err := nc.Subscribe(protocol.NoticeSubjects(job), func(m *nats.Msg) {
@@ -116,6 +133,9 @@ func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool, s
 	if err == nil {
 		p.subs = append(p.subs, sub)
 		err = nc.Flush()
+	}
+	if pe := denied(nc.LastError()); pe != nil {
+		err = pe
 	}
 	if err != nil {
 		nc.Close()

@@ -31,7 +31,26 @@ func (c *ckptFlags) register(fs *flag.FlagSet) {
 
 // open checks --resume or --init against the model before any rank starts and
 // returns the checkpoint (nil when none) and the step it was saved at.
-func (c ckptFlags) open(ps []linear.Param, steps int) (*ckpt.Checkpoint, int, error) {
+//
+// On a restart (restart > 0: the launcher's TORCHELASTIC_RESTART_COUNT) with
+// --save DIR and no --resume, it resumes from DIR's newest checkpoint, the
+// last one the failed attempt saved (before --init: the run goes on from
+// where it was); with none there yet, the run starts over as the first
+// attempt did. auto reports that resume.
+func (c ckptFlags) open(ps []linear.Param, steps, restart int) (ck *ckpt.Checkpoint, step int, auto bool, err error) {
+	if restart > 0 && c.save != "" && c.resume == "" {
+		if _, err := ckpt.Open(ckpt.OS, c.save); err == nil {
+			c.resume, c.init, auto = c.save, "", true
+		} else if !errors.Is(err, ckpt.ErrNone) {
+			return nil, 0, false, fmt.Errorf("restart %d: resuming from --save %s: %w", restart, c.save, err)
+		}
+	}
+	ck, step, err = c.openFlags(ps, steps)
+	return ck, step, auto, err
+}
+
+// openFlags is open for --resume and --init as given.
+func (c ckptFlags) openFlags(ps []linear.Param, steps int) (*ckpt.Checkpoint, int, error) {
 	if c.every < 0 || c.keep < 0 {
 		return nil, 0, fmt.Errorf("--save-every and --keep must not be negative")
 	}

@@ -1,6 +1,8 @@
 package job
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"math"
 	"os"
@@ -143,5 +145,39 @@ func TestMLPInit(t *testing.T) {
 	}
 	if code, _, errs := run(t, "mlp", "--tokens", "16", "--hidden", "10", "--ffn", "22", "--steps", "1", "--init", other); code != ExitUsage || !strings.Contains(errs, `"down.weight" is bfloat16`) {
 		t.Errorf("bfloat16 weights for a float32 model: exit %d %s", code, errs)
+	}
+}
+
+// TestMLPRestartResumesFromSave: under a launcher's restart
+// (TORCHELASTIC_RESTART_COUNT > 0), mlp --save DIR with no --resume resumes
+// from DIR's newest checkpoint, before --init; with none there yet it starts
+// over; on the first attempt DIR is only written.
+func TestMLPRestartResumesFromSave(t *testing.T) {
+	restart := func(n string, args ...string) (MLPReport, string) {
+		t.Helper()
+		var out, errb bytes.Buffer
+		args = append([]string{"mlp", "--tokens", "16", "--hidden", "10", "--ffn", "22", "--mesh", "tp=2"}, args...)
+		env := map[string]string{EnvRestartCount: n}
+		if code := Main(context.Background(), Env{Args: args, Getenv: func(k string) string { return env[k] }, Stdout: &out, Stderr: &errb}); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		var r MLPReport
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+			t.Fatal(err)
+		}
+		return r, errb.String()
+	}
+	dir := t.TempDir()
+	full := mlpReport(t, "--mesh", "tp=2", "--steps", "10")
+	if r, _ := restart("0", "--steps", "6", "--save", dir, "--save-every", "3"); r.FirstStep != 1 {
+		t.Fatalf("first attempt: %+v", r)
+	}
+	r, msg := restart("1", "--steps", "10", "--save", dir, "--save-every", "3", "--init", filepath.Join(dir, "nonexistent.safetensors"))
+	if r.FirstStep != 7 || r.LossLast != full.LossLast || !strings.Contains(msg, "mlp: restart 1: resuming from "+ckpt.StepDir(dir, 6)+" at step 6") {
+		t.Errorf("restart: first step %d, loss %v (uninterrupted %v), stderr %q", r.FirstStep, r.LossLast, full.LossLast, msg)
+	}
+	if r, msg := restart("2", "--steps", "10", "--save", t.TempDir()); r.FirstStep != 1 || r.LossLast != full.LossLast || strings.Contains(msg, "resuming") {
+		t.Errorf("restart with no checkpoint yet: first step %d, loss %v, stderr %q", r.FirstStep, r.LossLast, msg)
 	}
 }

@@ -64,6 +64,11 @@ const ExitUsage = 2
 // before it starts any rank (launch.EnvCheck mirrors the name).
 const EnvCheck = "MESHRUN_CHECK"
 
+// EnvRestartCount is the launcher's count of restarts before this attempt
+// (torchrun's name): mlp with --save resumes from its newest checkpoint when
+// it is above 0.
+const EnvRestartCount = "TORCHELASTIC_RESTART_COUNT"
+
 // Usage lists the workloads.
 func Usage() string {
 	var names []string

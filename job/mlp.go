@@ -69,7 +69,9 @@ type mlpTask struct {
 	m         placement.Mesh
 	ck        *ckpt.Checkpoint
 	startStep int
-	rd        rankDevice
+	// autoResumed: a restart resuming from --save (ckptFlags.open).
+	autoResumed bool
+	rd          rankDevice
 }
 
 func (t *mlpTask) flags(fs *flag.FlagSet) {
@@ -113,7 +115,8 @@ func (t *mlpTask) setup(env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if t.ck, t.startStep, err = t.cf.open(params, t.steps); err != nil {
+	restart, _ := strconv.Atoi(env.Getenv(EnvRestartCount))
+	if t.ck, t.startStep, t.autoResumed, err = t.cf.open(params, t.steps, restart); err != nil {
 		return err
 	}
 	if t.rd, err = t.df.resolve(env); err != nil {
@@ -155,6 +158,9 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 			// first finished initializing).
 			if err := waitAll(ctx, w); err != nil {
 				return err
+			}
+			if t.autoResumed && w.Rank() == 0 {
+				fmt.Fprintf(env.Stderr, "mlp: restart %s: resuming from %s at step %d\n", env.Getenv(EnvRestartCount), ck.Dir, startStep)
 			}
 			start := time.Now()
 			if err := linear.LoadParams(ctx, w, ck, block.Params()); err != nil {

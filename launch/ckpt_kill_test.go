@@ -3,9 +3,12 @@ package launch
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -89,3 +92,93 @@ func TestCheckpointSurvivesSIGKILL(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestRestartResumes: with --max-restarts and mlp --save, a rank SIGKILLed
+// mid-run restarts the job, and attempt 1 resumes from the newest checkpoint
+// attempt 0 saved (its rank 0 says so), trains the remaining steps only, and
+// ends at the loss of an uninterrupted run.
+func TestRestartResumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains twice")
+	}
+	work := []string{"mlp", "--tokens", "128", "--hidden", "256", "--steps", "300"}
+	run := func(job string, ctx context.Context, extra ...string) (int, string, string) {
+		logDir := t.TempDir()
+		var out, errb bytes.Buffer
+		code := Main(ctx, append(append([]string{"run", "--worker", worker(), "--log-dir", logDir, "--job-id", job, "--grace", "1s", "-n", "2",
+			"--max-restarts", "1"}, work...), extra...), &out, &errb)
+		return code, filepath.Join(logDir, job), errb.String()
+	}
+	code, full, stderr := run("uninterrupted", context.Background())
+	if code != 0 {
+		t.Fatalf("uninterrupted: exit %d\n%s", code, stderr)
+	}
+	want := rankReport(t, full, 0)
+
+	root := filepath.Join(t.TempDir(), "ckpt")
+	logDir := t.TempDir()
+	var errb bytes.Buffer
+	res := make(chan int, 1)
+	go func() {
+		res <- Main(context.Background(), append(append([]string{"run", "--worker", worker(), "--log-dir", logDir, "--job-id", "resumed", "--grace", "1s", "-n", "2",
+			"--max-restarts", "1"}, work...), "--save", root, "--save-every", "20"), io.Discard, &errb)
+	}()
+	dir := filepath.Join(logDir, "resumed")
+	rec := waitJobRecord(t, dir)
+	waitFor(t, 60*time.Second, "a checkpoint", func() bool {
+		steps, _ := ckpt.Steps(ckpt.OS, root)
+		return len(steps) > 0
+	})
+	if err := syscall.Kill(rec.Ranks[1].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-res:
+		if code != 0 {
+			t.Fatalf("exit %d after a restart:\n%s", code, errb.String())
+		}
+	case <-time.After(120 * time.Second):
+		t.Fatal("the launcher did not end")
+	}
+	sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
+	if len(sum.Attempts) != 2 || sum.Attempts[0].Reason != OutcomeRankFailed || sum.Reason != OutcomeOK {
+		t.Fatalf("summary: %+v", sum)
+	}
+	if sum.Attempts[0].RootCause == nil || sum.Attempts[0].RootCause.Signal != "SIGKILL" {
+		t.Errorf("attempt 0's root cause: %+v", sum.Attempts[0].RootCause)
+	}
+	got := rankReport(t, filepath.Join(dir, AttemptDir(1)), 0)
+	b, _ := os.ReadFile(filepath.Join(dir, AttemptDir(1), RankDir(0), "stderr.log"))
+	m := regexp.MustCompile(`mlp: restart 1: resuming from (\S+) at step (\d+)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("attempt 1's rank 0 does not say it resumed:\n%s", b)
+	}
+	step, _ := strconv.Atoi(string(m[2]))
+	if string(m[1]) != ckpt.StepDir(root, step) {
+		t.Errorf("resumed from %s at step %d", m[1], step)
+	}
+	t.Logf("killed rank 1 (pid %d); attempt 1 resumed at step %d: first_step %v, loss_last %v (uninterrupted %v)",
+		rec.Ranks[1].PID, step, got["first_step"], got["loss_last"], want["loss_last"])
+	if step < 20 || step%20 != 0 || got["first_step"] != float64(step+1) {
+		t.Errorf("resumed at step %d, first_step %v", step, got["first_step"])
+	}
+	if got["loss_last"] != want["loss_last"] {
+		t.Errorf("loss after the restart %v, uninterrupted %v", got["loss_last"], want["loss_last"])
+	}
+}
+
+// rankReport is the JSON report a workload's rank printed last on stdout.
+func rankReport(t *testing.T, dir string, rank int) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, RankDir(rank), "stdout.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	last := lines[len(lines)-1] // "TIME {...}"
+	var m map[string]any
+	if err := json.Unmarshal([]byte(last[strings.IndexByte(last, ' ')+1:]), &m); err != nil {
+		t.Fatalf("%s: last line %q: %v", dir, lines[len(lines)-1], err)
+	}
+	return m
+}

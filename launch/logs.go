@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -198,3 +202,37 @@ func (e *events) emit(name string, kv ...any) {
 }
 
 func (e *events) close() error { return e.f.Close() }
+
+// Attempts lists a job's attempts by the folders they left: 0 (the job
+// folder) and every attempt-N in it, in order. It needs no summary: a running
+// job's attempts are listed too.
+func Attempts(jobDir string) []int {
+	out := []int{0}
+	ents, _ := os.ReadDir(jobDir)
+	for _, e := range ents {
+		if n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "attempt-")); e.IsDir() && err == nil && n > 0 && AttemptDir(n) == e.Name() {
+			out = append(out, n)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// AttemptFolder is the folder of a job's attempt n (from 0; -1 the last one
+// started) and n.
+func AttemptFolder(jobDir string, n int) (string, int, error) {
+	all := Attempts(jobDir)
+	if n < 0 {
+		n = all[len(all)-1]
+	}
+	if !slices.Contains(all, n) {
+		if len(all) == 1 {
+			return "", n, fmt.Errorf("%s ran one attempt (0): no attempt %d", jobDir, n)
+		}
+		return "", n, fmt.Errorf("%s ran attempts 0 to %d: no attempt %d", jobDir, all[len(all)-1], n)
+	}
+	if n == 0 {
+		return jobDir, 0, nil
+	}
+	return filepath.Join(jobDir, AttemptDir(n)), n, nil
+}

@@ -2,6 +2,7 @@ package launch
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"os"
@@ -124,6 +125,29 @@ func TestMaxRestarts(t *testing.T) {
 	if err := WhyAttempt(dir, 0, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0 exited with code 3") ||
 		!strings.Contains(why.String(), "failing") {
 		t.Errorf("logs why --attempt 0: %v\n%s", err, why.String())
+	}
+	// The subcommands: logs and trace show the last attempt's ranks unless
+	// --attempt says which; logs says so.
+	logDir, job := filepath.Dir(dir), filepath.Base(dir)
+	cli := func(args ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		code := Main(context.Background(), append(args, "--log-dir", logDir, job), &out, &errb)
+		return code, out.String(), errb.String()
+	}
+	if code, out, errs := cli("logs", "--rank", "1"); code != 0 || strings.Contains(out, "failing") || !strings.Contains(out, "rank 1 attempt 1") ||
+		!strings.Contains(errs, "ran attempts 0 to 1; showing attempt 1 (--attempt K for another)") {
+		t.Errorf("logs: exit %d\n%s%s", code, out, errs)
+	}
+	if code, out, errs := cli("logs", "--rank", "1", "--attempt", "0"); code != 0 || !strings.Contains(out, "failing") || strings.Contains(out, "attempt 1") {
+		t.Errorf("logs --attempt 0: exit %d\n%s%s", code, out, errs)
+	}
+	if code, out, errs := cli("logs", "why", "--attempt", "0"); code != 0 || !strings.Contains(out, "root cause: rank 1 on node 0 exited with code 3") {
+		t.Errorf("logs why --attempt 0: exit %d\n%s%s", code, out, errs)
+	}
+	for _, args := range [][]string{{"logs", "--attempt", "2"}, {"logs", "why", "--attempt", "2"}, {"trace", "--attempt", "2", "-o", "-"}} {
+		if code, _, errs := cli(args...); code != 1 || !strings.Contains(errs, "no attempt 2") {
+			t.Errorf("%v: exit %d, %q", args, code, errs)
+		}
 	}
 
 	code, dir, _, stderr = launch(t, "--max-restarts", "2", "-n", "2", "--", "sh", "-c", `[ "$RANK" = 1 ] && exit 4; sleep 10`)
@@ -305,4 +329,24 @@ func TestRunUsageListsEveryFlag(t *testing.T) {
 			t.Errorf("launcher run -h does not mention %s", dash)
 		}
 	})
+}
+
+// TestLogsFollowRestart: `logs -f` started during attempt 0 prints the rest
+// of it, then follows the job into attempt 1, and stops when the job ends.
+func TestLogsFollowRestart(t *testing.T) {
+	script := `echo "attempt $TORCHELASTIC_RESTART_COUNT started"; sleep 0.5; ` +
+		`if [ "$RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 3; fi; echo "attempt $TORCHELASTIC_RESTART_COUNT done"`
+	l := startLauncher(t, "--job-id", "follow", "--max-restarts", "1", "-n", "2", "--", "sh", "-c", script)
+	l.waitEvent(t, "follow", "rank_start")
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), []string{"logs", "-f", "--rank", "0", "--log-dir", l.dir, "follow"}, &out, &errb)
+	l.wait(t, 10*time.Second)
+	if code != 0 || l.code != 0 {
+		t.Fatalf("logs -f: exit %d, job exit %d: %s", code, l.code, errb.String())
+	}
+	o := out.String()
+	a0, sep, a1 := strings.Index(o, "attempt 0 started"), strings.Index(o, "--- attempt 1 ("), strings.Index(o, "attempt 1 done")
+	if a0 < 0 || sep < a0 || a1 < sep {
+		t.Errorf("logs -f across the restart:\n%s", o)
+	}
 }

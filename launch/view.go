@@ -65,6 +65,11 @@ type LogsOptions struct {
 	Follow   bool
 	JSON     bool
 	Collapse bool
+	// Attempt: whose ranks' logs, from 0; -1 the last one started (followed
+	// into the next when the job restarts).
+	Attempt int
+	// Note, when set, hears which attempt is shown of a job that restarted.
+	Note io.Writer
 }
 
 // ResolveJob finds a job's folder: JOB, or the latest job in logDir for "" and
@@ -311,9 +316,17 @@ func (c *collapser) flushBefore(limit time.Time) {
 
 // Logs writes the job's merged logs.
 func (o LogsOptions) Logs(ctx context.Context, w io.Writer) error {
-	dir, err := ResolveJob(o.LogDir, o.Job)
+	jobDir, err := ResolveJob(o.LogDir, o.Job)
 	if err != nil {
 		return err
+	}
+	dir, shown, err := AttemptFolder(jobDir, o.Attempt)
+	if err != nil {
+		return err
+	}
+	if all := Attempts(jobDir); len(all) > 1 && o.Note != nil {
+		fmt.Fprintf(o.Note, "launcher logs: job %s ran attempts 0 to %d; showing attempt %d (--attempt K for another)\n",
+			filepath.Base(jobDir), all[len(all)-1], shown)
 	}
 	tails, err := openTails(dir, o.Ranks)
 	if err != nil {
@@ -349,8 +362,23 @@ func (o LogsOptions) Logs(ctx context.Context, w io.Writer) error {
 		o.Tail = 0
 		finished := false
 		for !finished {
-			if _, err := os.Stat(filepath.Join(dir, SummaryFile)); err == nil {
+			if _, err := os.Stat(filepath.Join(jobDir, SummaryFile)); err == nil {
 				finished = true // one last read
+			}
+			if o.Attempt < 0 {
+				// The job restarted: the rest of this attempt, then the next's.
+				if next, n, err := AttemptFolder(jobDir, -1); err == nil && n != shown {
+					es, err := readAll(tails)
+					if err != nil {
+						return err
+					}
+					emit(es)
+					col.flushBefore(time.Time{})
+					if !o.JSON {
+						fmt.Fprintf(w, "--- attempt %d (%s) ---\n", n, next)
+					}
+					dir, shown, tails = next, n, nil
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -409,6 +437,8 @@ func logsMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.BoolVar(&o.Follow, "f", false, "follow: keep printing new entries until the job ends")
 	fs.BoolVar(&o.JSON, "json", false, "one JSON object per entry")
 	fs.BoolVar(&o.Collapse, "collapse", false, "identical entries of several ranks within 150 ms as one: ranks[1-7]: msg")
+	fs.IntVar(&o.Attempt, "attempt", -1, "the ranks of attempt `K` of a job that restarted, from 0 (default: the last; -f follows restarts)")
+	o.Note = stderr
 	job, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, helpText(logsUsage, fs))
@@ -442,6 +472,9 @@ func logsMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if o.Tail < 0 || o.Since < 0 {
 		p = append(p, "--tail and --since must not be negative")
+	}
+	if o.Attempt < -1 {
+		p = append(p, fmt.Sprintf("--attempt %d: want 0 or more", o.Attempt))
 	}
 	if len(p) > 0 {
 		fmt.Fprintf(stderr, "launcher logs: %v\n", p)

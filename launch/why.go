@@ -180,6 +180,7 @@ func whyMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("why", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
+	attempt := fs.Int("attempt", -1, "attempt `K` of a job that restarted, from 0 (default: the last)")
 	pos, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, helpText(whyUsage, fs))
@@ -189,6 +190,8 @@ func whyMain(args []string, stdout, stderr io.Writer) int {
 		err = flagError("launcher logs why", fs, err)
 	} else if len(pos) > 1 {
 		err = fmt.Errorf("one job at most, got %q", pos)
+	} else if *attempt < -1 {
+		err = fmt.Errorf("--attempt %d: want 0 or more", *attempt)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "launcher logs why: %v\n", err)
@@ -200,7 +203,7 @@ func whyMain(args []string, stdout, stderr io.Writer) int {
 	}
 	dir, err := ResolveJob(*logDir, job)
 	if err == nil {
-		err = Why(dir, stdout)
+		err = WhyAttempt(dir, *attempt, stdout)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "launcher logs why: %v\n", err)
@@ -209,12 +212,12 @@ func whyMain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-const traceUsage = `usage: launcher trace [JOB|latest] [-o FILE] [--log-dir DIR]
+const traceUsage = `usage: launcher trace [JOB|latest] [-o FILE] [--attempt K] [--log-dir DIR]
   every rank's trace.json merged into one Chrome trace (Perfetto, chrome://tracing),
   one process per rank; JOB is a job id or a folder under --log-dir (default: the latest)
 `
 
-const whyUsage = `usage: launcher logs why [JOB|latest] [--log-dir DIR]
+const whyUsage = `usage: launcher logs why [JOB|latest] [--attempt K] [--log-dir DIR]
   why the job ended: the root-cause rank, its error and last lines, what the collectives
   reported, hangs, the victims apart (and, for a job that restarted, its attempts); JOB is
   a job id or a folder under --log-dir (default: the latest)
@@ -315,6 +318,7 @@ func traceMain(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(io.Discard)
 	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
 	out := fs.String("o", "trace.json", "write the merged trace to `FILE`; - for stdout")
+	attempt := fs.Int("attempt", -1, "the ranks of attempt `K` of a job that restarted, from 0 (default: the last)")
 	pos, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, helpText(traceUsage, fs))
@@ -324,6 +328,8 @@ func traceMain(args []string, stdout, stderr io.Writer) int {
 		err = flagError("launcher trace", fs, err)
 	} else if len(pos) > 1 {
 		err = fmt.Errorf("one job at most, got %q", pos)
+	} else if *attempt < -1 {
+		err = fmt.Errorf("--attempt %d: want 0 or more", *attempt)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "launcher trace: %v\n", err)
@@ -334,6 +340,9 @@ func traceMain(args []string, stdout, stderr io.Writer) int {
 		job = pos[0]
 	}
 	dir, err := ResolveJob(*logDir, job)
+	if err == nil {
+		dir, _, err = AttemptFolder(dir, *attempt)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "launcher trace: %v\n", err)
 		return 1

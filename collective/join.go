@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/natsconn"
+	"github.com/meshrun/meshrun/protocol"
 	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
@@ -273,6 +274,9 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	if err != nil {
 		return nil, &Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: err.Error()}
 	}
+	// Say this rank is joining (for the launcher, which tells a rank that
+	// exits before it joins apart from one that finished its work).
+	nc.Publish(protocol.JoiningSubject(cfg.Job, cfg.Rank), nil)
 	host, _ := os.Hostname()
 	me := Announce{Rank: cfg.Rank, Size: cfg.WorldSize, Host: host, Boot: bootID(), PID: os.Getpid(), Nonce: randomHex(8)}
 	var ln net.Listener

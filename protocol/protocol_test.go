@@ -26,6 +26,8 @@ func TestSubjects(t *testing.T) {
 		{MasterSubject("j1"), "meshrun.j1.launcher.master"},
 		{AttemptSubject("j1"), "meshrun.j1.launcher.attempt"},
 		{PresenceSubject("j1"), "meshrun.j1.launcher.hello"},
+		{JoiningSubject("j1", 7), "meshrun.j1.join.7"},
+		{JoiningSubjects("j1"), "meshrun.j1.join.*"},
 		{DataSubject("j1", 2, 0), "meshrun.j1.data.2.0"},
 		{CreditSubject("j1", 0, 2), "meshrun.j1.credit.0.2"},
 		{CreditSubjects("j1", 0), "meshrun.j1.credit.0.*"},
@@ -148,6 +150,17 @@ func TestStandardLibraryOnly(t *testing.T) {
 	for _, d := range deps.Of(t, deps.Module+"/protocol") {
 		if !d.Standard && d.ImportPath != deps.Module+"/protocol" {
 			t.Errorf("protocol depends on %s", d.ImportPath)
+		}
+	}
+}
+
+func TestParseJoiningSubject(t *testing.T) {
+	if r, ok := ParseJoiningSubject("j1", JoiningSubject("j1", 12)); !ok || r != 12 {
+		t.Errorf("got %d %v", r, ok)
+	}
+	for _, s := range []string{"meshrun.j2.join.1", "meshrun.j1.join.x", "meshrun.j1.join.-1", "meshrun.j1.rdv"} {
+		if _, ok := ParseJoiningSubject("j1", s); ok {
+			t.Errorf("%s parsed", s)
 		}
 	}
 }

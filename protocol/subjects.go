@@ -74,6 +74,22 @@ func LauncherSubject(job string) string { return prefix(job) + "launcher" }
 // "meshrun.<job>.launcher.master".
 func MasterSubject(job string) string { return prefix(job) + "launcher.master" }
 
+// JoiningSubject carries a rank's word that it started joining the job
+// (before its rendezvous), for the launcher: "meshrun.<job>.join.<rank>".
+func JoiningSubject(job string, rank int) string { return prefix(job) + "join." + strconv.Itoa(rank) }
+
+// JoiningSubjects matches every rank's JoiningSubject.
+func JoiningSubjects(job string) string { return prefix(job) + "join.*" }
+
+// ParseJoiningSubject is the rank of a JoiningSubject of job.
+func ParseJoiningSubject(job, subject string) (int, bool) {
+	r, err := strconv.Atoi(strings.TrimPrefix(subject, prefix(job)+"join."))
+	if err != nil || !strings.HasPrefix(subject, prefix(job)+"join.") || r < 0 {
+		return 0, false
+	}
+	return r, true
+}
+
 // PresenceSubject carries each launcher's hello as it joins a job (node,
 // host, pid), which the job's other launchers answer with theirs: a second
 // launcher for a node already running, or one whose --nnodes or

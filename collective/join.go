@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/natsconn"
-	"github.com/meshrun/meshrun/protocol"
 	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 )

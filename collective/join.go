@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -31,8 +32,8 @@ import (
 //	MESHRUN_TRANSPORT                auto (default) | shm | tcp | nats
 //	MESHRUN_TCP_HOST                 address the tcp data listener binds and
 //	                                 announces (default 127.0.0.1 on one node;
-//	                                 on several, all interfaces, announced
-//	                                 under the host name)
+//	                                 on several, the host name's address, else
+//	                                 the one that reaches the NATS server)
 //	MESHRUN_COLLECTIVE_TIMEOUT       deadline of one collective (Go duration)
 //	MESHRUN_RENDEZVOUS_TIMEOUT       deadline of the rendezvous (Go duration)
 //	MESHRUN_CHUNK_BYTES              pipelining chunk of large collectives
@@ -279,14 +280,22 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	nc.Publish(protocol.JoiningSubject(cfg.Job, cfg.Rank), nil)
 	host, _ := os.Hostname()
 	me := Announce{Rank: cfg.Rank, Size: cfg.WorldSize, Host: host, Boot: bootID(), PID: os.Getpid(), Nonce: randomHex(8)}
-	var ln net.Listener
-	tcpHost := cfg.TCPHost
-	if tcpHost == "" && cfg.NNodes <= 1 {
-		tcpHost = "127.0.0.1"
+	if cfg.Transport == "shm" || cfg.Transport == "auto" {
+		me.Shm = randomHex(shmTokenBytes)
 	}
+	var ln net.Listener
 	if cfg.Transport == "tcp" || cfg.Transport == "auto" {
-		// One node: loopback. Several and no MESHRUN_TCP_HOST: every interface,
-		// announced under the host name (connections are authenticated anyway).
+		// The listener binds the address it announces: loopback on one node,
+		// MESHRUN_TCP_HOST on several, else the host name's address or the one
+		// that reaches the NATS server (dataHost). Only when none is found does it
+		// listen on every interface, announced under the host name.
+		tcpHost := cfg.TCPHost
+		if tcpHost == "" && cfg.NNodes <= 1 {
+			tcpHost = "127.0.0.1"
+		}
+		if tcpHost == "" {
+			tcpHost = dataHost(host, cfg.NATSURL)
+		}
 		bind := tcpHost
 		if bind == "" {
 			bind = "0.0.0.0"
@@ -299,6 +308,7 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		me.Addr = l.Addr().String()
 		if tcpHost == "" {
 			me.Addr = net.JoinHostPort(host, strconv.Itoa(l.Addr().(*net.TCPAddr).Port))
+			log.Warn("tcp data listener on every interface: no address of this host found", zap.String("addr", me.Addr))
 		}
 	}
 	// Rank 0 decides at the deadline; the others wait a little longer for its answer.
@@ -334,12 +344,14 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		for i, a := range roster.Ranks {
 			addrs[i] = a.Addr
 		}
-		t, err = NewTCPTransport(tctx, cfg.Rank, cfg.WorldSize, ln, addrs, roster.Secret, cfg.Job)
+		t, err = newTCPTransport(tctx, cfg.Rank, cfg.WorldSize, ln, addrs, roster.Secret, cfg.Job, log)
+		ln = nil // the transport's now, closed by it
 	case "shm":
 		if ln != nil {
 			ln.Close()
 		}
-		t, err = NewShmTransport(tctx, cfg.Job, cfg.Rank, cfg.WorldSize, roster)
+		ln = nil
+		t, err = newShmTransport(tctx, cfg.Rank, cfg.WorldSize, roster, log)
 	case "nats":
 		t, err = NewNatsTransport(tctx, nc, cfg.Job, cfg.Rank, cfg.WorldSize)
 	}
@@ -376,4 +388,51 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	ok = true
 	log.Info("joined", zap.String("job", cfg.Job), zap.Int("world", cfg.WorldSize), zap.String("transport", t.Name()))
 	return w, nil
+}
+
+// dataHost is the address the tcp data listener of a rank of a job on several
+// nodes binds when MESHRUN_TCP_HOST is not set: an address of this machine
+// that hostname resolves to, not loopback (what the peers dialed when the host
+// name was announced), else the address this machine reaches the NATS server
+// from (a connected UDP socket: no packet is sent), not loopback. Empty when
+// neither exists.
+func dataHost(hostname, natsURL string) string {
+	usable := func(ip net.IP) bool {
+		return ip != nil && !ip.IsLoopback() && !ip.IsUnspecified() && !ip.IsLinkLocalUnicast()
+	}
+	local := map[string]bool{}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				local[n.IP.String()] = true
+			}
+		}
+	}
+	if ips, err := net.LookupIP(hostname); err == nil {
+		for _, ip := range ips {
+			if usable(ip) && local[ip.String()] {
+				return ip.String()
+			}
+		}
+	}
+	for _, u := range strings.Split(natsURL, ",") {
+		pu, err := url.Parse(strings.TrimSpace(u))
+		if err != nil || pu.Hostname() == "" {
+			continue
+		}
+		port := pu.Port()
+		if port == "" {
+			port = "4222"
+		}
+		c, err := net.Dial("udp", net.JoinHostPort(pu.Hostname(), port))
+		if err != nil {
+			continue
+		}
+		ip := c.LocalAddr().(*net.UDPAddr).IP
+		c.Close()
+		if usable(ip) {
+			return ip.String()
+		}
+	}
+	return ""
 }

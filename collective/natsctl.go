@@ -57,6 +57,9 @@ type Announce struct {
 	PID   int    `json:"pid"`
 	Nonce string `json:"nonce"`
 	Addr  string `json:"addr,omitempty"` // tcp data listener
+	// Shm is a random hex token naming the shared-memory rings this rank
+	// creates (see shmPath): only the job's ranks learn it, from the roster.
+	Shm string `json:"shm,omitempty"`
 }
 
 // Roster is the rendezvous' answer: every rank's Announce by rank, and the

@@ -1,20 +1,24 @@
 package collective
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
 
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,6 +58,7 @@ const (
 	offCMA       = 392 // consumer: 1 if it can read the producer's memory
 	offAckSeq    = 448 // consumer: single-copy reads completed (low 32 bits)
 	offAckWait   = 452
+	// offToken (512) holds the producer's ring token: see shmPath.
 )
 
 // Payloads of at least cmaMin bytes travel by single copy where the kernel
@@ -124,25 +129,68 @@ func shmAvailable() bool {
 	return err == nil && st.IsDir() && unix.Access(shmDir, unix.W_OK) == nil
 }
 
-func shmPath(job string, src, dst int) string {
-	return filepath.Join(shmDir, fmt.Sprintf("meshrun-%016x-%d-%d", hash64("job:"+job), src, dst))
+// Ring names. The ring from src to dst is /dev/shm/meshrun-<token>-<src>-<dst>,
+// where token is shmTokenBytes random bytes (hex) that src chose for this job
+// and announced in the rendezvous (Announce.Shm): only the job's ranks learn
+// it, over NATS, so another user of the machine who knows the job id cannot
+// name the file, let alone create it first. The producer creates it
+// exclusively (O_EXCL|O_NOFOLLOW, mode 0600); should the name be taken anyway,
+// it tries shmNameTries-1 more (suffixes .1, .2, …), then fails naming the
+// files. The consumer maps only a regular file of its own user, not open to
+// others, of the ring's size, that carries the magic and the producer's token,
+// and passes over anything else found at these names.
+const (
+	shmTokenBytes = 16
+	shmNameTries  = 4
+	offToken      = 512 // producer: its token (shmTokenBytes)
+)
+
+func shmPath(token string, src, dst, try int) string {
+	name := fmt.Sprintf("meshrun-%s-%d-%d", token, src, dst)
+	if try > 0 {
+		name += "." + strconv.Itoa(try)
+	}
+	return filepath.Join(shmDir, name)
 }
 
 // NewShmTransport maps the rings between rank and every other rank of a job
-// whose ranks all run on this host.
-func NewShmTransport(ctx context.Context, job string, rank, size int, _ *Roster) (Transport, error) {
+// whose ranks all run on this host; the roster holds every rank's ring token.
+func NewShmTransport(ctx context.Context, job string, rank, size int, roster *Roster) (Transport, error) {
+	return newShmTransport(ctx, rank, size, roster, nil)
+}
+
+func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *zap.Logger) (Transport, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if roster == nil || len(roster.Ranks) != size {
+		return nil, &Error{Kind: ErrInvalid, Rank: -1, Reporter: rank, Detail: "shm setup: no roster of the job's ranks"}
+	}
+	tokens := make([][]byte, size)
+	for i, a := range roster.Ranks {
+		b, err := hex.DecodeString(a.Shm)
+		if err != nil || len(b) != shmTokenBytes || hex.EncodeToString(b) != a.Shm {
+			return nil, &Error{Kind: ErrInvalid, Rank: i, Reporter: rank, Detail: fmt.Sprintf("shm setup: rank %d announced no ring token (%q)", i, a.Shm)}
+		}
+		tokens[i] = b
+	}
 	t := &shmTransport{rank: rank, size: size, out: make([]*shmRing, size), in: make([]*shmRing, size), aborted: make([]atomic.Pointer[error], size)}
 	t.probe = new(uint64)
 	*t.probe = shmMagic ^ uint64(os.Getpid())
 	fail := func(peer int, err error) (Transport, error) {
 		t.unmapAll()
+		var e *Error
+		if errors.As(err, &e) {
+			e.Reporter = rank
+			return nil, e
+		}
 		return nil, &Error{Kind: ErrPeerLost, Rank: peer, Reporter: rank, Detail: "shm setup: " + err.Error()}
 	}
 	for p := 0; p < size; p++ {
 		if p == rank {
 			continue
 		}
-		r, err := createRing(shmPath(job, rank, p))
+		r, err := createRing(tokens[rank], rank, p, log)
 		if err != nil {
 			return fail(p, err)
 		}
@@ -154,7 +202,7 @@ func NewShmTransport(ctx context.Context, job string, rank, size int, _ *Roster)
 		if p == rank {
 			continue
 		}
-		r, err := openRing(ctx, shmPath(job, p, rank))
+		r, err := openRing(ctx, tokens[p], p, rank)
 		if err != nil {
 			return fail(p, err)
 		}
@@ -247,56 +295,141 @@ func (t *shmTransport) recvCMA(ctx context.Context, r *shmRing, dst []byte) erro
 	return nil
 }
 
-func createRing(path string) (*shmRing, error) {
-	os.Remove(path) // a stale ring of a crashed run with the same job id
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, err
+// createRing creates and maps the ring from src to dst under the first free
+// of its names.
+func createRing(token []byte, src, dst int, log *zap.Logger) (*shmRing, error) {
+	hexTok := hex.EncodeToString(token)
+	var taken []string
+	for try := 0; try < shmNameTries; try++ {
+		path := shmPath(hexTok, src, dst, try)
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if errors.Is(err, unix.EEXIST) {
+			taken = append(taken, describeFile(path))
+			log.Warn("shm ring name taken by a file this job did not create; trying another", zap.String("file", taken[len(taken)-1]))
+			continue
+		}
+		if err != nil {
+			return nil, &Error{Kind: ErrInvalid, Rank: -1, Detail: fmt.Sprintf("shm setup: creating ring %s: %v", path, err)}
+		}
+		f := os.NewFile(uintptr(fd), path)
+		r, err := initRing(f, token)
+		f.Close()
+		if err != nil {
+			os.Remove(path)
+			return nil, &Error{Kind: ErrInvalid, Rank: -1, Detail: fmt.Sprintf("shm setup: ring %s: %v", path, err)}
+		}
+		return r, nil
 	}
-	defer f.Close()
+	return nil, &Error{Kind: ErrAuth, Rank: -1, Detail: fmt.Sprintf("shm setup: every name of the ring from rank %d to rank %d is taken by a file this job did not create: %s",
+		src, dst, strings.Join(taken, ", "))}
+}
+
+func initRing(f *os.File, token []byte) (*shmRing, error) {
 	if err := f.Truncate(shmCtrl + shmCapacity); err != nil {
-		os.Remove(path)
 		return nil, err
 	}
 	mem, err := syscall.Mmap(int(f.Fd()), 0, shmCtrl+shmCapacity, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
-		os.Remove(path)
 		return nil, err
 	}
-	r := &shmRing{mem: mem, data: mem[shmCtrl:], cap: shmCapacity, path: path}
+	r := &shmRing{mem: mem, data: mem[shmCtrl:], cap: shmCapacity, path: f.Name()}
 	atomic.StoreUint32(r.u32(offProdPID), uint32(os.Getpid()))
-	atomic.StoreUint64(r.u64(offMagic), shmMagic)
+	copy(mem[offToken:offToken+shmTokenBytes], token)
+	atomic.StoreUint64(r.u64(offMagic), shmMagic) // last: the consumer reads nothing before it
 	return r, nil
 }
 
-func openRing(ctx context.Context, path string) (*shmRing, error) {
+// describeFile names path with its owner and mode, for errors and logs.
+func describeFile(path string) string {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return path
+	}
+	return fmt.Sprintf("%s (owner uid %d, mode %#o)", path, st.Uid, st.Mode&0o7777)
+}
+
+// openRing maps the ring from src to dst once its producer has made it.
+func openRing(ctx context.Context, token []byte, src, dst int) (*shmRing, error) {
+	hexTok := hex.EncodeToString(token)
+	seen := make([]string, shmNameTries) // what each name held that was not the ring
 	for {
-		f, err := os.OpenFile(path, os.O_RDWR, 0)
-		if err == nil {
-			st, _ := f.Stat()
-			if st != nil && st.Size() == shmCtrl+shmCapacity {
-				mem, err := syscall.Mmap(int(f.Fd()), 0, shmCtrl+shmCapacity, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-				f.Close()
-				if err != nil {
-					return nil, err
-				}
-				r := &shmRing{mem: mem, data: mem[shmCtrl:], cap: shmCapacity, path: path}
-				if atomic.LoadUint64(r.u64(offMagic)) == shmMagic {
-					atomic.StoreUint32(r.u32(offConsPID), uint32(os.Getpid()))
-					os.Remove(path) // both ends mapped: nothing to leave behind
-					return r, nil
-				}
-				syscall.Munmap(mem)
-			} else {
-				f.Close()
+		foreign := 0
+		for try := 0; try < shmNameTries; try++ {
+			path := shmPath(hexTok, src, dst, try)
+			r, why, alien := tryOpenRing(path, token)
+			if r != nil {
+				return r, nil
 			}
+			seen[try] = why
+			if alien {
+				foreign++
+			}
+		}
+		if foreign == shmNameTries {
+			// The producer cannot create the ring under any name.
+			return nil, &Error{Kind: ErrAuth, Rank: -1, Detail: fmt.Sprintf("shm setup: every name of the ring from rank %d is taken by a file this job did not create: %s",
+				src, strings.Join(seen, ", "))}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("ring %s never appeared: %w", path, ctx.Err())
+			var found []string
+			for _, w := range seen {
+				if w != "" {
+					found = append(found, w)
+				}
+			}
+			if len(found) > 0 {
+				return nil, fmt.Errorf("ring %s never appeared (passed over: %s): %w", shmPath(hexTok, src, dst, 0), strings.Join(found, ", "), ctx.Err())
+			}
+			return nil, fmt.Errorf("ring %s never appeared: %w", shmPath(hexTok, src, dst, 0), ctx.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// tryOpenRing maps the ring at path if it is there, complete and ours, and
+// unlinks it (both ends have it mapped: nothing is left behind). Otherwise why
+// says what path holds ("" if nothing), and alien whether it is a file this
+// job cannot have made (another owner, not a regular file, open to others).
+func tryOpenRing(path string, token []byte) (r *shmRing, why string, alien bool) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, "", false
+	}
+	if err != nil {
+		return nil, fmt.Sprintf("%s: %v", describeFile(path), err), true
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Sprintf("%s: %v", path, err), false
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return nil, path + ": not a regular file", true
+	case st.Uid != uint32(os.Geteuid()):
+		return nil, fmt.Sprintf("%s: owned by uid %d, not %d", path, st.Uid, os.Geteuid()), true
+	case st.Mode&0o077 != 0:
+		return nil, fmt.Sprintf("%s: mode %#o, open to others", path, st.Mode&0o7777), true
+	case st.Size != shmCtrl+shmCapacity:
+		return nil, fmt.Sprintf("%s: %d bytes, not a ring (yet)", path, st.Size), false
+	}
+	mem, err := syscall.Mmap(fd, 0, shmCtrl+shmCapacity, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Sprintf("%s: %v", path, err), false
+	}
+	r = &shmRing{mem: mem, data: mem[shmCtrl:], cap: shmCapacity, path: path}
+	if atomic.LoadUint64(r.u64(offMagic)) != shmMagic {
+		syscall.Munmap(mem)
+		return nil, path + ": no ring header (yet)", false
+	}
+	if !bytes.Equal(mem[offToken:offToken+shmTokenBytes], token) {
+		syscall.Munmap(mem)
+		return nil, path + ": a ring of another producer", false
+	}
+	atomic.StoreUint32(r.u32(offConsPID), uint32(os.Getpid()))
+	os.Remove(path)
+	return r, "", false
 }
 
 func (t *shmTransport) Name() string  { return "shm" }

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // The tcp transport: one connection per pair of ranks, the higher rank dialing
@@ -27,12 +29,15 @@ import (
 //	acceptor -> dialer    nonceA[32] | HMAC(secret, "acceptor" | hello | nonceA)
 //	dialer   -> acceptor  HMAC(secret, "dialer" | hello | nonceA)
 //
-// A connection that fails the handshake is closed; a duplicate is refused.
+// A connection that fails the handshake is closed and counted in a log line
+// (tcpaccept.go); of two from one rank, the later is kept.
 // Frames are the 80-byte Header followed by its payload, written with writev.
 
 const (
 	tcpHelloSize = 4 + 8 + 4 + 4 + 32
 	tcpMACSize   = sha256.Size
+	// tcpHandshakeTimeout bounds one handshake, at either end.
+	tcpHandshakeTimeout = 5 * time.Second
 )
 
 type tcpConn struct {
@@ -50,7 +55,6 @@ type tcpTransport struct {
 	rank, size int
 	job        uint64
 	conns      []*tcpConn
-	ln         net.Listener
 	closeOnce  sync.Once
 }
 
@@ -64,86 +68,103 @@ func TCPListen(host string) (net.Listener, error) {
 
 // NewTCPTransport connects rank to every other rank: it accepts the higher ranks
 // on ln and dials the lower ones at addrs[j]. secret authenticates both ends.
+// The transport owns ln: it is closed once every higher rank has connected.
 func NewTCPTransport(ctx context.Context, rank, size int, ln net.Listener, addrs []string, secret []byte, job string) (Transport, error) {
-	if len(addrs) != size || len(secret) < 16 {
+	return newTCPTransport(ctx, rank, size, ln, addrs, secret, job, nil)
+}
+
+// newTCPTransport is NewTCPTransport with a logger for the connections the
+// listener drops (nil logs nothing).
+//
+// Setup cannot be starved by strangers: the listener handshakes every
+// connection concurrently, each under its own deadline, at most
+// tcpMaxHandshakes at a time (a newcomer evicts the oldest pending one), and a
+// connection that does not authenticate is closed and counted in a
+// rate-limited log line, never reported as a failure of the job. A dialer
+// whose handshake is cut short (evicted, reset, timed out) dials again until
+// ctx ends. Once every higher rank has connected the listener is closed: a
+// later connection is refused by the kernel, and nothing waits in its accept
+// queue (or in CLOSE-WAIT) for the rest of the job.
+func newTCPTransport(ctx context.Context, rank, size int, ln net.Listener, addrs []string, secret []byte, job string, log *zap.Logger) (Transport, error) {
+	if len(addrs) != size || len(secret) < 16 || rank < 0 || rank >= size {
+		if ln != nil {
+			ln.Close()
+		}
 		return nil, fmt.Errorf("%w: tcp transport needs %d addresses and a secret", ErrInvalid, size)
 	}
-	t := &tcpTransport{rank: rank, size: size, job: hash64("job:" + job), conns: make([]*tcpConn, size), ln: ln}
-	type res struct {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if ln == nil && rank < size-1 {
+		return nil, fmt.Errorf("%w: tcp transport of rank %d needs a listener", ErrInvalid, rank)
+	}
+	t := &tcpTransport{rank: rank, size: size, job: hash64("job:" + job), conns: make([]*tcpConn, size)}
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Accept higher ranks.
+	var acc *acceptor
+	if expect := size - 1 - rank; expect > 0 {
+		acc = startAcceptor(t, ln, secret, log)
+	} else if ln != nil {
+		ln.Close() // nobody dials the highest rank
+	}
+	// Dial lower ranks.
+	type dialed struct {
 		c    *tcpConn
 		err  error
 		peer int
 	}
-	results := make(chan res, size)
-	expect := size - 1 - rank
-	// Accept higher ranks.
-	var wg sync.WaitGroup
-	if expect > 0 {
-		wg.Add(1)
+	results := make(chan dialed, rank)
+	for j := 0; j < rank; j++ {
 		go func() {
-			defer wg.Done()
-			got := 0
-			for got < expect {
-				if d, ok := ctx.Deadline(); ok {
-					ln.(*net.TCPListener).SetDeadline(d)
-				}
-				c, err := ln.Accept()
-				if err != nil {
-					results <- res{err: fmt.Errorf("accepting data connections: %w", err), peer: -1}
-					return
-				}
-				peer, err := t.acceptHandshake(c.(*net.TCPConn), secret)
-				if err != nil {
-					c.Close() // unauthenticated or malformed: drop it, keep listening
-					continue
-				}
-				got++
-				results <- res{c: &tcpConn{c: c.(*net.TCPConn), peer: peer}, peer: peer}
-			}
+			c, err := t.dial(dctx, addrs[j], j, secret)
+			results <- dialed{c: c, err: err, peer: j}
 		}()
 	}
-	// Dial lower ranks.
-	for j := 0; j < rank; j++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := t.dial(ctx, addrs[j], j, secret)
-			results <- res{c: c, err: err, peer: j}
-		}()
+	var accepted <-chan *tcpConn
+	if acc != nil {
+		accepted = acc.out
 	}
 	var firstErr error
-	for k := 0; k < size-1; k++ {
+	need, pendingDials := size-1, rank
+	for need > 0 && firstErr == nil {
 		select {
-		case r := <-results:
-			if r.err != nil {
-				if firstErr == nil {
-					firstErr = r.err
-				}
+		case c := <-accepted:
+			if old := t.conns[c.peer]; old != nil {
+				// The same rank again: its dialer gave up on the first connection
+				// (it closes a connection before dialing anew), so keep the new one.
+				old.c.Close()
+				t.conns[c.peer] = c
 				continue
 			}
-			if t.conns[r.peer] != nil {
-				r.c.c.Close()
+			t.conns[c.peer] = c
+			need--
+		case r := <-results:
+			pendingDials--
+			if r.err != nil {
+				firstErr = r.err
 				continue
 			}
 			t.conns[r.peer] = r.c
+			need--
 		case <-ctx.Done():
-			if firstErr == nil {
-				firstErr = ctx.Err()
-			}
+			firstErr = ctx.Err()
 		}
-		if firstErr != nil {
-			break
+	}
+	if acc != nil {
+		acc.stop()
+	}
+	cancel()
+	for ; pendingDials > 0; pendingDials-- {
+		if r := <-results; r.c != nil {
+			if firstErr != nil {
+				r.c.c.Close()
+			} else {
+				t.conns[r.peer] = r.c // cannot happen: every dial was counted
+			}
 		}
 	}
 	if firstErr != nil {
-		ln.Close()
-		wg.Wait()
-		close(results)
-		for r := range results {
-			if r.c != nil {
-				r.c.c.Close()
-			}
-		}
 		t.Close()
 		var missing []int
 		for j := range t.conns {
@@ -153,7 +174,6 @@ func NewTCPTransport(ctx context.Context, rank, size int, ln net.Listener, addrs
 		}
 		return nil, &Error{Kind: ErrPeerLost, Rank: firstOr(missing, -1), Reporter: rank, Detail: fmt.Sprintf("tcp mesh incomplete, no connection to ranks %v: %v", missing, firstErr)}
 	}
-	wg.Wait()
 	for _, c := range t.conns {
 		if c != nil {
 			c.c.SetNoDelay(true)
@@ -179,21 +199,48 @@ func mac(secret []byte, role string, hello, nonce []byte) []byte {
 	return m.Sum(nil)
 }
 
+// dial connects to rank peer at addr and authenticates, again and again until
+// ctx ends while the connection is refused or the handshake is cut short (the
+// peer's listener evicted it from a crowd of strangers, or it timed out). An
+// acceptor that fails the challenge ends it at once.
 func (t *tcpTransport) dial(ctx context.Context, addr string, peer int, secret []byte) (*tcpConn, error) {
-	var d net.Dialer
-	var c net.Conn
-	var err error
-	for {
-		c, err = d.DialContext(ctx, "tcp", addr)
-		if err == nil || ctx.Err() != nil {
-			break
+	backoff := 20 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		c, again, err := t.dialOnce(ctx, addr, peer, secret)
+		if err == nil {
+			return c, nil
 		}
-		time.Sleep(20 * time.Millisecond)
+		if !again {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("rank %d at %s, %d attempts: %w", peer, addr, attempt, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 250*time.Millisecond)
 	}
+}
+
+// dialOnce makes one connection and handshake; again says whether another
+// attempt may succeed.
+func (t *tcpTransport) dialOnce(ctx context.Context, addr string, peer int, secret []byte) (_ *tcpConn, again bool, _ error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("dialing rank %d at %s: %w", peer, addr, err)
+		return nil, ctx.Err() == nil, err
 	}
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	dl := time.Now().Add(tcpHandshakeTimeout)
+	if cd, ok := ctx.Deadline(); ok && cd.Before(dl) {
+		dl = cd
+	}
+	c.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	fail := func(err error, again bool) (*tcpConn, bool, error) {
+		c.Close()
+		return nil, again && ctx.Err() == nil, err
+	}
 	hello := make([]byte, tcpHelloSize)
 	copy(hello, "MRT1")
 	binary.LittleEndian.PutUint64(hello[4:], t.job)
@@ -201,45 +248,53 @@ func (t *tcpTransport) dial(ctx context.Context, addr string, peer int, secret [
 	binary.LittleEndian.PutUint32(hello[16:], uint32(peer))
 	rand.Read(hello[20:])
 	if _, err := c.Write(hello); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("handshake with rank %d: %w", peer, err)
+		return fail(fmt.Errorf("handshake: %w", err), true)
 	}
 	resp := make([]byte, 32+tcpMACSize)
 	if _, err := io.ReadFull(c, resp); err != nil {
-		c.Close()
-		return nil, &Error{Kind: ErrAuth, Rank: peer, Reporter: t.rank, Detail: "handshake: " + err.Error()}
+		return fail(fmt.Errorf("handshake: %w", err), true)
 	}
 	nonceA := resp[:32]
 	if !hmac.Equal(resp[32:], mac(secret, "acceptor", hello, nonceA)) {
-		c.Close()
-		return nil, &Error{Kind: ErrAuth, Rank: peer, Reporter: t.rank, Detail: "acceptor failed the challenge"}
+		return fail(&Error{Kind: ErrAuth, Rank: peer, Reporter: t.rank, Detail: "the acceptor at " + addr + " failed the challenge"}, false)
 	}
 	if _, err := c.Write(mac(secret, "dialer", hello, nonceA)); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("handshake with rank %d: %w", peer, err)
+		return fail(fmt.Errorf("handshake: %w", err), true)
 	}
-	// The acceptor confirms with one byte once it has checked our answer.
+	// The acceptor confirms with one byte once it has checked our answer and
+	// kept the connection.
 	var ok [1]byte
 	if _, err := io.ReadFull(c, ok[:]); err != nil || ok[0] != 1 {
-		c.Close()
-		return nil, &Error{Kind: ErrAuth, Rank: peer, Reporter: t.rank, Detail: "refused by the acceptor"}
+		if err == nil {
+			err = errors.New("bad confirmation")
+		}
+		return fail(fmt.Errorf("handshake: not confirmed by the acceptor: %w", err), true)
+	}
+	if !stop() {
+		return fail(ctx.Err(), false)
 	}
 	c.SetDeadline(time.Time{})
-	return &tcpConn{c: c.(*net.TCPConn), peer: peer}, nil
+	return &tcpConn{c: c.(*net.TCPConn), peer: peer}, false, nil
 }
 
-func (t *tcpTransport) acceptHandshake(c *net.TCPConn, secret []byte) (int, error) {
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+// acceptHandshake authenticates the dialer of c; keep is called once the
+// dialer has proven the secret, and the connection is confirmed to it only if
+// keep returns true. The error says why a connection was refused, for the log.
+func (t *tcpTransport) acceptHandshake(c *net.TCPConn, secret []byte, keep func() bool) (int, error) {
+	c.SetDeadline(time.Now().Add(tcpHandshakeTimeout))
 	hello := make([]byte, tcpHelloSize)
-	if _, err := io.ReadFull(c, hello); err != nil {
-		return -1, err
+	if n, err := io.ReadFull(c, hello); err != nil {
+		return -1, fmt.Errorf("%d of %d hello bytes: %w", n, tcpHelloSize, err)
 	}
-	if !bytes.Equal(hello[:4], []byte("MRT1")) || binary.LittleEndian.Uint64(hello[4:]) != t.job {
-		return -1, ErrAuth
+	if !bytes.Equal(hello[:4], []byte("MRT1")) {
+		return -1, fmt.Errorf("not a meshrun hello (%q)", hello[:4])
+	}
+	if binary.LittleEndian.Uint64(hello[4:]) != t.job {
+		return -1, errors.New("hello of another job")
 	}
 	peer := int(binary.LittleEndian.Uint32(hello[12:]))
 	if peer <= t.rank || peer >= t.size || int(binary.LittleEndian.Uint32(hello[16:])) != t.rank {
-		return -1, ErrAuth
+		return -1, fmt.Errorf("hello from rank %d to rank %d", peer, binary.LittleEndian.Uint32(hello[16:]))
 	}
 	resp := make([]byte, 32, 32+tcpMACSize)
 	rand.Read(resp)
@@ -249,10 +304,13 @@ func (t *tcpTransport) acceptHandshake(c *net.TCPConn, secret []byte) (int, erro
 	}
 	answer := make([]byte, tcpMACSize)
 	if _, err := io.ReadFull(c, answer); err != nil {
-		return -1, err
+		return -1, fmt.Errorf("no answer to the challenge: %w", err)
 	}
 	if !hmac.Equal(answer, mac(secret, "dialer", hello, resp[:32])) {
-		return -1, ErrAuth
+		return -1, fmt.Errorf("claimed rank %d but failed the challenge", peer)
+	}
+	if !keep() {
+		return -1, errors.New("setup over")
 	}
 	if _, err := c.Write([]byte{1}); err != nil {
 		return -1, err
@@ -351,9 +409,6 @@ func (t *tcpTransport) Abort(peers []int, err error) {
 
 func (t *tcpTransport) Close() error {
 	t.closeOnce.Do(func() {
-		if t.ln != nil {
-			t.ln.Close()
-		}
 		for _, c := range t.conns {
 			if c != nil {
 				c.abort.CompareAndSwap(nil, &errClosedTransport)

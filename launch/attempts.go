@@ -168,10 +168,12 @@ func (p *plane) reset() {
 	p.mu.Lock()
 	clear(p.beats)
 	clear(p.seen)
+	clear(p.joining)
 	p.mu.Unlock()
 	for {
 		select {
 		case <-p.notices:
+		case <-p.joins:
 		default:
 			return
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -154,9 +155,11 @@ func TestRendezvousMissingRank(t *testing.T) {
 	}
 	sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
 	// Rank 0 (the coordinator) blames rank 2 by number; the others relay its
-	// answer: the first to exit may be either.
-	if rc := sum.RootCause; rc == nil || rc.Rank == 2 || !strings.Contains(rc.Error, "missing ranks [2]") || rc.Culprit != nil && *rc.Culprit != 2 {
-		t.Errorf("root cause %+v", rc)
+	// answer. Whichever exits first, the evidence names rank 2, which never
+	// joined and was still running: the root cause, hung.
+	if rc := sum.RootCause; rc == nil || rc.Rank != 2 || !rc.Hung || !strings.Contains(rc.Error, "never joined the job") ||
+		rc.ReportedBy == nil || !strings.HasPrefix(rc.Evidence, evidenceBlamed) || slices.Contains(sum.Victims, 2) {
+		t.Errorf("root cause %+v, victims %v", rc, sum.Victims)
 	}
 }
 

@@ -120,6 +120,10 @@ type RootCause struct {
 	// whose collective timed out waiting for it, when one did.
 	Hung       bool `json:"hung,omitempty"`
 	ReportedBy *int `json:"reported_by,omitempty"`
+	// Evidence is how the launcher decided (blame.go): "first failure",
+	// "blamed by the failed ranks' errors (ranks 0,2)", ...; ReportedBy is
+	// then the rank that failed first.
+	Evidence string `json:"evidence,omitempty"`
 }
 
 // NoticeReport is a collective failure as the ranks announced it.

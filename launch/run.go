@@ -322,7 +322,7 @@ func (o RunOptions) Validate() error {
 		p = append(p, fmt.Sprintf("--hang-after %v: must not be negative", o.HangAfter))
 	}
 	if o.NNodes < 0 || o.NNodes > 1<<16 {
-		p = append(p, fmt.Sprintf("--nnodes %d: want 1 or more", o.NNodes))
+		p = append(p, fmt.Sprintf("--nnodes %d: want 1 to %d", o.NNodes, 1<<16))
 	}
 	if o.NodeRank < 0 || o.NodeRank >= max(o.NNodes, 1) {
 		p = append(p, fmt.Sprintf("--node-rank %d: want 0 to %d", o.NodeRank, max(o.NNodes, 1)-1))

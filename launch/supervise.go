@@ -100,7 +100,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 	}
 	url := conf.URL
 	own.Name = fmt.Sprintf("meshrun-launcher-%d", j.NodeRank)
-	pl, err := connectPlane(own, j.id, j.NodeRank, j.HangAfter > 0, say)
+	pl, err := connectPlane(own, j.id, j.NodeRank, say)
 	if err != nil {
 		return fail(err)
 	}
@@ -129,7 +129,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 	)
 	for n := 0; ; n++ {
 		a := &attempt{j: j, n: n, ev: ev, pl: pl, url: url, say: say, outCon: outCon, errCon: errCon, began: time.Now(),
-			reported: map[string]bool{}}
+			reported: map[string]bool{}, remoteFails: map[int]RootCause{}, stoppedStates: map[int]string{}}
 		if err := a.prepare(common); err != nil {
 			a.onFatal(err) // the other nodes' ranks would wait for this one's
 		} else {
@@ -258,6 +258,14 @@ type attempt struct {
 	hangs    []HangReport
 	reported map[string]bool
 	fatalErr error
+	// remoteFails: the failures other nodes reported, by rank (blame.go).
+	remoteFails map[int]RootCause
+	// stoppedStates: ranks found stopped (SIGSTOP) at teardown.
+	stoppedStates map[int]string
+	// early: ranks that exited 0 while the attempt ran, by end time (ms),
+	// until judged (judgeEarly); earlyC fires to judge them.
+	early  map[int]int64
+	earlyC <-chan time.Time
 }
 
 // prepare makes the attempt's folder and environment.
@@ -295,7 +303,17 @@ func (a *attempt) run(ctx context.Context, timeoutC <-chan time.Time) {
 		a.procs[i].out = RankOutcome{Rank: j.ranks[i].Rank, Node: j.NodeRank}
 		a.byRank[j.ranks[i].Rank] = a.procs[i]
 	}
-	for _, p := range a.procs {
+	for i, p := range a.procs {
+		// Ranks that already exited are judged between starts: a rank that
+		// fails while later ones start is seen first, and stops the rest
+		// from starting; so does an interrupt.
+		a.drainExits()
+		if a.tearing || ctx.Err() != nil {
+			for _, q := range a.procs[i:] {
+				q.out.Error = "not started: the job ended first"
+			}
+			break
+		}
 		if err := j.start(p, a.dir, a.env, a.outCon, a.errCon, a.board); err != nil {
 			a.onStartFailed(p, err)
 			break
@@ -331,6 +349,13 @@ func (a *attempt) run(ctx context.Context, timeoutC <-chan time.Time) {
 			a.teardown(OutcomeHang, a.hangWhy)
 		case err := <-a.pl.fatal:
 			a.onFatal(err)
+		case <-a.pl.joins:
+			if len(a.early) > 0 {
+				a.judgeEarly(time.Now())
+			}
+		case now := <-a.earlyC:
+			a.earlyC = nil
+			a.judgeEarly(now)
 		case <-timeoutC:
 			timeoutC = nil
 			a.pl.tell(nodeMsg{Kind: "teardown", Attempt: a.n, Reason: OutcomeTimeout.String(), TimeMS: time.Now().UnixMilli()})
@@ -378,6 +403,18 @@ func (a *attempt) run(ctx context.Context, timeoutC <-chan time.Time) {
 	}
 }
 
+// drainExits handles the exits already reported, without waiting.
+func (a *attempt) drainExits() {
+	for {
+		select {
+		case m := <-a.exits:
+			a.onExit(m)
+		default:
+			return
+		}
+	}
+}
+
 // signalAll signals every rank's process group: the rank and every process
 // it started.
 func (a *attempt) signalAll(sig syscall.Signal) {
@@ -399,6 +436,9 @@ func (a *attempt) teardown(o Outcome, detail string) {
 	for _, p := range a.procs {
 		if !p.done && (a.root == nil || p.spec.Rank != a.root.Rank || a.root.Node != a.j.NodeRank) {
 			a.victims = append(a.victims, p.spec.Rank)
+			if st := processState(p.pid); strings.HasPrefix(st, "T") {
+				a.stoppedStates[p.spec.Rank] = st
+			}
 		}
 	}
 	a.ev.emit("teardown", "attempt", a.n, "reason", o, "detail", detail, "victims", a.victims, "grace_ms", a.j.Grace.Milliseconds())
@@ -443,7 +483,11 @@ func (a *attempt) onExit(m exitMsg) {
 		}
 	}
 	a.ev.emit("rank_exit", "attempt", a.n, "rank", m.rank, "pid", p.pid, "exit_code", p.out.ExitCode, "signal", p.out.Signal, "duration_ms", p.out.DurationMS)
-	if p.out.ExitCode == 0 || a.tearing {
+	if a.tearing {
+		return
+	}
+	if p.out.ExitCode == 0 {
+		a.onCleanExit(p)
 		return
 	}
 	a.failed(RootCause{Rank: m.rank, Node: a.j.NodeRank, ExitCode: p.out.ExitCode, Signal: p.out.Signal, TimeMS: p.out.EndMS})
@@ -463,12 +507,14 @@ func (a *attempt) onRemote(m nodeMsg) {
 	}
 	switch m.Kind {
 	case "rank_failed":
+		a.remoteFails[m.Rank] = m.rootCause()
 		a.failed(m.rootCause())
 		if !a.tearing {
 			a.say("rank %d on node %d failed (exit %d): tearing this node's ranks down", m.Rank, m.Node, m.ExitCode)
 		}
 		a.teardown(OutcomeRankFailed, fmt.Sprintf("rank %d (node %d) failed with exit code %d", m.Rank, m.Node, m.ExitCode))
 	case "hang":
+		a.remoteFails[m.Rank] = m.rootCause()
 		a.failed(m.rootCause())
 		if !a.tearing {
 			a.say("node %d found rank %d hung: %s", m.Node, m.Rank, m.Reason)
@@ -597,7 +643,7 @@ func (a *attempt) blameStuck() {
 		where = fmt.Sprintf(" %s seq %d on group %s", n.Op, n.Seq, n.Group)
 	}
 	a.root = &RootCause{Rank: c, Node: a.j.nodeOf(c), ExitCode: ExitHang, TimeMS: a.root.TimeMS, Hung: true, ReportedBy: &rep,
-		Error: fmt.Sprintf("never entered%s; rank %d timed out waiting for it: %s", where, rep, n.Detail)}
+		Error: fmt.Sprintf("never entered%s; rank %d timed out waiting for it: %s", where, rep, n.Detail), Evidence: evidenceTimeout}
 	a.outcome = OutcomeHang
 	a.victims = slices.DeleteFunc(a.victims, func(r int) bool { return r == c })
 	if a.j.nodeOf(rep) == a.j.NodeRank && !slices.Contains(a.victims, rep) {
@@ -616,6 +662,13 @@ func (a *attempt) summary() AttemptSummary {
 		}
 	}
 	a.blameStuck()
+	a.blameByVotes()
+	if a.root != nil && a.root.Evidence == "" {
+		a.root.Evidence = evidenceFirst
+		if a.root.Hung {
+			a.root.Evidence = evidenceHang
+		}
+	}
 	rel, _ := filepath.Rel(a.j.dir, a.dir)
 	s := AttemptSummary{Attempt: a.n, Dir: rel, Reason: a.outcome, Victims: a.victims, Notice: a.notice, Hangs: a.hangs,
 		DurationMS: time.Since(a.began).Milliseconds()}
@@ -629,7 +682,7 @@ func (a *attempt) summary() AttemptSummary {
 	if a.root != nil && (a.outcome == OutcomeRankFailed || a.outcome == OutcomeHang) {
 		rc := a.root.Rank
 		s.RootCauseRank, s.RootCause = &rc, a.root
-		code = a.root.ExitCode
+		code = a.root.exitCodeOf()
 	}
 	s.ExitCode = a.outcome.exitCode(code)
 	for _, p := range a.procs {
@@ -658,16 +711,19 @@ func (a *attempt) err() error {
 	}
 	switch a.outcome {
 	case OutcomeRankFailed:
-		how := fmt.Sprintf("exited with code %d", rc.ExitCode)
-		if rc.Signal != "" {
-			how = fmt.Sprintf("was killed by %s (exit %d)", rc.Signal, rc.ExitCode)
-		}
+		how := exitHow(rc.ExitCode, rc.Signal)
 		if rc.ExitCode == ExitStartFailed && rc.Error != "" {
 			how = "did not start: " + rc.Error
+		}
+		if rc.ExitCode == 0 && rc.Error != "" {
+			how = rc.Error
 		}
 		blame := ""
 		if rc.Culprit != nil && *rc.Culprit != rc.Rank {
 			blame = fmt.Sprintf(" (its error blames rank %d)", *rc.Culprit)
+		}
+		if rc.ReportedBy != nil {
+			blame += fmt.Sprintf(" (%s; rank %d failed first)", rc.Evidence, *rc.ReportedBy)
 		}
 		return fmt.Errorf("%w: root cause rank %d (%s) %s at %s%s; %d other ranks torn down%s; logs in %s",
 			ErrRankFailed, rc.Rank, where(), how, time.UnixMilli(rc.TimeMS).Format(consoleStamp), blame, len(a.victims), restarts, logs)

@@ -95,6 +95,9 @@ func (v nnodesValue) Set(s string) error {
 			return fmt.Errorf("%s is an elastic range: meshrun starts a fixed number of nodes; give --nnodes %d (or %d:%d)", s, b, b, b)
 		}
 	}
+	if a < 1 {
+		return fmt.Errorf("want 1 or more nodes")
+	}
 	*v.n = a
 	return nil
 }

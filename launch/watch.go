@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -56,16 +57,20 @@ type plane struct {
 	// sync is what launchers of several nodes agree on between attempts.
 	sync *attemptSync
 
-	mu    sync.Mutex
-	nodes map[int]hello // the other nodes' launchers (announce)
-	beats map[int]protocol.State
-	seen  map[int]time.Time
-	subs  []*nats.Subscription
+	// joins carries the ranks that say they are joining (JoiningSubject).
+	joins chan int
+
+	mu      sync.Mutex
+	joining map[int]time.Time // ranks that said they are joining, this attempt
+	nodes   map[int]hello     // the other nodes' launchers (announce)
+	beats   map[int]protocol.State
+	seen    map[int]time.Time
+	subs    []*nats.Subscription
 }
 
 // connectPlane connects the launcher to its job's subjects; say reports
 // what it notices outside of an attempt's events (see announce).
-func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool, say func(format string, a ...any)) (*plane, error) {
+func connectPlane(conf natsconn.Config, job string, node int, say func(format string, a ...any)) (*plane, error) {
 	// The server refuses a subject of the job to credentials of another job
 	// asynchronously: that ends the job at once (p.fatal), naming the subject.
 	fatal := make(chan error, 8)
@@ -88,7 +93,7 @@ func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool, s
 		return nil, err
 	}
 	p := &plane{nc: nc, job: job, node: node, notices: make(chan protocol.Notice, 64), remote: make(chan nodeMsg, 64), fatal: fatal,
-		nodes: map[int]hello{}, beats: map[int]protocol.State{}, seen: map[int]time.Time{}}
+		joins: make(chan int, 256), joining: map[int]time.Time{}, nodes: map[int]hello{}, beats: map[int]protocol.State{}, seen: map[int]time.Time{}}
 	// Failure notices and aborts: whom a collective blamed (see Notice.Decided).
 	sub, err := nc.Subscribe(protocol.NoticeSubjects(job), func(m *nats.Msg) {
 		n, ok := protocol.ParseNotice(job, m.Subject, m.Data)
@@ -117,7 +122,24 @@ func connectPlane(conf natsconn.Config, job string, node int, heartbeats bool, s
 			}
 		})
 	}
-	if err == nil && heartbeats {
+	if err == nil {
+		p.subs = append(p.subs, sub)
+		sub, err = nc.Subscribe(protocol.JoiningSubjects(job), func(m *nats.Msg) {
+			r, ok := protocol.ParseJoiningSubject(job, m.Subject)
+			if !ok {
+				return
+			}
+			p.mu.Lock()
+			p.joining[r] = time.Now()
+			p.mu.Unlock()
+			select {
+			case p.joins <- r:
+			default:
+			}
+		})
+	}
+	// Heartbeats: for --hang-after, and to know which ranks joined.
+	if err == nil {
 		p.subs = append(p.subs, sub)
 		sub, err = nc.Subscribe(protocol.HeartbeatSubjects(job), func(m *nats.Msg) {
 			s, ok := protocol.ParseHeartbeat(job, m.Subject, m.Data)
@@ -176,6 +198,28 @@ func (p *plane) hangs(now time.Time, after time.Duration) []protocol.Hang {
 			out = append(out, h)
 		}
 	}
+	return out
+}
+
+// joined reports what the plane heard from rank this attempt: that it is
+// joining (JoiningSubject), and that it joined (a heartbeat).
+func (p *plane) joined(rank int) (joining, joined bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, joining = p.joining[rank]
+	_, joined = p.seen[rank]
+	return joining, joined
+}
+
+// joiners are the ranks that said they are joining this attempt.
+func (p *plane) joiners() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int
+	for r := range p.joining {
+		out = append(out, r)
+	}
+	slices.Sort(out)
 	return out
 }
 

@@ -64,10 +64,7 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 	rc := sum.RootCause
 	switch {
 	case rc != nil:
-		how := fmt.Sprintf("exited with code %d", rc.ExitCode)
-		if rc.Signal != "" {
-			how = fmt.Sprintf("was killed by %s (exit %d)", rc.Signal, rc.ExitCode)
-		}
+		how := exitHow(rc.ExitCode, rc.Signal)
 		if rc.Hung {
 			how = "hung"
 		}
@@ -76,8 +73,13 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 		if rc.Error != "" {
 			fmt.Fprintf(w, "  error: %s\n", rc.Error)
 		}
-		if rc.ReportedBy != nil {
+		switch {
+		case rc.ReportedBy != nil && rc.Evidence == evidenceTimeout:
 			fmt.Fprintf(w, "  found by rank %d, whose collective timed out waiting for it\n", *rc.ReportedBy)
+		case rc.ReportedBy != nil:
+			fmt.Fprintf(w, "  evidence: %s; rank %d failed first\n", rc.Evidence, *rc.ReportedBy)
+		case rc.Evidence != "":
+			fmt.Fprintf(w, "  evidence: %s\n", rc.Evidence)
 		}
 		if rc.Culprit != nil && *rc.Culprit != rc.Rank {
 			fmt.Fprintf(w, "  its error blames rank %d\n", *rc.Culprit)

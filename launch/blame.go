@@ -1,0 +1,203 @@
+package launch
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The root cause of a failed attempt is decided from evidence, not from
+// which exit the launcher happened to see first:
+//
+//  1. a rank that never entered a collective its peers waited in (a hang the
+//     launcher found in the heartbeats, or the rank a peer's collective timed
+//     out waiting for) — blameStuck;
+//  2. else the rank the failed ranks' errors blame (each error.json's
+//     culprit_rank other than the rank itself, and the collectives' failure
+//     notice): the rank most of them name, when more blame it than blame the
+//     first failure — blameByVotes. A SIGTERMed rank whose peers see it go
+//     and exit first is the root cause, not the first peer to exit;
+//  3. else the first failure by time, across nodes.
+//
+// RootCause.Evidence says which.
+
+// Evidence values of RootCause.
+const (
+	evidenceFirst   = "first failure"
+	evidenceHang    = "missing from a collective its peers waited in (heartbeats)"
+	evidenceTimeout = "a peer's collective timed out waiting for it"
+	evidenceBlamed  = "blamed by the failed ranks' errors"
+	evidenceEarly   = "exited before joining the job its peers were joining"
+)
+
+// votes counts the ranks that the failed ranks of this node blame in their
+// errors (error.json's culprit_rank, not themselves), and the culprit of the
+// collectives' failure notice; by whom.
+func (a *attempt) votes() map[int][]int {
+	by := map[int][]int{}
+	for _, p := range a.procs {
+		if p.out.ExitCode == 0 && p.out.Signal == "" {
+			continue
+		}
+		rec, ok := readErrorFile(filepath.Join(a.dir, RankDir(p.spec.Rank)))
+		if !ok || rec.Culprit == nil || *rec.Culprit == p.spec.Rank || *rec.Culprit < 0 || *rec.Culprit >= a.j.world {
+			continue
+		}
+		by[*rec.Culprit] = append(by[*rec.Culprit], p.spec.Rank)
+	}
+	if n := a.notice; n != nil && n.Culprit >= 0 && n.Culprit < a.j.world && n.Culprit != n.Reporter && !slices.Contains(by[n.Culprit], n.Reporter) {
+		by[n.Culprit] = append(by[n.Culprit], n.Reporter)
+	}
+	for _, v := range by {
+		slices.Sort(v)
+	}
+	return by
+}
+
+// blameByVotes makes the rank the failed ranks' errors blame the root cause,
+// when more of them blame it than blame the first failure (ties: the lowest
+// rank, so that every run gives the same answer).
+func (a *attempt) blameByVotes() {
+	if a.root == nil || a.root.Hung || (a.outcome != OutcomeRankFailed && a.outcome != OutcomeHang) {
+		return
+	}
+	by := a.votes()
+	winner := -1
+	for r, v := range by {
+		if winner < 0 || len(v) > len(by[winner]) || (len(v) == len(by[winner]) && r < winner) {
+			winner = r
+		}
+	}
+	if winner < 0 || winner == a.root.Rank || len(by[winner]) <= len(by[a.root.Rank]) {
+		return
+	}
+	first := a.root.Rank
+	rc := RootCause{Rank: winner, Node: a.j.nodeOf(winner), TimeMS: a.root.TimeMS, ReportedBy: &first,
+		Evidence: fmt.Sprintf("%s (%s)", evidenceBlamed, blamers(by[winner]))}
+	p := a.byRank[winner]
+	switch {
+	case p != nil && slices.Contains(a.victims, winner):
+		// Blamed, and still running when the job was torn down: it stopped
+		// answering (stopped, or stuck outside any collective).
+		rc.Hung, rc.ExitCode = true, ExitHang
+		what := "stopped answering its peers"
+		if _, joined := a.pl.joined(winner); !joined {
+			what = "never joined the job"
+		}
+		rc.Error = fmt.Sprintf("%s (%s) and was still running at teardown", what, blamers(by[winner]))
+		if st := a.stoppedStates[winner]; st != "" {
+			rc.Error += "; its process was " + st
+		}
+		a.outcome = OutcomeHang
+		a.victims = slices.DeleteFunc(a.victims, func(r int) bool { return r == winner })
+	case p != nil:
+		rc.ExitCode, rc.Signal, rc.TimeMS = p.out.ExitCode, p.out.Signal, p.out.EndMS
+		if rec, ok := readErrorFile(filepath.Join(a.dir, RankDir(winner))); ok {
+			rc.Error, rc.Culprit = rec.Error, rec.Culprit
+		}
+		if rc.ExitCode == 0 && rc.Signal == "" {
+			rc.Error = strings.TrimPrefix(rc.Error+"; ", "; ") + "exited 0 while its peers still needed it"
+		}
+	default:
+		if r, ok := a.remoteFails[winner]; ok {
+			rc.ExitCode, rc.Signal, rc.TimeMS, rc.Hung, rc.Error = r.ExitCode, r.Signal, r.TimeMS, r.Hung, r.Error
+		} else {
+			rc.ExitCode = a.root.ExitCode
+			rc.Error = fmt.Sprintf("on node %d; %s", rc.Node, blamers(by[winner]))
+		}
+	}
+	a.root = &rc
+	if a.j.nodeOf(first) == a.j.NodeRank && !slices.Contains(a.victims, first) {
+		a.victims = append(a.victims, first)
+		slices.Sort(a.victims)
+	}
+}
+
+// exitCodeOf is the launcher's exit code for a root cause: its own, or 1 for
+// a rank that exited 0 but failed the job.
+func (rc *RootCause) exitCodeOf() int {
+	if rc.ExitCode == 0 {
+		return 1
+	}
+	return rc.ExitCode
+}
+
+// exitHow says how a rank ended: "exited with code 3", "was killed by
+// SIGKILL (exit 137)", "exited with code 143 (after SIGTERM)".
+func exitHow(code int, sig string) string {
+	if sig != "" {
+		return fmt.Sprintf("was killed by %s (exit %d)", sig, code)
+	}
+	if n, ok := signalNames[syscall.Signal(code-128)]; ok && code > 128 {
+		return fmt.Sprintf("exited with code %d (after %s)", code, n)
+	}
+	return fmt.Sprintf("exited with code %d", code)
+}
+
+// earlySettle is how long after a rank's exit 0 the launcher waits for its
+// last messages (a heartbeat sent just before it exited) before judging it.
+const earlySettle = 500 * time.Millisecond
+
+// onCleanExit is a rank's exit 0 while the attempt runs: a finished rank, or
+// one that left before joining the job its peers are joining (judgeEarly).
+func (a *attempt) onCleanExit(p *proc) {
+	if a.early == nil {
+		a.early = map[int]int64{}
+	}
+	a.early[p.spec.Rank] = p.out.EndMS
+	a.earlyC = time.After(earlySettle)
+}
+
+// judgeEarly fails the attempt for the first rank that exited 0 without
+// having joined (no heartbeat) when it said it was joining, or when other
+// ranks are joining the job (so it is one of them that left): its peers
+// would wait for it until the rendezvous deadline.
+func (a *attempt) judgeEarly(now time.Time) {
+	if a.tearing {
+		return
+	}
+	first, firstMS, why := -1, int64(0), ""
+	for r, endMS := range a.early {
+		if now.Sub(time.UnixMilli(endMS)) < earlySettle {
+			a.earlyC = time.After(earlySettle) // judge it later
+			continue
+		}
+		joining, joined := a.pl.joined(r)
+		var w string
+		switch {
+		case joined:
+			delete(a.early, r) // it finished its work
+			continue
+		case joining:
+			w = "exited 0 during the rendezvous: it never completed joining the job"
+		default:
+			others := slices.DeleteFunc(a.pl.joiners(), func(o int) bool { return o == r })
+			if len(others) == 0 {
+				continue // nobody joins (a program without meshrun's collectives), yet
+			}
+			w = fmt.Sprintf("exited 0 without joining the job; ranks %s are joining it and would wait for it", FormatRanks(others))
+		}
+		if first < 0 || endMS < firstMS || (endMS == firstMS && r < first) {
+			first, firstMS, why = r, endMS, w
+		}
+	}
+	if first < 0 {
+		return
+	}
+	rc := RootCause{Rank: first, Node: a.j.NodeRank, ExitCode: 0, TimeMS: firstMS, Error: why, Evidence: evidenceEarly}
+	a.failed(rc)
+	a.pl.tell(nodeMsg{Kind: "rank_failed", Attempt: a.n, Rank: first, ExitCode: 0, TimeMS: firstMS, Reason: why})
+	a.say("rank %d (node %d) %s: tearing the job down", first, a.j.NodeRank, why)
+	a.teardown(OutcomeRankFailed, fmt.Sprintf("rank %d (node %d) %s", first, a.j.NodeRank, why))
+}
+
+// blamers says who blames a rank: "rank 0 blames it", "ranks 0,2 blame it".
+func blamers(ranks []int) string {
+	if len(ranks) == 1 {
+		return fmt.Sprintf("rank %d blames it", ranks[0])
+	}
+	return fmt.Sprintf("ranks %s blame it", FormatRanks(ranks))
+}

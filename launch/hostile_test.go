@@ -1,0 +1,112 @@
+package launch
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestRootCauseFromEvidence: rank 1 of 3 is SIGTERMed, SIGSTOPped, or exits 0
+// before joining; every run names rank 1 as the root cause in the console's
+// last line, summary.json and logs why, and never lists it among the
+// victims, whichever rank's exit the launcher saw first. A SIGTERMed worker
+// exits 143; a rank that leaves before joining ends the job at once, not at
+// the rendezvous deadline.
+func TestRootCauseFromEvidence(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs 7 jobs")
+	}
+	long := []string{"-n", "3", "mlp", "--tokens", "64", "--hidden", "64", "--steps", "1000000"}
+	cases := []struct {
+		name  string
+		args  []string
+		act   func(t *testing.T, pid int) // done to rank 1 once the job trains
+		code  int
+		hung  bool
+		bound time.Duration // from the act to the launcher's exit
+	}{
+		{"SIGTERM", long, func(t *testing.T, pid int) { syscall.Kill(pid, syscall.SIGTERM) }, 143, false, 10 * time.Second},
+		{"SIGTERM again", long, func(t *testing.T, pid int) { syscall.Kill(pid, syscall.SIGTERM) }, 143, false, 10 * time.Second},
+		{"SIGTERM a third time", long, func(t *testing.T, pid int) { syscall.Kill(pid, syscall.SIGTERM) }, 143, false, 10 * time.Second},
+		// With --hang-after off the peers' heartbeat timeout (5 s) finds it.
+		{"SIGSTOP", append([]string{"--hang-after", "0"}, long...), func(t *testing.T, pid int) { syscall.Kill(pid, syscall.SIGSTOP) }, ExitHang, true, 20 * time.Second},
+		{"SIGSTOP then SIGCONT", append([]string{"--hang-after", "0"}, long...), func(t *testing.T, pid int) {
+			syscall.Kill(pid, syscall.SIGSTOP)
+			time.Sleep(6 * time.Second) // past the peers' heartbeat timeout
+			syscall.Kill(pid, syscall.SIGCONT)
+		}, 0, false, 20 * time.Second},
+		{"exit 0 before joining", []string{"-n", "3", "--", "sh", "-c", `if [ "$RANK" = 1 ]; then exit 0; fi; exec "$0" barrier`, worker()}, nil, 1, false, 10 * time.Second},
+		{"exit 0 before joining again", []string{"-n", "3", "--", "sh", "-c", `if [ "$RANK" = 1 ]; then exit 0; fi; exec "$0" barrier`, worker()}, nil, 1, false, 10 * time.Second},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			job := strings.ReplaceAll(tc.name, " ", "-")
+			l := startLauncher(t, append([]string{"--job-id", job}, tc.args...)...)
+			dir := filepath.Join(l.dir, job)
+			acted := time.Now()
+			if tc.act != nil {
+				rec := waitJobRecord(t, dir)
+				waitFor(t, 30*time.Second, "training", func() bool {
+					b, _ := os.ReadFile(filepath.Join(dir, RankDir(0), "stdout.log"))
+					return bytes.Contains(b, []byte("step 20/"))
+				})
+				acted = time.Now()
+				tc.act(t, rec.Ranks[1].PID)
+			}
+			l.wait(t, tc.bound+10*time.Second)
+			took := l.end.Sub(acted)
+			sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
+			rc := sum.RootCause
+			stderr := l.err.String()
+			t.Logf("exit %d after %v: %s", l.code, took.Round(time.Millisecond), finalLine(stderr))
+			if rc == nil || rc.Rank != 1 || slices.Contains(sum.Victims, 1) {
+				t.Fatalf("root cause %+v, victims %v\n%s", rc, sum.Victims, stderr)
+			}
+			if tc.code != 0 && l.code != tc.code {
+				t.Errorf("exit %d, want %d", l.code, tc.code)
+			}
+			if tc.hung && !rc.Hung {
+				t.Errorf("root cause not hung: %+v", rc)
+			}
+			if !strings.Contains(finalLine(stderr), "root cause rank 1 ") {
+				t.Errorf("console's last line: %s", finalLine(stderr))
+			}
+			var why bytes.Buffer
+			if err := Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0") {
+				t.Errorf("logs why: %v\n%s", err, why.String())
+			}
+			if took > tc.bound {
+				t.Errorf("ended %v after, want < %v", took, tc.bound)
+			}
+		})
+	}
+}
+
+// finalLine is s's last non-empty line.
+func finalLine(s string) string {
+	s = strings.TrimSpace(s)
+	return s[strings.LastIndexByte(s, '\n')+1:]
+}
+
+// TestNNodesZero: --nnodes 0 (and 0:0, and the variable) is refused.
+func TestNNodesZero(t *testing.T) {
+	for _, args := range [][]string{{"--nnodes", "0", "hello"}, {"--nnodes=0:0", "hello"}, {"--nnodes", "-1", "hello"}} {
+		if _, err := ParseRunFlags(args, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "want 1 or more nodes") {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+	env := func(k string) string { return map[string]string{"MESHRUN_NNODES": "0"}[k] }
+	if _, err := ParseRunFlags([]string{"hello"}, env); err == nil {
+		t.Error("MESHRUN_NNODES=0 accepted")
+	}
+	var out, errb bytes.Buffer
+	if code := Main(context.Background(), []string{"run", "--nnodes", "0", "--dry-run", "hello"}, &out, &errb); code != ExitUsage {
+		t.Errorf("exit %d: %s", code, errb.String())
+	}
+}

@@ -110,3 +110,63 @@ func TestNNodesZero(t *testing.T) {
 		t.Errorf("exit %d: %s", code, errb.String())
 	}
 }
+
+// TestTooManyRanks: -n 10000 is refused before anything starts, naming every
+// limit it is over (exit 2, no job folder); --oversubscribe goes past them.
+func TestTooManyRanks(t *testing.T) {
+	l := hostLimits{cores: 2, memory: 8 << 30, files: 1024, procs: 4096}
+	p := resourceProblems(10000, true, l)
+	want := []string{"over 64 per core (128 at most here)", "open files, the limit is 1024", "over half the process limit", "need at least 195.3 GiB"}
+	if len(p) != len(want) {
+		t.Fatalf("problems %q", p)
+	}
+	for i, w := range want {
+		if !strings.Contains(p[i], w) {
+			t.Errorf("%q lacks %q", p[i], w)
+		}
+	}
+	if p := resourceProblems(100, false, l); len(p) != 0 {
+		t.Errorf("100 program ranks: %q", p)
+	}
+	if p := resourceProblems(8, true, hostLimits{cores: 1}); len(p) != 0 {
+		t.Errorf("unknown limits: %q", p)
+	}
+
+	start := time.Now()
+	code, dir, stdout, stderr := launch(t, "-n", "10000", "linear")
+	if code != ExitUsage || !strings.Contains(stderr, "--nproc-per-node 10000: 10000 ranks on ") || !strings.Contains(stderr, "--oversubscribe runs it anyway") || stdout != "" {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("a job folder: %v", err)
+	}
+	t.Logf("refused in %v: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(stderr))
+	if code, _, _, stderr := launch(t, "--oversubscribe", "--dry-run", "-n", "300", "--", "true"); code != 0 {
+		t.Errorf("--oversubscribe: exit %d: %s", code, stderr)
+	}
+}
+
+// TestInterruptWhileSpawning: the launcher honours an interrupt while it
+// starts ranks: it stops starting them and ends at once (exit 130), every
+// started rank torn down.
+func TestInterruptWhileSpawning(t *testing.T) {
+	l := startLauncher(t, "--job-id", "spawning", "--oversubscribe", "-n", "400", "--grace", "1s", "--", "sleep", "30")
+	l.waitEvent(t, "spawning", "rank_start")
+	l.cancel()
+	start := time.Now()
+	l.wait(t, 20*time.Second)
+	sum := readJSON[Summary](t, filepath.Join(l.dir, "spawning", SummaryFile))
+	started := 0
+	for _, r := range sum.Ranks {
+		if r.PID > 0 {
+			started++
+			if !groupGone(r.PID) {
+				t.Errorf("rank %d (pid %d) survived", r.Rank, r.PID)
+			}
+		}
+	}
+	t.Logf("interrupted after %d of 400 ranks started; exit %d after %v", started, l.code, time.Since(start).Round(time.Millisecond))
+	if l.code != ExitInterrupted || started == 400 {
+		t.Errorf("exit %d, %d ranks started", l.code, started)
+	}
+}

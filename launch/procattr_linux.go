@@ -8,3 +8,6 @@ import "syscall"
 func rankProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
+
+// rlimitNPROC is Linux's RLIMIT_NPROC (the syscall package lacks it).
+const rlimitNPROC = 6

@@ -10,3 +10,6 @@ import "syscall"
 func rankProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true}
 }
+
+// rlimitNPROC: the process limit is not checked here (an invalid resource).
+const rlimitNPROC = -1

@@ -71,6 +71,9 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
                                a kernels provider lacks it (default: the workload's, float32)
   --share-gpus                 with --device cuda, let more ranks than visible GPUs share
                                them, round-robin (refused otherwise)
+  --oversubscribe              start more ranks than the machine holds: over 64 per core, its
+                               open-file or process limit, or 20 MiB per worker rank of its
+                               available memory (refused otherwise, naming the limit)
   --nnodes N                   machines in the job, one launcher each (default 1)
   --node-rank K                this machine's index, 0..N-1; RANK = K*nproc + LOCAL_RANK
   --nats URL[,URL]             an external NATS for several machines (default: embedded,
@@ -135,6 +138,9 @@ type RunOptions struct {
 	// ShareGPUs lets more cuda ranks than visible GPUs share them
 	// round-robin; without it that is refused.
 	ShareGPUs bool
+	// Oversubscribe starts more ranks than this machine's cores, open-file
+	// and process limits or memory allow (refused otherwise; resources.go).
+	Oversubscribe bool
 	// NNodes is the number of launchers in the job (default 1); NodeRank is
 	// this one's index.
 	NNodes, NodeRank int
@@ -215,7 +221,7 @@ type RunOptions struct {
 var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // runFlagNames are the flags that may also come from MESHRUN_<FLAG>.
-var runFlagNames = []string{"nproc-per-node", "device", "kernels", "dtype", "share-gpus", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
+var runFlagNames = []string{"nproc-per-node", "device", "kernels", "dtype", "share-gpus", "oversubscribe", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
 	"nats-cert", "nats-key", "insecure", "job-id", "log-dir",
 	"console", "grace", "timeout", "hang-after", "worker", "dry-run",
 	"max-restarts", "master-addr", "master-port", "rdzv-endpoint", "rdzv-id", "rdzv-backend", "rdzv-conf", "role",
@@ -263,6 +269,7 @@ func (o *RunOptions) flagSet() *flag.FlagSet {
 	fs.StringVar(&o.Kernels, "kernels", "", "kernels provider choice")
 	fs.StringVar(&o.DType, "dtype", "", "compute dtype: float32 or bfloat16")
 	fs.BoolVar(&o.ShareGPUs, "share-gpus", false, "let cuda ranks share GPUs")
+	fs.BoolVar(&o.Oversubscribe, "oversubscribe", false, "start more ranks than the machine's limits allow")
 	fs.Var(nnodesValue{&o.NNodes}, "nnodes", "machines")
 	fs.IntVar(&o.NodeRank, "node-rank", 0, "this machine's index")
 	fs.StringVar(&o.NATS, "nats", "", "external NATS URL")
@@ -580,6 +587,11 @@ func (o RunOptions) resolve() (*job, error) {
 		j.ranks = append(j.ranks, s)
 	}
 	path, args, workload := o.command()
+	if !o.Oversubscribe {
+		if p := resourceProblems(n, workload, readHostLimits()); len(p) > 0 {
+			return nil, problems{fmt.Sprintf("--nproc-per-node %d: %s; --oversubscribe runs it anyway", n, strings.Join(p, "; "))}
+		}
+	}
 	if workload {
 		w, err := o.workerPath()
 		if err != nil {

@@ -3,9 +3,12 @@ package launch
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -169,4 +172,87 @@ func TestInterruptWhileSpawning(t *testing.T) {
 	if l.code != ExitInterrupted || started == 400 {
 		t.Errorf("exit %d, %d ranks started", l.code, started)
 	}
+}
+
+// TestNoOrphans: what a rank starts ends with the job, in its process group
+// or not (setsid): when the launcher ends normally, and when it is
+// SIGKILLed (the guard); the embedded server's credentials go too, and
+// those a killed launcher left are removed at the next start.
+func TestNoOrphans(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid")
+	}
+	script := `sleep 300 & echo $! > "$MESHRUN_RANK_DIR/child"; setsid sleep 301 & echo $! > "$MESHRUN_RANK_DIR/escaper"; ` +
+		`if [ "$EXIT_AT_ONCE" = 1 ]; then exit 0; fi; wait`
+	pids := func(dir string) []int {
+		var out []int
+		for r := 0; r < 2; r++ {
+			for _, f := range []string{"child", "escaper"} {
+				b, err := os.ReadFile(filepath.Join(dir, RankDir(r), f))
+				if err != nil {
+					return nil
+				}
+				pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+				out = append(out, pid)
+			}
+		}
+		return out
+	}
+	gone := func(t *testing.T, what string, ps []int) {
+		t.Helper()
+		waitFor(t, 5*time.Second, what+" gone", func() bool {
+			for _, p := range ps {
+				if processAlive(p) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+
+	t.Run("normal end", func(t *testing.T) {
+		t.Setenv("EXIT_AT_ONCE", "1")
+		code, dir, _, stderr := launch(t, "-n", "2", "--", "sh", "-c", script)
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		ps := pids(dir)
+		if len(ps) != 4 {
+			t.Fatalf("pids %v", ps)
+		}
+		gone(t, "the ranks' children", ps)
+	})
+
+	t.Run("launcher SIGKILLed", func(t *testing.T) {
+		logDir := t.TempDir()
+		cmd := exec.Command(filepath.Join(bin, "launcher"), "run", "--log-dir", logDir, "--job-id", "killed", "-n", "2", "--", "sh", "-c", script)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(logDir, "killed")
+		var ps []int
+		waitFor(t, 20*time.Second, "the ranks' children", func() bool { ps = pids(dir); return ps != nil })
+		creds := filepath.Join(dir, CredsFile)
+		if _, err := os.Stat(creds); err != nil {
+			t.Fatalf("no credentials while the job runs: %v", err)
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+		gone(t, "the ranks' children after the launcher's SIGKILL", ps)
+		waitFor(t, 5*time.Second, "the credentials removed", func() bool { _, err := os.Stat(creds); return os.IsNotExist(err) })
+
+		// A killed launcher's credentials that survived (the guard killed
+		// too) are removed when the next job starts in the same --log-dir.
+		stale := filepath.Join(logDir, "stale")
+		os.MkdirAll(stale, 0o755)
+		os.WriteFile(filepath.Join(stale, EventsFile), []byte(fmt.Sprintf(`{"event":"job_start","launcher_pid":%d}`+"\n", cmd.Process.Pid)), 0o644)
+		os.WriteFile(filepath.Join(stale, CredsFile), []byte("user=x\npassword=y\n"), 0o600)
+		var out, errb bytes.Buffer
+		if code := Main(context.Background(), []string{"run", "--worker", worker(), "--log-dir", logDir, "-n", "1", "hello"}, &out, &errb); code != 0 {
+			t.Fatalf("exit %d: %s", code, errb.String())
+		}
+		if _, err := os.Stat(filepath.Join(stale, CredsFile)); !os.IsNotExist(err) {
+			t.Errorf("stale credentials left: %v", err)
+		}
+	})
 }

@@ -542,6 +542,10 @@ type job struct {
 	nnodes int
 	world  int    // ranks on every node
 	device string // the ranks' device: cpu, sim or cuda
+	// tag marks this launcher's ranks and all they start (guard.go); guard
+	// kills them if the launcher dies.
+	tag   string
+	guard *guard
 }
 
 // resolve fills in defaults: job id, worker path, rank table.
@@ -549,7 +553,7 @@ func (o RunOptions) resolve() (*job, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	j := &job{RunOptions: o, nnodes: max(o.NNodes, 1)}
+	j := &job{RunOptions: o, nnodes: max(o.NNodes, 1), tag: uuid.NewString()}
 	j.id = o.JobID
 	if j.id == "" {
 		u, err := uuid.NewV7()

@@ -50,7 +50,11 @@ func (j *job) run(ctx context.Context) (int, error) {
 	}
 	defer ev.close()
 	ev.emit("job_start", "job_id", j.id, "node", j.NodeRank, "nnodes", j.nnodes, "world_size", j.world,
-		"local_ranks", len(j.ranks), "command", append([]string{j.path}, j.args...), "max_restarts", j.MaxRestarts)
+		"local_ranks", len(j.ranks), "command", append([]string{j.path}, j.args...), "max_restarts", j.MaxRestarts,
+		"launcher_pid", os.Getpid())
+	if stale := cleanStaleCreds(j.LogDir); len(stale) > 0 {
+		ev.emit("stale_creds_removed", "files", stale)
+	}
 	fail := func(err error) (int, error) {
 		ev.emit("job_end", "exit_code", 1, "error", err.Error())
 		return 1, cannotStart{err}
@@ -84,6 +88,9 @@ func (j *job) run(ctx context.Context) (int, error) {
 		if err != nil {
 			return fail(fmt.Errorf("nats credentials: %w", err))
 		}
+		if j.guard, err = startGuard(j.tag, credsPath); err != nil {
+			say("%v: ranks' children may outlive a launcher killed by a signal", err)
+		}
 		admin := srv.Admin()
 		conf = natsconn.Config{URL: srv.URL(), CredsFile: credsPath}
 		own = natsconn.Config{URL: srv.URL(), Creds: &admin}
@@ -97,7 +104,11 @@ func (j *job) run(ctx context.Context) (int, error) {
 			}
 		}
 		own = conf
+		if j.guard, err = startGuard(j.tag, ""); err != nil {
+			say("%v: ranks' children may outlive a launcher killed by a signal", err)
+		}
 	}
+	defer j.guard.done()
 	url := conf.URL
 	own.Name = fmt.Sprintf("meshrun-launcher-%d", j.NodeRank)
 	pl, err := connectPlane(own, j.id, j.NodeRank, say)
@@ -208,6 +219,7 @@ func (j *job) commonEnv(conf natsconn.Config) map[string]string {
 		"NODE_RANK":        strconv.Itoa(j.NodeRank),
 		"MESHRUN_NODE":     strconv.Itoa(j.NodeRank),
 		"MESHRUN_JOB_ID":   j.id,
+		EnvLauncherTag:     j.tag,
 		EnvDevice:          j.device,
 	}
 	if j.Kernels != "" {
@@ -319,6 +331,7 @@ func (a *attempt) run(ctx context.Context, timeoutC <-chan time.Time) {
 			break
 		}
 		a.running++
+		j.guard.watch(p.pid)
 		a.ev.emit("rank_start", "attempt", a.n, "rank", p.spec.Rank, "pid", p.pid)
 		go func(p *proc) {
 			err := p.cmd.Wait()
@@ -376,8 +389,11 @@ func (a *attempt) run(ctx context.Context, timeoutC <-chan time.Time) {
 			a.signalAll(syscall.SIGKILL)
 		}
 	}
-	// No orphans: whatever a rank left behind in its group goes too.
+	// No orphans: whatever a rank left behind goes too, in its group or not.
 	a.signalAll(syscall.SIGKILL)
+	if n := killTagged(j.tag); n > 0 {
+		a.ev.emit("orphans_killed", "attempt", a.n, "processes", n)
+	}
 	for _, p := range a.procs {
 		for _, c := range p.flushes {
 			c.Close()

@@ -145,6 +145,10 @@ const (
 	offToken      = 512 // producer: its token (shmTokenBytes)
 )
 
+// testHookShmCreate, set by tests only, runs before a ring file is created
+// at path: a test plants a file there to stand for someone who learned the name.
+var testHookShmCreate func(path string)
+
 func shmPath(token string, src, dst, try int) string {
 	name := fmt.Sprintf("meshrun-%s-%d-%d", token, src, dst)
 	if try > 0 {
@@ -302,6 +306,9 @@ func createRing(token []byte, src, dst int, log *zap.Logger) (*shmRing, error) {
 	var taken []string
 	for try := 0; try < shmNameTries; try++ {
 		path := shmPath(hexTok, src, dst, try)
+		if testHookShmCreate != nil {
+			testHookShmCreate(path)
+		}
 		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if errors.Is(err, unix.EEXIST) {
 			taken = append(taken, describeFile(path))

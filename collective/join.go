@@ -408,10 +408,13 @@ func dataHost(hostname, natsURL string) string {
 			}
 		}
 	}
-	if ips, err := net.LookupIP(hostname); err == nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ips, err := net.DefaultResolver.LookupIPAddr(ctx, hostname)
+	cancel()
+	if err == nil {
 		for _, ip := range ips {
-			if usable(ip) && local[ip.String()] {
-				return ip.String()
+			if usable(ip.IP) && local[ip.IP.String()] {
+				return ip.IP.String()
 			}
 		}
 	}

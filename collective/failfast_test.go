@@ -71,7 +71,7 @@ func TestJoinPublishViolation(t *testing.T) {
 	opts := &server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true, Users: []*server.User{{
 		Username: user.User, Password: user.Password,
 		Permissions: &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{protocol.ControlSubjects(job), "_INBOX.>"}},
+			Publish:   &server.SubjectPermission{Allow: []string{protocol.ControlSubjects(job), protocol.JoiningSubjects(job), "_INBOX.>"}},
 			Subscribe: &server.SubjectPermission{Allow: []string{protocol.JobSubjects(job), "_INBOX.>"}},
 		},
 	}}}

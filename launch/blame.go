@@ -2,6 +2,8 @@ package launch
 
 import (
 	"fmt"
+
+	"github.com/meshrun/meshrun/runlog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -78,8 +80,12 @@ func (a *attempt) blameByVotes() {
 	rc := RootCause{Rank: winner, Node: a.j.nodeOf(winner), TimeMS: a.root.TimeMS, ReportedBy: &first,
 		Evidence: fmt.Sprintf("%s (%s)", evidenceBlamed, blamers(by[winner]))}
 	p := a.byRank[winner]
+	rec, hasRec := ErrorRecordOf(a.dir, winner)
+	// A victim that recorded its own failure before the teardown began was
+	// failing already (a SIGTERM from outside, seen by its peers first).
+	selfFailed := hasRec && rec.TimeMS > 0 && rec.TimeMS <= a.tearAt.UnixMilli()
 	switch {
-	case p != nil && slices.Contains(a.victims, winner):
+	case p != nil && slices.Contains(a.victims, winner) && !selfFailed:
 		// Blamed, and still running when the job was torn down: it stopped
 		// answering (stopped, or stuck outside any collective).
 		rc.Hung, rc.ExitCode = true, ExitHang
@@ -95,9 +101,10 @@ func (a *attempt) blameByVotes() {
 		a.victims = slices.DeleteFunc(a.victims, func(r int) bool { return r == winner })
 	case p != nil:
 		rc.ExitCode, rc.Signal, rc.TimeMS = p.out.ExitCode, p.out.Signal, p.out.EndMS
-		if rec, ok := readErrorFile(filepath.Join(a.dir, RankDir(winner))); ok {
-			rc.Error, rc.Culprit = rec.Error, rec.Culprit
+		if hasRec {
+			rc.Error, rc.Culprit, rc.TimeMS = rec.Error, rec.Culprit, rec.TimeMS
 		}
+		a.victims = slices.DeleteFunc(a.victims, func(r int) bool { return r == winner })
 		if rc.ExitCode == 0 && rc.Signal == "" {
 			rc.Error = strings.TrimPrefix(rc.Error+"; ", "; ") + "exited 0 while its peers still needed it"
 		}
@@ -200,4 +207,9 @@ func blamers(ranks []int) string {
 		return fmt.Sprintf("rank %d blames it", ranks[0])
 	}
 	return fmt.Sprintf("ranks %s blame it", FormatRanks(ranks))
+}
+
+// ErrorRecordOf reads rank's error.json in an attempt's folder.
+func ErrorRecordOf(dir string, rank int) (runlog.ErrorRecord, bool) {
+	return readErrorFile(filepath.Join(dir, RankDir(rank)))
 }

@@ -3,13 +3,16 @@ package launch
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshrun/meshrun/runlog"
@@ -213,6 +216,9 @@ type rankWriter struct {
 	onMarker   func(kind string, body []byte)
 	buf        []byte
 	out        []byte
+	// dropped counts the lines the log file refused (a full disk); the
+	// console says so once, and summary.json counts them.
+	dropped atomic.Int64
 }
 
 func (p *rankWriter) Write(b []byte) (int, error) {
@@ -235,7 +241,10 @@ func (p *rankWriter) Write(b []byte) (int, error) {
 func (p *rankWriter) line(t time.Time, l []byte) {
 	p.out = t.AppendFormat(p.out[:0], fileStamp)
 	p.out = append(append(append(p.out, ' '), l...), '\n')
-	p.file.Write(p.out)
+	if _, err := p.file.Write(p.out); err != nil && p.dropped.Add(1) == 1 {
+		p.con.notice(t, fmt.Sprintf("launcher: rank %d's %s: %v: dropping its lines from the file (counted in summary.json)",
+			p.rank, filepath.Base(p.file.Name()), errors.Unwrap(err)))
+	}
 	if p.onMarker != nil && bytes.HasPrefix(l, []byte(runlog.Marker)) {
 		kind, body, _ := bytes.Cut(l[len(runlog.Marker):], []byte{' '})
 		p.onMarker(string(kind), body)

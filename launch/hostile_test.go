@@ -256,3 +256,40 @@ func TestNoOrphans(t *testing.T) {
 		}
 	})
 }
+
+// TestDiskFull: the ranks fill the disk of the log folder mid-job (a 2 MiB
+// tmpfs): each rank's log file says so once on the console and counts the
+// lines it could not keep, the job still ends as its ranks did, and
+// summary.json is whole (written through a reserve and a rename), so that
+// logs why reads it.
+func TestDiskFull(t *testing.T) {
+	logDir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", logDir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a small tmpfs here (needs root): %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", logDir).Run() })
+	script := `i=0; while [ $i -lt 30000 ]; do echo "line $i of a rank that says a lot, and then some more"; i=$((i+1)); done`
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), []string{"run", "--log-dir", logDir, "--job-id", "full", "--redirects", "3", "-n", "2", "--", "sh", "-c", script}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, errb.String())
+	}
+	sum := readJSON[Summary](t, filepath.Join(logDir, "full", SummaryFile))
+	var dropped int64
+	for _, r := range sum.Ranks {
+		dropped += r.LogLinesDropped
+	}
+	console := out.String() + errb.String()
+	notes := strings.Count(console, "dropping its lines from the file")
+	t.Logf("%d lines dropped, %d console notes; console:\n%s", dropped, notes, console)
+	if dropped == 0 || notes < 1 || notes > 4 || strings.Count(console, "\n") > 8 {
+		t.Errorf("dropped %d, notes %d", dropped, notes)
+	}
+	var why bytes.Buffer
+	if err := Why(filepath.Join(logDir, "full"), &why); err != nil || !strings.Contains(why.String(), "every rank exited 0") {
+		t.Errorf("logs why: %v\n%s", err, why.String())
+	}
+	if _, err := os.Stat(filepath.Join(logDir, "full", reserveFile)); !os.IsNotExist(err) {
+		t.Errorf("the reserve is left: %v", err)
+	}
+}

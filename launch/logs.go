@@ -2,6 +2,7 @@ package launch
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -162,15 +164,61 @@ type RankOutcome struct {
 	DurationMS int64  `json:"duration_ms"`
 	EndMS      int64  `json:"end_ms,omitempty"` // Unix milliseconds
 	Error      string `json:"error,omitempty"`
+	// LogLinesDropped: lines its stdout.log and stderr.log could not take
+	// (a full disk); they were shown on the console only.
+	LogLinesDropped int64 `json:"log_lines_dropped,omitempty"`
 }
 
-// writeJSON writes v, indented, to path.
+// writeJSON writes v, indented, to path atomically: a temporary file
+// renamed over it, so that a reader sees the old file or the new one, never
+// a part (a full disk leaves no empty summary.json). When the disk is full it
+// frees the job folder's reserve (reserveSpace) and tries once more.
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	b = append(b, '\n')
+	err = writeAtomic(path, b)
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		if os.Remove(filepath.Join(filepath.Dir(path), reserveFile)) == nil {
+			err = writeAtomic(path, b)
+		}
+	}
+	return err
+}
+
+func writeAtomic(path string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
+// reserveFile holds space in a job folder for the launcher's last words:
+// the summaries are written even when the ranks filled the disk.
+const reserveFile = ".reserve"
+
+// reserveSize is what reserveFile holds.
+const reserveSize = 1 << 20
+
+// reserveSpace writes the reserve into dir (best effort).
+func reserveSpace(dir string) {
+	os.WriteFile(filepath.Join(dir, reserveFile), make([]byte, reserveSize), 0o600)
 }
 
 // events appends lifecycle events to events.jsonl, one JSON object a line with

@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/natsconn"
+	"github.com/meshrun/meshrun/runlog"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -93,6 +94,8 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
                                waited in for DUR, dump every rank's stacks, and end the job
                                with the missing rank as root cause, exit 125 (default 30s;
                                0 turns it off)
+  --trace-max SIZE             bound each rank's trace on disk, keeping the newest spans,
+                               e.g. 64M, 0 for none (default 32M; MESHRUN_TRACE_MAX)
   --worker PATH                worker binary (default: "worker" next to the launcher)
   --dry-run                    print the rank table and exit
   --max-restarts N             after a rank fails or hangs, restart every rank, up to N times
@@ -158,6 +161,9 @@ type RunOptions struct {
 	// names its missing ranks; 0 disables it. ParseRunFlags defaults it to
 	// DefaultHangAfter.
 	HangAfter time.Duration
+	// TraceMax bounds each rank's trace files on disk (runlog.EnvTraceMax);
+	// "" leaves runlog's default, 32 MiB.
+	TraceMax string
 	// JobID names the job: letters, digits, '-' and '_'; default a UUIDv7.
 	JobID string
 	// LogDir holds one folder per job; default "runs".
@@ -223,7 +229,7 @@ var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // runFlagNames are the flags that may also come from MESHRUN_<FLAG>.
 var runFlagNames = []string{"nproc-per-node", "device", "kernels", "dtype", "share-gpus", "oversubscribe", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
 	"nats-cert", "nats-key", "insecure", "job-id", "log-dir",
-	"console", "grace", "timeout", "hang-after", "worker", "dry-run",
+	"console", "grace", "timeout", "hang-after", "trace-max", "worker", "dry-run",
 	"max-restarts", "master-addr", "master-port", "rdzv-endpoint", "rdzv-id", "rdzv-backend", "rdzv-conf", "role",
 	"redirects", "tee", "local-ranks-filter", "local-addr", "python"}
 
@@ -280,6 +286,7 @@ func (o *RunOptions) flagSet() *flag.FlagSet {
 	fs.BoolVar(&o.Insecure, "insecure", false, "allow plaintext NATS to a non-loopback address")
 	fs.StringVar(&o.Console, "console", o.Console, "all, none or ranks")
 	fs.DurationVar(&o.HangAfter, "hang-after", o.HangAfter, "hang diagnosis threshold")
+	fs.StringVar(&o.TraceMax, "trace-max", "", "bound of each rank's trace files")
 	fs.StringVar(&o.JobID, "job-id", "", "job id (default a UUIDv7)")
 	fs.StringVar(&o.LogDir, "log-dir", o.LogDir, "log directory")
 	fs.DurationVar(&o.Grace, "grace", o.Grace, "SIGTERM to SIGKILL")
@@ -353,6 +360,11 @@ func (o RunOptions) Validate() error {
 	}
 	if _, err := o.consoleFilter(); err != nil {
 		p = append(p, err.Error())
+	}
+	if o.TraceMax != "" {
+		if _, err := runlog.ParseSize(o.TraceMax); err != nil {
+			p = append(p, "--trace-max: "+strings.TrimPrefix(err.Error(), "bad size "))
+		}
 	}
 	if o.Timeout < 0 {
 		p = append(p, fmt.Sprintf("--timeout %v: must not be negative", o.Timeout))

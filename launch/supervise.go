@@ -48,6 +48,8 @@ func (j *job) run(ctx context.Context) (int, error) {
 	if err != nil {
 		return 1, cannotStart{fmt.Errorf("job folder: %w", err)}
 	}
+	reserveSpace(j.dir)
+	defer os.Remove(filepath.Join(j.dir, reserveFile))
 	defer ev.close()
 	ev.emit("job_start", "job_id", j.id, "node", j.NodeRank, "nnodes", j.nnodes, "world_size", j.world,
 		"local_ranks", len(j.ranks), "command", append([]string{j.path}, j.args...), "max_restarts", j.MaxRestarts,
@@ -228,6 +230,9 @@ func (j *job) commonEnv(conf natsconn.Config) map[string]string {
 	if j.DType != "" {
 		common[EnvDType] = j.DType
 	}
+	if j.TraceMax != "" {
+		common[runlog.EnvTraceMax] = j.TraceMax
+	}
 	for k, v := range j.torchEnv() {
 		common[k] = v
 	}
@@ -278,6 +283,7 @@ type attempt struct {
 	// until judged (judgeEarly); earlyC fires to judge them.
 	early  map[int]int64
 	earlyC <-chan time.Time
+	tearAt time.Time // when the teardown began
 }
 
 // prepare makes the attempt's folder and environment.
@@ -448,7 +454,7 @@ func (a *attempt) teardown(o Outcome, detail string) {
 	if a.tearing {
 		return
 	}
-	a.tearing, a.outcome = true, o
+	a.tearing, a.outcome, a.tearAt = true, o, time.Now()
 	for _, p := range a.procs {
 		if !p.done && (a.root == nil || p.spec.Rank != a.root.Rank || a.root.Node != a.j.NodeRank) {
 			a.victims = append(a.victims, p.spec.Rank)
@@ -702,6 +708,12 @@ func (a *attempt) summary() AttemptSummary {
 	}
 	s.ExitCode = a.outcome.exitCode(code)
 	for _, p := range a.procs {
+		p.out.LogLinesDropped = 0
+		for _, c := range p.flushes {
+			if w, ok := c.(*rankWriter); ok {
+				p.out.LogLinesDropped += w.dropped.Load()
+			}
+		}
 		s.Ranks = append(s.Ranks, p.out)
 	}
 	if s.Ranks == nil {

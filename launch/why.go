@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/meshrun/meshrun/runlog"
 	"io"
 	"os"
 	"path/filepath"
@@ -241,16 +242,24 @@ func MergeTraces(jobDir string, w io.Writer) (int, error) {
 	var events []json.RawMessage
 	found := 0
 	for _, r := range ranks {
-		b, err := os.ReadFile(filepath.Join(dirs[r], "trace.json"))
-		if errors.Is(err, os.ErrNotExist) {
+		// A bounded trace keeps its older half in trace.1.json.
+		var evs []json.RawMessage
+		for _, name := range []string{runlog.OldTraceFile, runlog.TraceFile} {
+			b, err := os.ReadFile(filepath.Join(dirs[r], name))
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return 0, err
+			}
+			part, err := parseTrace(b)
+			if err != nil {
+				return 0, fmt.Errorf("rank %d %s: %v", r, name, err)
+			}
+			evs = append(evs, part...)
+		}
+		if evs == nil {
 			continue
-		}
-		if err != nil {
-			return 0, err
-		}
-		evs, err := parseTrace(b)
-		if err != nil {
-			return 0, fmt.Errorf("rank %d trace.json: %v", r, err)
 		}
 		found++
 		named := false

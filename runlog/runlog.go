@@ -79,7 +79,7 @@ type Rank struct {
 	rank, node int
 	stdout     io.Writer
 	outMu      sync.Mutex
-	logFile    *os.File
+	logFile    *lossyFile
 	tr         *tracer
 	sigC       chan os.Signal
 	quit       chan struct{}
@@ -119,11 +119,19 @@ func Open(o Options) (*Rank, error) {
 		if err := os.MkdirAll(r.dir, 0o755); err != nil {
 			return nil, fmt.Errorf("runlog: %w", err)
 		}
+		traceMax := int64(DefaultTraceMax)
+		if v := getenv(EnvTraceMax); v != "" {
+			n, err := parseSize(v)
+			if err != nil {
+				return nil, fmt.Errorf("runlog: %s: %w", EnvTraceMax, err)
+			}
+			traceMax = n
+		}
 		f, err := os.OpenFile(filepath.Join(r.dir, LogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			return nil, fmt.Errorf("runlog: %w", err)
 		}
-		r.logFile = f
+		r.logFile = &lossyFile{f: f, name: LogFile, note: o.Stderr}
 		enc := zapcore.NewJSONEncoder(zapcore.EncoderConfig{
 			TimeKey: "ts_ms", LevelKey: "level", MessageKey: "msg", CallerKey: "caller",
 			StacktraceKey: "stack", NameKey: "logger",
@@ -132,8 +140,8 @@ func Open(o Options) (*Rank, error) {
 			LineEnding: "\n",
 		})
 		fields := []zapcore.Field{zap.String("job", r.job), zap.Int("rank", r.rank), zap.Int("node", r.node), zap.Int("pid", os.Getpid())}
-		cores = append(cores, zapcore.NewCore(enc, zapcore.Lock(f), zapcore.DebugLevel).With(fields))
-		tr, err := openTracer(filepath.Join(r.dir, TraceFile), r.rank, r.node)
+		cores = append(cores, zapcore.NewCore(enc, r.logFile, zapcore.DebugLevel).With(fields))
+		tr, err := openTracer(filepath.Join(r.dir, TraceFile), r.rank, r.node, traceMax, o.Stderr)
 		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("runlog: %w", err)
@@ -319,12 +327,20 @@ func (r *Rank) Close() error {
 		}
 		close(r.quit)
 		r.wg.Wait()
-		r.Log.Sync()
 		if r.tr != nil {
-			err = r.tr.close()
+			var dropped int64
+			dropped, err = r.tr.close()
+			if dropped > 0 {
+				r.Log.Warn("trace spans dropped", zap.Int64("dropped_spans", dropped), zap.Int64("trace_max", r.tr.max))
+			}
 		}
+		r.Log.Sync()
 		if r.logFile != nil {
-			if cerr := r.logFile.Close(); err == nil {
+			cerr := r.logFile.close(func(n int64) []byte {
+				return []byte(fmt.Sprintf(`{"ts_ms":%d,"level":"warn","msg":"log entries dropped","dropped":%d,"job":%q,"rank":%d,"node":%d,"pid":%d}`+"\n",
+					time.Now().UnixMilli(), n, r.job, r.rank, r.node, os.Getpid()))
+			})
+			if err == nil {
 				err = cerr
 			}
 		}

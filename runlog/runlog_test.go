@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // blame is an error naming a culprit rank, as collective's errors do
@@ -227,4 +230,91 @@ func BenchmarkSpan(b *testing.B) {
 			r.Span("allreduce", "collective").End()
 		}
 	})
+}
+
+// TestTraceBounded: with MESHRUN_TRACE_MAX the trace keeps the newest spans
+// within the bound, in trace.1.json and trace.json, both valid JSON, and
+// counts the spans it dropped.
+func TestTraceBounded(t *testing.T) {
+	dir := t.TempDir()
+	env := map[string]string{EnvRankDir: dir, "RANK": "0", EnvTraceMax: "64K"}
+	r, err := Open(Options{Getenv: func(k string) string { return env[k] }, NoSignal: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const spans = 20000
+	for i := 0; i < spans; i++ {
+		r.Span("allreduce", "collective", Arg{"seq", strconv.Itoa(i)}).End()
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var kept int
+	var size int64
+	dropped := -1.0
+	for _, name := range []string{OldTraceFile, TraceFile} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		size += int64(len(b))
+		var evs []map[string]any
+		if err := json.Unmarshal(b, &evs); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, e := range evs {
+			if e["ph"] == "X" {
+				kept++
+			}
+			if a, ok := e["args"].(map[string]any); ok && e["name"] == "thread_name" && name == TraceFile {
+				dropped, _ = a["dropped_spans"].(float64)
+			}
+		}
+	}
+	t.Logf("%d spans: %d kept in %d bytes, %v dropped", spans, kept, size, dropped)
+	if size > 64<<10+4<<10 || kept+int(dropped) != spans || kept == 0 {
+		t.Errorf("kept %d, dropped %v of %d, %d bytes for a 64 KiB bound", kept, dropped, spans, size)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, LogFile))
+	if !bytes.Contains(b, []byte(`"msg":"trace spans dropped"`)) {
+		t.Errorf("log.jsonl does not say spans were dropped:\n%s", b)
+	}
+}
+
+// TestLogsOnFullDisk: writes that fail (/dev/full: no space left on
+// device) never fail the rank and never flood the console: the trace stops,
+// log entries are dropped and counted, each says so once (and the count
+// of dropped spans at the end).
+func TestLogsOnFullDisk(t *testing.T) {
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip("no /dev/full")
+	}
+	defer full.Close()
+	dir := t.TempDir()
+	var console bytes.Buffer
+	env := map[string]string{EnvRankDir: dir, "RANK": "0"}
+	r, err := Open(Options{Getenv: func(k string) string { return env[k] }, NoSignal: true, Stderr: &console})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The disk fills up: both files now write to /dev/full.
+	r.logFile.mu.Lock()
+	r.logFile.f = full
+	r.logFile.mu.Unlock()
+	r.tr.mu.Lock()
+	r.tr.f, r.tr.w = full, bufio.NewWriterSize(full, 64<<10)
+	r.tr.mu.Unlock()
+	for i := 0; i < 5000; i++ {
+		r.Log.Info("step", zap.Int("i", i))
+		r.Span("step", "train").End()
+	}
+	r.Close()
+	if n := strings.Count(console.String(), "\n"); n > 3 || !strings.Contains(console.String(), "log.jsonl: write /dev/full: no space left on device: dropping entries") ||
+		!strings.Contains(console.String(), "trace.json: write /dev/full: no space left on device: dropping trace spans") {
+		t.Errorf("console (%d lines):\n%s", n, console.String())
+	}
+	if got := r.logFile.Dropped(); got < 5000 {
+		t.Errorf("dropped %d log entries, want >= 5000", got)
+	}
 }

@@ -2,9 +2,13 @@ package runlog
 
 import (
 	"bufio"
+	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -18,28 +22,100 @@ import (
 // flushEvery bounds how many events wait in memory before they are written.
 const flushEvery = 256
 
-// tracer appends span events to trace.json.
+// DefaultTraceMax bounds a rank's trace files on disk (MESHRUN_TRACE_MAX).
+const DefaultTraceMax = 32 << 20
+
+// EnvTraceMax names the variable that bounds a rank's trace on disk: bytes,
+// or with a K, M or G suffix (KiB, MiB, GiB); 0 for no bound.
+const EnvTraceMax = "MESHRUN_TRACE_MAX"
+
+// OldTraceFile holds the older half of a bounded trace (see tracer).
+const OldTraceFile = "trace.1.json"
+
+// tracer appends span events to trace.json. Bounded (max > 0): when
+// trace.json reaches max/2 it is closed and becomes trace.1.json (the one
+// before that is dropped) and a new trace.json starts, so the trace keeps
+// the newest spans within max bytes; dropped spans are counted in the last
+// metadata event. A write that fails (a full disk) ends the trace: the rest
+// of the spans are dropped and counted, and the console told once.
 type tracer struct {
-	mu    sync.Mutex
-	f     *os.File
-	w     *bufio.Writer
-	rank  int
-	lanes []bool // lanes[i]: tid i+1 has an open span
-	n     int
-	buf   []byte
+	mu         sync.Mutex
+	path       string
+	f          *os.File
+	w          *bufio.Writer
+	rank, node int
+	lanes      []bool // lanes[i]: tid i+1 has an open span
+	n          int
+	buf        []byte
+	max        int64 // 0: unbounded
+	written    int64 // bytes in trace.json
+	events     int64 // spans in trace.json
+	older      int64 // spans in trace.1.json
+	dropped    int64
+	failed     bool
+	note       io.Writer // the console, for a failure; nil: none
 }
 
-func openTracer(path string, rank, node int) (*tracer, error) {
-	f, err := os.Create(path)
+func openTracer(path string, rank, node int, max int64, note io.Writer) (*tracer, error) {
+	t := &tracer{path: path, rank: rank, node: node, max: max, note: note}
+	return t, t.open()
+}
+
+// open starts trace.json with its metadata events.
+func (t *tracer) open() error {
+	f, err := os.Create(t.path)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	t := &tracer{f: f, w: bufio.NewWriterSize(f, 64<<10), rank: rank}
-	t.w.WriteString("[\n")
-	name := "rank " + strconv.Itoa(rank) + " (node " + strconv.Itoa(node) + ")"
-	t.w.WriteString(`{"name":"process_name","ph":"M","pid":` + strconv.Itoa(rank) + `,"tid":0,"args":{"name":` + strconv.Quote(name) + "}},\n")
-	t.w.WriteString(`{"name":"process_sort_index","ph":"M","pid":` + strconv.Itoa(rank) + `,"tid":0,"args":{"sort_index":` + strconv.Itoa(rank) + "}},\n")
-	return t, t.w.Flush()
+	t.f, t.w = f, bufio.NewWriterSize(f, 64<<10)
+	name := "rank " + strconv.Itoa(t.rank) + " (node " + strconv.Itoa(t.node) + ")"
+	head := "[\n" + `{"name":"process_name","ph":"M","pid":` + strconv.Itoa(t.rank) + `,"tid":0,"args":{"name":` + strconv.Quote(name) + "}},\n" +
+		`{"name":"process_sort_index","ph":"M","pid":` + strconv.Itoa(t.rank) + `,"tid":0,"args":{"sort_index":` + strconv.Itoa(t.rank) + "}},\n"
+	t.w.WriteString(head)
+	t.written, t.events = int64(len(head)), 0
+	return t.w.Flush()
+}
+
+// fail ends the trace after a write error; t.mu held.
+func (t *tracer) fail(err error) {
+	if t.failed {
+		return
+	}
+	t.failed = true
+	if t.note != nil {
+		fmt.Fprintf(t.note, "WARN runlog: %s: %v: dropping trace spans from here (counted)\n", filepath.Base(t.path), err)
+	}
+	t.f.Close()
+}
+
+// rotate makes trace.json the older half; t.mu held.
+func (t *tracer) rotate() {
+	if err := t.finish(); err != nil {
+		t.fail(err)
+		return
+	}
+	old := filepath.Join(filepath.Dir(t.path), OldTraceFile)
+	if err := os.Rename(t.path, old); err != nil {
+		t.fail(err)
+		return
+	}
+	t.dropped += t.older
+	t.older = t.events
+	if err := t.open(); err != nil {
+		t.fail(err)
+	}
+}
+
+// finish ends the array with a last metadata event (no trailing comma),
+// carrying the count of dropped spans, and closes the file; t.mu held.
+func (t *tracer) finish() error {
+	t.w.WriteString(`{"name":"thread_name","ph":"M","pid":` + strconv.Itoa(t.rank) + `,"tid":0,"args":{"name":"rank","dropped_spans":` +
+		strconv.FormatInt(t.dropped, 10) + "}}\n]\n")
+	err := t.w.Flush()
+	if cerr := t.f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // lane picks the lowest free thread lane so overlapping spans (from several
@@ -64,6 +140,10 @@ func (t *tracer) end(name, cat string, tid int, begin, end time.Time, args []Arg
 		t.lanes[tid-1] = false
 	}
 	if t.f == nil {
+		return
+	}
+	if t.failed {
+		t.dropped++
 		return
 	}
 	b := t.buf[:0]
@@ -94,37 +174,76 @@ func (t *tracer) end(name, cat string, tid int, begin, end time.Time, args []Arg
 	}
 	b = append(b, "},\n"...)
 	t.buf = b
-	t.w.Write(b)
+	if _, err := t.w.Write(b); err != nil {
+		t.dropped++
+		t.fail(err)
+		return
+	}
+	t.written += int64(len(b))
+	t.events++
 	t.n++
 	if t.n%flushEvery == 0 {
-		t.w.Flush()
+		if err := t.w.Flush(); err != nil {
+			t.fail(err)
+			return
+		}
+	}
+	if t.max > 0 && t.written >= t.max/2 {
+		t.rotate()
 	}
 }
 
 func (t *tracer) flush() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.f == nil {
+	if t.f == nil || t.failed {
 		return nil
 	}
-	return t.w.Flush()
+	err := t.w.Flush()
+	if err != nil {
+		t.fail(err)
+	}
+	return err
 }
 
-// close ends the array with a last metadata event (no trailing comma).
-func (t *tracer) close() error {
+// close ends the trace; it returns the spans dropped (bounds, write
+// failures).
+func (t *tracer) close() (int64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.f == nil {
-		return nil
+		return t.dropped, nil
 	}
-	t.w.WriteString(`{"name":"thread_name","ph":"M","pid":` + strconv.Itoa(t.rank) + `,"tid":0,"args":{"name":"rank"}}` + "\n]\n")
-	err := t.w.Flush()
-	if cerr := t.f.Close(); err == nil {
-		err = cerr
+	var err error
+	if !t.failed {
+		err = t.finish()
 	}
 	t.f = nil
-	return err
+	return t.dropped, err
 }
+
+// parseSize reads a byte count: 1048576, 64K, 32M, 2G (powers of 1024), or
+// with KiB, MiB, GiB.
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		m      int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}} {
+		if rest, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = rest, u.m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > (1<<62)/mult {
+		return 0, fmt.Errorf("bad size %q: want bytes, or a number with K, M or G", s)
+	}
+	return n * mult, nil
+}
+
+// ParseSize is parseSize, for the launcher's --trace-max.
+func ParseSize(s string) (int64, error) { return parseSize(s) }
 
 // Arg is a string argument shown with a span.
 type Arg struct{ Key, Value string }

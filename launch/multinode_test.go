@@ -37,16 +37,7 @@ func standaloneNATS(t *testing.T, jobs map[string]creds.Credentials) string {
 // block); the URL it returns is tls:// when the extra configuration has one.
 func standaloneNATSWith(t *testing.T, jobs map[string]creds.Credentials, extra string) string {
 	t.Helper()
-	natsServerOnce.Do(func() {
-		natsServerBin = filepath.Join(bin, "nats-server")
-		out, err := exec.Command("go", "build", "-o", natsServerBin, "github.com/nats-io/nats-server/v2").CombinedOutput()
-		if err != nil {
-			natsServerErr = fmt.Errorf("building nats-server: %v\n%s", err, out)
-		}
-	})
-	if natsServerErr != nil {
-		t.Fatal(natsServerErr)
-	}
+	buildNATSServer(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

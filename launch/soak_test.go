@@ -41,7 +41,7 @@ func TestSoak(t *testing.T) {
 	if err := run(0); err != nil {
 		t.Fatal(err)
 	}
-	before := soakCounts(t)
+	before := soakCounts()
 	start := time.Now()
 	for i := 1; i <= n; i++ {
 		if err := run(i); err != nil {
@@ -69,7 +69,7 @@ func TestSoak(t *testing.T) {
 	}
 	var after soakCount
 	waitFor(t, 10*time.Second, "the jobs' goroutines and descriptors to settle", func() bool {
-		after = soakCounts(t)
+		after = soakCounts()
 		return after.goroutines <= before.goroutines+5 && after.fds <= before.fds+5 && after.shm <= before.shm && after.tagged == 0
 	})
 	t.Logf("%d consecutive jobs in %v, 5 concurrent in %v; before %+v, after %+v", n, consecutive.Round(time.Millisecond), concurrent.Round(time.Millisecond), before, after)
@@ -79,8 +79,7 @@ type soakCount struct{ goroutines, fds, shm, tagged int }
 
 // soakCounts counts the launcher's goroutines and open descriptors, the
 // meshrun files in /dev/shm, and the processes that carry a launcher's tag.
-func soakCounts(t *testing.T) soakCount {
-	t.Helper()
+func soakCounts() soakCount {
 	c := soakCount{goroutines: runtime.NumGoroutine()}
 	fds, _ := os.ReadDir("/proc/self/fd")
 	c.fds = len(fds)

@@ -49,13 +49,23 @@ func NewCA(t testing.TB, dir, name string) CA {
 // clients, signed by the CA, and its key.
 func (a CA) Issue(t testing.TB, dir, name string) (certFile, keyFile string) {
 	t.Helper()
+	return a.IssueFor(t, dir, name, []string{"127.0.0.1"}, []string{"localhost"})
+}
+
+// IssueFor is Issue for the given addresses and host names.
+func (a CA) IssueFor(t testing.TB, dir, name string, ips, hosts []string) (certFile, keyFile string) {
+	t.Helper()
+	var addrs []net.IP
+	for _, ip := range ips {
+		addrs = append(addrs, net.ParseIP(ip))
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		IPAddresses: addrs, DNSNames: hosts,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
 	if err != nil {

@@ -202,7 +202,13 @@ func New(cfg Config, rank int, mem tensor.Memory) (*Layer, error) {
 }
 
 // Plan plans a layer: the forward and the backward of the gradients it needs.
-func Plan(cfg Config) (Plans, error) {
+func Plan(cfg Config) (Plans, error) { return PlanContext(context.Background(), cfg) }
+
+// PlanContext is Plan within ctx: planning stops once ctx is done, and the
+// forward and backward share ctx's placement.Budget (a fresh
+// placement.DefaultBudget when ctx carries none).
+func PlanContext(ctx context.Context, cfg Config) (Plans, error) {
+	_, ctx = placement.BudgetOf(ctx)
 	op := "linear"
 	inputs := []spmd.Operand{{Name: "x", Spec: cfg.X}, {Name: "w", Spec: cfg.W}}
 	if cfg.B != nil {
@@ -211,11 +217,11 @@ func Plan(cfg Config) (Plans, error) {
 		op = "linear_nobias"
 	}
 	grads := cfg.Grads.names(cfg.B != nil)
-	fwd, err := spmd.Forward(spmd.Request{Op: op, Inputs: inputs, Options: spmd.Options{Out: cfg.Out, Grads: grads}})
+	fwd, err := spmd.ForwardContext(ctx, spmd.Request{Op: op, Inputs: inputs, Options: spmd.Options{Out: cfg.Out, Grads: grads}})
 	if err != nil {
 		return Plans{}, fmt.Errorf("linear %s: %w", cfg.Name, err)
 	}
-	bwd, err := spmd.BackwardOf(fwd, grads, nil)
+	bwd, err := spmd.BackwardOfContext(ctx, fwd, grads, nil)
 	if err != nil {
 		return Plans{}, fmt.Errorf("linear %s: %w", cfg.Name, err)
 	}

@@ -50,7 +50,7 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 	if mem == nil {
 		mem = tensor.Host
 	}
-	p, err := cfg.plan()
+	p, err := cfg.plan(context.Background())
 	if err != nil {
 		return nil, err
 	}
@@ -102,32 +102,34 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 	return m, nil
 }
 
-// mlpPlan is a block laid out and planned: its layers' configs and plans,
-// and gelu's plans.
+// mlpPlan is a block laid out and planned: its layout, its layers' configs
+// and plans, and gelu's plans.
 type mlpPlan struct {
+	layout             layout.MLP
 	up, down           Config
 	upPlans, downPlans Plans
 	gelu               layout.Op
 }
 
-// plan lays out and plans the block, every problem NewMLP would report about
-// cfg found before anything is allocated.
-func (c MLPConfig) plan() (mlpPlan, error) {
-	l, err := c.Layout()
+// plan lays out and plans the block within ctx, every problem NewMLP would
+// report about cfg found before anything is allocated.
+func (c MLPConfig) plan(ctx context.Context) (mlpPlan, error) {
+	_, ctx = placement.BudgetOf(ctx)
+	l, err := c.layout(ctx)
 	if err != nil {
 		return mlpPlan{}, err
 	}
-	p := mlpPlan{up: layerConfig("up", l.Up), down: layerConfig("down", l.Down), gelu: l.Ops[1]}
+	p := mlpPlan{layout: l, up: layerConfig("up", l.Up), down: layerConfig("down", l.Down), gelu: l.Ops[1]}
 	// Every gradient, the input's too: the block sits inside a network.
 	p.up.DType, p.up.GradDType = c.DType, c.GradDType
 	p.down.DType, p.down.GradDType = c.DType, c.GradDType
-	if p.upPlans, err = Plan(p.up); err != nil {
+	if p.upPlans, err = PlanContext(ctx, p.up); err != nil {
 		return mlpPlan{}, err
 	}
 	if h, want := p.upPlans.Fwd.Final.Spec, p.gelu.Fwd.Inputs[0].Spec; !h.Equal(want) {
 		return mlpPlan{}, fmt.Errorf("%w: mlp: up's h %s is not the layout's %s", ErrConfig, h, want)
 	}
-	if p.downPlans, err = Plan(p.down); err != nil {
+	if p.downPlans, err = PlanContext(ctx, p.down); err != nil {
 		return mlpPlan{}, err
 	}
 	if dg, want := p.downPlans.Bwd.Grads[0].Final.Spec, p.gelu.Bwd.DY.Spec; !dg.Equal(want) {
@@ -141,17 +143,28 @@ func (c MLPConfig) plan() (mlpPlan, error) {
 // layouts, what a checkpoint is checked against before any rank starts (their
 // Tensor is nil).
 func PlanMLP(cfg MLPConfig) ([]Param, error) {
-	p, err := cfg.plan()
+	ps, _, err := CheckMLP(context.Background(), cfg)
+	return ps, err
+}
+
+// CheckMLP is PlanMLP within ctx (planning stops once ctx is done and draws
+// on ctx's placement.Budget), and also estimates one rank's memory for the
+// block in cfg's dtypes (layout.MLP.Memory).
+func CheckMLP(ctx context.Context, cfg MLPConfig) ([]Param, layout.Memory, error) {
+	p, err := cfg.plan(ctx)
 	if err != nil {
-		return nil, err
+		return nil, layout.Memory{}, err
 	}
-	return append(LayerParams("up", &Layer{Config: p.up}), LayerParams("down", &Layer{Config: p.down})...), nil
+	ps := append(LayerParams("up", &Layer{Config: p.up}), LayerParams("down", &Layer{Config: p.down})...)
+	return ps, p.layout.Memory(p.up.Compute(), p.up.Wire()), nil
 }
 
 // Layout is the block's layout on cfg.Mesh (package layout: the definition
 // `launcher plan --block mlp` shows).
-func (c MLPConfig) Layout() (layout.MLP, error) {
-	l, err := layout.NewMLP(c.Mesh, c.Tokens, c.Hidden, c.FFN, c.SequenceParallel)
+func (c MLPConfig) Layout() (layout.MLP, error) { return c.layout(context.Background()) }
+
+func (c MLPConfig) layout(ctx context.Context) (layout.MLP, error) {
+	l, err := layout.NewMLPContext(ctx, c.Mesh, c.Tokens, c.Hidden, c.FFN, c.SequenceParallel)
 	if err != nil {
 		return layout.MLP{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -161,7 +174,7 @@ func (c MLPConfig) Layout() (layout.MLP, error) {
 func sqrt(n int) float64 { return math.Sqrt(float64(max(n, 1))) }
 
 // FLOPsPerStep is the multiply-adds of a training step times two: forward and
-// the two backward GEMMs of both layers.
+// the two backward GEMMs of both layers. A float64: no size overflows it.
 func (c MLPConfig) FLOPsPerStep() float64 {
 	return 2 * 3 * 2 * float64(c.Tokens) * float64(c.Hidden) * float64(c.FFN)
 }

@@ -26,4 +26,9 @@ var (
 	// ErrNoPath: no sequence of collectives reaches the target (S -> P, or a
 	// change of the partial reduction).
 	ErrNoPath = errors.New("no redistribution path")
+	// ErrTooLarge: a mesh, shape or size beyond the package's bounds
+	// (MaxDevices, MaxMeshDims, MaxElems) or whose product overflows.
+	ErrTooLarge = errors.New("too large")
+	// ErrBudget: planning that would take more work than its Budget allows.
+	ErrBudget = errors.New("planning budget exceeded")
 )

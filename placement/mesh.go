@@ -25,6 +25,18 @@ func NewMesh(shape []int, names []string) (Mesh, error) {
 			return Mesh{}, fmt.Errorf("placement: mesh dim %d has size %d: %w", i, n, ErrInvalid)
 		}
 	}
+	if len(shape) > MaxMeshDims {
+		return Mesh{}, fmt.Errorf("placement: mesh %s has %d dims, more than the %d a mesh may have: %w",
+			FormatShape(shape), len(shape), MaxMeshDims, ErrTooLarge)
+	}
+	size := 1
+	for _, n := range shape {
+		if n > MaxDevices/size {
+			return Mesh{}, fmt.Errorf("placement: mesh %s holds more than %d devices, the most a mesh may hold: %w",
+				FormatShape(shape), MaxDevices, ErrTooLarge)
+		}
+		size *= n
+	}
 	if names != nil {
 		if len(names) != len(shape) {
 			return Mesh{}, fmt.Errorf("placement: mesh has %d dims but %d names: %w", len(shape), len(names), ErrInvalid)
@@ -82,7 +94,7 @@ func ParseMesh(s string) (Mesh, error) {
 			if !ok {
 				return Mesh{}, fmt.Errorf("placement: mesh %q: %q is not name=size: %w", s, part, ErrSyntax)
 			}
-			n, err := parseSize(size)
+			n, err := parseSize(size, MaxDevices)
 			if err != nil {
 				return Mesh{}, fmt.Errorf("placement: mesh %q: %w", s, err)
 			}
@@ -93,7 +105,7 @@ func ParseMesh(s string) (Mesh, error) {
 	}
 	var shape []int
 	for _, part := range strings.Split(s, "x") {
-		n, err := parseSize(part)
+		n, err := parseSize(part, MaxDevices)
 		if err != nil {
 			return Mesh{}, fmt.Errorf("placement: mesh %q: %w", s, err)
 		}
@@ -102,14 +114,20 @@ func ParseMesh(s string) (Mesh, error) {
 	return NewMesh(shape, nil)
 }
 
-// parseSize reads a positive decimal integer with no sign and no leading zero.
-func parseSize(s string) (int, error) {
-	if s == "" || (len(s) > 1 && s[0] == '0') || s[0] == '+' || s[0] == '-' {
+// parseSize reads a positive decimal integer with no sign and no leading zero,
+// at most limit.
+func parseSize(s string, limit int) (int, error) {
+	if s == "" || s[0] == '0' {
 		return 0, fmt.Errorf("size %q: %w", s, ErrSyntax)
 	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, fmt.Errorf("size %q: %w", s, ErrSyntax)
+		}
+	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > 1<<24 {
-		return 0, fmt.Errorf("size %q: %w", s, ErrSyntax)
+	if err != nil || n > limit {
+		return 0, fmt.Errorf("size %s is more than %d: %w", s, limit, ErrTooLarge)
 	}
 	return n, nil
 }
@@ -135,7 +153,7 @@ func (m Mesh) String() string {
 // NDim is the number of mesh dims.
 func (m Mesh) NDim() int { return len(m.shape) }
 
-// Size is the number of ranks.
+// Size is the number of ranks, at most MaxDevices.
 func (m Mesh) Size() int {
 	if len(m.shape) == 0 {
 		return 0
@@ -249,6 +267,32 @@ func (m Mesh) GroupIndex(rank int, dims ...int) int {
 		k = k*m.shape[d] + c[d]
 	}
 	return k
+}
+
+// ring returns, without allocating, rank's position k in Group(rank, dims...),
+// the group's size p, and the rank at position (k+1) mod p: its successor on
+// a ring over the group.
+func (m Mesh) ring(rank int, dims []int) (k, p, next int) {
+	var buf [MaxMeshDims]int
+	c := buf[:len(m.shape)]
+	for i, rem := len(m.shape)-1, rank; i >= 0; i-- {
+		c[i] = rem % m.shape[i]
+		rem /= m.shape[i]
+	}
+	p = 1
+	for _, d := range dims {
+		k = k*m.shape[d] + c[d]
+		p *= m.shape[d]
+	}
+	for i, n := len(dims)-1, (k+1)%p; i >= 0; i-- {
+		d := dims[i]
+		c[d] = n % m.shape[d]
+		n /= m.shape[d]
+	}
+	for i, x := range c {
+		next = next*m.shape[i] + x
+	}
+	return k, p, next
 }
 
 // Groups returns every group along dims, each ordered as Group orders it, the

@@ -187,17 +187,28 @@ func ParseList(s string) ([]Placement, error) {
 }
 
 // FormatList renders placements as "[S(0),R]", the form ParseList reads.
-func FormatList(ps []Placement) string {
-	var b strings.Builder
-	b.WriteByte('[')
+func FormatList(ps []Placement) string { return string(appendList(nil, ps)) }
+
+// appendList appends FormatList(ps) to b.
+func appendList(b []byte, ps []Placement) []byte {
+	b = append(b, '[')
 	for i, p := range ps {
 		if i > 0 {
-			b.WriteByte(',')
+			b = append(b, ',')
 		}
-		b.WriteString(p.String())
+		switch p := p.(type) {
+		case Shard:
+			b = append(b, "S("...)
+			b = strconv.AppendInt(b, int64(p.Dim), 10)
+			if p.Split == Chunk {
+				b = append(b, ",chunk"...)
+			}
+			b = append(b, ')')
+		default:
+			b = append(b, p.String()...)
+		}
 	}
-	b.WriteByte(']')
-	return b.String()
+	return append(b, ']')
 }
 
 // IsShard, IsReplicate and IsPartial test a placement's kind.

@@ -1,6 +1,8 @@
 package placement
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -97,31 +99,40 @@ func (st Step) SendElems(rank int) int64 {
 	if !st.Moves() {
 		return 0
 	}
-	g := st.From.Mesh.Group(rank, st.MeshDims...)
-	k := st.From.Mesh.GroupIndex(rank, st.MeshDims...)
-	next := g[(k+1)%len(g)]
+	k, p, next := st.From.Mesh.ring(rank, st.MeshDims)
+	return st.sendElems(rank, k, p, next)
+}
+
+// sendElems is SendElems of rank, at position k of its group of p ranks,
+// whose next rank in the ring is next.
+func (st Step) sendElems(rank, k, p, next int) int64 {
 	switch st.Kind {
 	case AllGather:
-		return st.To.LocalElems(rank) - st.From.LocalElems(next)
+		return st.To.localElems(rank) - st.From.localElems(next)
 	case ReduceScatter:
-		return st.From.LocalElems(rank) - st.To.LocalElems(rank)
+		return st.From.localElems(rank) - st.To.localElems(rank)
 	case AllReduce:
 		// Ring reduce-scatter then all-gather over balanced pieces of the buffer.
-		n := st.From.LocalElems(rank)
-		p := len(g)
+		n := st.From.localElems(rank)
 		_, own := ShardRange(int(n), p, k, Balanced)
 		_, nxt := ShardRange(int(n), p, (k+1)%p, Balanced)
 		return 2*n - int64(own) - int64(nxt)
 	case AllToAll:
-		return st.From.LocalElems(rank) - overlap(st.From, st.To, rank)
+		return st.From.localElems(rank) - overlap(st.From, st.To, rank)
 	}
 	return 0
 }
 
 // overlap counts the elements rank holds both before and after.
 func overlap(a, b Spec, rank int) int64 {
-	as, ao := a.Local(rank)
-	bs, bo := b.Local(rank)
+	var buf [4][8]int
+	nd := len(a.Shape)
+	as, ao, bs, bo := buf[0][:0], buf[1][:0], buf[2][:0], buf[3][:0]
+	if nd > len(buf[0]) {
+		as, ao, bs, bo = nil, nil, nil, nil
+	}
+	as, ao = a.localInto(rank, as, ao)
+	bs, bo = b.localInto(rank, bs, bo)
 	n := int64(1)
 	for d := range as {
 		lo, hi := max(ao[d], bo[d]), min(ao[d]+as[d], bo[d]+bs[d])
@@ -134,39 +145,24 @@ func overlap(a, b Spec, rank int) int64 {
 }
 
 // Cost is the number of elements sent by all ranks of the mesh together: the sum
-// of SendElems over every rank, computed group by group.
+// of SendElems over every rank. It saturates at math.MaxInt64.
 func (st Step) Cost() int64 {
 	if !st.Moves() {
 		return 0
 	}
 	var c int64
-	for _, g := range st.From.Mesh.Groups(st.MeshDims...) {
-		p := len(g)
-		for k, r := range g {
-			next := g[(k+1)%p]
-			switch st.Kind {
-			case AllGather:
-				c += st.To.localElems(r) - st.From.localElems(next)
-			case ReduceScatter:
-				c += st.From.localElems(r) - st.To.localElems(r)
-			case AllReduce:
-				n := st.From.localElems(r)
-				_, own := ShardRange(int(n), p, k, Balanced)
-				_, nxt := ShardRange(int(n), p, (k+1)%p, Balanced)
-				c += 2*n - int64(own) - int64(nxt)
-			case AllToAll:
-				c += st.From.localElems(r) - overlap(st.From, st.To, r)
-			}
-		}
+	for r := 0; r < st.From.Mesh.Size(); r++ {
+		k, p, next := st.From.Mesh.ring(r, st.MeshDims)
+		c = satAdd(c, st.sendElems(r, k, p, next))
 	}
 	return c
 }
 
-// PlanCost sums the cost of steps.
+// PlanCost sums the cost of steps, saturating at math.MaxInt64.
 func PlanCost(steps []Step) int64 {
 	var c int64
 	for _, s := range steps {
-		c += s.Cost()
+		c = satAdd(c, s.Cost())
 	}
 	return c
 }
@@ -177,8 +173,14 @@ func PlanCost(steps []Step) int64 {
 // (Dijkstra over the placements of all mesh dims), so on N-D meshes it uses
 // all-to-all rather than a gather where that is cheaper, and flattened groups
 // where one collective over several mesh dims beats several. A mesh dim that goes
-// from Shard to Partial is an error (ErrNoPath).
-func Plan(from, to Spec) ([]Step, error) {
+// from Shard to Partial is an error (ErrNoPath). The search does at most
+// DefaultBudget units of work (ErrBudget beyond).
+func Plan(from, to Spec) ([]Step, error) { return PlanContext(context.Background(), from, to) }
+
+// PlanContext is Plan within ctx: it stops with ctx's error once ctx is done,
+// and draws its work from ctx's Budget (WithBudget; a fresh DefaultBudget when
+// ctx carries none), stopping with an error wrapping ErrBudget when it runs out.
+func PlanContext(ctx context.Context, from, to Spec) ([]Step, error) {
 	if err := from.Validate(); err != nil {
 		return nil, err
 	}
@@ -197,22 +199,50 @@ func Plan(from, to Spec) ([]Step, error) {
 				from, to, from.Mesh.DimName(i), from.Placements[i], to.Placements[i], ErrNoPath)
 		}
 	}
-	return search(from, to)
+	b, ctx := BudgetOf(ctx)
+	key := from.Mesh.String() + " " + from.String() + ">" + FormatList(to.Placements)
+	if p, ok := b.recall(key); ok {
+		return p.steps, p.err
+	}
+	steps, err := search(ctx, b, from, to)
+	if err != nil && !errors.Is(err, ErrNoPath) {
+		return nil, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, err)
+	}
+	b.remember(key, planned{steps, err})
+	return steps, err
 }
 
+// stepWork is the work of building and checking one candidate step, besides
+// pricing it (which visits every rank).
+const stepWork = 64
+
+// node is a layout the search reached: its placements, the cheapest way
+// found to it, and the step that way ends with (without its specs, which
+// path rebuilds: nodes are many).
 type node struct {
-	spec  Spec
+	ps    []Placement
 	cost  int64
 	steps int
 	prev  *node // the node this one was reached from, nil for the start
-	via   Step  // the step from prev
 	done  bool
+	// The step from prev.
+	kind       StepKind
+	dims       []int
+	dim, toDim int
+	op         ReduceOp
 }
 
-func (n *node) path() []Step {
+func (n *node) set(prev *node, st Step, cost int64, steps int) {
+	n.prev, n.cost, n.steps = prev, cost, steps
+	n.kind, n.dims, n.dim, n.toDim, n.op = st.Kind, st.MeshDims, st.Dim, st.ToDim, st.Op
+}
+
+func (n *node) path(s Spec) []Step {
 	out := make([]Step, n.steps)
 	for m := n; m.prev != nil; m = m.prev {
-		out[m.steps-1] = m.via
+		out[m.steps-1] = Step{Kind: m.kind, MeshDims: m.dims, Dim: m.dim, ToDim: m.toDim, Op: m.op,
+			From: Spec{Shape: s.Shape, Mesh: s.Mesh, Placements: m.prev.ps},
+			To:   Spec{Shape: s.Shape, Mesh: s.Mesh, Placements: m.ps}}
 	}
 	return out
 }
@@ -220,10 +250,15 @@ func (n *node) path() []Step {
 // search is Dijkstra over layouts. Ties (equal cost and steps) keep the path
 // found first; nodes are expanded in a fixed order (cost, steps, layout string),
 // so the result is deterministic.
-func search(from, to Spec) ([]Step, error) {
+func search(ctx context.Context, b *Budget, from, to Spec) ([]Step, error) {
 	target := FormatList(to.Placements)
-	nodes := map[string]*node{FormatList(from.Placements): {spec: from}}
+	nodes := map[string]*node{FormatList(from.Placements): {ps: from.Placements}}
+	size := int64(from.Mesh.Size())
+	var key []byte
 	for {
+		if err := b.Spend(ctx, int64(len(nodes))); err != nil {
+			return nil, err
+		}
 		var cur *node
 		var curKey string
 		for k, n := range nodes {
@@ -239,31 +274,49 @@ func search(from, to Spec) ([]Step, error) {
 			return nil, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, ErrNoPath)
 		}
 		if curKey == target {
-			return cur.path(), nil
+			return cur.path(from), nil
 		}
 		cur.done = true
-		for _, st := range moves(cur.spec, from, to) {
-			key := FormatList(st.To.Placements)
-			n, ok := nodes[key]
-			if ok && n.done {
-				continue
+		spec := Spec{Shape: from.Shape, Mesh: from.Mesh, Placements: cur.ps}
+		err := moves(spec, from, to, func(st Step) error {
+			w := int64(stepWork)
+			if st.Moves() {
+				w += size
 			}
-			cost, steps := cur.cost+st.Cost(), cur.steps+1
+			if err := b.Spend(ctx, w); err != nil {
+				return err
+			}
+			key = appendList(key[:0], st.To.Placements)
+			n, ok := nodes[string(key)]
+			if ok && n.done {
+				return nil
+			}
+			cost, steps := satAdd(cur.cost, st.Cost()), cur.steps+1
 			if !ok {
-				nodes[key] = &node{spec: st.To, cost: cost, steps: steps, prev: cur, via: st}
-				continue
+				n = &node{ps: slices.Clone(st.To.Placements)}
+				n.set(cur, st, cost, steps)
+				nodes[string(key)] = n
+				return nil
 			}
 			if cost < n.cost || (cost == n.cost && steps < n.steps) {
-				n.cost, n.steps, n.prev, n.via = cost, steps, cur, st
+				n.set(cur, st, cost, steps)
 			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
 }
 
-// moves lists every single step out of s that keeps the spec valid. Shard
+// moves calls visit, in a fixed order, with every single step out of s that
+// keeps the spec valid, until visit returns an error, which it returns. Shard
 // candidates are the tensor dims with the splits found in from and to (balanced
 // always); partial candidates use s's own op (to reduce it) or to's op (to make one).
-func moves(s, from, to Spec) []Step {
+//
+// The steps' To placements live in a buffer the next step reuses: visit
+// copies what it keeps.
+func moves(s, from, to Spec, visit func(Step) error) error {
 	var shards []Shard
 	seen := map[Shard]bool{}
 	addShard := func(sh Shard) {
@@ -285,13 +338,15 @@ func moves(s, from, to Spec) []Step {
 	curOp, hasP := s.PartialOp()
 	toOp, toHasP := to.PartialOp()
 
-	var out []Step
+	buf := make([]Placement, len(s.Placements))
+	scratch := func() []Placement { return append(buf[:0], s.Placements...) }
+	var err error
 	add := func(kind StepKind, dims []int, next []Placement, dim, toDim int, op ReduceOp) {
-		ns := s.WithPlacements(next...)
-		if ns.Validate() != nil {
+		if err != nil || !validPlacements(len(s.Shape), next) {
 			return
 		}
-		out = append(out, Step{Kind: kind, MeshDims: dims, Dim: dim, ToDim: toDim, Op: op, From: s, To: ns})
+		ns := Spec{Shape: s.Shape, Mesh: s.Mesh, Placements: next}
+		err = visit(Step{Kind: kind, MeshDims: dims, Dim: dim, ToDim: toDim, Op: op, From: s, To: ns})
 	}
 	// last reports whether mesh dim i is the innermost sharder of tensor dim d.
 	last := func(ps []Placement, i, d int) bool {
@@ -308,14 +363,14 @@ func moves(s, from, to Spec) []Step {
 			if !last(s.Placements, i, p.Dim) {
 				continue
 			}
-			next := slices.Clone(s.Placements)
+			next := scratch()
 			next[i] = Replicate{}
 			add(AllGather, []int{i}, next, p.Dim, 0, 0)
 			for _, sh := range shards {
 				if sh == p || !last(s.Placements, i, sh.Dim) {
 					continue
 				}
-				next := slices.Clone(s.Placements)
+				next := scratch()
 				next[i] = sh
 				add(AllToAll, []int{i}, next, p.Dim, sh.Dim, 0)
 			}
@@ -324,39 +379,39 @@ func moves(s, from, to Spec) []Step {
 				if !last(s.Placements, i, sh.Dim) {
 					continue
 				}
-				next := slices.Clone(s.Placements)
+				next := scratch()
 				next[i] = sh
 				add(LocalSlice, []int{i}, next, sh.Dim, 0, 0)
 			}
 			if toHasP && (!hasP || curOp == toOp) {
 				if _, want := to.Placements[i].(Partial); want {
-					next := slices.Clone(s.Placements)
+					next := scratch()
 					next[i] = Partial{Op: toOp}
 					add(OwnerPartial, []int{i}, next, 0, 0, toOp)
 				}
 			}
 		case Partial:
-			next := slices.Clone(s.Placements)
+			next := scratch()
 			next[i] = Replicate{}
 			add(AllReduce, []int{i}, next, 0, 0, p.Op)
 			for _, sh := range shards {
 				if !last(s.Placements, i, sh.Dim) {
 					continue
 				}
-				next := slices.Clone(s.Placements)
+				next := scratch()
 				next[i] = sh
 				add(ReduceScatter, []int{i}, next, sh.Dim, 0, p.Op)
 			}
 		}
 	}
-	flattened(s, shards, add)
-	return out
+	flattened(s, shards, scratch, add)
+	return err
 }
 
 // flattened adds the steps over several mesh dims at once: one all-reduce over
 // any set of partial dims, one all-gather of the innermost sharders of a tensor
 // dim, one reduce-scatter of several partial dims onto one tensor dim.
-func flattened(s Spec, shards []Shard, add func(StepKind, []int, []Placement, int, int, ReduceOp)) {
+func flattened(s Spec, shards []Shard, scratch func() []Placement, add func(StepKind, []int, []Placement, int, int, ReduceOp)) {
 	n := len(s.Placements)
 	if n < 2 {
 		return
@@ -383,7 +438,7 @@ func flattened(s Spec, shards []Shard, add func(StepKind, []int, []Placement, in
 			}
 		}
 		if allP {
-			next := slices.Clone(s.Placements)
+			next := scratch()
 			for _, i := range dims {
 				next[i] = Replicate{}
 			}
@@ -392,7 +447,7 @@ func flattened(s Spec, shards []Shard, add func(StepKind, []int, []Placement, in
 				if !innermostAfter(s.Placements, dims, sh.Dim) {
 					continue
 				}
-				next := slices.Clone(s.Placements)
+				next := scratch()
 				for _, i := range dims {
 					next[i] = sh
 				}
@@ -404,7 +459,7 @@ func flattened(s Spec, shards []Shard, add func(StepKind, []int, []Placement, in
 			// other sharder of it between them.
 			sh := s.Sharders(first.Dim)
 			if slices.Equal(sh[len(sh)-len(dims):], dims) {
-				next := slices.Clone(s.Placements)
+				next := scratch()
 				for _, i := range dims {
 					next[i] = Replicate{}
 				}
@@ -412,6 +467,30 @@ func flattened(s Spec, shards []Shard, add func(StepKind, []int, []Placement, in
 			}
 		}
 	}
+}
+
+// validPlacements reports, without building an error, whether ps passes the
+// placement checks of Spec.Validate for a tensor of ndim dims (the shape and
+// the mesh being known valid).
+func validPlacements(ndim int, ps []Placement) bool {
+	op, hasOp := ReduceOp(0), false
+	for _, p := range ps {
+		switch p := p.(type) {
+		case Shard:
+			if p.Dim < 0 || p.Dim >= ndim || p.Split > Chunk {
+				return false
+			}
+		case Partial:
+			if p.Op > Min || (hasOp && p.Op != op) {
+				return false
+			}
+			op, hasOp = p.Op, true
+		case Replicate:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // innermostAfter reports whether no mesh dim after the first of dims, other than

@@ -15,8 +15,11 @@ func ShardRange(n, p, r int, split Split) (offset, size int) {
 		panic(fmt.Sprintf("placement: ShardRange(n=%d, p=%d, r=%d)", n, p, r))
 	}
 	if split == Chunk {
-		c := (n + p - 1) / p
-		offset = min(r*c, n)
+		c := n/p + b2i(n%p != 0)
+		if c == 0 || r > n/c {
+			return n, 0
+		}
+		offset = r * c
 		return offset, min(c, n-offset)
 	}
 	q, rem := n/p, n%p
@@ -69,6 +72,14 @@ func (s Spec) Validate() error {
 			return fmt.Errorf("placement: spec %s: dim %d has negative size: %w", s, i, ErrInvalid)
 		}
 	}
+	if len(s.Shape) > MaxTensorDims {
+		return fmt.Errorf("placement: shape %s has %d dims, more than the %d a tensor may have: %w",
+			FormatShape(s.Shape), len(s.Shape), MaxTensorDims, ErrTooLarge)
+	}
+	if !withinBounds(s.Shape) {
+		return fmt.Errorf("placement: shape %s holds more than %d elements, the most a tensor may hold: %w",
+			FormatShape(s.Shape), int64(MaxElems), ErrTooLarge)
+	}
 	var op *ReduceOp
 	for i, p := range s.Placements {
 		switch p := p.(type) {
@@ -94,6 +105,22 @@ func (s Spec) Validate() error {
 		}
 	}
 	return nil
+}
+
+// withinBounds reports whether shape (its dims not negative) holds at most
+// MaxElems elements and no dim longer than that.
+func withinBounds(shape []int) bool {
+	n := int64(1)
+	for _, d := range shape {
+		if d > MaxElems {
+			return false
+		}
+		var ok bool
+		if n, ok = MulSize(n, int64(d)); !ok || n > MaxElems {
+			return false
+		}
+	}
+	return true
 }
 
 // String renders "8x16:[S(0),R]" (the mesh is not included).
@@ -124,7 +151,7 @@ func ParseShape(s string) ([]int, error) {
 			out = append(out, 0)
 			continue
 		}
-		n, err := parseSize(part)
+		n, err := parseSize(part, MaxElems)
 		if err != nil {
 			return nil, fmt.Errorf("placement: shape %q: %w", s, err)
 		}
@@ -227,6 +254,41 @@ func (s Spec) Local(rank int) (shape, offset []int) {
 		shape[sh.Dim] = n
 	}
 	return shape, offset
+}
+
+// localInto is Local without allocating: it appends rank's shape and offset
+// to shape[:0] and offset[:0] and returns them.
+func (s Spec) localInto(rank int, shape, offset []int) ([]int, []int) {
+	shape = append(shape[:0], s.Shape...)
+	offset = offset[:0]
+	for range s.Shape {
+		offset = append(offset, 0)
+	}
+	stride := s.Mesh.Size()
+	for i, p := range s.Placements {
+		n := s.Mesh.Dim(i)
+		stride /= n
+		if sh, ok := p.(Shard); ok {
+			off, size := ShardRange(shape[sh.Dim], n, (rank/stride)%n, sh.Split)
+			offset[sh.Dim] += off
+			shape[sh.Dim] = size
+		}
+	}
+	return shape, offset
+}
+
+// AppendLocalShape appends the shape of rank's shard to dst and returns it:
+// LocalShape without allocating when dst has room.
+func (s Spec) AppendLocalShape(dst []int, rank int) []int {
+	var buf [8]int
+	off := buf[:0]
+	if len(s.Shape) > len(buf) {
+		off = nil
+	}
+	n := len(dst)
+	dst = append(dst, s.Shape...)
+	s.localInto(rank, dst[n:], off) // in place: dst[n:] has room
+	return dst
 }
 
 // LocalShape is the shape of rank's shard.

@@ -1,8 +1,12 @@
 package spmd
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/meshrun/meshrun/placement"
@@ -117,15 +121,29 @@ type cachedPlan struct {
 	err   error
 }
 
-func (c planCache) plan(from, to placement.Spec) ([]placement.Step, error) {
+func (c planCache) plan(ctx context.Context, from, to placement.Spec) ([]placement.Step, error) {
 	k := from.String() + ">" + to.String()
 	if p, ok := c[k]; ok {
 		return p.steps, p.err
 	}
-	steps, err := placement.Plan(from, to)
+	steps, err := placement.PlanContext(ctx, from, to)
+	if stopped(err) {
+		return nil, err
+	}
 	c[k] = cachedPlan{steps, err}
 	return steps, err
 }
+
+// stopped reports whether err ends the whole solve: the budget is spent or
+// the context done (any other error only rules one strategy out).
+func stopped(err error) bool {
+	return errors.Is(err, placement.ErrBudget) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// strategyWork is the work of building and pricing one strategy besides its
+// redistributions (planned by package placement, which counts their work) and
+// the local work it measures on every rank.
+const strategyWork = 64
 
 // less orders strategies: fewer elements sent, then fewer collectives, then fewer
 // steps, then less local work. Equal strategies keep enumeration order.
@@ -141,8 +159,9 @@ func (s *strategy) less(o *strategy) bool {
 	return s.work < o.work
 }
 
-// solve enumerates every strategy of an einsum and returns the cheapest plan.
-func solve(op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, error) {
+// solve enumerates every strategy of an einsum and returns the cheapest plan,
+// drawing its work from ctx's placement.Budget.
+func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, error) {
 	mesh := inputs[0].Spec.Mesh
 	given := make([]placement.Spec, len(inputs))
 	for i, in := range inputs {
@@ -152,8 +171,19 @@ func solve(op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, 
 		return nil, fmt.Errorf("%w: %s: %d output placements for the %d-D mesh %s", ErrNoRule, describe(op, inputs), len(opts.Out), mesh.NDim(), mesh)
 	}
 	cands := make([][]choice, mesh.NDim())
+	n, ok := int64(1), true
 	for i := range cands {
 		cands[i] = candidates(e, k, given, i)
+		if ok {
+			n, ok = placement.MulSize(n, int64(len(cands[i])))
+		}
+	}
+	// Every strategy is priced: refuse at once what the budget cannot cover.
+	budget, _ := placement.BudgetOf(ctx)
+	per := strategyWork + int64(mesh.Size())*int64(len(e.in)+1)
+	if total, fits := placement.MulSize(n, per); !ok || !fits || total > budget.Left() {
+		return nil, fmt.Errorf("%s: %s strategies on mesh %s: planning needs more than the work its budget has left (%d units; a mesh of fewer dims or ranks plans within it): %w",
+			describe(op, inputs), strategyCount(cands), mesh, budget.Left(), placement.ErrBudget)
 	}
 	var best *strategy
 	var firstErr error
@@ -164,7 +194,13 @@ func solve(op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, 
 		for i := range cs {
 			cs[i] = cands[i][idx[i]]
 		}
-		s, err := price(e, k, given, inputs, cs, opts, cache)
+		if err := budget.Spend(ctx, per); err != nil {
+			return nil, fmt.Errorf("%s: %w", describe(op, inputs), err)
+		}
+		s, err := price(ctx, e, k, given, inputs, cs, opts, cache)
+		if stopped(err) {
+			return nil, fmt.Errorf("%s: %w", describe(op, inputs), err)
+		}
 		if err == nil && (best == nil || s.less(best)) {
 			best = s
 		} else if err != nil && firstErr == nil {
@@ -207,7 +243,7 @@ func solve(op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, 
 }
 
 // price builds one strategy's layouts and prices its redistributions.
-func price(e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choice, opts Options, cache planCache) (*strategy, error) {
+func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choice, opts Options, cache planCache) (*strategy, error) {
 	mesh := given[0].Mesh
 	nIn := len(e.in)
 	if k.bias {
@@ -237,12 +273,12 @@ func price(e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choi
 			return nil, err
 		}
 		if !slices.ContainsFunc(inputs[j].Also, local.Equal) {
-			if err := s.move(inputs[j].Name, given[j], local); err != nil {
+			if err := s.move(ctx, inputs[j].Name, given[j], local); err != nil {
 				return nil, err
 			}
 		}
 		if opts.needsGrad(inputs[j].Name) {
-			if err := s.reverse(given[j], local); err != nil {
+			if err := s.reverse(ctx, given[j], local); err != nil {
 				return nil, err
 			}
 		}
@@ -265,15 +301,15 @@ func price(e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choi
 		return nil, err
 	}
 	s.final = fs
-	return s, s.move("", out, fs)
+	return s, s.move(ctx, "", out, fs)
 }
 
-func (s *strategy) move(name string, from, to placement.Spec) error {
-	steps, err := s.plans.plan(from, to)
+func (s *strategy) move(ctx context.Context, name string, from, to placement.Spec) error {
+	steps, err := s.plans.plan(ctx, from, to)
 	if err != nil {
 		return err
 	}
-	s.cost += placement.PlanCost(steps)
+	s.cost = satAdd(s.cost, placement.PlanCost(steps))
 	s.steps += len(steps)
 	for _, st := range steps {
 		if st.Moves() {
@@ -289,7 +325,7 @@ func (s *strategy) move(name string, from, to placement.Spec) error {
 // reverse prices the gradient's way back when an input moved from given to
 // local: the gradient of a replicated use arrives as partial sums, of a partial
 // use replicated, of a shard as the shard, and must reach the dual of given.
-func (s *strategy) reverse(given, local placement.Spec) error {
+func (s *strategy) reverse(ctx context.Context, given, local placement.Spec) error {
 	if given.Equal(local) {
 		return nil
 	}
@@ -310,11 +346,11 @@ func (s *strategy) reverse(given, local placement.Spec) error {
 	if err != nil {
 		return nil
 	}
-	steps, err := s.plans.plan(from, target)
+	steps, err := s.plans.plan(ctx, from, target)
 	if err != nil {
 		return err
 	}
-	s.cost += placement.PlanCost(steps)
+	s.cost = satAdd(s.cost, placement.PlanCost(steps))
 	return nil
 }
 
@@ -322,25 +358,63 @@ func (s *strategy) reverse(given, local placement.Spec) error {
 // product of the local sizes of every letter.
 func work(e einsum, local []placement.Spec, out placement.Spec) int64 {
 	var most int64
+	terms := append(slices.Clone(e.in), e.out)
+	specs := append(slices.Clone(local), out)
+	var shape []int
 	for r := 0; r < out.Mesh.Size(); r++ {
-		size := map[byte]int{}
-		terms := append(slices.Clone(e.in), e.out)
-		specs := append(slices.Clone(local), out)
+		var size [256]int64
+		var seen [256]bool
 		for j, t := range terms {
-			shape := specs[j].LocalShape(r)
+			shape = specs[j].AppendLocalShape(shape[:0], r)
 			for d := range t {
 				if t[d] != bcast {
-					size[t[d]] = shape[d]
+					size[t[d]], seen[t[d]] = int64(shape[d]), true
 				}
 			}
 		}
 		w := int64(1)
-		for _, n := range size {
-			w *= int64(n)
+		for l, ok := range seen {
+			if ok {
+				w = satMul(w, size[l])
+			}
 		}
 		most = max(most, w)
 	}
 	return most
+}
+
+// satAdd and satMul are a+b and a*b for a, b >= 0, saturating at
+// math.MaxInt64: costs and work order strategies; beyond an int64 they all
+// compare equal.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func satMul(a, b int64) int64 {
+	if p, ok := placement.MulSize(a, b); ok {
+		return p
+	}
+	return math.MaxInt64
+}
+
+// strategyCount is the number of strategies, cands' sizes multiplied, as
+// "4x4x4 = 64", or without the product when it overflows.
+func strategyCount(cands [][]choice) string {
+	parts := make([]string, len(cands))
+	n, ok := int64(1), true
+	for i, c := range cands {
+		parts[i] = strconv.Itoa(len(c))
+		if ok {
+			n, ok = placement.MulSize(n, int64(len(c)))
+		}
+	}
+	if !ok {
+		return strings.Join(parts, "x")
+	}
+	return strings.Join(parts, "x") + " = " + strconv.FormatInt(n, 10)
 }
 
 func describe(op string, inputs []Operand) string {

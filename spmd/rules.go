@@ -1,6 +1,7 @@
 package spmd
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -126,8 +127,15 @@ type Request struct {
 	Options
 }
 
-// Forward plans an op.
-func Forward(req Request) (*Plan, error) {
+// Forward plans an op, within a DefaultBudget of work (ForwardContext).
+func Forward(req Request) (*Plan, error) { return ForwardContext(context.Background(), req) }
+
+// ForwardContext plans an op within ctx: it stops with ctx's error once ctx
+// is done, and with an error wrapping placement.ErrBudget once the work of
+// pricing its strategies and planning their redistributions exceeds ctx's
+// placement.Budget (a fresh placement.DefaultBudget when ctx carries none).
+func ForwardContext(ctx context.Context, req Request) (*Plan, error) {
+	_, ctx = placement.BudgetOf(ctx)
 	r, ok := rules[req.Op]
 	if !ok {
 		return nil, fmt.Errorf("%w: op %q (known: %s)", ErrNoRule, req.Op, strings.Join(Ops(), ", "))
@@ -152,7 +160,7 @@ func Forward(req Request) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	return solve(req.Op, e, r.kind, inputs, req.Options)
+	return solve(ctx, req.Op, e, r.kind, inputs, req.Options)
 }
 
 func (r rule) einsum(op string, inputs []Operand, dims []int) (einsum, error) {
@@ -227,6 +235,12 @@ func dual(op string, o Operand) (placement.Spec, error) {
 // backward ops read the forward's inputs as the forward's local op consumed
 // them (what the forward saves).
 func BackwardOf(fwd *Plan, grads []string, dims []int) (*Backward, error) {
+	return BackwardOfContext(context.Background(), fwd, grads, dims)
+}
+
+// BackwardOfContext is BackwardOf within ctx, as ForwardContext is Forward.
+func BackwardOfContext(ctx context.Context, fwd *Plan, grads []string, dims []int) (*Backward, error) {
+	_, ctx = placement.BudgetOf(ctx)
 	r := rules[fwd.Op]
 	if grads == nil {
 		for _, in := range fwd.Inputs {
@@ -265,7 +279,7 @@ func BackwardOf(fwd *Plan, grads []string, dims []int) (*Backward, error) {
 				ins[j] = fwd.Local[o]
 			}
 		}
-		p, err := solve(op, ge, gk, ins, Options{Out: target.Placements, Output: "d" + in.Name, backward: true})
+		p, err := solve(ctx, op, ge, gk, ins, Options{Out: target.Placements, Output: "d" + in.Name, backward: true})
 		if err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@
 package layout
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -130,9 +131,20 @@ type Op struct {
 
 // NewMLP lays out and plans the block on mesh.
 func NewMLP(mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool) (MLP, error) {
+	return NewMLPContext(context.Background(), mesh, tokens, hidden, ffn, sequenceParallel)
+}
+
+// NewMLPContext is NewMLP within ctx: planning stops once ctx is done, and
+// the block's ops share ctx's placement.Budget (a fresh
+// placement.DefaultBudget when ctx carries none).
+func NewMLPContext(ctx context.Context, mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool) (MLP, error) {
 	if tokens < 1 || hidden < 1 || ffn < 1 {
 		return MLP{}, fmt.Errorf("layout: mlp: tokens %d, hidden %d, ffn %d: each must be positive", tokens, hidden, ffn)
 	}
+	if err := checkSizes(tokens, hidden, ffn); err != nil {
+		return MLP{}, err
+	}
+	_, ctx = placement.BudgetOf(ctx)
 	up, down := "column", "row"
 	if sequenceParallel {
 		up, down = "sequence-column", "sequence-row"
@@ -146,11 +158,11 @@ func NewMLP(mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool)
 		return MLP{}, err
 	}
 	plan := func(name string, req spmd.Request) (placement.Spec, error) {
-		fwd, err := spmd.Forward(req)
+		fwd, err := spmd.ForwardContext(ctx, req)
 		if err != nil {
 			return placement.Spec{}, err
 		}
-		bwd, err := spmd.BackwardOf(fwd, nil, nil)
+		bwd, err := spmd.BackwardOfContext(ctx, fwd, nil, nil)
 		if err != nil {
 			return placement.Spec{}, err
 		}
@@ -177,4 +189,24 @@ func NewMLP(mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool)
 		return MLP{}, fmt.Errorf("layout: mlp: down's dg %s does not meet gelu's dg %s", dg, want)
 	}
 	return m, nil
+}
+
+// checkSizes refuses a block one of whose tensors would hold more than
+// placement.MaxElems elements, naming the sizes that make it.
+func checkSizes(tokens, hidden, ffn int) error {
+	for _, t := range []struct {
+		name   string
+		a, b   string
+		na, nb int
+	}{
+		{"x", "tokens", "hidden", tokens, hidden},
+		{"w1", "ffn", "hidden", ffn, hidden},
+		{"h", "tokens", "ffn", tokens, ffn},
+	} {
+		if n, ok := placement.MulSize(int64(t.na), int64(t.nb)); !ok || n > placement.MaxElems {
+			return fmt.Errorf("layout: mlp: %s [%s %d, %s %d] would hold more than %d elements, the most a tensor may: %w",
+				t.name, t.a, t.na, t.b, t.nb, int64(placement.MaxElems), placement.ErrTooLarge)
+		}
+	}
+	return nil
 }

@@ -386,7 +386,7 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	}
 	w.OnClose(func() error { nc.Close(); return nil })
 	ok = true
-	log.Info("joined", zap.String("job", cfg.Job), zap.Int("world", cfg.WorldSize), zap.String("transport", t.Name()))
+	log.Info("joined", zap.String("job", cfg.Job), zap.Int("world", cfg.WorldSize), zap.String("transport", t.Name()), zap.String("data_addr", me.Addr))
 	return w, nil
 }
 

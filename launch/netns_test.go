@@ -305,6 +305,10 @@ func TestHostsOnANetwork(t *testing.T) {
 			if !bytes.Contains(b, []byte(`"transport":"tcp"`)) {
 				t.Errorf("%s: rank %d did not join over tcp:\n%s", name, k, b)
 			}
+			// The address it announced is its host's, which its peers reach.
+			if want := fmt.Sprintf(`"data_addr":"%s:`, tn.hosts[k].addr); !bytes.Contains(b, []byte(want)) || bytes.Contains(b, []byte(`"data_addr":"127.`)) {
+				t.Errorf("%s: rank %d did not announce %s...:\n%s", name, k, want, b)
+			}
 		}
 		t.Logf("%s: 3 hosts, exit 0 in %v", name, took.Round(time.Millisecond))
 	}

@@ -364,6 +364,10 @@ func (w *World) Fail(err error) {
 	w.fail(e)
 }
 
+// silentAfter: a peer whose last heartbeat is older than this is called
+// silent in a timeout's blame (heartbeats come every 500 ms by default).
+const silentAfter = 2 * time.Second
+
 // blame picks the culprit of a timeout in group key at seq: the first member
 // whose heartbeat shows it has not entered the collective; fallback otherwise.
 func (w *World) blame(key string, seq uint64, ranks []int, fallback int) (int, string) {
@@ -376,7 +380,15 @@ func (w *World) blame(key string, seq uint64, ranks []int, fallback int) (int, s
 			return r, "no heartbeat ever heard"
 		}
 		if st.Seqs[key] < seq {
-			return r, fmt.Sprintf("never entered it (last %s seq %d of group %s, heard %v ago)", st.Op, st.Seq, st.Group, time.Since(at).Round(time.Millisecond))
+			where := "outside any collective"
+			if st.Op != "" {
+				where = fmt.Sprintf("in %s seq %d of group %s", st.Op, st.Seq, st.Group)
+			}
+			since := time.Since(at).Round(time.Millisecond)
+			if since > silentAfter {
+				return r, fmt.Sprintf("never entered it; nothing heard from it for %v (unreachable, stopped or dead; last seen %s)", since, where)
+			}
+			return r, fmt.Sprintf("never entered it (last seen %s, %v ago)", where, since)
 		}
 	}
 	return fallback, ""

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/meshrun/meshrun/internal/flaghelp"
+	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/runlog"
 )
 
@@ -30,11 +31,12 @@ type Env struct {
 // task is one run of a workload, in three steps: flags registers its flags;
 // setup checks the parsed flags and the positional arguments (with the job's
 // WORLD_SIZE, MESHRUN_DEVICE... from the environment) and prepares what run
-// needs, doing no work and joining nothing, an error being a usage error; run
-// does the work and returns the exit code.
+// needs, doing no work and joining nothing, an error being a usage error (its
+// ctx carries the planning budget of the whole setup); run does the work and
+// returns the exit code.
 type task interface {
 	flags(fs *flag.FlagSet)
-	setup(env Env, args []string) error
+	setup(ctx context.Context, env Env, args []string) error
 	run(ctx context.Context, env Env) int
 }
 
@@ -149,7 +151,8 @@ func Main(ctx context.Context, env Env) int {
 		defer rl.Recover()
 		env.Run = rl
 	}
-	if err := t.setup(env, fs.Args()); err != nil {
+	// Planning in setup shares one budget: no arguments make it run long.
+	if err := t.setup(placement.WithBudget(ctx, placement.DefaultBudget), env, fs.Args()); err != nil {
 		return usageError(env, name, err)
 	}
 	if check {

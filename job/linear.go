@@ -5,13 +5,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"path/filepath"
+	"strconv"
 	"slices"
 	"strings"
 	"sync"
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -24,19 +27,54 @@ type linearArgs struct {
 }
 
 func (a linearArgs) config() (linear.Config, error) {
-	cfg, _, err := a.plan()
+	cfg, _, err := a.plan(context.Background())
 	return cfg, err
 }
 
-// plan parses the flags and plans the layer: a layout the rules refuse is a
-// usage error, reported before any work.
-func (a linearArgs) plan() (linear.Config, linear.Plans, error) {
+// plan parses the flags and plans the layer within ctx: a layout the rules
+// refuse is a usage error, reported before any work.
+func (a linearArgs) plan(ctx context.Context) (linear.Config, linear.Plans, error) {
 	cfg, err := a.parse()
 	if err != nil {
 		return cfg, linear.Plans{}, err
 	}
-	p, err := linear.Plan(cfg)
+	p, err := linear.PlanContext(ctx, cfg)
 	return cfg, p, err
+}
+
+// maxReference bounds the multiply-adds of the float64 reference every rank
+// of `worker linear` computes to check its results (M·N·K; 4096³ at most).
+const maxReference = 1 << 36
+
+// linearMemory estimates one rank's bytes for a linear run of x[M, K],
+// w[N, K]: the whole float32 tensors x, w, b, dy (every process draws
+// them), the float64 reference y, dx, dw, db and the magnitudes of their
+// terms, and the float32 results gathered to be compared. It refuses sizes
+// whose reference would take more than maxReference multiply-adds.
+func linearMemory(x []int, n int) (int64, string, error) {
+	k := x[len(x)-1]
+	m, _ := placement.ShapeElems(x[:len(x)-1]) // x is a valid spec: no overflow
+	mk, _ := placement.MulSize(m, int64(k))
+	nk, _ := placement.MulSize(int64(n), int64(k))
+	mn, ok := placement.MulSize(m, int64(n))
+	work, ok2 := placement.MulSize(mn, int64(k))
+	if !ok || !ok2 || work > maxReference {
+		return 0, "", fmt.Errorf("x %s and w %dx%d: checking the result against the float64 reference takes %s multiply-adds on every rank, more than the %d allowed",
+			placement.FormatShape(x), n, k, countString(mn, int64(k)), int64(maxReference))
+	}
+	elems := mk + nk + mn + int64(n) // each at most MaxElems: no overflow
+	data, ref, got := 4*elems, 2*8*elems, 4*elems
+	return data + ref + got, fmt.Sprintf("data %s, reference %s, results %s",
+		layout.FormatBytes(data), layout.FormatBytes(ref), layout.FormatBytes(got)), nil
+}
+
+// countString renders a*b, or "more than 9223372036854775807" when it
+// overflows.
+func countString(a, b int64) string {
+	if p, ok := placement.MulSize(a, b); ok {
+		return strconv.FormatInt(p, 10)
+	}
+	return fmt.Sprintf("more than %d", int64(math.MaxInt64))
 }
 
 func (a linearArgs) parse() (linear.Config, error) {
@@ -124,11 +162,11 @@ func (t *linearTask) flags(fs *flag.FlagSet) {
 	a.dev.register(fs)
 }
 
-func (t *linearTask) setup(env Env, args []string) error {
+func (t *linearTask) setup(ctx context.Context, env Env, args []string) error {
 	if err := noArgs(args); err != nil {
 		return err
 	}
-	cfg, plans, err := t.a.plan()
+	cfg, plans, err := t.a.plan(ctx)
 	if err != nil {
 		return err
 	}
@@ -136,6 +174,13 @@ func (t *linearTask) setup(env Env, args []string) error {
 		return err
 	}
 	if t.rd, err = t.a.dev.resolve(env); err != nil {
+		return err
+	}
+	need, parts, err := linearMemory(cfg.X.Shape, cfg.W.Shape[0])
+	if err != nil {
+		return err
+	}
+	if err := checkMemory(env, t.rd.kind, need, parts, ranksHere(env, cfg.X.Mesh.Size())); err != nil {
 		return err
 	}
 	cfg.DType = t.rd.dtype

@@ -89,7 +89,7 @@ func (t *mlpTask) flags(fs *flag.FlagSet) {
 	t.cf.register(fs)
 }
 
-func (t *mlpTask) setup(env Env, args []string) error {
+func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 	if err := noArgs(args); err != nil {
 		return err
 	}
@@ -104,20 +104,15 @@ func (t *mlpTask) setup(env Env, args []string) error {
 	if err := m.Validate(worldSize(env, m.Size())); err != nil {
 		return err
 	}
-	if cfg.FFN == 0 {
-		cfg.FFN = 4 * cfg.Hidden
+	if cfg.FFN == 0 && cfg.Hidden > 0 {
+		ffn, ok := placement.MulSize(4, int64(cfg.Hidden))
+		if !ok || ffn > placement.MaxElems {
+			return fmt.Errorf("--hidden %d: the default --ffn, 4 x --hidden, is too large", cfg.Hidden)
+		}
+		cfg.FFN = int(ffn)
 	}
 	if t.steps < 1 || cfg.Tokens < 1 || cfg.Hidden < 1 || cfg.FFN < 1 {
 		return fmt.Errorf("--steps, --tokens, --hidden and --ffn must be positive")
-	}
-	cfg.Mesh, cfg.LR = m, float32(t.lr)
-	params, err := linear.PlanMLP(*cfg)
-	if err != nil {
-		return err
-	}
-	restart, _ := strconv.Atoi(env.Getenv(EnvRestartCount))
-	if t.ck, t.startStep, t.autoResumed, err = t.cf.open(params, t.steps, restart); err != nil {
-		return err
 	}
 	if t.rd, err = t.df.resolve(env); err != nil {
 		return err
@@ -127,6 +122,18 @@ func (t *mlpTask) setup(env Env, args []string) error {
 		if cfg.GradDType, err = tensor.ParseDType(t.gradDType); err != nil || (cfg.GradDType != tensor.Float32 && cfg.GradDType != tensor.BFloat16) {
 			return fmt.Errorf("--grad-dtype %q: want float32 or bfloat16", t.gradDType)
 		}
+	}
+	cfg.Mesh, cfg.LR = m, float32(t.lr)
+	params, mem, err := linear.CheckMLP(ctx, *cfg)
+	if err != nil {
+		return err
+	}
+	if err := checkMemory(env, t.rd.kind, mem.Total(), mem.Parts(), ranksHere(env, m.Size())); err != nil {
+		return err
+	}
+	restart, _ := strconv.Atoi(env.Getenv(EnvRestartCount))
+	if t.ck, t.startStep, t.autoResumed, err = t.cf.open(params, t.steps, restart); err != nil {
+		return err
 	}
 	t.m = m
 	return nil

@@ -16,7 +16,7 @@ import (
 type helloTask struct{}
 
 func (*helloTask) flags(*flag.FlagSet)              {}
-func (*helloTask) setup(_ Env, args []string) error { return noArgs(args) }
+func (*helloTask) setup(_ context.Context, _ Env, args []string) error { return noArgs(args) }
 
 func (*helloTask) run(ctx context.Context, env Env) int {
 	rank, world := env.Getenv("RANK"), env.Getenv("WORLD_SIZE")
@@ -33,7 +33,7 @@ type exitTask struct {
 
 func (*exitTask) flags(*flag.FlagSet) {}
 
-func (t *exitTask) setup(_ Env, args []string) error {
+func (t *exitTask) setup(_ context.Context, _ Env, args []string) error {
 	if len(args) < 1 || len(args) > 2 {
 		return fmt.Errorf("want CODE [RANK]")
 	}
@@ -63,7 +63,7 @@ type sleepTask struct{ d time.Duration }
 
 func (*sleepTask) flags(*flag.FlagSet) {}
 
-func (t *sleepTask) setup(_ Env, args []string) error {
+func (t *sleepTask) setup(_ context.Context, _ Env, args []string) error {
 	if len(args) != 1 {
 		return fmt.Errorf("want DUR")
 	}
@@ -88,7 +88,7 @@ type barrierTask struct{ start time.Time }
 
 func (*barrierTask) flags(*flag.FlagSet) {}
 
-func (t *barrierTask) setup(_ Env, args []string) error {
+func (t *barrierTask) setup(_ context.Context, _ Env, args []string) error {
 	t.start = time.Now()
 	return noArgs(args)
 }

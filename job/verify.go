@@ -89,7 +89,7 @@ func linearCases(m placement.Mesh, quick bool) []verifyCase {
 			b := fmt.Sprintf("%d:%s", sz.n, pl(func(c choice) string { return c.b }))
 			seed := uint64(len(out) + 1)
 			a := linearArgs{mesh: m.String(), x: x, w: w, b: b, grads: "x,w,b", seed: seed}
-			cfg, plans, err := a.plan()
+			cfg, plans, err := a.plan(context.Background())
 			if err != nil {
 				continue // a layout the rules refuse is not a case
 			}
@@ -124,7 +124,7 @@ func (t *verifyTask) flags(fs *flag.FlagSet) {
 	t.df.register(fs)
 }
 
-func (t *verifyTask) setup(env Env, args []string) error {
+func (t *verifyTask) setup(_ context.Context, env Env, args []string) error {
 	if err := noArgs(args); err != nil {
 		return err
 	}
@@ -143,9 +143,20 @@ func (t *verifyTask) setup(env Env, args []string) error {
 		}
 		t.n = t.world
 	}
+	if t.n > placement.MaxDevices {
+		return fmt.Errorf("--world %d: more than the %d ranks a mesh may hold", t.n, placement.MaxDevices)
+	}
 	var err error
-	t.rd, err = t.df.resolve(env)
-	return err
+	if t.rd, err = t.df.resolve(env); err != nil {
+		return err
+	}
+	// The largest case: even sizes, x [2P, 2P] and w [4P, 2P].
+	p := t.n
+	need, parts, err := linearMemory([]int{2 * p, 2 * p}, 4*p)
+	if err != nil {
+		return fmt.Errorf("%d ranks: %w", t.n, err)
+	}
+	return checkMemory(env, t.rd.kind, need, parts, ranksHere(env, t.n))
 }
 
 func (t *verifyTask) run(ctx context.Context, env Env) int {

@@ -15,7 +15,7 @@ import (
 // at its shard's size on rank 0, which holds the largest shards.
 type Memory struct {
 	// Params: W1, b1, W2, b2 in float32 (the master copy SGD updates), and
-	// their copies in the compute dtype or in other layouts.
+	// their copies in the compute dtype.
 	Params int64
 	// Grads: the weight and bias gradients, accumulated in float32, in every
 	// layout they pass through, and their copies in the wire dtype.
@@ -24,7 +24,8 @@ type Memory struct {
 	// in the compute dtype, in every layout the plans move them to.
 	Activations int64
 	// Scratch: the whole parameters, batch and target each rank draws from the
-	// seed in float32 before it keeps its shards.
+	// seed in float32 before it keeps its shards, and the parameters' copies
+	// in the other layouts a forward moves them to.
 	Scratch int64
 }
 
@@ -39,9 +40,13 @@ func (m Memory) Total() int64 {
 
 // String reads "13.1 GiB (params 6.4 GiB, gradients 6.4 GiB, activations
 // 305.2 MiB, scratch 0 B)".
-func (m Memory) String() string {
-	return fmt.Sprintf("%s (params %s, gradients %s, activations %s, scratch %s)",
-		FormatBytes(m.Total()), FormatBytes(m.Params), FormatBytes(m.Grads), FormatBytes(m.Activations), FormatBytes(m.Scratch))
+func (m Memory) String() string { return FormatBytes(m.Total()) + " (" + m.Parts() + ")" }
+
+// Parts reads "params 6.4 GiB, gradients 6.4 GiB, activations 305.2 MiB,
+// scratch 0 B".
+func (m Memory) Parts() string {
+	return fmt.Sprintf("params %s, gradients %s, activations %s, scratch %s",
+		FormatBytes(m.Params), FormatBytes(m.Grads), FormatBytes(m.Activations), FormatBytes(m.Scratch))
 }
 
 // FormatBytes renders n bytes for a person: "512 B", "3.0 KiB", "13.1 GiB".
@@ -83,7 +88,7 @@ func (l MLP) Memory(compute, grad tensor.DType) Memory {
 					m.Params = addBytes(m.Params, mulBytes(n, int64(compute.Size())))
 				}
 			} else {
-				m.Params = addBytes(m.Params, mulBytes(n, int64(compute.Size())))
+				m.Scratch = addBytes(m.Scratch, mulBytes(n, int64(compute.Size())))
 			}
 		case len(name) > 1 && name[0] == 'd' && params[name[1:]]:
 			m.Grads = addBytes(m.Grads, mulBytes(n, 4))

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 

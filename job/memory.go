@@ -30,7 +30,7 @@ var memAvailable = func() (n int64, ok bool) {
 		return 0, false
 	}
 	for _, f := range [][2]string{
-		{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},                                // cgroup v2
+		{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},                                 // cgroup v2
 		{"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}, // v1
 	} {
 		limit, ok1 := readInt(f[0])

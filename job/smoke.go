@@ -15,7 +15,7 @@ import (
 // helloTask is `worker hello`.
 type helloTask struct{}
 
-func (*helloTask) flags(*flag.FlagSet)              {}
+func (*helloTask) flags(*flag.FlagSet)                                 {}
 func (*helloTask) setup(_ context.Context, _ Env, args []string) error { return noArgs(args) }
 
 func (*helloTask) run(ctx context.Context, env Env) int {

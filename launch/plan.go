@@ -1,15 +1,21 @@
 package launch
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
+	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/tensor"
@@ -110,23 +116,49 @@ type plan struct {
 	dtype tensor.DType
 }
 
-// Validate checks every flag before any planning and reports the first problem.
+// Validate checks every flag before any planning and reports the first
+// problem: what the planning then refuses (a layout no rule reaches, a mesh
+// beyond the planning budget) RunPlan reports before it prints anything.
 func (o PlanOptions) Validate() error {
 	if o.Block != "" {
-		if o.Block != "mlp" {
-			return fmt.Errorf("--block %q: want mlp", o.Block)
-		}
-		o.BlockOptions.Mesh, o.BlockOptions.DType = o.Mesh, o.DType
-		if _, err := elemSize(o.DType); err != nil {
-			return err
-		}
-		_, err := o.BlockOptions.plan()
+		_, err := o.block()
 		return err
 	}
 	_, err := o.build()
 	return err
 }
 
+// block checks the flags of --block and returns the mesh.
+func (o PlanOptions) block() (placement.Mesh, error) {
+	if o.Block != "mlp" {
+		return placement.Mesh{}, fmt.Errorf("--block %q: want mlp", o.Block)
+	}
+	if _, err := elemSize(o.DType); err != nil {
+		return placement.Mesh{}, err
+	}
+	if o.Mesh == "" {
+		return placement.Mesh{}, errors.New("--mesh is required, e.g. --mesh dp=2,tp=2")
+	}
+	mesh, err := placement.ParseMesh(o.Mesh)
+	if err != nil {
+		return placement.Mesh{}, fmt.Errorf("--mesh: %w", err)
+	}
+	if o.World > 0 {
+		if err := mesh.Validate(o.World); err != nil {
+			return placement.Mesh{}, err
+		}
+	}
+	if o.Tokens < 1 || o.Hidden < 1 || o.FFN < 1 {
+		return placement.Mesh{}, fmt.Errorf("--tokens, --hidden and --ffn must be positive")
+	}
+	if err := layout.CheckSizes(o.Tokens, o.Hidden, o.FFN); err != nil {
+		return placement.Mesh{}, err
+	}
+	return mesh, nil
+}
+
+// build checks the flags of one op and turns them into a request, without
+// planning it.
 func (o PlanOptions) build() (plan, error) {
 	if o.Mesh == "" {
 		return plan{}, errors.New("--mesh is required, e.g. --mesh dp=2,tp=2")
@@ -197,28 +229,54 @@ func (o PlanOptions) build() (plan, error) {
 		}
 	}
 	p.req.Grads = p.grads
-	// Plan now so that every problem is reported before anything is printed.
-	if _, err := spmd.Forward(p.req); err != nil {
-		return plan{}, err
-	}
 	return p, nil
 }
 
-// RunPlan prints the plan of one op, forward and backward, as a table or JSON.
+// RunPlan prints the plan of one op, forward and backward, as a table or JSON,
+// or of the MLP block (--block mlp) with an estimate of a rank's memory. An
+// interrupt (SIGINT, SIGTERM) stops it at once (RunPlanContext).
 func RunPlan(w io.Writer, o PlanOptions) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return RunPlanContext(ctx, w, o)
+}
+
+// RunPlanContext is RunPlan within ctx: it plans within one
+// placement.DefaultBudget of work (a plan that needs more is an error wrapping
+// placement.ErrBudget) and returns as soon as ctx is done. Everything is
+// planned before anything is printed: an error leaves w untouched.
+func RunPlanContext(ctx context.Context, w io.Writer, o PlanOptions) error {
+	ctx = placement.WithBudget(ctx, placement.DefaultBudget)
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() { done <- o.run(ctx, &out) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(out.Bytes())
+		return err
+	case <-ctx.Done():
+		// The planners see ctx too and stop; no need to wait for them.
+		return fmt.Errorf("interrupted: %w", context.Cause(ctx))
+	}
+}
+
+// run plans and prints into out.
+func (o PlanOptions) run(ctx context.Context, w io.Writer) error {
 	if o.Block != "" {
-		o.BlockOptions.Mesh = o.Mesh
-		return RunBlock(w, o.BlockOptions)
+		return o.runBlock(ctx, w)
 	}
 	p, err := o.build()
 	if err != nil {
 		return err
 	}
-	fwd, err := spmd.Forward(p.req)
+	fwd, err := spmd.ForwardContext(ctx, p.req)
 	if err != nil {
 		return err
 	}
-	bwd, err := spmd.BackwardOf(fwd, p.grads, p.req.Dims)
+	bwd, err := spmd.BackwardOfContext(ctx, fwd, p.grads, p.req.Dims)
 	if err != nil {
 		return err
 	}
@@ -232,6 +290,31 @@ func RunPlan(w io.Writer, o PlanOptions) error {
 		return err
 	}
 	_, err = io.WriteString(w, spmd.Text(fwd, bwd, elemSize))
+	return err
+}
+
+// runBlock plans the MLP block within ctx, prints its plan (RunBlock) and the
+// memory a rank needs to train it (the worker's mlp refuses to start ranks
+// that the machine cannot hold).
+func (o PlanOptions) runBlock(ctx context.Context, w io.Writer) error {
+	mesh, err := o.block()
+	if err != nil {
+		return err
+	}
+	l, err := layout.NewMLPContext(ctx, mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)
+	if err != nil {
+		return err
+	}
+	b := o.BlockOptions
+	b.Mesh, b.DType = o.Mesh, o.DType
+	if err := RunBlock(w, b); err != nil {
+		return err
+	}
+	dt := tensor.Float32
+	if o.DType != "" {
+		dt, _ = tensor.ParseDType(o.DType) // checked by block
+	}
+	_, err = fmt.Fprintf(w, "memory per rank: about %s\n", l.Memory(dt, dt))
 	return err
 }
 

@@ -141,7 +141,7 @@ func NewMLPContext(ctx context.Context, mesh placement.Mesh, tokens, hidden, ffn
 	if tokens < 1 || hidden < 1 || ffn < 1 {
 		return MLP{}, fmt.Errorf("layout: mlp: tokens %d, hidden %d, ffn %d: each must be positive", tokens, hidden, ffn)
 	}
-	if err := checkSizes(tokens, hidden, ffn); err != nil {
+	if err := CheckSizes(tokens, hidden, ffn); err != nil {
 		return MLP{}, err
 	}
 	_, ctx = placement.BudgetOf(ctx)
@@ -191,9 +191,9 @@ func NewMLPContext(ctx context.Context, mesh placement.Mesh, tokens, hidden, ffn
 	return m, nil
 }
 
-// checkSizes refuses a block one of whose tensors would hold more than
+// CheckSizes refuses a block one of whose tensors would hold more than
 // placement.MaxElems elements, naming the sizes that make it.
-func checkSizes(tokens, hidden, ffn int) error {
+func CheckSizes(tokens, hidden, ffn int) error {
 	for _, t := range []struct {
 		name   string
 		a, b   string

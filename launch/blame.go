@@ -112,8 +112,12 @@ func (a *attempt) blameByVotes() {
 		if r, ok := a.remoteFails[winner]; ok {
 			rc.ExitCode, rc.Signal, rc.TimeMS, rc.Hung, rc.Error = r.ExitCode, r.Signal, r.TimeMS, r.Hung, r.Error
 		} else {
-			rc.ExitCode = a.root.ExitCode
-			rc.Error = fmt.Sprintf("on node %d; %s", rc.Node, blamers(by[winner]))
+			// No word of it from its node's launcher either: as far as this
+			// node can tell, it stopped answering (a partition, a stopped
+			// node).
+			rc.Hung, rc.ExitCode = true, ExitHang
+			rc.Error = fmt.Sprintf("stopped answering (%s); node %d's launcher sent no word of it", blamers(by[winner]), rc.Node)
+			a.outcome = OutcomeHang
 		}
 	}
 	a.root = &rc

@@ -235,11 +235,11 @@ chmod 644 "$SLURM_CONF"
 
 say "starting slurmctld and slurmd node0, node1 ($tmp)"
 slurmctld -f "$SLURM_CONF" -i 2>>"$tmp/log/slurmctld.err" ||
-  skip "slurmctld did not start: $(tail -n 3 "$tmp/log/slurmctld.err" "$tmp/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+  skip "slurmctld did not start: $(tail -q -n 3 "$tmp/log/slurmctld.err" "$tmp/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
 ctld_started=1
 for n in node0 node1; do
   slurmd -f "$SLURM_CONF" -N "$n" 2>>"$tmp/log/slurmd-$n.err" ||
-    skip "slurmd -N $n did not start (Slurm built without multiple-slurmd?): $(tail -n 3 "$tmp/log/slurmd-$n.err" "$tmp/log/slurmd-$n.log" 2>/dev/null | tr '\n' ' ')"
+    skip "slurmd -N $n did not start (Slurm built without multiple-slurmd?): $(tail -q -n 3 "$tmp/log/slurmd-$n.err" "$tmp/log/slurmd-$n.log" 2>/dev/null | tr '\n' ' ')"
 done
 up=
 for _ in $(seq 120); do

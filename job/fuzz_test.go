@@ -51,6 +51,10 @@ func FuzzWorkloadFlags(f *testing.F) {
 		{"mlp", 1, []string{"--tokens", "20000", "--hidden", "20000"}},
 		{"mlp", 1, []string{"--save", "ckpt", "--save-every", "5", "--keep", "2", "--save-sync=false"}},
 		{"mlp", 0, []string{"--mesh", "1x1x1x1x1x1x1x1", "--hidden", "8"}},
+		// Once over 64 MiB: the flattened steps of an 8-D mesh, and the
+		// shards of a 16-D tensor, allocated per candidate step.
+		{"mlp", 7, []string{"--mesh", "2x1x2x1x2x1x1x1"}},
+		{"linear", 7, []string{"--mesh", "2x2x2", "--x", "2x2x2x2x2x2x2x2x2x2x2x2x2x2x2x16:[S(0),S(1),S(2)]", "--w", "32x16:[R,R,S(0)]"}},
 		{"mlp", 1, []string{"--mesh", "1000000x1000000"}},
 		{"linear", 1, []string{"--mesh", "2", "--x", "8x16:[S(0)]", "--w", "32x16:[S(0)]", "--b", "32:[S(0)]", "--grads", "x,w"}},
 		{"linear", 3, []string{"--mesh", "dp=2,tp=2", "--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--out", "[S(0),S(1)]"}},

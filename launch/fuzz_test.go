@@ -36,6 +36,8 @@ func FuzzRunFlags(f *testing.F) {
 		{"--mesh", "1000000x1000000", "--op", "linear", "--x", "8x16:[R,R]", "--w", "32x16:[R,R]"},
 		{"--block", "mlp", "--mesh", "tp=2", "--tokens", "4000000000", "--hidden", "1000000000", "--ffn", "1000000000"},
 		{"--mesh", "2x2x2", "--op", "gelu", "--x", "2x3x4:[S(0),S(1),S(2,chunk)]"},
+		{"--mesh", "2x1x2x1x2x1x1x1", "--block", "mlp"},
+		{"--mesh", "2x2x2", "--x", "2x2x2x2x2x2x2x2x2x2x2x2x2x2x2x16:[S(0),S(1),S(2)]", "--w", "32x16:[R,R,S(0)]"},
 	} {
 		f.Add(strings.Join(args, "\n"))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strings"
 )
@@ -125,7 +126,7 @@ func (st Step) sendElems(rank, k, p, next int) int64 {
 
 // overlap counts the elements rank holds both before and after.
 func overlap(a, b Spec, rank int) int64 {
-	var buf [4][8]int
+	var buf [4][MaxTensorDims]int
 	nd := len(a.Shape)
 	as, ao, bs, bo := buf[0][:0], buf[1][:0], buf[2][:0], buf[3][:0]
 	if nd > len(buf[0]) {
@@ -235,7 +236,22 @@ type node struct {
 func (n *node) set(prev *node, st Step, cost int64, steps int) {
 	n.prev, n.cost, n.steps = prev, cost, steps
 	n.kind, n.dims, n.dim, n.toDim, n.op = st.Kind, st.MeshDims, st.Dim, st.ToDim, st.Op
+	if len(st.MeshDims) > 1 {
+		n.dims = slices.Clone(st.MeshDims) // flattened's buffer
+	}
 }
+
+// meshDims holds every mesh dim index, for one-dim steps to share.
+var meshDims = func() (a [MaxMeshDims]int) {
+	for i := range a {
+		a[i] = i
+	}
+	return a
+}()
+
+// meshDim is the MeshDims of a step over mesh dim i alone (shared: never
+// modified).
+func meshDim(i int) []int { return meshDims[i : i+1 : i+1] }
 
 func (n *node) path(s Spec) []Step {
 	out := make([]Step, n.steps)
@@ -314,8 +330,8 @@ func search(ctx context.Context, b *Budget, from, to Spec) ([]Step, error) {
 // candidates are the tensor dims with the splits found in from and to (balanced
 // always); partial candidates use s's own op (to reduce it) or to's op (to make one).
 //
-// The steps' To placements live in a buffer the next step reuses: visit
-// copies what it keeps.
+// The steps' To placements and flattened MeshDims live in buffers the next
+// step reuses: visit copies what it keeps.
 func moves(s, from, to Spec, visit func(Step) error) error {
 	var shards []Shard
 	seen := map[Shard]bool{}
@@ -365,14 +381,14 @@ func moves(s, from, to Spec, visit func(Step) error) error {
 			}
 			next := scratch()
 			next[i] = Replicate{}
-			add(AllGather, []int{i}, next, p.Dim, 0, 0)
+			add(AllGather, meshDim(i), next, p.Dim, 0, 0)
 			for _, sh := range shards {
 				if sh == p || !last(s.Placements, i, sh.Dim) {
 					continue
 				}
 				next := scratch()
 				next[i] = sh
-				add(AllToAll, []int{i}, next, p.Dim, sh.Dim, 0)
+				add(AllToAll, meshDim(i), next, p.Dim, sh.Dim, 0)
 			}
 		case Replicate:
 			for _, sh := range shards {
@@ -381,26 +397,26 @@ func moves(s, from, to Spec, visit func(Step) error) error {
 				}
 				next := scratch()
 				next[i] = sh
-				add(LocalSlice, []int{i}, next, sh.Dim, 0, 0)
+				add(LocalSlice, meshDim(i), next, sh.Dim, 0, 0)
 			}
 			if toHasP && (!hasP || curOp == toOp) {
 				if _, want := to.Placements[i].(Partial); want {
 					next := scratch()
 					next[i] = Partial{Op: toOp}
-					add(OwnerPartial, []int{i}, next, 0, 0, toOp)
+					add(OwnerPartial, meshDim(i), next, 0, 0, toOp)
 				}
 			}
 		case Partial:
 			next := scratch()
 			next[i] = Replicate{}
-			add(AllReduce, []int{i}, next, 0, 0, p.Op)
+			add(AllReduce, meshDim(i), next, 0, 0, p.Op)
 			for _, sh := range shards {
 				if !last(s.Placements, i, sh.Dim) {
 					continue
 				}
 				next := scratch()
 				next[i] = sh
-				add(ReduceScatter, []int{i}, next, sh.Dim, 0, p.Op)
+				add(ReduceScatter, meshDim(i), next, sh.Dim, 0, p.Op)
 			}
 		}
 	}
@@ -417,15 +433,16 @@ func flattened(s Spec, shards []Shard, scratch func() []Placement, add func(Step
 		return
 	}
 	op, _ := s.PartialOp()
+	buf := make([]int, 0, n)
 	for mask := 1; mask < 1<<n; mask++ {
-		var dims []int
+		if bits.OnesCount(uint(mask)) < 2 {
+			continue
+		}
+		dims := buf[:0]
 		for i := 0; i < n; i++ {
 			if mask&(1<<i) != 0 {
 				dims = append(dims, i)
 			}
-		}
-		if len(dims) < 2 {
-			continue
 		}
 		allP, sameShard := true, true
 		first, firstIsShard := s.Placements[dims[0]].(Shard)

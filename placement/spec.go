@@ -280,7 +280,7 @@ func (s Spec) localInto(rank int, shape, offset []int) ([]int, []int) {
 // AppendLocalShape appends the shape of rank's shard to dst and returns it:
 // LocalShape without allocating when dst has room.
 func (s Spec) AppendLocalShape(dst []int, rank int) []int {
-	var buf [8]int
+	var buf [MaxTensorDims]int
 	off := buf[:0]
 	if len(s.Shape) > len(buf) {
 		off = nil
@@ -300,9 +300,9 @@ func (s Spec) LocalShape(rank int) []int {
 // LocalElems is the number of elements in rank's shard.
 func (s Spec) LocalElems(rank int) int64 { return s.localElems(rank) }
 
-// localElems computes LocalElems without allocating for tensors of up to 8 dims.
+// localElems computes LocalElems without allocating.
 func (s Spec) localElems(rank int) int64 {
-	var buf [8]int
+	var buf [MaxTensorDims]int
 	shape := buf[:0]
 	if len(s.Shape) > len(buf) {
 		shape = make([]int, 0, len(s.Shape))

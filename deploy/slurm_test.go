@@ -24,7 +24,7 @@ import (
 // ("node0", "node1") on this machine, submits three jobs as an unprivileged
 // user (an mlp whose batch script starts the job's own NATS server, a verify
 // against a "site" NATS server given in MESHRUN_NATS, an mlp with a flag the
-// worker refuses), waits for them and stops everything. This test builds the
+// worker refuses, a rank that exits 3), waits for them and stops everything. This test builds the
 // binaries, runs the script and checks, from the files it keeps, each job's
 // state and exit code, both launchers' output and each node's summary.json,
 // and that nothing the script started is left.
@@ -107,7 +107,7 @@ func TestSlurmLocal(t *testing.T) {
 	for _, m := range regexp.MustCompile(`job (\w+) \(\d+\): (\w+), exit (\d+:\d+)`).FindAllStringSubmatch(console, -1) {
 		ends[m[1]] = m[2] + " " + m[3]
 	}
-	for name, want := range map[string]string{"mlp": "COMPLETED 0:0", "verify": "COMPLETED 0:0", "badflag": "FAILED 2:0"} {
+	for name, want := range map[string]string{"mlp": "COMPLETED 0:0", "verify": "COMPLETED 0:0", "badflag": "FAILED 2:0", "rankfail": "FAILED 3:0"} {
 		if ids[name] == "" {
 			t.Fatalf("job %s was not submitted", name)
 		}
@@ -170,6 +170,12 @@ func TestSlurmLocal(t *testing.T) {
 	// badflag: both launchers refuse, the job fails with their exit code.
 	if bad := output("badflag"); strings.Count(bad, "unknown flag --tokns; did you mean --tokens?") != 2 {
 		t.Errorf("badflag output: want the worker's refusal from both launchers:\n%s", bad)
+	}
+
+	// rankfail: rank 1 on node 1 exits 3; both launchers name it, and the job
+	// ends with its code.
+	if fail := output("rankfail"); strings.Count(fail, "launcher run: rank failed: root cause rank 1 (node 1") != 2 {
+		t.Errorf("rankfail output: want both launchers to name rank 1 as the root cause:\n%s", fail)
 	}
 }
 

@@ -22,6 +22,9 @@
 #                 MESHRUN_NATS_CREDS and MESHRUN_JOB_ID, as deploy/README.md says
 #        badflag  sbatch --cpus-per-task=1 --mem=256M meshrun-cpu.sbatch mlp --tokns 5
 #                 a workload flag the worker refuses: the job must fail, exit 2
+#        rankfail sbatch --cpus-per-task=1 --mem=256M meshrun-cpu.sbatch exit 3 1
+#                 rank 1 (on node 1) exits 3: both launchers must name it as
+#                 the root cause and the job must fail with its code, exit 3
 #      and waits for every job to end (MESHRUN_TEST_JOB_TIMEOUT seconds, 300);
 #   4. checks each job's state, exit code and output: both launchers' start
 #      lines ("node 0 of 2", "node 1 of 2"), the workload's result (mlp's
@@ -298,6 +301,7 @@ submit mlp -- --cpus-per-task=2 --mem=512M meshrun-cpu.sbatch mlp --mesh dp=2,tp
 submit verify MESHRUN_NATS="nats://127.0.0.1:$site_port" MESHRUN_NATS_CREDS="$tmp/submit/site.creds" MESHRUN_JOB_ID="$site_job" -- \
   --cpus-per-task=1 --mem=256M meshrun-cpu.sbatch verify --quick
 submit badflag -- --cpus-per-task=1 --mem=256M meshrun-cpu.sbatch mlp --tokns 5
+submit rankfail -- --cpus-per-task=1 --mem=256M meshrun-cpu.sbatch exit 3 1
 
 deadline=$((SECONDS + ${MESHRUN_TEST_JOB_TIMEOUT:-300}))
 declare -A state exitcode
@@ -338,7 +342,7 @@ summary_ok() { # summary_ok JOBID NODE EXIT
   local f="runs/node-$2/$1/summary.json"
   grep -q '"exit_code": '"$3"',' "$f" 2>/dev/null && grep -q '"node": '"$2"',' "$f"
 }
-for name in mlp verify badflag; do
+for name in mlp verify badflag rankfail; do
   id=${job_ids[$name]}
   out="meshrun-$id.out"
   say "job $name ($id): ${state[$name]}, exit ${exitcode[$name]}; $out:"
@@ -363,6 +367,9 @@ check verify "node 1 summary.json: exit 0" summary_ok "$site_job" 1 0
 out=meshrun-${job_ids[badflag]}.out
 check badflag "FAILED, exit 2:0" test "${state[badflag]}:${exitcode[badflag]}" = FAILED:2:0
 check badflag "the worker's refusal is in the output" has "$out" "did you mean --tokens"
+out=meshrun-${job_ids[rankfail]}.out
+check rankfail "FAILED, exit 3:0" test "${state[rankfail]}:${exitcode[rankfail]}" = FAILED:3:0
+check rankfail "both launchers name rank 1 as the root cause" test "$(grep -c "rank failed: root cause rank 1 (node 1" "$out")" = 2
 if [ "$failed" = 0 ]; then
   say "PASS"
 else

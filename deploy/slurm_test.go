@@ -123,13 +123,14 @@ func TestSlurmLocal(t *testing.T) {
 		return string(b)
 	}
 
-	// mlp: the batch script's own NATS server, both launchers, 4 ranks, rank
-	// 0's result, and each node's summary.
+	// mlp, submitted with the script's own #SBATCH lines: the batch script's
+	// own NATS server, both launchers, 8 ranks each, rank 0's result, and
+	// each node's summary.
 	mlp, job := output("mlp"), "slurm-"+ids["mlp"]
 	for _, want := range []string{
 		"NATS server for this job at tls://",
-		"launcher: job " + job + ", node 0 of 2, 2 of 4 ranks",
-		"launcher: job " + job + ", node 1 of 2, 2 of 4 ranks",
+		"launcher: job " + job + ", node 0 of 2, 8 of 16 ranks",
+		"launcher: job " + job + ", node 1 of 2, 8 of 16 ranks",
 	} {
 		if !strings.Contains(mlp, want) {
 			t.Errorf("mlp output lacks %q", want)
@@ -145,10 +146,10 @@ func TestSlurmLocal(t *testing.T) {
 		t.Errorf("mlp output lacks rank 0's result")
 	} else if err := json.Unmarshal([]byte(m[1]), &result); err != nil {
 		t.Errorf("rank 0's result: %v", err)
-	} else if result.Mesh != "dp=2,tp=2" || result.Steps != 5 || !(result.LossLast < result.LossFirst) {
-		t.Errorf("rank 0's result: %+v, want mesh dp=2,tp=2, 5 steps and a falling loss", result)
+	} else if result.Mesh != "dp=2,tp=8" || result.Steps != 5 || !(result.LossLast < result.LossFirst) {
+		t.Errorf("rank 0's result: %+v, want mesh dp=2,tp=8, 5 steps and a falling loss", result)
 	}
-	checkSummaries(t, filepath.Join(keep, "runs"), job, 2, 2)
+	checkSummaries(t, filepath.Join(keep, "runs"), job, 2, 8)
 	if _, err := os.Stat(filepath.Join(keep, "runs", ".nats-slurm-"+ids["mlp"])); !os.IsNotExist(err) {
 		t.Errorf("the job's NATS credentials folder outlived the job (%v)", err)
 	}

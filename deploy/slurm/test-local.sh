@@ -9,14 +9,17 @@
 #      there (package scripts are kept from starting the packages' services);
 #   2. starts, in a private temporary folder, munged (its own key and socket),
 #      slurmctld and two slurmd, "node0" and "node1", both on this machine
-#      (Debian builds Slurm with multiple-slurmd support), each claiming 2
-#      CPUs and 1 GiB, and waits until sinfo shows both idle;
+#      (Debian builds Slurm with multiple-slurmd support), each claiming what
+#      the script's #SBATCH lines ask for, 8 CPUs and 16 GiB, whatever this
+#      machine has (SlurmdParameters=config_overrides; nothing enforces them),
+#      and waits until sinfo shows both idle;
 #   3. submits the batch script as an unprivileged user (nobody, or
-#      MESHRUN_TEST_USER), exactly as a user would, with sbatch options that
-#      fit the small nodes:
-#        mlp      sbatch --cpus-per-task=2 --mem=512M meshrun-cpu.sbatch mlp --mesh dp=2,tp=2 ...
-#                 MESHRUN_NATS unset: the batch script starts the job's own NATS
-#                 server (TLS, a user for the job) on the first node
+#      MESHRUN_TEST_USER), exactly as a user would:
+#        mlp      sbatch meshrun-cpu.sbatch mlp --mesh dp=2,tp=8 --tokens 64 --hidden 32 --steps 5
+#                 the script's own #SBATCH lines (2 nodes, 8 CPUs and 8 ranks
+#                 each), a small workload; MESHRUN_NATS unset: the batch script
+#                 starts the job's own NATS server (TLS, a user for the job) on
+#                 the first node
 #        verify   sbatch --cpus-per-task=1 --mem=256M meshrun-cpu.sbatch verify --quick
 #                 with a NATS server of the "site" (started here) in MESHRUN_NATS,
 #                 MESHRUN_NATS_CREDS and MESHRUN_JOB_ID, as deploy/README.md says
@@ -230,8 +233,8 @@ MpiDefault=none
 SwitchType=switch/none
 PlugStackConfig=/dev/null
 MinJobAge=600
-NodeName=node0 NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port0 CPUs=2 RealMemory=1024 State=UNKNOWN
-NodeName=node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port1 CPUs=2 RealMemory=1024 State=UNKNOWN
+NodeName=node0 NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port0 CPUs=8 RealMemory=16384 State=UNKNOWN
+NodeName=node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port1 CPUs=8 RealMemory=16384 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=30 State=UP
 CONF
 chmod 644 "$SLURM_CONF"
@@ -297,7 +300,7 @@ submit() { # submit NAME ENV... -- SBATCH ARGS...
   say "submitted $name as job ${job_ids[$name]}: sbatch $*"
 }
 declare -A job_ids
-submit mlp -- --cpus-per-task=2 --mem=512M meshrun-cpu.sbatch mlp --mesh dp=2,tp=2 --tokens 64 --hidden 32 --steps 5
+submit mlp -- meshrun-cpu.sbatch mlp --mesh dp=2,tp=8 --tokens 64 --hidden 32 --steps 5
 submit verify MESHRUN_NATS="nats://127.0.0.1:$site_port" MESHRUN_NATS_CREDS="$tmp/submit/site.creds" MESHRUN_JOB_ID="$site_job" -- \
   --cpus-per-task=1 --mem=256M meshrun-cpu.sbatch verify --quick
 submit badflag -- --cpus-per-task=1 --mem=256M meshrun-cpu.sbatch mlp --tokns 5
@@ -351,9 +354,9 @@ done
 id=${job_ids[mlp]} out=meshrun-${job_ids[mlp]}.out
 check mlp "COMPLETED, exit 0:0" test "${state[mlp]}:${exitcode[mlp]}" = COMPLETED:0:0
 check mlp "the batch script started the job's NATS server" has "$out" "NATS server for this job at tls://"
-check mlp "launcher of node 0 started" has "$out" "job slurm-$id, node 0 of 2, 2 of 4 ranks"
-check mlp "launcher of node 1 started" has "$out" "job slurm-$id, node 1 of 2, 2 of 4 ranks"
-check mlp "rank 0 reports the training" has "$out" '"mesh":"dp=2,tp=2".*"loss_last"'
+check mlp "launcher of node 0 started" has "$out" "job slurm-$id, node 0 of 2, 8 of 16 ranks"
+check mlp "launcher of node 1 started" has "$out" "job slurm-$id, node 1 of 2, 8 of 16 ranks"
+check mlp "rank 0 reports the training" has "$out" '"mesh":"dp=2,tp=8".*"loss_last"'
 check mlp "node 0 summary.json: exit 0" summary_ok "slurm-$id" 0 0
 check mlp "node 1 summary.json: exit 0" summary_ok "slurm-$id" 1 0
 check mlp "the job's NATS folder is gone" test ! -e "runs/.nats-slurm-$id"

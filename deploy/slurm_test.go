@@ -246,3 +246,65 @@ func processesUsing(dir string) []string {
 	}
 	return out
 }
+
+// TestSlurmScriptsParse: bash reads every batch script and the local test
+// script (bash -n); an apostrophe inside "${VAR:?...}" once broke both batch
+// scripts before their first line ran.
+func TestSlurmScriptsParse(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	files, _ := filepath.Glob("slurm/*.sbatch")
+	files = append(files, "slurm/test-local.sh")
+	for _, f := range files {
+		if out, err := exec.Command("bash", "-n", f).CombinedOutput(); err != nil {
+			t.Errorf("bash -n %s: %v\n%s", f, err, out)
+		}
+	}
+}
+
+// TestSlurmScriptsAlike: the CUDA batch script is the CPU one but for its GPU
+// lines: the same commands, line for line, apart from the default workload,
+// the srun line (the CPU step passes --cpus-per-task on) and the ranks per node
+// and device; their #SBATCH lines differ only in the resources asked for.
+func TestSlurmScriptsAlike(t *testing.T) {
+	read := func(f string) (code, directives []string) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			switch {
+			case strings.HasPrefix(l, "#SBATCH "):
+				directives = append(directives, l)
+			case strings.TrimSpace(l) == "" || strings.HasPrefix(strings.TrimSpace(l), "#"):
+			default:
+				code = append(code, l)
+			}
+		}
+		return code, directives
+	}
+	cpu, cpuDirs := read("slurm/meshrun-cpu.sbatch")
+	cuda, cudaDirs := read("slurm/meshrun-cuda.sbatch")
+	if len(cpu) != len(cuda) {
+		t.Fatalf("the CPU script has %d lines of commands, the CUDA one %d", len(cpu), len(cuda))
+	}
+	allowed := regexp.MustCompile(`^\s*(set -- mlp |srun |--nproc-per-node )`)
+	for i := range cpu {
+		if cpu[i] != cuda[i] && !(allowed.MatchString(cpu[i]) && allowed.MatchString(cuda[i])) {
+			t.Errorf("line %d of commands differs:\n  cpu:  %s\n  cuda: %s", i+1, cpu[i], cuda[i])
+		}
+	}
+	resources := regexp.MustCompile(`^#SBATCH --(job-name|cpus-per-task|mem|gres|exclusive)\b`)
+	strip := func(ds []string) (out []string) {
+		for _, d := range ds {
+			if !resources.MatchString(d) {
+				out = append(out, d)
+			}
+		}
+		return out
+	}
+	if a, b := strings.Join(strip(cpuDirs), "\n"), strings.Join(strip(cudaDirs), "\n"); a != b {
+		t.Errorf("#SBATCH lines differ beyond the resources:\ncpu:\n%s\ncuda:\n%s", a, b)
+	}
+}

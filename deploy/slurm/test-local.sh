@@ -63,7 +63,7 @@ sbatch_file="$repo/deploy/slurm/meshrun-cpu.sbatch"
 # --- 1. Slurm and munge ---
 install_slurm() {
   command -v apt-get >/dev/null || skip "slurmctld is not installed and there is no apt-get to install slurm-wlm and munge"
-  local policy=/usr/sbin/policy-rc.d made_policy= log
+  local policy=/usr/sbin/policy-rc.d made_policy='' log
   log=$(mktemp)
   if [ ! -e "$policy" ]; then
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
@@ -139,8 +139,7 @@ teardown() {
     for d in /proc/[0-9]*; do
       p=${d#/proc/}
       [ "$p" = $$ ] && continue
-      if readlink "$d/exe" "$d/cwd" 2>/dev/null | grep -q "^$tmp/" ||
-        ls -l "$d/fd" 2>/dev/null | grep -q -- "-> $tmp/"; then
+      if readlink "$d/exe" "$d/cwd" "$d"/fd/* 2>/dev/null | grep -q "^$tmp/"; then
         stray+=("$p")
       fi
     done

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 type attemptSync struct {
 	mu     sync.Mutex
 	master masterInfo              // node 0: the current attempt's
+	asked  map[int]map[int]bool    // node 0: attempt -> the nodes that have it
 	done   map[int]map[int]Outcome // attempt -> node -> how its ranks ended
 	change chan struct{}           // closed and replaced on every change of done
 	subs   []*nats.Subscription
@@ -47,7 +50,7 @@ func (p *plane) syncer() (*attemptSync, error) {
 	if p.sync != nil {
 		return p.sync, nil
 	}
-	s := &attemptSync{master: masterInfo{Attempt: -1}, done: map[int]map[int]Outcome{}, change: make(chan struct{})}
+	s := &attemptSync{master: masterInfo{Attempt: -1}, asked: map[int]map[int]bool{}, done: map[int]map[int]Outcome{}, change: make(chan struct{})}
 	sub, err := p.nc.Subscribe(protocol.AttemptSubject(p.job), func(m *nats.Msg) {
 		var a attemptMsg
 		if json.Unmarshal(m.Data, &a) != nil {
@@ -68,8 +71,18 @@ func (p *plane) syncer() (*attemptSync, error) {
 	s.subs = append(s.subs, sub)
 	if p.node == 0 {
 		sub, err := p.nc.Subscribe(protocol.MasterSubject(p.job), func(m *nats.Msg) {
+			var q masterQuery
+			json.Unmarshal(m.Data, &q)
 			s.mu.Lock()
 			b, _ := json.Marshal(s.master)
+			if q.Attempt == s.master.Attempt && s.master.Attempt >= 0 {
+				if s.asked[q.Attempt] == nil {
+					s.asked[q.Attempt] = map[int]bool{}
+				}
+				s.asked[q.Attempt][q.Node] = true
+				close(s.change)
+				s.change = make(chan struct{})
+			}
 			s.mu.Unlock()
 			m.Respond(b)
 		})
@@ -98,13 +111,52 @@ func (p *plane) setMaster(m masterInfo) error {
 	return nil
 }
 
+// masterQuery is a node's request for an attempt's MASTER_ADDR/PORT.
+type masterQuery struct {
+	Node    int `json:"node"`
+	Attempt int `json:"attempt"`
+}
+
+// mastersHandedOut is node 0's: it waits until every other node of nnodes
+// has asked for attempt's MASTER_ADDR and MASTER_PORT, at most wait, so
+// that a node 0 whose ranks finish first does not leave the others asking
+// an empty room. It returns the nodes that never asked.
+func (p *plane) mastersHandedOut(attempt, nnodes int, wait time.Duration) []int {
+	s, err := p.syncer()
+	if err != nil {
+		return nil
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		var missing []int
+		for n := 1; n < nnodes; n++ {
+			if !s.asked[attempt][n] {
+				missing = append(missing, n)
+			}
+		}
+		change := s.change
+		s.mu.Unlock()
+		if len(missing) == 0 {
+			return nil
+		}
+		select {
+		case <-change:
+		case <-timer.C:
+			return missing
+		}
+	}
+}
+
 // askMaster asks node 0's launcher for attempt's MASTER_ADDR and MASTER_PORT,
 // until it has them or wait has passed.
 func (p *plane) askMaster(attempt int, wait time.Duration) (masterInfo, error) {
 	deadline := time.Now().Add(wait)
 	last := "no answer"
 	for time.Now().Before(deadline) {
-		msg, err := p.nc.Request(protocol.MasterSubject(p.job), nil, 500*time.Millisecond)
+		q, _ := json.Marshal(masterQuery{Node: p.node, Attempt: attempt})
+		msg, err := p.nc.Request(protocol.MasterSubject(p.job), q, 500*time.Millisecond)
 		if err == nil {
 			var m masterInfo
 			if json.Unmarshal(msg.Data, &m) == nil && m.Attempt == attempt {
@@ -189,9 +241,37 @@ func (m nodeMsg) rootCause() RootCause {
 	return rc
 }
 
+// reachableAddr is an address of this node the other nodes reach: --local-addr
+// when given, else the local address of the route to the job's NATS server
+// (the other nodes reach that server, and so this host's network), else the
+// host name. An address, not a name: a pod's bare host name, for one, does
+// not resolve in its peers.
+func (j *job) reachableAddr() string {
+	if j.LocalAddr != "" {
+		return j.LocalAddr
+	}
+	first, _, _ := strings.Cut(j.NATS, ",")
+	if u, err := url.Parse(first); err == nil && u.Host != "" {
+		host, port := u.Hostname(), u.Port()
+		if port == "" {
+			port = "4222"
+		}
+		// A UDP "connection" sends nothing: it only picks the route.
+		if c, err := net.Dial("udp", net.JoinHostPort(host, port)); err == nil {
+			ip := c.LocalAddr().(*net.UDPAddr).IP
+			c.Close()
+			if !ip.IsUnspecified() {
+				return ip.String()
+			}
+		}
+	}
+	return hostname()
+}
+
 // master is attempt n's MASTER_ADDR and MASTER_PORT (what torch's env://
 // rendezvous reads): --master-addr and --master-port when given; else on one
-// node 127.0.0.1 and a port free there, on several node 0's host name and a
+// node 127.0.0.1 and a port free there, on several node 0's reachable address
+// (reachableAddr) and a
 // port free on it, which node 0's launcher hands to the others. A new port
 // each attempt: the last one's may linger in TIME_WAIT.
 func (j *job) master(p *plane, n int) (string, int, error) {
@@ -206,7 +286,7 @@ func (j *job) master(p *plane, n int) (string, int, error) {
 	if addr == "" {
 		addr = "127.0.0.1"
 		if j.nnodes > 1 {
-			addr = hostname()
+			addr = j.reachableAddr()
 		}
 	}
 	if port == 0 {

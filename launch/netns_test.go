@@ -289,7 +289,7 @@ func TestHostsOnANetwork(t *testing.T) {
 	}
 	tn := newTestNet(t, 3)
 	jobs := map[string]creds.Credentials{}
-	for _, j := range []string{"net-mlp", "net-verify", "net-delay", "net-natskill", "net-linkdown"} {
+	for _, j := range []string{"net-mlp", "net-verify", "net-master", "net-delay", "net-natskill", "net-linkdown"} {
 		jobs[j] = creds.Credentials{User: "u-" + j, Password: "pw-" + j}
 	}
 	nc := startNATSCluster(t, tn, jobs)
@@ -320,6 +320,16 @@ func TestHostsOnANetwork(t *testing.T) {
 	ls = runOnHosts(t, tn, nc, "net-verify", jobs["net-verify"], tcp, "verify", "--quick")
 	waitAll(t, ls, 120*time.Second)
 	ok("net-verify", ls, time.Since(start))
+
+	// torch's env:// address: node 0's address on the network, on every host.
+	ls = runOnHosts(t, tn, nc, "net-master", jobs["net-master"], nil, "--", "sh", "-c", `echo "master $MASTER_ADDR:$MASTER_PORT"`)
+	waitAll(t, ls, 30*time.Second)
+	for k, l := range ls {
+		b, _ := os.ReadFile(filepath.Join(l.logDir, "net-master", RankDir(k), "stdout.log"))
+		if l.code != 0 || !bytes.Contains(b, []byte("master "+tn.hosts[0].addr+":")) {
+			t.Errorf("host %d: exit %d, MASTER_ADDR: %s", k, l.code, b)
+		}
+	}
 
 	// Delay and loss between the hosts, where the kernel has netem.
 	if tn.ip("link", "set", tn.hosts[0].veth, "up") == nil && exec.Command("tc", "qdisc", "add", "dev", tn.hosts[0].veth, "root", "netem", "delay", "5ms").Run() == nil {

@@ -186,6 +186,11 @@ func (j *job) run(ctx context.Context) (int, error) {
 		ev.emit("restart", "attempt", n+1, "after", a.outcome, "exit_code", s.ExitCode)
 		pl.reset()
 	}
+	if j.nnodes > 1 && j.NodeRank == 0 && (j.MasterAddr == "" || j.MasterPort == 0) && last.env != nil && last.outcome == OutcomeOK {
+		if missing := pl.mastersHandedOut(last.n, j.nnodes, restartWait); len(missing) > 0 {
+			say("nodes %s never asked for MASTER_ADDR/MASTER_PORT of attempt %d", FormatRanks(missing), last.n)
+		}
+	}
 	s := sums[len(sums)-1]
 	sum := Summary{JobID: j.id, Node: j.NodeRank, NNodes: j.nnodes, WorldSize: j.world, AttemptSummary: s,
 		DurationMS: time.Since(began).Milliseconds(), Attempts: sums}

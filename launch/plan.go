@@ -259,7 +259,10 @@ func RunPlanContext(ctx context.Context, w io.Writer, o PlanOptions) error {
 		return err
 	case <-ctx.Done():
 		// The planners see ctx too and stop; no need to wait for them.
-		return fmt.Errorf("interrupted: %w", context.Cause(ctx))
+		if cause := context.Cause(ctx); cause != ctx.Err() {
+			return fmt.Errorf("interrupted: %w (%w)", cause, ctx.Err())
+		}
+		return fmt.Errorf("interrupted: %w", ctx.Err())
 	}
 }
 

@@ -127,7 +127,10 @@ func BudgetOf(ctx context.Context) (*Budget, context.Context) {
 // spend checks the context at the same time.
 func (b *Budget) Spend(ctx context.Context, n int64) error {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("planning stopped: %w", context.Cause(ctx))
+		if cause := context.Cause(ctx); cause != err {
+			return fmt.Errorf("planning stopped: %w (%w)", cause, err)
+		}
+		return fmt.Errorf("planning stopped: %w", err)
 	}
 	if b.left.Add(-n) < 0 {
 		return fmt.Errorf("planning needs more than its budget of %d units of work (a mesh of fewer dims or ranks plans within it): %w", b.total, ErrBudget)

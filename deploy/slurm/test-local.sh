@@ -48,7 +48,7 @@
 #                             folders and the daemons' logs into
 #   MESHRUN_TEST_USER         who submits the jobs (default nobody)
 #   MESHRUN_TEST_JOB_TIMEOUT  seconds to wait for the jobs (default 300)
-#   MESHRUN_TEST_APT_TIMEOUT  seconds apt-get may take (default 600)
+#   MESHRUN_TEST_APT_TIMEOUT  seconds apt-get may take in all (default 600)
 set -uo pipefail
 
 say() { echo "test-local: $*" >&2; }
@@ -69,12 +69,14 @@ install_slurm() {
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
   fi
   say "installing slurm-wlm and munge with apt-get (this takes a few minutes)"
-  local t=${MESHRUN_TEST_APT_TIMEOUT:-600} ok=
+  local end=$((SECONDS + ${MESHRUN_TEST_APT_TIMEOUT:-600})) ok=''
   for attempt in 1 2; do
-    if [ "$attempt" = 2 ]; then
-      DEBIAN_FRONTEND=noninteractive timeout "$t" apt-get update >>"$log" 2>&1
+    if [ "$attempt" = 2 ]; then # the package lists may be stale or missing
+      [ "$SECONDS" -lt "$end" ] || break
+      DEBIAN_FRONTEND=noninteractive timeout $((end - SECONDS)) apt-get update >>"$log" 2>&1
     fi
-    if DEBIAN_FRONTEND=noninteractive timeout "$t" apt-get install -y --no-install-recommends slurm-wlm munge >>"$log" 2>&1; then
+    [ "$SECONDS" -lt "$end" ] || break
+    if DEBIAN_FRONTEND=noninteractive timeout $((end - SECONDS)) apt-get install -y --no-install-recommends slurm-wlm munge >>"$log" 2>&1; then
       ok=1
       break
     fi
@@ -83,6 +85,7 @@ install_slurm() {
   if [ -z "$ok" ]; then
     local why
     why=$(grep -E '^(E:|W:)' "$log" | tail -n 3 | tr '\n' ' ')
+    [ "$SECONDS" -ge "$end" ] && why="timed out after ${MESHRUN_TEST_APT_TIMEOUT:-600} s (MESHRUN_TEST_APT_TIMEOUT) $why"
     rm -f "$log"
     skip "apt-get install slurm-wlm munge failed: ${why:-see apt-get}"
   fi

@@ -405,7 +405,7 @@ func TestJobs(t *testing.T) {
 			if len(argv) == 0 || argv[0] != "run" {
 				t.Fatalf("launcher args %q: want launcher run ...", argv)
 			}
-			for _, want := range []string{"--nats=tls://", "--nats-creds=", "--nats-ca=", "--job-id=", "--log-dir=/runs"} {
+			for _, want := range []string{"--nats=tls://", "--nats-creds=", "--nats-ca=", "--job-id=", "--log-dir=/runs/node-$(JOB_COMPLETION_INDEX)"} {
 				if !slices.ContainsFunc(argv, func(a string) bool { return strings.HasPrefix(a, want) }) {
 					t.Errorf("launcher args lack %s...: %q", want, argv)
 				}

@@ -239,3 +239,28 @@ func TestWrongJobCredentials(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedLogDir: two nodes of a job given one --log-dir (a shared file
+// system): the second is refused at once, told to give each node its own,
+// and the first goes on; the job folder's events file is created
+// exclusively, so two launchers starting together cannot both take it.
+func TestSharedLogDir(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs nats-server")
+	}
+	jobs := map[string]creds.Credentials{"shared": {User: "job-shared", Password: "pw-shared"}}
+	url := standaloneNATS(t, jobs)
+	common := []string{"--nats", url, "--nats-creds", writeCreds(t, jobs["shared"]), "--job-id", "shared", "--nnodes", "2", "-n", "1"}
+	first := startLauncher(t, append(common, "--node-rank", "0", "--", "sleep", "30")...)
+	first.waitEvent(t, "shared", "rank_start")
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), append([]string{"run", "--log-dir", first.dir, "--worker", worker()}, append(common, "--node-rank", "1", "--", "sleep", "30")...), &out, &errb)
+	if code != ExitUsage || !strings.Contains(errb.String(), "holds node 0's logs of job shared: with several nodes on one file system give each node its own --log-dir") {
+		t.Errorf("exit %d: %s", code, errb.String())
+	}
+	select {
+	case <-first.done:
+		t.Errorf("the first node ended: %s", first.err.String())
+	default:
+	}
+}

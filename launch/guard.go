@@ -168,6 +168,24 @@ func launcherPID(events string) int {
 	return ev.PID
 }
 
+// launcherNode is the node in the job_start event of an events.jsonl; -1
+// when unknown.
+func launcherNode(events string) int {
+	b, err := os.ReadFile(events)
+	if err != nil {
+		return -1
+	}
+	line, _, _ := bytes.Cut(b, []byte{'\n'})
+	var ev struct {
+		Event string `json:"event"`
+		Node  *int   `json:"node"`
+	}
+	if json.Unmarshal(line, &ev) != nil || ev.Event != "job_start" || ev.Node == nil {
+		return -1
+	}
+	return *ev.Node
+}
+
 // processAlive reports whether pid is a live process (not a zombie).
 func processAlive(pid int) bool {
 	if syscall.Kill(pid, 0) != nil {

@@ -38,13 +38,20 @@ func (j *job) run(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return ExitInterrupted, fmt.Errorf("interrupted before start: %w", err)
 	}
-	if _, err := os.Stat(filepath.Join(j.dir, JobFile)); err == nil {
-		return ExitUsage, fmt.Errorf("%w: job folder %s already holds a job; pick another --job-id", ErrInvalid, j.dir)
-	}
 	if err := os.MkdirAll(j.dir, 0o755); err != nil {
 		return 1, cannotStart{fmt.Errorf("job folder: %w", err)}
 	}
 	ev, err := openEvents(j.dir)
+	if errors.Is(err, os.ErrExist) {
+		// The folder is another launcher's (the events file is created
+		// exclusively): this job id ran here before, or another node of the
+		// job shares this --log-dir.
+		if other := launcherNode(filepath.Join(j.dir, EventsFile)); j.nnodes > 1 && other >= 0 && other != j.NodeRank {
+			return ExitUsage, fmt.Errorf("%w: job folder %s holds node %d's logs of job %s: with several nodes on one file system give each node its own --log-dir (e.g. runs/node-%d)",
+				ErrInvalid, j.dir, other, j.id, j.NodeRank)
+		}
+		return ExitUsage, fmt.Errorf("%w: job folder %s already holds a job; pick another --job-id", ErrInvalid, j.dir)
+	}
 	if err != nil {
 		return 1, cannotStart{fmt.Errorf("job folder: %w", err)}
 	}

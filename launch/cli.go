@@ -52,10 +52,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			err = o.Validate()
 		}
 		if err == nil {
-			err = RunPlan(stdout, o)
+			err = RunPlanContext(ctx, stdout, o)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "launcher plan: %v\n", err)
+			if ctx.Err() != nil {
+				return ExitInterrupted
+			}
 			return ExitUsage
 		}
 		return 0

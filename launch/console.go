@@ -178,9 +178,15 @@ func FormatRanks(ranks []int) string {
 	return b.String()
 }
 
+// maxRankSet bounds how many ranks a rank set may name in all: a set is a
+// map, and "0-1048576,1048577-2097153,..." would otherwise cost memory
+// without end.
+const maxRankSet = 1 << 17
+
 // ParseRanks reads "0,4-7" into a set of ranks.
 func ParseRanks(s string) (map[int]bool, error) {
 	set := map[int]bool{}
+	total := 0
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
 		lo, hi, isRange := strings.Cut(part, "-")
@@ -195,8 +201,8 @@ func ParseRanks(s string) (map[int]bool, error) {
 				return nil, fmt.Errorf("ranks %q: %q is not a range like 4-7", s, part)
 			}
 		}
-		if b-a > 1<<20 {
-			return nil, fmt.Errorf("ranks %q: range %q too long", s, part)
+		if total += b - a + 1; b-a > maxRankSet || total > maxRankSet {
+			return nil, fmt.Errorf("ranks %q: more than %d ranks", s, maxRankSet)
 		}
 		for r := a; r <= b; r++ {
 			set[r] = true

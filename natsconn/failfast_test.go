@@ -17,8 +17,14 @@ import (
 // plainServer starts a nats-server on loopback with one user.
 func plainServer(t *testing.T, user creds.Credentials) string {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true,
-		Users: []*server.User{{Username: user.User, Password: user.Password}}})
+	return startServer(t, &server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true,
+		Users: []*server.User{{Username: user.User, Password: user.Password}}}).ClientURL()
+}
+
+// startServer starts a nats-server with opts, stopped when the test ends.
+func startServer(t *testing.T, opts *server.Options) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +33,7 @@ func plainServer(t *testing.T, user creds.Credentials) string {
 		t.Fatal("server not ready")
 	}
 	t.Cleanup(s.Shutdown)
-	return s.ClientURL()
+	return s
 }
 
 // TestConnectCredentialsErrors: a missing, garbled or refused credentials file

@@ -75,15 +75,7 @@ func tlsServer(t *testing.T, dir string, verifyClients bool) (url string, ca tes
 	user = creds.Credentials{User: "job-a", Password: "pw-a"}
 	opts := &server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true, TLS: true, TLSConfig: tc,
 		TLSVerify: verifyClients, Users: []*server.User{{Username: user.User, Password: user.Password}}}
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(s.Shutdown)
+	s := startServer(t, opts)
 	return strings.Replace(s.ClientURL(), "nats://", "tls://", 1), ca, user
 }
 

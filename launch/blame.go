@@ -81,9 +81,12 @@ func (a *attempt) blameByVotes() {
 		Evidence: fmt.Sprintf("%s (%s)", evidenceBlamed, blamers(by[winner]))}
 	p := a.byRank[winner]
 	rec, hasRec := ErrorRecordOf(a.dir, winner)
-	// A victim that recorded its own failure before the teardown began was
-	// failing already (a SIGTERM from outside, seen by its peers first).
-	selfFailed := hasRec && rec.TimeMS > 0 && rec.TimeMS <= a.tearAt.UnixMilli()
+	// A victim that recorded a failure of its own (its error blames itself)
+	// before the teardown's SIGTERM was failing already: a SIGTERM from
+	// outside, say, which its peers saw first. (The teardown's abort makes
+	// ranks fail blaming another rank or none.)
+	selfFailed := hasRec && rec.TimeMS > 0 && rec.Culprit != nil && *rec.Culprit == winner &&
+		rec.TimeMS < a.tearAt.Add(abortSettle).UnixMilli()
 	switch {
 	case p != nil && slices.Contains(a.victims, winner) && !selfFailed:
 		// Blamed, and still running when the job was torn down: it stopped

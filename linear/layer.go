@@ -225,6 +225,14 @@ func PlanContext(ctx context.Context, cfg Config) (Plans, error) {
 	if err != nil {
 		return Plans{}, fmt.Errorf("linear %s: %w", cfg.Name, err)
 	}
+	// The layer has no kernel to scale a gradient by: a P(avg) x or output
+	// (whose gradients the plan scales) is refused rather than run wrong.
+	for _, g := range bwd.Grads {
+		if g.Scale != 1 {
+			return Plans{}, fmt.Errorf("%w: linear %s: d%s must be scaled by %s on every rank (a P(avg) input or output); the layer takes P(sum) partials only",
+				ErrConfig, cfg.Name, g.Input, spmd.FormatScale(g.Scale))
+		}
+	}
 	return Plans{fwd, bwd}, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/placement/sim"
 )
 
@@ -298,6 +299,36 @@ func checkNumerically(rng *rand.Rand, fwd *Plan, bwd *Backward) error {
 		if err := compare(got, want, 1e-12); err != nil {
 			return fmt.Errorf("backward %s: %w", g.Output.Name, err)
 		}
+		// Each rank's gradient of its own local input: the loss is Σ_r <dy_r, y_r>
+		// over the ranks' local outputs, so the global output's gradient is dy
+		// times the ranks an avg output averages over, and a P(avg) input's term
+		// t_r moves its tensor by 1/n of itself.
+		j := slices.IndexFunc(fwd.Inputs, func(o Operand) bool { return o.Name == g.Input })
+		factor := float64(avgRanks(fwd.Final.Spec)) / float64(avgRanks(fwd.Inputs[j].Spec))
+		wantLocal := sim.Shard(want, g.Final.Spec)
+		for r := range outs {
+			scaled := sim.New(outs[r].Shape...)
+			exp := sim.New(wantLocal[r].Shape...)
+			for k := range scaled.Data {
+				scaled.Data[k] = outs[r].Data[k] * g.Scale
+				exp.Data[k] = wantLocal[r].Data[k] * factor
+			}
+			if err := compare(scaled, exp, 1e-12); err != nil {
+				return fmt.Errorf("backward %s, rank %d's own gradient (scale %g): %w", g.Output.Name, r, g.Scale, err)
+			}
+		}
 	}
 	return nil
+}
+
+// avgRanks is the number of ranks a spec's P(avg) mesh dims average over (1
+// when none).
+func avgRanks(s placement.Spec) int {
+	n := 1
+	for i, p := range s.Placements {
+		if q, ok := p.(placement.Partial); ok && q.Op == placement.Avg {
+			n *= s.Mesh.Dim(i)
+		}
+	}
+	return n
 }

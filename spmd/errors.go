@@ -25,6 +25,6 @@ var (
 	// ErrMesh: inputs on different meshes.
 	ErrMesh = errors.New("mesh mismatch")
 	// ErrGrad: a gradient that cannot be planned (unknown name, or the backward
-	// of a partial other than a sum).
+	// of a P(max) or P(min) tensor, whose gradient depends on the data).
 	ErrGrad = errors.New("no gradient rule")
 )

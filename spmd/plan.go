@@ -329,7 +329,7 @@ func (s *strategy) reverse(ctx context.Context, given, local placement.Spec) err
 	if given.Equal(local) {
 		return nil
 	}
-	target, err := dual("", Operand{Spec: given})
+	target, _, err := dual("", Operand{Spec: given})
 	if err != nil {
 		return nil // no gradient layout: nothing to price
 	}

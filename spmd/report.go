@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/meshrun/meshrun/placement"
@@ -30,6 +31,8 @@ type ReportTensor struct {
 	Tensor     string   `json:"tensor,omitempty"`
 	Shape      []int    `json:"shape,omitempty"`
 	Placements []string `json:"placements"`
+	// Scale is a gradient's Grad.Scale, left out when 1.
+	Scale float64 `json:"scale,omitempty"`
 }
 
 type ReportCollective struct {
@@ -117,7 +120,11 @@ func NewReport(fwd *Plan, bwd *Backward, elemSize int) Report {
 	if bwd != nil {
 		rb := &ReportBackward{Grads: namedTensors{}}
 		for _, g := range bwd.Grads {
-			rb.Grads = append(rb.Grads, namedTensor{g.Input, ReportTensor{Placements: placementStrings(g.Final.Spec.Placements)}})
+			t := ReportTensor{Placements: placementStrings(g.Final.Spec.Placements)}
+			if g.Scale != 1 {
+				t.Scale = g.Scale
+			}
+			rb.Grads = append(rb.Grads, namedTensor{g.Input, t})
 		}
 		rb.Collectives, r.CommBytes.Backward = reportCollectives(bwd.Collectives(), elemSize)
 		r.Backward = rb
@@ -148,6 +155,9 @@ func Text(fwd *Plan, bwd *Backward, elemSize int) string {
 		for _, g := range bwd.Grads {
 			fmt.Fprintf(&b, "  %-6s %-12s %-20s %-20s %s\n", g.Output.Name, placement.FormatShape(g.Final.Spec.Shape),
 				"-> "+placement.FormatList(g.Final.Spec.Placements), placement.FormatList(g.Output.Spec.Placements), strings.Join(g.Strategy, "; "))
+			if g.Scale != 1 {
+				fmt.Fprintf(&b, "  %-6s then each rank scales it by %s (P(avg): the gradient of its own term)\n", "", FormatScale(g.Scale))
+			}
 		}
 		bb = writeCollectives(&b, "backward", bwd.Collectives(), elemSize)
 	}
@@ -168,4 +178,18 @@ func writeCollectives(b *strings.Builder, phase string, cs []Collective, elemSiz
 		fmt.Fprintf(b, "  %d. %-4s %s, %d B\n", i+1, c.Tensor, c.Step, n)
 	}
 	return total
+}
+
+// FormatScale writes a gradient scale as a fraction where it is one: "1/4",
+// "2", else %g.
+func FormatScale(f float64) string {
+	if f > 0 && f < 1 {
+		if n := math.Round(1 / f); math.Abs(1/f-n) < 1e-9 {
+			return fmt.Sprintf("1/%d", int64(n))
+		}
+	}
+	if n := math.Round(f); math.Abs(f-n) < 1e-9 {
+		return fmt.Sprintf("%d", int64(n))
+	}
+	return fmt.Sprintf("%g", f)
 }

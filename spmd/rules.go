@@ -184,12 +184,21 @@ func (r rule) einsum(op string, inputs []Operand, dims []int) (einsum, error) {
 type Grad struct {
 	Input string // the forward input, "w"
 	*Plan        // Output is "d" + Input, Final its layout as the caller gets it
+	// Scale multiplies, on every rank, the gradient laid out as Final to give the
+	// gradient of the rank's own local input: 1 unless the input or the output
+	// is P(avg). An input P(avg) over n ranks contributes 1/n (see dual); an
+	// output delivered as P(avg) over m ranks gets back dy already scaled by
+	// 1/m (each rank's share), which the factor m undoes.
+	Scale float64
 }
 
 // Backward is the plan of an op's backward pass.
 type Backward struct {
-	DY    Operand // the output's gradient as it arrives
-	Grads []Grad  // one per requested gradient, in input order
+	// DY is the output's gradient as it arrives: each rank's gradient of its own
+	// local output (for a P(avg) output over m ranks, the global gradient scaled
+	// by 1/m), laid out as the dual of the output's final layout.
+	DY    Operand
+	Grads []Grad // one per requested gradient, in input order
 }
 
 // Collectives lists every step of the backward pass that moves bytes.
@@ -210,22 +219,44 @@ func (b *Backward) CommElems() int64 {
 	return n
 }
 
-// dual is the layout of a tensor's gradient given the tensor's layout: a partial
-// sum's gradient is replicated (each term's gradient is the whole gradient);
-// shards and replicas keep their layout (a replica's gradient arrives as partial
-// sums and is reduced to match).
-func dual(op string, o Operand) (placement.Spec, error) {
+// dual is the layout of a tensor's gradient given the tensor's layout, and the
+// factor that turns the global gradient into what each rank holds for its own
+// local copy (∂L/∂ of its local tensor):
+//
+//   - a shard's gradient is the shard (factor 1);
+//   - a replica's gradient arrives as partial sums and is reduced to a replica
+//     (factor 1: the tensor is one value, its gradient the whole gradient);
+//   - P(sum), t = Σ_r t_r: ∂t/∂t_r = 1, so each term's gradient is the whole
+//     gradient, replicated (factor 1);
+//   - P(avg), t = (1/n) Σ_r t_r over the n ranks of the mesh dim: ∂t/∂t_r = 1/n,
+//     so the gradient is replicated and each rank scales it by 1/n (factors of
+//     several avg mesh dims multiply);
+//   - P(max) and P(min) are refused (ErrGrad): t = max_r t_r routes the gradient
+//     of each element to the rank holding the largest value, which depends on
+//     the data rather than on the layout, is undefined where ranks tie (R -> P(max)
+//     makes every rank tie on every element), and would need the forward values
+//     of every rank kept and compared: no placement describes it.
+func dual(op string, o Operand) (placement.Spec, float64, error) {
 	ps := slices.Clone(o.Spec.Placements)
+	scale := 1.0
 	for i, p := range ps {
-		if q, ok := p.(placement.Partial); ok {
-			if q.Op != placement.Sum {
-				return placement.Spec{}, fmt.Errorf("%w: %s: the gradient of %s, partial %s on mesh dim %s, has no layout",
-					ErrGrad, op, o, q.Op, o.Spec.Mesh.DimName(i))
-			}
-			ps[i] = placement.Replicate{}
+		q, ok := p.(placement.Partial)
+		if !ok {
+			continue
 		}
+		switch q.Op {
+		case placement.Sum:
+		case placement.Avg:
+			scale /= float64(o.Spec.Mesh.Dim(i))
+		default:
+			return placement.Spec{}, 0, fmt.Errorf("%w: %s: the gradient of %s, partial %s on mesh dim %s, has no layout: "+
+				"it belongs to whichever rank holds the %s of each element (a property of the data, undefined on ties); "+
+				"reduce %s (all_reduce %s) where a gradient must flow through it",
+				ErrGrad, op, o, q.Op, o.Spec.Mesh.DimName(i), q.Op, o.Name, q.Op)
+		}
+		ps[i] = placement.Replicate{}
 	}
-	return o.Spec.WithPlacements(ps...), nil
+	return o.Spec.WithPlacements(ps...), scale, nil
 }
 
 // BackwardOf plans the gradients of fwd's inputs named in grads (nil: all). A
@@ -252,7 +283,7 @@ func BackwardOfContext(ctx context.Context, fwd *Plan, grads []string, dims []in
 			return nil, fmt.Errorf("%w: %s has no input %q", ErrGrad, fwd.Op, g)
 		}
 	}
-	dySpec, err := dual(fwd.Op, fwd.Final)
+	dySpec, dyScale, err := dual(fwd.Op, fwd.Final)
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +297,7 @@ func BackwardOfContext(ctx context.Context, fwd *Plan, grads []string, dims []in
 		if !slices.Contains(grads, in.Name) {
 			continue
 		}
-		target, err := dual(fwd.Op, in)
+		target, scale, err := dual(fwd.Op, in)
 		if err != nil {
 			return nil, err
 		}
@@ -289,7 +320,7 @@ func BackwardOfContext(ctx context.Context, fwd *Plan, grads []string, dims []in
 				dy.Also = append(dy.Also, m.To)
 			}
 		}
-		b.Grads = append(b.Grads, Grad{Input: in.Name, Plan: p})
+		b.Grads = append(b.Grads, Grad{Input: in.Name, Plan: p, Scale: scale / dyScale})
 	}
 	return b, nil
 }

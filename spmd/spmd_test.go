@@ -150,7 +150,9 @@ var testMeshes = []string{"1", "2", "3", "4", "dp=2,tp=2", "2x3", "3x2"}
 
 func randomPlacements(rng *rand.Rand, m placement.Mesh, rank int, allowPartial bool) []placement.Placement {
 	ps := make([]placement.Placement, m.NDim())
-	var op placement.ReduceOp
+	// Sum most often; avg, max and min too (max and min inputs are reduced
+	// before the op, and their gradients refused).
+	op := []placement.ReduceOp{placement.Sum, placement.Sum, placement.Avg, placement.Max, placement.Min}[rng.IntN(5)]
 	for i := range ps {
 		switch k := rng.IntN(5); {
 		case k == 0:

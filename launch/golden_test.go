@@ -53,3 +53,28 @@ func TestPlanBlockGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanRedistributeGolden pins `launcher plan --op redistribute`: gathers
+// of uneven shards, all-to-all on a 2-D mesh, reduce-scatter in bfloat16, a
+// flattened all-reduce on a 3-D mesh, local-only steps, no steps, and --json.
+func TestPlanRedistributeGolden(t *testing.T) {
+	for _, tc := range []struct{ file, args string }{
+		{"tp4-gather-uneven.txt", "--mesh tp=4 --x 10x6:[S(0)] --out [R]"},
+		{"dp2-tp2-all-to-all.txt", "--mesh dp=2,tp=2 --x 8x16:[S(0),S(1)] --out [S(1),S(0)]"},
+		{"dp2-tp2-slice-then-gather.txt", "--mesh dp=2,tp=2 --x 8x16:[S(0),R] --out [R,S(1)]"},
+		{"tp3-reduce-scatter-bf16.txt", "--mesh tp=3 --x 7x5:[P] --out [S(0)] --dtype bfloat16"},
+		{"2x2x2-flattened.txt", "--mesh 2x2x2 --x 16x8:[P,P,S(1)] --out [R,R,R]"},
+		{"tp2-owner-avg.txt", "--mesh tp=2 --x 4x4:[R] --out [P(avg)]"},
+		{"tp2-same.txt", "--mesh tp=2 --x 4x4:[S(1)] --out [S(1)]"},
+		{"dp2-tp2-json.txt", "--mesh dp=2,tp=2 --x 8x16:[S(0),S(1)] --out [S(1),S(0)] --json"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			args := append([]string{"plan", "--op", "redistribute"}, strings.Fields(tc.args)...)
+			if code := Main(context.Background(), args, &out, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			golden(t, filepath.Join("testdata", "redistribute", tc.file), "$ launcher "+strings.Join(args, " ")+"\n"+out.String())
+		})
+	}
+}

@@ -24,7 +24,7 @@ import (
 // PlanOptions are the flags of `launcher plan`.
 type PlanOptions struct {
 	Mesh   string            // "dp=2,tp=2"
-	Op     string            // linear, matmul, add, gelu, relu, sum
+	Op     string            // linear, matmul, add, gelu, relu, sum, or redistribute
 	Inputs map[string]string // input name -> "SHAPE:[PLACEMENTS]"
 	Out    string            // placement the consumer wants for the output, "" for the default
 	Grads  string            // "x,w,b", "none", "" for all
@@ -43,16 +43,19 @@ var planInputs = []string{"x", "w", "b", "a"}
 
 // planInputHelp says which ops take each input flag.
 var planInputHelp = map[string]string{
-	"x": "linear, gelu, relu, sum",
+	"x": "linear, gelu, relu, sum; redistribute: the tensor moved",
 	"w": "linear: the weight [N,K]",
 	"b": "linear: the bias [N], optional; add, matmul: the second operand",
 	"a": "add, matmul: the first operand",
 }
 
 const planUsage = `usage: launcher plan --mesh MESH [--op OP] --x SPEC --w SPEC [--b SPEC] [FLAGS]
+       launcher plan --mesh MESH --op redistribute --x SPEC --out PLACEMENTS [--json]
        launcher plan --mesh MESH --block mlp [--tokens N] [--hidden N] [--ffn N] [--sequence-parallel]
   how an op (or the Megatron MLP block) is sharded: the layouts, collectives and bytes
-  of its forward and backward; SPEC is SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R]
+  of its forward and backward; SPEC is SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R];
+  --op redistribute plans moving the tensor --x to the layout --out: its steps
+  and the bytes each moves
 `
 
 // planFlags registers the flags of `launcher plan` into o; inputs are the
@@ -61,12 +64,12 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 	fs = flag.NewFlagSet("plan", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.Mesh, "mesh", "", "device `MESH`: 4 or dp=2,tp=2 (required)")
-	fs.StringVar(&o.Op, "op", "linear", "`OP`: "+strings.Join(spmd.Ops(), ", "))
+	fs.StringVar(&o.Op, "op", "linear", "`OP`: "+strings.Join(spmd.Ops(), ", ")+", or redistribute")
 	inputs = map[string]*string{}
 	for _, n := range planInputs {
 		inputs[n] = fs.String(n, "", "input "+n+" as `SPEC`, e.g. 8x16:[S(0),R] ("+planInputHelp[n]+")")
 	}
-	fs.StringVar(&o.Out, "out", "", "`PLACEMENTS` the consumer wants for the output, e.g. [S(0),S(1)] (default: the op's own)")
+	fs.StringVar(&o.Out, "out", "", "`PLACEMENTS` the consumer wants for the output, e.g. [S(0),S(1)] (default: the op's own; redistribute: required)")
 	fs.StringVar(&o.Grads, "grads", "", "`GRADS` wanted: some of the inputs, e.g. x,w, or none (default: all)")
 	fs.StringVar(&o.Dims, "dims", "", "`DIMS` a sum reduces, e.g. 0,1 (default: all)")
 	fs.IntVar(&o.World, "world", 0, "check the mesh against this many ranks (default: no check)")
@@ -114,6 +117,8 @@ type plan struct {
 	grads []string
 	json  bool
 	dtype tensor.DType
+	// redistribute: move req.Inputs[0] to req.Out.
+	redistribute bool
 }
 
 // Validate checks every flag before any planning and reports the first
@@ -173,6 +178,9 @@ func (o PlanOptions) build() (plan, error) {
 		}
 	}
 	op := o.Op
+	if op == "redistribute" {
+		return o.buildRedistribute(mesh)
+	}
 	names, err := spmd.InputNames(op)
 	if err != nil {
 		return plan{}, err
@@ -275,6 +283,9 @@ func (o PlanOptions) run(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if p.redistribute {
+		return p.runRedistribute(ctx, w)
+	}
 	fwd, err := spmd.ForwardContext(ctx, p.req)
 	if err != nil {
 		return err
@@ -327,4 +338,65 @@ func flagList(names []string) string {
 		out[i] = "--" + n
 	}
 	return strings.Join(out, " ")
+}
+
+// buildRedistribute checks the flags of --op redistribute: --x the tensor,
+// --out the layout it goes to, nothing an op takes.
+func (o PlanOptions) buildRedistribute(mesh placement.Mesh) (plan, error) {
+	p := plan{redistribute: true, json: o.JSON, dtype: tensor.Float32}
+	if o.DType != "" {
+		var err error
+		if p.dtype, err = tensor.ParseDType(o.DType); err != nil {
+			return plan{}, fmt.Errorf("--dtype %q: want float32, bfloat16 or float64", o.DType)
+		}
+	}
+	for n := range o.Inputs {
+		if n != "x" {
+			return plan{}, fmt.Errorf("--%s: redistribute takes --x (the tensor) and --out (its new placements)", n)
+		}
+	}
+	if o.Grads != "" || o.Dims != "" {
+		return plan{}, errors.New("--grads and --dims are for ops: redistribute takes --x and --out")
+	}
+	v, ok := o.Inputs["x"]
+	if !ok {
+		return plan{}, errors.New("--x is required: redistribute moves the tensor --x, e.g. --x '8x16:[S(0),R]'")
+	}
+	from, err := placement.ParseSpec(v, mesh)
+	if err != nil {
+		return plan{}, fmt.Errorf("--x %s: %w", v, err)
+	}
+	if o.Out == "" {
+		return plan{}, errors.New("--out is required: redistribute moves --x to the placements --out, e.g. --out '[R,S(1)]'")
+	}
+	ps, err := placement.ParseList(o.Out)
+	if err != nil {
+		return plan{}, fmt.Errorf("--out: %w", err)
+	}
+	if _, err := placement.NewSpec(from.Shape, mesh, ps...); err != nil {
+		return plan{}, fmt.Errorf("--out %s: %w", o.Out, err)
+	}
+	p.req = spmd.Request{Op: "redistribute", Inputs: []spmd.Operand{{Name: "x", Spec: from}}, Options: spmd.Options{Out: ps}}
+	return p, nil
+}
+
+// runRedistribute plans the move of p.req.Inputs[0] to p.req.Out and prints it.
+func (p plan) runRedistribute(ctx context.Context, w io.Writer) error {
+	from := p.req.Inputs[0].Spec
+	to := from.WithPlacements(p.req.Out...)
+	steps, err := placement.PlanContext(ctx, from, to)
+	if err != nil {
+		return err
+	}
+	r := spmd.NewRedistReport("x", from, to, steps, p.dtype.Size())
+	if p.json {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	}
+	_, err = io.WriteString(w, r.Text())
+	return err
 }

@@ -82,6 +82,12 @@ func TestPlanErrors(t *testing.T) {
 		{"input the op lacks", []string{"plan", "--mesh", "4", "--op", "gelu", "--x", "8x16:[R]", "--w", "32x16:[R]"}, "--w: gelu takes --x"},
 		{"shard beyond the tensor", []string{"plan", "--mesh", "4", "--x", "8x16:[S(2)]", "--w", "32x16:[R]"}, "tensor dim 2"},
 		{"unknown dtype", []string{"plan", "--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--dtype", "fp8"}, `--dtype "fp8"`},
+		{"redistribute S -> P", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[S(0)]", "--out", "[P]"}, "no redistribution path"},
+		{"redistribute without --out", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[S(0)]"}, "--out is required"},
+		{"redistribute without --x", []string{"plan", "--mesh", "4", "--op", "redistribute", "--out", "[R]"}, "--x is required"},
+		{"redistribute with --w", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--w", "8x16:[R]", "--out", "[R]"}, "--w: redistribute takes --x"},
+		{"redistribute with --grads", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--out", "[R]", "--grads", "x"}, "--grads and --dims are for ops"},
+		{"redistribute to a bad layout", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--out", "[S(2)]"}, "--out [S(2)]"},
 		{"unknown dtype, block", []string{"plan", "--mesh", "4", "--block", "mlp", "--dtype", "int8"}, `--dtype "int8"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

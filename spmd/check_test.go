@@ -5,147 +5,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
 
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/placement/sim"
+	"github.com/meshrun/meshrun/spmd/spmdtest"
 )
-
-// evalOp computes an op on dense float64 tensors, locally: the reference every
-// rule is checked against, applied both to whole tensors and to each rank's shards.
-func evalOp(op, equation string, ins []sim.Tensor, outShape []int) (sim.Tensor, error) {
-	lhs, out, _ := strings.Cut(equation, "->")
-	terms := strings.Split(lhs, ",")
-	size := map[byte]int{}
-	for j, t := range terms {
-		if len(t) != len(ins[j].Shape) {
-			return sim.Tensor{}, fmt.Errorf("%s: input %d has shape %v for term %q", op, j, ins[j].Shape, t)
-		}
-		for d := range t {
-			if t[d] == bcast {
-				continue
-			}
-			if n, ok := size[t[d]]; ok && n != ins[j].Shape[d] {
-				return sim.Tensor{}, fmt.Errorf("%s: local sizes of %q disagree: %d vs %d", op, string(t[d]), n, ins[j].Shape[d])
-			}
-			size[t[d]] = ins[j].Shape[d]
-		}
-	}
-	// Output letters no input has (a broadcast) take their size from outShape.
-	for d := range out {
-		if _, ok := size[out[d]]; !ok && out[d] != bcast {
-			size[out[d]] = outShape[d]
-		}
-	}
-	oshape := make([]int, len(out))
-	for d := range out {
-		oshape[d] = 1
-		if out[d] != bcast {
-			oshape[d] = size[out[d]]
-		}
-	}
-	res := sim.New(oshape...)
-	var letters []byte
-	for _, t := range append(slices.Clone(terms), out) {
-		for _, l := range []byte(t) {
-			if l != bcast && !slices.Contains(letters, l) {
-				letters = append(letters, l)
-			}
-		}
-	}
-	offset := func(t string, shape []int, val map[byte]int) int {
-		k := 0
-		for d := range t {
-			v := 0
-			if t[d] != bcast {
-				v = val[t[d]]
-			}
-			k = k*shape[d] + v
-		}
-		return k
-	}
-	val := map[byte]int{}
-	var visit func(i int, f func())
-	visit = func(i int, f func()) {
-		if i == len(letters) {
-			f()
-			return
-		}
-		for v := 0; v < size[letters[i]]; v++ {
-			val[letters[i]] = v
-			visit(i+1, f)
-		}
-	}
-	switch {
-	case op == "gelu" || op == "relu":
-		for k, x := range ins[0].Data {
-			res.Data[k] = unaryF(op, x)
-		}
-	case strings.HasSuffix(op, "_backward"):
-		for k := range res.Data {
-			res.Data[k] = ins[0].Data[k] * unaryGrad(strings.TrimSuffix(op, "_backward"), ins[1].Data[k])
-		}
-	case op == "add" || len(ins) == 1:
-		// Sum form: each input broadcast to the output, summed over its letters the
-		// output lacks.
-		for j, t := range terms {
-			// Visit only the letters of this term and the output.
-			saved := letters
-			letters = nil
-			for _, l := range []byte(t + out) {
-				if l != bcast && !slices.Contains(letters, l) {
-					letters = append(letters, l)
-				}
-			}
-			visit(0, func() {
-				res.Data[offset(out, oshape, val)] += ins[j].Data[offset(t, ins[j].Shape, val)]
-			})
-			letters = saved
-		}
-	default:
-		n := len(terms)
-		if op == "linear" {
-			n-- // the bias is added below
-		}
-		visit(0, func() {
-			p := 1.0
-			for j := 0; j < n; j++ {
-				p *= ins[j].Data[offset(terms[j], ins[j].Shape, val)]
-			}
-			res.Data[offset(out, oshape, val)] += p
-		})
-		if op == "linear" {
-			saved := letters
-			letters = []byte(strings.ReplaceAll(out, string(rune(bcast)), ""))
-			b := len(terms) - 1
-			visit(0, func() {
-				res.Data[offset(out, oshape, val)] += ins[b].Data[offset(terms[b], ins[b].Shape, val)]
-			})
-			letters = saved
-		}
-	}
-	return res, nil
-}
-
-func unaryF(op string, x float64) float64 {
-	if op == "relu" {
-		return max(x, 0)
-	}
-	return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
-}
-
-func unaryGrad(op string, x float64) float64 {
-	if op == "relu" {
-		if x > 0 {
-			return 1
-		}
-		return 0
-	}
-	c := math.Sqrt(2 / math.Pi)
-	u := c * (x + 0.044715*x*x*x)
-	t := math.Tanh(u)
-	return 0.5*(1+t) + 0.5*x*(1-t*t)*c*(1+3*0.044715*x*x)
-}
 
 func randomTensor(rng *rand.Rand, shape []int) sim.Tensor {
 	t := sim.New(shape...)
@@ -198,7 +62,7 @@ func runPlan(p *Plan, locals [][]sim.Tensor, held map[string][]sim.Tensor) (fina
 		for j := range consumed {
 			ins[j] = consumed[j][r]
 		}
-		o, err := evalOp(p.Op, p.Equation, ins, p.Output.Spec.LocalShape(r))
+		o, err := spmdtest.Eval(p.Op, p.Equation, ins, p.Output.Spec.LocalShape(r))
 		if err != nil {
 			return nil, nil, fmt.Errorf("rank %d: %w", r, err)
 		}
@@ -260,7 +124,7 @@ func checkNumerically(rng *rand.Rand, fwd *Plan, bwd *Backward) error {
 	if err != nil {
 		return fmt.Errorf("forward: %w", err)
 	}
-	want, err := evalOp(fwd.Op, fwd.Equation, globals, fwd.Output.Spec.Shape)
+	want, err := spmdtest.Eval(fwd.Op, fwd.Equation, globals, fwd.Output.Spec.Shape)
 	if err != nil {
 		return err
 	}
@@ -292,7 +156,7 @@ func checkNumerically(rng *rand.Rand, fwd *Plan, bwd *Backward) error {
 		if err != nil {
 			return fmt.Errorf("backward %s: %w", g.Output.Name, err)
 		}
-		want, err := evalOp(g.Op, g.Equation, gg, g.Output.Spec.Shape)
+		want, err := spmdtest.Eval(g.Op, g.Equation, gg, g.Output.Spec.Shape)
 		if err != nil {
 			return err
 		}

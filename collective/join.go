@@ -29,7 +29,8 @@ import (
 //	MESHRUN_NATS_URL                 NATS server (required)
 //	MESHRUN_NATS_CREDS               path of a 0600 credentials file (format: see
 //	                                 package natsconn/creds: user=… and password=… lines)
-//	MESHRUN_TRANSPORT                auto (default) | shm | tcp | nats
+//	MESHRUN_TRANSPORT                auto (default) | shm | tcp | nats | none
+//	                                 (none: control plane only, for simulation)
 //	MESHRUN_TCP_HOST                 address the tcp data listener binds and
 //	                                 announces (default 127.0.0.1 on one node;
 //	                                 on several, the host name's address, else
@@ -52,8 +53,15 @@ type Config struct {
 	// (MESHRUN_NATS_INSECURE). The policy is natsconn's.
 	NATSCA, NATSCert, NATSKey string
 	NATSInsecure              bool
+	// Dialer, when set, opens the rank's NATS connection (nats.SetCustomDialer).
+	// For simulation and fault injection: bench/control closes the socket it
+	// returns to kill a simulated rank's control plane abruptly.
+	Dialer nats.CustomDialer
 	// Transport: "auto" (shm when every rank is on one host, else tcp), "shm",
-	// "tcp", "nats".
+	// "tcp", "nats", or "none": no data plane at all, every collective fails
+	// with ErrInvalid; the control plane (rendezvous, heartbeats, notices,
+	// abort) runs for real. "none" is for simulating many ranks in one process
+	// (bench/control).
 	Transport string
 	TCPHost   string
 	// RendezvousTimeout bounds the wait for the whole roster; default 30 s.
@@ -141,9 +149,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	switch c.Transport {
-	case "", "auto", "shm", "tcp", "nats":
+	case "", "auto", "shm", "tcp", "nats", "none":
 	default:
-		errs = append(errs, fmt.Sprintf("transport %q: want auto, shm, tcp or nats", c.Transport))
+		errs = append(errs, fmt.Sprintf("transport %q: want auto, shm, tcp, nats or none", c.Transport))
 	}
 	if _, err := ParseBackend(c.Collectives); err != nil {
 		errs = append(errs, fmt.Sprintf("%s=%q: want auto, host, staged or nccl", EnvBackend, c.Collectives))
@@ -231,6 +239,9 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		denied.CompareAndSwap(nil, e)
 		jcancel(e)
 		return e
+	}
+	if cfg.Dialer != nil {
+		natsOpts = append(natsOpts, nats.SetCustomDialer(cfg.Dialer))
 	}
 	nc, err := nats.Connect(cfg.NATSURL, append(natsOpts,
 		nats.NoReconnect(),
@@ -354,6 +365,8 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		t, err = newShmTransport(tctx, cfg.Rank, cfg.WorldSize, roster, log)
 	case "nats":
 		t, err = NewNatsTransport(tctx, nc, cfg.Job, cfg.Rank, cfg.WorldSize)
+	case "none":
+		t = noneTransport{rank: cfg.Rank, size: cfg.WorldSize}
 	}
 	if e := deniedErr(); e != nil {
 		if err == nil {

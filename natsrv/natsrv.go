@@ -224,3 +224,22 @@ func (z zapLogger) Fatalf(format string, v ...any)  { z.l.Errorf(format, v...) }
 func (z zapLogger) Errorf(format string, v ...any)  { z.l.Errorf(format, v...) }
 func (z zapLogger) Debugf(format string, v ...any)  { z.l.Debugf(format, v...) }
 func (z zapLogger) Tracef(format string, v ...any)  {}
+
+// Stats are the server's cumulative message counters, as its monitoring
+// endpoint /varz reports them (read through the Go API: monitoring stays off).
+type Stats struct {
+	Connections       int
+	InMsgs, OutMsgs   int64
+	InBytes, OutBytes int64
+	SlowConsumers     int64
+}
+
+// Stats reads the server's counters (bench/control measures control-plane
+// traffic with them).
+func (s *Server) Stats() (Stats, error) {
+	v, err := s.ns.Varz(nil)
+	if err != nil {
+		return Stats{}, err
+	}
+	return Stats{Connections: v.Connections, InMsgs: v.InMsgs, OutMsgs: v.OutMsgs, InBytes: v.InBytes, OutBytes: v.OutBytes, SlowConsumers: v.SlowConsumers}, nil
+}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -25,12 +28,20 @@ type verifyCase struct {
 	command string // `worker linear ...` reproducing it
 }
 
-// Meshes lists every 1-D and 2-D mesh of world ranks: tp=W, then dp=a,tp=b.
+// Meshes lists every 1-D, 2-D and 3-D mesh of world ranks (each dim of at
+// least 2): tp=W, then dp=a,tp=b, then dp=a,cp=b,tp=c.
 func Meshes(world int) []placement.Mesh {
 	out := []placement.Mesh{placement.MustMesh([]int{world}, []string{"tp"})}
 	for a := 2; a <= world/2; a++ {
 		if world%a == 0 {
 			out = append(out, placement.MustMesh([]int{a, world / a}, []string{"dp", "tp"}))
+		}
+	}
+	for a := 2; a <= world/4; a++ {
+		for b := 2; a*b <= world/2; b++ {
+			if world%(a*b) == 0 {
+				out = append(out, placement.MustMesh([]int{a, b, world / (a * b)}, []string{"dp", "cp", "tp"}))
+			}
 		}
 	}
 	return out
@@ -62,21 +73,22 @@ func linearCases(m placement.Mesh, quick bool) []verifyCase {
 			}
 		}
 	}
-	var combos [][]choice
-	var rec func(prefix []choice)
-	rec = func(prefix []choice) {
-		if len(prefix) == m.NDim() {
-			combos = append(combos, slices.Clone(prefix))
-			return
-		}
-		for _, c := range per {
-			rec(append(prefix, c))
-		}
+	// 1-D and 2-D meshes: every combination; 3-D: a fixed sample.
+	limit := math.MaxInt
+	if m.NDim() > 2 {
+		limit = linearSample(quick)
 	}
-	rec(nil)
+	var layouts [][]choice
+	for _, idx := range combos(len(per), m.NDim(), limit, rand.New(rand.NewPCG(uint64(m.Size()), uint64(m.NDim())))) {
+		c := make([]choice, len(idx))
+		for i, k := range idx {
+			c[i] = per[k]
+		}
+		layouts = append(layouts, c)
+	}
 	var out []verifyCase
 	for _, sz := range sizes {
-		for _, combo := range combos {
+		for _, combo := range layouts {
 			pl := func(get func(choice) string) string {
 				parts := make([]string, len(combo))
 				for i, c := range combo {
@@ -100,11 +112,29 @@ func linearCases(m placement.Mesh, quick bool) []verifyCase {
 	return out
 }
 
+// linearSample is how many layouts of linear verify checks on a 3-D mesh,
+// out of 18³ (quick) or 24³.
+func linearSample(quick bool) int {
+	if quick {
+		return 512
+	}
+	return 4096
+}
+
 // verifyRow is one line of the table.
 type verifyRow struct {
 	op, mesh      string
 	cases, passed int
 	failures      []string
+}
+
+func (r *verifyRow) add(ok bool, why, command string) {
+	r.cases++
+	if ok {
+		r.passed++
+	} else {
+		r.failures = append(r.failures, why+"\n    "+command)
+	}
 }
 
 // verifyTask is `worker verify`.
@@ -118,8 +148,9 @@ type verifyTask struct {
 }
 
 func (t *verifyTask) flags(fs *flag.FlagSet) {
-	fs.StringVar(&t.ops, "ops", "linear", "`OPS` to verify: linear")
-	fs.BoolVar(&t.quick, "quick", false, "uneven sizes only, no partial inputs")
+	fs.StringVar(&t.ops, "ops", strings.Join(verifyOps, ","), "`OPS` to verify, some of: "+strings.Join(verifyOps, ", ")+
+		" (linear through the layer in --dtype; the others through their plans in float64)")
+	fs.BoolVar(&t.quick, "quick", false, "uneven sizes only, no partial inputs to linear, one shape per op, fewer sampled layouts")
 	fs.IntVar(&t.world, "world", 0, "world size when run alone (default $WORLD_SIZE, else 4)")
 	t.df.register(fs)
 }
@@ -129,8 +160,8 @@ func (t *verifyTask) setup(_ context.Context, env Env, args []string) error {
 		return err
 	}
 	for _, op := range strings.Split(t.ops, ",") {
-		if op != "linear" {
-			return fmt.Errorf("--ops: unknown op %q (known: linear)", op)
+		if !slices.Contains(verifyOps, op) {
+			return fmt.Errorf("--ops: unknown op %q (known: %s)", op, strings.Join(verifyOps, ", "))
 		}
 	}
 	t.n = worldSize(env, 4)
@@ -163,9 +194,31 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 	n, rd := t.n, t.rd
 	// The cases (and their plans) are the same on every rank: build them once.
 	meshes := Meshes(n)
+	ops := strings.Split(t.ops, ",")
+	doLinear := slices.Contains(ops, "linear")
 	cases := make([][]verifyCase, len(meshes))
+	// others[i][k] are the cases of the k-th op other than linear on mesh i.
+	var others []string
+	for _, op := range verifyOps {
+		if op != "linear" && slices.Contains(ops, op) {
+			others = append(others, op)
+		}
+	}
+	// Planning the cases is pure and most of verify's work on 3-D meshes: plan
+	// them on every core.
+	opCasesOf := make([][][]opCase, len(meshes))
+	var plan []func()
 	for i, m := range meshes {
-		cases[i] = linearCases(m, t.quick)
+		opCasesOf[i] = make([][]opCase, len(others))
+		for o, op := range others {
+			plan = append(plan, func() { opCasesOf[i][o] = opCases(ctx, op, m, t.quick) })
+		}
+		if doLinear {
+			plan = append(plan, func() { cases[i] = linearCases(m, t.quick) })
+		}
+	}
+	parallel(plan)
+	for i := range cases {
 		for j := range cases[i] {
 			cases[i][j].cfg.DType = rd.dtype
 			if rd.dtype != tensor.Float32 {
@@ -181,23 +234,35 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 			return err
 		}
 		for i, m := range meshes {
-			row := verifyRow{op: "linear", mesh: m.String()}
-			for _, c := range cases[i] {
-				ok, why, err := runVerifyCase(ctx, w, k, c)
-				if err != nil {
-					return fmt.Errorf("%s: %w", c.command, err)
+			if doLinear {
+				row := verifyRow{op: "linear", mesh: m.String()}
+				for _, c := range cases[i] {
+					ok, why, err := runVerifyCase(ctx, w, k, c)
+					if err != nil {
+						return fmt.Errorf("%s: %w", c.command, err)
+					}
+					row.add(ok, why, c.command)
 				}
-				row.cases++
-				if ok {
-					row.passed++
-				} else {
-					row.failures = append(row.failures, why+"\n    "+c.command)
+				if w.Rank() == 0 {
+					mu.Lock()
+					rows = append(rows, row)
+					mu.Unlock()
 				}
 			}
-			if w.Rank() == 0 {
-				mu.Lock()
-				rows = append(rows, row)
-				mu.Unlock()
+			for o, op := range others {
+				row := verifyRow{op: op, mesh: m.String()}
+				for _, c := range opCasesOf[i][o] {
+					ok, why, err := runOpCase(ctx, w, c)
+					if err != nil {
+						return fmt.Errorf("%s: %w", c.command, err)
+					}
+					row.add(ok, why, fmt.Sprintf("%s (its plan; worker verify --ops %s --world %d runs it)", c.command, op, n))
+				}
+				if w.Rank() == 0 {
+					mu.Lock()
+					rows = append(rows, row)
+					mu.Unlock()
+				}
 			}
 		}
 		return nil
@@ -208,10 +273,10 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 	if rows == nil {
 		return 0 // not rank 0
 	}
-	fmt.Fprintf(env.Stdout, "%-8s %-12s %7s %7s %7s\n", "op", "mesh", "cases", "passed", "failed")
+	fmt.Fprintf(env.Stdout, "%-8s %-16s %7s %7s %7s\n", "op", "mesh", "cases", "passed", "failed")
 	failed := 0
 	for _, r := range rows {
-		fmt.Fprintf(env.Stdout, "%-8s %-12s %7d %7d %7d\n", r.op, r.mesh, r.cases, r.passed, len(r.failures))
+		fmt.Fprintf(env.Stdout, "%-8s %-16s %7d %7d %7d\n", r.op, r.mesh, r.cases, r.passed, len(r.failures))
 		failed += len(r.failures)
 	}
 	for _, r := range rows {
@@ -237,4 +302,24 @@ func runVerifyCase(ctx context.Context, w *collective.World, k kernels.Compute, 
 	}
 	why := r.verdict(w.Size())
 	return why == "", why, nil
+}
+
+// parallel runs fs on GOMAXPROCS goroutines and returns when all are done.
+func parallel(fs []func()) {
+	next := make(chan func())
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(fs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for f := range next {
+				f()
+			}
+		}()
+	}
+	for _, f := range fs {
+		next <- f
+	}
+	close(next)
+	wg.Wait()
 }

@@ -8,7 +8,9 @@ package collective
 //	meshrun.J.rdv            rendezvous: every rank sends its Announce as a request;
 //	                         rank 0 answers all of them with the Roster once complete
 //	meshrun.J.ctl.hb.<rank>  heartbeats: State as JSON, every HeartbeatInterval; the
-//	                         last one has closed=true (and the failure, if any)
+//	                         last one has closed=true (and the failure, if any);
+//	                         read by the launcher and by one rank (see natsControl)
+//	meshrun.J.ctl.state.<rank> the rank's State on request
 //	meshrun.J.ctl.fail       failure notices: Notice as JSON, from the rank that
 //	                         detected a failure; every rank fails at once
 //	meshrun.J.ctl.abort      abort: Notice as JSON (protocol.AbortNotice), e.g. from
@@ -17,8 +19,8 @@ package collective
 //	                         the nats data path (transport "nats"), its window and
 //	                         its readiness check
 //
-// The ctl subjects are read through one subscription so that a rank's notice
-// and its later heartbeats arrive in the order it sent them.
+// The notices and the watched heartbeats are read through one channel so that
+// a rank's notice and its later heartbeats arrive in the order it sent them.
 //
 // Why core request/reply and not JetStream KV: the rendezvous is a one-shot
 // barrier that needs a single authority to decide "complete", "missing ranks" and
@@ -39,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -194,6 +197,18 @@ func coordinate(ctx context.Context, nc *nats.Conn, subj string, me Announce) (*
 }
 
 // natsControl is the Control of a real job.
+//
+// Liveness in O(N) messages: every rank publishes its heartbeat on its own
+// subject as before (the launcher reads them all), but reads the heartbeats of
+// one peer only, its predecessor (rank-1 mod N): N deliveries per interval in
+// all, not N². The job fails at its first failure, so one live watcher per
+// rank is enough: a rank silent for the timeout is declared lost by its
+// watcher, which publishes the notice every rank reads. A rank that closes its
+// World names in its last heartbeat (State.Watch) the ranks it was watching,
+// and its watcher takes them over, after asking each for its state
+// (StateSubject): one that no longer answers has closed too, and its
+// predecessor is taken over in turn. The state of a rank that is not watched
+// (PeerState, to blame a timeout) is asked for on demand.
 type natsControl struct {
 	nc       *nats.Conn
 	job      string
@@ -202,12 +217,17 @@ type natsControl struct {
 	interval time.Duration
 	timeout  time.Duration
 	log      *zap.Logger
+	// ch carries the notices and the watched heartbeats, through one channel
+	// so that a rank's notice and its later heartbeats arrive in the order it
+	// sent them.
+	ch chan *nats.Msg
 
 	mu      sync.Mutex
 	state   func() State
 	notice  func(Notice)
 	peers   []State
 	seen    []time.Time
+	watch   map[int]*nats.Subscription
 	pending []Notice
 	subs    []*nats.Subscription
 	quit    chan struct{}
@@ -218,33 +238,151 @@ type natsControl struct {
 
 func newNatsControl(nc *nats.Conn, job string, rank, size int, interval, timeout time.Duration, log *zap.Logger) (*natsControl, error) {
 	c := &natsControl{nc: nc, job: job, rank: rank, size: size, interval: interval, timeout: timeout, log: log,
-		peers: make([]State, size), seen: make([]time.Time, size), quit: make(chan struct{})}
-	sub, err := nc.Subscribe(protocol.ControlSubjects(job), func(m *nats.Msg) {
-		if n, ok := protocol.ParseNotice(job, m.Subject, m.Data); ok {
-			c.deliver(n)
-			return
-		}
-		s, ok := protocol.ParseHeartbeat(job, m.Subject, m.Data)
-		if !ok || s.Rank < 0 || s.Rank >= size {
-			return
-		}
-		c.mu.Lock()
-		c.peers[s.Rank] = s
-		c.seen[s.Rank] = time.Now()
-		c.mu.Unlock()
-		if s.Closed && s.Rank != rank {
-			if s.Failure != nil {
-				c.deliver(*s.Failure)
-			} else {
-				c.deliver(Notice{Code: protocol.CodePeerClosed, Rank: s.Rank, Reporter: rank})
-			}
-		}
-	})
+		ch: make(chan *nats.Msg, 1024), peers: make([]State, size), seen: make([]time.Time, size),
+		watch: map[int]*nats.Subscription{}, quit: make(chan struct{}), started: time.Now()}
+	sub, err := nc.ChanSubscribe(protocol.NoticeSubjects(job), c.ch)
 	if err != nil {
 		return nil, err
 	}
 	c.subs = append(c.subs, sub)
+	sub, err = nc.Subscribe(protocol.StateSubject(job, rank), c.answerState)
+	if err != nil {
+		return nil, err
+	}
+	c.subs = append(c.subs, sub)
+	if size > 1 {
+		c.mu.Lock()
+		err = c.watchLocked((rank + size - 1) % size)
+		c.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+	}
+	c.wg.Add(1)
+	go c.dispatch()
 	return c, nc.Flush()
+}
+
+// watchLocked starts reading rank's heartbeats; its silence counts from now.
+func (c *natsControl) watchLocked(rank int) error {
+	if _, ok := c.watch[rank]; ok || rank == c.rank {
+		return nil
+	}
+	sub, err := c.nc.ChanSubscribe(protocol.HeartbeatSubject(c.job, rank), c.ch)
+	if err != nil {
+		return err
+	}
+	c.watch[rank] = sub
+	c.seen[rank] = time.Now()
+	return nil
+}
+
+func (c *natsControl) answerState(m *nats.Msg) {
+	c.mu.Lock()
+	st := c.state
+	c.mu.Unlock()
+	s := State{Rank: c.rank, Time: time.Now()}
+	if st != nil {
+		s = st()
+	}
+	data, _ := json.Marshal(s)
+	m.Respond(data)
+}
+
+func (c *natsControl) dispatch() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.quit:
+			return
+		case m := <-c.ch:
+			c.handle(m)
+		}
+	}
+}
+
+func (c *natsControl) handle(m *nats.Msg) {
+	if n, ok := protocol.ParseNotice(c.job, m.Subject, m.Data); ok {
+		c.deliver(n)
+		return
+	}
+	s, ok := protocol.ParseHeartbeat(c.job, m.Subject, m.Data)
+	if !ok || s.Rank < 0 || s.Rank >= c.size {
+		return
+	}
+	c.mu.Lock()
+	if _, watched := c.watch[s.Rank]; !watched {
+		c.mu.Unlock()
+		return
+	}
+	c.peers[s.Rank] = s
+	c.seen[s.Rank] = time.Now()
+	c.mu.Unlock()
+	if s.Closed && s.Rank != c.rank {
+		if s.Failure != nil {
+			c.deliver(*s.Failure)
+		} else {
+			c.deliver(Notice{Code: protocol.CodePeerClosed, Rank: s.Rank, Reporter: c.rank})
+		}
+		c.handoff(s.Rank, s.Watch)
+	}
+}
+
+// handoff: watched rank closed, having watched ranks: take them over (its
+// predecessor when it names none), each after asking it for its state; one
+// that does not answer has closed as well, and its predecessor is next.
+func (c *natsControl) handoff(closed int, ranks []int) {
+	c.mu.Lock()
+	if sub, ok := c.watch[closed]; ok {
+		sub.Unsubscribe()
+		delete(c.watch, closed)
+	}
+	c.mu.Unlock()
+	if len(ranks) == 0 {
+		ranks = []int{(closed + c.size - 1) % c.size}
+	}
+	for steps := 0; len(ranks) > 0 && steps < c.size; steps++ {
+		q := ranks[0]
+		ranks = ranks[1:]
+		if q < 0 || q >= c.size || q == c.rank {
+			continue
+		}
+		c.mu.Lock()
+		_, watched := c.watch[q]
+		done := watched || c.peers[q].Closed
+		if !done {
+			c.watchLocked(q)
+		}
+		c.mu.Unlock()
+		if done {
+			continue
+		}
+		msg, err := c.nc.Request(protocol.StateSubject(c.job, q), nil, c.askTimeout())
+		if errors.Is(err, nats.ErrNoResponders) {
+			c.mu.Lock()
+			c.peers[q].Closed = true
+			if sub, ok := c.watch[q]; ok {
+				sub.Unsubscribe()
+				delete(c.watch, q)
+			}
+			c.mu.Unlock()
+			ranks = append(ranks, (q+c.size-1)%c.size)
+			continue
+		}
+		var s State
+		if err == nil && json.Unmarshal(msg.Data, &s) == nil {
+			c.mu.Lock()
+			if !c.peers[q].Closed {
+				c.peers[q], c.seen[q] = s, time.Now()
+			}
+			c.mu.Unlock()
+		}
+	}
+}
+
+// askTimeout bounds a state request: two heartbeat intervals, at most 1 s.
+func (c *natsControl) askTimeout() time.Duration {
+	return min(2*c.interval, time.Second)
 }
 
 func (c *natsControl) deliver(n Notice) {
@@ -278,6 +416,11 @@ func (c *natsControl) Attach(state func() State, notice func(Notice)) {
 	pending := c.pending
 	c.pending = nil
 	c.started = time.Now()
+	for r := range c.watch {
+		if c.seen[r].Before(c.started) {
+			c.seen[r] = c.started
+		}
+	}
 	c.mu.Unlock()
 	for _, n := range pending {
 		notice(n)
@@ -289,6 +432,16 @@ func (c *natsControl) Attach(state func() State, notice func(Notice)) {
 func (c *natsControl) beat(closing bool) {
 	s := c.state()
 	s.Closed = closing
+	if closing {
+		c.mu.Lock()
+		for r := range c.watch {
+			if !c.peers[r].Closed {
+				s.Watch = append(s.Watch, r)
+			}
+		}
+		c.mu.Unlock()
+		slices.Sort(s.Watch)
+	}
 	data, _ := json.Marshal(s)
 	c.nc.Publish(protocol.HeartbeatSubject(c.job, c.rank), data)
 }
@@ -308,15 +461,11 @@ func (c *natsControl) loop() {
 		now := time.Now()
 		c.mu.Lock()
 		lost, last := -1, time.Time{}
-		for r := 0; r < c.size; r++ {
+		for r := range c.watch {
 			if r == c.rank || c.peers[r].Closed {
 				continue
 			}
-			seen := c.seen[r]
-			if seen.IsZero() {
-				seen = c.started
-			}
-			if now.Sub(seen) > c.timeout {
+			if seen := c.seen[r]; now.Sub(seen) > c.timeout {
 				lost, last = r, seen
 				break
 			}
@@ -331,7 +480,7 @@ func (c *natsControl) loop() {
 		c.mu.Unlock()
 		if lost >= 0 && fn != nil {
 			fn(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank, Detail: fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", now.Sub(last).Round(time.Millisecond))})
-			// Tell the others too: they may be waiting on someone else.
+			// Tell the others: only this rank watches it.
 			e := noticeErr(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank})
 			e.Detail = fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", now.Sub(last).Round(time.Millisecond))
 			c.Publish(noticeOf(e))
@@ -339,10 +488,25 @@ func (c *natsControl) loop() {
 	}
 }
 
+// PeerState returns the last heartbeat of a watched rank; any other rank is
+// asked for its state (at most askTimeout).
 func (c *natsControl) PeerState(rank int) (State, time.Time, bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.peers[rank], c.seen[rank], !c.seen[rank].IsZero()
+	_, watched := c.watch[rank]
+	st, at := c.peers[rank], c.seen[rank]
+	c.mu.Unlock()
+	if watched && !st.Time.IsZero() || rank == c.rank {
+		return st, at, !at.IsZero()
+	}
+	msg, err := c.nc.Request(protocol.StateSubject(c.job, rank), nil, c.askTimeout())
+	if err != nil {
+		return st, at, !at.IsZero() && !st.Time.IsZero()
+	}
+	var s State
+	if json.Unmarshal(msg.Data, &s) != nil {
+		return st, at, false
+	}
+	return s, time.Now(), true
 }
 
 func (c *natsControl) Close() error {
@@ -357,6 +521,11 @@ func (c *natsControl) Close() error {
 		c.beat(true)
 		c.nc.FlushTimeout(time.Second)
 	}
+	c.mu.Lock()
+	for _, s := range c.watch {
+		s.Unsubscribe()
+	}
+	c.mu.Unlock()
 	for _, s := range c.subs {
 		s.Unsubscribe()
 	}

@@ -24,6 +24,9 @@ type State struct {
 	Closed bool `json:"closed,omitempty"`
 	// Failure is the rank's World failure, if any.
 	Failure *Notice `json:"failure,omitempty"`
+	// Watch, in the last heartbeat (Closed), lists the ranks whose liveness
+	// this rank was watching: its watcher takes them over.
+	Watch []int `json:"watch,omitempty"`
 }
 
 // Notice tells every rank of a group (or the whole job) that a collective failed.

@@ -14,6 +14,8 @@
 //	                              rank 0 answers all of them with the roster
 //	meshrun.J.ctl.hb.<rank>       HeartbeatSubject: State as JSON, periodically; the last
 //	                              one has closed=true (and the failure, if any)
+//	meshrun.J.ctl.state.<rank>    StateSubject: a request answered by rank with its
+//	                              State as JSON (read on demand, e.g. to blame a timeout)
 //	meshrun.J.ctl.fail            FailSubject: Notice as JSON, from the rank that
 //	                              detected a failure
 //	meshrun.J.ctl.abort           AbortSubject: Notice as JSON (AbortNotice); anything on
@@ -48,6 +50,13 @@ func HeartbeatSubject(job string, rank int) string {
 
 // HeartbeatSubjects matches the heartbeats of every rank: "meshrun.<job>.ctl.hb.*".
 func HeartbeatSubjects(job string) string { return prefix(job) + "ctl.hb.*" }
+
+// StateSubject is answered by rank with its State as JSON:
+// "meshrun.<job>.ctl.state.<rank>". A rank reads the heartbeats of one peer
+// only (see package collective); the state of any other is asked for here.
+func StateSubject(job string, rank int) string {
+	return prefix(job) + "ctl.state." + strconv.Itoa(rank)
+}
 
 // FailSubject carries failure notices: "meshrun.<job>.ctl.fail".
 func FailSubject(job string) string { return prefix(job) + "ctl.fail" }

@@ -31,6 +31,9 @@ type PlanOptions struct {
 	Dims   string            // dims a sum reduces, "0,1"
 	World  int               // if > 0, the mesh must hold this many ranks
 	JSON   bool
+	// Explain lists the chosen forward strategy and this many runners-up with
+	// their modelled costs (0: none).
+	Explain int
 	// DType is the element type the bytes are counted in ("float32" default,
 	// "bfloat16", "float64").
 	// Block plans a whole block instead of one op ("mlp").
@@ -74,6 +77,7 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 	fs.StringVar(&o.Dims, "dims", "", "`DIMS` a sum reduces, e.g. 0,1 (default: all)")
 	fs.IntVar(&o.World, "world", 0, "check the mesh against this many ranks (default: no check)")
 	fs.BoolVar(&o.JSON, "json", false, "print JSON")
+	fs.IntVar(&o.Explain, "explain", 0, "also list the chosen strategy and the next `N` cheapest with their modelled costs")
 	fs.StringVar(&o.DType, "dtype", "float32", "element type the bytes count, `DTYPE`: float32, bfloat16 or float64")
 	fs.StringVar(&o.Block, "block", "", "plan a `BLOCK` instead of one op: mlp")
 	fs.IntVar(&o.Tokens, "tokens", 64, "block: tokens")
@@ -137,6 +141,9 @@ func (o PlanOptions) Validate() error {
 func (o PlanOptions) block() (placement.Mesh, error) {
 	if o.Block != "mlp" {
 		return placement.Mesh{}, fmt.Errorf("--block %q: want mlp", o.Block)
+	}
+	if o.Explain != 0 {
+		return placement.Mesh{}, errors.New("--explain is for one op, not a --block")
 	}
 	if _, err := elemSize(o.DType); err != nil {
 		return placement.Mesh{}, err
@@ -237,6 +244,10 @@ func (o PlanOptions) build() (plan, error) {
 		}
 	}
 	p.req.Grads = p.grads
+	if o.Explain < 0 {
+		return plan{}, fmt.Errorf("--explain %d: want the number of runners-up to list, 0 or more", o.Explain)
+	}
+	p.req.Explain = o.Explain
 	return p, nil
 }
 
@@ -355,8 +366,8 @@ func (o PlanOptions) buildRedistribute(mesh placement.Mesh) (plan, error) {
 			return plan{}, fmt.Errorf("--%s: redistribute takes --x (the tensor) and --out (its new placements)", n)
 		}
 	}
-	if o.Grads != "" || o.Dims != "" {
-		return plan{}, errors.New("--grads and --dims are for ops: redistribute takes --x and --out")
+	if o.Grads != "" || o.Dims != "" || o.Explain != 0 {
+		return plan{}, errors.New("--grads, --dims and --explain are for ops: redistribute takes --x and --out")
 	}
 	v, ok := o.Inputs["x"]
 	if !ok {

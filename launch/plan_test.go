@@ -86,8 +86,10 @@ func TestPlanErrors(t *testing.T) {
 		{"redistribute without --out", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[S(0)]"}, "--out is required"},
 		{"redistribute without --x", []string{"plan", "--mesh", "4", "--op", "redistribute", "--out", "[R]"}, "--x is required"},
 		{"redistribute with --w", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--w", "8x16:[R]", "--out", "[R]"}, "--w: redistribute takes --x"},
-		{"redistribute with --grads", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--out", "[R]", "--grads", "x"}, "--grads and --dims are for ops"},
+		{"redistribute with --grads", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--out", "[R]", "--grads", "x"}, "--grads, --dims and --explain are for ops"},
 		{"redistribute to a bad layout", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--out", "[S(2)]"}, "--out [S(2)]"},
+		{"explain a block", []string{"plan", "--mesh", "4", "--block", "mlp", "--explain", "2"}, "--explain is for one op"},
+		{"negative explain", []string{"plan", "--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--explain", "-1"}, "--explain -1"},
 		{"unknown dtype, block", []string{"plan", "--mesh", "4", "--block", "mlp", "--dtype", "int8"}, `--dtype "int8"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -124,5 +126,40 @@ func TestPlanDType(t *testing.T) {
 	}
 	if !strings.Contains(f32.String(), "(8192 B)") || !strings.Contains(bf16.String(), "(4096 B)") {
 		t.Fatalf("block bytes: float32\n%s\nbfloat16\n%s", f32.String(), bf16.String())
+	}
+}
+
+// TestPlanExplainJSON: --explain adds the chosen strategy and its runners-up,
+// cheapest first, with their costs in bytes, to the JSON; without it the key
+// is absent.
+func TestPlanExplainJSON(t *testing.T) {
+	args := []string{"plan", "--mesh", "dp=2,tp=2", "--op", "linear", "--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]", "--json"}
+	var out, errb bytes.Buffer
+	if code := Main(context.Background(), append(args, "--explain", "2"), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	type cand struct {
+		Strategy    []string `json:"strategy"`
+		Output      []string `json:"output"`
+		SentBytes   int64    `json:"sent_bytes"`
+		Collectives int      `json:"collectives"`
+	}
+	var r struct {
+		Explain *struct {
+			Chosen    cand   `json:"chosen"`
+			RunnersUp []cand `json:"runners_up"`
+		} `json:"explain"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	e := r.Explain
+	if e == nil || len(e.RunnersUp) != 2 || strings.Join(e.Chosen.Strategy, "; ") != "dp: split output dim 0; tp: split output dim 1" ||
+		e.Chosen.SentBytes != 0 || e.RunnersUp[0].SentBytes != 3072 || e.RunnersUp[1].SentBytes < e.RunnersUp[0].SentBytes {
+		t.Fatalf("explain: %s", out.String())
+	}
+	out.Reset()
+	if code := Main(context.Background(), args, &out, &errb); code != 0 || strings.Contains(out.String(), "explain") {
+		t.Fatalf("without --explain: exit %d, %s", code, out.String())
 	}
 }

@@ -57,6 +57,25 @@ type Plan struct {
 	Moves []Move
 	// Cost is the number of elements all ranks send, in total.
 	Cost int64
+	// Chosen and RunnersUp are the chosen strategy and the next cheapest ones,
+	// in order, with their modelled costs: filled when Options.Explain asks.
+	Chosen    *Candidate
+	RunnersUp []Candidate
+}
+
+// Candidate is one strategy the engine priced: per mesh dim how the work is
+// split, and the modelled cost it was ranked by.
+type Candidate struct {
+	Strategy []string
+	// Output is the placements the local op produces.
+	Output []placement.Placement
+	// Cost is the elements all ranks send (forward moves, and the way back of
+	// the gradients of inputs that moved); Collectives and Steps count the
+	// forward's; Work is the local op's multiply-adds on the busiest rank.
+	Cost        int64
+	Collectives int
+	Steps       int
+	Work        int64
 }
 
 // Collectives lists, in order, every step of the plan that moves bytes.
@@ -91,7 +110,10 @@ type Options struct {
 	// Grads names the inputs whose gradients will be computed (nil: all; empty:
 	// none). A forward move of such an input is priced twice: its gradient comes
 	// back the reverse way.
-	Grads    []string
+	Grads []string
+	// Explain keeps this many runners-up to the chosen strategy in the plan
+	// (Plan.RunnersUp), for a person to compare; 0 keeps none.
+	Explain  int
 	backward bool
 }
 
@@ -186,6 +208,7 @@ func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, o
 			describe(op, inputs), strategyCount(cands), mesh, budget.Left(), placement.ErrBudget)
 	}
 	var best *strategy
+	var all []*strategy // with Explain: every strategy that reaches the output
 	var firstErr error
 	cache := planCache{}
 	idx := make([]int, mesh.NDim())
@@ -200,6 +223,9 @@ func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, o
 		s, err := price(ctx, e, k, given, inputs, cs, opts, cache)
 		if stopped(err) {
 			return nil, fmt.Errorf("%s: %w", describe(op, inputs), err)
+		}
+		if err == nil && opts.Explain > 0 {
+			all = append(all, s)
 		}
 		if err == nil && (best == nil || s.less(best)) {
 			best = s
@@ -234,12 +260,40 @@ func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, o
 	for i, in := range inputs {
 		p.Local = append(p.Local, Operand{Name: in.Name, Spec: best.local[i]})
 	}
+	if opts.Explain > 0 {
+		// A stable sort keeps enumeration order among equals: best comes first.
+		slices.SortStableFunc(all, func(a, b *strategy) int {
+			switch {
+			case a.less(b):
+				return -1
+			case b.less(a):
+				return 1
+			}
+			return 0
+		})
+		for i, s := range all[:min(len(all), opts.Explain+1)] {
+			c := s.candidate(mesh, e)
+			if i == 0 {
+				p.Chosen = &c
+			} else {
+				p.RunnersUp = append(p.RunnersUp, c)
+			}
+		}
+	}
 	for i := range p.Moves {
 		if p.Moves[i].Tensor == "" {
 			p.Moves[i].Tensor = outName
 		}
 	}
 	return p, nil
+}
+
+func (s *strategy) candidate(mesh placement.Mesh, e einsum) Candidate {
+	c := Candidate{Output: s.out.Placements, Cost: s.cost, Collectives: s.moving, Steps: s.steps, Work: s.work}
+	for i, ch := range s.choices {
+		c.Strategy = append(c.Strategy, mesh.DimName(i)+": "+ch.label(e))
+	}
+	return c
 }
 
 // price builds one strategy's layouts and prices its redistributions.

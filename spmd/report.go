@@ -20,6 +20,28 @@ type Report struct {
 	Forward   ReportForward   `json:"forward"`
 	Backward  *ReportBackward `json:"backward,omitempty"`
 	CommBytes ReportBytes     `json:"comm_bytes"`
+	// Explain is the chosen forward strategy and its runners-up (Options.Explain).
+	Explain *ReportExplain `json:"explain,omitempty"`
+}
+
+type ReportExplain struct {
+	Chosen    ReportCandidate   `json:"chosen"`
+	RunnersUp []ReportCandidate `json:"runners_up"`
+}
+
+// ReportCandidate is a Candidate with its cost in bytes.
+type ReportCandidate struct {
+	Strategy    []string `json:"strategy"`
+	Output      []string `json:"output"`
+	SentBytes   int64    `json:"sent_bytes"`
+	Collectives int      `json:"collectives"`
+	Steps       int      `json:"steps"`
+	Work        int64    `json:"work"`
+}
+
+func reportCandidate(c Candidate, elemSize int) ReportCandidate {
+	return ReportCandidate{Strategy: c.Strategy, Output: placementStrings(c.Output), SentBytes: satMul(c.Cost, int64(elemSize)),
+		Collectives: c.Collectives, Steps: c.Steps, Work: c.Work}
 }
 
 type ReportMesh struct {
@@ -129,6 +151,12 @@ func NewReport(fwd *Plan, bwd *Backward, elemSize int) Report {
 		rb.Collectives, r.CommBytes.Backward = reportCollectives(bwd.Collectives(), elemSize)
 		r.Backward = rb
 	}
+	if fwd.Chosen != nil {
+		r.Explain = &ReportExplain{Chosen: reportCandidate(*fwd.Chosen, elemSize), RunnersUp: []ReportCandidate{}}
+		for _, c := range fwd.RunnersUp {
+			r.Explain.RunnersUp = append(r.Explain.RunnersUp, reportCandidate(c, elemSize))
+		}
+	}
 	return r
 }
 
@@ -162,7 +190,28 @@ func Text(fwd *Plan, bwd *Backward, elemSize int) string {
 		bb = writeCollectives(&b, "backward", bwd.Collectives(), elemSize)
 	}
 	fmt.Fprintf(&b, "comm bytes (rank 0): forward %d, backward %d\n", fb, bb)
+	if fwd.Chosen != nil {
+		writeExplain(&b, fwd, elemSize)
+	}
 	return b.String()
+}
+
+// writeExplain lists the chosen forward strategy and its runners-up with the
+// costs they were ranked by.
+func writeExplain(b *strings.Builder, fwd *Plan, elemSize int) {
+	b.WriteString("explain: forward strategies, ranked by bytes all ranks send (moves, and the way back of moved inputs' gradients), then collectives, steps, local work\n")
+	line := func(label string, c Candidate) {
+		fmt.Fprintf(b, "  %-8s %s -> %s\n", label, strings.Join(c.Strategy, "; "), placement.FormatList(c.Output))
+		fmt.Fprintf(b, "  %-8s %d B sent, %s, %s, local work %d\n", "", satMul(c.Cost, int64(elemSize)),
+			plural(c.Collectives, "collective"), plural(c.Steps, "step"), c.Work)
+	}
+	line("chosen", *fwd.Chosen)
+	for i, c := range fwd.RunnersUp {
+		line(fmt.Sprintf("%d.", i+2), c)
+	}
+	if len(fwd.RunnersUp) == 0 {
+		b.WriteString("  (no other strategy reaches the output)\n")
+	}
 }
 
 func writeCollectives(b *strings.Builder, phase string, cs []Collective, elemSize int) int64 {
@@ -192,4 +241,11 @@ func FormatScale(f float64) string {
 		return fmt.Sprintf("%d", int64(n))
 	}
 	return fmt.Sprintf("%g", f)
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }

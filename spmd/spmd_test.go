@@ -57,7 +57,7 @@ func writeGolden(t *testing.T, path string, cases []goldenCase) {
 			b.WriteString("\n====\n")
 		}
 		fmt.Fprintf(&b, "# %s\n", c.name)
-		for _, k := range []string{"mesh", "op", "in", "dims", "out", "grads"} {
+		for _, k := range []string{"mesh", "op", "in", "dims", "out", "grads", "explain"} {
 			if v, ok := c.header[k]; ok {
 				fmt.Fprintf(&b, "%s: %s\n", k, v)
 			}
@@ -94,6 +94,11 @@ func planCase(h map[string]string) (*Plan, *Backward, error) {
 	}
 	if v, ok := h["out"]; ok {
 		if req.Out, err = placement.ParseList(v); err != nil {
+			return nil, nil, err
+		}
+	}
+	if v, ok := h["explain"]; ok {
+		if req.Explain, err = strconv.Atoi(v); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -315,5 +320,47 @@ func TestSkippedGradCostsNothing(t *testing.T) {
 	}
 	if len(some.Grads) != 2 || len(some.Collectives()) != 0 {
 		t.Fatalf("without dx: %d grads, %d collectives", len(some.Grads), len(some.Collectives()))
+	}
+}
+
+// TestExplain: asking for runners-up changes nothing in the plan; the chosen
+// candidate is the plan's strategy, and the runners-up come in the order the
+// engine ranks them (bytes, then collectives, steps, work), none cheaper.
+func TestExplain(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for n := 0; n < 40; n++ {
+		op := Ops()[rng.IntN(len(Ops()))]
+		m, _ := placement.ParseMesh(testMeshes[rng.IntN(len(testMeshes))])
+		shapes, dims := randomShapes(rng, op, m)
+		req := Request{Op: op, Dims: dims}
+		for j, sh := range shapes {
+			req.Inputs = append(req.Inputs, Operand{Name: rules[op].inputs[j], Spec: placement.MustSpec(sh, m, randomPlacements(rng, m, len(sh), false)...)})
+		}
+		plain, err := Forward(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Explain = 5
+		ex, err := Forward(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if Text(plain, nil, 4) != strings.Split(Text(ex, nil, 4), "explain:")[0] {
+			t.Fatalf("%s: explain changed the plan", describe(op, req.Inputs))
+		}
+		if ex.Chosen == nil || strings.Join(ex.Chosen.Strategy, "; ") != strings.Join(ex.Strategy, "; ") || ex.Chosen.Cost != ex.Cost {
+			t.Fatalf("%s: chosen %+v, plan %v cost %d", describe(op, req.Inputs), ex.Chosen, ex.Strategy, ex.Cost)
+		}
+		prev := *ex.Chosen
+		for _, c := range append([]Candidate(nil), ex.RunnersUp...) {
+			if c.Cost < prev.Cost || c.Cost == prev.Cost && (c.Collectives < prev.Collectives ||
+				c.Collectives == prev.Collectives && (c.Steps < prev.Steps || c.Steps == prev.Steps && c.Work < prev.Work)) {
+				t.Fatalf("%s: runner-up %+v ranks before %+v", describe(op, req.Inputs), c, prev)
+			}
+			prev = c
+		}
+		if len(ex.RunnersUp) > 5 {
+			t.Fatalf("%d runners-up, asked for 5", len(ex.RunnersUp))
+		}
 	}
 }

@@ -86,7 +86,8 @@ func combos(per, ndim, limit int, rng *rand.Rand) [][]int {
 }
 
 // opCases enumerates the layouts of op on mesh m: per mesh dim, each input R,
-// sharded on any of its dims, or P (a pending sum), at the op's shape variants.
+// sharded on any of its dims, P (a pending sum) or P(avg), at the op's shape
+// variants.
 // Layouts the rules refuse are not cases.
 func opCases(ctx context.Context, op string, m placement.Mesh, quick bool) []opCase {
 	shapes, dims := opShapes(op, m.Size())
@@ -105,7 +106,7 @@ func opCases(ctx context.Context, op string, m placement.Mesh, quick bool) []opC
 				per = append(per, slices.Clone(prefix))
 				return
 			}
-			opts := []placement.Placement{placement.Replicate{}, placement.Partial{Op: placement.Sum}}
+			opts := []placement.Placement{placement.Replicate{}, placement.Partial{Op: placement.Sum}, placement.Partial{Op: placement.Avg}}
 			for d := range ins[j] {
 				opts = append(opts, placement.Shard{Dim: d})
 			}
@@ -273,12 +274,41 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 			} else if msg != "" {
 				why = append(why, g.Output.Name+": "+msg)
 			}
+			j := slices.IndexFunc(fwd.Inputs, func(o spmd.Operand) bool { return o.Name == g.Input })
+			if msg := ownGradient(d, g.Scale, want, g.Final.Spec, fwd.Inputs[j].Spec, rank); msg != "" {
+				why = append(why, g.Output.Name+": "+msg)
+			}
 		}
 		if msg := sameCollectives(c.bwd.Collectives(), log, rank); msg != "" {
 			why = append(why, "backward: "+msg)
 		}
 	}
 	return len(why) == 0, strings.Join(why, "; "), nil
+}
+
+// ownGradient checks that this rank's gradient, scaled by the plan's factor,
+// is the gradient of the rank's own local input: the global gradient's shard,
+// divided by the ranks a P(avg) input averages over (its local term moves the
+// tensor by 1/n of itself).
+func ownGradient(d *tensor.Tensor, scale float64, want sim.Tensor, final, input placement.Spec, rank int) string {
+	n := 1
+	for i, p := range input.Placements {
+		if q, ok := p.(placement.Partial); ok && q.Op == placement.Avg {
+			n *= input.Mesh.Dim(i)
+		}
+	}
+	exp := sim.Shard(want, final)[rank]
+	got := d.Float64()
+	top := 0.0
+	for _, v := range want.Data {
+		top = max(top, math.Abs(v))
+	}
+	for k, v := range exp.Data {
+		if diff := math.Abs(got[k]*scale - v/float64(n)); diff > opTolerance*max(top, 1e-300) && diff > 0 {
+			return fmt.Sprintf("rank %d's own gradient (scale %g): element %d = %.17g, want %.17g", rank, scale, k, got[k]*scale, v/float64(n))
+		}
+	}
+	return ""
 }
 
 // moveNamed is the plan's move of the named tensor, if it has one.

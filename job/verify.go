@@ -197,7 +197,7 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 	ops := strings.Split(t.ops, ",")
 	doLinear := slices.Contains(ops, "linear")
 	cases := make([][]verifyCase, len(meshes))
-	// others[i][k] are the cases of the k-th op other than linear on mesh i.
+	// others are the ops besides linear, in verifyOps' order.
 	var others []string
 	for _, op := range verifyOps {
 		if op != "linear" && slices.Contains(ops, op) {
@@ -205,7 +205,7 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 		}
 	}
 	// Planning the cases is pure and most of verify's work on 3-D meshes: plan
-	// them on every core.
+	// them on every core. opCasesOf[i][k] are the cases of others[k] on mesh i.
 	opCasesOf := make([][][]opCase, len(meshes))
 	var plan []func()
 	for i, m := range meshes {

@@ -210,20 +210,23 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	}
 	var wp atomic.Pointer[World]
 	lostCh := make(chan error, 1)
+	// A permissions violation or a lost connection arrives asynchronously:
+	// before the World exists it cancels every wait of the join (jctx), after
+	// it fails the World.
+	jctx, jcancel := context.WithCancelCause(ctx)
+	defer jcancel(nil)
 	onLost := func(err error) {
+		e := &Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: fmt.Sprintf("connection to NATS at %s lost: %v", cfg.NATSURL, err)}
 		if w := wp.Load(); w != nil {
-			w.fail(&Error{Kind: ErrControlLost, Rank: -1, Reporter: cfg.Rank, Detail: fmt.Sprintf("connection to NATS at %s lost: %v", cfg.NATSURL, err)})
+			w.fail(e)
 			return
 		}
 		select {
 		case lostCh <- err:
 		default:
 		}
+		jcancel(e)
 	}
-	// A permissions violation arrives asynchronously: before the World exists
-	// it cancels every wait of the join (jctx), after it fails the World.
-	jctx, jcancel := context.WithCancelCause(ctx)
-	defer jcancel(nil)
 	var denied atomic.Pointer[Error]
 	onDenied := func(err error) *Error {
 		pe := nconf.PermissionError(err)
@@ -332,6 +335,11 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	cancel()
 	if e := deniedErr(); e != nil {
 		err = e // the cause of a rendezvous cut short
+	} else if err != nil {
+		var lost *Error
+		if errors.As(context.Cause(jctx), &lost) && errors.Is(lost, ErrControlLost) {
+			err = lost
+		}
 	}
 	if err != nil {
 		if ln != nil {

@@ -5,8 +5,11 @@ package collective
 // Subjects of job J (all under "meshrun.J.", the only subjects the job's NATS
 // user may use; package protocol names each one and defines the messages):
 //
-//	meshrun.J.rdv            rendezvous: every rank sends its Announce as a request;
-//	                         rank 0 answers all of them with the Roster once complete
+//	meshrun.J.rdv            rendezvous: every rank publishes its Announce; rank 0
+//	                         collects them
+//	meshrun.J.rdv.open       rank 0 is listening: a rank that announced earlier
+//	                         announces again
+//	meshrun.J.rdv.roster     the Roster (or the error), once, in chunks, from rank 0
 //	meshrun.J.ctl.hb.<rank>  heartbeats: State as JSON, every HeartbeatInterval; the
 //	                         last one has closed=true (and the failure, if any);
 //	                         read by the launcher and by one rank (see natsControl)
@@ -22,9 +25,9 @@ package collective
 // The notices and the watched heartbeats are read through one channel so that
 // a rank's notice and its later heartbeats arrive in the order it sent them.
 //
-// Why core request/reply and not JetStream KV: the rendezvous is a one-shot
+// Why core pub/sub and not JetStream KV: the rendezvous is a one-shot
 // barrier that needs a single authority to decide "complete", "missing ranks" and
-// "duplicate rank" consistently; rank 0 answering held requests gives exactly
+// "duplicate rank" consistently; rank 0 collecting the announces gives exactly
 // that, with no state on the server, no stream to create, clean up or secure per
 // job, and it works on any NATS deployment (JetStream is off by default and
 // often disabled on shared clusters). KV's persistence is a liability here: a
@@ -97,59 +100,145 @@ func bootID() string {
 	return strings.TrimSpace(string(b))
 }
 
-// rendezvous runs the job's rendezvous over nc. Rank 0 collects every rank's
-// Announce and answers all of them with the roster, or with the error (missing
-// ranks, duplicate rank) when the roster cannot complete before ctx ends.
+// rendezvous runs the job's rendezvous over nc in O(N) messages, with no
+// round trip per rank: every rank subscribes to the roster and publishes its
+// Announce once on RendezvousSubject; rank 0 collects them and publishes the
+// Roster once on RosterSubject (in chunks within the server's max_payload),
+// which the server fans out to every rank. A rank that announced before rank 0
+// was listening announces again when rank 0 says it is (RendezvousOpenSubject,
+// published once rank 0's subscription is in place). Rank 0 answers with the
+// error instead (missing ranks, duplicate rank) when the roster cannot
+// complete before ctx ends.
 func rendezvous(ctx context.Context, nc *nats.Conn, job string, me Announce) (*Roster, error) {
+	if me.Rank == 0 {
+		return coordinate(ctx, nc, job, me)
+	}
 	subj := protocol.RendezvousSubject(job)
 	body, _ := json.Marshal(me)
-	if me.Rank == 0 {
-		return coordinate(ctx, nc, subj, me)
+	ch := make(chan *nats.Msg, 64)
+	fail := func(rank int, detail string) (*Roster, error) {
+		return nil, &Error{Kind: ErrRendezvous, Rank: rank, Reporter: me.Rank, Detail: detail}
 	}
+	for _, sj := range []string{protocol.RosterSubject(job), protocol.RendezvousOpenSubject(job)} {
+		sub, err := nc.ChanSubscribe(sj, ch)
+		if err != nil {
+			return fail(-1, err.Error())
+		}
+		defer sub.Unsubscribe()
+	}
+	if err := nc.Publish(subj, body); err != nil {
+		return fail(-1, err.Error())
+	}
+	if err := nc.Flush(); err != nil {
+		return fail(-1, err.Error())
+	}
+	var parts rosterParts
 	for {
-		msg, err := nc.RequestWithContext(ctx, subj, body)
-		if errors.Is(err, nats.ErrNoResponders) {
-			select {
-			case <-ctx.Done():
-				return nil, &Error{Kind: ErrRendezvous, Rank: 0, Reporter: me.Rank, Detail: "rank 0 (the rendezvous coordinator) never joined"}
-			case <-time.After(50 * time.Millisecond):
+		select {
+		case <-ctx.Done():
+			if errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+				// Is anyone listening on the rendezvous subject? (rank 0 is)
+				_, err := nc.Request(subj, body, 200*time.Millisecond)
+				if errors.Is(err, nats.ErrNoResponders) {
+					return fail(0, "rank 0 (the rendezvous coordinator) never joined")
+				}
+			}
+			return fail(-1, "no roster from rank 0 before the deadline: "+ctx.Err().Error())
+		case m := <-ch:
+			if m.Subject == protocol.RendezvousOpenSubject(job) {
+				nc.Publish(subj, body)
 				continue
 			}
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: me.Rank, Detail: "no roster from rank 0 before the deadline: " + err.Error()}
+			data, ok := parts.add(m.Data)
+			if !ok {
+				continue
 			}
-			return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: me.Rank, Detail: err.Error()}
+			var r Roster
+			if err := json.Unmarshal(data, &r); err != nil {
+				return fail(0, "bad roster: "+err.Error())
+			}
+			if r.Error != "" {
+				return fail(-1, r.Error)
+			}
+			if len(r.Ranks) != me.Size || r.Ranks[me.Rank].Nonce != me.Nonce {
+				return fail(-1, "roster does not hold this rank")
+			}
+			return &r, nil
 		}
-		var r Roster
-		if err := json.Unmarshal(msg.Data, &r); err != nil {
-			return nil, &Error{Kind: ErrRendezvous, Rank: 0, Reporter: me.Rank, Detail: "bad roster: " + err.Error()}
-		}
-		if r.Error != "" {
-			return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: me.Rank, Detail: r.Error}
-		}
-		if len(r.Ranks) != me.Size || r.Ranks[me.Rank].Nonce != me.Nonce {
-			return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: me.Rank, Detail: "roster does not hold this rank"}
-		}
-		return &r, nil
 	}
 }
 
-func coordinate(ctx context.Context, nc *nats.Conn, subj string, me Announce) (*Roster, error) {
+// A roster travels in chunks, each "<id> <index> <count>\n" then its bytes;
+// id is rank 0's nonce, so chunks of different coordinators never mix.
+const rosterHeaderMax = 64
+
+func rosterChunks(id string, data []byte, maxPayload int) [][]byte {
+	size := max(maxPayload-rosterHeaderMax, 1024)
+	n := max((len(data)+size-1)/size, 1)
+	out := make([][]byte, 0, n)
+	for k := 0; k < n; k++ {
+		part := data[min(k*size, len(data)):min((k+1)*size, len(data))]
+		out = append(out, append([]byte(fmt.Sprintf("%s %d %d\n", id, k, n)), part...))
+	}
+	return out
+}
+
+// rosterParts reassembles a roster from its chunks.
+type rosterParts struct {
+	id    string
+	parts [][]byte
+	got   int
+}
+
+// add takes one chunk; it returns the whole roster once every chunk of one
+// coordinator has arrived.
+func (p *rosterParts) add(msg []byte) ([]byte, bool) {
+	head, body, ok := strings.Cut(string(msg[:min(len(msg), rosterHeaderMax)]), "\n")
+	if !ok {
+		return nil, false
+	}
+	body = string(msg[len(head)+1:])
+	var id string
+	var k, n int
+	if _, err := fmt.Sscanf(head, "%s %d %d", &id, &k, &n); err != nil || n < 1 || n > 1<<16 || k < 0 || k >= n {
+		return nil, false
+	}
+	if id != p.id || len(p.parts) != n {
+		p.id, p.parts, p.got = id, make([][]byte, n), 0
+	}
+	if p.parts[k] == nil {
+		p.parts[k] = []byte(body)
+		p.got++
+	}
+	if p.got < n {
+		return nil, false
+	}
+	var all []byte
+	for _, b := range p.parts {
+		all = append(all, b...)
+	}
+	return all, true
+}
+
+func coordinate(ctx context.Context, nc *nats.Conn, job string, me Announce) (*Roster, error) {
 	ch := make(chan *nats.Msg, 4*me.Size+16)
-	sub, err := nc.ChanSubscribe(subj, ch)
+	sub, err := nc.ChanSubscribe(protocol.RendezvousSubject(job), ch)
+	if err == nil {
+		err = nc.Flush()
+	}
+	if err == nil {
+		err = nc.Publish(protocol.RendezvousOpenSubject(job), nil)
+	}
 	if err != nil {
 		return nil, &Error{Kind: ErrRendezvous, Rank: -1, Reporter: 0, Detail: err.Error()}
 	}
 	defer sub.Unsubscribe()
 	got := map[int]Announce{0: me}
-	reply := map[int]string{}
 	var problem string
 	answer := func(r Roster) {
 		data, _ := json.Marshal(r)
-		for _, inbox := range reply {
-			nc.Publish(inbox, data)
+		for _, c := range rosterChunks(me.Nonce, data, int(nc.MaxPayload())) {
+			nc.Publish(protocol.RosterSubject(job), c)
 		}
 		nc.Flush()
 	}
@@ -159,18 +248,13 @@ func coordinate(ctx context.Context, nc *nats.Conn, subj string, me Announce) (*
 			var a Announce
 			if err := json.Unmarshal(m.Data, &a); err != nil || a.Rank < 0 || a.Rank >= me.Size || a.Size != me.Size {
 				problem = fmt.Sprintf("bad announce %q (world size %d)", m.Data, me.Size)
-				if m.Reply != "" {
-					reply[-1-len(reply)] = m.Reply
-				}
 				break
 			}
 			if old, ok := got[a.Rank]; ok && old.Nonce != a.Nonce {
 				problem = fmt.Sprintf("duplicate rank %d: pid %d on %s and pid %d on %s", a.Rank, old.PID, old.Host, a.PID, a.Host)
-				reply[-1-len(reply)] = m.Reply
 				break
 			}
 			got[a.Rank] = a
-			reply[a.Rank] = m.Reply
 		case <-ctx.Done():
 			var missing []int
 			for r := 0; r < me.Size; r++ {
@@ -225,8 +309,8 @@ type natsControl struct {
 	mu      sync.Mutex
 	state   func() State
 	notice  func(Notice)
-	peers   []State
-	seen    []time.Time
+	peers   map[int]State     // of the watched ranks and those seen closed
+	seen    map[int]time.Time // when each watched rank was last heard
 	watch   map[int]*nats.Subscription
 	pending []Notice
 	subs    []*nats.Subscription
@@ -238,7 +322,7 @@ type natsControl struct {
 
 func newNatsControl(nc *nats.Conn, job string, rank, size int, interval, timeout time.Duration, log *zap.Logger) (*natsControl, error) {
 	c := &natsControl{nc: nc, job: job, rank: rank, size: size, interval: interval, timeout: timeout, log: log,
-		ch: make(chan *nats.Msg, 1024), peers: make([]State, size), seen: make([]time.Time, size),
+		ch: make(chan *nats.Msg, 1024), peers: map[int]State{}, seen: map[int]time.Time{},
 		watch: map[int]*nats.Subscription{}, quit: make(chan struct{}), started: time.Now()}
 	sub, err := nc.ChanSubscribe(protocol.NoticeSubjects(job), c.ch)
 	if err != nil {
@@ -360,7 +444,10 @@ func (c *natsControl) handoff(closed int, ranks []int) {
 		msg, err := c.nc.Request(protocol.StateSubject(c.job, q), nil, c.askTimeout())
 		if errors.Is(err, nats.ErrNoResponders) {
 			c.mu.Lock()
-			c.peers[q].Closed = true
+			p := c.peers[q]
+			p.Closed = true
+			c.peers[q] = p
+			delete(c.seen, q)
 			if sub, ok := c.watch[q]; ok {
 				sub.Unsubscribe()
 				delete(c.watch, q)

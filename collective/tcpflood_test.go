@@ -2,6 +2,7 @@ package collective_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -83,10 +84,8 @@ func (s *stranger) close() {
 	s.conns = nil
 }
 
-// rdvWatch reads, as the NATS admin, the roster of a job as rank 0 sends it
-// to the other ranks' inboxes: every rank's data address and ring token. (It
-// does not listen on the rendezvous subject itself: a rank that asks before
-// rank 0 listens would wait for the watcher's answer.)
+// rdvWatch reads, as the NATS admin, the roster of a job as rank 0 publishes
+// it to the other ranks: every rank's data address and ring token.
 type rdvWatch struct {
 	mu     sync.Mutex
 	roster *collective.Roster
@@ -101,9 +100,10 @@ func watchRendezvous(t *testing.T, s *natsrv.Server) *rdvWatch {
 		t.Fatal(err)
 	}
 	w := &rdvWatch{nc: nc}
-	if _, err := nc.Subscribe("_INBOX.>", func(m *nats.Msg) {
+	if _, err := nc.Subscribe("meshrun.*.rdv.roster", func(m *nats.Msg) {
 		var r collective.Roster
-		if json.Unmarshal(m.Data, &r) == nil && len(r.Ranks) > 0 {
+		_, data, _ := bytes.Cut(m.Data, []byte("\n")) // one chunk: a few ranks' roster
+		if json.Unmarshal(data, &r) == nil && len(r.Ranks) > 0 {
 			w.mu.Lock()
 			w.roster = &r
 			w.mu.Unlock()

@@ -10,8 +10,9 @@
 // job's NATS user may use). Build every one with the functions below, never by
 // hand:
 //
-//	meshrun.J.rdv                 RendezvousSubject: each rank's announce as a request;
-//	                              rank 0 answers all of them with the roster
+//	meshrun.J.rdv                 RendezvousSubject: each rank's announce, to rank 0
+//	meshrun.J.rdv.open            RendezvousOpenSubject: rank 0 listens (announce again)
+//	meshrun.J.rdv.roster          RosterSubject: the roster, from rank 0 to every rank
 //	meshrun.J.ctl.hb.<rank>       HeartbeatSubject: State as JSON, periodically; the last
 //	                              one has closed=true (and the failure, if any)
 //	meshrun.J.ctl.state.<rank>    StateSubject: a request answered by rank with its
@@ -42,6 +43,14 @@ func JobSubjects(job string) string { return prefix(job) + ">" }
 
 // RendezvousSubject carries the rendezvous: "meshrun.<job>.rdv".
 func RendezvousSubject(job string) string { return prefix(job) + "rdv" }
+
+// RendezvousOpenSubject carries rank 0's word that it listens on
+// RendezvousSubject: "meshrun.<job>.rdv.open".
+func RendezvousOpenSubject(job string) string { return prefix(job) + "rdv.open" }
+
+// RosterSubject carries the rendezvous' roster, from rank 0 to every rank:
+// "meshrun.<job>.rdv.roster".
+func RosterSubject(job string) string { return prefix(job) + "rdv.roster" }
 
 // HeartbeatSubject carries rank's heartbeats: "meshrun.<job>.ctl.hb.<rank>".
 func HeartbeatSubject(job string, rank int) string {

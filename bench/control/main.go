@@ -4,7 +4,8 @@
 // transport "none", so no data plane), against one embedded NATS server
 // (natsrv). It prints one JSON line per N:
 //
-//	rendezvous_s    start of every Join -> the last Join returned (connect + rendezvous)
+//	rendezvous_s    the last rank's Join started -> the last Join returned (connect +
+//	                rendezvous); with -ramp the ranks start evenly over the ramp
 //	msgs_per_s      server messages in + out per second at steady state
 //	                (natsrv.Stats, i.e. /varz in_msgs/out_msgs deltas over -window)
 //	bytes_per_s     the same in bytes
@@ -48,11 +49,13 @@ type options struct {
 	hbTimeout    time.Duration
 	maxHeapBytes uint64
 	skipAbort    bool
+	ramp         time.Duration
 }
 
 // Result is one JSON line.
 type Result struct {
 	Ranks         int     `json:"ranks"`
+	RampS         float64 `json:"ramp_s,omitempty"`
 	RendezvousS   float64 `json:"rendezvous_s"`
 	Joined        int     `json:"joined"`
 	MsgsPerS      float64 `json:"msgs_per_s"`
@@ -137,6 +140,9 @@ func startJob(ctx context.Context, o options, n int, tag string) (*job, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if o.ramp > 0 {
+				time.Sleep(time.Duration(int64(o.ramp) * int64(cfg.Rank) / int64(n)))
+			}
 			w, err := collective.Join(ctx, cfg)
 			mu.Lock()
 			defer mu.Unlock()
@@ -152,7 +158,7 @@ func startJob(ctx context.Context, o options, n int, tag string) (*job, error) {
 		}()
 	}
 	wg.Wait()
-	j.rdv = time.Since(t0)
+	j.rdv = time.Since(t0.Add(o.ramp * time.Duration(n-1) / time.Duration(n)))
 	return j, nil
 }
 
@@ -240,7 +246,7 @@ func load1() string {
 
 func runN(o options, n int) (res Result) {
 	start := time.Now()
-	res = Result{Ranks: n, HeartbeatS: o.hbTimeout.Seconds(), Load1: load1()}
+	res = Result{Ranks: n, RampS: o.ramp.Seconds(), HeartbeatS: o.hbTimeout.Seconds(), Load1: load1()}
 	var peak atomic.Uint64
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
@@ -271,6 +277,9 @@ func runN(o options, n int) (res Result) {
 		res.PeakHeapMiB = peak.Load() >> 20
 		if c := context.Cause(ctx); c != nil && res.Error == "" {
 			res.Error = c.Error()
+		}
+		if len(res.Error) > 2000 {
+			res.Error = res.Error[:2000] + "…"
 		}
 	}()
 
@@ -432,6 +441,7 @@ func main() {
 	flag.DurationVar(&o.hbInterval, "heartbeat-interval", 500*time.Millisecond, "Config.HeartbeatInterval (a real job's default)")
 	flag.DurationVar(&o.hbTimeout, "heartbeat-timeout", 5*time.Second, "Config.HeartbeatTimeout (a real job's default)")
 	maxHeap := flag.Int("max-heap-mib", 12<<10, "stop a run whose heap passes this many MiB")
+	flag.DurationVar(&o.ramp, "ramp", 0, "start the ranks evenly over this long (as a launcher spawning them would), not all at once")
 	flag.BoolVar(&o.skipAbort, "skip-abort", false, "measure no abort (saves the second job's rendezvous)")
 	flag.Parse()
 	var err error

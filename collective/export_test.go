@@ -6,3 +6,6 @@ func SetShmCreateHook(f func(path string)) (restore func()) {
 	testHookShmCreate = f
 	return func() { testHookShmCreate = nil }
 }
+
+// DecodeRoster reads the roster as rank 0 publishes it (one chunk's body).
+var DecodeRoster = decodeRoster

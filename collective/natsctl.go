@@ -153,8 +153,8 @@ func rendezvous(ctx context.Context, nc *nats.Conn, job string, me Announce) (*R
 			if !ok {
 				continue
 			}
-			var r Roster
-			if err := json.Unmarshal(data, &r); err != nil {
+			r, err := decodeRoster(data)
+			if err != nil {
 				return fail(0, "bad roster: "+err.Error())
 			}
 			if r.Error != "" {
@@ -236,7 +236,7 @@ func coordinate(ctx context.Context, nc *nats.Conn, job string, me Announce) (*R
 	got := map[int]Announce{0: me}
 	var problem string
 	answer := func(r Roster) {
-		data, _ := json.Marshal(r)
+		data := encodeRoster(r)
 		for _, c := range rosterChunks(me.Nonce, data, int(nc.MaxPayload())) {
 			nc.Publish(protocol.RosterSubject(job), c)
 		}

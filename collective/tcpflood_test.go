@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -101,9 +100,8 @@ func watchRendezvous(t *testing.T, s *natsrv.Server) *rdvWatch {
 	}
 	w := &rdvWatch{nc: nc}
 	if _, err := nc.Subscribe("meshrun.*.rdv.roster", func(m *nats.Msg) {
-		var r collective.Roster
 		_, data, _ := bytes.Cut(m.Data, []byte("\n")) // one chunk: a few ranks' roster
-		if json.Unmarshal(data, &r) == nil && len(r.Ranks) > 0 {
+		if r, err := collective.DecodeRoster(data); err == nil && len(r.Ranks) > 0 {
 			w.mu.Lock()
 			w.roster = &r
 			w.mu.Unlock()

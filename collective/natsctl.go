@@ -38,6 +38,7 @@ package collective
 // World rather than being retried.
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -193,31 +194,30 @@ type rosterParts struct {
 // add takes one chunk; it returns the whole roster once every chunk of one
 // coordinator has arrived.
 func (p *rosterParts) add(msg []byte) ([]byte, bool) {
-	head, body, ok := strings.Cut(string(msg[:min(len(msg), rosterHeaderMax)]), "\n")
-	if !ok {
+	cut := bytes.IndexByte(msg[:min(len(msg), rosterHeaderMax)], '\n')
+	if cut < 0 {
 		return nil, false
 	}
-	body = string(msg[len(head)+1:])
+	body := msg[cut+1:]
 	var id string
 	var k, n int
-	if _, err := fmt.Sscanf(head, "%s %d %d", &id, &k, &n); err != nil || n < 1 || n > 1<<16 || k < 0 || k >= n {
+	if _, err := fmt.Sscanf(string(msg[:cut]), "%s %d %d", &id, &k, &n); err != nil || n < 1 || n > 1<<16 || k < 0 || k >= n {
 		return nil, false
+	}
+	if n == 1 {
+		return body, true
 	}
 	if id != p.id || len(p.parts) != n {
 		p.id, p.parts, p.got = id, make([][]byte, n), 0
 	}
 	if p.parts[k] == nil {
-		p.parts[k] = []byte(body)
+		p.parts[k] = body
 		p.got++
 	}
 	if p.got < n {
 		return nil, false
 	}
-	var all []byte
-	for _, b := range p.parts {
-		all = append(all, b...)
-	}
-	return all, true
+	return bytes.Join(p.parts, nil), true
 }
 
 func coordinate(ctx context.Context, nc *nats.Conn, job string, me Announce) (*Roster, error) {

@@ -66,30 +66,39 @@ func encodeRoster(r Roster) []byte {
 	return b
 }
 
+// rosterReader reads from one string holding the whole roster: every string
+// field is a substring of it, so decoding allocates nothing per field.
 type rosterReader struct {
-	b   []byte
+	s   string
 	err bool
 }
 
 func (r *rosterReader) uint(limit uint64) uint64 {
-	v, n := binary.Uvarint(r.b)
-	if n <= 0 || v > limit {
-		r.err = true
-		r.b = nil
-		return 0
+	var v uint64
+	for i, shift := 0, uint(0); i < len(r.s) && i < binary.MaxVarintLen64; i, shift = i+1, shift+7 {
+		c := r.s[i]
+		v |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			if v > limit || i == binary.MaxVarintLen64-1 && c > 1 {
+				break
+			}
+			r.s = r.s[i+1:]
+			return v
+		}
 	}
-	r.b = r.b[n:]
-	return v
+	r.err = true
+	r.s = ""
+	return 0
 }
 
 func (r *rosterReader) str() string {
-	n := r.uint(uint64(len(r.b)))
-	if r.err || n > uint64(len(r.b)) {
+	n := r.uint(uint64(len(r.s)))
+	if r.err || n > uint64(len(r.s)) {
 		r.err = true
 		return ""
 	}
-	s := string(r.b[:n])
-	r.b = r.b[n:]
+	s := r.s[:n]
+	r.s = r.s[n:]
 	return s
 }
 
@@ -99,14 +108,14 @@ func decodeRoster(b []byte) (Roster, error) {
 	if len(b) < len(rosterMagic) || string(b[:len(rosterMagic)]) != rosterMagic {
 		return Roster{}, errRosterWire
 	}
-	rd := &rosterReader{b: b[len(rosterMagic):]}
+	rd := &rosterReader{s: string(b[len(rosterMagic):])}
 	var r Roster
 	r.Error = rd.str()
 	if s := rd.str(); s != "" {
 		r.Secret = []byte(s)
 	}
 	size := int(rd.uint(1 << 31))
-	ns := rd.uint(uint64(len(rd.b))) // every string takes at least one byte
+	ns := rd.uint(uint64(len(rd.s))) // every string takes at least one byte
 	if rd.err {
 		return Roster{}, errRosterWire
 	}
@@ -114,7 +123,7 @@ func decodeRoster(b []byte) (Roster, error) {
 	for i := range table {
 		table[i] = rd.str()
 	}
-	nr := rd.uint(uint64(len(rd.b)) / 6) // an entry takes at least six bytes
+	nr := rd.uint(uint64(len(rd.s)) / 6) // an entry takes at least six bytes
 	if rd.err {
 		return Roster{}, errRosterWire
 	}
@@ -132,7 +141,7 @@ func decodeRoster(b []byte) (Roster, error) {
 		a.PID = int(rd.uint(1 << 31))
 		a.Nonce, a.Addr, a.Shm = rd.str(), rd.str(), rd.str()
 	}
-	if rd.err || len(rd.b) != 0 {
+	if rd.err || len(rd.s) != 0 {
 		return Roster{}, errRosterWire
 	}
 	return r, nil

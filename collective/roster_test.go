@@ -41,3 +41,27 @@ func FuzzDecodeRoster(f *testing.F) {
 		}
 	})
 }
+
+// TestRosterChunks: a roster larger than max_payload travels in chunks and is
+// reassembled whole, whatever the order; chunks of another coordinator reset it.
+func TestRosterChunks(t *testing.T) {
+	data := make([]byte, 5000)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	chunks := rosterChunks("n1", data, 2000)
+	if len(chunks) < 3 {
+		t.Fatalf("%d chunks of a 5000-byte roster at max_payload 2000", len(chunks))
+	}
+	var p rosterParts
+	p.add(rosterChunks("other", data, 2000)[0])
+	for i := len(chunks) - 1; i >= 0; i-- {
+		got, ok := p.add(chunks[i])
+		if ok != (i == 0) {
+			t.Fatalf("chunk %d: complete %v", i, ok)
+		}
+		if ok && !reflect.DeepEqual(got, data) {
+			t.Fatal("reassembled roster differs")
+		}
+	}
+}

@@ -5,7 +5,8 @@
 // (natsrv). It prints one JSON line per N:
 //
 //	rendezvous_s    the last rank's Join started -> the last Join returned (connect +
-//	                rendezvous); with -ramp the ranks start evenly over the ramp
+//	                rendezvous); with -start-rate the ranks start evenly over
+//	                ramp_s = N / rate
 //	msgs_per_s      server messages in + out per second at steady state
 //	                (natsrv.Stats, i.e. /varz in_msgs/out_msgs deltas over -window)
 //	bytes_per_s     the same in bytes
@@ -441,7 +442,7 @@ func main() {
 	flag.DurationVar(&o.hbInterval, "heartbeat-interval", 500*time.Millisecond, "Config.HeartbeatInterval (a real job's default)")
 	flag.DurationVar(&o.hbTimeout, "heartbeat-timeout", 5*time.Second, "Config.HeartbeatTimeout (a real job's default)")
 	maxHeap := flag.Int("max-heap-mib", 12<<10, "stop a run whose heap passes this many MiB")
-	flag.DurationVar(&o.ramp, "ramp", 0, "start the ranks evenly over this long (as a launcher spawning them would), not all at once")
+	rate := flag.Float64("start-rate", 0, "start this many ranks a second (as launchers spawning processes would), not all at once; 0: all at once")
 	flag.BoolVar(&o.skipAbort, "skip-abort", false, "measure no abort (saves the second job's rendezvous)")
 	flag.Parse()
 	var err error
@@ -452,6 +453,9 @@ func main() {
 	o.maxHeapBytes = uint64(*maxHeap) << 20
 	enc := json.NewEncoder(os.Stdout)
 	for _, n := range o.ranks {
+		if *rate > 0 {
+			o.ramp = time.Duration(float64(n) / *rate * float64(time.Second))
+		}
 		enc.Encode(runN(o, n))
 	}
 }

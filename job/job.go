@@ -51,7 +51,7 @@ var workloads = map[string]struct {
 	"sleep":   {func() task { return &sleepTask{} }, "DUR", "sleep DUR (e.g. 30s), exit 0"},
 	"barrier": {func() task { return &barrierTask{} }, "", "join the job over NATS, pass one barrier, print the time from start"},
 	"linear":  {func() task { return &linearTask{} }, "", "one sharded linear layer forward and backward, checked against float64"},
-	"verify":  {func() task { return &verifyTask{} }, "", "every mesh and placement combination at even and uneven sizes, checked against float64 and the plans"},
+	"verify":  {func() task { return &verifyTask{} }, "", "every op with a rule on every mesh (1-, 2- and 3-D) and placement, at even and uneven sizes, checked against float64 and the plans"},
 	"mlp":     {func() task { return &mlpTask{} }, "", "train the Megatron MLP block (SGD, mean squared error), optionally sequence parallel, with checkpoints"},
 }
 

@@ -50,6 +50,7 @@ type options struct {
 	hbTimeout    time.Duration
 	maxHeapBytes uint64
 	skipAbort    bool
+	abortOnly    bool
 	ramp         time.Duration
 }
 
@@ -300,6 +301,10 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // measure runs job 1 (rendezvous, steady state, detection) and job 2
 // (rendezvous, abort) of n ranks; the first problem ends it, in res.Error.
 func measure(ctx context.Context, o options, n int, res *Result) {
+	if o.abortOnly {
+		measureAbort(ctx, o, n, res)
+		return
+	}
 	j, err := startJob(ctx, o, n, "a")
 	if err != nil {
 		res.Error = err.Error()
@@ -375,6 +380,13 @@ func measure(ctx context.Context, o options, n int, res *Result) {
 	if o.skipAbort || ctx.Err() != nil {
 		return
 	}
+	runtime.GC()
+	sleepCtx(ctx, 3*time.Second) // the first job's connections and goroutines gone
+	measureAbort(ctx, o, n, res)
+}
+
+// measureAbort runs job 2: rendezvous, then an abort from the admin user.
+func measureAbort(ctx context.Context, o options, n int, res *Result) {
 
 	j2, err := startJob(ctx, o, n, "b")
 	if err != nil {
@@ -401,9 +413,9 @@ func measure(ctx context.Context, o options, n int, res *Result) {
 	ta := time.Now()
 	nc.Publish(protocol.AbortSubject(j2.name), body)
 	nc.Flush()
-	at = j2.waitFailed(ta, -1, o.hbTimeout+30*time.Second)
-	last, missing = 0, 0
-	aborted := 0
+	at := j2.waitFailed(ta, -1, o.hbTimeout+30*time.Second)
+	var last time.Duration
+	missing, aborted := 0, 0
 	for r, d := range at {
 		if d == 0 {
 			missing++
@@ -444,6 +456,7 @@ func main() {
 	maxHeap := flag.Int("max-heap-mib", 12<<10, "stop a run whose heap passes this many MiB")
 	rate := flag.Float64("start-rate", 0, "start this many ranks a second (as launchers spawning processes would), not all at once; 0: all at once")
 	flag.BoolVar(&o.skipAbort, "skip-abort", false, "measure no abort (saves the second job's rendezvous)")
+	flag.BoolVar(&o.abortOnly, "abort-only", false, "run the abort job only (its rendezvous and abort)")
 	flag.Parse()
 	var err error
 	if o.ranks, err = parseRanks(*ranks); err != nil {

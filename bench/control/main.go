@@ -454,7 +454,7 @@ func main() {
 	flag.DurationVar(&o.hbInterval, "heartbeat-interval", 500*time.Millisecond, "Config.HeartbeatInterval (a real job's default)")
 	flag.DurationVar(&o.hbTimeout, "heartbeat-timeout", 5*time.Second, "Config.HeartbeatTimeout (a real job's default)")
 	maxHeap := flag.Int("max-heap-mib", 12<<10, "stop a run whose heap passes this many MiB")
-	rate := flag.Float64("start-rate", 0, "start this many ranks a second (as launchers spawning processes would), not all at once; 0: all at once")
+	rate := flag.Float64("start-rate", 1000, "start this many ranks a second (as launchers spawning processes would); 0: all at once")
 	flag.BoolVar(&o.skipAbort, "skip-abort", false, "measure no abort (saves the second job's rendezvous)")
 	flag.BoolVar(&o.abortOnly, "abort-only", false, "run the abort job only (its rendezvous and abort)")
 	flag.Parse()

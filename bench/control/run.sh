@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Measures meshrun's control plane at N simulated ranks (bench/control): one
-# JSON line per N. Each N runs in its own process under a time limit, so a
-# size that cannot finish is recorded as such and the next one still runs.
+# JSON line per N. Each N runs in two processes under a time limit: the first
+# job (rendezvous, steady state, a rank killed), then the abort job, whose
+# fields are merged into the line; a size that cannot finish is recorded as
+# such and the next one still runs.
 #   bash bench/control/run.sh                  # N = 64, 256, 1024, 4096
 #   RANKS="64 256" LIMIT=300 bash bench/control/run.sh -window 5s
 # Extra arguments go to the runner (see go run ./bench/control -h).
@@ -9,13 +11,28 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ranks=${RANKS:-64 256 1024 4096}
 limit=${LIMIT:-400}
-bin="$(mktemp -d)/meshrun-ctlbench"
-trap 'rm -rf "$(dirname "$bin")"' EXIT
-go build -o "$bin" ./bench/control
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+go build -o "$dir/ctlbench" ./bench/control
 echo "# $(date -u +%FT%TZ) $(nproc) cores, $(uname -r), $(git rev-parse --short HEAD), load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-for n in $ranks; do
+run() { # n, output file, runner arguments...
+  local n=$1 out=$2 start
+  shift 2
   start=$(date +%s)
-  if ! timeout --signal=KILL "$limit" "$bin" -ranks "$n" "$@"; then
-    echo "{\"ranks\":$n,\"error\":\"stopped after $(( $(date +%s) - start )) s (limit ${limit} s)\"}"
+  if ! timeout --signal=KILL "$limit" "$dir/ctlbench" -ranks "$n" "$@" >"$out"; then
+    echo "{\"ranks\":$n,\"error\":\"stopped after $(( $(date +%s) - start )) s (limit ${limit} s)\"}" >"$out"
   fi
+}
+for n in $ranks; do
+  run "$n" "$dir/a.json" -skip-abort "$@"
+  run "$n" "$dir/b.json" -abort-only "$@"
+  python3 - "$dir/a.json" "$dir/b.json" <<'PY'
+import json, sys
+a, b = (json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:3])
+for k in ("abort_s", "abort_job_rendezvous_s"):
+    a[k] = b.get(k, 0)
+if b.get("error"):
+    a["error"] = (a.get("error", "") + "; abort job: " + b["error"]).lstrip("; ")
+print(json.dumps(a))
+PY
 done

@@ -120,7 +120,15 @@ func (j *job) run(ctx context.Context) (int, error) {
 	defer j.guard.done()
 	url := conf.URL
 	own.Name = fmt.Sprintf("meshrun-launcher-%d", j.NodeRank)
-	pl, err := connectPlane(own, j.id, j.NodeRank, say)
+	// Node 0 reads every rank's heartbeats (it looks for hangs and tells the
+	// others); the other nodes read their own ranks'.
+	var local []int
+	if j.NodeRank != 0 {
+		for _, r := range j.ranks {
+			local = append(local, r.Rank)
+		}
+	}
+	pl, err := connectPlane(own, j.id, j.NodeRank, local, say)
 	if err != nil {
 		return fail(err)
 	}
@@ -359,7 +367,7 @@ func (a *attempt) run(ctx context.Context, timeoutC <-chan time.Time) {
 	j.writeJobRecord(a.dir, a.procs, a.url, a.env, a.began, a.ev)
 
 	var checkC <-chan time.Time
-	if j.HangAfter > 0 {
+	if j.HangAfter > 0 && j.NodeRank == 0 {
 		t := time.NewTicker(hangCheckEvery)
 		defer t.Stop()
 		checkC = t.C

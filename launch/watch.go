@@ -70,7 +70,12 @@ type plane struct {
 
 // connectPlane connects the launcher to its job's subjects; say reports
 // what it notices outside of an attempt's events (see announce).
-func connectPlane(conf natsconn.Config, job string, node int, say func(format string, a ...any)) (*plane, error) {
+//
+// local lists the ranks whose heartbeats it reads: nil for every rank of the
+// job (one node, or node 0, which looks for hangs); the node's own ranks on
+// the other nodes, so that the launchers together read each heartbeat about
+// twice, not once per node.
+func connectPlane(conf natsconn.Config, job string, node int, local []int, say func(format string, a ...any)) (*plane, error) {
 	// The server refuses a subject of the job to credentials of another job
 	// asynchronously: that ends the job at once (p.fatal), naming the subject.
 	fatal := make(chan error, 8)
@@ -139,18 +144,29 @@ func connectPlane(conf natsconn.Config, job string, node int, say func(format st
 		})
 	}
 	// Heartbeats: for --hang-after, and to know which ranks joined.
-	if err == nil {
+	beat := func(m *nats.Msg) {
+		s, ok := protocol.ParseHeartbeat(job, m.Subject, m.Data)
+		if !ok {
+			return
+		}
+		p.mu.Lock()
+		p.beats[s.Rank] = s
+		p.seen[s.Rank] = time.Now()
+		p.mu.Unlock()
+	}
+	subjects := []string{protocol.HeartbeatSubjects(job)}
+	if local != nil {
+		subjects = subjects[:0]
+		for _, r := range local {
+			subjects = append(subjects, protocol.HeartbeatSubject(job, r))
+		}
+	}
+	for _, subj := range subjects {
+		if err != nil {
+			break
+		}
 		p.subs = append(p.subs, sub)
-		sub, err = nc.Subscribe(protocol.HeartbeatSubjects(job), func(m *nats.Msg) {
-			s, ok := protocol.ParseHeartbeat(job, m.Subject, m.Data)
-			if !ok {
-				return
-			}
-			p.mu.Lock()
-			p.beats[s.Rank] = s
-			p.seen[s.Rank] = time.Now()
-			p.mu.Unlock()
-		})
+		sub, err = nc.Subscribe(subj, beat)
 	}
 	if err == nil {
 		p.subs = append(p.subs, sub)

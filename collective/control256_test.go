@@ -58,12 +58,7 @@ func joinControl(t *testing.T, n int) ([]*collective.World, *sockets, *nats.Conn
 			w.Close()
 		}
 	})
-	admin := s.Admin()
-	nc, err := nats.Connect(s.URL(), nats.UserInfo(admin.User, admin.Password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := adminConn(t, s)
 	return ws, sk, nc, job
 }
 

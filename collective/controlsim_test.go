@@ -10,7 +10,6 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/protocol"
-	"github.com/nats-io/nats.go"
 )
 
 // TestTransportNone: ranks joined with transport "none" (bench/control's
@@ -25,12 +24,7 @@ func TestTransportNone(t *testing.T) {
 			w.Close()
 		}
 	}()
-	admin := s.Admin()
-	nc, err := nats.Connect(s.URL(), nats.UserInfo(admin.User, admin.Password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := adminConn(t, s)
 	body, _ := json.Marshal(protocol.AbortNotice("test"))
 	nc.Publish(protocol.AbortSubject(job), body)
 	nc.Flush()

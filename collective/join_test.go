@@ -32,6 +32,19 @@ func startServer(t testing.TB, jobs ...string) *natsrv.Server {
 	return s
 }
 
+// adminConn connects to s as its admin (what a launcher reads and sends),
+// closed when the test ends.
+func adminConn(t testing.TB, s *natsrv.Server) *nats.Conn {
+	t.Helper()
+	admin := s.Admin()
+	nc, err := nats.Connect(s.URL(), nats.UserInfo(admin.User, admin.Password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 func config(s *natsrv.Server, job string, rank, n int, transport string, o collective.Options) collective.Config {
 	c, _ := s.Credentials(job)
 	return collective.Config{Rank: rank, WorldSize: n, Job: job, NATSURL: s.URL(), Creds: &c, Transport: transport,
@@ -163,12 +176,7 @@ func TestAbortAndHeartbeats(t *testing.T) {
 			w.Close()
 		}
 	}()
-	admin := s.Admin()
-	nc, err := nats.Connect(s.URL(), nats.UserInfo(admin.User, admin.Password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := adminConn(t, s)
 	var mu sync.Mutex
 	latest := map[int]protocol.State{}
 	notices := make(chan protocol.Notice, 16)

@@ -93,11 +93,7 @@ type rdvWatch struct {
 
 func watchRendezvous(t *testing.T, s *natsrv.Server) *rdvWatch {
 	t.Helper()
-	admin := s.Admin()
-	nc, err := nats.Connect(s.URL(), nats.UserInfo(admin.User, admin.Password))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := adminConn(t, s)
 	w := &rdvWatch{nc: nc}
 	if _, err := nc.Subscribe("meshrun.*.rdv.roster", func(m *nats.Msg) {
 		_, data, _ := bytes.Cut(m.Data, []byte("\n")) // one chunk: a few ranks' roster

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/ckpt"
+	"github.com/meshrun/meshrun/ckpt/ckpttest"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -137,8 +138,8 @@ func TestCorruption(t *testing.T) {
 		want   string
 		onRead bool // found by the read of the data, not by Open
 	}{
-		{"flipped data byte", func(t *testing.T, root string) { flip(t, file(root), -1000) }, ckpt.ErrCorrupt, `tensor "w": block`, true},
-		{"flipped header byte", func(t *testing.T, root string) { flip(t, file(root), 20) }, ckpt.ErrFormat, "rank-00001.safetensors", false},
+		{"flipped data byte", func(t *testing.T, root string) { ckpttest.FlipByte(t, file(root), -1000) }, ckpt.ErrCorrupt, `tensor "w": block`, true},
+		{"flipped header byte", func(t *testing.T, root string) { ckpttest.FlipByte(t, file(root), 20) }, ckpt.ErrFormat, "rank-00001.safetensors", false},
 		{"truncated", func(t *testing.T, root string) {
 			st, _ := os.Stat(file(root))
 			os.Truncate(file(root), st.Size()-5)
@@ -176,22 +177,6 @@ func TestCorruption(t *testing.T) {
 	os.MkdirAll(ckpt.TempDir(root, 3), 0o755)
 	if _, err := ckpt.Open(ckpt.OS, root); !errors.Is(err, ckpt.ErrNone) {
 		t.Fatalf("unfinished save taken for a checkpoint: %v", err)
-	}
-}
-
-// flip inverts one byte of a file (at off, or size+off when off < 0).
-func flip(t *testing.T, name string, off int64) {
-	t.Helper()
-	b, err := os.ReadFile(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if off < 0 {
-		off += int64(len(b))
-	}
-	b[off] ^= 0xff
-	if err := os.WriteFile(name, b, 0o644); err != nil {
-		t.Fatal(err)
 	}
 }
 

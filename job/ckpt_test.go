@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/ckpt"
+	"github.com/meshrun/meshrun/ckpt/ckpttest"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -64,7 +65,7 @@ func TestResumeDamaged(t *testing.T) {
 		args   []string
 		want   string
 	}{
-		{"flipped byte", func(dir string) { flipByte(t, filepath.Join(dir, "rank-00001.safetensors"), -3) }, nil, `rank-00001.safetensors: tensor "`},
+		{"flipped byte", func(dir string) { ckpttest.FlipByte(t, filepath.Join(dir, "rank-00001.safetensors"), -3) }, nil, `rank-00001.safetensors: tensor "`},
 		{"truncated file", func(dir string) {
 			name := filepath.Join(dir, "rank-00000.safetensors")
 			st, _ := os.Stat(name)
@@ -83,21 +84,6 @@ func TestResumeDamaged(t *testing.T) {
 				t.Fatalf("exit %d, stdout %q, stderr %q; want exit 2 naming %q", code, out, errs, tc.want)
 			}
 		})
-	}
-}
-
-func flipByte(t *testing.T, name string, off int64) {
-	t.Helper()
-	b, err := os.ReadFile(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if off < 0 {
-		off += int64(len(b))
-	}
-	b[off] ^= 0xff
-	if err := os.WriteFile(name, b, 0o644); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -5,12 +5,12 @@ import (
 	"context"
 	"errors"
 	"math"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 
 	"github.com/meshrun/meshrun/ckpt"
+	"github.com/meshrun/meshrun/ckpt/ckpttest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/job"
 	"github.com/meshrun/meshrun/kernels/providers"
@@ -188,13 +188,5 @@ func flipLast(t *testing.T, root string) {
 	if err != nil || len(steps) == 0 {
 		t.Fatal(steps, err)
 	}
-	name := filepath.Join(ckpt.StepDir(root, steps[len(steps)-1]), "rank-00001.safetensors")
-	b, err := os.ReadFile(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b[len(b)-1] ^= 0xff
-	if err := os.WriteFile(name, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	ckpttest.FlipByte(t, filepath.Join(ckpt.StepDir(root, steps[len(steps)-1]), "rank-00001.safetensors"), -1)
 }

@@ -2,8 +2,6 @@ package launch
 
 import (
 	"fmt"
-
-	"github.com/meshrun/meshrun/runlog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -80,7 +78,7 @@ func (a *attempt) blameByVotes() {
 	rc := RootCause{Rank: winner, Node: a.j.nodeOf(winner), TimeMS: a.root.TimeMS, ReportedBy: &first,
 		Evidence: fmt.Sprintf("%s (%s)", evidenceBlamed, blamers(by[winner]))}
 	p := a.byRank[winner]
-	rec, hasRec := ErrorRecordOf(a.dir, winner)
+	rec, hasRec := readErrorFile(filepath.Join(a.dir, RankDir(winner)))
 	// A victim that recorded a failure of its own (its error blames itself)
 	// before the teardown's SIGTERM was failing already: a SIGTERM from
 	// outside, say, which its peers saw first. (The teardown's abort makes
@@ -214,9 +212,4 @@ func blamers(ranks []int) string {
 		return fmt.Sprintf("rank %d blames it", ranks[0])
 	}
 	return fmt.Sprintf("ranks %s blame it", FormatRanks(ranks))
-}
-
-// ErrorRecordOf reads rank's error.json in an attempt's folder.
-func ErrorRecordOf(dir string, rank int) (runlog.ErrorRecord, bool) {
-	return readErrorFile(filepath.Join(dir, RankDir(rank)))
 }

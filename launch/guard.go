@@ -131,7 +131,7 @@ func cleanStaleCreds(logDir string) []string {
 	m, _ := filepath.Glob(filepath.Join(logDir, "*", CredsFile))
 	for _, creds := range m {
 		dir := filepath.Dir(creds)
-		pid := launcherPID(filepath.Join(dir, EventsFile))
+		pid, _ := jobStart(filepath.Join(dir, EventsFile))
 		if pid > 0 && processAlive(pid) {
 			continue
 		}
@@ -145,45 +145,32 @@ func cleanStaleCreds(logDir string) []string {
 	return removed
 }
 
-// launcherPID is the pid in the job_start event of an events.jsonl; 0 when
-// unknown.
-func launcherPID(events string) int {
+// jobStart reads the job_start event, the first line of an events.jsonl:
+// the launcher's pid (0 unknown) and its node (-1 unknown).
+func jobStart(events string) (pid, node int) {
 	f, err := os.Open(events)
 	if err != nil {
-		return 0
+		return 0, -1
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	if !sc.Scan() {
-		return 0
+		return 0, -1
 	}
 	var ev struct {
 		Event string `json:"event"`
 		PID   int    `json:"launcher_pid"`
-	}
-	if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.Event != "job_start" {
-		return 0
-	}
-	return ev.PID
-}
-
-// launcherNode is the node in the job_start event of an events.jsonl; -1
-// when unknown.
-func launcherNode(events string) int {
-	b, err := os.ReadFile(events)
-	if err != nil {
-		return -1
-	}
-	line, _, _ := bytes.Cut(b, []byte{'\n'})
-	var ev struct {
-		Event string `json:"event"`
 		Node  *int   `json:"node"`
 	}
-	if json.Unmarshal(line, &ev) != nil || ev.Event != "job_start" || ev.Node == nil {
-		return -1
+	if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.Event != "job_start" {
+		return 0, -1
 	}
-	return *ev.Node
+	node = -1
+	if ev.Node != nil {
+		node = *ev.Node
+	}
+	return ev.PID, node
 }
 
 // processAlive reports whether pid is a live process (not a zombie).

@@ -46,7 +46,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 		// The folder is another launcher's (the events file is created
 		// exclusively): this job id ran here before, or another node of the
 		// job shares this --log-dir.
-		if other := launcherNode(filepath.Join(j.dir, EventsFile)); j.nnodes > 1 && other >= 0 && other != j.NodeRank {
+		if _, other := jobStart(filepath.Join(j.dir, EventsFile)); j.nnodes > 1 && other >= 0 && other != j.NodeRank {
 			return ExitUsage, fmt.Errorf("%w: job folder %s holds node %d's logs of job %s: with several nodes on one file system give each node its own --log-dir (e.g. runs/node-%d)",
 				ErrInvalid, j.dir, other, j.id, j.NodeRank)
 		}

@@ -17,8 +17,7 @@ type lossyFile struct {
 	f       *os.File
 	name    string    // for the console note
 	note    io.Writer // the console; nil: none
-	failing bool
-	dropped int64 // lines
+	dropped int64     // lines
 	said    bool
 }
 
@@ -31,10 +30,8 @@ func (l *lossyFile) Write(p []byte) (int, error) {
 			fmt.Fprintf(l.note, "WARN runlog: %s: %v: dropping entries until it can be written (counted)\n", l.name, err)
 			l.said = true
 		}
-		l.failing = true
 		return len(p), nil
 	}
-	l.failing = false
 	return len(p), nil
 }
 

@@ -1,23 +1,86 @@
 package collective_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/collective/collectivetest"
+	"github.com/meshrun/meshrun/natsrv"
 	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats.go"
 )
 
-// sockets keeps each simulated rank's NATS socket, to kill a rank abruptly.
+// sockets keeps each simulated rank's NATS socket, to kill or stop a rank.
 type sockets struct {
 	mu    sync.Mutex
-	conns map[int]net.Conn
+	conns map[int]*rankConn
+}
+
+func (s *sockets) conn(rank int) *rankConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conns[rank]
+}
+
+// rankConn is a simulated rank's NATS socket. kill closes it with RST, what
+// the kernel does to the socket of a killed process; freeze stops its reads
+// and writes while it stays open, as SIGSTOP leaves the socket of a stopped
+// process: nothing more is sent (the client's flusher, and with it every
+// publish of that connection, waits in Write) and nothing more is read.
+type rankConn struct {
+	*net.TCPConn
+	mu      sync.Mutex
+	stopped chan struct{} // non-nil while frozen; closed by kill
+}
+
+func (c *rankConn) wait() {
+	c.mu.Lock()
+	ch := c.stopped
+	c.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+}
+
+func (c *rankConn) Read(b []byte) (int, error) {
+	c.wait()
+	return c.TCPConn.Read(b)
+}
+
+func (c *rankConn) Write(b []byte) (int, error) {
+	c.wait()
+	return c.TCPConn.Write(b)
+}
+
+func (c *rankConn) freeze() {
+	c.mu.Lock()
+	if c.stopped == nil {
+		c.stopped = make(chan struct{})
+	}
+	c.mu.Unlock()
+}
+
+// kill closes the socket abruptly; a frozen one's blocked reads and writes
+// then fail.
+func (c *rankConn) kill() {
+	c.TCPConn.SetLinger(0)
+	c.TCPConn.Close()
+	c.mu.Lock()
+	if c.stopped != nil {
+		close(c.stopped)
+		c.stopped = nil
+	}
+	c.mu.Unlock()
 }
 
 type rankDialer struct {
@@ -27,12 +90,14 @@ type rankDialer struct {
 
 func (d rankDialer) Dial(network, address string) (net.Conn, error) {
 	c, err := net.DialTimeout(network, address, 10*time.Second)
-	if err == nil {
-		d.s.mu.Lock()
-		d.s.conns[d.rank] = c
-		d.s.mu.Unlock()
+	if err != nil {
+		return nil, err
 	}
-	return c, err
+	rc := &rankConn{TCPConn: c.(*net.TCPConn)}
+	d.s.mu.Lock()
+	d.s.conns[d.rank] = rc
+	d.s.mu.Unlock()
+	return rc, nil
 }
 
 // joinControl joins n control-only ranks (transport "none") with fast heartbeats.
@@ -40,26 +105,49 @@ func joinControl(t *testing.T, n int) ([]*collective.World, *sockets, *nats.Conn
 	t.Helper()
 	job := newJob()
 	s := startServer(t, job)
-	sk := &sockets{conns: map[int]net.Conn{}}
+	ws, sk := joinRanks(t, s, job, n, "none", collective.Options{})
+	return ws, sk, adminConn(t, s), job
+}
+
+// joinRanks joins n ranks of job on s over transport with fast heartbeats
+// (every 100 ms, lost after 1 s); they are closed when the test ends, a
+// frozen rank's socket killed first.
+func joinRanks(t *testing.T, s *natsrv.Server, job string, n int, transport string, o collective.Options) ([]*collective.World, *sockets) {
+	t.Helper()
+	sk := &sockets{conns: map[int]*rankConn{}}
 	cfgs := make([]collective.Config, n)
 	for r := range cfgs {
-		cfgs[r] = config(s, job, r, n, "none", collective.Options{})
+		cfgs[r] = config(s, job, r, n, transport, o)
 		cfgs[r].HeartbeatInterval, cfgs[r].HeartbeatTimeout = 100*time.Millisecond, time.Second
+		cfgs[r].RendezvousTimeout = 30 * time.Second
 		cfgs[r].Dialer = rankDialer{sk, r}
 	}
 	ws, errs := joinAll(cfgs)
+	t.Cleanup(func() {
+		for _, w := range ws {
+			if w != nil {
+				w.Close()
+			}
+		}
+	})
+	t.Cleanup(func() { // before the worlds close: a frozen rank's Close would wait
+		sk.mu.Lock()
+		defer sk.mu.Unlock()
+		for _, c := range sk.conns {
+			c.mu.Lock()
+			frozen := c.stopped != nil
+			c.mu.Unlock()
+			if frozen {
+				c.kill()
+			}
+		}
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Fatalf("rank %d: join: %v", r, err)
 		}
 	}
-	t.Cleanup(func() {
-		for _, w := range ws {
-			w.Close()
-		}
-	})
-	nc := adminConn(t, s)
-	return ws, sk, nc, job
+	return ws, sk
 }
 
 func waitAll(ws []*collective.World, skip int, within time.Duration) bool {
@@ -91,12 +179,8 @@ func TestControlPlane256(t *testing.T) {
 		ws, sk, _, _ := joinControl(t, n)
 		time.Sleep(300 * time.Millisecond)
 		const victim = 97
-		sk.mu.Lock()
-		c := sk.conns[victim]
-		sk.mu.Unlock()
 		start := time.Now()
-		c.(*net.TCPConn).SetLinger(0)
-		c.Close()
+		sk.conn(victim).kill()
 		if !waitAll(ws, victim, 3*time.Second) {
 			t.Fatalf("not every rank failed within 3 s (heartbeat timeout 1 s)")
 		}
@@ -146,11 +230,7 @@ func TestControlPlane256(t *testing.T) {
 				break
 			}
 		}
-		sk.mu.Lock()
-		c := sk.conns[victim]
-		sk.mu.Unlock()
-		c.(*net.TCPConn).SetLinger(0)
-		c.Close()
+		sk.conn(victim).kill()
 		open := []*collective.World{}
 		for _, r := range order[n/2:] {
 			if r != victim {
@@ -166,5 +246,167 @@ func TestControlPlane256(t *testing.T) {
 				t.Fatalf("rank %d: %v, want ErrPeerLost naming rank %d", w.Rank(), w.Err(), victim)
 			}
 		}
+	})
+}
+
+// short is err's text with the world group's 256 ranks left out.
+func short(err error) string {
+	return regexp.MustCompile(`group \[0 1 2 [0-9 ]+\]`).ReplaceAllString(fmt.Sprint(err), "group [0 … 255]")
+}
+
+// expectAll checks that every world but skip failed with kind naming culprit
+// (-1: no rank).
+func expectAll(t *testing.T, ws []*collective.World, skip int, kind error, culprit int) {
+	t.Helper()
+	for r, w := range ws {
+		if r == skip {
+			continue
+		}
+		err := w.Err()
+		if !errors.Is(err, kind) || collective.Culprit(err) != culprit {
+			t.Fatalf("rank %d: %v, want %v naming %d", r, err, kind, culprit)
+		}
+	}
+}
+
+// TestControlPlane256Faults: the fault tests of TestProcessFaults and
+// TestFault* (SIGSTOP, a different op, a rank that never enters a collective,
+// the NATS server restarted) at 256 ranks in one process, each rank on its
+// own NATS connection with the real Join, heartbeats every 100 ms and lost
+// after 1 s. SIGSTOP freezes a rank's socket (rankConn.freeze); the
+// collectives of the mismatch and the hang run over transport "nats" on the
+// world's group of 256 (tcp and shm connect every pair of ranks: 65,280
+// sockets or rings in one process); the restart is TestProcessFaults'.
+func TestControlPlane256Faults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("256 NATS connections")
+	}
+	const n = 256
+	const hbTimeout = time.Second
+	t.Run("sigstop", func(t *testing.T) {
+		// The rank's socket stays open but it neither reads nor writes: its
+		// heartbeats stop and only its watcher can tell.
+		ws, sk, _, _ := joinControl(t, n)
+		time.Sleep(300 * time.Millisecond)
+		const victim = 151
+		start := time.Now()
+		sk.conn(victim).freeze()
+		if !waitAll(ws, victim, hbTimeout+2*time.Second) {
+			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", hbTimeout+2*time.Second)
+		}
+		t.Logf("every rank failed %v after the stop: %v", time.Since(start).Round(time.Millisecond), ws[0].Err())
+		expectAll(t, ws, victim, collective.ErrPeerLost, victim)
+		if s := ws[0].Err().Error(); !strings.Contains(s, "no heartbeat") {
+			t.Errorf("rank 0: %s: the error does not say the rank went silent", s)
+		}
+	})
+	// The collectives: every rank makes the world's group, then calls one.
+	collective256 := func(t *testing.T, o collective.Options, call func(w *collective.World, c *collective.Group) error) ([]*collective.World, time.Duration) {
+		t.Helper()
+		job := newJob()
+		s := startServer(t, job)
+		tj := time.Now()
+		ws, _ := joinRanks(t, s, job, n, "nats", o)
+		t.Logf("256 ranks joined over transport nats in %v", time.Since(tj).Round(time.Millisecond))
+		cs := make([]*collective.Group, n)
+		if err := errors.Join(collectivetest.RunRanks(ws, func(w *collective.World) (err error) {
+			cs[w.Rank()], err = w.WorldGroup(context.Background())
+			return err
+		})...); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		collectivetest.RunRanks(ws, func(w *collective.World) error { return call(w, cs[w.Rank()]) })
+		return ws, time.Since(start)
+	}
+	t.Run("mismatch", func(t *testing.T) {
+		const culprit = 200
+		const count = 16 << 10 // 64 KiB: the ring, each rank reading its predecessor first
+		ws, took := collective256(t, collective.Options{}, func(w *collective.World, c *collective.Group) error {
+			buf := make([]float32, count)
+			if w.Rank() == culprit {
+				counts := make([]int, n)
+				for i := range counts {
+					counts[i] = count
+				}
+				return collective.AllGather(context.Background(), c, buf, make([]float32, n*count), counts)
+			}
+			return collective.AllReduce(context.Background(), c, buf, collective.Sum)
+		})
+		t.Logf("every rank failed %v after entering: %v", took.Round(time.Millisecond), short(ws[0].Err()))
+		if took > 2*time.Second {
+			t.Errorf("failing took %v, limit 2 s", took)
+		}
+		expectAll(t, ws, -1, collective.ErrMismatch, culprit)
+		for r, w := range ws {
+			if s := w.Err().Error(); !strings.Contains(s, "all_gather") || !strings.Contains(s, "all_reduce") {
+				t.Fatalf("rank %d: error lacks both descriptors: %s", r, s)
+			}
+		}
+	})
+	t.Run("hang", func(t *testing.T) {
+		const hung = 37
+		o := collective.Options{DataTimeout: 2 * time.Second}
+		ws, took := collective256(t, o, func(w *collective.World, c *collective.Group) error {
+			if w.Rank() == hung { // alive, heartbeating, never enters the all-reduce
+				return nil
+			}
+			// The ring (64 KiB): a few hundred messages before every rank
+			// waits. A direct all-reduce would send 65,280 here, which on 2
+			// cores delays heartbeats past the 1 s timeout.
+			return collective.AllReduce(context.Background(), c, make([]float32, 16<<10), collective.Sum)
+		})
+		t.Logf("every rank failed %v after entering: %v", took.Round(time.Millisecond), short(ws[0].Err()))
+		if limit := o.DataTimeout + 3*time.Second; took > limit { // TestFaultRankHangs' limit
+			t.Errorf("failing took %v, limit %v", took, limit)
+		}
+		// Every rank reports the first timeout published: one whose own wait
+		// ran out blames the member that never entered it; one whose send
+		// to the hung rank waited for its window names that rank directly.
+		expectAll(t, ws, hung, collective.ErrTimeout, hung)
+	})
+	t.Run("nats-restart", func(t *testing.T) {
+		// As in TestProcessFaults' nats-restart: nothing reconnects, every rank
+		// fails with ErrControlLost naming the server within 2 s.
+		leak := collectivetest.Goroutines(t)
+		job := newJob()
+		s, err := natsrv.Start(natsrv.Options{Jobs: []string{job}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws, _ := joinRanks(t, s, job, n, "none", collective.Options{})
+		time.Sleep(300 * time.Millisecond)
+		port, admin, jobs := s.Port(), s.Admin(), s.JobCreds()
+		start := time.Now()
+		s.Shutdown()
+		s, err = natsrv.Start(natsrv.Options{Port: port, Admin: &admin, JobCreds: jobs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !waitAll(ws, -1, 2*time.Second) {
+			t.Fatal("not every rank failed within 2 s of the restart")
+		}
+		t.Logf("every rank failed %v after the restart: %v", time.Since(start).Round(time.Millisecond), ws[0].Err())
+		expectAll(t, ws, -1, collective.ErrControlLost, -1)
+		for r, w := range ws {
+			if !strings.Contains(w.Err().Error(), "NATS") {
+				t.Fatalf("rank %d: error does not name the NATS server: %v", r, w.Err())
+			}
+		}
+		// The restarted server serves, and every rank closes; nothing is left running.
+		nc := adminConn(t, s)
+		if err := nc.Flush(); err != nil {
+			t.Fatalf("restarted server: %v", err)
+		}
+		nc.Close()
+		tc := time.Now()
+		for _, w := range ws {
+			w.Close()
+		}
+		if d := time.Since(tc); d > 5*time.Second {
+			t.Errorf("closing 256 failed worlds took %v", d)
+		}
+		s.Shutdown()
+		leak()
 	})
 }

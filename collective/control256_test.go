@@ -105,20 +105,20 @@ func joinControl(t *testing.T, n int) ([]*collective.World, *sockets, *nats.Conn
 	t.Helper()
 	job := newJob()
 	s := startServer(t, job)
-	ws, sk := joinRanks(t, s, job, n, "none", collective.Options{})
+	ws, sk := joinRanks(t, s, job, n, "none", collective.Options{}, time.Second)
 	return ws, sk, adminConn(t, s), job
 }
 
-// joinRanks joins n ranks of job on s over transport with fast heartbeats
-// (every 100 ms, lost after 1 s); they are closed when the test ends, a
+// joinRanks joins n ranks of job on s over transport with heartbeats every
+// 100 ms, a rank lost after hbTimeout; they are closed when the test ends, a
 // frozen rank's socket killed first.
-func joinRanks(t *testing.T, s *natsrv.Server, job string, n int, transport string, o collective.Options) ([]*collective.World, *sockets) {
+func joinRanks(t *testing.T, s *natsrv.Server, job string, n int, transport string, o collective.Options, hbTimeout time.Duration) ([]*collective.World, *sockets) {
 	t.Helper()
 	sk := &sockets{conns: map[int]*rankConn{}}
 	cfgs := make([]collective.Config, n)
 	for r := range cfgs {
 		cfgs[r] = config(s, job, r, n, transport, o)
-		cfgs[r].HeartbeatInterval, cfgs[r].HeartbeatTimeout = 100*time.Millisecond, time.Second
+		cfgs[r].HeartbeatInterval, cfgs[r].HeartbeatTimeout = 100*time.Millisecond, hbTimeout
 		cfgs[r].RendezvousTimeout = 30 * time.Second
 		cfgs[r].Dialer = rankDialer{sk, r}
 	}
@@ -273,7 +273,7 @@ func expectAll(t *testing.T, ws []*collective.World, skip int, kind error, culpr
 // TestFault* (SIGSTOP, a different op, a rank that never enters a collective,
 // the NATS server restarted) at 256 ranks in one process, each rank on its
 // own NATS connection with the real Join, heartbeats every 100 ms and lost
-// after 1 s. SIGSTOP freezes a rank's socket (rankConn.freeze); the
+// after 1 s (5 s with the nats data paths). SIGSTOP freezes a rank's socket (rankConn.freeze); the
 // collectives of the mismatch and the hang run over transport "nats" on the
 // world's group of 256 (tcp and shm connect every pair of ranks: 65,280
 // sockets or rings in one process); the restart is TestProcessFaults'.
@@ -306,7 +306,10 @@ func TestControlPlane256Faults(t *testing.T) {
 		job := newJob()
 		s := startServer(t, job)
 		tj := time.Now()
-		ws, _ := joinRanks(t, s, job, n, "nats", o)
+		// A real job's heartbeat timeout (5 s): 256 nats data paths
+		// starting (65,280 readiness requests) keep both cores busy for
+		// seconds, which held a heartbeat past 1 s in one run of ten.
+		ws, _ := joinRanks(t, s, job, n, "nats", o, 5*time.Second)
 		t.Logf("256 ranks joined over transport nats in %v", time.Since(tj).Round(time.Millisecond))
 		cs := make([]*collective.Group, n)
 		if err := errors.Join(collectivetest.RunRanks(ws, func(w *collective.World) (err error) {
@@ -374,7 +377,7 @@ func TestControlPlane256Faults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ws, _ := joinRanks(t, s, job, n, "none", collective.Options{})
+		ws, _ := joinRanks(t, s, job, n, "none", collective.Options{}, hbTimeout)
 		time.Sleep(300 * time.Millisecond)
 		port, admin, jobs := s.Port(), s.Admin(), s.JobCreds()
 		start := time.Now()

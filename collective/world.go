@@ -370,10 +370,17 @@ const silentAfter = 2 * time.Second
 
 // blame picks the culprit of a timeout in group key at seq: the first member
 // whose heartbeat shows it has not entered the collective; fallback otherwise.
+// It stops asking once the World has failed (the failure another rank
+// published wins, and this blame would be dropped): when every member reaches
+// the deadline at once, each would otherwise ask up to every member in turn,
+// N² requests in all.
 func (w *World) blame(key string, seq uint64, ranks []int, fallback int) (int, string) {
 	for _, r := range ranks {
 		if r == w.rank {
 			continue
+		}
+		if w.ctx.Err() != nil {
+			return fallback, ""
 		}
 		st, at, ok := w.ctrl.PeerState(r)
 		if !ok {

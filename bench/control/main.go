@@ -2,14 +2,25 @@
 // in one process, each running package collective's real Join (its own NATS
 // connection, the rendezvous, heartbeats, failure notices and abort handling;
 // transport "none", so no data plane), against one embedded NATS server
-// (natsrv). It prints one JSON line per N:
+// (natsrv), or with -cluster K against K nats-server processes on loopback
+// joined by routes, rank r connected to server r mod K (see cluster.go). It
+// prints one JSON line per N:
 //
 //	rendezvous_s    the last rank's Join started -> the last Join returned (connect +
 //	                rendezvous); with -start-rate the ranks start evenly over
 //	                ramp_s = N / rate
 //	msgs_per_s      server messages in + out per second at steady state
-//	                (natsrv.Stats, i.e. /varz in_msgs/out_msgs deltas over -window)
+//	                (natsrv.Stats, i.e. /varz in_msgs/out_msgs deltas over -window;
+//	                with -cluster, each server's /varz summed, less what its
+//	                /routez counts on the routes: the clients' traffic)
 //	bytes_per_s     the same in bytes
+//	route_msgs_per_s, route_bytes_per_s
+//	                -cluster: messages (bytes) in + out on the routes, summed
+//	                over the servers (each routed message counts out of one
+//	                server and into another)
+//	cpu_cores       CPU time over the window / its length: this process (the
+//	                ranks, and the embedded server), plus with -cluster the
+//	                server processes, which server_cpu_cores gives apart
 //	detect_s        one rank's NATS socket closed abruptly (as SIGKILL would) ->
 //	                every other rank's World failed (ErrPeerLost naming it)
 //	abort_s         an abort published on the job's abort subject (a second job of
@@ -52,11 +63,17 @@ type options struct {
 	skipAbort    bool
 	abortOnly    bool
 	ramp         time.Duration
+	cluster      int
+	// serverVersion: nats-server --version with -cluster
+	serverVersion string
 }
 
 // Result is one JSON line.
 type Result struct {
 	Ranks         int     `json:"ranks"`
+	Servers       int     `json:"servers"`
+	ServerVersion string  `json:"server_version,omitempty"`
+	ServerConns   []int   `json:"server_conns,omitempty"` // client connections per server at steady state
 	RampS         float64 `json:"ramp_s,omitempty"`
 	RendezvousS   float64 `json:"rendezvous_s"`
 	Joined        int     `json:"joined"`
@@ -64,7 +81,10 @@ type Result struct {
 	InMsgsPerS    float64 `json:"in_msgs_per_s"`
 	OutMsgsPerS   float64 `json:"out_msgs_per_s"`
 	BytesPerS     float64 `json:"bytes_per_s"`
-	CPUCores      float64 `json:"cpu_cores"` // process CPU time / wall time over the window
+	RouteMsgsPerS float64 `json:"route_msgs_per_s,omitempty"`
+	RouteBytesPS  float64 `json:"route_bytes_per_s,omitempty"`
+	CPUCores      float64 `json:"cpu_cores"` // CPU time / wall time over the window
+	ServerCPU     float64 `json:"server_cpu_cores,omitempty"`
 	SlowConsumers int64   `json:"slow_consumers"`
 	FalseFailures int     `json:"false_failures"` // ranks failed before any fault was injected
 	DetectS       float64 `json:"detect_s"`
@@ -108,7 +128,7 @@ func (d *dialer) kill() {
 }
 
 type job struct {
-	srv     *natsrv.Server
+	srv     server
 	name    string
 	worlds  []*collective.World
 	dialers []*dialer
@@ -121,9 +141,19 @@ type job struct {
 
 func startJob(ctx context.Context, o options, n int, tag string) (*job, error) {
 	name := fmt.Sprintf("ctlbench-%s-%d-%d", tag, n, time.Now().UnixNano())
-	srv, err := natsrv.Start(natsrv.Options{Jobs: []string{name}})
-	if err != nil {
-		return nil, err
+	var srv server
+	if o.cluster > 0 {
+		c, err := startCluster(o.cluster, name)
+		if err != nil {
+			return nil, err
+		}
+		srv = c
+	} else {
+		s, err := natsrv.Start(natsrv.Options{Jobs: []string{name}})
+		if err != nil {
+			return nil, err
+		}
+		srv = embedded{s}
 	}
 	cr, _ := srv.Credentials(name)
 	j := &job{srv: srv, name: name, worlds: make([]*collective.World, n), dialers: make([]*dialer, n), errs: map[string]int{}}
@@ -135,7 +165,7 @@ func startJob(ctx context.Context, o options, n int, tag string) (*job, error) {
 		cfg := collective.Config{
 			Rank: r, WorldSize: n,
 			LocalRank: r % o.perNode, LocalWorldSize: o.perNode, NodeRank: r / o.perNode, NNodes: (n + o.perNode - 1) / o.perNode,
-			Job: name, NATSURL: srv.URL(), Creds: &cr, Transport: "none",
+			Job: name, NATSURL: srv.URL(r), Creds: &cr, Transport: "none",
 			RendezvousTimeout: o.rdvTimeout, HeartbeatInterval: o.hbInterval, HeartbeatTimeout: o.hbTimeout,
 			Dialer: j.dialers[r],
 		}
@@ -248,7 +278,7 @@ func load1() string {
 
 func runN(o options, n int) (res Result) {
 	start := time.Now()
-	res = Result{Ranks: n, RampS: o.ramp.Seconds(), HeartbeatS: o.hbTimeout.Seconds(), Load1: load1()}
+	res = Result{Ranks: n, Servers: max(o.cluster, 1), ServerVersion: o.serverVersion, RampS: o.ramp.Seconds(), HeartbeatS: o.hbTimeout.Seconds(), Load1: load1()}
 	var peak atomic.Uint64
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
@@ -321,19 +351,31 @@ func measure(ctx context.Context, o options, n int, res *Result) {
 	if !sleepCtx(ctx, o.warmup) {
 		return
 	}
-	s0, _ := j.srv.Stats()
+	s0, err := j.srv.Stats()
 	c0, t0 := cpuTime(), time.Now()
+	if err != nil {
+		res.Error = "server stats: " + err.Error()
+		return
+	}
 	if !sleepCtx(ctx, o.window) {
 		return
 	}
-	s1, _ := j.srv.Stats()
+	s1, err := j.srv.Stats()
 	c1, el := cpuTime(), time.Since(t0).Seconds()
+	if err != nil {
+		res.Error = "server stats: " + err.Error()
+		return
+	}
 	res.InMsgsPerS = float64(s1.InMsgs-s0.InMsgs) / el
 	res.OutMsgsPerS = float64(s1.OutMsgs-s0.OutMsgs) / el
 	res.MsgsPerS = res.InMsgsPerS + res.OutMsgsPerS
 	res.BytesPerS = float64(s1.InBytes-s0.InBytes+s1.OutBytes-s0.OutBytes) / el
-	res.CPUCores = (c1 - c0).Seconds() / el
+	res.RouteMsgsPerS = float64(s1.RouteMsgs-s0.RouteMsgs) / el
+	res.RouteBytesPS = float64(s1.RouteBytes-s0.RouteBytes) / el
+	res.ServerCPU = (s1.CPU - s0.CPU).Seconds() / el
+	res.CPUCores = (c1-c0).Seconds()/el + res.ServerCPU
 	res.SlowConsumers = s1.SlowConsumers
+	res.ServerConns = s1.Conns
 	var firstFalse error
 	for _, w := range j.worlds {
 		if err := w.Err(); err != nil {
@@ -403,7 +445,7 @@ func measureAbort(ctx context.Context, o options, n int, res *Result) {
 		return
 	}
 	admin := j2.srv.Admin()
-	nc, err := nats.Connect(j2.srv.URL(), nats.UserInfo(admin.User, admin.Password))
+	nc, err := nats.Connect(j2.srv.URL(0), nats.UserInfo(admin.User, admin.Password))
 	if err != nil {
 		res.Error = "admin connection: " + err.Error()
 		return
@@ -457,8 +499,19 @@ func main() {
 	rate := flag.Float64("start-rate", 1000, "start this many ranks a second (as launchers spawning processes would); 0: all at once")
 	flag.BoolVar(&o.skipAbort, "skip-abort", false, "measure no abort (saves the second job's rendezvous)")
 	flag.BoolVar(&o.abortOnly, "abort-only", false, "run the abort job only (its rendezvous and abort)")
+	flag.IntVar(&o.cluster, "cluster", 0, "run each job against this many nats-server processes (a cluster when more than 1; the binary must be on PATH); 0: the embedded server")
 	flag.Parse()
 	var err error
+	if o.cluster < 0 {
+		fmt.Fprintln(os.Stderr, "-cluster: want a number of servers >= 0")
+		os.Exit(2)
+	}
+	if o.cluster > 0 {
+		if o.serverVersion, err = checkNATSServer(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+	}
 	if o.ranks, err = parseRanks(*ranks); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)

@@ -6,7 +6,15 @@
 # such and the next one still runs.
 #   bash bench/control/run.sh                  # N = 64, 256, 1024, 4096
 #   RANKS="64 256" LIMIT=300 bash bench/control/run.sh -window 5s
+#   RANKS="64 256 1024 4096" bash bench/control/run.sh -cluster 3
 # Extra arguments go to the runner (see go run ./bench/control -h).
+# -cluster 3 runs each job against 3 nats-server processes on loopback joined
+# by routes (rank r on server r mod 3; each job its own servers, with the
+# embedded server's users and permissions) instead of the embedded server;
+# its line has "servers":3, msgs_per_s and bytes_per_s of the clients summed
+# over the servers' /varz less their /routez, the routes' own traffic in
+# route_msgs_per_s and route_bytes_per_s. It needs nats-server on PATH or in
+# /usr/sbin (apt-get install nats-server) and fails before any work without it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ranks=${RANKS:-64 256 1024 4096}

@@ -249,7 +249,10 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	nc, err := nats.Connect(cfg.NATSURL, append(natsOpts,
 		nats.NoReconnect(),
 		nats.PingInterval(time.Second), nats.MaxPingsOutstanding(3),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
+			if err == nil {
+				err = c.LastError() // the client's reason (stale connection, EOF), if it had one
+			}
 			if err == nil {
 				err = errors.New("disconnected")
 			}

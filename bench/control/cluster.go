@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -215,6 +216,36 @@ func (c *clusterServer) logTail(i int) string {
 		b = b[len(b)-600:]
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// problems summarizes the servers' warnings and errors so far: each message
+// (numbers blanked) with how many times it was logged.
+func (c *clusterServer) problems() string {
+	num := regexp.MustCompile(`[0-9]+`)
+	seen := map[string]int{}
+	var order []string
+	for i := range c.procs {
+		b, _ := os.ReadFile(filepath.Join(c.dir, fmt.Sprintf("server%d.log", i)))
+		for _, l := range strings.Split(string(b), "\n") {
+			k := strings.Index(l, "[WRN]")
+			if k < 0 {
+				k = strings.Index(l, "[ERR]")
+			}
+			if k < 0 {
+				continue
+			}
+			m := num.ReplaceAllString(l[k:], "N")
+			if seen[m] == 0 {
+				order = append(order, m)
+			}
+			seen[m]++
+		}
+	}
+	var out []string
+	for _, m := range order {
+		out = append(out, fmt.Sprintf("%d× %s", seen[m], m))
+	}
+	return strings.Join(out, "; ")
 }
 
 var httpClient = &http.Client{Timeout: 10 * time.Second}

@@ -346,6 +346,9 @@ func measure(ctx context.Context, o options, n int, res *Result) {
 		st, _ := j.srv.Stats()
 		res.SlowConsumers = st.SlowConsumers
 		res.Error = fmt.Sprintf("join: %v; all join errors: %v", j.joinErr, j.errs)
+		if c, ok := j.srv.(*clusterServer); ok {
+			res.Error += "; the servers logged: " + c.problems()
+		}
 		return
 	}
 	if !sleepCtx(ctx, o.warmup) {
@@ -439,6 +442,9 @@ func measureAbort(ctx context.Context, o options, n int, res *Result) {
 	res.AbortRdvS = j2.rdv.Seconds()
 	if j2.joinErr != nil {
 		res.Error = "join (abort job): " + j2.joinErr.Error()
+		if c, ok := j2.srv.(*clusterServer); ok {
+			res.Error += "; the servers logged: " + c.problems()
+		}
 		return
 	}
 	if !sleepCtx(ctx, o.warmup) {

@@ -36,30 +36,44 @@ func (s *sockets) conn(rank int) *rankConn {
 // the kernel does to the socket of a killed process; freeze stops its reads
 // and writes while it stays open, as SIGSTOP leaves the socket of a stopped
 // process: nothing more is sent (the client's flusher, and with it every
-// publish of that connection, waits in Write) and nothing more is read.
+// publish of that connection, waits in Write) and nothing more is read; cut
+// makes it a link that drops everything while the rank runs on: writes
+// vanish, reads never return.
 type rankConn struct {
 	*net.TCPConn
 	mu      sync.Mutex
-	stopped chan struct{} // non-nil while frozen; closed by kill
+	stopped chan struct{} // non-nil while frozen or cut; closed by kill
+	cut     bool
 }
 
-func (c *rankConn) wait() {
+func (c *rankConn) Read(b []byte) (int, error) {
 	c.mu.Lock()
 	ch := c.stopped
 	c.mu.Unlock()
 	if ch != nil {
 		<-ch
 	}
-}
-
-func (c *rankConn) Read(b []byte) (int, error) {
-	c.wait()
 	return c.TCPConn.Read(b)
 }
 
 func (c *rankConn) Write(b []byte) (int, error) {
-	c.wait()
+	c.mu.Lock()
+	ch, cut := c.stopped, c.cut
+	c.mu.Unlock()
+	if cut {
+		return len(b), nil
+	}
+	if ch != nil {
+		<-ch
+	}
 	return c.TCPConn.Write(b)
+}
+
+func (c *rankConn) cutLink() {
+	c.freeze()
+	c.mu.Lock()
+	c.cut = true
+	c.mu.Unlock()
 }
 
 func (c *rankConn) freeze() {
@@ -80,6 +94,7 @@ func (c *rankConn) kill() {
 		close(c.stopped)
 		c.stopped = nil
 	}
+	c.cut = false
 	c.mu.Unlock()
 }
 
@@ -271,9 +286,10 @@ func expectAll(t *testing.T, ws []*collective.World, skip int, kind error, culpr
 
 // TestControlPlane256Faults: the fault tests of TestProcessFaults and
 // TestFault* (SIGSTOP, a different op, a rank that never enters a collective,
-// the NATS server restarted) at 256 ranks in one process, each rank on its
-// own NATS connection with the real Join, heartbeats every 100 ms and lost
-// after 1 s (5 s with the nats data paths). SIGSTOP freezes a rank's socket (rankConn.freeze); the
+// the NATS server restarted) at 256 ranks in one process, and a rank whose
+// link to the server drops everything, each rank on its own NATS connection
+// with the real Join, heartbeats every 100 ms and lost after 1 s (5 s with
+// the nats data paths). SIGSTOP freezes a rank's socket (rankConn.freeze); the
 // collectives of the mismatch and the hang run over transport "nats" on the
 // world's group of 256 (tcp and shm connect every pair of ranks: 65,280
 // sockets or rings in one process); the restart is TestProcessFaults'.
@@ -298,6 +314,23 @@ func TestControlPlane256Faults(t *testing.T) {
 		expectAll(t, ws, victim, collective.ErrPeerLost, victim)
 		if s := ws[0].Err().Error(); !strings.Contains(s, "no heartbeat") {
 			t.Errorf("rank 0: %s: the error does not say the rank went silent", s)
+		}
+	})
+	t.Run("link-lost", func(t *testing.T) {
+		// The rank runs on but its link drops everything: it must not blame
+		// the rank it watches for the silence; the others name it.
+		ws, sk, _, _ := joinControl(t, n)
+		time.Sleep(300 * time.Millisecond)
+		const victim = 77
+		start := time.Now()
+		sk.conn(victim).cutLink()
+		if !waitAll(ws, -1, hbTimeout+2*time.Second) {
+			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", hbTimeout+2*time.Second)
+		}
+		t.Logf("every rank failed %v after the cut; rank %d: %v", time.Since(start).Round(time.Millisecond), victim, ws[victim].Err())
+		expectAll(t, ws, victim, collective.ErrPeerLost, victim)
+		if err := ws[victim].Err(); !errors.Is(err, collective.ErrControlLost) || collective.Culprit(err) != -1 || !strings.Contains(err.Error(), "NATS") {
+			t.Fatalf("rank %d (its link cut): %v, want ErrControlLost naming the NATS server", victim, err)
 		}
 	})
 	// The collectives: every rank makes the world's group, then calls one.

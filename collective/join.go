@@ -248,7 +248,13 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	}
 	nc, err := nats.Connect(cfg.NATSURL, append(natsOpts,
 		nats.NoReconnect(),
-		nats.PingInterval(time.Second), nats.MaxPingsOutstanding(3),
+		// The client's pings are a backstop (a link that dies while this rank
+		// watches no one, or during the join): a dead rank is found by the
+		// rank that watches its heartbeats, and a watcher first checks its
+		// own link to the server (natsControl.loop). Every second, 3 at most
+		// outstanding, they called hundreds of healthy connections stale
+		// while 4,096 ranks joined on 2 cores.
+		nats.PingInterval(max(cfg.HeartbeatTimeout, time.Second)), nats.MaxPingsOutstanding(3),
 		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
 			if err == nil {
 				err = c.LastError() // the client's reason (stale connection, EOF), if it had one

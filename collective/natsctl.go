@@ -292,7 +292,10 @@ func coordinate(ctx context.Context, nc *nats.Conn, job string, me Announce) (*R
 // and its watcher takes them over, after asking each for its state
 // (StateSubject): one that no longer answers has closed too, and its
 // predecessor is taken over in turn. The state of a rank that is not watched
-// (PeerState, to blame a timeout) is asked for on demand.
+// (PeerState, to blame a timeout) is asked for on demand. A watcher that
+// finds its rank silent first checks its own link (a round trip to the
+// server): when that fails too, this rank has lost the control plane
+// (ErrControlLost) and blames no one.
 type natsControl struct {
 	nc       *nats.Conn
 	job      string
@@ -566,6 +569,15 @@ func (c *natsControl) loop() {
 		}
 		c.mu.Unlock()
 		if lost >= 0 && fn != nil {
+			// The silence may be this rank's own link to the server (a hung
+			// server, a path that drops everything): one round trip tells,
+			// and then the rank it watches is not blamed.
+			at := c.askTimeout()
+			if err := c.nc.FlushTimeout(at); err != nil {
+				fn(Notice{Code: protocol.CodeControlLost, Rank: -1, Reporter: c.rank, Detail: fmt.Sprintf("the NATS server at %s did not answer within %v (%v); rank %d, silent for %v, is not blamed",
+					c.nc.ConnectedUrlRedacted(), at, err, lost, now.Sub(last).Round(time.Millisecond))})
+				continue
+			}
 			fn(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank, Detail: fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", now.Sub(last).Round(time.Millisecond))})
 			// Tell the others: only this rank watches it.
 			e := noticeErr(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank})

@@ -1,6 +1,7 @@
 package collective_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,10 +21,13 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// sockets keeps each simulated rank's NATS socket, to kill or stop a rank.
+// sockets keeps each simulated rank's NATS socket, to kill or stop a rank;
+// late holds the ranks whose copy of the roster is to reach them late, and
+// by how much.
 type sockets struct {
 	mu    sync.Mutex
 	conns map[int]*rankConn
+	late  map[int]time.Duration
 }
 
 func (s *sockets) conn(rank int) *rankConn {
@@ -38,12 +42,15 @@ func (s *sockets) conn(rank int) *rankConn {
 // process: nothing more is sent (the client's flusher, and with it every
 // publish of that connection, waits in Write) and nothing more is read; cut
 // makes it a link that drops everything while the rank runs on: writes
-// vanish, reads never return.
+// vanish, reads never return. With late set, the read that brings the
+// roster returns that much later (and so does all that follows it), as when
+// the server is still sending N copies of the roster.
 type rankConn struct {
 	*net.TCPConn
 	mu      sync.Mutex
 	stopped chan struct{} // non-nil while frozen or cut; closed by kill
 	cut     bool
+	late    time.Duration // read by the client's read loop only
 }
 
 func (c *rankConn) Read(b []byte) (int, error) {
@@ -53,7 +60,12 @@ func (c *rankConn) Read(b []byte) (int, error) {
 	if ch != nil {
 		<-ch
 	}
-	return c.TCPConn.Read(b)
+	n, err := c.TCPConn.Read(b)
+	if c.late > 0 && bytes.Contains(b[:n], []byte(".rdv.roster ")) {
+		time.Sleep(c.late)
+		c.late = 0
+	}
+	return n, err
 }
 
 func (c *rankConn) Write(b []byte) (int, error) {
@@ -110,6 +122,7 @@ func (d rankDialer) Dial(network, address string) (net.Conn, error) {
 	}
 	rc := &rankConn{TCPConn: c.(*net.TCPConn)}
 	d.s.mu.Lock()
+	rc.late = d.s.late[d.rank]
 	d.s.conns[d.rank] = rc
 	d.s.mu.Unlock()
 	return rc, nil
@@ -130,16 +143,54 @@ func joinControl(t *testing.T, n int) ([]*collective.World, *sockets, *nats.Conn
 func joinRanks(t *testing.T, s *natsrv.Server, job string, n int, transport string, o collective.Options, hbTimeout time.Duration) ([]*collective.World, *sockets) {
 	t.Helper()
 	sk := &sockets{conns: map[int]*rankConn{}}
-	cfgs := make([]collective.Config, n)
-	for r := range cfgs {
-		cfgs[r] = config(s, job, r, n, transport, o)
-		cfgs[r].HeartbeatInterval, cfgs[r].HeartbeatTimeout = 100*time.Millisecond, hbTimeout
-		cfgs[r].RendezvousTimeout = 30 * time.Second
-		cfgs[r].Dialer = rankDialer{sk, r}
+	j := startJoins(t, s, job, n, transport, o, hbTimeout, sk)
+	<-j.done
+	for r, err := range j.errs {
+		if err != nil {
+			t.Fatalf("rank %d: join: %v", r, err)
+		}
 	}
-	ws, errs := joinAll(cfgs)
+	return j.ws, sk
+}
+
+// joins are ranks joining concurrently: each World (or error) is there once
+// that rank's Join has returned; done is closed when all have.
+type joins struct {
+	mu   sync.Mutex
+	ws   []*collective.World
+	errs []error
+	done chan struct{}
+}
+
+func (j *joins) world(r int) *collective.World {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.ws[r]
+}
+
+// startJoins starts the Joins of n ranks of job on s (see joinRanks), their
+// sockets kept in sk; they are closed when the test ends.
+func startJoins(t *testing.T, s *natsrv.Server, job string, n int, transport string, o collective.Options, hbTimeout time.Duration, sk *sockets) *joins {
+	j := &joins{ws: make([]*collective.World, n), errs: make([]error, n), done: make(chan struct{})}
+	var wg sync.WaitGroup
+	for r := 0; r < n; r++ {
+		cfg := config(s, job, r, n, transport, o)
+		cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, hbTimeout
+		cfg.RendezvousTimeout = 30 * time.Second
+		cfg.Dialer = rankDialer{sk, r}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w, err := collective.Join(context.Background(), cfg)
+			j.mu.Lock()
+			j.ws[cfg.Rank], j.errs[cfg.Rank] = w, err
+			j.mu.Unlock()
+		}()
+	}
+	go func() { wg.Wait(); close(j.done) }()
 	t.Cleanup(func() {
-		for _, w := range ws {
+		<-j.done
+		for _, w := range j.ws {
 			if w != nil {
 				w.Close()
 			}
@@ -157,12 +208,7 @@ func joinRanks(t *testing.T, s *natsrv.Server, job string, n int, transport stri
 			}
 		}
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: join: %v", r, err)
-		}
-	}
-	return ws, sk
+	return j
 }
 
 func waitAll(ws []*collective.World, skip int, within time.Duration) bool {
@@ -332,6 +378,55 @@ func TestControlPlane256Faults(t *testing.T) {
 		if err := ws[victim].Err(); !errors.Is(err, collective.ErrControlLost) || collective.Culprit(err) != -1 || !strings.Contains(err.Error(), "NATS") {
 			t.Fatalf("rank %d (its link cut): %v, want ErrControlLost naming the NATS server", victim, err)
 		}
+	})
+	t.Run("roster-late", func(t *testing.T) {
+		// Rank 255's copy of the roster comes 2.5 s after rank 0 (which
+		// watches it) started watching: it is still joining, not lost.
+		job := newJob()
+		s := startServer(t, job)
+		const late = 255
+		sk := &sockets{conns: map[int]*rankConn{}, late: map[int]time.Duration{late: 2500 * time.Millisecond}}
+		j := startJoins(t, s, job, n, "none", collective.Options{}, hbTimeout, sk)
+		<-j.done
+		for r, err := range j.errs {
+			if err != nil {
+				t.Fatalf("rank %d: join: %v", r, err)
+			}
+		}
+		time.Sleep(hbTimeout + 500*time.Millisecond)
+		for r, w := range j.ws {
+			if err := w.Err(); err != nil {
+				t.Fatalf("rank %d failed, rank %d having got its roster late: %v", r, late, err)
+			}
+		}
+	})
+	t.Run("dies-joining", func(t *testing.T) {
+		// Rank 255 dies while its roster is on the way: it has no state
+		// subject any more, so its watcher names it without waiting for it.
+		job := newJob()
+		s := startServer(t, job)
+		const victim = 255
+		sk := &sockets{conns: map[int]*rankConn{}, late: map[int]time.Duration{victim: 3 * time.Second}}
+		j := startJoins(t, s, job, n, "none", collective.Options{}, hbTimeout, sk)
+		others := make([]*collective.World, 0, n-1)
+		for deadline := time.Now().Add(20 * time.Second); len(others) < n-1; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("only %d of %d ranks joined within 20 s", len(others), n-1)
+			}
+			others = others[:0]
+			for r := 0; r < n-1; r++ {
+				if w := j.world(r); w != nil {
+					others = append(others, w)
+				}
+			}
+		}
+		start := time.Now()
+		sk.conn(victim).kill()
+		if !waitAll(others, -1, hbTimeout+2*time.Second) {
+			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", hbTimeout+2*time.Second)
+		}
+		t.Logf("every rank failed %v after the kill: %v", time.Since(start).Round(time.Millisecond), others[0].Err())
+		expectAll(t, others, -1, collective.ErrPeerLost, victim)
 	})
 	// The collectives: every rank makes the world's group, then calls one.
 	collective256 := func(t *testing.T, o collective.Options, call func(w *collective.World, c *collective.Group) error) ([]*collective.World, time.Duration) {

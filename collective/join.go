@@ -291,7 +291,7 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		}
 		return nil
 	}
-	ctl, err := newNatsControl(nc, cfg.Job, cfg.Rank, cfg.WorldSize, cfg.HeartbeatInterval, cfg.HeartbeatTimeout, log)
+	ctl, err := newNatsControl(nc, cfg.Job, cfg.Rank, cfg.WorldSize, cfg.HeartbeatInterval, cfg.HeartbeatTimeout, cfg.RendezvousTimeout, log)
 	if e := deniedErr(); e != nil {
 		return nil, e
 	}

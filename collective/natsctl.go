@@ -295,7 +295,11 @@ func coordinate(ctx context.Context, nc *nats.Conn, job string, me Announce) (*R
 // (PeerState, to blame a timeout) is asked for on demand. A watcher that
 // finds its rank silent first checks its own link (a round trip to the
 // server): when that fails too, this rank has lost the control plane
-// (ErrControlLost) and blames no one.
+// (ErrControlLost) and blames no one. A watched rank not heard from yet may
+// still be reading its roster, whatever else it is sent waiting behind it:
+// it is asked for its state first, and it is lost only when nothing answers
+// on its state subject any more, or when it has stayed silent past the
+// rendezvous timeout as well.
 type natsControl struct {
 	nc       *nats.Conn
 	job      string
@@ -303,7 +307,10 @@ type natsControl struct {
 	size     int
 	interval time.Duration
 	timeout  time.Duration
-	log      *zap.Logger
+	// joinGrace: how much longer than timeout a watched rank never heard
+	// may stay silent while its state subject is there (see loop)
+	joinGrace time.Duration
+	log       *zap.Logger
 	// ch carries the notices and the watched heartbeats, through one channel
 	// so that a rank's notice and its later heartbeats arrive in the order it
 	// sent them.
@@ -314,6 +321,7 @@ type natsControl struct {
 	notice  func(Notice)
 	peers   map[int]State     // of the watched ranks and those seen closed
 	seen    map[int]time.Time // when each watched rank was last heard
+	heard   map[int]bool      // watched ranks whose heartbeats have come
 	watch   map[int]*nats.Subscription
 	pending []Notice
 	subs    []*nats.Subscription
@@ -323,9 +331,9 @@ type natsControl struct {
 	lost    bool
 }
 
-func newNatsControl(nc *nats.Conn, job string, rank, size int, interval, timeout time.Duration, log *zap.Logger) (*natsControl, error) {
-	c := &natsControl{nc: nc, job: job, rank: rank, size: size, interval: interval, timeout: timeout, log: log,
-		ch: make(chan *nats.Msg, 1024), peers: map[int]State{}, seen: map[int]time.Time{},
+func newNatsControl(nc *nats.Conn, job string, rank, size int, interval, timeout, joinGrace time.Duration, log *zap.Logger) (*natsControl, error) {
+	c := &natsControl{nc: nc, job: job, rank: rank, size: size, interval: interval, timeout: timeout, joinGrace: joinGrace, log: log,
+		ch: make(chan *nats.Msg, 1024), peers: map[int]State{}, seen: map[int]time.Time{}, heard: map[int]bool{},
 		watch: map[int]*nats.Subscription{}, quit: make(chan struct{}), started: time.Now()}
 	sub, err := nc.ChanSubscribe(protocol.NoticeSubjects(job), c.ch)
 	if err != nil {
@@ -404,6 +412,7 @@ func (c *natsControl) handle(m *nats.Msg) {
 	}
 	c.peers[s.Rank] = s
 	c.seen[s.Rank] = time.Now()
+	c.heard[s.Rank] = true
 	c.mu.Unlock()
 	if s.Closed && s.Rank != c.rank {
 		if s.Failure != nil {
@@ -561,27 +570,55 @@ func (c *natsControl) loop() {
 			}
 		}
 		fn := c.notice
+		joining := false
 		if lost >= 0 {
 			if c.lost {
 				lost = -1
 			}
 			c.lost = true
+			joining = !c.heard[lost]
 		}
 		c.mu.Unlock()
 		if lost >= 0 && fn != nil {
+			at := c.askTimeout()
+			// A rank never heard since this one started watching may still
+			// be joining: ranks attach as their copies of the roster arrive,
+			// which at thousands of ranks spans more than the timeout (the
+			// server sends N copies; whatever else a rank is sent waits
+			// behind its own). Its state subject is there from before the
+			// rendezvous: one that answers is not lost (its silence counts
+			// again from now); one with nothing there has gone; one that does
+			// not answer may still be reading its roster, up to the
+			// rendezvous timeout.
+			if joining {
+				msg, err := c.nc.Request(protocol.StateSubject(c.job, lost), nil, at)
+				if err == nil || !errors.Is(err, nats.ErrNoResponders) && time.Since(last) < c.timeout+c.joinGrace {
+					c.mu.Lock()
+					if _, ok := c.watch[lost]; ok && !c.peers[lost].Closed && err == nil {
+						var s State
+						if json.Unmarshal(msg.Data, &s) == nil && s.Rank == lost {
+							c.peers[lost] = s
+						}
+						c.seen[lost] = time.Now()
+					}
+					c.lost = false
+					c.mu.Unlock()
+					continue
+				}
+			}
 			// The silence may be this rank's own link to the server (a hung
 			// server, a path that drops everything): one round trip tells,
 			// and then the rank it watches is not blamed.
-			at := c.askTimeout()
 			if err := c.nc.FlushTimeout(at); err != nil {
 				fn(Notice{Code: protocol.CodeControlLost, Rank: -1, Reporter: c.rank, Detail: fmt.Sprintf("the NATS server at %s did not answer within %v (%v); rank %d, silent for %v, is not blamed",
 					c.nc.ConnectedUrlRedacted(), at, err, lost, now.Sub(last).Round(time.Millisecond))})
 				continue
 			}
-			fn(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank, Detail: fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", now.Sub(last).Round(time.Millisecond))})
+			silent := time.Since(last).Round(time.Millisecond)
+			fn(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank, Detail: fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", silent)})
 			// Tell the others: only this rank watches it.
 			e := noticeErr(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank})
-			e.Detail = fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", now.Sub(last).Round(time.Millisecond))
+			e.Detail = fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", silent)
 			c.Publish(noticeOf(e))
 		}
 	}

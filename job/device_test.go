@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/kernels/providers"
+	"github.com/meshrun/meshrun/spmd/spmdtest"
 )
 
 // TestMLPOnSim: the block trained on the sim device prints the losses of the
@@ -92,9 +93,10 @@ func TestDeviceFlags(t *testing.T) {
 // TestMLPBFloat16: mixed precision halves the bytes on the wire, keeps the loss
 // within 1e-2 of the float32 run, and reduces gradients in float32 when asked.
 func TestMLPBFloat16(t *testing.T) {
+	model := spmdtest.LargeLayersFile(t) // data parallel over dp even at these sizes
 	report := func(args ...string) MLPReport {
 		t.Helper()
-		return mlpRun(t, append([]string{"--tokens", "32", "--hidden", "16", "--steps", "20"}, args...)...)
+		return mlpRun(t, append([]string{"--tokens", "32", "--hidden", "16", "--steps", "20", "--model", model}, args...)...)
 	}
 	for _, mesh := range []string{"tp=2", "dp=2,tp=2"} {
 		f32 := report("--mesh", mesh)

@@ -46,13 +46,14 @@ var workloads = map[string]struct {
 	args    string // the positional arguments after the flags
 	summary string
 }{
-	"hello":   {func() task { return &helloTask{} }, "", "print the rank, log one line, exit 0"},
-	"exit":    {func() task { return &exitTask{} }, "CODE [RANK]", "exit CODE (only on rank RANK; the others wait to be stopped)"},
-	"sleep":   {func() task { return &sleepTask{} }, "DUR", "sleep DUR (e.g. 30s), exit 0"},
-	"barrier": {func() task { return &barrierTask{} }, "", "join the job over NATS, pass one barrier, print the time from start"},
-	"linear":  {func() task { return &linearTask{} }, "", "one sharded linear layer forward and backward, checked against float64"},
-	"verify":  {func() task { return &verifyTask{} }, "", "every op with a rule on every mesh (1-, 2- and 3-D) and placement, at even and uneven sizes, checked against float64 and the plans"},
-	"mlp":     {func() task { return &mlpTask{} }, "", "train the Megatron MLP block (SGD, mean squared error), optionally sequence parallel, with checkpoints"},
+	"hello":     {func() task { return &helloTask{} }, "", "print the rank, log one line, exit 0"},
+	"exit":      {func() task { return &exitTask{} }, "CODE [RANK]", "exit CODE (only on rank RANK; the others wait to be stopped)"},
+	"sleep":     {func() task { return &sleepTask{} }, "DUR", "sleep DUR (e.g. 30s), exit 0"},
+	"barrier":   {func() task { return &barrierTask{} }, "", "join the job over NATS, pass one barrier, print the time from start"},
+	"linear":    {func() task { return &linearTask{} }, "", "one sharded linear layer forward and backward, checked against float64"},
+	"verify":    {func() task { return &verifyTask{} }, "", "every op with a rule on every mesh (1-, 2- and 3-D) and placement, at even and uneven sizes, checked against float64 and the plans"},
+	"calibrate": {func() task { return &calibrateTask{} }, "", "measure the planners' cost model (latency, bandwidth, GEMM rate) on this job's transport and ranks; launcher plan --model reads it"},
+	"mlp":       {func() task { return &mlpTask{} }, "", "train the Megatron MLP block (SGD, mean squared error), optionally sequence parallel, with checkpoints"},
 }
 
 // ExitUsage is the exit code for bad arguments.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshrun/meshrun/spmd/spmdtest"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -20,7 +21,8 @@ func run(t *testing.T, args ...string) (int, string, string) {
 }
 
 func TestLinearWorkload(t *testing.T) {
-	code, out, errs := run(t, "linear", "--mesh", "dp=2,tp=2", "--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]")
+	code, out, errs := run(t, "linear", "--mesh", "dp=2,tp=2", "--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]",
+		"--model", spmdtest.LargeLayersFile(t))
 	if code != 0 {
 		t.Fatalf("exit %d: %s %s", code, out, errs)
 	}
@@ -30,6 +32,28 @@ func TestLinearWorkload(t *testing.T) {
 	}
 	if !r.PlanMatch || r.MaxRelErr > 1e-5 || len(r.Errors) != 4 || r.Y != "8x32:[S(0),S(1)]" {
 		t.Fatalf("report %+v", r)
+	}
+}
+
+// TestModelFlag: a model file that is not one is a usage error before any
+// work; the default model plans the tiny layer whole on every dp rank.
+func TestModelFlag(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	os.WriteFile(bad, []byte(`{"alpha_s": 1e-6, "beta_bytes_per_s": 0, "flops_per_s": 1e9}`), 0o644)
+	for _, w := range []string{"linear", "mlp"} {
+		args := []string{w, "--model", bad}
+		if w == "linear" {
+			args = append(args, "--mesh", "2", "--x", "8x16:[S(0)]", "--w", "32x16:[R]")
+		}
+		code, out, errs := run(t, args...)
+		if code != ExitUsage || out != "" || !strings.Contains(errs, "--model") || !strings.Contains(errs, "beta") {
+			t.Errorf("%s: exit %d, %q %q", w, code, out, errs)
+		}
+	}
+	code, out, errs := run(t, "linear", "--mesh", "dp=2,tp=2", "--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]")
+	var r LinearReport
+	if code != 0 || json.Unmarshal([]byte(out), &r) != nil || !r.PlanMatch || r.Y != "8x32:[R,S(1)]" {
+		t.Fatalf("default model: exit %d, %q %q", code, out, errs)
 	}
 }
 

@@ -21,9 +21,9 @@ import (
 
 // linearArgs are the flags of `worker linear`.
 type linearArgs struct {
-	mesh, x, w, b, out, grads, load, dump string
-	seed                                  uint64
-	dev                                   deviceFlags
+	mesh, x, w, b, out, grads, load, dump, model string
+	seed                                         uint64
+	dev                                          deviceFlags
 }
 
 func (a linearArgs) config() (linear.Config, error) {
@@ -83,6 +83,9 @@ func (a linearArgs) parse() (linear.Config, error) {
 		return linear.Config{}, fmt.Errorf("--mesh: %w", err)
 	}
 	cfg := linear.Config{Name: "linear"}
+	if cfg.Model, err = readModel(a.model); err != nil {
+		return cfg, err
+	}
 	if cfg.X, err = placement.ParseSpec(a.x, m); err != nil {
 		return cfg, fmt.Errorf("--x: %w", err)
 	}
@@ -157,6 +160,7 @@ func (t *linearTask) flags(fs *flag.FlagSet) {
 	fs.StringVar(&a.out, "out", "", "`PLACEMENTS` the consumer wants for y, e.g. [S(0),R] (default: the plan's)")
 	fs.StringVar(&a.grads, "grads", "x,w,b", "`GRADS` to compute: some of x,w,b, or none")
 	fs.StringVar(&a.load, "load", "", "read x.npy, w.npy, b.npy, dy.npy (float32, whole tensors) from `DIR` (default: random from --seed)")
+	fs.StringVar(&a.model, "model", "", modelUsage)
 	fs.StringVar(&a.dump, "dump", "", "write y.npy, dx.npy, dw.npy, db.npy (whole tensors) to `DIR` on rank 0")
 	fs.Uint64Var(&a.seed, "seed", 1, "seed of the random inputs")
 	a.dev.register(fs)

@@ -63,6 +63,7 @@ type mlpTask struct {
 	df        deviceFlags
 	gradDType string
 	profile   string
+	model     string
 	cf        ckptFlags
 	// From setup: the mesh, the checkpoint to start from (nil: none) and its
 	// step, the ranks' device.
@@ -85,6 +86,7 @@ func (t *mlpTask) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&t.lr, "lr", 0.05, "SGD learning rate")
 	t.df.register(fs)
 	fs.StringVar(&t.gradDType, "grad-dtype", "", "`DTYPE` weight gradients are reduced in: float32 or bfloat16 (default: --dtype)")
+	fs.StringVar(&t.model, "model", "", modelUsage)
 	fs.StringVar(&t.profile, "cpuprofile", "", "write a CPU profile of the steps to `FILE` (in-process ranks: one profile)")
 	t.cf.register(fs)
 }
@@ -124,6 +126,9 @@ func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	cfg.Mesh, cfg.LR = m, float32(t.lr)
+	if cfg.Model, err = readModel(t.model); err != nil {
+		return err
+	}
 	params, mem, err := linear.CheckMLP(ctx, *cfg)
 	if err != nil {
 		return err

@@ -40,8 +40,8 @@ func TestPlanBlockGolden(t *testing.T) {
 	for _, tc := range []struct{ file, args string }{
 		{"tp2.txt", "--mesh tp=2"},
 		{"tp3-sp-uneven.txt", "--mesh tp=3 --sequence-parallel --tokens 13 --hidden 8 --ffn 22"},
-		{"dp2-tp2.txt", "--mesh dp=2,tp=2 --tokens 12 --hidden 8 --ffn 24"},
-		{"dp2-tp2-sp-bf16.txt", "--mesh dp=2,tp=2 --sequence-parallel --tokens 12 --hidden 8 --ffn 24 --dtype bfloat16"},
+		{"dp2-tp2.txt", "--mesh dp=2,tp=2 --tokens 4096 --hidden 1024 --ffn 4096"},
+		{"dp2-tp2-sp-bf16.txt", "--mesh dp=2,tp=2 --sequence-parallel --tokens 4096 --hidden 1024 --ffn 4096 --dtype bfloat16"},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			var out, errb bytes.Buffer
@@ -63,7 +63,7 @@ func TestPlanRedistributeGolden(t *testing.T) {
 		{"dp2-tp2-all-to-all.txt", "--mesh dp=2,tp=2 --x 8x16:[S(0),S(1)] --out [S(1),S(0)]"},
 		{"dp2-tp2-slice-then-gather.txt", "--mesh dp=2,tp=2 --x 8x16:[S(0),R] --out [R,S(1)]"},
 		{"tp3-reduce-scatter-bf16.txt", "--mesh tp=3 --x 7x5:[P] --out [S(0)] --dtype bfloat16"},
-		{"2x2x2-flattened.txt", "--mesh 2x2x2 --x 16x8:[P,P,S(1)] --out [R,R,R]"},
+		{"2x2x2-flattened.txt", "--mesh 2x2x2 --x 16x8:[S(0),S(0),S(1)] --out [R,R,S(1)]"},
 		{"tp2-owner-avg.txt", "--mesh tp=2 --x 4x4:[R] --out [P(avg)]"},
 		{"tp2-same.txt", "--mesh tp=2 --x 4x4:[S(1)] --out [S(1)]"},
 		{"dp2-tp2-json.txt", "--mesh dp=2,tp=2 --x 8x16:[S(0),S(1)] --out [S(1),S(0)] --json"},

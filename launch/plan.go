@@ -34,6 +34,9 @@ type PlanOptions struct {
 	// Explain lists the chosen forward strategy and this many runners-up with
 	// their modelled costs (0: none).
 	Explain int
+	// Model is a file of the cost model (worker calibrate writes one); ""
+	// uses placement.DefaultModel.
+	Model string
 	// DType is the element type the bytes are counted in ("float32" default,
 	// "bfloat16", "float64").
 	// Block plans a whole block instead of one op ("mlp").
@@ -78,6 +81,7 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 	fs.IntVar(&o.World, "world", 0, "check the mesh against this many ranks (default: no check)")
 	fs.BoolVar(&o.JSON, "json", false, "print JSON")
 	fs.IntVar(&o.Explain, "explain", 0, "also list the chosen strategy and the next `N` cheapest with their modelled costs")
+	fs.StringVar(&o.Model, "model", "", "price plans with the cost model in `FILE` (written by worker calibrate; default: the built-in cpu model)")
 	fs.StringVar(&o.DType, "dtype", "float32", "element type the bytes count, `DTYPE`: float32, bfloat16 or float64")
 	fs.StringVar(&o.Block, "block", "", "plan a `BLOCK` instead of one op: mlp")
 	fs.IntVar(&o.Tokens, "tokens", 64, "block: tokens")
@@ -129,6 +133,9 @@ type plan struct {
 // problem: what the planning then refuses (a layout no rule reaches, a mesh
 // beyond the planning budget) RunPlan reports before it prints anything.
 func (o PlanOptions) Validate() error {
+	if _, err := o.model(); err != nil {
+		return err
+	}
 	if o.Block != "" {
 		_, err := o.block()
 		return err
@@ -265,7 +272,11 @@ func RunPlan(w io.Writer, o PlanOptions) error {
 // placement.ErrBudget) and returns as soon as ctx is done. Everything is
 // planned before anything is printed: an error leaves w untouched.
 func RunPlanContext(ctx context.Context, w io.Writer, o PlanOptions) error {
-	ctx = placement.WithBudget(ctx, placement.DefaultBudget)
+	m, err := o.model()
+	if err != nil {
+		return err
+	}
+	ctx = placement.WithModel(placement.WithBudget(ctx, placement.DefaultBudget), m)
 	var out bytes.Buffer
 	done := make(chan error, 1)
 	go func() { done <- o.run(ctx, &out) }()
@@ -283,6 +294,22 @@ func RunPlanContext(ctx context.Context, w io.Writer, o PlanOptions) error {
 		}
 		return fmt.Errorf("interrupted: %w", ctx.Err())
 	}
+}
+
+// model reads --model (or takes the default) and sets its element size from
+// --dtype.
+func (o PlanOptions) model() (placement.Model, error) {
+	m := placement.DefaultModel
+	if o.Model != "" {
+		var err error
+		if m, err = placement.ReadModel(o.Model); err != nil {
+			return m, fmt.Errorf("--model: %w", err)
+		}
+	}
+	if n, err := elemSize(o.DType); err == nil {
+		m = m.WithElemBytes(n)
+	}
+	return m, nil
 }
 
 // run plans and prints into out.
@@ -399,7 +426,7 @@ func (p plan) runRedistribute(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	r := spmd.NewRedistReport("x", from, to, steps, p.dtype.Size())
+	r := spmd.NewRedistReport("x", from, to, steps, placement.ModelOf(ctx), p.dtype.Size())
 	if p.json {
 		b, err := json.Marshal(r)
 		if err != nil {

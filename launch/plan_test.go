@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/meshrun/meshrun/spmd/spmdtest"
 )
 
 func TestPlanJSON(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := Main(context.Background(), []string{"plan", "--mesh", "dp=2,tp=2", "--op", "linear",
-		"--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]", "--json"}, &out, &errb)
+		"--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]", "--json", "--model", spmdtest.LargeLayersFile(t)}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -133,7 +135,8 @@ func TestPlanDType(t *testing.T) {
 // cheapest first, with their costs in bytes, to the JSON; without it the key
 // is absent.
 func TestPlanExplainJSON(t *testing.T) {
-	args := []string{"plan", "--mesh", "dp=2,tp=2", "--op", "linear", "--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]", "--json"}
+	args := []string{"plan", "--mesh", "dp=2,tp=2", "--op", "linear", "--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]", "--json",
+		"--model", spmdtest.LargeLayersFile(t)}
 	var out, errb bytes.Buffer
 	if code := Main(context.Background(), append(args, "--explain", "2"), &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
@@ -143,6 +146,9 @@ func TestPlanExplainJSON(t *testing.T) {
 		Output      []string `json:"output"`
 		SentBytes   int64    `json:"sent_bytes"`
 		Collectives int      `json:"collectives"`
+		Modelled    struct {
+			Total float64 `json:"total_s"`
+		} `json:"modelled"`
 	}
 	var r struct {
 		Explain *struct {
@@ -155,7 +161,7 @@ func TestPlanExplainJSON(t *testing.T) {
 	}
 	e := r.Explain
 	if e == nil || len(e.RunnersUp) != 2 || strings.Join(e.Chosen.Strategy, "; ") != "dp: split output dim 0; tp: split output dim 1" ||
-		e.Chosen.SentBytes != 0 || e.RunnersUp[0].SentBytes != 3072 || e.RunnersUp[1].SentBytes < e.RunnersUp[0].SentBytes {
+		e.Chosen.Modelled.Total <= 0 || e.RunnersUp[0].Modelled.Total < e.Chosen.Modelled.Total || e.RunnersUp[1].Modelled.Total < e.RunnersUp[0].Modelled.Total {
 		t.Fatalf("explain: %s", out.String())
 	}
 	out.Reset()

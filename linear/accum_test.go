@@ -10,6 +10,7 @@ import (
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/spmd/spmdtest"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -22,7 +23,9 @@ func TestAccumulation(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := spec(t, "12:[R,S(0)]", m)
-	cfg := linear.Config{Name: "fc", X: spec(t, "16x8:[S(0),R]", m), W: spec(t, "12x8:[R,S(0)]", m), B: &b, Grads: linear.AllGrads}
+	cfg := linear.Config{Name: "fc", X: spec(t, "16x8:[S(0),R]", m), W: spec(t, "12x8:[R,S(0)]", m), B: &b, Grads: linear.AllGrads,
+		Model: spmdtest.LargeLayers} // data parallel over dp, as a wide layer would be
+
 	d1 := linear.RandomData([]int{16, 8}, 12, true, 1)
 	d2 := linear.RandomData([]int{16, 8}, 12, true, 2)
 	d2.W, d2.B = d1.W, d1.B // same parameters, two batches

@@ -73,6 +73,18 @@ type Config struct {
 	// GradDType is the dtype the weight and bias gradients cross the wire in
 	// when they are reduced (0: DType).
 	GradDType tensor.DType
+	// Model prices the strategies the layer is planned with (zero: the
+	// context's, placement.DefaultModel without one); its element size is
+	// the compute dtype's.
+	Model placement.Model
+}
+
+// withModel is ctx carrying the model cfg plans with.
+func withModel(ctx context.Context, m placement.Model, dt tensor.DType) context.Context {
+	if m == (placement.Model{}) {
+		m = placement.ModelOf(ctx)
+	}
+	return placement.WithModel(ctx, m.WithElemBytes(dt.Size()))
 }
 
 // Compute is the compute dtype (DType, float32 by default).
@@ -209,6 +221,7 @@ func Plan(cfg Config) (Plans, error) { return PlanContext(context.Background(), 
 // placement.DefaultBudget when ctx carries none).
 func PlanContext(ctx context.Context, cfg Config) (Plans, error) {
 	_, ctx = placement.BudgetOf(ctx)
+	ctx = withModel(ctx, cfg.Model, cfg.Compute())
 	op := "linear"
 	inputs := []spmd.Operand{{Name: "x", Spec: cfg.X}, {Name: "w", Spec: cfg.W}}
 	if cfg.B != nil {

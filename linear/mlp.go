@@ -28,6 +28,8 @@ type MLPConfig struct {
 	// and SGD stay float32 (see Config.DType). GradDType is the dtype weight
 	// gradients are reduced in (0: DType).
 	DType, GradDType tensor.DType
+	// Model prices the block's strategies (see Config.Model).
+	Model placement.Model
 }
 
 // MLP is one rank's share of the block.
@@ -115,14 +117,19 @@ type mlpPlan struct {
 // report about cfg found before anything is allocated.
 func (c MLPConfig) plan(ctx context.Context) (mlpPlan, error) {
 	_, ctx = placement.BudgetOf(ctx)
+	dt := c.DType
+	if dt == 0 {
+		dt = tensor.Float32
+	}
+	ctx = withModel(ctx, c.Model, dt)
 	l, err := c.layout(ctx)
 	if err != nil {
 		return mlpPlan{}, err
 	}
 	p := mlpPlan{layout: l, up: layerConfig("up", l.Up), down: layerConfig("down", l.Down), gelu: l.Ops[1]}
 	// Every gradient, the input's too: the block sits inside a network.
-	p.up.DType, p.up.GradDType = c.DType, c.GradDType
-	p.down.DType, p.down.GradDType = c.DType, c.GradDType
+	p.up.DType, p.up.GradDType, p.up.Model = c.DType, c.GradDType, c.Model
+	p.down.DType, p.down.GradDType, p.down.Model = c.DType, c.GradDType, c.Model
 	if p.upPlans, err = PlanContext(ctx, p.up); err != nil {
 		return mlpPlan{}, err
 	}

@@ -1,9 +1,11 @@
 package placement
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
 	"strings"
@@ -169,63 +171,98 @@ func PlanCost(steps []Step) int64 {
 }
 
 // Plan returns the cheapest sequence of steps that turns a tensor laid out as
-// from into one laid out as to: the fewest elements sent in total, then the
-// fewest steps, then the first in a fixed order. It searches every order
-// (Dijkstra over the placements of all mesh dims), so on N-D meshes it uses
-// all-to-all rather than a gather where that is cheaper, and flattened groups
-// where one collective over several mesh dims beats several. A mesh dim that goes
-// from Shard to Partial is an error (ErrNoPath). The search does at most
-// DefaultBudget units of work (ErrBudget beyond).
+// from into one laid out as to under the context's Model (DefaultModel for
+// Plan): the least modelled time, then the fewest collectives, then the fewest
+// steps, then the first in a fixed order. It is an A* search over layouts
+// with an admissible, consistent bound (see bound), so it returns an optimal
+// plan among every order of every step moves offers — single-dim
+// collectives, all-to-alls, flattened groups over several mesh dims, local
+// slices — while expanding only the layouts that could lie on a cheaper
+// path. A mesh dim that goes from Shard to Partial is an error (ErrNoPath).
+// The search does at most DefaultBudget units of work (ErrBudget beyond).
 func Plan(from, to Spec) ([]Step, error) { return PlanContext(context.Background(), from, to) }
 
-// PlanContext is Plan within ctx: it stops with ctx's error once ctx is done,
-// and draws its work from ctx's Budget (WithBudget; a fresh DefaultBudget when
-// ctx carries none), stopping with an error wrapping ErrBudget when it runs out.
+// PlanContext is Plan within ctx: priced by ctx's Model (WithModel), it stops
+// with ctx's error once ctx is done, and draws its work from ctx's Budget
+// (WithBudget; a fresh DefaultBudget when ctx carries none), stopping with an
+// error wrapping ErrBudget when it runs out.
 func PlanContext(ctx context.Context, from, to Spec) ([]Step, error) {
+	steps, _, err := planSearch(ctx, from, to, 1)
+	return steps, err
+}
+
+// planSearch plans with the bound weighted by weight: 1 is A*, 0 Dijkstra
+// (for tests to compare), more than 1 trades optimality for speed. It also
+// returns the number of layouts expanded.
+func planSearch(ctx context.Context, from, to Spec, weight float64) ([]Step, int, error) {
 	if err := from.Validate(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := to.Validate(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if !from.Mesh.Equal(to.Mesh) || !slices.Equal(from.Shape, to.Shape) {
-		return nil, fmt.Errorf("placement: plan %s on %s -> %s on %s: shape or mesh differs: %w",
+		return nil, 0, fmt.Errorf("placement: plan %s on %s -> %s on %s: shape or mesh differs: %w",
 			from, from.Mesh, to, to.Mesh, ErrInvalid)
 	}
 	for i := range from.Placements {
 		_, fs := from.Placements[i].(Shard)
 		_, tp := to.Placements[i].(Partial)
 		if fs && tp {
-			return nil, fmt.Errorf("placement: plan %s -> %s: mesh dim %s goes from %s to %s (S -> P): %w",
+			return nil, 0, fmt.Errorf("placement: plan %s -> %s: mesh dim %s goes from %s to %s (S -> P): %w",
 				from, to, from.Mesh.DimName(i), from.Placements[i], to.Placements[i], ErrNoPath)
 		}
 	}
+	m := ModelOf(ctx)
+	if err := m.Validate(); err != nil {
+		return nil, 0, err
+	}
 	b, ctx := BudgetOf(ctx)
-	key := from.Mesh.String() + " " + from.String() + ">" + FormatList(to.Placements)
+	key := fmt.Sprintf("%s %s>%s %v %v", from.Mesh, from, FormatList(to.Placements), m, weight)
 	if p, ok := b.recall(key); ok {
-		return p.steps, p.err
+		return p.steps, p.expanded, p.err
 	}
-	steps, err := search(ctx, b, from, to)
+	steps, n, err := search(ctx, b, m, from, to, weight)
 	if err != nil && !errors.Is(err, ErrNoPath) {
-		return nil, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, err)
+		return nil, n, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, err)
 	}
-	b.remember(key, planned{steps, err})
-	return steps, err
+	b.remember(key, planned{steps, err, n})
+	return steps, n, err
 }
 
-// stepWork is the work of building and checking one candidate step, besides
-// pricing it (which visits every rank).
-const stepWork = 64
+// stepWork is the work of building, checking and pricing one candidate step
+// (about 0.1 µs); expandWork that of taking a layout off the queue.
+const (
+	stepWork   = 1
+	expandWork = 16
+)
+
+// cost is what the search minimizes, compared in order.
+type cost struct {
+	time   Picos
+	moving int // steps that send bytes
+	steps  int
+}
+
+func (c cost) less(o cost) bool {
+	switch {
+	case c.time != o.time:
+		return c.time < o.time
+	case c.moving != o.moving:
+		return c.moving < o.moving
+	}
+	return c.steps < o.steps
+}
 
 // node is a layout the search reached: its placements, the cheapest way
 // found to it, and the step that way ends with (without its specs, which
 // path rebuilds: nodes are many).
 type node struct {
-	ps    []Placement
-	cost  int64
-	steps int
-	prev  *node // the node this one was reached from, nil for the start
-	done  bool
+	ps   []Placement
+	key  layoutKey
+	g    cost
+	h    Picos
+	prev *node // the node this one was reached from, nil for the start
 	// The step from prev.
 	kind       StepKind
 	dims       []int
@@ -233,8 +270,8 @@ type node struct {
 	op         ReduceOp
 }
 
-func (n *node) set(prev *node, st Step, cost int64, steps int) {
-	n.prev, n.cost, n.steps = prev, cost, steps
+func (n *node) set(prev *node, st Step, g cost) {
+	n.prev, n.g = prev, g
 	n.kind, n.dims, n.dim, n.toDim, n.op = st.Kind, st.MeshDims, st.Dim, st.ToDim, st.Op
 	if len(st.MeshDims) > 1 {
 		n.dims = slices.Clone(st.MeshDims) // flattened's buffer
@@ -254,75 +291,462 @@ var meshDims = func() (a [MaxMeshDims]int) {
 func meshDim(i int) []int { return meshDims[i : i+1 : i+1] }
 
 func (n *node) path(s Spec) []Step {
-	out := make([]Step, n.steps)
+	var k int
 	for m := n; m.prev != nil; m = m.prev {
-		out[m.steps-1] = Step{Kind: m.kind, MeshDims: m.dims, Dim: m.dim, ToDim: m.toDim, Op: m.op,
+		k++
+	}
+	out := make([]Step, k)
+	for m := n; m.prev != nil; m = m.prev {
+		k--
+		out[k] = Step{Kind: m.kind, MeshDims: m.dims, Dim: m.dim, ToDim: m.toDim, Op: m.op,
 			From: Spec{Shape: s.Shape, Mesh: s.Mesh, Placements: m.prev.ps},
 			To:   Spec{Shape: s.Shape, Mesh: s.Mesh, Placements: m.ps}}
 	}
 	return out
 }
 
-// search is Dijkstra over layouts. Ties (equal cost and steps) keep the path
-// found first; nodes are expanded in a fixed order (cost, steps, layout string),
-// so the result is deterministic.
-func search(ctx context.Context, b *Budget, from, to Spec) ([]Step, error) {
-	target := FormatList(to.Placements)
-	nodes := map[string]*node{FormatList(from.Placements): {ps: from.Placements}}
-	size := int64(from.Mesh.Size())
-	var key []byte
-	for {
-		if err := b.Spend(ctx, int64(len(nodes))); err != nil {
-			return nil, err
+// layoutKey packs a layout, one byte per mesh dim.
+type layoutKey uint64
+
+func placementCode(p Placement) uint64 {
+	switch p := p.(type) {
+	case Partial:
+		return 1 + uint64(p.Op)
+	case Shard:
+		return 8 + 2*uint64(p.Dim) + uint64(p.Split)
+	}
+	return 0
+}
+
+func keyOf(ps []Placement) layoutKey {
+	var k uint64
+	for i, p := range ps {
+		k |= placementCode(p) << (8 * i)
+	}
+	return layoutKey(k)
+}
+
+// bound is a lower bound on the time from layout ps to the target: an
+// admissible heuristic for the search (consistent but for rounding, which
+// the search tolerates by reopening layouts).
+//
+// Every mesh dim whose placement must change through a collective (a shard
+// to anything else, a partial to anything but itself) needs a step over a
+// group that includes it, paying at least (size-1)·alpha of latency (twice to
+// turn a partial into a replica), and at least one call (gamma) is made. A
+// step over several dims (flattened, group size Q) pays at least the sum of
+// its dims' terms, since Q-1 >= the sum of their size-1: the terms add up.
+//
+// Bytes: a step on mesh dim k of size q sends (q-1)/q of a buffer in which
+// dim k is not sharded (an all-gather's output, a reduce-scatter's or an
+// all-reduce's input; twice for an all-reduce), and an all-to-all (q-1)/q of
+// one in which it is. That buffer is at least the tensor divided by the sizes
+// of the other mesh dims that can shard it at that time: those sharded now or
+// in the target. A dim replicated now and not sharded in the target could be
+// sharded for a while (a local slice, later gathered: a detour that shrinks
+// the buffers of the steps in between), and so could a partial one (a
+// reduce-scatter, later gathered), so the bound is the least over every set D
+// of such detours of the steps' terms with D's dims sharding too, plus an
+// all-gather per detour (a partial dim's reduce-scatter and all-gather cost
+// what its all-reduce would).
+//
+// The buffer's growth bounds the bytes too: see below; the larger bound is
+// kept.
+//
+// An all-to-all on mesh dim i must be the innermost sharder of both tensor
+// dims it moves between; for a 2-D tensor that leaves no later mesh dim
+// sharding the buffer (the other way, an all-gather and a slice, is bounded
+// as a gather).
+//
+// Sharders nest in mesh dim order, and only the innermost sharder of a tensor
+// dim may stop or start sharding it. So where mesh dim i must change whether
+// (or how) it shards tensor dim d, every later mesh dim sharding d now and in
+// the target must step aside and back: two all-to-alls, or an all-gather and
+// a local slice, whichever bound is smaller.
+func bound(m Model, sizes []int, total float64, ndim int, ps, target []Placement) Picos {
+	const (
+		none      = iota
+		gather    // all-gather (or reduce-scatter): dim k unsharded in the buffer
+		reduce    // all-reduce: twice that
+		toAll     // all-to-all: dim k sharded in the buffer
+		toAllSame // all-to-all between two splits of one tensor dim
+		aside     // step aside and back: min(two all-to-alls, one all-gather)
+	)
+	var need [MaxMeshDims]uint8
+	var size [MaxMeshDims]float64
+	var first [MaxTensorDims]int8
+	for d := range first {
+		first[d] = MaxMeshDims
+	}
+	for i, p := range ps {
+		t := target[i]
+		if p == t {
+			continue
 		}
-		var cur *node
-		var curKey string
-		for k, n := range nodes {
-			if n.done {
-				continue
+		if sh, ok := p.(Shard); ok && sh.Dim < MaxTensorDims {
+			first[sh.Dim] = min(first[sh.Dim], int8(i))
+		}
+		if sh, ok := t.(Shard); ok && sh.Dim < MaxTensorDims {
+			first[sh.Dim] = min(first[sh.Dim], int8(i))
+		}
+	}
+	var lat float64
+	calls := false
+	var shards, detours uint // masks: dims that shard the buffers, detour candidates
+	for i, p := range ps {
+		t := target[i]
+		size[i] = float64(sizes[i])
+		_, pS := p.(Shard)
+		_, tS := t.(Shard)
+		_, pP := p.(Partial)
+		if pS || tS {
+			shards |= 1 << i
+		} else if sizes[i] > 1 {
+			detours |= 1 << i
+		}
+		if size[i] == 1 {
+			continue
+		}
+		q := size[i]
+		switch {
+		case p == t:
+			if sh, ok := p.(Shard); ok && sh.Dim < MaxTensorDims && int(first[sh.Dim]) < i {
+				need[i], lat = aside, lat+(q-1)*m.Alpha // an all-gather; a slice is free
 			}
-			if cur == nil || n.cost < cur.cost || (n.cost == cur.cost && (n.steps < cur.steps ||
-				(n.steps == cur.steps && k < curKey))) {
-				cur, curKey = n, k
+		case pS && tS && p.(Shard).Dim == t.(Shard).Dim:
+			need[i], lat = toAllSame, lat+(q-1)*m.Alpha
+		case pS && tS:
+			need[i], lat = toAll, lat+(q-1)*m.Alpha
+		case pS, pP && tS:
+			need[i], lat = gather, lat+(q-1)*m.Alpha
+		case pP:
+			need[i], lat = reduce, lat+2*(q-1)*m.Alpha
+		}
+		if need[i] != none {
+			calls = true
+		}
+	}
+	if !calls {
+		return 0
+	}
+	n := len(ps)
+	// toAllBuf bounds the buffer of an all-to-all on mesh dim i from one
+	// tensor dim to another, with the dims of sh sharding: for a 2-D tensor,
+	// no later mesh dim may shard either tensor dim then (i must be their
+	// innermost sharder), so none of them shards the buffer.
+	toAllBuf := func(i int, sh uint) float64 {
+		b := total
+		for j := 0; j < n; j++ {
+			if sh&(1<<j) != 0 && (j <= i || ndim > 2) {
+				b /= size[j]
 			}
 		}
-		if cur == nil {
-			return nil, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, ErrNoPath)
+		return b
+	}
+	// Growth: all-gathers pay at least what the buffer grows by, net (a
+	// reduce-scatter or a local slice shrinks it again); besides them, the
+	// reduce-scatters, all-to-alls and all-reduces, and the shrink after each
+	// all-gather undone (a detour's, a step aside's), are paid separately.
+	cur, end := total, total
+	for i := 0; i < n; i++ {
+		if _, ok := ps[i].(Shard); ok {
+			cur /= size[i]
 		}
-		if curKey == target {
-			return cur.path(from), nil
+		if _, ok := target[i].(Shard); ok {
+			end /= size[i]
 		}
-		cur.done = true
+	}
+	growth := max(0, end-cur)
+	// The least bytes over every set of detours (subsets of detours): for
+	// each, the larger of two bounds, per-dim terms (a) and growth (b).
+	best := math.Inf(1)
+	// Beyond maxDetours candidates, the smallest dims are counted as shrinking
+	// every buffer for free: a weaker bound, as cheap to compute.
+	const maxDetours = 3
+	var free uint
+	for bits.OnesCount(detours) > maxDetours {
+		small := -1
+		for i := 0; i < n; i++ {
+			if detours&(1<<i) != 0 && (small < 0 || size[i] < size[small]) {
+				small = i
+			}
+		}
+		detours &^= 1 << small
+		free |= 1 << small
+	}
+	for d := detours; ; d = (d - 1) & detours {
+		sh := shards | d | free
+		prod := 1.0
+		for i := 0; i < n; i++ {
+			if sh&(1<<i) != 0 {
+				prod *= size[i]
+			}
+		}
+		// The reduce-scatters together (b): whatever their order, they shrink
+		// a buffer no smaller than the tensor over every other dim that can
+		// shard it by their sizes' product, and pay for it.
+		scatter, before := 1.0, total/prod
+		var a, b float64
+		for i := 0; i < n; i++ {
+			q := size[i]
+			// The buffer with dim i unsharded and every dim of sh sharded.
+			buf := total / prod
+			if sh&(1<<i) != 0 {
+				buf *= q
+			}
+			detour := d&(1<<i) != 0
+			partial := isPartial(ps[i])
+			if partial && (need[i] == gather || detour) {
+				scatter *= q
+				before *= q
+			}
+			switch {
+			case detour && partial:
+				// A partial dim sharded for a while: a reduce-scatter and a
+				// later all-gather.
+				a += 2 * (q - 1) / q * buf
+				b += (q - 1) / q * buf
+			case detour: // a replicated dim's detour: its all-gather
+				a += (q - 1) / q * buf
+				b += (q - 1) / q * buf
+			case need[i] == gather:
+				a += (q - 1) / q * buf
+			case need[i] == reduce:
+				a += 2 * (q - 1) / q * buf
+				b += 2 * (q - 1) / q * buf
+			case need[i] == toAll: // or an all-gather and a slice
+				a += (q - 1) / q * min(toAllBuf(i, sh), buf)
+				b += (q - 1) / q * min(toAllBuf(i, sh), buf)
+			case need[i] == toAllSame:
+				a += (q - 1) / q * total / prod
+				b += (q - 1) / q * total / prod
+			case need[i] == aside:
+				a += min(2*(q-1)/q*toAllBuf(i, sh), (q-1)/q*buf)
+				b += min(2*(q-1)/q*toAllBuf(i, sh), (q-1)/q*buf)
+			}
+		}
+		b += growth + before*(1-1/scatter)
+		best = min(best, max(a, b))
+		if d == 0 {
+			break
+		}
+	}
+	s := m.Gamma + lat + best*float64(m.ElemBytes)/m.Beta
+	return Picos(math.Floor(s * 1e12 * (1 - 1e-9)))
+}
+
+// LowerBound is a lower bound on the modelled time of moving a tensor of
+// ndim dims from placements from to placements to over mesh dims of the given
+// sizes, when each rank's share of the tensor is at least elems elements
+// before those dims divide it: the bound the search is guided by, for
+// planners that price many redistributions to rule some out unplanned (mesh
+// dims left out of from and to only shrink the tensor; pass elems divided by
+// their sizes).
+func LowerBound(m Model, elems float64, ndim int, sizes []int, from, to []Placement) Picos {
+	if len(from) != len(sizes) || len(to) != len(sizes) || len(sizes) > MaxMeshDims {
+		return 0
+	}
+	return bound(m, sizes, elems, ndim, from, to)
+}
+
+// entry is a layout waiting in the search's queue with its priority.
+type entry struct {
+	f cost // g plus the bound
+	n *node
+	g cost // the node's g when queued: stale once it improved
+}
+
+type queue []entry
+
+func (q queue) Len() int { return len(q) }
+func (q queue) Less(i, j int) bool {
+	if q[i].f != q[j].f {
+		return q[i].f.less(q[j].f)
+	}
+	if q[i].g.time != q[j].g.time {
+		return q[i].g.time > q[j].g.time // the deeper first: nearer the target
+	}
+	return q[i].n.key < q[j].n.key
+}
+func (q queue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *queue) Push(x any)   { *q = append(*q, x.(entry)) }
+func (q *queue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+// search is A* over layouts (with astar false, Dijkstra). Ties keep the path
+// found first; layouts of equal priority leave the queue in key order, so the
+// result is deterministic. A node whose cost improves after it was expanded
+// is queued again, so the result is optimal even where rounding makes the
+// bound a picosecond inconsistent.
+func search(ctx context.Context, b *Budget, m Model, from, to Spec, weight float64) ([]Step, int, error) {
+	target := keyOf(to.Placements)
+	start := &node{ps: from.Placements, key: keyOf(from.Placements)}
+	nodes := map[layoutKey]*node{start.key: start}
+	var total float64 // the tensor's elements
+	if weight > 0 {
+		n, _ := ShapeElems(from.Shape)
+		total = float64(n)
+	}
+	h := func(ps []Placement) Picos {
+		if weight == 0 {
+			return 0
+		}
+		return Picos(weight * float64(bound(m, from.Mesh.shape, total, len(from.Shape), ps, to.Placements)))
+	}
+	start.h = h(start.ps)
+	q := &queue{{f: cost{time: start.h}, n: start}}
+	expanded := 0
+	// The canonical plan bounds the search from above: a layout that cannot
+	// beat it is not queued, and when the search has expanded MaxExpanded
+	// layouts without finishing, the canonical plan is the answer.
+	var fallback []Step
+	ub := cost{time: math.MaxInt64}
+	if weight > 0 {
+		if fallback = canonical(from, to); fallback != nil {
+			ub = cost{time: m.PlanTime(fallback), steps: len(fallback)}
+			for _, st := range fallback {
+				if st.Moves() {
+					ub.moving++
+				}
+			}
+		}
+	}
+	for q.Len() > 0 {
+		e := heap.Pop(q).(entry)
+		cur := e.n
+		if e.g != cur.g {
+			continue // stale
+		}
+		if cur.key == target {
+			return cur.path(from), expanded, nil
+		}
+		if expanded >= MaxExpanded && fallback != nil {
+			return fallback, expanded, nil
+		}
+		expanded++
+		if err := b.Spend(ctx, expandWork); err != nil {
+			return nil, expanded, err
+		}
 		spec := Spec{Shape: from.Shape, Mesh: from.Mesh, Placements: cur.ps}
 		err := moves(spec, from, to, func(st Step) error {
-			w := int64(stepWork)
-			if st.Moves() {
-				w += size
-			}
-			if err := b.Spend(ctx, w); err != nil {
+			if err := b.Spend(ctx, stepWork); err != nil {
 				return err
 			}
-			key = appendList(key[:0], st.To.Placements)
-			n, ok := nodes[string(key)]
-			if ok && n.done {
+			k := keyOf(st.To.Placements)
+			g := cost{satPicos(cur.g.time, m.Time(st)), cur.g.moving, cur.g.steps + 1}
+			if st.Moves() {
+				g.moving++
+			}
+			n, ok := nodes[k]
+			if ok && !g.less(n.g) {
 				return nil
 			}
-			cost, steps := satAdd(cur.cost, st.Cost()), cur.steps+1
 			if !ok {
-				n = &node{ps: slices.Clone(st.To.Placements)}
-				n.set(cur, st, cost, steps)
-				nodes[string(key)] = n
-				return nil
+				n = &node{ps: slices.Clone(st.To.Placements), key: k}
+				n.h = h(n.ps)
+				nodes[k] = n
 			}
-			if cost < n.cost || (cost == n.cost && steps < n.steps) {
-				n.set(cur, st, cost, steps)
+			n.set(cur, st, g)
+			f := g
+			f.time = satPicos(f.time, n.h)
+			if ub.less(f) {
+				return nil // no better than the canonical plan
 			}
+			heap.Push(q, entry{f: f, n: n, g: g})
 			return nil
 		})
 		if err != nil {
-			return nil, err
+			return nil, expanded, err
 		}
 	}
+	if fallback != nil {
+		return fallback, expanded, nil // nothing beat it
+	}
+	return nil, expanded, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, ErrNoPath)
+}
+
+// MaxExpanded bounds the layouts one search expands. Beyond it (layouts with
+// many mesh dims sharding one tensor dim in an order the target reverses,
+// on meshes of 5 or 6 dims) the search stops and returns the canonical plan.
+const MaxExpanded = 2048
+
+// canonical is a plan that always works, built without search: gather,
+// innermost first, every sharder that changes or sits inside one that does;
+// all-reduce the partial dims not turned into shards; then, outermost first,
+// reduce-scatter or slice into the target's shards; last, make the target's
+// partial dims partial on their owners. It returns nil where no plan exists
+// (a shard made partial).
+func canonical(from, to Spec) []Step {
+	n := len(from.Placements)
+	first := make([]int, len(from.Shape))
+	for d := range first {
+		first[d] = n
+	}
+	for i := range n {
+		p, t := from.Placements[i], to.Placements[i]
+		if p == t {
+			continue
+		}
+		if sh, ok := p.(Shard); ok {
+			first[sh.Dim] = min(first[sh.Dim], i)
+		}
+		if sh, ok := t.(Shard); ok {
+			first[sh.Dim] = min(first[sh.Dim], i)
+		}
+	}
+	steps := []Step{}
+	cur := from
+	add := func(kind StepKind, i int, p Placement, dim int, op ReduceOp) {
+		next := cur.With(i, p)
+		steps = append(steps, Step{Kind: kind, MeshDims: meshDim(i), Dim: dim, Op: op, From: cur, To: next})
+		cur = next
+	}
+	for i := n - 1; i >= 0; i-- {
+		if sh, ok := cur.Placements[i].(Shard); ok && (sh != to.Placements[i] || i > first[sh.Dim]) {
+			add(AllGather, i, Replicate{}, sh.Dim, 0)
+		}
+	}
+	for i := range n {
+		p, ok := cur.Placements[i].(Partial)
+		if !ok || p == to.Placements[i] {
+			continue
+		}
+		if _, ok := to.Placements[i].(Shard); !ok {
+			add(AllReduce, i, Replicate{}, 0, p.Op)
+		}
+	}
+	for i := range n {
+		t, ok := to.Placements[i].(Shard)
+		if !ok || cur.Placements[i] == to.Placements[i] {
+			continue
+		}
+		switch p := cur.Placements[i].(type) {
+		case Partial:
+			add(ReduceScatter, i, t, t.Dim, p.Op)
+		case Replicate:
+			add(LocalSlice, i, t, t.Dim, 0)
+		default:
+			return nil
+		}
+	}
+	for i := range n {
+		t, ok := to.Placements[i].(Partial)
+		if !ok || cur.Placements[i] == to.Placements[i] {
+			continue
+		}
+		if _, ok := cur.Placements[i].(Replicate); !ok {
+			return nil
+		}
+		add(OwnerPartial, i, t, 0, t.Op)
+	}
+	if !cur.Equal(to) {
+		return nil
+	}
+	return steps
 }
 
 // moves calls visit, in a fixed order, with every single step out of s that
@@ -360,6 +784,13 @@ func moves(s, from, to Spec, visit func(Step) error) error {
 	add := func(kind StepKind, dims []int, next []Placement, dim, toDim int, op ReduceOp) {
 		if err != nil || !validPlacements(len(s.Shape), next) {
 			return
+		}
+		// A mesh dim of one rank only relabels: it steps straight to its
+		// target placement, or to R to let another dim change under it.
+		for _, i := range dims {
+			if s.Mesh.Dim(i) == 1 && next[i] != to.Placements[i] && !isReplicate(next[i]) {
+				return
+			}
 		}
 		ns := Spec{Shape: s.Shape, Mesh: s.Mesh, Placements: next}
 		err = visit(Step{Kind: kind, MeshDims: dims, Dim: dim, ToDim: toDim, Op: op, From: s, To: ns})
@@ -433,58 +864,62 @@ func flattened(s Spec, shards []Shard, scratch func() []Placement, add func(Step
 		return
 	}
 	op, _ := s.PartialOp()
-	buf := make([]int, 0, n)
-	for mask := 1; mask < 1<<n; mask++ {
+	var pbuf, dbuf [MaxMeshDims]int
+	partial := pbuf[:0]
+	for i, p := range s.Placements {
+		if _, ok := p.(Partial); ok {
+			partial = append(partial, i)
+		}
+	}
+	// Every set of two or more partial dims.
+	for mask := 1; mask < 1<<len(partial); mask++ {
 		if bits.OnesCount(uint(mask)) < 2 {
 			continue
 		}
-		dims := buf[:0]
-		for i := 0; i < n; i++ {
-			if mask&(1<<i) != 0 {
+		dims := dbuf[:0]
+		for k, i := range partial {
+			if mask&(1<<k) != 0 {
 				dims = append(dims, i)
 			}
 		}
-		allP, sameShard := true, true
-		first, firstIsShard := s.Placements[dims[0]].(Shard)
+		next := scratch()
 		for _, i := range dims {
-			if _, ok := s.Placements[i].(Partial); !ok {
-				allP = false
-			}
-			if sh, ok := s.Placements[i].(Shard); !ok || sh != first {
-				sameShard = false
-			}
+			next[i] = Replicate{}
 		}
-		if allP {
+		add(AllReduce, dims, next, 0, 0, op)
+		for _, sh := range shards {
+			if !innermostAfter(s.Placements, dims, sh.Dim) {
+				continue
+			}
+			next := scratch()
+			for _, i := range dims {
+				next[i] = sh
+			}
+			add(ReduceScatter, dims, next, sh.Dim, 0, op)
+		}
+	}
+	// The innermost two or more sharders of each tensor dim, when they shard
+	// it alike.
+	for d := range s.Shape {
+		sh := s.Sharders(d)
+		for k := len(sh) - 2; k >= 0; k-- {
+			first := s.Placements[sh[k]].(Shard)
+			if s.Placements[sh[len(sh)-1]].(Shard) != first || s.Placements[sh[k+1]].(Shard) != first {
+				break
+			}
+			dims := append(dbuf[:0], sh[k:]...)
 			next := scratch()
 			for _, i := range dims {
 				next[i] = Replicate{}
 			}
-			add(AllReduce, dims, next, 0, 0, op)
-			for _, sh := range shards {
-				if !innermostAfter(s.Placements, dims, sh.Dim) {
-					continue
-				}
-				next := scratch()
-				for _, i := range dims {
-					next[i] = sh
-				}
-				add(ReduceScatter, dims, next, sh.Dim, 0, op)
-			}
-		}
-		if firstIsShard && sameShard && innermostAfter(s.Placements, dims, first.Dim) {
-			// The dims must be the innermost sharders of the tensor dim, with no
-			// other sharder of it between them.
-			sh := s.Sharders(first.Dim)
-			if slices.Equal(sh[len(sh)-len(dims):], dims) {
-				next := scratch()
-				for _, i := range dims {
-					next[i] = Replicate{}
-				}
-				add(AllGather, dims, next, first.Dim, 0, 0)
-			}
+			add(AllGather, dims, next, d, 0, 0)
 		}
 	}
 }
+
+func isPartial(p Placement) bool { _, ok := p.(Partial); return ok }
+
+func isReplicate(p Placement) bool { _, ok := p.(Replicate); return ok }
 
 // validPlacements reports, without building an error, whether ps passes the
 // placement checks of Spec.Validate for a tensor of ndim dims (the shape and

@@ -1,6 +1,7 @@
 package placement_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -18,6 +19,13 @@ func planString(steps []Step) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// testModel prices the pinned plans: a call costs ten messages, so one
+// collective over a flattened group beats two over its dims at small sizes.
+var testModel = Model{Name: "test", Gamma: 20e-6, Alpha: 2e-6, Beta: 1e9, Flops: 1e10, ElemBytes: 4}
+
+// cheapCalls has calls as cheap as messages: two small rings beat one large.
+var cheapCalls = Model{Name: "cheap calls", Gamma: 1e-6, Alpha: 10e-6, Beta: 1e9, Flops: 1e10, ElemBytes: 4}
 
 func TestPlanCases(t *testing.T) {
 	m1 := MustMesh([]int{4}, []string{"tp"})
@@ -39,13 +47,13 @@ func TestPlanCases(t *testing.T) {
 		{"flattened all-reduce", m2, []int{8, 4}, "[P,P]", "[R,R]", "all_reduce(P,P->R,R) on dp+tp"},
 		{"flattened gather", m2, []int{8, 4}, "[S(0),S(0)]", "[R,R]", "all_gather(S(0),S(0)->R,R) on dp+tp"},
 		{"swap without full gather", m2, []int{8, 8}, "[S(0),S(1)]", "[S(1),S(0)]",
-			"all_gather(S(0)->R) on dp; all_to_all(S(1)->S(0)) on tp; local_slice(R->S(1)) on dp"},
+			"all_gather(S(1)->R) on tp; all_to_all(S(0)->S(1)) on dp; local_slice(R->S(0)) on tp"},
 		{"avg partial", m1, []int{5}, "[P(avg)]", "[R]", "all_reduce(P(avg)->R) on tp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			from := mustSpec(t, tc.shape, tc.mesh, tc.from)
 			to := mustSpec(t, tc.shape, tc.mesh, tc.to)
-			steps, err := Plan(from, to)
+			steps, err := PlanContext(WithModel(context.Background(), testModel), from, to)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -54,6 +62,28 @@ func TestPlanCases(t *testing.T) {
 			}
 			checkPlan(t, from, to, steps, rand.New(rand.NewPCG(1, 2)))
 		})
+	}
+}
+
+// TestPlanFollowsTheModel: where a call costs little next to a message, two
+// all-reduces over 2 ranks (4 messages a rank) beat one over 4 (6 messages).
+func TestPlanFollowsTheModel(t *testing.T) {
+	m2 := MustMesh([]int{2, 2}, []string{"dp", "tp"})
+	from, to := mustSpec(t, []int{8, 4}, m2, "[P,P]"), mustSpec(t, []int{8, 4}, m2, "[R,R]")
+	for _, tc := range []struct {
+		m    Model
+		want string
+	}{
+		{testModel, "all_reduce(P,P->R,R) on dp+tp"},
+		{cheapCalls, "all_reduce(P->R) on tp; all_reduce(P->R) on dp"},
+	} {
+		steps, err := PlanContext(WithModel(context.Background(), tc.m), from, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := planString(steps); got != tc.want {
+			t.Errorf("model %s: got %s, want %s", tc.m.Name, got, tc.want)
+		}
 	}
 }
 

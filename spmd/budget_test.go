@@ -11,7 +11,7 @@ import (
 	"github.com/meshrun/meshrun/placement"
 )
 
-func linearRequest(t *testing.T, mesh, x, w string) Request {
+func linearRequest(t testing.TB, mesh, x, w string) Request {
 	t.Helper()
 	m, err := placement.ParseMesh(mesh)
 	if err != nil {
@@ -33,10 +33,13 @@ func linearRequest(t *testing.T, mesh, x, w string) Request {
 // context's error.
 func TestBudget(t *testing.T) {
 	req := linearRequest(t, "2x2x2x2x2x2", "8x16:[R,R,R,R,R,R]", "32x16:[R,R,R,R,R,S(0)]")
+	if _, err := Forward(req); err != nil {
+		t.Fatalf("6-D mesh, default budget: %v", err)
+	}
 	start := time.Now()
-	_, err := Forward(req)
+	_, err := ForwardContext(placement.WithBudget(context.Background(), 100), req)
 	if !errors.Is(err, placement.ErrBudget) || !strings.Contains(err.Error(), "planning needs more than") {
-		t.Fatalf("6-D mesh: %v", err)
+		t.Fatalf("6-D mesh, small budget: %v", err)
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("refusing took %v", d)

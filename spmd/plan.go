@@ -1,6 +1,7 @@
 package spmd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -57,10 +58,33 @@ type Plan struct {
 	Moves []Move
 	// Cost is the number of elements all ranks send, in total.
 	Cost int64
+	// Model priced the plan; Costs are its modelled times.
+	Model placement.Model
+	Costs Costs
 	// Chosen and RunnersUp are the chosen strategy and the next cheapest ones,
 	// in order, with their modelled costs: filled when Options.Explain asks.
 	Chosen    *Candidate
 	RunnersUp []Candidate
+}
+
+// Costs is what a strategy costs under the plan's Model. Strategies are
+// ranked by Time, then fewer collectives, then less Memory.
+type Costs struct {
+	// Time = Comm + Forward + Backward.
+	Time placement.Picos
+	// Comm is the modelled time of the forward moves and of the way back of
+	// the gradients of inputs that moved.
+	Comm placement.Picos
+	// Forward is the local op's arithmetic on the busiest rank; Backward that
+	// of the gradients it will need (one op of the same size per input whose
+	// gradient is wanted, the bias's a reduction left out).
+	Forward, Backward placement.Picos
+	// Work is the local op's multiply-adds on the busiest rank; BackwardWork
+	// the gradients'.
+	Work, BackwardWork int64
+	// Memory is the elements the busiest rank holds of the local op's inputs
+	// and output.
+	Memory int64
 }
 
 // Candidate is one strategy the engine priced: per mesh dim how the work is
@@ -76,6 +100,7 @@ type Candidate struct {
 	Collectives int
 	Steps       int
 	Work        int64
+	Costs       Costs
 }
 
 // Collectives lists, in order, every step of the plan that moves bytes.
@@ -115,6 +140,15 @@ type Options struct {
 	// (Plan.RunnersUp), for a person to compare; 0 keeps none.
 	Explain  int
 	backward bool
+	// stats, if set, receives the search's counts.
+	stats *SearchStats
+}
+
+// SearchStats counts what one strategy search did.
+type SearchStats struct {
+	Strategies int // every combination of choices
+	Priced     int // strategies priced (their moves planned)
+	Bounded    int // partial strategies bounded
 }
 
 func (o Options) needsGrad(name string) bool {
@@ -131,7 +165,10 @@ type strategy struct {
 	moving  int   // steps that send bytes
 	steps   int   // all steps
 	work    int64 // multiply-adds of the local op on the busiest rank
+	costs   Costs
+	model   placement.Model
 	plans   planCache
+	index   []int // the choices' indices, for ties
 }
 
 // planCache remembers redistribution plans within one solve: strategies share
@@ -162,97 +199,123 @@ func stopped(err error) bool {
 	return errors.Is(err, placement.ErrBudget) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
+// exhaustive makes every strategy search price every strategy: tests
+// compare the two.
+var exhaustive = false
+
 // strategyWork is the work of building and pricing one strategy besides its
-// redistributions (planned by package placement, which counts their work) and
-// the local work it measures on every rank.
+// redistributions (planned by package placement, which counts their work).
 const strategyWork = 64
 
-// less orders strategies: fewer elements sent, then fewer collectives, then fewer
-// steps, then less local work. Equal strategies keep enumeration order.
+// boundWork is the work of bounding one partial strategy.
+const boundWork = 8
+
+// less orders strategies: less modelled time, then fewer collectives, then
+// less memory, then fewer steps. Equal strategies keep enumeration order.
 func (s *strategy) less(o *strategy) bool {
 	switch {
-	case s.cost != o.cost:
-		return s.cost < o.cost
+	case s.costs.Time != o.costs.Time:
+		return s.costs.Time < o.costs.Time
 	case s.moving != o.moving:
 		return s.moving < o.moving
+	case s.costs.Memory != o.costs.Memory:
+		return s.costs.Memory < o.costs.Memory
 	case s.steps != o.steps:
 		return s.steps < o.steps
 	}
-	return s.work < o.work
+	return slices.Compare(s.index, o.index) < 0
 }
 
-// solve enumerates every strategy of an einsum and returns the cheapest plan,
+// solver finds the cheapest strategy of an einsum: per mesh dim, one of its
+// candidate choices. It searches them depth first, one mesh dim at a time,
+// and prices a strategy (plans its redistributions) only if a lower bound on
+// every strategy that begins with the choices made so far can beat the
+// strategies kept: the bound adds the arithmetic of the local op with the
+// mesh dims still to choose splitting it fully, and placement.LowerBound of
+// each move over the mesh dims chosen, with the others dividing the tensor.
+// So it returns what pricing every strategy would (exhaustive does that, for
+// tests), having priced few.
+type solver struct {
+	ctx        context.Context
+	budget     *placement.Budget
+	model      placement.Model
+	e          einsum
+	k          kind
+	op         string
+	inputs     []Operand
+	given      []placement.Spec
+	opts       Options
+	cands      [][]choice
+	sizes      []int
+	cache      planCache
+	keep       int         // strategies kept: 1, or 1 + Options.Explain
+	kept       []*strategy // the cheapest found, in order
+	firstErr   error
+	totalWork  float64 // multiply-adds of the whole einsum
+	grads      int     // inputs (not the bias) whose gradients are wanted
+	exhaustive bool
+	// Priced and Bounded count the strategies priced and the partial ones
+	// bounded.
+	priced, bounded int
+}
+
+// solve finds the cheapest strategy of an einsum and returns its plan,
 // drawing its work from ctx's placement.Budget.
 func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, error) {
+	p, sv, err := solveWith(ctx, op, e, k, inputs, opts, exhaustive)
+	if opts.stats != nil && sv != nil {
+		n := 1
+		for _, c := range sv.cands {
+			n = int(satMul(int64(n), int64(len(c))))
+		}
+		*opts.stats = SearchStats{Strategies: n, Priced: sv.priced, Bounded: sv.bounded}
+	}
+	return p, err
+}
+
+func solveWith(ctx context.Context, op string, e einsum, k kind, inputs []Operand, opts Options, exhaustive bool) (*Plan, *solver, error) {
 	mesh := inputs[0].Spec.Mesh
 	given := make([]placement.Spec, len(inputs))
 	for i, in := range inputs {
 		given[i] = in.Spec
 	}
 	if opts.Out != nil && len(opts.Out) != mesh.NDim() {
-		return nil, fmt.Errorf("%w: %s: %d output placements for the %d-D mesh %s", ErrNoRule, describe(op, inputs), len(opts.Out), mesh.NDim(), mesh)
+		return nil, nil, fmt.Errorf("%w: %s: %d output placements for the %d-D mesh %s", ErrNoRule, describe(op, inputs), len(opts.Out), mesh.NDim(), mesh)
 	}
-	cands := make([][]choice, mesh.NDim())
-	n, ok := int64(1), true
-	for i := range cands {
-		cands[i] = candidates(e, k, given, i)
-		if ok {
-			n, ok = placement.MulSize(n, int64(len(cands[i])))
-		}
-	}
-	// Every strategy is priced: refuse at once what the budget cannot cover.
-	budget, _ := placement.BudgetOf(ctx)
-	per := strategyWork + int64(mesh.Size())*int64(len(e.in)+1)
-	if total, fits := placement.MulSize(n, per); !ok || !fits || total > budget.Left() {
-		return nil, fmt.Errorf("%s: %s strategies on mesh %s: planning needs more than the work its budget has left (%d units; a mesh of fewer dims or ranks plans within it): %w",
-			describe(op, inputs), strategyCount(cands), mesh, budget.Left(), placement.ErrBudget)
-	}
-	var best *strategy
-	var all []*strategy // with Explain: every strategy that reaches the output
-	var firstErr error
-	cache := planCache{}
-	idx := make([]int, mesh.NDim())
-	for {
-		cs := make([]choice, mesh.NDim())
-		for i := range cs {
-			cs[i] = cands[i][idx[i]]
-		}
-		if err := budget.Spend(ctx, per); err != nil {
-			return nil, fmt.Errorf("%s: %w", describe(op, inputs), err)
-		}
-		s, err := price(ctx, e, k, given, inputs, cs, opts, cache)
-		if stopped(err) {
-			return nil, fmt.Errorf("%s: %w", describe(op, inputs), err)
-		}
-		if err == nil && opts.Explain > 0 {
-			all = append(all, s)
-		}
-		if err == nil && (best == nil || s.less(best)) {
-			best = s
-		} else if err != nil && firstErr == nil {
-			firstErr = err
-		}
-		// Next combination, last mesh dim fastest.
-		i := len(idx) - 1
-		for ; i >= 0; i-- {
-			idx[i]++
-			if idx[i] < len(cands[i]) {
-				break
-			}
-			idx[i] = 0
-		}
-		if i < 0 {
-			break
+	budget, ctx := placement.BudgetOf(ctx)
+	sv := &solver{ctx: ctx, budget: budget, model: placement.ModelOf(ctx), e: e, k: k, op: op, inputs: inputs, given: given,
+		opts: opts, cands: make([][]choice, mesh.NDim()), sizes: mesh.Shape(), cache: planCache{}, keep: 1 + max(0, opts.Explain),
+		exhaustive: exhaustive, totalWork: 1}
+	for i := range sv.cands {
+		sv.cands[i] = candidates(e, k, given, i)
+		if mesh.Dim(i) == 1 {
+			sv.cands[i] = oneRank(e, k, given, i, sv.cands[i])
 		}
 	}
-	if best == nil {
-		return nil, fmt.Errorf("%w: %s: no strategy reaches the output: %v", ErrNoRule, describe(op, inputs), firstErr)
+	for _, l := range e.letters() {
+		sv.totalWork *= float64(e.size[l])
 	}
+	nIn := len(e.in)
+	if k.bias {
+		nIn--
+	}
+	for j := 0; j < nIn; j++ {
+		if opts.needsGrad(inputs[j].Name) {
+			sv.grads++
+		}
+	}
+	if err := sv.search(make([]int, 0, mesh.NDim())); err != nil {
+		return nil, sv, fmt.Errorf("%s: %w", describe(op, inputs), err)
+	}
+	if len(sv.kept) == 0 {
+		return nil, sv, fmt.Errorf("%w: %s: no strategy reaches the output: %v", ErrNoRule, describe(op, inputs), sv.firstErr)
+	}
+	best := sv.kept[0]
 	outName := opts.Output
 	if outName == "" {
 		outName = "y"
 	}
-	p := &Plan{Op: op, Equation: e.String(), Inputs: inputs, Moves: best.moves, Cost: best.cost,
+	p := &Plan{Op: op, Equation: e.String(), Inputs: inputs, Moves: best.moves, Cost: best.cost, Model: best.model, Costs: best.costs,
 		Output: Operand{Name: outName, Spec: best.out}, Final: Operand{Name: outName, Spec: best.final}}
 	for i, c := range best.choices {
 		p.Strategy = append(p.Strategy, mesh.DimName(i)+": "+c.label(e))
@@ -261,17 +324,7 @@ func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, o
 		p.Local = append(p.Local, Operand{Name: in.Name, Spec: best.local[i]})
 	}
 	if opts.Explain > 0 {
-		// A stable sort keeps enumeration order among equals: best comes first.
-		slices.SortStableFunc(all, func(a, b *strategy) int {
-			switch {
-			case a.less(b):
-				return -1
-			case b.less(a):
-				return 1
-			}
-			return 0
-		})
-		for i, s := range all[:min(len(all), opts.Explain+1)] {
+		for i, s := range sv.kept {
 			c := s.candidate(mesh, e)
 			if i == 0 {
 				p.Chosen = &c
@@ -285,11 +338,228 @@ func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, o
 			p.Moves[i].Tensor = outName
 		}
 	}
-	return p, nil
+	return p, sv, nil
+}
+
+// oneRank narrows the choices of a mesh dim of one rank, where every choice
+// does the same work and moves nothing: to the first that keeps every input
+// as given (no relabelling step), if one does.
+func oneRank(e einsum, k kind, given []placement.Spec, i int, cands []choice) []choice {
+	nIn := len(e.in)
+	if k.bias {
+		nIn--
+	}
+	for _, c := range cands {
+		keeps := true
+		for j := range e.in {
+			if !keeps {
+				break
+			}
+			if j < nIn {
+				keeps = place(e, given, i, c, e.in[j], false, j) == given[j].Placements[i]
+			} else {
+				keeps = biasPlacement(e.out, e.in[j], place(e, given, i, c, e.out, true, -1)) == given[j].Placements[i]
+			}
+		}
+		if keeps {
+			return []choice{c}
+		}
+	}
+	return cands
+}
+
+// threshold is the time a strategy must not exceed to be kept: the last
+// kept one's once keep are kept.
+func (sv *solver) threshold() placement.Picos {
+	if sv.exhaustive || len(sv.kept) < sv.keep {
+		return math.MaxInt64
+	}
+	return sv.kept[len(sv.kept)-1].costs.Time
+}
+
+// search extends the choices made for the first len(idx) mesh dims.
+func (sv *solver) search(idx []int) error {
+	i := len(idx)
+	if i == len(sv.cands) {
+		return sv.price(idx)
+	}
+	type option struct {
+		c  int
+		lb placement.Picos
+	}
+	opts := make([]option, len(sv.cands[i]))
+	for c := range opts {
+		opts[c] = option{c, 0}
+		if !sv.exhaustive {
+			if err := sv.budget.Spend(sv.ctx, boundWork); err != nil {
+				return err
+			}
+			sv.bounded++
+			opts[c].lb = sv.bound(append(idx, c))
+		}
+	}
+	// The most promising first: a cheap strategy found early prunes more.
+	slices.SortStableFunc(opts, func(a, b option) int { return cmp.Compare(a.lb, b.lb) })
+	for _, o := range opts {
+		// A bound equal to the threshold may still tie and win on the
+		// tie-breaks: only a larger one prunes.
+		if o.lb > sv.threshold() {
+			break
+		}
+		if err := sv.search(append(idx, o.c)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// price prices the strategy idx and keeps it if it is among the cheapest.
+func (sv *solver) price(idx []int) error {
+	if err := sv.budget.Spend(sv.ctx, strategyWork); err != nil {
+		return err
+	}
+	sv.priced++
+	cs := make([]choice, len(idx))
+	for i, c := range idx {
+		cs[i] = sv.cands[i][c]
+	}
+	s, err := price(sv.ctx, sv.e, sv.k, sv.given, sv.inputs, cs, sv.opts, sv.cache)
+	if stopped(err) {
+		return err
+	}
+	if err != nil {
+		if sv.firstErr == nil {
+			sv.firstErr = err
+		}
+		return nil
+	}
+	s.index = slices.Clone(idx)
+	at, _ := slices.BinarySearchFunc(sv.kept, s, func(a, b *strategy) int {
+		if a.less(b) {
+			return -1
+		}
+		return 1
+	})
+	if at < sv.keep || sv.exhaustive {
+		sv.kept = slices.Insert(sv.kept, at, s)
+		if !sv.exhaustive && len(sv.kept) > sv.keep {
+			sv.kept = sv.kept[:sv.keep]
+		}
+	}
+	return nil
+}
+
+// bound is a lower bound on the time of every strategy whose first mesh dims
+// make the choices idx.
+func (sv *solver) bound(idx []int) placement.Picos {
+	n := len(idx)
+	sizes := sv.sizes[:n]
+	rest := 1.0 // the mesh dims not chosen yet
+	for _, p := range sv.sizes[n:] {
+		rest *= float64(p)
+	}
+	split := rest
+	cs := make([]choice, n)
+	for i, c := range idx {
+		cs[i] = sv.cands[i][c]
+		if cs[i].what == 'S' {
+			split *= float64(sv.sizes[i])
+		}
+	}
+	work := int64(sv.totalWork / split)
+	lb := satPicos(sv.model.Compute(work), sv.model.Compute(satMul(work, int64(sv.grads))))
+	e := sv.e
+	nIn := len(e.in)
+	if sv.k.bias {
+		nIn--
+	}
+	outP := make([]placement.Placement, n)
+	for i, c := range cs {
+		outP[i] = place(e, sv.given, i, c, e.out, true, -1)
+	}
+	move := func(shape []int, from, to []placement.Placement) {
+		elems, _ := placement.ShapeElems(shape)
+		lb = satPicos(lb, placement.LowerBound(sv.model, float64(elems)/rest, len(shape), sizes, from, to))
+	}
+	for j := range e.in {
+		local := make([]placement.Placement, n)
+		for i, c := range cs {
+			if j < nIn {
+				local[i] = place(e, sv.given, i, c, e.in[j], false, j)
+			} else {
+				local[i] = biasPlacement(e.out, e.in[j], outP[i])
+			}
+		}
+		g := sv.given[j]
+		if len(sv.inputs[j].Also) == 0 {
+			move(g.Shape, g.Placements[:n], local)
+		}
+		if !sv.opts.needsGrad(sv.inputs[j].Name) {
+			continue
+		}
+		nat, target := naturalGrad(cs, local), dualPlacements(g.Placements[:n])
+		if target != nil {
+			move(g.Shape, nat, target)
+		}
+	}
+	final := make([]placement.Placement, n)
+	for i := range final {
+		if sv.opts.Out != nil {
+			final[i] = sv.opts.Out[i]
+		} else if _, ok := outP[i].(placement.Partial); ok {
+			final[i] = placement.Replicate{}
+		} else {
+			final[i] = outP[i]
+		}
+	}
+	outShape := e.shapeOf(e.out)
+	move(outShape, outP, final)
+	if sv.grads > 0 {
+		if from := dualPlacements(final); from != nil {
+			move(outShape, from, dualPlacements(outP))
+		}
+	}
+	return lb
+}
+
+// naturalGrad is where an input's gradient comes out under choices cs when
+// the input was used as local: partial where the input was replicated but
+// the strategy split the work on that mesh dim, replicated where the input
+// was partial (every term's gradient is the whole gradient) or the work not
+// split, sharded as the input was.
+func naturalGrad(cs []choice, local []placement.Placement) []placement.Placement {
+	nat := slices.Clone(local)
+	for i, p := range nat {
+		switch p.(type) {
+		case placement.Replicate:
+			if cs[i].what != 'R' {
+				nat[i] = placement.Partial{Op: placement.Sum}
+			}
+		case placement.Partial:
+			nat[i] = placement.Replicate{}
+		}
+	}
+	return nat
+}
+
+// dualPlacements is the layout a gradient takes for a tensor laid out as ps
+// (partial sums and averages replicated), nil where it has none (P(max),
+// P(min)).
+func dualPlacements(ps []placement.Placement) []placement.Placement {
+	out := slices.Clone(ps)
+	for i, p := range out {
+		if q, ok := p.(placement.Partial); ok {
+			if q.Op != placement.Sum && q.Op != placement.Avg {
+				return nil
+			}
+			out[i] = placement.Replicate{}
+		}
+	}
+	return out
 }
 
 func (s *strategy) candidate(mesh placement.Mesh, e einsum) Candidate {
-	c := Candidate{Output: s.out.Placements, Cost: s.cost, Collectives: s.moving, Steps: s.steps, Work: s.work}
+	c := Candidate{Output: s.out.Placements, Cost: s.cost, Collectives: s.moving, Steps: s.steps, Work: s.work, Costs: s.costs}
 	for i, ch := range s.choices {
 		c.Strategy = append(c.Strategy, mesh.DimName(i)+": "+ch.label(e))
 	}
@@ -303,7 +573,7 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 	if k.bias {
 		nIn--
 	}
-	s := &strategy{choices: cs, plans: cache}
+	s := &strategy{choices: cs, plans: cache, model: placement.ModelOf(ctx)}
 	outPl := make([]placement.Placement, len(cs))
 	for i, c := range cs {
 		outPl[i] = place(e, given, i, c, e.out, true, -1)
@@ -313,6 +583,7 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 		return nil, err
 	}
 	s.out = out
+	grads := 0
 	for j := range e.in {
 		pl := make([]placement.Placement, len(cs))
 		for i, c := range cs {
@@ -332,13 +603,22 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 			}
 		}
 		if opts.needsGrad(inputs[j].Name) {
-			if err := s.reverse(ctx, given[j], local); err != nil {
+			if err := s.reverse(ctx, cs, given[j], local); err != nil {
 				return nil, err
 			}
 		}
 		s.local = append(s.local, local)
+		if j < nIn && opts.needsGrad(inputs[j].Name) {
+			grads++
+		}
 	}
-	s.work = work(e, s.local, out)
+	s.work = work(e, cs, mesh)
+	s.costs.Work, s.costs.BackwardWork = s.work, satMul(s.work, int64(grads))
+	s.costs.Forward, s.costs.Backward = s.model.Compute(s.costs.Work), s.model.Compute(s.costs.BackwardWork)
+	for _, l := range s.local {
+		s.costs.Memory = satAdd(s.costs.Memory, l.MaxLocalElems())
+	}
+	s.costs.Memory = satAdd(s.costs.Memory, out.MaxLocalElems())
 	final := out.Placements
 	if opts.Out != nil {
 		final = opts.Out
@@ -355,7 +635,16 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 		return nil, err
 	}
 	s.final = fs
-	return s, s.move(ctx, "", out, fs)
+	if err := s.move(ctx, "", out, fs); err != nil {
+		return nil, err
+	}
+	if grads > 0 {
+		if err := s.reverseOutput(ctx); err != nil {
+			return nil, err
+		}
+	}
+	s.costs.Time = satPicos(satPicos(s.costs.Comm, s.costs.Forward), s.costs.Backward)
+	return s, nil
 }
 
 func (s *strategy) move(ctx context.Context, name string, from, to placement.Spec) error {
@@ -364,6 +653,7 @@ func (s *strategy) move(ctx context.Context, name string, from, to placement.Spe
 		return err
 	}
 	s.cost = satAdd(s.cost, placement.PlanCost(steps))
+	s.costs.Comm = satPicos(s.costs.Comm, s.model.PlanTime(steps))
 	s.steps += len(steps)
 	for _, st := range steps {
 		if st.Moves() {
@@ -376,65 +666,77 @@ func (s *strategy) move(ctx context.Context, name string, from, to placement.Spe
 	return nil
 }
 
-// reverse prices the gradient's way back when an input moved from given to
-// local: the gradient of a replicated use arrives as partial sums, of a partial
-// use replicated, of a shard as the shard, and must reach the dual of given.
-func (s *strategy) reverse(ctx context.Context, given, local placement.Spec) error {
-	if given.Equal(local) {
-		return nil
-	}
+// reverse prices the way back of an input's gradient under the same
+// strategy: computed where the input was used (local), it comes out partial
+// where the input was replicated but the strategy split the work on that mesh
+// dim, replicated where the input was partial (every term's gradient is the
+// whole gradient) or the work not split, sharded as the input was; and it
+// must reach the dual of the given layout.
+func (s *strategy) reverse(ctx context.Context, cs []choice, given, local placement.Spec) error {
 	target, _, err := dual("", Operand{Spec: given})
 	if err != nil {
 		return nil // no gradient layout: nothing to price
 	}
-	nat := slices.Clone(local.Placements)
-	for i, p := range nat {
-		switch p.(type) {
-		case placement.Replicate:
-			nat[i] = placement.Partial{Op: placement.Sum}
-		case placement.Partial:
-			nat[i] = placement.Replicate{}
-		}
-	}
-	from, err := placement.NewSpec(local.Shape, local.Mesh, nat...)
-	if err != nil {
+	return s.back(ctx, local.Shape, local.Mesh, naturalGrad(cs, local.Placements), target)
+}
+
+// back prices one move of the backward pass, from placements nat to target.
+func (s *strategy) back(ctx context.Context, shape []int, mesh placement.Mesh, nat []placement.Placement, target placement.Spec) error {
+	from, err := placement.NewSpec(shape, mesh, nat...)
+	if err != nil || from.Equal(target) {
 		return nil
 	}
 	steps, err := s.plans.plan(ctx, from, target)
 	if err != nil {
-		return err
+		if stopped(err) {
+			return err
+		}
+		return nil // the backward search will say why
 	}
 	s.cost = satAdd(s.cost, placement.PlanCost(steps))
+	s.costs.Comm = satPicos(s.costs.Comm, s.model.PlanTime(steps))
 	return nil
 }
 
-// work is the number of multiply-adds of the local op on the busiest rank: the
-// product of the local sizes of every letter.
-func work(e einsum, local []placement.Spec, out placement.Spec) int64 {
-	var most int64
-	terms := append(slices.Clone(e.in), e.out)
-	specs := append(slices.Clone(local), out)
-	var shape []int
-	for r := 0; r < out.Mesh.Size(); r++ {
-		var size [256]int64
-		var seen [256]bool
-		for j, t := range terms {
-			shape = specs[j].AppendLocalShape(shape[:0], r)
-			for d := range t {
-				if t[d] != bcast {
-					size[t[d]], seen[t[d]] = int64(shape[d]), true
-				}
-			}
-		}
-		w := int64(1)
-		for l, ok := range seen {
-			if ok {
-				w = satMul(w, size[l])
-			}
-		}
-		most = max(most, w)
+// reverseOutput prices moving the output's gradient from the layout it
+// arrives in (the dual of the final layout) to the one the local backward ops
+// read: as the local op produced the output, a partial output's gradient
+// replicated.
+func (s *strategy) reverseOutput(ctx context.Context) error {
+	from, _, err := dual("", Operand{Spec: s.final})
+	if err != nil {
+		return nil
 	}
-	return most
+	need := slices.Clone(s.out.Placements)
+	for i, p := range need {
+		if _, ok := p.(placement.Partial); ok {
+			need[i] = placement.Replicate{}
+		}
+	}
+	to, err := placement.NewSpec(s.out.Shape, s.out.Mesh, need...)
+	if err != nil {
+		return nil
+	}
+	return s.back(ctx, from.Shape, from.Mesh, from.Placements, to)
+}
+
+// work is the number of multiply-adds of the local op on the busiest rank:
+// the product of each letter's largest local size. A letter split by mesh
+// dims of sizes q1, q2... is ceil(size / (q1·q2...)) at most; the letters
+// depend on the coordinates of different mesh dims, so the largest product
+// is the product of the largest sizes.
+func work(e einsum, cs []choice, mesh placement.Mesh) int64 {
+	w := int64(1)
+	for _, l := range e.letters() {
+		q := int64(1)
+		for i, c := range cs {
+			if c.what == 'S' && c.letter == l {
+				q *= int64(mesh.Dim(i))
+			}
+		}
+		w = satMul(w, (int64(e.size[l])+q-1)/q)
+	}
+	return w
 }
 
 // satAdd and satMul are a+b and a*b for a, b >= 0, saturating at
@@ -445,6 +747,10 @@ func satAdd(a, b int64) int64 {
 		return math.MaxInt64
 	}
 	return a + b
+}
+
+func satPicos(a, b placement.Picos) placement.Picos {
+	return placement.Picos(satAdd(int64(a), int64(b)))
 }
 
 func satMul(a, b int64) int64 {

@@ -9,9 +9,9 @@ import (
 
 // RedistReport is a redistribution as `launcher plan --op redistribute --json`
 // prints it: every step, local ones included. Bytes count the buffer rank 0
-// passes into each step (as Report's collectives do); sent_bytes is the modelled
-// cost the planner minimizes, what all ranks send together under the ring
-// algorithms.
+// passes into each step (as Report's collectives do); sent_bytes is what all
+// ranks send together under the ring algorithms; modelled_s is the step's
+// time under the model, what the planner minimizes.
 type RedistReport struct {
 	Op        string             `json:"op"`
 	Mesh      ReportMesh         `json:"mesh"`
@@ -22,10 +22,13 @@ type RedistReport struct {
 	Steps     []ReportRedistStep `json:"steps"`
 	CommBytes int64              `json:"comm_bytes"`
 	SentBytes int64              `json:"sent_bytes"`
+	Model     placement.Model    `json:"model"`
+	Modelled  float64            `json:"modelled_s"`
 
 	mesh     placement.Mesh
 	steps    []placement.Step
 	elemSize int
+	time     placement.Picos
 }
 
 // ReportRedistStep is one step of a redistribution.
@@ -36,25 +39,32 @@ type ReportRedistStep struct {
 	To       []string `json:"to"`
 	// Moves is false for steps that send nothing (local_slice, owner_partial,
 	// or a collective over a mesh dim of size 1).
-	Moves     bool  `json:"moves"`
-	Bytes     int64 `json:"bytes"`
-	SentBytes int64 `json:"sent_bytes"`
+	Moves     bool    `json:"moves"`
+	Bytes     int64   `json:"bytes"`
+	SentBytes int64   `json:"sent_bytes"`
+	Modelled  float64 `json:"modelled_s"`
+
+	time placement.Picos
 }
 
 // NewRedistReport summarizes the steps that take tensor name from its layout
-// to the step list's last layout (steps as placement.Plan returns them).
-func NewRedistReport(name string, from, to placement.Spec, steps []placement.Step, elemSize int) RedistReport {
+// to the step list's last layout (steps as placement.Plan returns them),
+// priced by m at elemSize bytes an element.
+func NewRedistReport(name string, from, to placement.Spec, steps []placement.Step, m placement.Model, elemSize int) RedistReport {
+	m = m.WithElemBytes(elemSize)
 	names := from.Mesh.Names()
 	if names == nil {
 		names = []string{}
 	}
 	r := RedistReport{Op: "redistribute", Mesh: ReportMesh{Shape: from.Mesh.Shape(), Names: names}, Tensor: name,
 		Shape: from.Shape, From: placementStrings(from.Placements), To: placementStrings(to.Placements), Steps: []ReportRedistStep{},
-		mesh: from.Mesh, steps: steps, elemSize: elemSize}
+		mesh: from.Mesh, steps: steps, elemSize: elemSize, Model: m, time: m.PlanTime(steps)}
+	r.Modelled = r.time.Seconds()
 	es := int64(elemSize)
 	for _, st := range steps {
 		s := ReportRedistStep{Kind: st.Kind.String(), MeshDims: st.MeshDims, From: placementStrings(st.From.Placements),
-			To: placementStrings(st.To.Placements), Moves: st.Moves()}
+			To: placementStrings(st.To.Placements), Moves: st.Moves(), time: m.Time(st)}
+		s.Modelled = s.time.Seconds()
 		if s.Moves {
 			s.Bytes, s.SentBytes = st.InputElems(0)*es, satMul(st.Cost(), es)
 		}
@@ -79,12 +89,13 @@ func (r RedistReport) Text() string {
 		for i, st := range r.steps {
 			line := fmt.Sprintf("  %d. %s", i+1, st)
 			if s := r.Steps[i]; s.Moves {
-				fmt.Fprintf(&b, "%-44s rank 0 passes %d B, all ranks send %d B\n", line, s.Bytes, s.SentBytes)
+				fmt.Fprintf(&b, "%-44s rank 0 passes %d B, all ranks send %d B, modelled %s\n", line, s.Bytes, s.SentBytes, s.time)
 			} else {
 				fmt.Fprintf(&b, "%-44s no bytes\n", line)
 			}
 		}
 	}
 	fmt.Fprintf(&b, "comm bytes (rank 0): %d; sent by all ranks: %d\n", r.CommBytes, r.SentBytes)
+	fmt.Fprintf(&b, "modelled (%s): %s\n", r.Model.Name, r.time)
 	return b.String()
 }

@@ -20,6 +20,11 @@ type Report struct {
 	Forward   ReportForward   `json:"forward"`
 	Backward  *ReportBackward `json:"backward,omitempty"`
 	CommBytes ReportBytes     `json:"comm_bytes"`
+	// Model priced the plan; Modelled is the forward strategy's cost under it.
+	Model    placement.Model `json:"model"`
+	Modelled ReportCosts     `json:"modelled"`
+	// Backward's gradients, each priced by its own strategy search.
+	BackwardModelled *ReportCosts `json:"backward_modelled,omitempty"`
 	// Explain is the chosen forward strategy and its runners-up (Options.Explain).
 	Explain *ReportExplain `json:"explain,omitempty"`
 }
@@ -29,19 +34,36 @@ type ReportExplain struct {
 	RunnersUp []ReportCandidate `json:"runners_up"`
 }
 
-// ReportCandidate is a Candidate with its cost in bytes.
+// ReportCandidate is a Candidate with its cost in bytes and modelled time.
 type ReportCandidate struct {
-	Strategy    []string `json:"strategy"`
-	Output      []string `json:"output"`
-	SentBytes   int64    `json:"sent_bytes"`
-	Collectives int      `json:"collectives"`
-	Steps       int      `json:"steps"`
-	Work        int64    `json:"work"`
+	Strategy    []string    `json:"strategy"`
+	Output      []string    `json:"output"`
+	SentBytes   int64       `json:"sent_bytes"`
+	Collectives int         `json:"collectives"`
+	Steps       int         `json:"steps"`
+	Work        int64       `json:"work"`
+	Modelled    ReportCosts `json:"modelled"`
+}
+
+// ReportCosts is Costs in seconds and FLOPs (per rank, the busiest).
+type ReportCosts struct {
+	TotalS       float64 `json:"total_s"`
+	CommS        float64 `json:"comm_s"`
+	ForwardS     float64 `json:"forward_compute_s"`
+	BackwardS    float64 `json:"backward_compute_s"`
+	ForwardFlops int64   `json:"forward_flops_per_rank"`
+	BackwardFlop int64   `json:"backward_flops_per_rank"`
+	MemoryBytes  int64   `json:"memory_bytes_per_rank"`
+}
+
+func reportCosts(c Costs, elemSize int) ReportCosts {
+	return ReportCosts{TotalS: c.Time.Seconds(), CommS: c.Comm.Seconds(), ForwardS: c.Forward.Seconds(), BackwardS: c.Backward.Seconds(),
+		ForwardFlops: satMul(2, c.Work), BackwardFlop: satMul(2, c.BackwardWork), MemoryBytes: satMul(c.Memory, int64(elemSize))}
 }
 
 func reportCandidate(c Candidate, elemSize int) ReportCandidate {
 	return ReportCandidate{Strategy: c.Strategy, Output: placementStrings(c.Output), SentBytes: satMul(c.Cost, int64(elemSize)),
-		Collectives: c.Collectives, Steps: c.Steps, Work: c.Work}
+		Collectives: c.Collectives, Steps: c.Steps, Work: c.Work, Modelled: reportCosts(c.Costs, elemSize)}
 }
 
 type ReportMesh struct {
@@ -133,7 +155,7 @@ func NewReport(fwd *Plan, bwd *Backward, elemSize int) Report {
 	if names == nil {
 		names = []string{}
 	}
-	r := Report{Op: fwd.Op, Mesh: ReportMesh{Shape: mesh.Shape(), Names: names}}
+	r := Report{Op: fwd.Op, Mesh: ReportMesh{Shape: mesh.Shape(), Names: names}, Model: fwd.Model, Modelled: reportCosts(fwd.Costs, elemSize)}
 	for _, in := range fwd.Inputs {
 		r.Inputs = append(r.Inputs, namedTensor{in.Name, ReportTensor{Shape: in.Spec.Shape, Placements: placementStrings(in.Spec.Placements)}})
 	}
@@ -150,6 +172,8 @@ func NewReport(fwd *Plan, bwd *Backward, elemSize int) Report {
 		}
 		rb.Collectives, r.CommBytes.Backward = reportCollectives(bwd.Collectives(), elemSize)
 		r.Backward = rb
+		bc := reportCosts(bwd.Costs(), elemSize)
+		r.BackwardModelled = &bc
 	}
 	if fwd.Chosen != nil {
 		r.Explain = &ReportExplain{Chosen: reportCandidate(*fwd.Chosen, elemSize), RunnersUp: []ReportCandidate{}}
@@ -190,6 +214,13 @@ func Text(fwd *Plan, bwd *Backward, elemSize int) string {
 		bb = writeCollectives(&b, "backward", bwd.Collectives(), elemSize)
 	}
 	fmt.Fprintf(&b, "comm bytes (rank 0): forward %d, backward %d\n", fb, bb)
+	c := fwd.Costs
+	fmt.Fprintf(&b, "modelled (%s): forward strategy %s = comm %s (forward moves, gradients' way back) + compute %s forward, %s backward\n",
+		fwd.Model.Name, c.Time, c.Comm, c.Forward, c.Backward)
+	if bwd != nil {
+		bc := bwd.Costs()
+		fmt.Fprintf(&b, "modelled backward as planned: %s = comm %s + compute %s\n", bc.Time, bc.Comm, bc.Forward)
+	}
 	if fwd.Chosen != nil {
 		writeExplain(&b, fwd, elemSize)
 	}
@@ -199,11 +230,12 @@ func Text(fwd *Plan, bwd *Backward, elemSize int) string {
 // writeExplain lists the chosen forward strategy and its runners-up with the
 // costs they were ranked by.
 func writeExplain(b *strings.Builder, fwd *Plan, elemSize int) {
-	b.WriteString("explain: forward strategies, ranked by bytes all ranks send (moves, and the way back of moved inputs' gradients), then collectives, steps, local work\n")
+	b.WriteString("explain: forward strategies, ranked by modelled time (moves, the way back of moved inputs' gradients, compute forward and backward), then collectives, memory\n")
 	line := func(label string, c Candidate) {
 		fmt.Fprintf(b, "  %-8s %s -> %s\n", label, strings.Join(c.Strategy, "; "), placement.FormatList(c.Output))
-		fmt.Fprintf(b, "  %-8s %d B sent, %s, %s, local work %d\n", "", satMul(c.Cost, int64(elemSize)),
-			plural(c.Collectives, "collective"), plural(c.Steps, "step"), c.Work)
+		fmt.Fprintf(b, "  %-8s %s = comm %s + compute %s + %s; %d B sent by all ranks, %s, %s, %d FLOP/rank forward, %d B/rank held\n", "",
+			c.Costs.Time, c.Costs.Comm, c.Costs.Forward, c.Costs.Backward, satMul(c.Cost, int64(elemSize)),
+			plural(c.Collectives, "collective"), plural(c.Steps, "step"), satMul(2, c.Work), satMul(c.Costs.Memory, int64(elemSize)))
 	}
 	line("chosen", *fwd.Chosen)
 	for i, c := range fwd.RunnersUp {

@@ -210,6 +210,21 @@ func (b *Backward) Collectives() []Collective {
 	return out
 }
 
+// Costs sums the gradients' modelled costs (each gradient's own Costs.Forward
+// is its compute, summed into Forward; Backward stays 0).
+func (b *Backward) Costs() Costs {
+	var c Costs
+	for _, g := range b.Grads {
+		gc := g.Plan.Costs
+		c.Time = satPicos(c.Time, gc.Time)
+		c.Comm = satPicos(c.Comm, gc.Comm)
+		c.Forward = satPicos(c.Forward, gc.Forward)
+		c.Work = satAdd(c.Work, gc.Work)
+		c.Memory = max(c.Memory, gc.Memory)
+	}
+	return c
+}
+
 // CommElems is the number of elements rank 0 passes into the backward collectives.
 func (b *Backward) CommElems() int64 {
 	var n int64

@@ -1,6 +1,7 @@
 package spmd
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/spmd/spmdtest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
@@ -71,8 +73,17 @@ func writeGolden(t *testing.T, path string, cases []goldenCase) {
 	}
 }
 
+// goldenModel prices the golden plans: small tensors in the proportions of
+// large layers (spmdtest.LargeLayers). A header "model: default" plans with
+// DefaultModel instead.
+var goldenModel = spmdtest.LargeLayers
+
 // planCase builds the plans a golden header describes.
 func planCase(h map[string]string) (*Plan, *Backward, error) {
+	ctx := placement.WithModel(context.Background(), goldenModel)
+	if h["model"] == "default" {
+		ctx = placement.WithModel(context.Background(), placement.DefaultModel)
+	}
 	mesh, err := placement.ParseMesh(h["mesh"])
 	if err != nil {
 		return nil, nil, err
@@ -102,10 +113,6 @@ func planCase(h map[string]string) (*Plan, *Backward, error) {
 			return nil, nil, err
 		}
 	}
-	fwd, err := Forward(req)
-	if err != nil {
-		return nil, nil, err
-	}
 	var grads []string
 	if v, ok := h["grads"]; ok {
 		grads = []string{}
@@ -113,7 +120,12 @@ func planCase(h map[string]string) (*Plan, *Backward, error) {
 			grads = strings.Split(v, ",")
 		}
 	}
-	bwd, err := BackwardOf(fwd, grads, req.Dims)
+	req.Grads = grads
+	fwd, err := ForwardContext(ctx, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	bwd, err := BackwardOfContext(ctx, fwd, grads, req.Dims)
 	return fwd, bwd, err
 }
 
@@ -325,7 +337,8 @@ func TestSkippedGradCostsNothing(t *testing.T) {
 
 // TestExplain: asking for runners-up changes nothing in the plan; the chosen
 // candidate is the plan's strategy, and the runners-up come in the order the
-// engine ranks them (bytes, then collectives, steps, work), none cheaper.
+// engine ranks them (modelled time, then collectives, memory, steps), none
+// cheaper.
 func TestExplain(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	for n := 0; n < 40; n++ {
@@ -353,8 +366,9 @@ func TestExplain(t *testing.T) {
 		}
 		prev := *ex.Chosen
 		for _, c := range append([]Candidate(nil), ex.RunnersUp...) {
-			if c.Cost < prev.Cost || c.Cost == prev.Cost && (c.Collectives < prev.Collectives ||
-				c.Collectives == prev.Collectives && (c.Steps < prev.Steps || c.Steps == prev.Steps && c.Work < prev.Work)) {
+			a, b := c.Costs, prev.Costs
+			if a.Time < b.Time || a.Time == b.Time && (c.Collectives < prev.Collectives ||
+				c.Collectives == prev.Collectives && (a.Memory < b.Memory || a.Memory == b.Memory && c.Steps < prev.Steps)) {
 				t.Fatalf("%s: runner-up %+v ranks before %+v", describe(op, req.Inputs), c, prev)
 			}
 			prev = c

@@ -1,6 +1,7 @@
 package layout_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"github.com/meshrun/meshrun/internal/deps"
 	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/spmd/spmdtest"
 )
 
 // collectives lists an op's collectives as "fwd kind tensor dims".
@@ -42,11 +44,11 @@ func TestMLP(t *testing.T) {
 		{"dp=2,tp=2", false, "12x8:[S(0),R] 24x8:[R,S(0)] 24:[R,S(0)] 12x24:[S(0),S(1)] 12x24:[S(0),S(1)] 8x24:[R,S(1)] 8:[R,R] 12x8:[S(0),R]",
 			map[string][]string{
 				"up":   {"bwd all_reduce dx [1]", "bwd all_reduce dw1 [0]", "bwd all_reduce db1 [0]"},
-				"down": {"fwd all_reduce y [1]", "bwd all_reduce dw2 [0]", "bwd all_reduce db2 [0]"}}},
+				"down": {"fwd all_reduce y [1]", "bwd all_reduce dw2 [0]", "bwd all_reduce db2 [0 1]"}}},
 		{"2x3", true, "12x8:[S(0),S(0)] 24x8:[R,S(0)] 24:[R,S(0)] 12x24:[S(0),S(1)] 12x24:[S(0),S(1)] 8x24:[R,S(1)] 8:[R,R] 12x8:[S(0),S(0)]",
 			map[string][]string{
 				"up":   {"fwd all_gather x [1]", "bwd reduce_scatter dx [1]", "bwd all_reduce dw1 [0]", "bwd all_reduce db1 [0]"},
-				"down": {"fwd reduce_scatter y [1]", "bwd all_gather dy [1]", "bwd all_reduce dw2 [0]", "bwd all_reduce db2 [0]"}}},
+				"down": {"fwd reduce_scatter y [1]", "bwd all_gather dy [1]", "bwd all_reduce dw2 [0]", "bwd all_reduce db2 [0 1]"}}},
 		{"1", false, "12x8:[R] 24x8:[S(0)] 24:[S(0)] 12x24:[S(1)] 12x24:[S(1)] 8x24:[S(1)] 8:[R] 12x8:[R]", nil}, // one rank: nothing moves
 	} {
 		t.Run(fmt.Sprintf("%s sp=%v", tc.mesh, tc.sp), func(t *testing.T) {
@@ -54,7 +56,10 @@ func TestMLP(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l, err := layout.NewMLP(m, 12, 8, 24, tc.sp)
+			// Large-layer proportions: at 12x8x24 the default model would
+			// rather compute the whole block on every dp rank than
+			// all-reduce its weight gradients.
+			l, err := layout.NewMLPContext(placement.WithModel(context.Background(), spmdtest.LargeLayers), m, 12, 8, 24, tc.sp)
 			if err != nil {
 				t.Fatal(err)
 			}

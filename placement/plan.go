@@ -462,7 +462,7 @@ func bound(m Model, sizes []int, total float64, ndim int, ps, target []Placement
 	best := math.Inf(1)
 	// Beyond maxDetours candidates, the smallest dims are counted as shrinking
 	// every buffer for free: a weaker bound, as cheap to compute.
-	const maxDetours = 3
+	const maxDetours = 4
 	var free uint
 	for bits.OnesCount(detours) > maxDetours {
 		small := -1
@@ -486,7 +486,7 @@ func bound(m Model, sizes []int, total float64, ndim int, ps, target []Placement
 		// a buffer no smaller than the tensor over every other dim that can
 		// shard it by their sizes' product, and pay for it.
 		scatter, before := 1.0, total/prod
-		var a, b float64
+		var a, b, halves float64
 		for i := 0; i < n; i++ {
 			q := size[i]
 			// The buffer with dim i unsharded and every dim of sh sharded.
@@ -505,7 +505,7 @@ func bound(m Model, sizes []int, total float64, ndim int, ps, target []Placement
 				// A partial dim sharded for a while: a reduce-scatter and a
 				// later all-gather.
 				a += 2 * (q - 1) / q * buf
-				b += (q - 1) / q * buf
+				halves += (q - 1) / q * buf
 			case detour: // a replicated dim's detour: its all-gather
 				a += (q - 1) / q * buf
 				b += (q - 1) / q * buf
@@ -525,7 +525,11 @@ func bound(m Model, sizes []int, total float64, ndim int, ps, target []Placement
 				b += min(2*(q-1)/q*toAllBuf(i, sh), (q-1)/q*buf)
 			}
 		}
-		b += growth + before*(1-1/scatter)
+		// The reduce-scatters shrink the buffer by at least x and pay at least
+		// that; the all-gathers pay the net growth plus every shrink, so
+		// also at least end-cur+x (end-cur may be negative).
+		x := before * (1 - 1/scatter)
+		b += max(growth+x+halves, end-cur+2*x)
 		best = min(best, max(a, b))
 		if d == 0 {
 			break

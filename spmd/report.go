@@ -233,7 +233,7 @@ func writeExplain(b *strings.Builder, fwd *Plan, elemSize int) {
 	b.WriteString("explain: forward strategies, ranked by modelled time (moves, the way back of moved inputs' gradients, compute forward and backward), then collectives, memory\n")
 	line := func(label string, c Candidate) {
 		fmt.Fprintf(b, "  %-8s %s -> %s\n", label, strings.Join(c.Strategy, "; "), placement.FormatList(c.Output))
-		fmt.Fprintf(b, "  %-8s %s = comm %s + compute %s + %s; %d B sent by all ranks, %s, %s, %d FLOP/rank forward, %d B/rank held\n", "",
+		fmt.Fprintf(b, "  %-8s %s = comm %s + compute %s + %s; %d B sent by all ranks, %s and %s forward, %d FLOP/rank forward, %d B/rank held\n", "",
 			c.Costs.Time, c.Costs.Comm, c.Costs.Forward, c.Costs.Backward, satMul(c.Cost, int64(elemSize)),
 			plural(c.Collectives, "collective"), plural(c.Steps, "step"), satMul(2, c.Work), satMul(c.Costs.Memory, int64(elemSize)))
 	}

@@ -9,8 +9,10 @@ import (
 	"math/rand/v2"
 	"net"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,8 +28,9 @@ import (
 // by how much.
 type sockets struct {
 	mu    sync.Mutex
-	conns map[int]*rankConn
-	late  map[int]time.Duration
+	conns    map[int]*rankConn
+	late     map[int]time.Duration
+	dropOpen map[int]bool
 }
 
 func (s *sockets) conn(rank int) *rankConn {
@@ -51,6 +54,10 @@ type rankConn struct {
 	stopped chan struct{} // non-nil while frozen or cut; closed by kill
 	cut     bool
 	late    time.Duration // read by the client's read loop only
+	// dropOpen: the first "rdv.open" delivered to the rank is cut out of
+	// what it reads, as a cluster drops it when it reaches a server before
+	// the rank's interest has
+	dropOpen atomic.Bool
 }
 
 func (c *rankConn) Read(b []byte) (int, error) {
@@ -61,11 +68,37 @@ func (c *rankConn) Read(b []byte) (int, error) {
 		<-ch
 	}
 	n, err := c.TCPConn.Read(b)
+	if c.dropOpen.Load() {
+		n = c.cutOpen(b, n)
+	}
 	if c.late > 0 && bytes.Contains(b[:n], []byte(".rdv.roster ")) {
 		time.Sleep(c.late)
 		c.late = 0
 	}
 	return n, err
+}
+
+// cutOpen removes the frame "MSG <prefix>.rdv.open <sid> <size>\r\n<payload>\r\n"
+// from b[:n] if it is there whole, and returns the new length.
+func (c *rankConn) cutOpen(b []byte, n int) int {
+	i := bytes.Index(b[:n], []byte(".rdv.open "))
+	if i < 0 {
+		return n
+	}
+	start := bytes.LastIndex(b[:i], []byte("MSG "))
+	eol := bytes.Index(b[i:n], []byte("\r\n"))
+	if start < 0 || eol < 0 {
+		return n
+	}
+	head := strings.Fields(string(b[start : i+eol]))
+	size, err := strconv.Atoi(head[len(head)-1])
+	end := i + eol + 2 + size + 2
+	if err != nil || end > n {
+		return n
+	}
+	c.dropOpen.Store(false)
+	copy(b[start:], b[end:n])
+	return n - (end - start)
 }
 
 func (c *rankConn) Write(b []byte) (int, error) {
@@ -123,6 +156,7 @@ func (d rankDialer) Dial(network, address string) (net.Conn, error) {
 	rc := &rankConn{TCPConn: c.(*net.TCPConn)}
 	d.s.mu.Lock()
 	rc.late = d.s.late[d.rank]
+	rc.dropOpen.Store(d.s.dropOpen[d.rank])
 	d.s.conns[d.rank] = rc
 	d.s.mu.Unlock()
 	return rc, nil
@@ -540,4 +574,50 @@ func TestControlPlane256Faults(t *testing.T) {
 		s.Shutdown()
 		leak()
 	})
+}
+
+// TestRendezvousLostOpen: rank 1 announces before rank 0 listens and misses
+// rank 0's first "open" (as in a NATS cluster, where both can reach a server
+// before the other side's interest): rank 0 names it in a later one and the
+// rendezvous completes.
+func TestRendezvousLostOpen(t *testing.T) {
+	const n = 3
+	job := newJob()
+	s := startServer(t, job)
+	sk := &sockets{conns: map[int]*rankConn{}, dropOpen: map[int]bool{1: true}}
+	cfgs := make([]collective.Config, n)
+	for r := range cfgs {
+		cfgs[r] = config(s, job, r, n, "none", collective.Options{})
+		cfgs[r].RendezvousTimeout = 5 * time.Second
+		cfgs[r].Dialer = rankDialer{sk, r}
+	}
+	start := time.Now()
+	ws := make([]*collective.World, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := n - 1; r >= 0; r-- {
+		if r == 0 {
+			time.Sleep(300 * time.Millisecond) // ranks 1 and 2 announced to no one
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ws[r], errs[r] = collective.Join(context.Background(), cfgs[r])
+		}()
+	}
+	wg.Wait()
+	for _, w := range ws {
+		if w != nil {
+			defer w.Close()
+		}
+	}
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	if sk.conn(1).dropOpen.Load() {
+		t.Fatal("rank 1 never saw an open to drop: the test did not test anything")
+	}
+	t.Logf("joined in %v", time.Since(start).Round(time.Millisecond))
 }

@@ -8,7 +8,8 @@ package collective
 //	meshrun.J.rdv            rendezvous: every rank publishes its Announce; rank 0
 //	                         collects them
 //	meshrun.J.rdv.open       rank 0 is listening: a rank that announced earlier
-//	                         announces again
+//	                         announces again (later, every second: those ranks
+//	                         still missing, as a bitmap)
 //	meshrun.J.rdv.roster     the Roster (or the error), once, in chunks, from rank 0
 //	meshrun.J.ctl.hb.<rank>  heartbeats: State as JSON, every HeartbeatInterval; the
 //	                         last one has closed=true (and the failure, if any);
@@ -107,9 +108,11 @@ func bootID() string {
 // Roster once on RosterSubject (in chunks within the server's max_payload),
 // which the server fans out to every rank. A rank that announced before rank 0
 // was listening announces again when rank 0 says it is (RendezvousOpenSubject,
-// published once rank 0's subscription is in place). Rank 0 answers with the
-// error instead (missing ranks, duplicate rank) when the roster cannot
-// complete before ctx ends.
+// published once rank 0's subscription is in place, then every second naming
+// the ranks still missing: in a NATS cluster a rank's announce and the first
+// "open" can both be dropped, each reaching a server before the interest of
+// the other side has). Rank 0 answers with the error instead (missing ranks,
+// duplicate rank) when the roster cannot complete before ctx ends.
 func rendezvous(ctx context.Context, nc *nats.Conn, job string, me Announce) (*Roster, error) {
 	if me.Rank == 0 {
 		return coordinate(ctx, nc, job, me)
@@ -147,7 +150,9 @@ func rendezvous(ctx context.Context, nc *nats.Conn, job string, me Announce) (*R
 			return fail(-1, "no roster from rank 0 before the deadline: "+ctx.Err().Error())
 		case m := <-ch:
 			if m.Subject == protocol.RendezvousOpenSubject(job) {
-				nc.Publish(subj, body)
+				if openNames(m.Data, me.Rank, me.Size) {
+					nc.Publish(subj, body)
+				}
 				continue
 			}
 			data, ok := parts.add(m.Data)
@@ -220,6 +225,19 @@ func (p *rosterParts) add(msg []byte) ([]byte, bool) {
 	return bytes.Join(p.parts, nil), true
 }
 
+// openNames reports whether an "open" of rank 0 asks rank to announce
+// again: the first (empty) asks every rank, a later one is a bitmap of the
+// ranks missing (bit r%8 of byte r/8).
+func openNames(data []byte, rank, size int) bool {
+	if len(data) != (size+7)/8 {
+		return true
+	}
+	return data[rank/8]&(1<<(rank%8)) != 0
+}
+
+// reopenEvery is how often rank 0 names the ranks it still misses.
+const reopenEvery = time.Second
+
 func coordinate(ctx context.Context, nc *nats.Conn, job string, me Announce) (*Roster, error) {
 	ch := make(chan *nats.Msg, 4*me.Size+16)
 	sub, err := nc.ChanSubscribe(protocol.RendezvousSubject(job), ch)
@@ -242,8 +260,18 @@ func coordinate(ctx context.Context, nc *nats.Conn, job string, me Announce) (*R
 		}
 		nc.Flush()
 	}
+	reopen := time.NewTicker(reopenEvery)
+	defer reopen.Stop()
 	for len(got) < me.Size && problem == "" {
 		select {
+		case <-reopen.C:
+			missing := make([]byte, (me.Size+7)/8)
+			for r := 0; r < me.Size; r++ {
+				if _, ok := got[r]; !ok {
+					missing[r/8] |= 1 << (r % 8)
+				}
+			}
+			nc.Publish(protocol.RendezvousOpenSubject(job), missing)
 		case m := <-ch:
 			var a Announce
 			if err := json.Unmarshal(m.Data, &a); err != nil || a.Rank < 0 || a.Rank >= me.Size || a.Size != me.Size {

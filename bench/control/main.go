@@ -238,6 +238,20 @@ func (j *job) waitFailed(t0 time.Time, skip int, deadline time.Duration) []time.
 	return at
 }
 
+// failures counts the worlds' errors by message (rank numbers blanked).
+func failures(ws []*collective.World) map[string]int {
+	out := map[string]int{}
+	for _, w := range ws {
+		if w == nil {
+			continue
+		}
+		if err := w.Err(); err != nil {
+			out[blankRank(err.Error())]++
+		}
+	}
+	return out
+}
+
 // blankRank replaces the rank numbers of an error message with "N", so that
 // the same failure of many ranks counts as one message.
 func blankRank(s string) string {
@@ -389,7 +403,7 @@ func measure(ctx context.Context, o options, n int, res *Result) {
 		}
 	}
 	if res.FalseFailures > 0 {
-		res.Error = "ranks failed with no fault injected: " + firstFalse.Error()
+		res.Error = fmt.Sprintf("ranks failed with no fault injected: %v; all: %v", firstFalse, failures(j.worlds))
 		return
 	}
 
@@ -448,6 +462,10 @@ func measureAbort(ctx context.Context, o options, n int, res *Result) {
 		return
 	}
 	if !sleepCtx(ctx, o.warmup) {
+		return
+	}
+	if f := failures(j2.worlds); len(f) > 0 {
+		res.Error = fmt.Sprintf("abort job: ranks failed before the abort, with no fault injected: %v", f)
 		return
 	}
 	admin := j2.srv.Admin()

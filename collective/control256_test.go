@@ -27,7 +27,7 @@ import (
 // late holds the ranks whose copy of the roster is to reach them late, and
 // by how much.
 type sockets struct {
-	mu    sync.Mutex
+	mu       sync.Mutex
 	conns    map[int]*rankConn
 	late     map[int]time.Duration
 	dropOpen map[int]bool

@@ -423,9 +423,12 @@ func (sv *solver) price(idx []int) error {
 	for i, c := range idx {
 		cs[i] = sv.cands[i][c]
 	}
-	s, err := price(sv.ctx, sv.e, sv.k, sv.given, sv.inputs, cs, sv.opts, sv.cache)
+	s, err := price(sv.ctx, sv.e, sv.k, sv.given, sv.inputs, cs, sv.opts, sv.cache, sv.threshold())
 	if stopped(err) {
 		return err
+	}
+	if errors.Is(err, errPruned) {
+		return nil
 	}
 	if err != nil {
 		if sv.firstErr == nil {
@@ -567,7 +570,7 @@ func (s *strategy) candidate(mesh placement.Mesh, e einsum) Candidate {
 }
 
 // price builds one strategy's layouts and prices its redistributions.
-func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choice, opts Options, cache planCache) (*strategy, error) {
+func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choice, opts Options, cache planCache, limit placement.Picos) (*strategy, error) {
 	mesh := given[0].Mesh
 	nIn := len(e.in)
 	if k.bias {
@@ -583,6 +586,7 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 		return nil, err
 	}
 	s.out = out
+	var pending []pendingMove
 	grads := 0
 	for j := range e.in {
 		pl := make([]placement.Placement, len(cs))
@@ -598,13 +602,15 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 			return nil, err
 		}
 		if !slices.ContainsFunc(inputs[j].Also, local.Equal) {
-			if err := s.move(ctx, inputs[j].Name, given[j], local); err != nil {
-				return nil, err
-			}
+			pending = append(pending, pendingMove{name: inputs[j].Name, from: given[j], to: local, forward: true})
 		}
 		if opts.needsGrad(inputs[j].Name) {
-			if err := s.reverse(ctx, cs, given[j], local); err != nil {
-				return nil, err
+			// The gradient's way back under the same strategy, to the dual of
+			// the given layout (none for P(max), P(min)).
+			if target, _, err := dual("", Operand{Spec: given[j]}); err == nil {
+				if from, err := placement.NewSpec(local.Shape, mesh, naturalGrad(cs, local.Placements)...); err == nil {
+					pending = append(pending, pendingMove{from: from, to: target})
+				}
 			}
 		}
 		s.local = append(s.local, local)
@@ -635,22 +641,96 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 		return nil, err
 	}
 	s.final = fs
-	if err := s.move(ctx, "", out, fs); err != nil {
-		return nil, err
-	}
+	pending = append(pending, pendingMove{from: out, to: fs, forward: true})
 	if grads > 0 {
-		if err := s.reverseOutput(ctx); err != nil {
-			return nil, err
+		// The output's gradient arrives as the dual of the final layout and
+		// goes to what the local backward ops read: the output's layout, a
+		// partial output's gradient replicated.
+		if from, _, err := dual("", Operand{Spec: fs}); err == nil {
+			need := slices.Clone(out.Placements)
+			for i, p := range need {
+				if _, ok := p.(placement.Partial); ok {
+					need[i] = placement.Replicate{}
+				}
+			}
+			if to, err := placement.NewSpec(out.Shape, mesh, need...); err == nil {
+				pending = append(pending, pendingMove{from: from, to: to})
+			}
 		}
+	}
+	if err := s.planMoves(ctx, pending, limit); err != nil {
+		return nil, err
 	}
 	s.costs.Time = satPicos(satPicos(s.costs.Comm, s.costs.Forward), s.costs.Backward)
 	return s, nil
 }
 
-func (s *strategy) move(ctx context.Context, name string, from, to placement.Spec) error {
+// pendingMove is one redistribution a strategy needs: forward (recorded in
+// the plan, its tensor named; the output's unnamed) or of the backward (only
+// priced).
+type pendingMove struct {
+	name     string
+	from, to placement.Spec
+	forward  bool
+}
+
+// errPruned ends the pricing of a strategy that cannot beat the limit.
+var errPruned = errors.New("spmd: strategy priced above the limit")
+
+// planMoves plans the moves in order, and gives up with errPruned as soon as
+// the compute, the moves planned and lower bounds on the others exceed limit.
+func (s *strategy) planMoves(ctx context.Context, moves []pendingMove, limit placement.Picos) error {
+	lbs := make([]placement.Picos, len(moves))
+	var rest placement.Picos
+	if limit < math.MaxInt64 {
+		for i, m := range moves {
+			n, _ := placement.ShapeElems(m.from.Shape)
+			lbs[i] = placement.LowerBound(s.model, float64(n), len(m.from.Shape), m.from.Mesh.Shape(), m.from.Placements, m.to.Placements)
+			rest = satPicos(rest, lbs[i])
+		}
+	}
+	base := satPicos(s.costs.Forward, s.costs.Backward)
+	recorded := make([]*Move, len(moves))
+	for i, m := range moves {
+		if limit < math.MaxInt64 && satPicos(satPicos(base, s.costs.Comm), rest) > limit {
+			return errPruned
+		}
+		rest -= lbs[i]
+		if m.forward {
+			mv, err := s.move(ctx, m.name, m.from, m.to)
+			if err != nil {
+				return err
+			}
+			recorded[i] = mv
+			continue
+		}
+		if m.from.Equal(m.to) {
+			continue
+		}
+		steps, err := s.plans.plan(ctx, m.from, m.to)
+		if err != nil {
+			if stopped(err) {
+				return err
+			}
+			continue // the backward search will say why
+		}
+		s.cost = satAdd(s.cost, placement.PlanCost(steps))
+		s.costs.Comm = satPicos(s.costs.Comm, s.model.PlanTime(steps))
+	}
+	for _, mv := range recorded {
+		if mv != nil {
+			s.moves = append(s.moves, *mv)
+		}
+	}
+	return nil
+}
+
+// move plans a forward move and counts it; it returns the move, nil if it
+// takes no step.
+func (s *strategy) move(ctx context.Context, name string, from, to placement.Spec) (*Move, error) {
 	steps, err := s.plans.plan(ctx, from, to)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s.cost = satAdd(s.cost, placement.PlanCost(steps))
 	s.costs.Comm = satPicos(s.costs.Comm, s.model.PlanTime(steps))
@@ -660,64 +740,10 @@ func (s *strategy) move(ctx context.Context, name string, from, to placement.Spe
 			s.moving++
 		}
 	}
-	if len(steps) > 0 {
-		s.moves = append(s.moves, Move{Tensor: name, From: from, To: to, Steps: steps})
+	if len(steps) == 0 {
+		return nil, nil
 	}
-	return nil
-}
-
-// reverse prices the way back of an input's gradient under the same
-// strategy: computed where the input was used (local), it comes out partial
-// where the input was replicated but the strategy split the work on that mesh
-// dim, replicated where the input was partial (every term's gradient is the
-// whole gradient) or the work not split, sharded as the input was; and it
-// must reach the dual of the given layout.
-func (s *strategy) reverse(ctx context.Context, cs []choice, given, local placement.Spec) error {
-	target, _, err := dual("", Operand{Spec: given})
-	if err != nil {
-		return nil // no gradient layout: nothing to price
-	}
-	return s.back(ctx, local.Shape, local.Mesh, naturalGrad(cs, local.Placements), target)
-}
-
-// back prices one move of the backward pass, from placements nat to target.
-func (s *strategy) back(ctx context.Context, shape []int, mesh placement.Mesh, nat []placement.Placement, target placement.Spec) error {
-	from, err := placement.NewSpec(shape, mesh, nat...)
-	if err != nil || from.Equal(target) {
-		return nil
-	}
-	steps, err := s.plans.plan(ctx, from, target)
-	if err != nil {
-		if stopped(err) {
-			return err
-		}
-		return nil // the backward search will say why
-	}
-	s.cost = satAdd(s.cost, placement.PlanCost(steps))
-	s.costs.Comm = satPicos(s.costs.Comm, s.model.PlanTime(steps))
-	return nil
-}
-
-// reverseOutput prices moving the output's gradient from the layout it
-// arrives in (the dual of the final layout) to the one the local backward ops
-// read: as the local op produced the output, a partial output's gradient
-// replicated.
-func (s *strategy) reverseOutput(ctx context.Context) error {
-	from, _, err := dual("", Operand{Spec: s.final})
-	if err != nil {
-		return nil
-	}
-	need := slices.Clone(s.out.Placements)
-	for i, p := range need {
-		if _, ok := p.(placement.Partial); ok {
-			need[i] = placement.Replicate{}
-		}
-	}
-	to, err := placement.NewSpec(s.out.Shape, s.out.Mesh, need...)
-	if err != nil {
-		return nil
-	}
-	return s.back(ctx, from.Shape, from.Mesh, from.Placements, to)
+	return &Move{Tensor: name, From: from, To: to, Steps: steps}, nil
 }
 
 // work is the number of multiply-adds of the local op on the busiest rank:

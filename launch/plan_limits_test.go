@@ -34,7 +34,7 @@ func TestPlanAbsurdSizes(t *testing.T) {
 		{"a shape's dim", "--mesh 2 --x 99999999999999999999x2:[S(0)] --w 32x2:[R]", "is more than 281474976710656"},
 		{"mesh dims", "--mesh 1x1x1x1x1x1x1x1x1 --x 8:[R,R,R,R,R,R,R,R,R] --op gelu", "has 9 dims, more than the 8"},
 		{"a 6-D search", "--mesh 2x2x2x2x2x2 --x 1024x4096:[R,R,S(1),R,S(0),R] --w 1024x4096:[S(1),S(0),R,R,R,R]", "planning budget exceeded"},
-		{"a 6-D block", "--block mlp --mesh 2x2x2x2x2x2 --tokens 512 --hidden 1024", "planning budget exceeded"},
+		{"a 6-D block", "--block mlp --mesh 2x2x2x2x2x2 --tokens 512 --hidden 1024 --ffn 4096", "planning budget exceeded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
@@ -58,6 +58,7 @@ func TestPlanLargeMeshes(t *testing.T) {
 	for _, args := range []string{
 		"--mesh 2x2x2x2x2x2 --x 8x16:[R,R,R,R,R,R] --w 32x16:[R,R,R,R,R,S(0)]",
 		"--block mlp --mesh 2x2x2x2x2x2",
+		"--block mlp --mesh 2x2x2x2x2x2 --tokens 512 --hidden 1024",
 		"--mesh 256x256 --x 8x16:[R,S(0)] --w 32x16:[R,S(0)]",
 	} {
 		var out, errb bytes.Buffer

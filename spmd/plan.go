@@ -254,6 +254,8 @@ type solver struct {
 	totalWork  float64 // multiply-adds of the whole einsum
 	grads      int     // inputs (not the bias) whose gradients are wanted
 	exhaustive bool
+	// twin[i]: mesh dim i is interchangeable with mesh dim i-1 (see twins).
+	twin []bool
 	// Priced and Bounded count the strategies priced and the partial ones
 	// bounded.
 	priced, bounded int
@@ -304,6 +306,7 @@ func solveWith(ctx context.Context, op string, e einsum, k kind, inputs []Operan
 			sv.grads++
 		}
 	}
+	sv.twin = twins(mesh, given, opts.Out)
 	if err := sv.search(make([]int, 0, mesh.NDim())); err != nil {
 		return nil, sv, fmt.Errorf("%s: %w", describe(op, inputs), err)
 	}
@@ -339,6 +342,29 @@ func solveWith(ctx context.Context, op string, e einsum, k kind, inputs []Operan
 		}
 	}
 	return p, sv, nil
+}
+
+// twins reports, per mesh dim, whether it is interchangeable with the one
+// before it: the same size, every input replicated or partial alike on both,
+// the same such output placement asked for. Swapping two neighbouring mesh
+// dims then maps every layout of the problem to one of the same costs: each
+// tensor dim's sharders keep their order relative to every other mesh dim,
+// and no given layout has both dims sharding one tensor dim, where their own
+// order would matter. So a strategy and the one with the two dims' choices
+// swapped cost the same.
+func twins(mesh placement.Mesh, given []placement.Spec, out []placement.Placement) []bool {
+	same := func(a, b placement.Placement) bool {
+		_, shard := a.(placement.Shard)
+		return a == b && !shard
+	}
+	t := make([]bool, mesh.NDim())
+	for i := 1; i < len(t); i++ {
+		t[i] = mesh.Dim(i) == mesh.Dim(i-1) && (out == nil || same(out[i], out[i-1]))
+		for _, g := range given {
+			t[i] = t[i] && same(g.Placements[i], g.Placements[i-1])
+		}
+	}
+	return t
 }
 
 // oneRank narrows the choices of a mesh dim of one rank, where every choice
@@ -387,15 +413,22 @@ func (sv *solver) search(idx []int) error {
 		c  int
 		lb placement.Picos
 	}
-	opts := make([]option, len(sv.cands[i]))
-	for c := range opts {
-		opts[c] = option{c, 0}
+	first := 0
+	if !sv.exhaustive && i > 0 && sv.twin[i] {
+		// Mesh dims i-1 and i are interchangeable: the strategies with
+		// their choices swapped cost the same, and the one in enumeration
+		// order comes first; only those are searched.
+		first = idx[i-1]
+	}
+	opts := make([]option, 0, len(sv.cands[i]))
+	for c := first; c < len(sv.cands[i]); c++ {
+		opts = append(opts, option{c, 0})
 		if !sv.exhaustive {
 			if err := sv.budget.Spend(sv.ctx, boundWork); err != nil {
 				return err
 			}
 			sv.bounded++
-			opts[c].lb = sv.bound(append(idx, c))
+			opts[len(opts)-1].lb = sv.bound(append(idx, c))
 		}
 	}
 	// The most promising first: a cheap strategy found early prunes more.

@@ -761,12 +761,13 @@ func canonical(from, to Spec) []Step {
 // The steps' To placements and flattened MeshDims live in buffers the next
 // step reuses: visit copies what it keeps.
 func moves(s, from, to Spec, visit func(Step) error) error {
-	var shards []Shard
-	seen := map[Shard]bool{}
+	var shardBuf [2 * MaxTensorDims]Shard
+	var valueBuf [2 * MaxTensorDims]Placement
+	shards, values := shardBuf[:0], valueBuf[:0] // values: shards as interned Placements
 	addShard := func(sh Shard) {
-		if !seen[sh] {
-			seen[sh] = true
+		if !slices.Contains(shards, sh) {
 			shards = append(shards, sh)
+			values = append(values, shardValue(sh))
 		}
 	}
 	for d := range s.Shape {
@@ -817,21 +818,21 @@ func moves(s, from, to Spec, visit func(Step) error) error {
 			next := scratch()
 			next[i] = Replicate{}
 			add(AllGather, meshDim(i), next, p.Dim, 0, 0)
-			for _, sh := range shards {
+			for k, sh := range shards {
 				if sh == p || !last(s.Placements, i, sh.Dim) {
 					continue
 				}
 				next := scratch()
-				next[i] = sh
+				next[i] = values[k]
 				add(AllToAll, meshDim(i), next, p.Dim, sh.Dim, 0)
 			}
 		case Replicate:
-			for _, sh := range shards {
+			for k, sh := range shards {
 				if !last(s.Placements, i, sh.Dim) {
 					continue
 				}
 				next := scratch()
-				next[i] = sh
+				next[i] = values[k]
 				add(LocalSlice, meshDim(i), next, sh.Dim, 0, 0)
 			}
 			if toHasP && (!hasP || curOp == toOp) {
@@ -845,24 +846,24 @@ func moves(s, from, to Spec, visit func(Step) error) error {
 			next := scratch()
 			next[i] = Replicate{}
 			add(AllReduce, meshDim(i), next, 0, 0, p.Op)
-			for _, sh := range shards {
+			for k, sh := range shards {
 				if !last(s.Placements, i, sh.Dim) {
 					continue
 				}
 				next := scratch()
-				next[i] = sh
+				next[i] = values[k]
 				add(ReduceScatter, meshDim(i), next, sh.Dim, 0, p.Op)
 			}
 		}
 	}
-	flattened(s, shards, scratch, add)
+	flattened(s, shards, values, scratch, add)
 	return err
 }
 
 // flattened adds the steps over several mesh dims at once: one all-reduce over
 // any set of partial dims, one all-gather of the innermost sharders of a tensor
 // dim, one reduce-scatter of several partial dims onto one tensor dim.
-func flattened(s Spec, shards []Shard, scratch func() []Placement, add func(StepKind, []int, []Placement, int, int, ReduceOp)) {
+func flattened(s Spec, shards []Shard, values []Placement, scratch func() []Placement, add func(StepKind, []int, []Placement, int, int, ReduceOp)) {
 	n := len(s.Placements)
 	if n < 2 {
 		return
@@ -891,13 +892,13 @@ func flattened(s Spec, shards []Shard, scratch func() []Placement, add func(Step
 			next[i] = Replicate{}
 		}
 		add(AllReduce, dims, next, 0, 0, op)
-		for _, sh := range shards {
+		for k, sh := range shards {
 			if !innermostAfter(s.Placements, dims, sh.Dim) {
 				continue
 			}
 			next := scratch()
 			for _, i := range dims {
-				next[i] = sh
+				next[i] = values[k]
 			}
 			add(ReduceScatter, dims, next, sh.Dim, 0, op)
 		}
@@ -919,6 +920,25 @@ func flattened(s Spec, shards []Shard, scratch func() []Placement, add func(Step
 			add(AllGather, dims, next, d, 0, 0)
 		}
 	}
+}
+
+// shardValues holds every Shard as a Placement, so that steps built by the
+// search do not allocate one each time.
+var shardValues = func() (v [MaxTensorDims][2]Placement) {
+	for d := range v {
+		for sp := range v[d] {
+			v[d][sp] = Shard{Dim: d, Split: Split(sp)}
+		}
+	}
+	return v
+}()
+
+// shardValue is sh as a Placement, interned where it can be.
+func shardValue(sh Shard) Placement {
+	if sh.Dim >= 0 && sh.Dim < MaxTensorDims && sh.Split <= Chunk {
+		return shardValues[sh.Dim][sh.Split]
+	}
+	return sh
 }
 
 func isPartial(p Placement) bool { _, ok := p.(Partial); return ok }

@@ -642,11 +642,14 @@ func (c *natsControl) loop() {
 					c.nc.ConnectedUrlRedacted(), at, err, lost, now.Sub(last).Round(time.Millisecond))})
 				continue
 			}
-			silent := time.Since(last).Round(time.Millisecond)
-			fn(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank, Detail: fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", silent)})
+			detail := fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", time.Since(last).Round(time.Millisecond))
+			if joining {
+				detail = fmt.Sprintf("no heartbeat in the %v since this rank started watching it, and nothing on its state subject (gone while joining)", time.Since(last).Round(time.Millisecond))
+			}
+			fn(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank, Detail: detail})
 			// Tell the others: only this rank watches it.
 			e := noticeErr(Notice{Code: protocol.CodePeerLost, Rank: lost, Reporter: c.rank})
-			e.Detail = fmt.Sprintf("no heartbeat for %v (stopped, hung or dead)", silent)
+			e.Detail = detail
 			c.Publish(noticeOf(e))
 		}
 	}

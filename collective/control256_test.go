@@ -377,6 +377,12 @@ func TestControlPlane256Faults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("256 NATS connections")
 	}
+	if raceEnabled {
+		// 256 ranks run about ten times slower under the race detector than
+		// the deadlines these cases measure (2 s for a mismatch); the same
+		// faults at a few ranks run under it in fault_test.go.
+		t.Skip("256 ranks against timing limits: not under -race")
+	}
 	const n = 256
 	const hbTimeout = time.Second
 	t.Run("sigstop", func(t *testing.T) {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/meshrun/meshrun/placement"
@@ -817,23 +816,6 @@ func satMul(a, b int64) int64 {
 		return p
 	}
 	return math.MaxInt64
-}
-
-// strategyCount is the number of strategies, cands' sizes multiplied, as
-// "4x4x4 = 64", or without the product when it overflows.
-func strategyCount(cands [][]choice) string {
-	parts := make([]string, len(cands))
-	n, ok := int64(1), true
-	for i, c := range cands {
-		parts[i] = strconv.Itoa(len(c))
-		if ok {
-			n, ok = placement.MulSize(n, int64(len(c)))
-		}
-	}
-	if !ok {
-		return strings.Join(parts, "x")
-	}
-	return strings.Join(parts, "x") + " = " + strconv.FormatInt(n, 10)
 }
 
 func describe(op string, inputs []Operand) string {

@@ -27,3 +27,6 @@ func Bound(m Model, from, to Spec) Picos {
 
 // Canonical is the search's fallback plan.
 var Canonical = canonical
+
+// Uniform exposes uniform to the tests.
+func (s Spec) Uniform() bool { return s.uniform() }

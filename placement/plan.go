@@ -153,12 +153,68 @@ func (st Step) Cost() int64 {
 	if !st.Moves() {
 		return 0
 	}
+	if st.From.uniform() && st.To.uniform() {
+		if st.Kind == AllToAll {
+			return st.allToAllCost()
+		}
+		// Every rank holds as many elements before and as many after, so
+		// every group of the step sends the same: price one group.
+		var c int64
+		p := st.GroupSize()
+		for k := 0; k < p; k++ {
+			c += st.sendElems(0, k, p, 0)
+		}
+		if t, ok := MulSize(c, int64(st.From.Mesh.Size()/p)); ok {
+			return t
+		}
+		return math.MaxInt64
+	}
 	var c int64
 	for r := 0; r < st.From.Mesh.Size(); r++ {
 		k, p, next := st.From.Mesh.ring(r, st.MeshDims)
 		c = satAdd(c, st.sendElems(r, k, p, next))
 	}
 	return c
+}
+
+// allToAllCost is Cost of an all-to-all between uniform layouts. Each rank
+// sends its shard less what it keeps, the overlap of its shards before and
+// after; along every tensor dim but the two the step moves between, the
+// shards before and after coincide and have one length on every rank, so the
+// overlap depends only on the coordinates of the mesh dims that shard those
+// two: sum it over their combinations and scale by the ranks that share each.
+func (st Step) allToAllCost() int64 {
+	m := st.From.Mesh
+	var buf, cbuf [MaxMeshDims]int
+	rel, coords := buf[:0], cbuf[:m.NDim()]
+	combos := 1
+	for i := range m.NDim() {
+		if st.movesDim(st.From.Placements[i]) || st.movesDim(st.To.Placements[i]) {
+			rel = append(rel, i)
+			combos *= m.Dim(i)
+		}
+	}
+	var kept int64
+	for c := 0; c < combos; c++ {
+		for j, rem := len(rel)-1, c; j >= 0; j-- {
+			coords[rel[j]] = rem % m.Dim(rel[j])
+			rem /= m.Dim(rel[j])
+		}
+		kept += overlap(st.From, st.To, m.Rank(coords))
+	}
+	n := int64(m.Size())
+	local, ok := MulSize(st.From.localElems(0), n)
+	if !ok {
+		return math.MaxInt64
+	}
+	return local - kept*(n/int64(combos))
+}
+
+// movesDim reports whether p shards one of the tensor dims an all-to-all
+// moves between.
+func (st Step) movesDim(p Placement) bool {
+	sh, ok := p.(Shard)
+	return ok && (sh.Dim == st.Dim || sh.Dim == st.ToDim)
 }
 
 // PlanCost sums the cost of steps, saturating at math.MaxInt64.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -231,12 +232,24 @@ func FuzzPlan(f *testing.F) {
 	})
 }
 
-// TestCostIsSumOfSends pins Cost to the per-rank SendElems it sums.
+// TestCostIsSumOfSends pins Cost to the per-rank SendElems it sums, on
+// uneven layouts (summed rank by rank) and on even ones (priced in closed
+// form), on meshes of 1 to 3 dims.
 func TestCostIsSumOfSends(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 5))
-	for i := 0; i < 200; i++ {
+	big := []Mesh{MustMesh([]int{2, 2, 2}, nil), MustMesh([]int{4, 2, 3}, nil), MustMesh([]int{2, 4}, nil)}
+	uniform := map[StepKind]int{}
+	for i := 0; i < 600; i++ {
 		m := meshes[rng.IntN(len(meshes))]
 		shape := []int{rng.IntN(9), 1 + rng.IntN(6)}
+		if i%2 == 1 {
+			// Sizes every mesh dim divides, nested or not.
+			m = big[rng.IntN(len(big))]
+			shape = []int{48 * (1 + rng.IntN(2)), 24 * (1 + rng.IntN(3))}
+			if rng.IntN(2) == 0 {
+				shape = append(shape, 24)
+			}
+		}
 		op := ReduceOp(rng.IntN(4))
 		steps, err := Plan(randomSpec(rng, shape, m, op), randomSpec(rng, shape, m, op))
 		if err != nil {
@@ -250,6 +263,42 @@ func TestCostIsSumOfSends(t *testing.T) {
 			if st.Cost() != sum {
 				t.Fatalf("%s: Cost %d, sends sum to %d", st, st.Cost(), sum)
 			}
+			if st.Moves() && st.From.Uniform() && st.To.Uniform() {
+				uniform[st.Kind]++
+			}
 		}
 	}
+	// All-to-alls on any mesh dim, between dims nested anywhere (plans only
+	// move innermost shards).
+	for i := 0; i < 300; i++ {
+		m := big[rng.IntN(len(big))]
+		shape := []int{48, 24, 24}
+		from := randomSpec(rng, shape, m, Sum)
+		g := rng.IntN(m.NDim())
+		sh, ok := from.Placements[g].(Shard)
+		if !ok {
+			continue
+		}
+		ps := slices.Clone(from.Placements)
+		ps[g] = Shard{Dim: (sh.Dim + 1 + rng.IntN(2)) % 3}
+		to, err := NewSpec(shape, m, ps...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := Step{Kind: AllToAll, MeshDims: []int{g}, Dim: sh.Dim, ToDim: ps[g].(Shard).Dim, From: from, To: to}
+		var sum int64
+		for r := 0; r < m.Size(); r++ {
+			sum += st.SendElems(r)
+		}
+		if st.Cost() != sum {
+			t.Fatalf("%s (%s -> %s): Cost %d, sends sum to %d", st, from, to, st.Cost(), sum)
+		}
+		uniform[AllToAll]++
+	}
+	for _, k := range []StepKind{AllGather, ReduceScatter, AllReduce, AllToAll} {
+		if uniform[k] == 0 {
+			t.Errorf("no %s between even layouts checked", k)
+		}
+	}
+	t.Logf("steps between even layouts checked: %v", uniform)
 }

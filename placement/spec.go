@@ -300,6 +300,28 @@ func (s Spec) LocalShape(rank int) []int {
 // LocalElems is the number of elements in rank's shard.
 func (s Spec) LocalElems(rank int) int64 { return s.localElems(rank) }
 
+// uniform reports whether every rank holds a shard of the same shape: each
+// mesh dim that shards a tensor dim divides what the mesh dims before it
+// left of that dim.
+func (s Spec) uniform() bool {
+	var buf [MaxTensorDims]int
+	shape := buf[:0]
+	if len(s.Shape) > len(buf) {
+		shape = make([]int, 0, len(s.Shape))
+	}
+	shape = append(shape, s.Shape...)
+	for i, p := range s.Placements {
+		if sh, ok := p.(Shard); ok {
+			n := s.Mesh.Dim(i)
+			if shape[sh.Dim]%n != 0 {
+				return false
+			}
+			shape[sh.Dim] /= n
+		}
+	}
+	return true
+}
+
 // localElems computes LocalElems without allocating.
 func (s Spec) localElems(rank int) int64 {
 	var buf [MaxTensorDims]int

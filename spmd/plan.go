@@ -172,24 +172,39 @@ type strategy struct {
 
 // planCache remembers redistribution plans within one solve: strategies share
 // most of their moves.
-type planCache map[string]cachedPlan
+type planCache map[string]*cachedPlan
 
+// cachedPlan is one redistribution plan with its prices, computed once:
+// pricing a plan's bytes visits every rank of the mesh.
 type cachedPlan struct {
-	steps []placement.Step
-	err   error
+	steps  []placement.Step
+	err    error
+	bytes  int64           // elements sent, all ranks together
+	time   placement.Picos // modelled time
+	moving int             // steps that send bytes
 }
 
-func (c planCache) plan(ctx context.Context, from, to placement.Spec) ([]placement.Step, error) {
+func (c planCache) plan(ctx context.Context, from, to placement.Spec) (*cachedPlan, error) {
 	k := from.String() + ">" + to.String()
 	if p, ok := c[k]; ok {
-		return p.steps, p.err
+		return p, p.err
 	}
 	steps, err := placement.PlanContext(ctx, from, to)
 	if stopped(err) {
 		return nil, err
 	}
-	c[k] = cachedPlan{steps, err}
-	return steps, err
+	p := &cachedPlan{steps: steps, err: err}
+	if err == nil {
+		p.bytes = placement.PlanCost(steps)
+		p.time = placement.ModelOf(ctx).PlanTime(steps)
+		for _, st := range steps {
+			if st.Moves() {
+				p.moving++
+			}
+		}
+	}
+	c[k] = p
+	return p, err
 }
 
 // stopped reports whether err ends the whole solve: the budget is spent or
@@ -739,15 +754,15 @@ func (s *strategy) planMoves(ctx context.Context, moves []pendingMove, limit pla
 		if m.from.Equal(m.to) {
 			continue
 		}
-		steps, err := s.plans.plan(ctx, m.from, m.to)
+		p, err := s.plans.plan(ctx, m.from, m.to)
 		if err != nil {
 			if stopped(err) {
 				return err
 			}
 			continue // the backward search will say why
 		}
-		s.cost = satAdd(s.cost, placement.PlanCost(steps))
-		s.costs.Comm = satPicos(s.costs.Comm, s.model.PlanTime(steps))
+		s.cost = satAdd(s.cost, p.bytes)
+		s.costs.Comm = satPicos(s.costs.Comm, p.time)
 	}
 	for _, mv := range recorded {
 		if mv != nil {
@@ -760,22 +775,18 @@ func (s *strategy) planMoves(ctx context.Context, moves []pendingMove, limit pla
 // move plans a forward move and counts it; it returns the move, nil if it
 // takes no step.
 func (s *strategy) move(ctx context.Context, name string, from, to placement.Spec) (*Move, error) {
-	steps, err := s.plans.plan(ctx, from, to)
+	p, err := s.plans.plan(ctx, from, to)
 	if err != nil {
 		return nil, err
 	}
-	s.cost = satAdd(s.cost, placement.PlanCost(steps))
-	s.costs.Comm = satPicos(s.costs.Comm, s.model.PlanTime(steps))
-	s.steps += len(steps)
-	for _, st := range steps {
-		if st.Moves() {
-			s.moving++
-		}
-	}
-	if len(steps) == 0 {
+	s.cost = satAdd(s.cost, p.bytes)
+	s.costs.Comm = satPicos(s.costs.Comm, p.time)
+	s.steps += len(p.steps)
+	s.moving += p.moving
+	if len(p.steps) == 0 {
 		return nil, nil
 	}
-	return &Move{Tensor: name, From: from, To: to, Steps: steps}, nil
+	return &Move{Tensor: name, From: from, To: to, Steps: p.steps}, nil
 }
 
 // work is the number of multiply-adds of the local op on the busiest rank:

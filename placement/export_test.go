@@ -1,6 +1,9 @@
 package placement
 
-import "context"
+import (
+	"context"
+	"math"
+)
 
 // PlanSearch plans from -> to under m; astar false searches with a zero bound
 // (Dijkstra: every layout cheaper than the answer is expanded). It returns the
@@ -16,7 +19,7 @@ func PlanSearch(m Model, from, to Spec, astar bool) ([]Step, int, error) {
 // PlanWeighted plans with the bound weighted by w.
 func PlanWeighted(m Model, from, to Spec, w float64) ([]Step, int, error) {
 	ctx := WithBudget(WithModel(context.Background(), m), 1<<40)
-	return planSearch(ctx, from, to, w)
+	return planSearch(ctx, from, to, w, math.MaxInt64)
 }
 
 // Bound is the search's lower bound from from to to under m.

@@ -243,14 +243,35 @@ func Plan(from, to Spec) ([]Step, error) { return PlanContext(context.Background
 // (WithBudget; a fresh DefaultBudget when ctx carries none), stopping with an
 // error wrapping ErrBudget when it runs out.
 func PlanContext(ctx context.Context, from, to Spec) ([]Step, error) {
-	steps, _, err := planSearch(ctx, from, to, 1)
+	steps, _, err := planSearch(ctx, from, to, 1, math.MaxInt64)
 	return steps, err
+}
+
+// PlanWithin is PlanContext for planners that only need plans cheaper than
+// limit (a strategy search that has a cheaper strategy in hand): once every
+// plan left takes more than limit, it stops and returns an error for which
+// AboveLimit reports a lower bound on the cheapest plan's time. Another call
+// under the same Budget with a higher limit resumes the search where this
+// one stopped.
+func PlanWithin(ctx context.Context, from, to Spec, limit Picos) ([]Step, error) {
+	steps, _, err := planSearch(ctx, from, to, 1, limit)
+	return steps, err
+}
+
+// AboveLimit reports whether err is PlanWithin's error for a plan above its
+// limit, and the lower bound it proved on the plan's time.
+func AboveLimit(err error) (Picos, bool) {
+	var ab *above
+	if errors.As(err, &ab) {
+		return ab.lb, true
+	}
+	return 0, false
 }
 
 // planSearch plans with the bound weighted by weight: 1 is A*, 0 Dijkstra
 // (for tests to compare), more than 1 trades optimality for speed. It also
 // returns the number of layouts expanded.
-func planSearch(ctx context.Context, from, to Spec, weight float64) ([]Step, int, error) {
+func planSearch(ctx context.Context, from, to Spec, weight float64, limit Picos) ([]Step, int, error) {
 	if err := from.Validate(); err != nil {
 		return nil, 0, err
 	}
@@ -275,15 +296,24 @@ func planSearch(ctx context.Context, from, to Spec, weight float64) ([]Step, int
 	}
 	b, ctx := BudgetOf(ctx)
 	key := fmt.Sprintf("%s %s>%s %v %v", from.Mesh, from, FormatList(to.Placements), m, weight)
-	if p, ok := b.recall(key); ok {
+	p, ok := b.recall(key)
+	if ok && p.search == nil {
 		return p.steps, p.expanded, p.err
 	}
-	steps, n, err := search(ctx, b, m, from, to, weight)
-	if err != nil && !errors.Is(err, ErrNoPath) {
-		return nil, n, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, err)
+	if !ok {
+		p.search = newSearch(m, from, to, weight)
 	}
-	b.remember(key, planned{steps, err, n})
-	return steps, n, err
+	steps, err := p.search.run(ctx, b, limit)
+	var ab *above
+	if errors.As(err, &ab) {
+		b.remember(key, planned{search: p.search})
+		return nil, p.search.expanded, err
+	}
+	if err != nil && !errors.Is(err, ErrNoPath) {
+		return nil, p.search.expanded, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, err)
+	}
+	b.remember(key, planned{steps: steps, err: err, expanded: p.search.expanded})
+	return steps, p.search.expanded, err
 }
 
 // stepWork is the work of building, checking and pricing one candidate step
@@ -637,62 +667,91 @@ func (q *queue) Pop() any {
 	return e
 }
 
-// search is A* over layouts (with astar false, Dijkstra). Ties keep the path
-// found first; layouts of equal priority leave the queue in key order, so the
-// result is deterministic. A node whose cost improves after it was expanded
-// is queued again, so the result is optimal even where rounding makes the
-// bound a picosecond inconsistent.
-func search(ctx context.Context, b *Budget, m Model, from, to Spec, weight float64) ([]Step, int, error) {
-	target := keyOf(to.Placements)
+// search is A* over layouts (with weight 0, Dijkstra), resumable: run stops
+// where every layout still queued is priced above its limit, and a later run
+// with a higher limit picks up from there. Ties keep the path found first;
+// layouts of equal priority leave the queue in key order, so the result is
+// deterministic. A node whose cost improves after it was expanded is queued
+// again, so the result is optimal even where rounding makes the bound a
+// picosecond inconsistent.
+type search struct {
+	m        Model
+	from, to Spec
+	target   layoutKey
+	nodes    map[layoutKey]*node
+	h        func([]Placement) Picos
+	q        *queue
+	expanded int
+	// The canonical plan bounds the search from above: a layout that cannot
+	// beat it is not queued, and when the search has expanded MaxExpanded
+	// layouts without finishing, the canonical plan is the answer.
+	fallback []Step
+	ub       cost
+}
+
+func newSearch(m Model, from, to Spec, weight float64) *search {
+	s := &search{m: m, from: from, to: to, target: keyOf(to.Placements), ub: cost{time: math.MaxInt64}}
 	start := &node{ps: from.Placements, key: keyOf(from.Placements)}
-	nodes := map[layoutKey]*node{start.key: start}
+	s.nodes = map[layoutKey]*node{start.key: start}
 	var total float64 // the tensor's elements
 	if weight > 0 {
 		n, _ := ShapeElems(from.Shape)
 		total = float64(n)
 	}
-	h := func(ps []Placement) Picos {
+	s.h = func(ps []Placement) Picos {
 		if weight == 0 {
 			return 0
 		}
 		return Picos(weight * float64(bound(m, from.Mesh.shape, total, len(from.Shape), ps, to.Placements)))
 	}
-	start.h = h(start.ps)
-	q := &queue{{f: cost{time: start.h}, n: start}}
-	expanded := 0
-	// The canonical plan bounds the search from above: a layout that cannot
-	// beat it is not queued, and when the search has expanded MaxExpanded
-	// layouts without finishing, the canonical plan is the answer.
-	var fallback []Step
-	ub := cost{time: math.MaxInt64}
+	start.h = s.h(start.ps)
+	s.q = &queue{{f: cost{time: start.h}, n: start}}
 	if weight > 0 {
-		if fallback = canonical(from, to); fallback != nil {
-			ub = cost{time: m.PlanTime(fallback), steps: len(fallback)}
-			for _, st := range fallback {
+		if s.fallback = canonical(from, to); s.fallback != nil {
+			s.ub = cost{time: m.PlanTime(s.fallback), steps: len(s.fallback)}
+			for _, st := range s.fallback {
 				if st.Moves() {
-					ub.moving++
+					s.ub.moving++
 				}
 			}
 		}
 	}
-	for q.Len() > 0 {
-		e := heap.Pop(q).(entry)
+	return s
+}
+
+// above is the error of a search stopped at its limit: every plan left costs
+// more than the limit, at least lb.
+type above struct{ lb Picos }
+
+func (e *above) Error() string {
+	return fmt.Sprintf("placement: every plan takes more than the limit (at least %s)", e.lb)
+}
+
+// run searches on until it finds the cheapest plan, or until every layout
+// queued is priced above limit (an *above error).
+func (s *search) run(ctx context.Context, b *Budget, limit Picos) ([]Step, error) {
+	m, from := s.m, s.from
+	for s.q.Len() > 0 {
+		if f := (*s.q)[0].f.time; f > limit {
+			return nil, &above{lb: f}
+		}
+		e := heap.Pop(s.q).(entry)
 		cur := e.n
 		if e.g != cur.g {
 			continue // stale
 		}
-		if cur.key == target {
-			return cur.path(from), expanded, nil
+		if cur.key == s.target {
+			return cur.path(from), nil
 		}
-		if expanded >= MaxExpanded && fallback != nil {
-			return fallback, expanded, nil
+		if s.expanded >= MaxExpanded && s.fallback != nil {
+			return s.fallback, nil
 		}
-		expanded++
+		s.expanded++
 		if err := b.Spend(ctx, expandWork); err != nil {
-			return nil, expanded, err
+			return nil, err
 		}
 		spec := Spec{Shape: from.Shape, Mesh: from.Mesh, Placements: cur.ps}
-		err := moves(spec, from, to, func(st Step) error {
+		err := moves(spec, from, s.to, func(st Step) error {
 			if err := b.Spend(ctx, stepWork); err != nil {
 				return err
 			}
@@ -701,32 +760,32 @@ func search(ctx context.Context, b *Budget, m Model, from, to Spec, weight float
 			if st.Moves() {
 				g.moving++
 			}
-			n, ok := nodes[k]
+			n, ok := s.nodes[k]
 			if ok && !g.less(n.g) {
 				return nil
 			}
 			if !ok {
 				n = &node{ps: slices.Clone(st.To.Placements), key: k}
-				n.h = h(n.ps)
-				nodes[k] = n
+				n.h = s.h(n.ps)
+				s.nodes[k] = n
 			}
 			n.set(cur, st, g)
 			f := g
 			f.time = satPicos(f.time, n.h)
-			if ub.less(f) {
+			if s.ub.less(f) {
 				return nil // no better than the canonical plan
 			}
-			heap.Push(q, entry{f: f, n: n, g: g})
+			heap.Push(s.q, entry{f: f, n: n, g: g})
 			return nil
 		})
 		if err != nil {
-			return nil, expanded, err
+			return nil, err
 		}
 	}
-	if fallback != nil {
-		return fallback, expanded, nil // nothing beat it
+	if s.fallback != nil {
+		return s.fallback, nil // nothing beat it
 	}
-	return nil, expanded, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, ErrNoPath)
+	return nil, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, s.to, from.Mesh, ErrNoPath)
 }
 
 // MaxExpanded bounds the layouts one search expands. Beyond it (layouts with

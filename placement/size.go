@@ -78,13 +78,19 @@ type planned struct {
 	steps    []Step
 	err      error
 	expanded int
+	search   *search // a search stopped at a limit, to resume
 }
 
-// recall returns the plan made under b for key, if any.
+// recall returns the plan made under b for key, if any. A search stopped at
+// a limit is handed to one caller only (it is resumed, then remembered
+// again).
 func (b *Budget) recall(key string) (planned, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	p, ok := b.plans[key]
+	if ok && p.search != nil {
+		delete(b.plans, key)
+	}
 	return p, ok
 }
 

@@ -175,25 +175,38 @@ type strategy struct {
 type planCache map[string]*cachedPlan
 
 // cachedPlan is one redistribution plan with its prices, computed once:
-// pricing a plan's bytes visits every rank of the mesh.
+// pricing a plan's bytes visits every rank of the mesh. A plan searched only
+// up to a limit (because every strategy needing it was pruned) keeps the
+// lower bound the search proved.
 type cachedPlan struct {
 	steps  []placement.Step
 	err    error
 	bytes  int64           // elements sent, all ranks together
 	time   placement.Picos // modelled time
 	moving int             // steps that send bytes
+	above  placement.Picos // when the search stopped at a limit: its lower bound
 }
 
-func (c planCache) plan(ctx context.Context, from, to placement.Spec) (*cachedPlan, error) {
+// plan returns the plan from -> to, or errPruned if it takes more than
+// limit.
+func (c planCache) plan(ctx context.Context, from, to placement.Spec, limit placement.Picos) (*cachedPlan, error) {
 	k := from.String() + ">" + to.String()
-	if p, ok := c[k]; ok {
+	p, ok := c[k]
+	if ok && p.above == 0 {
 		return p, p.err
 	}
-	steps, err := placement.PlanContext(ctx, from, to)
+	if ok && p.above > limit {
+		return nil, errPruned
+	}
+	steps, err := placement.PlanWithin(ctx, from, to, limit)
+	if lb, ok := placement.AboveLimit(err); ok {
+		c[k] = &cachedPlan{above: max(lb, 1)}
+		return nil, errPruned
+	}
 	if stopped(err) {
 		return nil, err
 	}
-	p := &cachedPlan{steps: steps, err: err}
+	p = &cachedPlan{steps: steps, err: err}
 	if err == nil {
 		p.bytes = placement.PlanCost(steps)
 		p.time = placement.ModelOf(ctx).PlanTime(steps)
@@ -739,12 +752,18 @@ func (s *strategy) planMoves(ctx context.Context, moves []pendingMove, limit pla
 	base := satPicos(s.costs.Forward, s.costs.Backward)
 	recorded := make([]*Move, len(moves))
 	for i, m := range moves {
-		if limit < math.MaxInt64 && satPicos(satPicos(base, s.costs.Comm), rest) > limit {
+		spent := satPicos(satPicos(base, s.costs.Comm), rest)
+		if limit < math.MaxInt64 && spent > limit {
 			return errPruned
 		}
 		rest -= lbs[i]
+		// What this move may take before the strategy passes the limit.
+		within := placement.Picos(math.MaxInt64)
+		if limit < math.MaxInt64 {
+			within = limit - (spent - lbs[i])
+		}
 		if m.forward {
-			mv, err := s.move(ctx, m.name, m.from, m.to)
+			mv, err := s.move(ctx, m.name, m.from, m.to, within)
 			if err != nil {
 				return err
 			}
@@ -754,7 +773,10 @@ func (s *strategy) planMoves(ctx context.Context, moves []pendingMove, limit pla
 		if m.from.Equal(m.to) {
 			continue
 		}
-		p, err := s.plans.plan(ctx, m.from, m.to)
+		p, err := s.plans.plan(ctx, m.from, m.to, within)
+		if errors.Is(err, errPruned) {
+			return err
+		}
 		if err != nil {
 			if stopped(err) {
 				return err
@@ -774,8 +796,8 @@ func (s *strategy) planMoves(ctx context.Context, moves []pendingMove, limit pla
 
 // move plans a forward move and counts it; it returns the move, nil if it
 // takes no step.
-func (s *strategy) move(ctx context.Context, name string, from, to placement.Spec) (*Move, error) {
-	p, err := s.plans.plan(ctx, from, to)
+func (s *strategy) move(ctx context.Context, name string, from, to placement.Spec, limit placement.Picos) (*Move, error) {
+	p, err := s.plans.plan(ctx, from, to, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -33,7 +33,7 @@ func TestPlanAbsurdSizes(t *testing.T) {
 		{"a shape", "--mesh 2 --x 16777216x16777216x2:[S(0)] --w 32x2:[R]", "shape 16777216x16777216x2 holds more than"},
 		{"a shape's dim", "--mesh 2 --x 99999999999999999999x2:[S(0)] --w 32x2:[R]", "is more than 281474976710656"},
 		{"mesh dims", "--mesh 1x1x1x1x1x1x1x1x1 --x 8:[R,R,R,R,R,R,R,R,R] --op gelu", "has 9 dims, more than the 8"},
-		{"a 6-D search", "--mesh 2x2x2x2x2x2 --x 1024x4096:[R,R,S(1),R,S(0),R] --w 1024x4096:[S(1),S(0),R,R,R,R]", "planning budget exceeded"},
+		{"a 6-D search", "--mesh 2x2x2x2x2x2 --x 1024x4096:[R,R,S(1),S(1),S(1,chunk),R] --w 1024x4096:[S(0),S(1),S(0),S(0),S(0),S(0,chunk)]", "planning budget exceeded"},
 		{"a 6-D block", "--block mlp --mesh 2x2x2x2x2x2 --tokens 512 --hidden 1024 --ffn 4096", "planning budget exceeded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -84,7 +84,7 @@ func TestPlanBlockMemory(t *testing.T) {
 // TestPlanInterrupted: a plan stops as soon as its context is done, and
 // RunPlan's context is done on SIGINT (launcher plan exits at once).
 func TestPlanInterrupted(t *testing.T) {
-	o, err := ParsePlanFlags(strings.Fields("--mesh 2x2x2x2x2x2 --x 1024x4096:[R,R,S(1),R,S(0),R] --w 1024x4096:[S(1),S(0),R,R,R,R]"))
+	o, err := ParsePlanFlags(strings.Fields("--mesh 2x2x2x2x2x2 --x 1024x4096:[R,R,S(1),S(1),S(1,chunk),R] --w 1024x4096:[S(0),S(1),S(0),S(0),S(0),S(0,chunk)]"))
 	if err != nil {
 		t.Fatal(err)
 	}

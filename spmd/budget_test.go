@@ -33,9 +33,6 @@ func linearRequest(t testing.TB, mesh, x, w string) Request {
 // context's error.
 func TestBudget(t *testing.T) {
 	req := linearRequest(t, "2x2x2x2x2x2", "8x16:[R,R,R,R,R,R]", "32x16:[R,R,R,R,R,S(0)]")
-	if _, err := Forward(req); err != nil {
-		t.Fatalf("6-D mesh, default budget: %v", err)
-	}
 	start := time.Now()
 	_, err := ForwardContext(placement.WithBudget(context.Background(), 100), req)
 	if !errors.Is(err, placement.ErrBudget) || !strings.Contains(err.Error(), "planning needs more than") {
@@ -43,6 +40,17 @@ func TestBudget(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("refusing took %v", d)
+	}
+	if _, err := Forward(req); err != nil {
+		t.Fatalf("6-D mesh, default budget: %v", err)
+	}
+	// Planned once, the op is remembered: planning it again costs no work,
+	// but a spent budget still refuses it.
+	if _, err := ForwardContext(placement.WithBudget(context.Background(), 100), req); err != nil {
+		t.Fatalf("6-D mesh, remembered, small budget: %v", err)
+	}
+	if _, err := ForwardContext(placement.WithBudget(context.Background(), -1), req); !errors.Is(err, placement.ErrBudget) {
+		t.Fatalf("6-D mesh, remembered, spent budget: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

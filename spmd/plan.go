@@ -291,6 +291,23 @@ type solver struct {
 // solve finds the cheapest strategy of an einsum and returns its plan,
 // drawing its work from ctx's placement.Budget.
 func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, error) {
+	if opts.stats == nil && !exhaustive {
+		key := memoKey(op, e, k, inputs, opts, placement.ModelOf(ctx))
+		if p, ok := recallPlan(key); ok {
+			// A plan remembered costs no work, but a done context or a
+			// spent budget still stops the caller.
+			b, ctx := placement.BudgetOf(ctx)
+			if err := b.Spend(ctx, 0); err != nil {
+				return nil, err
+			}
+			return p, nil
+		}
+		p, _, err := solveWith(ctx, op, e, k, inputs, opts, false)
+		if err == nil {
+			rememberPlan(key, p)
+		}
+		return p, err
+	}
 	p, sv, err := solveWith(ctx, op, e, k, inputs, opts, exhaustive)
 	if opts.stats != nil && sv != nil {
 		n := 1

@@ -159,6 +159,7 @@ func BenchmarkPlanOp(b *testing.B) {
 		b.Run(f.mesh, func(b *testing.B) {
 			req := linearRequest(b, f.mesh, f.x, f.w)
 			for b.Loop() {
+				forgetPlans()
 				fwd, err := Forward(req)
 				if err != nil {
 					b.Fatal(err)
@@ -194,6 +195,7 @@ func BenchmarkPlanOp(b *testing.B) {
 // returns how long it took and whether it fitted the planning budget.
 func planRandom(b *testing.B, rng *rand.Rand, m placement.Mesh) (time.Duration, bool) {
 	req := randomBig(rng, m)
+	forgetPlans()
 	start := time.Now()
 	fwd, err := Forward(req)
 	if err == nil {
@@ -204,4 +206,37 @@ func planRandom(b *testing.B, rng *rand.Rand, m placement.Mesh) (time.Duration, 
 		b.Fatal(fmt.Errorf("%s: %w", describe("linear", req.Inputs), err))
 	}
 	return d, !errors.Is(err, placement.ErrBudget)
+}
+
+// BenchmarkPlanModel plans a 100-layer transformer's linear layers forward
+// and backward on pp=4,dp=16,tp=8 (Megatron's layout: attention's qkv and
+// the first MLP layer split by columns on tp, the output projection and the
+// second MLP layer by rows, activations split by data parallelism), from an
+// empty memo: each distinct layer is planned once.
+func BenchmarkPlanModel(b *testing.B) {
+	const mesh, tokens, hidden, ffn = "pp=4,dp=16,tp=8", 8192, 4096, 11008
+	layer := []struct{ x, w string }{
+		{fmt.Sprintf("%dx%d:[R,S(0),R]", tokens, hidden), fmt.Sprintf("%dx%d:[R,R,S(0)]", 3*hidden, hidden)},
+		{fmt.Sprintf("%dx%d:[R,S(0),S(1)]", tokens, hidden), fmt.Sprintf("%dx%d:[R,R,S(1)]", hidden, hidden)},
+		{fmt.Sprintf("%dx%d:[R,S(0),R]", tokens, hidden), fmt.Sprintf("%dx%d:[R,R,S(0)]", ffn, hidden)},
+		{fmt.Sprintf("%dx%d:[R,S(0),S(1)]", tokens, ffn), fmt.Sprintf("%dx%d:[R,R,S(1)]", hidden, ffn)},
+	}
+	var reqs []Request
+	for _, l := range layer {
+		reqs = append(reqs, linearRequest(b, mesh, l.x, l.w))
+	}
+	for b.Loop() {
+		forgetPlans()
+		for range 100 {
+			for _, req := range reqs {
+				fwd, err := Forward(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := BackwardOf(fwd, nil, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
 }

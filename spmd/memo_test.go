@@ -1,0 +1,93 @@
+package spmd
+
+import (
+	"context"
+	"reflect"
+	"testing"
+
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/spmd/spmdtest"
+)
+
+// forgetPlans empties the memo, for benchmarks that time planning itself.
+func forgetPlans() {
+	memo.Lock()
+	clear(memo.plans)
+	memo.Unlock()
+}
+
+// TestMemo: an op planned again returns an equal plan for no work; what the
+// caller changes in it does not reach the next caller; a different model,
+// output placement or explain count plans afresh.
+func TestMemo(t *testing.T) {
+	forgetPlans()
+	req := linearRequest(t, "a=2,b=2,c=2", "16x8x32:[S(0),S(1),R]", "64x32:[R,R,S(0)]")
+	first, err := Forward(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ctx := placement.BudgetOf(context.Background())
+	again, err := ForwardContext(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Left() != placement.DefaultBudget {
+		t.Errorf("a remembered plan cost %d units of work", placement.DefaultBudget-b.Left())
+	}
+	if !reflect.DeepEqual(first, again) {
+		t.Fatalf("remembered plan differs:\n%+v\n%+v", first, again)
+	}
+	again.Strategy[0] = "changed"
+	again.Local[0].Name = "changed"
+	again.Moves = nil
+	third, err := Forward(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(first, third) {
+		t.Fatalf("a caller's change reached the memo:\n%+v\n%+v", first, third)
+	}
+	bwd1, err := BackwardOf(first, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bwd2, err := BackwardOf(third, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(bwd1, bwd2) {
+		t.Fatal("remembered backward plans differ")
+	}
+
+	// The key: the model (tiny layers where Megatron's layout wins only
+	// under LargeLayers), the output placement and the explain count.
+	small := linearRequest(t, "dp=2,tp=2", "64x16:[S(0),R]", "32x16:[R,S(0)]")
+	def, err := Forward(small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	large, err := ForwardContext(placement.WithModel(context.Background(), spmdtest.LargeLayers), small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if large.Model == def.Model {
+		t.Fatal("a plan under another model came from the memo")
+	}
+	small.Explain = 2
+	explained, err := Forward(small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if explained.Chosen == nil || def.Chosen != nil {
+		t.Fatalf("explain count not in the key: chosen %v, before %v", explained.Chosen, def.Chosen)
+	}
+	small.Explain = 0
+	small.Out, _ = placement.ParseList("[R,R]")
+	out, err := Forward(small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(out.Final.Spec.Placements, small.Out) {
+		t.Fatalf("output placement not in the key: %v", out.Final.Spec)
+	}
+}

@@ -38,6 +38,9 @@ const (
 	shmMagic    = 0x4d52534831 // "MRSH1"
 	shmCtrl     = 4096
 	shmCapacity = 4 << 20 // ring bytes per ordered pair
+	// shmPrefaultMax bounds the ring memory a job maps in at setup (see
+	// populate), all its ranks' rings together.
+	shmPrefaultMax = 1 << 30
 	shmDir      = "/dev/shm"
 )
 
@@ -181,6 +184,10 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 	t := &shmTransport{rank: rank, size: size, out: make([]*shmRing, size), in: make([]*shmRing, size), aborted: make([]atomic.Pointer[error], size)}
 	t.probe = new(uint64)
 	*t.probe = shmMagic ^ uint64(os.Getpid())
+	// Rings are mapped in up front while every ring of the job together
+	// stays within shmPrefaultMax (16 ranks on a host); beyond, pages come
+	// as messages first reach them.
+	prefault := int64(size)*int64(size-1)*(shmCtrl+shmCapacity) <= shmPrefaultMax
 	fail := func(peer int, err error) (Transport, error) {
 		t.unmapAll()
 		var e *Error
@@ -194,7 +201,7 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 		if p == rank {
 			continue
 		}
-		r, err := createRing(tokens[rank], rank, p, log)
+		r, err := createRing(tokens[rank], rank, p, log, prefault)
 		if err != nil {
 			return fail(p, err)
 		}
@@ -206,7 +213,7 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 		if p == rank {
 			continue
 		}
-		r, err := openRing(ctx, tokens[p], p, rank)
+		r, err := openRing(ctx, tokens[p], p, rank, prefault)
 		if err != nil {
 			return fail(p, err)
 		}
@@ -301,7 +308,7 @@ func (t *shmTransport) recvCMA(ctx context.Context, r *shmRing, dst []byte) erro
 
 // createRing creates and maps the ring from src to dst under the first free
 // of its names.
-func createRing(token []byte, src, dst int, log *zap.Logger) (*shmRing, error) {
+func createRing(token []byte, src, dst int, log *zap.Logger, prefault bool) (*shmRing, error) {
 	hexTok := hex.EncodeToString(token)
 	var taken []string
 	for try := 0; try < shmNameTries; try++ {
@@ -319,7 +326,7 @@ func createRing(token []byte, src, dst int, log *zap.Logger) (*shmRing, error) {
 			return nil, &Error{Kind: ErrInvalid, Rank: -1, Detail: fmt.Sprintf("shm setup: creating ring %s: %v", path, err)}
 		}
 		f := os.NewFile(uintptr(fd), path)
-		r, err := initRing(f, token)
+		r, err := initRing(f, token, prefault)
 		f.Close()
 		if err != nil {
 			os.Remove(path)
@@ -331,7 +338,35 @@ func createRing(token []byte, src, dst int, log *zap.Logger) (*shmRing, error) {
 		src, dst, strings.Join(taken, ", "))}
 }
 
-func initRing(f *os.File, token []byte) (*shmRing, error) {
+// populate maps every page of a ring's data into this process before the
+// first message: the producer's for writing (the pages allocated), the
+// consumer's for reading. Left to the first pass of messages, each page
+// costs a fault on both sides in the middle of a collective: on this
+// project's VM a 4 KiB all-reduce took 40-90 us over 2 ranks and 400 us over
+// 4 for its first thousand calls (one page per call), against 2 and 27 us
+// once the ring had wrapped. madvise(MADV_POPULATE_*) (Linux 5.14) does it
+// without touching the bytes; older kernels get one touch per page, which
+// is safe here because nothing uses the ring yet.
+func populate(b []byte, write bool) {
+	advice := unix.MADV_POPULATE_READ
+	if write {
+		advice = unix.MADV_POPULATE_WRITE
+	}
+	if unix.Madvise(b, advice) == nil {
+		return
+	}
+	var sink byte
+	for i := 0; i < len(b); i += os.Getpagesize() {
+		if write {
+			b[i] = 0
+		} else {
+			sink += b[i]
+		}
+	}
+	runtime.KeepAlive(sink)
+}
+
+func initRing(f *os.File, token []byte, prefault bool) (*shmRing, error) {
 	if err := f.Truncate(shmCtrl + shmCapacity); err != nil {
 		return nil, err
 	}
@@ -340,6 +375,9 @@ func initRing(f *os.File, token []byte) (*shmRing, error) {
 		return nil, err
 	}
 	r := &shmRing{mem: mem, data: mem[shmCtrl:], cap: shmCapacity, path: f.Name()}
+	if prefault {
+		populate(r.data, true)
+	}
 	atomic.StoreUint32(r.u32(offProdPID), uint32(os.Getpid()))
 	copy(mem[offToken:offToken+shmTokenBytes], token)
 	atomic.StoreUint64(r.u64(offMagic), shmMagic) // last: the consumer reads nothing before it
@@ -356,14 +394,14 @@ func describeFile(path string) string {
 }
 
 // openRing maps the ring from src to dst once its producer has made it.
-func openRing(ctx context.Context, token []byte, src, dst int) (*shmRing, error) {
+func openRing(ctx context.Context, token []byte, src, dst int, prefault bool) (*shmRing, error) {
 	hexTok := hex.EncodeToString(token)
 	seen := make([]string, shmNameTries) // what each name held that was not the ring
 	for {
 		foreign := 0
 		for try := 0; try < shmNameTries; try++ {
 			path := shmPath(hexTok, src, dst, try)
-			r, why, alien := tryOpenRing(path, token)
+			r, why, alien := tryOpenRing(path, token, prefault)
 			if r != nil {
 				return r, nil
 			}
@@ -398,7 +436,7 @@ func openRing(ctx context.Context, token []byte, src, dst int) (*shmRing, error)
 // unlinks it (both ends have it mapped: nothing is left behind). Otherwise why
 // says what path holds ("" if nothing), and alien whether it is a file this
 // job cannot have made (another owner, not a regular file, open to others).
-func tryOpenRing(path string, token []byte) (r *shmRing, why string, alien bool) {
+func tryOpenRing(path string, token []byte, prefault bool) (r *shmRing, why string, alien bool) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, "", false
@@ -433,6 +471,9 @@ func tryOpenRing(path string, token []byte) (r *shmRing, why string, alien bool)
 	if !bytes.Equal(mem[offToken:offToken+shmTokenBytes], token) {
 		syscall.Munmap(mem)
 		return nil, path + ": a ring of another producer", false
+	}
+	if prefault {
+		populate(r.data, false)
 	}
 	atomic.StoreUint32(r.u32(offConsPID), uint32(os.Getpid()))
 	os.Remove(path)

@@ -14,8 +14,13 @@
 // the buffer; all-gather: the gathered output; reduce-scatter: the input), and
 // busbw = algbw * 2(n-1)/n for all-reduce, algbw * (n-1)/n for the others.
 //
+// The rawtcp peer moves the bytes of the ring algorithm over plain loopback
+// TCP (rawtcp.go): the ceiling of the tcp transport, in the last column.
+//
 //	go run ./bench/collective                 # the full table
 //	go run ./bench/collective -ranks 2 -max 1M -impls shm,gloo,mpi
+//	MESHRUN_BENCH_CPUPROFILE=DIR ...          # a CPU profile per meshrun rank
+//	BENCH_TRACE=1 ...                         # the first 2,000 calls of each size, by hundreds
 package main
 
 import (
@@ -30,6 +35,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -58,6 +64,13 @@ type result struct {
 func itersFor(size int) int { return max(3, min(200, (32<<20)/size)) }
 
 func main() {
+	if dir := os.Getenv("MESHRUN_BENCH_RAWTCP"); dir != "" {
+		if err := rawWorker(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "raw tcp worker:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if os.Getenv("MESHRUN_BENCH_WORKER") != "" {
 		if err := worker(); err != nil {
 			fmt.Fprintln(os.Stderr, "worker:", err)
@@ -69,7 +82,7 @@ func main() {
 	opsFlag := flag.String("ops", "all_reduce,all_gather,reduce_scatter", "collectives")
 	minFlag := flag.String("min", "4K", "smallest size")
 	maxFlag := flag.String("max", "64M", "largest size")
-	implsFlag := flag.String("impls", "shm,tcp,nats,gloo,mpi", "meshrun transports (shm, tcp, nats) and peers (gloo, mpi)")
+	implsFlag := flag.String("impls", "shm,tcp,nats,gloo,mpi,rawtcp", "meshrun transports (shm, tcp, nats) and peers (gloo, mpi, rawtcp: the ring's bytes over plain loopback TCP)")
 	python := flag.String("python", "/usr/bin/python3", "python with torch (Debian's python3-torch)")
 	jsonOut := flag.String("json", "", "also write every result as JSON lines to this file")
 	flag.Parse()
@@ -97,6 +110,8 @@ func main() {
 				res, err = runGloo(tmp, *python, n, *opsFlag, strings.Join(sizes, ","))
 			case "mpi":
 				res, err = runMPI(tmp, n, *opsFlag, strings.Join(sizes, ","))
+			case "rawtcp":
+				res, err = runRawTCP(tmp, n, *opsFlag, strings.Join(sizes, ","))
 			default:
 				err = fmt.Errorf("unknown implementation %q", impl)
 			}
@@ -219,6 +234,18 @@ func runMeshrun(tmp string, n int, transport, ops, sizes string) ([]result, erro
 }
 
 func worker() error {
+	if dir := os.Getenv("MESHRUN_BENCH_CPUPROFILE"); dir != "" {
+		// One CPU profile per rank: MESHRUN_BENCH_CPUPROFILE=DIR writes DIR/rank-K.prof.
+		f, err := os.Create(filepath.Join(dir, "rank-"+os.Getenv("RANK")+".prof"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx := context.Background()
 	w, err := collective.Join(ctx, collective.EnvConfig())
 	if err != nil {
@@ -256,6 +283,24 @@ func worker() error {
 			}
 			if err := call(); err != nil {
 				return err
+			}
+			// BENCH_TRACE=1: rank 0 prints the mean time of each of the
+			// first 20 hundreds of calls after the warm-up (what the first
+			// calls pay that later ones do not).
+			if os.Getenv("BENCH_TRACE") != "" && k == 0 {
+				var line []string
+				for w := 0; w < 20; w++ {
+					t0 := time.Now()
+					for i := 0; i < 100; i++ {
+						call()
+					}
+					line = append(line, fmt.Sprint(time.Since(t0).Microseconds()/100))
+				}
+				fmt.Fprintf(os.Stderr, "trace %s %d: %s\n", op, size, strings.Join(line, " "))
+			} else if os.Getenv("BENCH_TRACE") != "" {
+				for i := 0; i < 2000; i++ {
+					call()
+				}
 			}
 			iters := itersFor(size)
 			best := 1e30
@@ -380,16 +425,16 @@ func printTable(w io.Writer, all []result, impls []string) {
 		}
 		return a.bytes < b.bytes
 	})
-	names := map[string]string{"shm": "meshrun shm", "tcp": "meshrun tcp", "nats": "meshrun nats", "gloo": "Gloo", "mpi": "Open MPI"}
+	names := map[string]string{"shm": "meshrun shm", "tcp": "meshrun tcp", "nats": "meshrun nats", "gloo": "Gloo", "mpi": "Open MPI", "rawtcp": "raw TCP"}
 	fmt.Fprintf(w, "| op | ranks | size | algo |")
 	for _, im := range impls {
 		fmt.Fprintf(w, " %s time, busbw |", names[im])
 	}
-	fmt.Fprintf(w, " shm / Gloo | shm / MPI |\n|---|---|---|---|")
+	fmt.Fprintf(w, " shm / Gloo | shm / MPI | tcp / raw TCP |\n|---|---|---|---|")
 	for range impls {
 		fmt.Fprintf(w, "---|")
 	}
-	fmt.Fprintf(w, "---|---|\n")
+	fmt.Fprintf(w, "---|---|---|\n")
 	bus := func(r result) float64 {
 		return float64(r.Bytes) / r.Sec * busFactor(r.Op, r.Ranks) / 1e9
 	}
@@ -407,14 +452,14 @@ func printTable(w io.Writer, all []result, impls []string) {
 				fmt.Fprintf(w, " n/a |")
 			}
 		}
-		ratio := func(peer string) string {
-			a, ok1 := c["shm"]
+		ratio := func(impl, peer string) string {
+			a, ok1 := c[impl]
 			b, ok2 := c[peer]
 			if !ok1 || !ok2 {
 				return "—"
 			}
 			return fmt.Sprintf("%.2fx", b.Sec/a.Sec)
 		}
-		fmt.Fprintf(w, " %s | %s |\n", ratio("gloo"), ratio("mpi"))
+		fmt.Fprintf(w, " %s | %s | %s |\n", ratio("shm", "gloo"), ratio("shm", "mpi"), ratio("tcp", "rawtcp"))
 	}
 }

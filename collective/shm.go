@@ -41,7 +41,7 @@ const (
 	// shmPrefaultMax bounds the ring memory a job maps in at setup (see
 	// populate), all its ranks' rings together.
 	shmPrefaultMax = 1 << 30
-	shmDir      = "/dev/shm"
+	shmDir         = "/dev/shm"
 )
 
 // control page offsets (each hot word on its own cache line)

@@ -73,8 +73,23 @@ func AllReduce[T Float](ctx context.Context, c *Group, buf []T, op ReduceOp) err
 		c.algo = "direct"
 		err = allReduceDirect(o, buf, op)
 	default:
-		c.algo = "ring"
-		err = allReduceRing(o, buf, op)
+		var bufs [][]byte
+		if o.arenaOK(len(buf) * o.esize) {
+			lens := make([]int, n)
+			for j := range lens {
+				lens[j] = len(buf) * o.esize
+			}
+			bufs, err = arenaPeers(o, asBytes(buf), lens)
+		}
+		switch {
+		case err != nil:
+		case bufs != nil:
+			c.algo = "arena"
+			err = allReduceArena(o, buf, bufs, op)
+		default:
+			c.algo = "ring"
+			err = allReduceRing(o, buf, op)
+		}
 	}
 	return c.end(o, err)
 }
@@ -244,8 +259,19 @@ func AllGather[T Float](ctx context.Context, c *Group, in, out []T, counts []int
 			err = recvSeg(o, p, 0, seg(p), offs[p])
 		}
 	default:
-		c.algo = "ring"
-		err = allGatherRing(o, in, out, offs, copyOwn)
+		var bufs [][]byte
+		if o.arenaOK(total * o.esize) {
+			bufs, err = arenaPeers(o, asBytes(in), byteCounts(counts, o.esize))
+		}
+		switch {
+		case err != nil:
+		case bufs != nil:
+			c.algo = "arena"
+			err = allGatherArena(o, out, offs, bufs, copyOwn)
+		default:
+			c.algo = "ring"
+			err = allGatherRing(o, in, out, offs, copyOwn)
+		}
 	}
 	return c.end(o, err)
 }
@@ -304,8 +330,23 @@ func ReduceScatter[T Float](ctx context.Context, c *Group, in, out []T, counts [
 		c.algo = "direct"
 		err = reduceScatterDirect(o, in, out, offs, op)
 	default:
-		c.algo = "ring"
-		err = reduceScatterRing(o, in, out, offs, op)
+		var bufs [][]byte
+		if o.arenaOK(total * o.esize) {
+			lens := make([]int, n)
+			for j := range lens {
+				lens[j] = total * o.esize
+			}
+			bufs, err = arenaPeers(o, asBytes(in), lens)
+		}
+		switch {
+		case err != nil:
+		case bufs != nil:
+			c.algo = "arena"
+			err = reduceScatterArena(o, in, out, offs, bufs, op)
+		default:
+			c.algo = "ring"
+			err = reduceScatterRing(o, in, out, offs, op)
+		}
 	}
 	return c.end(o, err)
 }
@@ -512,4 +553,13 @@ func (c *Group) Algorithm() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.algo
+}
+
+// byteCounts is counts of elements of esize bytes, in bytes.
+func byteCounts(counts []int, esize int) []int {
+	b := make([]int, len(counts))
+	for i, n := range counts {
+		b[i] = n * esize
+	}
+	return b
 }

@@ -233,6 +233,10 @@ func TestProcessFaults(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { s.Shutdown() }()
+			var rdv *rdvWatch
+			if tc.transport == "shm" {
+				rdv = watchRendezvous(t, s)
+			}
 			procs := startJob(t, s, job, n, tc.transport, tc.fault)
 			waitReady(t, procs)
 			var t0 time.Time
@@ -269,6 +273,13 @@ func TestProcessFaults(t *testing.T) {
 				}
 				if tc.fault == "restart" && !strings.Contains(res.Err, "NATS") {
 					t.Errorf("rank %d: error does not name the NATS server: %s", r, res.Err)
+				}
+			}
+			if rdv != nil {
+				// Rings and arenas are unlinked once setup is over: a rank
+				// killed in the middle of collectives leaves nothing behind.
+				if left := leftRings(rdv.rosterSeen(t), nil); len(left) > 0 {
+					t.Errorf("left in /dev/shm after the %s: %v", tc.fault, left)
 				}
 			}
 		})

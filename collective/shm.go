@@ -123,6 +123,9 @@ type shmTransport struct {
 	probe      *uint64 // a word peers read to check single copy
 	rank, size int
 	out, in    []*shmRing
+	arena      *arena     // this rank's (nil: none)
+	arenaRing  *shmRing   // the file holding it
+	arenas     []*shmRing // the peers', mapped here
 	aborted    []atomic.Pointer[error]
 	closeOnce  sync.Once
 }
@@ -201,7 +204,7 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 		if p == rank {
 			continue
 		}
-		r, err := createRing(tokens[rank], rank, p, log, prefault)
+		r, err := createRing(tokens[rank], rank, p, log, prefault, shmCapacity)
 		if err != nil {
 			return fail(p, err)
 		}
@@ -209,13 +212,33 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 		atomic.StoreUint64(r.u64(offProbe), uint64(uintptr(unsafe.Pointer(t.probe))))
 		t.out[p] = r
 	}
+	asize := arenaSize()
+	if asize > 0 {
+		// The arena is the "ring" from this rank to itself (see arena.go).
+		r, err := createRing(tokens[rank], rank, rank, log, false, asize)
+		if err != nil {
+			return fail(rank, err)
+		}
+		t.arenaRing, t.arena = r, newArena(r.data)
+		t.arenas = make([]*shmRing, size)
+	}
 	for p := 0; p < size; p++ {
 		if p == rank {
 			continue
 		}
-		r, err := openRing(ctx, tokens[p], p, rank, prefault)
+		r, err := openRing(ctx, tokens[p], p, rank, prefault, shmCapacity, true)
 		if err != nil {
 			return fail(p, err)
+		}
+		if asize > 0 {
+			// Before we mark the peer's ring opened (below): once it sees
+			// that, we have mapped its arena, and it unlinks it.
+			a, err := openRing(ctx, tokens[p], p, p, false, asize, false)
+			if err != nil {
+				syscall.Munmap(r.mem)
+				return fail(p, err)
+			}
+			t.arenas[p] = a
 		}
 		r.peer = p
 		r.pid = int(atomic.LoadUint32(r.u32(offProdPID)))
@@ -249,7 +272,19 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 		r.cma = atomic.LoadUint32(r.u32(offCMA)) == 1
 		r.pid = int(atomic.LoadUint32(r.u32(offConsPID)))
 	}
+	if t.arenaRing != nil {
+		os.Remove(t.arenaRing.path) // every peer has it mapped
+	}
 	return t, nil
+}
+
+func (t *shmTransport) ownArena() *arena { return t.arena }
+
+func (t *shmTransport) peerArena(rank int) []byte {
+	if t.arenas == nil || rank < 0 || rank >= len(t.arenas) || t.arenas[rank] == nil {
+		return nil
+	}
+	return t.arenas[rank].data
 }
 
 // sendCMA publishes a descriptor of p and waits until the consumer has copied it.
@@ -308,7 +343,7 @@ func (t *shmTransport) recvCMA(ctx context.Context, r *shmRing, dst []byte) erro
 
 // createRing creates and maps the ring from src to dst under the first free
 // of its names.
-func createRing(token []byte, src, dst int, log *zap.Logger, prefault bool) (*shmRing, error) {
+func createRing(token []byte, src, dst int, log *zap.Logger, prefault bool, capacity int) (*shmRing, error) {
 	hexTok := hex.EncodeToString(token)
 	var taken []string
 	for try := 0; try < shmNameTries; try++ {
@@ -326,7 +361,7 @@ func createRing(token []byte, src, dst int, log *zap.Logger, prefault bool) (*sh
 			return nil, &Error{Kind: ErrInvalid, Rank: -1, Detail: fmt.Sprintf("shm setup: creating ring %s: %v", path, err)}
 		}
 		f := os.NewFile(uintptr(fd), path)
-		r, err := initRing(f, token, prefault)
+		r, err := initRing(f, token, prefault, capacity)
 		f.Close()
 		if err != nil {
 			os.Remove(path)
@@ -360,15 +395,15 @@ func populate(b []byte, write bool) {
 	runtime.KeepAlive(sink)
 }
 
-func initRing(f *os.File, token []byte, prefault bool) (*shmRing, error) {
-	if err := f.Truncate(shmCtrl + shmCapacity); err != nil {
+func initRing(f *os.File, token []byte, prefault bool, capacity int) (*shmRing, error) {
+	if err := f.Truncate(int64(shmCtrl + capacity)); err != nil {
 		return nil, err
 	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, shmCtrl+shmCapacity, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := syscall.Mmap(int(f.Fd()), 0, shmCtrl+capacity, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, err
 	}
-	r := &shmRing{mem: mem, data: mem[shmCtrl:], cap: shmCapacity, path: f.Name()}
+	r := &shmRing{mem: mem, data: mem[shmCtrl:], cap: uint64(capacity), path: f.Name()}
 	if prefault {
 		populate(r.data, true)
 	}
@@ -388,14 +423,14 @@ func describeFile(path string) string {
 }
 
 // openRing maps the ring from src to dst once its producer has made it.
-func openRing(ctx context.Context, token []byte, src, dst int, prefault bool) (*shmRing, error) {
+func openRing(ctx context.Context, token []byte, src, dst int, prefault bool, capacity int, unlink bool) (*shmRing, error) {
 	hexTok := hex.EncodeToString(token)
 	seen := make([]string, shmNameTries) // what each name held that was not the ring
 	for {
 		foreign := 0
 		for try := 0; try < shmNameTries; try++ {
 			path := shmPath(hexTok, src, dst, try)
-			r, why, alien := tryOpenRing(path, token, prefault)
+			r, why, alien := tryOpenRing(path, token, prefault, capacity, unlink)
 			if r != nil {
 				return r, nil
 			}
@@ -430,7 +465,7 @@ func openRing(ctx context.Context, token []byte, src, dst int, prefault bool) (*
 // unlinks it (both ends have it mapped: nothing is left behind). Otherwise why
 // says what path holds ("" if nothing), and alien whether it is a file this
 // job cannot have made (another owner, not a regular file, open to others).
-func tryOpenRing(path string, token []byte, prefault bool) (r *shmRing, why string, alien bool) {
+func tryOpenRing(path string, token []byte, prefault bool, capacity int, unlink bool) (r *shmRing, why string, alien bool) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, "", false
@@ -450,14 +485,14 @@ func tryOpenRing(path string, token []byte, prefault bool) (r *shmRing, why stri
 		return nil, fmt.Sprintf("%s: owned by uid %d, not %d", path, st.Uid, os.Geteuid()), true
 	case st.Mode&0o077 != 0:
 		return nil, fmt.Sprintf("%s: mode %#o, open to others", path, st.Mode&0o7777), true
-	case st.Size != shmCtrl+shmCapacity:
+	case st.Size != int64(shmCtrl+capacity):
 		return nil, fmt.Sprintf("%s: %d bytes, not a ring (yet)", path, st.Size), false
 	}
-	mem, err := syscall.Mmap(fd, 0, shmCtrl+shmCapacity, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := syscall.Mmap(fd, 0, shmCtrl+capacity, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Sprintf("%s: %v", path, err), false
 	}
-	r = &shmRing{mem: mem, data: mem[shmCtrl:], cap: shmCapacity, path: path}
+	r = &shmRing{mem: mem, data: mem[shmCtrl:], cap: uint64(capacity), path: path}
 	if atomic.LoadUint64(r.u64(offMagic)) != shmMagic {
 		syscall.Munmap(mem)
 		return nil, path + ": no ring header (yet)", false
@@ -468,6 +503,9 @@ func tryOpenRing(path string, token []byte, prefault bool) (r *shmRing, why stri
 	}
 	if prefault {
 		populate(r.data, false)
+	}
+	if !unlink {
+		return r, "", false // an arena: its owner unlinks it once every peer has it
 	}
 	atomic.StoreUint32(r.u32(offConsPID), uint32(os.Getpid()))
 	os.Remove(path)
@@ -701,6 +739,17 @@ func (t *shmTransport) Abort(peers []int, err error) {
 }
 
 func (t *shmTransport) unmapAll() {
+	// The peers' arenas are unmapped; this rank's own stays mapped (the
+	// program may still hold buffers from it) and goes with the process.
+	for _, r := range t.arenas {
+		if r != nil && r.mem != nil {
+			syscall.Munmap(r.mem)
+			r.mem, r.data = nil, nil
+		}
+	}
+	if t.arenaRing != nil {
+		os.Remove(t.arenaRing.path) // if setup failed before every peer had it
+	}
 	for _, rs := range [][]*shmRing{t.out, t.in} {
 		for _, r := range rs {
 			if r == nil {

@@ -267,16 +267,30 @@ func worker() error {
 			for i := range counts {
 				counts[i] = per
 			}
+			// The buffers a collective reads from peers come from the
+			// shared-memory arena where the transport has one (as a program
+			// allocates the tensors it communicates); BENCH_HEAP=1 uses
+			// make, through the rings.
+			var shared [][]float32
+			alloc := func(m int) []float32 {
+				if os.Getenv("BENCH_HEAP") == "" {
+					if b, err := collective.AllocShared[float32](w, m); err == nil {
+						shared = append(shared, b)
+						return b
+					}
+				}
+				return make([]float32, m)
+			}
 			var call func() error
 			switch op {
 			case "all_reduce":
-				buf := make([]float32, elems)
+				buf := alloc(elems)
 				call = func() error { return collective.AllReduce(ctx, c, buf, collective.Sum) }
 			case "all_gather":
-				in, out := make([]float32, per), make([]float32, per*n)
+				in, out := alloc(per), make([]float32, per*n)
 				call = func() error { return collective.AllGather(ctx, c, in, out, counts) }
 			case "reduce_scatter":
-				in, out := make([]float32, per*n), make([]float32, per)
+				in, out := alloc(per*n), make([]float32, per)
 				call = func() error { return collective.ReduceScatter(ctx, c, in, out, counts, collective.Sum) }
 			default:
 				return fmt.Errorf("unknown op %q", op)
@@ -319,6 +333,9 @@ func worker() error {
 			if k == 0 {
 				b, _ := json.Marshal(result{Impl: impl, Op: op, Ranks: n, Bytes: size, Sec: best, Algo: c.Algorithm()})
 				fmt.Printf("%s\n", b)
+			}
+			for _, b := range shared {
+				collective.FreeShared(w, b)
 			}
 		}
 	}

@@ -53,8 +53,9 @@ type Options struct {
 	Job string
 	// DataTimeout bounds one collective call; default 60 s.
 	DataTimeout time.Duration
-	// ChunkBytes is the pipelining unit of large collectives; default 256 KiB,
-	// capped by the transport's MaxChunk.
+	// ChunkBytes is the pipelining unit of large collectives; default the
+	// transport's (tuning: 256 KiB on shm, 2 MiB on tcp), capped by its
+	// MaxChunk.
 	ChunkBytes int
 	// SmallBytes: collectives of at most this many bytes use direct algorithms
 	// (one message to every peer) instead of rings; default 32 KiB.
@@ -72,9 +73,6 @@ type Options struct {
 func (o *Options) defaults() {
 	if o.DataTimeout <= 0 {
 		o.DataTimeout = 60 * time.Second
-	}
-	if o.ChunkBytes <= 0 {
-		o.ChunkBytes = 256 << 10
 	}
 	if o.SmallBytes <= 0 {
 		o.SmallBytes = 32 << 10

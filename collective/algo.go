@@ -74,7 +74,7 @@ func AllReduce[T Float](ctx context.Context, c *Group, buf []T, op ReduceOp) err
 		err = allReduceDirect(o, buf, op)
 	default:
 		var bufs [][]byte
-		if o.arenaOK(len(buf) * o.esize) {
+		if o.arenaOK(len(buf)*o.esize, true) {
 			lens := make([]int, n)
 			for j := range lens {
 				lens[j] = len(buf) * o.esize
@@ -260,7 +260,7 @@ func AllGather[T Float](ctx context.Context, c *Group, in, out []T, counts []int
 		}
 	default:
 		var bufs [][]byte
-		if o.arenaOK(total * o.esize) {
+		if o.arenaOK(total*o.esize, false) {
 			bufs, err = arenaPeers(o, asBytes(in), byteCounts(counts, o.esize))
 		}
 		switch {
@@ -331,7 +331,7 @@ func ReduceScatter[T Float](ctx context.Context, c *Group, in, out []T, counts [
 		err = reduceScatterDirect(o, in, out, offs, op)
 	default:
 		var bufs [][]byte
-		if o.arenaOK(total * o.esize) {
+		if o.arenaOK(total*o.esize, false) {
 			lens := make([]int, n)
 			for j := range lens {
 				lens[j] = total * o.esize

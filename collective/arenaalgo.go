@@ -7,23 +7,36 @@ import (
 
 // The arena algorithms (see arena.go): when every member's buffer of a
 // collective lies in its shared-memory arena, each rank reads the peers'
-// buffers directly. A collective of at least arenaMin bytes on a transport
-// with arenas first tells every member where its buffer lies (one message
+// buffers directly. A collective past the thresholds below, on a transport
+// with arenas, first tells every member where its buffer lies (one message
 // each way); all take the arena path, or all the usual one.
 
-// arenaMin is the smallest collective, in bytes, that asks for the arenas:
-// below, the extra rounds of messages cost more than the copy saves (2 and 4
-// ranks, bench/collective: at 64 KiB the arena path took 28 us against the
-// ring's 16 over 2 ranks; from 256 KiB it was as fast or faster).
-const arenaMin = 256 << 10
+// arenaMin is the smallest all-reduce, in bytes, that asks for the arenas:
+// below, its three rounds of messages cost more than the copies save (2
+// ranks, bench/collective with BENCH_TRACE: 18.5 us against the ring's 16-17
+// at 64 KiB). The all-gather and the reduce-scatter, with one round fewer,
+// ask from arenaGatherMin up: at 64 KiB they took 4.5-4.8 us against the
+// ring's 9.2-10.2 over 2 ranks, and 43-66 us against 46-51 over 4.
+const (
+	arenaMin       = 256 << 10
+	arenaGatherMin = 32 << 10
+)
 
 // arenaStep numbers the arena algorithms' messages, above any ring step.
 const arenaStep = 1 << 30
 
-// arenaOK reports whether a collective of bytes asks for the arenas.
-func (o *opState) arenaOK(bytes int) bool {
+// arenaOK reports whether a collective of bytes asks for the arenas (an
+// all-reduce, or an all-gather or reduce-scatter).
+func (o *opState) arenaOK(bytes int, allReduce bool) bool {
 	at, ok := o.c.w.t.(arenaTransport)
-	return ok && at.ownArena() != nil && bytes >= tuningOf(o.c.w.t.Name()).arena
+	if !ok || at.ownArena() == nil {
+		return false
+	}
+	t := tuningOf(o.c.w.t.Name())
+	if allReduce {
+		return bytes >= t.arena
+	}
+	return bytes >= t.arenaGather
 }
 
 // arenaPeers tells every member where its buffer b lies and learns where

@@ -432,15 +432,17 @@ func dissemination(o *opState) error {
 //     to 64 MiB on 2 and 4 ranks, against 0.66x with 256 KiB (fewer
 //     syscalls and wakeups per byte; 4 MiB measured the same as 2). On shm
 //     the 4 MiB rings pipeline best in 256 KiB.
-//   - arena: the smallest collective that asks whether every buffer lies in
-//     its shared-memory arena (shm only, see arenaalgo.go).
+//   - arena, arenaGather: the smallest all-reduce, and all-gather or
+//     reduce-scatter, that asks whether every buffer lies in its
+//     shared-memory arena (shm only, see arenaalgo.go).
 type tuning struct {
-	chunk int
-	arena int
+	chunk       int
+	arena       int
+	arenaGather int
 }
 
 var tunings = map[string]tuning{
-	"shm": {chunk: 256 << 10, arena: arenaMin},
+	"shm": {chunk: 256 << 10, arena: arenaMin, arenaGather: arenaGatherMin},
 	"tcp": {chunk: 2 << 20},
 }
 

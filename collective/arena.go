@@ -133,8 +133,12 @@ func (a *arena) release(b []byte) error {
 type arenaTransport interface {
 	ownArena() *arena
 	// peerArena is the data region of rank's arena as mapped here (nil
-	// without one).
+	// without one, or once closed). What it returns may be read only
+	// between readArenas and the function readArenas returns.
 	peerArena(rank int) []byte
+	// readArenas keeps the peers' arenas mapped until the returned
+	// function is called.
+	readArenas() func()
 }
 
 // AllocShared returns n elements of shared memory from w's arena: collectives over

@@ -42,6 +42,8 @@ func (o *opState) arenaOK(bytes int, allReduce bool) bool {
 // arenaPeers tells every member where its buffer b lies and learns where
 // theirs do: it returns each member's buffer (lens[j] bytes) as mapped here,
 // or nil unless every one lies in its member's arena.
+//
+// It holds the peers' arenas mapped (readArenas) until the op ends.
 func arenaPeers(o *opState, b []byte, lens []int) ([][]byte, error) {
 	c := o.c
 	at := c.w.t.(arenaTransport)
@@ -68,11 +70,14 @@ func arenaPeers(o *opState, b []byte, lens []int) ([][]byte, error) {
 	if err := o.drain(); err != nil {
 		return nil, err
 	}
-	bufs := make([][]byte, n)
-	for j := range bufs {
-		if offs[j] < 0 {
+	for _, off := range offs {
+		if off < 0 {
 			return nil, nil
 		}
+	}
+	o.release = at.readArenas()
+	bufs := make([][]byte, n)
+	for j := range bufs {
 		if j == k {
 			bufs[j] = b
 			continue

@@ -167,6 +167,9 @@ type opState struct {
 	err   error
 	start time.Time
 	p2p   *sync.Mutex // Send/Recv: held instead of mu; sends are synchronous
+	// release, if set, is called when the op ends (the arena algorithms'
+	// hold on the peers' arenas).
+	release func()
 }
 
 func toError(err error, peer, reporter int) *Error {
@@ -236,6 +239,10 @@ func (c *Group) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op
 // end finishes a collective: waits for its sends, turns errors into the World's
 // failure, updates the state.
 func (c *Group) end(o *opState, err error) error {
+	if o.release != nil {
+		o.release() // the algorithm is done reading; failWith may close the transport
+		o.release = nil
+	}
 	if err != nil {
 		c.failWith(o, err)
 	}

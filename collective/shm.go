@@ -123,9 +123,10 @@ type shmTransport struct {
 	probe      *uint64 // a word peers read to check single copy
 	rank, size int
 	out, in    []*shmRing
-	arena      *arena     // this rank's (nil: none)
-	arenaRing  *shmRing   // the file holding it
-	arenas     []*shmRing // the peers', mapped here
+	arena      *arena       // this rank's (nil: none)
+	arenaRing  *shmRing     // the file holding it
+	arenas     []*shmRing   // the peers', mapped here
+	arenaMu    sync.RWMutex // read-held while a collective reads the peers' arenas; Close unmaps them under the write lock
 	aborted    []atomic.Pointer[error]
 	closeOnce  sync.Once
 }
@@ -279,6 +280,11 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 }
 
 func (t *shmTransport) ownArena() *arena { return t.arena }
+
+func (t *shmTransport) readArenas() func() {
+	t.arenaMu.RLock()
+	return t.arenaMu.RUnlock
+}
 
 func (t *shmTransport) peerArena(rank int) []byte {
 	if t.arenas == nil || rank < 0 || rank >= len(t.arenas) || t.arenas[rank] == nil {
@@ -739,14 +745,17 @@ func (t *shmTransport) Abort(peers []int, err error) {
 }
 
 func (t *shmTransport) unmapAll() {
-	// The peers' arenas are unmapped; this rank's own stays mapped (the
+	// The peers' arenas are unmapped once no collective reads them (Close
+	// aborts pending waits first); this rank's own stays mapped (the
 	// program may still hold buffers from it) and goes with the process.
+	t.arenaMu.Lock()
 	for _, r := range t.arenas {
 		if r != nil && r.mem != nil {
 			syscall.Munmap(r.mem)
 			r.mem, r.data = nil, nil
 		}
 	}
+	t.arenaMu.Unlock()
 	if t.arenaRing != nil {
 		os.Remove(t.arenaRing.path) // if setup failed before every peer had it
 	}

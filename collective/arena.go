@@ -8,6 +8,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/meshrun/meshrun/tensor"
 	"golang.org/x/sys/unix"
 )
 
@@ -167,4 +168,64 @@ func FreeShared[T Float](w *World, s []T) error {
 		return fmt.Errorf("%w: no shared-memory arena on the %s transport", ErrInvalid, w.t.Name())
 	}
 	return at.ownArena().release(asBytes(s))
+}
+
+// SharedHost returns host memory whose tensors come from w's arena while it
+// has room (and from the Go heap after that, or on a transport without an
+// arena): a program that allocates its host tensors from it gets the arena
+// algorithms for every collective over them without asking. Everything but
+// Alloc and Free is host's (tensor.Host).
+func SharedHost(w *World) tensor.Memory {
+	if at, ok := w.t.(arenaTransport); !ok || at.ownArena() == nil {
+		return tensor.Host
+	}
+	return sharedHost{Memory: tensor.Host, w: w}
+}
+
+type sharedHost struct {
+	tensor.Memory
+	w *World
+}
+
+func (m sharedHost) Alloc(dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
+	n := tensor.NumElements(shape)
+	if n > 0 {
+		var t *tensor.Tensor
+		var err error
+		switch dt {
+		case tensor.Float32:
+			var b []float32
+			if b, err = AllocShared[float32](m.w, n); err == nil {
+				t, err = tensor.FromFloat32(b, shape...)
+			}
+		case tensor.Float64:
+			var b []float64
+			if b, err = AllocShared[float64](m.w, n); err == nil {
+				t, err = tensor.FromFloat64(b, shape...)
+			}
+		case tensor.BFloat16:
+			var b []tensor.BF16
+			if b, err = AllocShared[tensor.BF16](m.w, n); err == nil {
+				t, err = tensor.FromBFloat16(b, shape...)
+			}
+		default:
+			err = ErrInvalid
+		}
+		if err == nil {
+			return t, nil // fresh arena pages are zero
+		}
+	}
+	return m.Memory.Alloc(dt, shape...)
+}
+
+func (m sharedHost) Free(t *tensor.Tensor) error {
+	if t == nil || !t.OnHost() || t.Len() == 0 {
+		return m.Memory.Free(t)
+	}
+	at := m.w.t.(arenaTransport)
+	b := tensor.HostBytes(t)
+	if _, ok := at.ownArena().offset(b); ok {
+		return at.ownArena().release(b)
+	}
+	return m.Memory.Free(t)
 }

@@ -208,3 +208,77 @@ func TestArenaAlloc(t *testing.T) {
 	}
 	all[len(all)-1] = 1
 }
+
+// TestSharedHost: tensors from SharedHost lie in the arena (an all-reduce
+// over them takes the arena path), are zeroed, go back with Free, and come
+// from the heap once the arena is full; without an arena it is host memory.
+func TestSharedHost(t *testing.T) {
+	if _, err := os.Stat("/dev/shm"); err != nil {
+		t.Skip("no /dev/shm")
+	}
+	t.Setenv("MESHRUN_SHM_ARENA", fmt.Sprint(4<<20))
+	job := newJob()
+	s := startServer(t, job)
+	ws := joinWorlds(t, s, job, 2, "shm", collective.Options{})
+	defer func() {
+		for _, w := range ws {
+			w.Close()
+		}
+	}()
+	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		m := collective.SharedHost(w)
+		x, err := m.Alloc(tensor.Float32, 256, 1024) // 1 MiB
+		if err != nil {
+			return err
+		}
+		for i, v := range x.Float32() {
+			if v != 0 {
+				return fmt.Errorf("element %d of a new tensor is %v", i, v)
+			}
+			x.Float32()[i] = float32(w.Rank() + 1)
+		}
+		c, err := w.WorldGroup(ctx)
+		if err != nil {
+			return err
+		}
+		if err := collective.AllReduce(ctx, c, x.Float32(), collective.Sum); err != nil {
+			return err
+		}
+		if x.Float32()[12345] != 3 || c.Algorithm() != "arena" {
+			return fmt.Errorf("all-reduce over a SharedHost tensor: %v by %q", x.Float32()[12345], c.Algorithm())
+		}
+		// Past the 4 MiB arena: from the heap, still usable.
+		big, err := m.Alloc(tensor.Float64, 1<<20)
+		if err != nil || big.Len() != 1<<20 {
+			return fmt.Errorf("a tensor past the arena: %v", err)
+		}
+		b16, err := m.Alloc(tensor.BFloat16, 1000)
+		if err != nil {
+			return err
+		}
+		for _, t := range []*tensor.Tensor{x, big, b16} {
+			if err := m.Free(t); err != nil {
+				return err
+			}
+		}
+		if err := m.Free(x); err == nil {
+			return errors.New("a tensor freed twice")
+		}
+		return nil
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	job2 := newJob()
+	tcp := joinWorlds(t, startServer(t, job2), job2, 2, "tcp", collective.Options{})
+	defer func() {
+		for _, w := range tcp {
+			w.Close()
+		}
+	}()
+	if m := collective.SharedHost(tcp[0]); m != tensor.Host {
+		t.Fatalf("SharedHost on tcp is %T, want tensor.Host", m)
+	}
+}

@@ -323,19 +323,9 @@ func worker() error {
 					call()
 				}
 			}
-			iters := itersFor(size)
-			best := 1e30
-			for rep := 0; rep < 3; rep++ {
-				if err := c.Barrier(ctx); err != nil {
-					return err
-				}
-				t0 := time.Now()
-				for i := 0; i < iters; i++ {
-					if err := call(); err != nil {
-						return err
-					}
-				}
-				best = min(best, time.Since(t0).Seconds()/float64(iters))
+			best, err := timeCalls(size, func() error { return c.Barrier(ctx) }, call)
+			if err != nil {
+				return err
 			}
 			if k == 0 {
 				b, _ := json.Marshal(result{Impl: impl, Op: op, Ranks: n, Bytes: size, Sec: best, Algo: c.Algorithm()})
@@ -347,6 +337,27 @@ func worker() error {
 		}
 	}
 	return c.Barrier(ctx)
+}
+
+// timeCalls times call the same way for every implementation: 3 repetitions
+// of (barrier, itersFor(size) back-to-back calls), and returns the best mean
+// in seconds. The caller has made the warm-up call.
+func timeCalls(size int, barrier, call func() error) (float64, error) {
+	iters := itersFor(size)
+	best := 1e30
+	for rep := 0; rep < 3; rep++ {
+		if err := barrier(); err != nil {
+			return 0, err
+		}
+		t0 := time.Now()
+		for i := 0; i < iters; i++ {
+			if err := call(); err != nil {
+				return 0, err
+			}
+		}
+		best = min(best, time.Since(t0).Seconds()/float64(iters))
+	}
+	return best, nil
 }
 
 func freePort() (string, error) {

@@ -153,19 +153,9 @@ func rawWorker(dir string) error {
 			if err := call(); err != nil {
 				return err
 			}
-			iters := itersFor(size)
-			best := 1e30
-			for rep := 0; rep < 3; rep++ {
-				if err := ring.barrier(k); err != nil {
-					return err
-				}
-				t0 := time.Now()
-				for i := 0; i < iters; i++ {
-					if err := call(); err != nil {
-						return err
-					}
-				}
-				best = min(best, time.Since(t0).Seconds()/float64(iters))
+			best, err := timeCalls(size, func() error { return ring.barrier(k) }, call)
+			if err != nil {
+				return err
 			}
 			if k == 0 {
 				b, _ := json.Marshal(result{Impl: "rawtcp", Op: op, Ranks: n, Bytes: size, Sec: best, Algo: "ring"})

@@ -19,20 +19,10 @@ import (
 // buffer is not from its arena, every rank takes the ring and the results
 // are the same.
 func TestArenaCollectives(t *testing.T) {
-	if _, err := os.Stat("/dev/shm"); err != nil {
-		t.Skip("no /dev/shm")
-	}
 	for _, n := range []int{2, 3} {
 		for _, heapRank := range []int{-1, 1} {
 			t.Run(fmt.Sprintf("ranks=%d/heap-rank=%d", n, heapRank), func(t *testing.T) {
-				job := newJob()
-				s := startServer(t, job)
-				ws := joinWorlds(t, s, job, n, "shm", collective.Options{})
-				defer func() {
-					for _, w := range ws {
-						w.Close()
-					}
-				}()
+				ws := shmWorlds(t, n)
 				want := "arena"
 				if heapRank >= 0 {
 					want = "ring"
@@ -165,19 +155,8 @@ func arenaOps(w *collective.World, n, heapRank int, wantAlgo string) error {
 // TestArenaAlloc: the arena hands out page-aligned buffers, refuses what
 // does not fit and what it did not hand out, and reuses what is given back.
 func TestArenaAlloc(t *testing.T) {
-	if _, err := os.Stat("/dev/shm"); err != nil {
-		t.Skip("no /dev/shm")
-	}
 	t.Setenv("MESHRUN_SHM_ARENA", fmt.Sprint(1<<20))
-	job := newJob()
-	s := startServer(t, job)
-	ws := joinWorlds(t, s, job, 2, "shm", collective.Options{})
-	defer func() {
-		for _, w := range ws {
-			w.Close()
-		}
-	}()
-	w := ws[0]
+	w := shmWorlds(t, 2)[0]
 	a, err := collective.AllocShared[float32](w, 100_000) // 400,000 bytes: 98 pages
 	if err != nil {
 		t.Fatal(err)
@@ -213,18 +192,8 @@ func TestArenaAlloc(t *testing.T) {
 // over them takes the arena path), are zeroed, go back with Free, and come
 // from the heap once the arena is full; without an arena it is host memory.
 func TestSharedHost(t *testing.T) {
-	if _, err := os.Stat("/dev/shm"); err != nil {
-		t.Skip("no /dev/shm")
-	}
 	t.Setenv("MESHRUN_SHM_ARENA", fmt.Sprint(4<<20))
-	job := newJob()
-	s := startServer(t, job)
-	ws := joinWorlds(t, s, job, 2, "shm", collective.Options{})
-	defer func() {
-		for _, w := range ws {
-			w.Close()
-		}
-	}()
+	ws := shmWorlds(t, 2)
 	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
@@ -281,4 +250,21 @@ func TestSharedHost(t *testing.T) {
 	if m := collective.SharedHost(tcp[0]); m != tensor.Host {
 		t.Fatalf("SharedHost on tcp is %T, want tensor.Host", m)
 	}
+}
+
+// shmWorlds joins n in-process ranks of a fresh job over the shm transport,
+// closed when t ends (skipped without /dev/shm).
+func shmWorlds(t *testing.T, n int) []*collective.World {
+	t.Helper()
+	if _, err := os.Stat("/dev/shm"); err != nil {
+		t.Skip("no /dev/shm")
+	}
+	job := newJob()
+	ws := joinWorlds(t, startServer(t, job), job, n, "shm", collective.Options{})
+	t.Cleanup(func() {
+		for _, w := range ws {
+			w.Close()
+		}
+	})
+	return ws
 }

@@ -233,18 +233,7 @@ func TestShmRingNames(t *testing.T) {
 // the first collective, so no message pays a page fault in its path (the
 // first thousand 4 KiB all-reduces did, 10 to 20 times their later time).
 func TestShmRingsMappedAtSetup(t *testing.T) {
-	if _, err := os.Stat("/dev/shm"); err != nil {
-		t.Skip("no /dev/shm")
-	}
-	job := newJob()
-	s := startServer(t, job)
-	ws := joinWorlds(t, s, job, 3, "shm", collective.Options{})
-	defer func() {
-		for _, w := range ws {
-			w.Close()
-		}
-	}()
-	for r, w := range ws {
+	for r, w := range shmWorlds(t, 3) {
 		resident, total, err := collective.RingPages(w.Transport())
 		if err != nil {
 			t.Fatal(err)

@@ -74,13 +74,7 @@ func AllReduce[T Float](ctx context.Context, c *Group, buf []T, op ReduceOp) err
 		err = allReduceDirect(o, buf, op)
 	default:
 		var bufs [][]byte
-		if o.arenaOK(len(buf)*o.esize, true) {
-			lens := make([]int, n)
-			for j := range lens {
-				lens[j] = len(buf) * o.esize
-			}
-			bufs, err = arenaPeers(o, asBytes(buf), lens)
-		}
+		bufs, err = arenaBuffers(o, len(buf)*o.esize, true, asBytes(buf), sameLens(n, len(buf)*o.esize))
 		switch {
 		case err != nil:
 		case bufs != nil:
@@ -260,9 +254,7 @@ func AllGather[T Float](ctx context.Context, c *Group, in, out []T, counts []int
 		}
 	default:
 		var bufs [][]byte
-		if o.arenaOK(total*o.esize, false) {
-			bufs, err = arenaPeers(o, asBytes(in), byteCounts(counts, o.esize))
-		}
+		bufs, err = arenaBuffers(o, total*o.esize, false, asBytes(in), byteCounts(counts, o.esize))
 		switch {
 		case err != nil:
 		case bufs != nil:
@@ -331,13 +323,7 @@ func ReduceScatter[T Float](ctx context.Context, c *Group, in, out []T, counts [
 		err = reduceScatterDirect(o, in, out, offs, op)
 	default:
 		var bufs [][]byte
-		if o.arenaOK(total*o.esize, false) {
-			lens := make([]int, n)
-			for j := range lens {
-				lens[j] = total * o.esize
-			}
-			bufs, err = arenaPeers(o, asBytes(in), lens)
-		}
+		bufs, err = arenaBuffers(o, total*o.esize, false, asBytes(in), sameLens(n, total*o.esize))
 		switch {
 		case err != nil:
 		case bufs != nil:
@@ -553,6 +539,15 @@ func (c *Group) Algorithm() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.algo
+}
+
+// sameLens is n lengths of bytes each.
+func sameLens(n, bytes int) []int {
+	l := make([]int, n)
+	for i := range l {
+		l[i] = bytes
+	}
+	return l
 }
 
 // byteCounts is counts of elements of esize bytes, in bytes.

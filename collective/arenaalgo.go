@@ -25,25 +25,26 @@ const (
 // arenaStep numbers the arena algorithms' messages, above any ring step.
 const arenaStep = 1 << 30
 
-// arenaOK reports whether a collective of bytes asks for the arenas (an
-// all-reduce, or an all-gather or reduce-scatter).
-func (o *opState) arenaOK(bytes int, allReduce bool) bool {
+// arenaBuffers returns each member's buffer (lens[j] bytes; this rank's is
+// b) as mapped here when the collective, of size bytes, asks for the arenas
+// and every member's buffer lies in its arena; nil when not (the caller
+// takes its usual algorithm).
+func arenaBuffers(o *opState, size int, allReduce bool, b []byte, lens []int) ([][]byte, error) {
 	at, ok := o.c.w.t.(arenaTransport)
 	if !ok || at.ownArena() == nil {
-		return false
+		return nil, nil
 	}
 	t := tuningOf(o.c.w.t.Name())
+	threshold := t.arenaGather
 	if allReduce {
-		return bytes >= t.arena
+		threshold = t.arena
 	}
-	return bytes >= t.arenaGather
+	if size < threshold {
+		return nil, nil
+	}
+	return arenaPeers(o, b, lens)
 }
 
-// arenaPeers tells every member where its buffer b lies and learns where
-// theirs do: it returns each member's buffer (lens[j] bytes) as mapped here,
-// or nil unless every one lies in its member's arena.
-//
-// It holds the peers' arenas mapped (readArenas) until the op ends.
 func arenaPeers(o *opState, b []byte, lens []int) ([][]byte, error) {
 	c := o.c
 	at := c.w.t.(arenaTransport)

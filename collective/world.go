@@ -366,37 +366,97 @@ func (w *World) Fail(err error) {
 // silent in a timeout's blame (heartbeats come every 500 ms by default).
 const silentAfter = 2 * time.Second
 
-// blame picks the culprit of a timeout in group key at seq: the first member
-// whose heartbeat shows it has not entered the collective; fallback otherwise.
-// It stops asking once the World has failed (the failure another rank
-// published wins, and this blame would be dropped): when every member reaches
-// the deadline at once, each would otherwise ask up to every member in turn,
-// N² requests in all.
+// blame picks the culprit of a timeout in group key at seq (see culprit);
+// fallback when it finds none. It stops asking once the World has failed
+// (the failure another rank published wins, and this blame would be
+// dropped): when every member reaches the deadline at once, each would
+// otherwise ask up to every member in turn, N² requests in all.
 func (w *World) blame(key string, seq uint64, ranks []int, fallback int) (int, string) {
-	for _, r := range ranks {
-		if r == w.rank {
-			continue
-		}
+	peer := func(r int) (State, time.Time, bool) {
 		if w.ctx.Err() != nil {
-			return fallback, ""
+			return State{}, time.Time{}, false
 		}
-		st, at, ok := w.ctrl.PeerState(r)
-		if !ok {
-			return r, "no heartbeat ever heard"
-		}
-		if st.Seqs[key] < seq {
-			where := "outside any collective"
-			if st.Op != "" {
-				where = fmt.Sprintf("in %s seq %d of group %s", st.Op, st.Seq, st.Group)
-			}
-			since := time.Since(at).Round(time.Millisecond)
-			if since > silentAfter {
-				return r, fmt.Sprintf("never entered it; nothing heard from it for %v (unreachable, stopped or dead; last seen %s)", since, where)
-			}
-			return r, fmt.Sprintf("never entered it (last seen %s, %v ago)", where, since)
-		}
+		return w.ctrl.PeerState(r)
+	}
+	if r, why := culprit(w.rank, key, seq, ranks, peer, time.Now()); r >= 0 && w.ctx.Err() == nil {
+		return r, why
 	}
 	return fallback, ""
+}
+
+// culprit reads the peers' last heartbeats (peer) and names the member of
+// group key (ranks) that the collective seq waited for, -1 if none:
+//
+//  1. a member that never entered it and was never heard, or not heard for
+//     silentAfter (unreachable, stopped or dead);
+//  2. a member that never entered it and is heard, outside any collective
+//     (stuck computing, or in a collective of another group);
+//  3. a member that never entered it because it still waits in an earlier
+//     collective is itself blocked: the member of that collective's group
+//     that went silent is named in its place (a host whose link went down
+//     stalls its neighbours' collective first), else that member.
+func culprit(me int, key string, seq uint64, ranks []int, peer func(int) (State, time.Time, bool), now time.Time) (int, string) {
+	type missing struct {
+		r   int
+		st  State
+		ago time.Duration
+	}
+	var alive []missing
+	where := func(st State) string {
+		if st.Op == "" {
+			return "outside any collective"
+		}
+		return fmt.Sprintf("in %s seq %d of group %s", st.Op, st.Seq, st.Group)
+	}
+	silent := func(r int) (time.Duration, State, bool) {
+		st, at, ok := peer(r)
+		if !ok {
+			return 0, st, true
+		}
+		ago := now.Sub(at).Round(time.Millisecond)
+		return ago, st, ago > silentAfter
+	}
+	for _, r := range ranks {
+		if r == me {
+			continue
+		}
+		st, at, ok := peer(r)
+		if !ok {
+			return r, "never entered it; no heartbeat ever heard"
+		}
+		if st.Seqs[key] >= seq {
+			continue
+		}
+		ago := now.Sub(at).Round(time.Millisecond)
+		if ago > silentAfter {
+			return r, fmt.Sprintf("never entered it; nothing heard from it for %v (unreachable, stopped or dead; last seen %s)", ago, where(st))
+		}
+		alive = append(alive, missing{r, st, ago})
+	}
+	for _, m := range alive {
+		if !m.st.Active {
+			return m.r, fmt.Sprintf("never entered it (last seen %s, %v ago)", where(m.st), m.ago)
+		}
+	}
+	for _, m := range alive {
+		for _, r := range m.st.Ranks {
+			if r == me || r == m.r {
+				continue
+			}
+			if ago, st, gone := silent(r); gone {
+				heard := "no heartbeat ever heard"
+				if ago > 0 {
+					heard = fmt.Sprintf("nothing heard from it for %v (unreachable, stopped or dead; last seen %s)", ago, where(st))
+				}
+				return r, fmt.Sprintf("rank %d never entered it, still waiting in %s; %s", m.r, where(m.st)[3:], heard)
+			}
+		}
+	}
+	if len(alive) > 0 {
+		m := alive[0]
+		return m.r, fmt.Sprintf("never entered it (last seen %s, %v ago)", where(m.st), m.ago)
+	}
+	return -1, ""
 }
 
 // Comm returns the communicator of the group ranks (world ranks, in group

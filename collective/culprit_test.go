@@ -27,8 +27,8 @@ func TestCulprit(t *testing.T) {
 		says  string
 	}{
 		// Host 2's link went down: rank 1 still waits in seq 123 for it.
-		{"blocked behind a silent rank", map[int]hb{1: in(123, true, 0), 2: in(124, true, 5 * time.Second)}, 2, "rank 1 never entered it, still waiting in all_reduce seq 123"},
-		{"silent and missing", map[int]hb{1: in(123, true, 0), 2: in(123, true, 5 * time.Second)}, 2, "nothing heard from it for 5s"},
+		{"blocked behind a silent rank", map[int]hb{1: in(123, true, 0), 2: in(124, true, 5*time.Second)}, 2, "rank 1 never entered it, still waiting in all_reduce seq 123"},
+		{"silent and missing", map[int]hb{1: in(123, true, 0), 2: in(123, true, 5*time.Second)}, 2, "nothing heard from it for 5s"},
 		{"never heard", map[int]hb{1: in(124, true, 0)}, 2, "no heartbeat ever heard"},
 		{"stuck outside", map[int]hb{1: in(123, true, 0), 2: outside}, 2, "outside any collective"},
 		{"blocked, nobody silent", map[int]hb{1: in(123, true, 0), 2: in(124, true, 0)}, 1, "in all_reduce seq 123"},

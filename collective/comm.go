@@ -215,14 +215,14 @@ func (c *Group) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op
 		}
 	}
 	var seq uint64
+	now := time.Now()
 	if op != OpSend {
 		c.seq++
 		seq = c.seq
 		w.seqs[c.key] = seq
-		w.cur = State{Group: c.key, Ranks: c.ranks, Seq: seq, Op: op.String(), Active: true, Since: time.Now()}
+		w.cur = State{Group: c.key, Ranks: c.ranks, Seq: seq, Op: op.String(), Active: true, Since: now}
 	}
 	w.mu.Unlock()
-	now := time.Now()
 	*o = opState{c: c, esize: max(1, dt.Size()), start: now}
 	o.octx = opCtx{w: w, deadline: now.Add(w.opts.DataTimeout)}
 	o.ctx = &o.octx

@@ -44,15 +44,19 @@ const (
 	shmDir         = "/dev/shm"
 )
 
-// control page offsets (each hot word on its own cache line)
+// control page offsets (each hot word on its own cache line). A message
+// moves two lines between the cores: the producer's store to head and the
+// consumer's to tail; the producer reads tail only when the space it last
+// saw runs out, and each side's wait flag is written only when it goes to
+// sleep. The futex words are head's and tail's low 32 bits (they move on
+// every publish, by less than 2³² while a waiter sleeps: the ring is
+// smaller).
 const (
 	offMagic     = 0
-	offHead      = 64
-	offTail      = 128
-	offDataSeq   = 192
-	offDataWait  = 196
-	offSpaceSeq  = 256
-	offSpaceWait = 260
+	offHead      = 64  // producer; its low word is the data futex
+	offTail      = 128 // consumer; its low word is the space futex
+	offDataWait  = 192 // consumer: 1 while it sleeps on head
+	offSpaceWait = 256 // producer: 1 while it sleeps on tail
 	offProdPID   = 320
 	offConsPID   = 324
 	offProdDone  = 328
@@ -105,6 +109,9 @@ type shmRing struct {
 	mmu  sync.RWMutex // mem lifetime: Abort wakes under RLock, unmap under Lock
 	hb   [HeaderSize]byte
 	dead int64 // unix nanos of the last liveness check
+	// seen: the producer's last read of tail, the consumer's of head
+	// (each side reloads the other's word only when this one runs out).
+	seen uint64
 }
 
 func (r *shmRing) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
@@ -575,16 +582,18 @@ func (t *shmTransport) write(ctx context.Context, r *shmRing, parts ...[]byte) e
 	spins := 0
 	for _, p := range parts {
 		for len(p) > 0 {
-			seen := atomic.LoadUint32(r.u32(offSpaceSeq))
-			tail := atomic.LoadUint64(r.u64(offTail))
-			free := r.cap - (head - tail)
+			free := r.cap - (head - r.seen)
+			if free < uint64(len(p)) {
+				r.seen = atomic.LoadUint64(r.u64(offTail))
+				free = r.cap - (head - r.seen)
+			}
 			if free == 0 {
 				if spins&15 == 15 {
 					if err := t.check(ctx, r, "sending"); err != nil {
 						return err
 					}
 				}
-				wait(r.u32(offSpaceSeq), r.u32(offSpaceWait), seen, &spins)
+				wait(r.u32(offTail), r.u32(offSpaceWait), uint32(r.seen), &spins)
 				continue
 			}
 			spins = 0
@@ -607,9 +616,8 @@ func (t *shmTransport) publish(r *shmRing, head uint64) {
 		return
 	}
 	atomic.StoreUint64(r.u64(offHead), head)
-	atomic.AddUint32(r.u32(offDataSeq), 1)
 	if atomic.LoadUint32(r.u32(offDataWait)) != 0 {
-		futexWake(r.u32(offDataSeq))
+		futexWake(r.u32(offHead))
 	}
 }
 
@@ -618,16 +626,18 @@ func (t *shmTransport) read(ctx context.Context, r *shmRing, dst []byte) error {
 	tail := atomic.LoadUint64(r.u64(offTail))
 	spins := 0
 	for len(dst) > 0 {
-		seen := atomic.LoadUint32(r.u32(offDataSeq))
-		head := atomic.LoadUint64(r.u64(offHead))
-		avail := head - tail
+		avail := r.seen - tail
+		if avail < uint64(len(dst)) {
+			r.seen = atomic.LoadUint64(r.u64(offHead))
+			avail = r.seen - tail
+		}
 		if avail == 0 {
 			if spins&15 == 15 {
 				if err := t.check(ctx, r, "receiving"); err != nil {
 					return err
 				}
 			}
-			wait(r.u32(offDataSeq), r.u32(offDataWait), seen, &spins)
+			wait(r.u32(offHead), r.u32(offDataWait), uint32(r.seen), &spins)
 			continue
 		}
 		spins = 0
@@ -637,9 +647,8 @@ func (t *shmTransport) read(ctx context.Context, r *shmRing, dst []byte) error {
 		tail += n
 		dst = dst[n:]
 		atomic.StoreUint64(r.u64(offTail), tail)
-		atomic.AddUint32(r.u32(offSpaceSeq), 1)
 		if atomic.LoadUint32(r.u32(offSpaceWait)) != 0 {
-			futexWake(r.u32(offSpaceSeq))
+			futexWake(r.u32(offTail))
 		}
 	}
 	return nil
@@ -680,9 +689,12 @@ func (t *shmTransport) trySend(peer int, h *Header, p []byte) (bool, error) {
 		return false, *e
 	}
 	head := atomic.LoadUint64(r.u64(offHead))
-	tail := atomic.LoadUint64(r.u64(offTail))
-	if r.cap-(head-tail) < uint64(HeaderSize+len(p)) {
-		return false, nil
+	need := uint64(HeaderSize + len(p))
+	if r.cap-(head-r.seen) < need {
+		r.seen = atomic.LoadUint64(r.u64(offTail))
+		if r.cap-(head-r.seen) < need {
+			return false, nil
+		}
 	}
 	h.Length = uint32(len(p))
 	h.Encode(r.hb[:])
@@ -735,8 +747,8 @@ func (t *shmTransport) Abort(peers []int, err error) {
 				}
 				r.mmu.RLock()
 				if r.mem != nil {
-					futexWake(r.u32(offDataSeq))
-					futexWake(r.u32(offSpaceSeq))
+					futexWake(r.u32(offHead))
+					futexWake(r.u32(offTail))
 				}
 				r.mmu.RUnlock()
 			}
@@ -772,8 +784,8 @@ func (t *shmTransport) unmapAll() {
 				} else {
 					atomic.StoreUint32(r.u32(offConsDone), 1)
 				}
-				futexWake(r.u32(offDataSeq))
-				futexWake(r.u32(offSpaceSeq))
+				futexWake(r.u32(offHead))
+				futexWake(r.u32(offTail))
 				syscall.Munmap(r.mem)
 				r.mem, r.data = nil, nil
 			}

@@ -21,6 +21,7 @@
 //	go run ./bench/collective -ranks 2 -max 1M -impls shm,gloo,mpi
 //	MESHRUN_BENCH_CPUPROFILE=DIR ...          # a CPU profile per meshrun rank
 //	BENCH_TRACE=1 ...                         # the first 2,000 calls of each size, by hundreds
+//	BENCH_ITERS=N ...                         # N calls per repetition (meshrun), not 32 MiB's worth
 package main
 
 import (
@@ -62,7 +63,12 @@ type result struct {
 	Algo  string  `json:"algo"`
 }
 
-func itersFor(size int) int { return max(3, min(200, (32<<20)/size)) }
+func itersFor(size int) int {
+	if n, err := strconv.Atoi(os.Getenv("BENCH_ITERS")); err == nil && n > 0 {
+		return n // a longer loop, for a profile
+	}
+	return max(3, min(200, (32<<20)/size))
+}
 
 func main() {
 	if dir := os.Getenv("MESHRUN_BENCH_RAWTCP"); dir != "" {

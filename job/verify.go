@@ -274,10 +274,10 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 	if rows == nil {
 		return 0 // not rank 0
 	}
-	fmt.Fprintf(env.Stdout, "%-8s %-16s %7s %7s %7s\n", "op", "mesh", "cases", "passed", "failed")
+	fmt.Fprintf(env.Stdout, "%-10s %-16s %7s %7s %7s\n", "op", "mesh", "cases", "passed", "failed")
 	failed := 0
 	for _, r := range rows {
-		fmt.Fprintf(env.Stdout, "%-8s %-16s %7d %7d %7d\n", r.op, r.mesh, r.cases, r.passed, len(r.failures))
+		fmt.Fprintf(env.Stdout, "%-10s %-16s %7d %7d %7d\n", r.op, r.mesh, r.cases, r.passed, len(r.failures))
 		failed += len(r.failures)
 	}
 	for _, r := range rows {

@@ -20,7 +20,7 @@ import (
 // verifyOps are the ops `worker verify --ops` knows: linear runs through the
 // layer (its kernels, its dtype); the others run their spmd plans through real
 // collectives with the float64 reference ops as the local ops.
-var verifyOps = []string{"linear", "matmul", "add", "gelu", "relu", "sum"}
+var verifyOps = []string{"linear", "matmul", "add", "gelu", "relu", "sum", "layernorm", "softmax", "attention", "embedding"}
 
 // opCase is one op, its input layouts and sizes, planned forward and backward.
 type opCase struct {
@@ -43,6 +43,14 @@ func opShapes(op string, p int) (shapes [][][]int, dims [][]int) {
 		return [][][]int{{{b, 5}, {5}}, {{b, 5}, {1, 5}}, {{b, 5}, {b, 5}}}, [][]int{nil, nil, nil}
 	case "sum":
 		return [][][]int{{{b, 3, 5}}, {{b, 3, 5}}, {{b, 3, 5}}}, [][]int{{1}, {0, 2}, nil}
+	case "layernorm": // rows of a matrix, of a batch of sequences
+		return [][][]int{{{b, 5}, {5}, {5}}, {{2, b, 7}, {7}, {7}}}, [][]int{nil, nil}
+	case "softmax": // over the last dim, the first, the middle
+		return [][][]int{{{b, 3, 5}}, {{b, 3, 5}}, {{b, 3, 5}}}, [][]int{nil, {0}, {1}}
+	case "attention": // batch, heads, sequence, head dim (v's head dim differs)
+		return [][][]int{{{2, b, 3, 4}, {2, b, 3, 4}, {2, b, 3, 2}}, {{b, 2, 5, 3}, {b, 2, 5, 3}, {b, 2, 5, 3}}}, [][]int{nil, nil}
+	case "embedding": // ids of a batch of sequences, a table of 2p+1 rows
+		return [][][]int{{{b, 3}, {2*p + 1, 4}}, {{b}, {p + 2, k + 1}}}, [][]int{nil, nil}
 	}
 	return [][][]int{{{b, 5}}, {{2 * p, 7}}}, [][]int{nil, nil}
 }
@@ -187,6 +195,11 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 	}
 	for j, in := range fwd.Inputs {
 		globals[j] = randomSim(rng, in.Spec.Shape)
+		if fwd.Op == "embedding" && j == 0 { // ids: rows of the table
+			for i := range globals[j].Data {
+				globals[j].Data[i] = float64(rng.IntN(fwd.Inputs[1].Spec.Shape[0]))
+			}
+		}
 		consumed[j] = shardOf(globals[j], in.Spec, rank)
 	}
 	for j, in := range fwd.Inputs {
@@ -328,7 +341,7 @@ func localOp(p *spmd.Plan, ins []*tensor.Tensor, rank int) (*tensor.Tensor, erro
 	for i, t := range ins {
 		s[i] = sim.Tensor{Shape: t.Shape(), Data: t.Float64()}
 	}
-	out, err := spmdtest.Eval(p.Op, p.Equation, s, p.Output.Spec.LocalShape(rank))
+	out, err := spmdtest.EvalAt(p.Op, p.Equation, s, p.Output.Spec.LocalShape(rank), p.RowOffset(rank))
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %s: %w", rank, p.Op, err)
 	}

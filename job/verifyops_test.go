@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -12,13 +13,15 @@ import (
 // TestVerifyOps3D: verify checks the ops beyond linear on every mesh of 8
 // ranks, the 3-D one included, and every case passes.
 func TestVerifyOps3D(t *testing.T) {
-	code, out, errs := run(t, "verify", "--world", "8", "--quick", "--ops", "relu")
+	code, out, errs := run(t, "verify", "--world", "8", "--quick", "--ops", "relu,layernorm,attention,embedding,softmax")
 	if code != 0 || strings.Contains(out, "FAIL") {
 		t.Fatalf("exit %d\n%s%s", code, out, errs)
 	}
-	for _, row := range []string{"relu     dp=2,cp=2,tp=2", "relu     dp=4,tp=2", "relu     dp=2,tp=4", "relu     tp=8"} {
-		if !strings.Contains(out, row) {
-			t.Errorf("no row %q in\n%s", row, out)
+	for _, op := range []string{"relu", "layernorm", "attention", "embedding", "softmax"} {
+		for _, mesh := range []string{"dp=2,cp=2,tp=2", "dp=4,tp=2", "dp=2,tp=4", "tp=8"} {
+			if row := fmt.Sprintf("%-10s %-16s", op, mesh); !strings.Contains(out, row) {
+				t.Errorf("no row %q in\n%s", row, out)
+			}
 		}
 	}
 }

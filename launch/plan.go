@@ -45,14 +45,21 @@ type PlanOptions struct {
 }
 
 // planInputs are the input flags `launcher plan` knows, by op.
-var planInputs = []string{"x", "w", "b", "a"}
+var planInputs = []string{"x", "w", "b", "a", "gamma", "beta", "q", "k", "v", "ids", "table"}
 
 // planInputHelp says which ops take each input flag.
 var planInputHelp = map[string]string{
-	"x": "linear, gelu, relu, sum; redistribute: the tensor moved",
-	"w": "linear: the weight [N,K]",
-	"b": "linear: the bias [N], optional; add, matmul: the second operand",
-	"a": "add, matmul: the first operand",
+	"x":     "linear, gelu, relu, sum, softmax, layernorm; redistribute: the tensor moved",
+	"w":     "linear: the weight [N,K]",
+	"b":     "linear: the bias [N], optional; add, matmul: the second operand",
+	"a":     "add, matmul: the first operand",
+	"gamma": "layernorm: the scale [D]",
+	"beta":  "layernorm: the shift [D]",
+	"q":     "attention: queries [..., heads, seq, dim]",
+	"k":     "attention: keys [..., heads, seq, dim]",
+	"v":     "attention: values [..., heads, seq, dim]",
+	"ids":   "embedding: token ids [...]",
+	"table": "embedding: the table [vocab, dim]",
 }
 
 const planUsage = `usage: launcher plan --mesh MESH [--op OP] --x SPEC --w SPEC [--b SPEC] [FLAGS]
@@ -77,7 +84,7 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 	}
 	fs.StringVar(&o.Out, "out", "", "`PLACEMENTS` the consumer wants for the output, e.g. [S(0),S(1)] (default: the op's own; redistribute: required)")
 	fs.StringVar(&o.Grads, "grads", "", "`GRADS` wanted: some of the inputs, e.g. x,w, or none (default: all)")
-	fs.StringVar(&o.Dims, "dims", "", "`DIMS` a sum reduces, e.g. 0,1 (default: all)")
+	fs.StringVar(&o.Dims, "dims", "", "`DIMS` a sum reduces, e.g. 0,1 (default: all); softmax: its dim (default: the last)")
 	fs.IntVar(&o.World, "world", 0, "check the mesh against this many ranks (default: no check)")
 	fs.BoolVar(&o.JSON, "json", false, "print JSON")
 	fs.IntVar(&o.Explain, "explain", 0, "also list the chosen strategy and the next `N` cheapest with their modelled costs")

@@ -152,7 +152,22 @@ type kind struct {
 	// bias: the last input is added to the output after the einsum of the others
 	// and follows the output's placement (exactly once under a partial output).
 	bias bool
+	// whole: letters no strategy shards, the dims the op needs whole on every
+	// rank (the normalized dim of a layer norm, a softmax's dim, attention's
+	// sequence and head dims).
+	whole string
+	// free: letters that do not multiply the op's work (an embedding's
+	// vocabulary: a lookup, not a contraction); times: the work is the
+	// product of the other letters' sizes times this (0: 1).
+	free  string
+	times int64
 }
+
+// counts says whether letter l multiplies the op's work.
+func (k kind) counts(l byte) bool { return strings.IndexByte(k.free, l) < 0 }
+
+// factor is k.times, 1 when unset.
+func (k kind) factor() int64 { return max(k.times, 1) }
 
 // choice is what one mesh dim does in a strategy.
 type choice struct {
@@ -185,7 +200,9 @@ func (c choice) label(e einsum) string {
 func candidates(e einsum, k kind, given []placement.Spec, i int) []choice {
 	out := []choice{{what: 'R'}}
 	for _, l := range e.letters() {
-		out = append(out, choice{what: 'S', letter: l})
+		if strings.IndexByte(k.whole, l) < 0 {
+			out = append(out, choice{what: 'S', letter: l})
+		}
 	}
 	for j, s := range given {
 		p, ok := s.Placements[i].(placement.Partial)

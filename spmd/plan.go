@@ -66,6 +66,23 @@ type Plan struct {
 	RunnersUp []Candidate
 }
 
+// RowOffset is the first vocabulary row of the table the local op of rank
+// holds: the embedding lookup and its table gradient look up (or add into)
+// only the rows of their shard. 0 for every other op.
+func (p *Plan) RowOffset(rank int) int {
+	var s placement.Spec
+	switch p.Op {
+	case "embedding":
+		s = p.Local[1].Spec
+	case "embedding.grad_table":
+		s = p.Output.Spec
+	default:
+		return 0
+	}
+	_, off := s.Local(rank)
+	return off[0]
+}
+
 // Costs is what a strategy costs under the plan's Model. Strategies are
 // ranked by Time, then fewer collectives, then less Memory.
 type Costs struct {
@@ -339,8 +356,11 @@ func solveWith(ctx context.Context, op string, e einsum, k kind, inputs []Operan
 		}
 	}
 	for _, l := range e.letters() {
-		sv.totalWork *= float64(e.size[l])
+		if k.counts(l) {
+			sv.totalWork *= float64(e.size[l])
+		}
 	}
+	sv.totalWork *= float64(k.factor())
 	nIn := len(e.in)
 	if k.bias {
 		nIn--
@@ -542,7 +562,7 @@ func (sv *solver) bound(idx []int) placement.Picos {
 	cs := make([]choice, n)
 	for i, c := range idx {
 		cs[i] = sv.cands[i][c]
-		if cs[i].what == 'S' {
+		if cs[i].what == 'S' && sv.k.counts(cs[i].letter) {
 			split *= float64(sv.sizes[i])
 		}
 	}
@@ -695,7 +715,7 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 			grads++
 		}
 	}
-	s.work = work(e, cs, mesh)
+	s.work = work(e, k, cs, mesh)
 	s.costs.Work, s.costs.BackwardWork = s.work, satMul(s.work, int64(grads))
 	s.costs.Forward, s.costs.Backward = s.model.Compute(s.costs.Work), s.model.Compute(s.costs.BackwardWork)
 	for _, l := range s.local {
@@ -833,9 +853,12 @@ func (s *strategy) move(ctx context.Context, name string, from, to placement.Spe
 // dims of sizes q1, q2... is ceil(size / (q1·q2...)) at most; the letters
 // depend on the coordinates of different mesh dims, so the largest product
 // is the product of the largest sizes.
-func work(e einsum, cs []choice, mesh placement.Mesh) int64 {
-	w := int64(1)
+func work(e einsum, k kind, cs []choice, mesh placement.Mesh) int64 {
+	w := k.factor()
 	for _, l := range e.letters() {
+		if !k.counts(l) {
+			continue
+		}
 		q := int64(1)
 		for i, c := range cs {
 			if c.what == 'S' && c.letter == l {

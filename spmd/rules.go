@@ -19,6 +19,12 @@ const (
 	sum
 	// unary: an elementwise nonlinear function f; grad = f'(x) * dy, elementwise.
 	unary
+	// fused: a nonlinear op of several inputs (layer norm, attention, an
+	// embedding lookup); the gradient of input i is its own op,
+	// "<op>.grad_<input>", of dy and the forward inputs reads[i], linear in
+	// dy alone: it sums over the letters of dy its input lacks, so sharding
+	// one leaves partial sums.
+	fused
 )
 
 // rule is one op: its forward einsum and what it is linear in. The backward rule
@@ -31,6 +37,22 @@ type rule struct {
 	form     form
 	// grad names the backward op of a unary rule.
 	grad string
+	// whole, if set, returns the letters of the expanded equation no strategy
+	// shards (see kind.whole).
+	whole func(e einsum, dims []int) string
+	// reads[i]: the forward inputs the gradient of input i reads (fused).
+	reads [][]int
+	// nograd[i]: input i has no gradient (integer indices).
+	nograd []bool
+}
+
+// kindOf is the rule's kind for an expanded equation.
+func (r rule) kindOf(e einsum, dims []int) kind {
+	k := r.kind
+	if r.whole != nil {
+		k.whole = r.whole(e, dims)
+	}
+	return k
 }
 
 // rules is every op the engine knows. It is never changed at run time.
@@ -67,6 +89,74 @@ var rules = map[string]rule{
 	"relu": {equation: elementwise(1), inputs: []string{"x"}, kind: kind{linear: []bool{false}}, form: unary, grad: "relu_backward"},
 	// Sum over the given dims (all dims when none are given).
 	"sum": {equation: reduction, inputs: []string{"x"}, kind: kind{linear: []bool{true}}, form: sum},
+	// y = (x - mean) / sqrt(var + 1e-5) * gamma + beta over the last dim of x,
+	// never sharded; the rows (every other dim) shard freely, as sequence
+	// parallelism wants.
+	"layernorm": {
+		equation: fixed("...d,d,d->...d"),
+		inputs:   []string{"x", "gamma", "beta"},
+		kind:     kind{linear: []bool{false, false, false}},
+		form:     fused,
+		whole:    lettersOf("d"),
+		reads:    [][]int{{0, 1}, {0}, {}},
+	},
+	// Softmax over one dim of x (dims: that dim; the last when none).
+	"softmax": {
+		equation: softmaxEquation,
+		inputs:   []string{"x"},
+		kind:     kind{linear: []bool{false}},
+		form:     unary,
+		grad:     "softmax_backward",
+		whole:    lettersOf("z"),
+	},
+	// Causal scaled dot-product attention: o = softmax(q·kᵀ/√e, masked where
+	// key position t > query position s)·v, per batch and head. q[..., h, s,
+	// e], k[..., h, t, e], v[..., h, t, f]; batch dims and heads (h) shard,
+	// the sequence and head dims stay whole (sequence sharding would need
+	// ring attention).
+	"attention": {
+		equation: fixed("...hse,...hte,...htf->...hsf"),
+		inputs:   []string{"q", "k", "v"},
+		// Work: q·kᵀ and p·v, s·t·e multiply-adds each when e = f.
+		kind:  kind{linear: []bool{false, false, false}, free: "f", times: 2},
+		form:  fused,
+		whole: lettersOf("stef"),
+		reads: [][]int{{0, 1, 2}, {0, 1, 2}, {0, 1, 2}},
+	},
+	// Embedding lookup: y[..., :] = table[ids[...], :]. A table sharded by
+	// rows (vocabulary-parallel) gives partial sums: each rank looks up the
+	// ids in its rows and leaves zeros for the others. ids hold integers and
+	// have no gradient; the table's is the rows of dy summed per id.
+	"embedding": {
+		equation: fixed("...,vd->...d"),
+		inputs:   []string{"ids", "table"},
+		kind:     kind{linear: []bool{false, true}, free: "v"},
+		form:     fused,
+		reads:    [][]int{nil, {0}},
+		nograd:   []bool{true, false},
+	},
+}
+
+func lettersOf(l string) func(einsum, []int) string {
+	return func(einsum, []int) string { return l }
+}
+
+// softmaxEquation is elementwise over x, with the softmax dim's letter z
+// (the local op finds its dim by it).
+func softmaxEquation(ranks []int, dims []int) (string, error) {
+	if len(dims) > 1 || len(dims) == 1 && (dims[0] < 0 || dims[0] >= ranks[0]) {
+		return "", fmt.Errorf("%w: softmax over dims %v of a %d-D tensor (one dim)", ErrShape, dims, ranks[0])
+	}
+	if ranks[0] == 0 || ranks[0] > 25 {
+		return "", fmt.Errorf("%w: softmax of a %d-D tensor", ErrShape, ranks[0])
+	}
+	d := ranks[0] - 1
+	if len(dims) == 1 {
+		d = dims[0]
+	}
+	t := []byte(letterRun(ranks[0]))
+	t[d] = 'z'
+	return string(t) + "->" + string(t), nil
 }
 
 // Ops lists the ops the engine knows, sorted.
@@ -160,7 +250,22 @@ func ForwardContext(ctx context.Context, req Request) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	return solve(ctx, req.Op, e, r.kind, inputs, req.Options)
+	opts := req.Options
+	if r.nograd != nil {
+		// Inputs without a gradient never need one.
+		grads := []string{}
+		for i, in := range inputs {
+			if r.nograd[i] {
+				if slices.Contains(opts.Grads, in.Name) {
+					return nil, fmt.Errorf("%w: %s: %s holds integer indices and has no gradient", ErrGrad, describe(req.Op, inputs), in.Name)
+				}
+			} else if opts.Grads == nil || slices.Contains(opts.Grads, in.Name) {
+				grads = append(grads, in.Name)
+			}
+		}
+		opts.Grads = grads
+	}
+	return solve(ctx, req.Op, e, r.kindOf(e, req.Dims), inputs, opts)
 }
 
 func (r rule) einsum(op string, inputs []Operand, dims []int) (einsum, error) {
@@ -289,13 +394,19 @@ func BackwardOfContext(ctx context.Context, fwd *Plan, grads []string, dims []in
 	_, ctx = placement.BudgetOf(ctx)
 	r := rules[fwd.Op]
 	if grads == nil {
-		for _, in := range fwd.Inputs {
-			grads = append(grads, in.Name)
+		for i, in := range fwd.Inputs {
+			if r.nograd == nil || !r.nograd[i] {
+				grads = append(grads, in.Name)
+			}
 		}
 	}
 	for _, g := range grads {
-		if !slices.ContainsFunc(fwd.Inputs, func(o Operand) bool { return o.Name == g }) {
+		i := slices.IndexFunc(fwd.Inputs, func(o Operand) bool { return o.Name == g })
+		if i < 0 {
 			return nil, fmt.Errorf("%w: %s has no input %q", ErrGrad, fwd.Op, g)
+		}
+		if r.nograd != nil && r.nograd[i] {
+			return nil, fmt.Errorf("%w: %s: %s holds integer indices and has no gradient", ErrGrad, fwd.Op, g)
 		}
 	}
 	dySpec, dyScale, err := dual(fwd.Op, fwd.Final)
@@ -317,6 +428,8 @@ func BackwardOfContext(ctx context.Context, fwd *Plan, grads []string, dims []in
 			return nil, err
 		}
 		op, ge, gk, operands := gradOf(fwd.Op, r, e, i)
+		fk := r.kindOf(e, dims)
+		gk.whole, gk.free, gk.times = fk.whole, fk.free, fk.times
 		ins := make([]Operand, len(operands))
 		for j, o := range operands {
 			if o < 0 {
@@ -349,6 +462,16 @@ func gradOf(op string, r rule, e einsum, i int) (string, einsum, kind, []int) {
 	case r.form == unary:
 		ge.in = []string{e.out, e.in[0]}
 		return r.grad, ge, kind{linear: []bool{true, false}}, []int{-1, 0}
+	case r.form == fused:
+		ge.in = []string{e.out}
+		operands := []int{-1}
+		lin := []bool{true}
+		for _, j := range r.reads[i] {
+			ge.in = append(ge.in, e.in[j])
+			operands = append(operands, j)
+			lin = append(lin, false)
+		}
+		return name, ge, kind{linear: lin}, operands
 	case r.form == sum || (r.kind.bias && i == len(e.in)-1):
 		ge.in = []string{e.out}
 		return name, ge, kind{linear: []bool{true}}, []int{-1}

@@ -261,6 +261,31 @@ func randomShapes(rng *rand.Rand, op string, m placement.Mesh) ([][]int, []int) 
 			return [][]int{a, {1, a[1]}}, nil
 		}
 		return [][]int{a, a}, nil
+	case "layernorm":
+		x := []int{s(), s()}
+		if rng.IntN(2) == 0 {
+			x = []int{s(), s(), x[1]}
+		}
+		d := x[len(x)-1]
+		return [][]int{x, {d}, {d}}, nil
+	case "softmax":
+		x := []int{s(), s(), s()}
+		switch rng.IntN(3) {
+		case 0:
+			return [][]int{x}, []int{0}
+		case 1:
+			return [][]int{x}, []int{1}
+		}
+		return [][]int{x}, nil
+	case "attention":
+		b, h, sq, e := s(), s(), s(), s()
+		return [][]int{{b, h, sq, e}, {b, h, sq, e}, {b, h, sq, s()}}, nil
+	case "embedding":
+		ids := []int{s(), s()}
+		if rng.IntN(2) == 0 {
+			ids = ids[:1]
+		}
+		return [][]int{ids, {s() + 2, s()}}, nil
 	case "sum":
 		a := []int{s(), s(), s()}
 		switch rng.IntN(3) {

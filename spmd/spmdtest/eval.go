@@ -22,6 +22,13 @@ const bcast = '1'
 // gelu_backward, relu_backward), outShape gives the sizes of output letters no
 // input has.
 func Eval(op, equation string, ins []sim.Tensor, outShape []int) (sim.Tensor, error) {
+	return EvalAt(op, equation, ins, outShape, 0)
+}
+
+// EvalAt is Eval for a local op whose table starts at vocabulary row
+// rowOffset (the embedding ops on a table sharded by rows: ids outside the
+// rank's rows look up zeros, and their gradients go nowhere).
+func EvalAt(op, equation string, ins []sim.Tensor, outShape []int, rowOffset int) (sim.Tensor, error) {
 	lhs, out, _ := strings.Cut(equation, "->")
 	terms := strings.Split(lhs, ",")
 	size := map[byte]int{}
@@ -85,6 +92,14 @@ func Eval(op, equation string, ins []sim.Tensor, outShape []int) (sim.Tensor, er
 		}
 	}
 	switch {
+	case op == "softmax" || op == "softmax_backward":
+		if err := softmax(op, out, ins, res); err != nil {
+			return sim.Tensor{}, err
+		}
+	case IsBlockOp(op):
+		if err := evalBlocks(op, terms, out, ins, res, size, rowOffset); err != nil {
+			return sim.Tensor{}, err
+		}
 	case op == "gelu" || op == "relu":
 		for k, x := range ins[0].Data {
 			res.Data[k] = UnaryF(op, x)

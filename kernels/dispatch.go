@@ -342,3 +342,95 @@ func (d *Dispatcher) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error
 	}
 	return k.MSE(dy, sum, y, target, scale)
 }
+
+// firstOf is the first non-nil tensor: the output an op with optional
+// outputs is routed by.
+func firstOf(ts ...*tensor.Tensor) *tensor.Tensor {
+	for _, t := range ts {
+		if t != nil {
+			return t
+		}
+	}
+	return nil
+}
+
+// LayerNorm implements Kernels.
+func (d *Dispatcher) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error {
+	k, err := d.route(OpLayerNorm, y)
+	if err != nil {
+		return err
+	}
+	return k.LayerNorm(y, stats, x, gamma, beta, eps)
+}
+
+// LayerNormBackward implements Kernels.
+func (d *Dispatcher) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, accumulate bool) error {
+	k, err := d.route(OpLayerNormBackward, firstOf(dx, dgamma, dbeta))
+	if err != nil {
+		return err
+	}
+	return k.LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats, accumulate)
+}
+
+// Attention implements Kernels.
+func (d *Dispatcher) Attention(o, lse, q, kk, v *tensor.Tensor, causal bool) error {
+	k, err := d.route(OpAttention, o)
+	if err != nil {
+		return err
+	}
+	return k.Attention(o, lse, q, kk, v, causal)
+}
+
+// AttentionBackward implements Kernels.
+func (d *Dispatcher) AttentionBackward(dq, dk, dv, do, q, kk, v, o, lse *tensor.Tensor, causal bool) error {
+	k, err := d.route(OpAttentionBackward, dq)
+	if err != nil {
+		return err
+	}
+	return k.AttentionBackward(dq, dk, dv, do, q, kk, v, o, lse, causal)
+}
+
+// Embedding implements Kernels.
+func (d *Dispatcher) Embedding(y, ids, table *tensor.Tensor, offset int) error {
+	k, err := d.route(OpEmbedding, y)
+	if err != nil {
+		return err
+	}
+	return k.Embedding(y, ids, table, offset)
+}
+
+// EmbeddingBackward implements Kernels.
+func (d *Dispatcher) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int, accumulate bool) error {
+	k, err := d.route(OpEmbeddingBackward, dtable)
+	if err != nil {
+		return err
+	}
+	return k.EmbeddingBackward(dtable, dy, ids, offset, accumulate)
+}
+
+// CrossEntropy implements Kernels.
+func (d *Dispatcher) CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error {
+	k, err := d.route(OpCrossEntropy, stats)
+	if err != nil {
+		return err
+	}
+	return k.CrossEntropy(stats, logits, targets, offset)
+}
+
+// CrossEntropyBackward implements Kernels.
+func (d *Dispatcher) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error {
+	k, err := d.route(OpCrossEntropyBackward, dlogits)
+	if err != nil {
+		return err
+	}
+	return k.CrossEntropyBackward(dlogits, logits, targets, lse, offset, scale)
+}
+
+// AdamW implements Kernels.
+func (d *Dispatcher) AdamW(p AdamWParams, param, grad, m, v *tensor.Tensor) error {
+	k, err := d.route(OpAdamW, param)
+	if err != nil {
+		return err
+	}
+	return k.AdamW(p, param, grad, m, v)
+}

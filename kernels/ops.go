@@ -26,12 +26,23 @@ const (
 	OpAxpy
 	OpMSE
 	OpCast
+	OpLayerNorm
+	OpLayerNormBackward
+	OpAttention
+	OpAttentionBackward
+	OpEmbedding
+	OpEmbeddingBackward
+	OpCrossEntropy
+	OpCrossEntropyBackward
+	OpAdamW
 	numOps
 )
 
 var opNames = [numOps]string{
 	"gemm", "gemm_bias", "gemm_bias_gelu", "gemm_dgelu", "gemm_dgelu_bgrad", "gemm_bgrad",
 	"gemv", "gelu_forward", "gelu_backward", "bias_grad", "axpy", "mse", "cast",
+	"layernorm", "layernorm_backward", "attention", "attention_backward", "embedding", "embedding_backward",
+	"cross_entropy", "cross_entropy_backward", "adamw",
 }
 
 func (o Op) String() string {
@@ -99,6 +110,7 @@ type Kernels interface {
 	Axpy(alpha float64, x, y *tensor.Tensor) error
 	MSE(dy, sum, y, target *tensor.Tensor, scale float64) error
 	Cast(dst, src *tensor.Tensor) error
+	TransformerKernels
 }
 
 // Provider is one implementation of the ops on one kind of device. A provider

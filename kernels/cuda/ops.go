@@ -195,6 +195,10 @@ func (p *Provider) DTypes() []tensor.DType {
 func (p *Provider) viaHost(outs, ins []*tensor.Tensor, f func(h []*tensor.Tensor) error) error {
 	h := make([]*tensor.Tensor, 0, len(outs)+len(ins))
 	for _, t := range append(append([]*tensor.Tensor(nil), outs...), ins...) {
+		if t == nil { // an output not asked for
+			h = append(h, nil)
+			continue
+		}
 		c, err := p.toHost(t)
 		if err != nil {
 			return err
@@ -205,6 +209,9 @@ func (p *Provider) viaHost(outs, ins []*tensor.Tensor, f func(h []*tensor.Tensor
 		return err
 	}
 	for i, o := range outs {
+		if o == nil {
+			continue
+		}
 		if err := p.fromHost(o, h[i]); err != nil {
 			return err
 		}
@@ -214,4 +221,97 @@ func (p *Provider) viaHost(outs, ins []*tensor.Tensor, f func(h []*tensor.Tensor
 
 func (p *Provider) unsupported(op kernels.Op) error {
 	return fmt.Errorf("%w: cuda %v (next: cuBLASLt epilogues)", kernels.ErrUnsupported, op)
+}
+
+// The transformer ops run through the host, like GeluForward, until their
+// CUDA kernels land.
+
+// LayerNorm implements kernels.Kernels through the host.
+func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error {
+	if err := p.onDevice(y, stats, x, gamma, beta); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{y, stats}, []*tensor.Tensor{x, gamma, beta}, func(h []*tensor.Tensor) error {
+		return p.host.LayerNorm(h[0], h[1], h[2], h[3], h[4], eps)
+	})
+}
+
+// LayerNormBackward implements kernels.Kernels through the host.
+func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, accumulate bool) error {
+	if err := p.onDevice(dx, dgamma, dbeta, dy, x, gamma, stats); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{dx, dgamma, dbeta}, []*tensor.Tensor{dy, x, gamma, stats}, func(h []*tensor.Tensor) error {
+		return p.host.LayerNormBackward(h[0], h[1], h[2], h[3], h[4], h[5], h[6], accumulate)
+	})
+}
+
+// Attention implements kernels.Kernels through the host.
+func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error {
+	if err := p.onDevice(o, lse, q, k, v); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{o, lse}, []*tensor.Tensor{q, k, v}, func(h []*tensor.Tensor) error {
+		return p.host.Attention(h[0], h[1], h[2], h[3], h[4], causal)
+	})
+}
+
+// AttentionBackward implements kernels.Kernels through the host.
+func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool) error {
+	if err := p.onDevice(dq, dk, dv, do, q, k, v, o, lse); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{dq, dk, dv}, []*tensor.Tensor{do, q, k, v, o, lse}, func(h []*tensor.Tensor) error {
+		return p.host.AttentionBackward(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], causal)
+	})
+}
+
+// Embedding implements kernels.Kernels through the host.
+func (p *Provider) Embedding(y, ids, table *tensor.Tensor, offset int) error {
+	if err := p.onDevice(y, ids, table); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{y}, []*tensor.Tensor{ids, table}, func(h []*tensor.Tensor) error {
+		return p.host.Embedding(h[0], h[1], h[2], offset)
+	})
+}
+
+// EmbeddingBackward implements kernels.Kernels through the host.
+func (p *Provider) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int, accumulate bool) error {
+	if err := p.onDevice(dtable, dy, ids); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{dtable}, []*tensor.Tensor{dy, ids}, func(h []*tensor.Tensor) error {
+		return p.host.EmbeddingBackward(h[0], h[1], h[2], offset, accumulate)
+	})
+}
+
+// CrossEntropy implements kernels.Kernels through the host.
+func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error {
+	if err := p.onDevice(stats, logits, targets); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{stats}, []*tensor.Tensor{logits, targets}, func(h []*tensor.Tensor) error {
+		return p.host.CrossEntropy(h[0], h[1], h[2], offset)
+	})
+}
+
+// CrossEntropyBackward implements kernels.Kernels through the host.
+func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error {
+	if err := p.onDevice(dlogits, logits, targets, lse); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{dlogits}, []*tensor.Tensor{logits, targets, lse}, func(h []*tensor.Tensor) error {
+		return p.host.CrossEntropyBackward(h[0], h[1], h[2], h[3], offset, scale)
+	})
+}
+
+// AdamW implements kernels.Kernels through the host.
+func (p *Provider) AdamW(a kernels.AdamWParams, param, grad, m, v *tensor.Tensor) error {
+	if err := p.onDevice(param, grad, m, v); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{param, m, v}, []*tensor.Tensor{grad}, func(h []*tensor.Tensor) error {
+		return p.host.AdamW(a, h[0], h[3], h[1], h[2])
+	})
 }

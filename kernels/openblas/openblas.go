@@ -20,7 +20,9 @@ import (
 const Name = "openblas"
 
 // Provider implements the GEMM-shaped kernels.Provider ops with OpenBLAS.
-type Provider struct{}
+type Provider struct {
+	kernels.NoTransformer // the transformer ops go to the cpu provider
+}
 
 var _ kernels.Provider = (*Provider)(nil)
 
@@ -31,7 +33,7 @@ func New(threads int) (*Provider, error) {
 		threads = runtime.GOMAXPROCS(0)
 	}
 	C.openblas_set_num_threads(C.int(threads))
-	return &Provider{}, nil
+	return &Provider{NoTransformer: kernels.NoTransformer{Name: Name}}, nil
 }
 
 // Config returns OpenBLAS's build configuration and the core it selected.

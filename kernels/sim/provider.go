@@ -138,3 +138,84 @@ func (p *Provider) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	}
 	return p.cpu.MSE(v[0], v[1], v[2], v[3], scale)
 }
+
+// LayerNorm implements kernels.Kernels.
+func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error {
+	v, err := p.views(y, stats, x, gamma, beta)
+	if err != nil {
+		return err
+	}
+	return p.cpu.LayerNorm(v[0], v[1], v[2], v[3], v[4], eps)
+}
+
+// LayerNormBackward implements kernels.Kernels.
+func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, accumulate bool) error {
+	v, err := p.views(dx, dgamma, dbeta, dy, x, gamma, stats)
+	if err != nil {
+		return err
+	}
+	return p.cpu.LayerNormBackward(v[0], v[1], v[2], v[3], v[4], v[5], v[6], accumulate)
+}
+
+// Attention implements kernels.Kernels.
+func (p *Provider) Attention(o, lse, q, k, vv *tensor.Tensor, causal bool) error {
+	v, err := p.views(o, lse, q, k, vv)
+	if err != nil {
+		return err
+	}
+	return p.cpu.Attention(v[0], v[1], v[2], v[3], v[4], causal)
+}
+
+// AttentionBackward implements kernels.Kernels.
+func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, vv, o, lse *tensor.Tensor, causal bool) error {
+	v, err := p.views(dq, dk, dv, do, q, k, vv, o, lse)
+	if err != nil {
+		return err
+	}
+	return p.cpu.AttentionBackward(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], causal)
+}
+
+// Embedding implements kernels.Kernels.
+func (p *Provider) Embedding(y, ids, table *tensor.Tensor, offset int) error {
+	v, err := p.views(y, ids, table)
+	if err != nil {
+		return err
+	}
+	return p.cpu.Embedding(v[0], v[1], v[2], offset)
+}
+
+// EmbeddingBackward implements kernels.Kernels.
+func (p *Provider) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int, accumulate bool) error {
+	v, err := p.views(dtable, dy, ids)
+	if err != nil {
+		return err
+	}
+	return p.cpu.EmbeddingBackward(v[0], v[1], v[2], offset, accumulate)
+}
+
+// CrossEntropy implements kernels.Kernels.
+func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error {
+	v, err := p.views(stats, logits, targets)
+	if err != nil {
+		return err
+	}
+	return p.cpu.CrossEntropy(v[0], v[1], v[2], offset)
+}
+
+// CrossEntropyBackward implements kernels.Kernels.
+func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error {
+	v, err := p.views(dlogits, logits, targets, lse)
+	if err != nil {
+		return err
+	}
+	return p.cpu.CrossEntropyBackward(v[0], v[1], v[2], v[3], offset, scale)
+}
+
+// AdamW implements kernels.Kernels.
+func (p *Provider) AdamW(a kernels.AdamWParams, param, grad, m, vv *tensor.Tensor) error {
+	v, err := p.views(param, grad, m, vv)
+	if err != nil {
+		return err
+	}
+	return p.cpu.AdamW(a, v[0], v[1], v[2], v[3])
+}

@@ -1,0 +1,484 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// inRows runs f over [0, n) rows in pieces of about grain elements of work,
+// split over the provider's threads.
+func (p *Provider) inRows(n, work int, f func(lo, hi int)) {
+	parts := max(1, min(p.nthreads(), n*max(work, 1)/(1<<15), n))
+	if parts == 1 {
+		f(0, n)
+		return
+	}
+	j := pieceJob{n: n, parts: parts, f: func(_, lo, hi int) { f(lo, hi) }}
+	var wg sync.WaitGroup
+	parallel(&j, parts, &wg)
+}
+
+// LayerNorm implements kernels.Kernels.
+func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error {
+	if err := p.host(y, stats, x, gamma, beta); err != nil {
+		return err
+	}
+	rows, d, err := kernels.LayerNormDims(y, stats, x, gamma, beta)
+	if err != nil {
+		return err
+	}
+	if x.DType() == tensor.Float32 {
+		p.inRows(rows, d, func(lo, hi int) {
+			layerNorm(y.Float32(), stats.Float32(), x.Float32(), gamma.Float32(), beta.Float32(), d, lo, hi, eps)
+		})
+	} else {
+		p.inRows(rows, d, func(lo, hi int) {
+			layerNorm(y.Float64(), stats.Float64(), x.Float64(), gamma.Float64(), beta.Float64(), d, lo, hi, eps)
+		})
+	}
+	return nil
+}
+
+func layerNorm[T float](y, stats, x, gamma, beta []T, d, lo, hi int, eps float64) {
+	for r := lo; r < hi; r++ {
+		xr, yr := x[r*d:(r+1)*d], y[r*d:(r+1)*d]
+		var sum float64
+		for _, v := range xr {
+			sum += float64(v)
+		}
+		mean := sum / float64(d)
+		var sq float64
+		for _, v := range xr {
+			c := float64(v) - mean
+			sq += c * c
+		}
+		rstd := 1 / math.Sqrt(sq/float64(d)+eps)
+		m, s := T(mean), T(rstd)
+		for i, v := range xr {
+			yr[i] = (v-m)*s*gamma[i] + beta[i]
+		}
+		stats[2*r], stats[2*r+1] = m, s
+	}
+}
+
+// LayerNormBackward implements kernels.Kernels.
+func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, accumulate bool) error {
+	if err := p.host(dx, dgamma, dbeta, dy, x, gamma, stats); err != nil {
+		return err
+	}
+	rows, d, err := kernels.LayerNormDims(dy, stats, x, gamma, nil)
+	if err != nil {
+		return err
+	}
+	for _, t := range []*tensor.Tensor{dx, dgamma, dbeta} {
+		if t != nil && t.DType() != x.DType() {
+			return fmt.Errorf("%w: layernorm backward: a %v gradient of %v", kernels.ErrDType, t.DType(), x.DType())
+		}
+	}
+	if dx != nil && !tensor.SameShape(dx, x) || dgamma != nil && !tensor.SameShape(dgamma, gamma) || dbeta != nil && !tensor.SameShape(dbeta, gamma) {
+		return fmt.Errorf("%w: layernorm backward dx=%v dgamma=%v dbeta=%v for x=%v gamma=%v", kernels.ErrShape, dx, dgamma, dbeta, x, gamma)
+	}
+	if x.DType() == tensor.Float32 {
+		layerNormBackward(p, f32(dx), f32(dgamma), f32(dbeta), dy.Float32(), x.Float32(), gamma.Float32(), stats.Float32(), rows, d, accumulate)
+	} else {
+		layerNormBackward(p, f64(dx), f64(dgamma), f64(dbeta), dy.Float64(), x.Float64(), gamma.Float64(), stats.Float64(), rows, d, accumulate)
+	}
+	return nil
+}
+
+func layerNormBackward[T float](p *Provider, dx, dgamma, dbeta, dy, x, gamma, stats []T, rows, d int, accumulate bool) {
+	if dx != nil {
+		p.inRows(rows, d, func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				m, s := stats[2*r], stats[2*r+1]
+				xr, dyr, dxr := x[r*d:(r+1)*d], dy[r*d:(r+1)*d], dx[r*d:(r+1)*d]
+				var m1, m2 float64
+				for i := range xr {
+					g := float64(dyr[i] * gamma[i])
+					m1 += g
+					m2 += g * float64((xr[i]-m)*s)
+				}
+				a, b := T(m1/float64(d)), T(m2/float64(d))
+				for i := range xr {
+					dxr[i] = s * (dyr[i]*gamma[i] - a - (xr[i]-m)*s*b)
+				}
+			}
+		})
+	}
+	if dgamma == nil && dbeta == nil {
+		return
+	}
+	// Column sums over rows, in float64, one pass per column block.
+	p.inRows(d, rows, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			var g, b float64
+			for r := 0; r < rows; r++ {
+				v := float64(dy[r*d+i])
+				g += v * float64((x[r*d+i]-stats[2*r])*stats[2*r+1])
+				b += v
+			}
+			if dgamma != nil {
+				if accumulate {
+					dgamma[i] += T(g)
+				} else {
+					dgamma[i] = T(g)
+				}
+			}
+			if dbeta != nil {
+				if accumulate {
+					dbeta[i] += T(b)
+				} else {
+					dbeta[i] = T(b)
+				}
+			}
+		}
+	})
+}
+
+// Attention implements kernels.Kernels.
+func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error {
+	if err := p.host(o, lse, q, k, v); err != nil {
+		return err
+	}
+	n, s, t, e, f, err := kernels.AttentionDims(o, lse, q, k, v)
+	if err != nil {
+		return err
+	}
+	a := attnShape{s, t, e, f, causal}
+	if q.DType() == tensor.Float32 {
+		p.inRows(n, s*t*(e+f), func(lo, hi int) {
+			attention(a, o.Float32(), lse.Float32(), q.Float32(), k.Float32(), v.Float32(), lo, hi)
+		})
+	} else {
+		p.inRows(n, s*t*(e+f), func(lo, hi int) {
+			attention(a, o.Float64(), lse.Float64(), q.Float64(), k.Float64(), v.Float64(), lo, hi)
+		})
+	}
+	return nil
+}
+
+type attnShape struct {
+	s, t, e, f int
+	causal     bool
+}
+
+// keys is the number of keys query row i sees.
+func (a attnShape) keys(i int) int {
+	if a.causal {
+		return min(i+1, a.t)
+	}
+	return a.t
+}
+
+// probs fills pr[:keys] with query row i's scores against k, turned into
+// probabilities, and returns their log-sum-exp.
+func probs[T float](a attnShape, pr []float64, qi, k []T, i int) float64 {
+	scale := 1 / math.Sqrt(float64(a.e))
+	top := math.Inf(-1)
+	nk := a.keys(i)
+	for j := 0; j < nk; j++ {
+		kj := k[j*a.e : (j+1)*a.e]
+		var dot T
+		for c, qv := range qi {
+			dot += qv * kj[c]
+		}
+		pr[j] = float64(dot) * scale
+		top = max(top, pr[j])
+	}
+	var z float64
+	for j := 0; j < nk; j++ {
+		pr[j] = math.Exp(pr[j] - top)
+		z += pr[j]
+	}
+	for j := 0; j < nk; j++ {
+		pr[j] /= z
+	}
+	return top + math.Log(z)
+}
+
+func attention[T float](a attnShape, o, lse, q, k, v []T, lo, hi int) {
+	pr := make([]float64, a.t)
+	acc := make([]float64, a.f)
+	for h := lo; h < hi; h++ {
+		qh, kh, vh := q[h*a.s*a.e:], k[h*a.t*a.e:], v[h*a.t*a.f:]
+		oh, lh := o[h*a.s*a.f:], lse[h*a.s:]
+		for i := 0; i < a.s; i++ {
+			lh[i] = T(probs(a, pr, qh[i*a.e:(i+1)*a.e], kh, i))
+			clear(acc)
+			for j := 0; j < a.keys(i); j++ {
+				w := pr[j]
+				for c, x := range vh[j*a.f : (j+1)*a.f] {
+					acc[c] += w * float64(x)
+				}
+			}
+			for c := range acc {
+				oh[i*a.f+c] = T(acc[c])
+			}
+		}
+	}
+}
+
+// AttentionBackward implements kernels.Kernels.
+func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool) error {
+	if err := p.host(dq, dk, dv, do, q, k, v, o, lse); err != nil {
+		return err
+	}
+	n, s, t, e, f, err := kernels.AttentionDims(o, lse, q, k, v)
+	if err != nil {
+		return err
+	}
+	if !tensor.SameShape(dq, q) || !tensor.SameShape(dk, k) || !tensor.SameShape(dv, v) || !tensor.SameShape(do, o) {
+		return fmt.Errorf("%w: attention backward dq=%v dk=%v dv=%v do=%v for q=%v k=%v v=%v", kernels.ErrShape, dq, dk, dv, do, q, k, v)
+	}
+	if _, _, _, _, _, err := kernels.AttentionDims(do, lse, dq, dk, dv); err != nil {
+		return err
+	}
+	a := attnShape{s, t, e, f, causal}
+	if q.DType() == tensor.Float32 {
+		p.inRows(n, 2*s*t*(e+f), func(lo, hi int) {
+			attentionBackward(a, dq.Float32(), dk.Float32(), dv.Float32(), do.Float32(), q.Float32(), k.Float32(), v.Float32(), o.Float32(), lo, hi)
+		})
+	} else {
+		p.inRows(n, 2*s*t*(e+f), func(lo, hi int) {
+			attentionBackward(a, dq.Float64(), dk.Float64(), dv.Float64(), do.Float64(), q.Float64(), k.Float64(), v.Float64(), o.Float64(), lo, hi)
+		})
+	}
+	return nil
+}
+
+// attentionBackward: with P the probabilities of a query row, dv += Pᵀ·do,
+// dS = P ⊙ (do·vᵀ − do·o) (do·o = rowsum(dP ⊙ P)), dq = dS·k/√E and dk +=
+// dSᵀ·q/√E. dk and dv are summed over query rows in float64.
+func attentionBackward[T float](a attnShape, dq, dk, dv, do, q, k, v, o []T, lo, hi int) {
+	pr := make([]float64, a.t)
+	gk := make([]float64, a.t*a.e)
+	gv := make([]float64, a.t*a.f)
+	gq := make([]float64, a.e)
+	scale := 1 / math.Sqrt(float64(a.e))
+	for h := lo; h < hi; h++ {
+		qh, kh, vh := q[h*a.s*a.e:], k[h*a.t*a.e:], v[h*a.t*a.f:]
+		oh, doh := o[h*a.s*a.f:], do[h*a.s*a.f:]
+		clear(gk)
+		clear(gv)
+		for i := 0; i < a.s; i++ {
+			qi := qh[i*a.e : (i+1)*a.e]
+			probs(a, pr, qi, kh, i)
+			doi, oi := doh[i*a.f:(i+1)*a.f], oh[i*a.f:(i+1)*a.f]
+			var dot float64
+			for c := range doi {
+				dot += float64(doi[c]) * float64(oi[c])
+			}
+			clear(gq)
+			for j := 0; j < a.keys(i); j++ {
+				vj := vh[j*a.f : (j+1)*a.f]
+				var dp float64
+				for c, g := range doi {
+					dp += float64(g) * float64(vj[c])
+					gv[j*a.f+c] += pr[j] * float64(g)
+				}
+				ds := pr[j] * (dp - dot) * scale
+				kj := kh[j*a.e : (j+1)*a.e]
+				for c := range qi {
+					gq[c] += ds * float64(kj[c])
+					gk[j*a.e+c] += ds * float64(qi[c])
+				}
+			}
+			for c, g := range gq {
+				dq[h*a.s*a.e+i*a.e+c] = T(g)
+			}
+		}
+		for x, g := range gk {
+			dk[h*a.t*a.e+x] = T(g)
+		}
+		for x, g := range gv {
+			dv[h*a.t*a.f+x] = T(g)
+		}
+	}
+}
+
+// row is the local table row of id (held as a float), if this shard holds it.
+func row[T float](id T, offset, rows int) (int, bool) {
+	r := int(math.Round(float64(id))) - offset
+	return r, r >= 0 && r < rows
+}
+
+// Embedding implements kernels.Kernels.
+func (p *Provider) Embedding(y, ids, table *tensor.Tensor, offset int) error {
+	if err := p.host(y, ids, table); err != nil {
+		return err
+	}
+	n, rows, d, err := kernels.EmbeddingDims(y, ids, table)
+	if err != nil {
+		return err
+	}
+	if y.DType() == tensor.Float32 {
+		p.inRows(n, d, func(lo, hi int) { embedding(y.Float32(), ids.Float32(), table.Float32(), offset, rows, d, lo, hi) })
+	} else {
+		p.inRows(n, d, func(lo, hi int) { embedding(y.Float64(), ids.Float64(), table.Float64(), offset, rows, d, lo, hi) })
+	}
+	return nil
+}
+
+func embedding[T float](y, ids, table []T, offset, rows, d, lo, hi int) {
+	for i := lo; i < hi; i++ {
+		if r, ok := row(ids[i], offset, rows); ok {
+			copy(y[i*d:(i+1)*d], table[r*d:(r+1)*d])
+		} else {
+			clear(y[i*d : (i+1)*d])
+		}
+	}
+}
+
+// EmbeddingBackward implements kernels.Kernels.
+func (p *Provider) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int, accumulate bool) error {
+	if err := p.host(dtable, dy, ids); err != nil {
+		return err
+	}
+	n, rows, d, err := kernels.EmbeddingDims(dy, ids, dtable)
+	if err != nil {
+		return err
+	}
+	// Rows of the table are split over threads; every thread reads every id.
+	if dtable.DType() == tensor.Float32 {
+		p.inRows(rows, n, func(lo, hi int) {
+			embeddingBackward(dtable.Float32(), dy.Float32(), ids.Float32(), offset, d, n, lo, hi, accumulate)
+		})
+	} else {
+		p.inRows(rows, n, func(lo, hi int) {
+			embeddingBackward(dtable.Float64(), dy.Float64(), ids.Float64(), offset, d, n, lo, hi, accumulate)
+		})
+	}
+	return nil
+}
+
+func embeddingBackward[T float](dtable, dy, ids []T, offset, d, n, lo, hi int, accumulate bool) {
+	if !accumulate {
+		clear(dtable[lo*d : hi*d])
+	}
+	for i := 0; i < n; i++ {
+		r, ok := row(ids[i], offset+lo, hi-lo)
+		if !ok {
+			continue
+		}
+		r += lo
+		dst, src := dtable[r*d:(r+1)*d], dy[i*d:(i+1)*d]
+		for c, g := range src {
+			dst[c] += g
+		}
+	}
+}
+
+// CrossEntropy implements kernels.Kernels.
+func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error {
+	if err := p.host(stats, logits, targets); err != nil {
+		return err
+	}
+	t, v, err := kernels.CrossEntropyDims(stats, logits, targets, 3)
+	if err != nil {
+		return err
+	}
+	if logits.DType() == tensor.Float32 {
+		p.inRows(t, v, func(lo, hi int) {
+			crossEntropy(stats.Float32(), logits.Float32(), targets.Float32(), offset, v, lo, hi)
+		})
+	} else {
+		p.inRows(t, v, func(lo, hi int) {
+			crossEntropy(stats.Float64(), logits.Float64(), targets.Float64(), offset, v, lo, hi)
+		})
+	}
+	return nil
+}
+
+func crossEntropy[T float](stats, logits, targets []T, offset, v, lo, hi int) {
+	for i := lo; i < hi; i++ {
+		l := logits[i*v : (i+1)*v]
+		top := math.Inf(-1)
+		for _, x := range l {
+			top = max(top, float64(x))
+		}
+		var z float64
+		for _, x := range l {
+			z += math.Exp(float64(x) - top)
+		}
+		var picked T
+		if r, ok := row(targets[i], offset, v); ok {
+			picked = l[r]
+		}
+		stats[3*i], stats[3*i+1], stats[3*i+2] = T(top), T(z), picked
+	}
+}
+
+// CrossEntropyBackward implements kernels.Kernels.
+func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error {
+	if err := p.host(dlogits, logits, targets, lse); err != nil {
+		return err
+	}
+	t, v, err := kernels.CrossEntropyDims(lse, logits, targets, 1)
+	if err != nil {
+		return err
+	}
+	if _, err := kernels.ElementwiseDims(dlogits, logits); err != nil {
+		return err
+	}
+	if logits.DType() == tensor.Float32 {
+		p.inRows(t, v, func(lo, hi int) {
+			crossEntropyBackward(dlogits.Float32(), logits.Float32(), targets.Float32(), lse.Float32(), offset, v, lo, hi, scale)
+		})
+	} else {
+		p.inRows(t, v, func(lo, hi int) {
+			crossEntropyBackward(dlogits.Float64(), logits.Float64(), targets.Float64(), lse.Float64(), offset, v, lo, hi, scale)
+		})
+	}
+	return nil
+}
+
+func crossEntropyBackward[T float](dl, logits, targets, lse []T, offset, v, lo, hi int, scale float64) {
+	for i := lo; i < hi; i++ {
+		l, d := logits[i*v:(i+1)*v], dl[i*v:(i+1)*v]
+		m := float64(lse[i])
+		for j, x := range l {
+			d[j] = T(scale * math.Exp(float64(x)-m))
+		}
+		if r, ok := row(targets[i], offset, v); ok {
+			d[r] -= T(scale)
+		}
+	}
+}
+
+// AdamW implements kernels.Kernels: PyTorch's torch.optim.AdamW (decoupled
+// weight decay, bias-corrected moments, eps added after the square root).
+func (p *Provider) AdamW(a kernels.AdamWParams, param, grad, m, v *tensor.Tensor) error {
+	if err := p.host(param, grad, m, v); err != nil {
+		return err
+	}
+	n, err := kernels.AdamWDims(param, grad, m, v)
+	if err != nil {
+		return err
+	}
+	if a.Step < 1 {
+		return fmt.Errorf("%w: adamw step %d: steps count from 1", kernels.ErrShape, a.Step)
+	}
+	pw, gw, mw, vw := param.Float32(), grad.Float32(), m.Float32(), v.Float32()
+	c1 := 1 - math.Pow(a.Beta1, float64(a.Step))
+	c2 := 1 - math.Pow(a.Beta2, float64(a.Step))
+	decay := float32(1 - a.LR*a.WeightDecay)
+	step := float32(a.LR / c1)
+	root := float32(math.Sqrt(c2))
+	eps := float32(a.Eps)
+	w1, b2 := float32(1-a.Beta1), float32(a.Beta2)
+	inPieces(n, p.nthreads(), func(_, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			g := gw[i]
+			mi := mw[i] + w1*(g-mw[i]) // m.lerp_(g, 1 - β1)
+			vi := b2*vw[i] + (1-b2)*g*g
+			mw[i], vw[i] = mi, vi
+			pw[i] *= decay
+			pw[i] -= step * mi / (float32(math.Sqrt(float64(vi)))/root + eps)
+		}
+	})
+	return nil
+}

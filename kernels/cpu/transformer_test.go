@@ -1,0 +1,287 @@
+package cpu_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/kernels/cpu"
+	"github.com/meshrun/meshrun/placement/sim"
+	"github.com/meshrun/meshrun/spmd/spmdtest"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+func rnd(rng *rand.Rand, shape ...int) *tensor.Tensor {
+	t := tensor.New(tensor.Float64, shape...)
+	for i := range t.Float64() {
+		t.Float64()[i] = rng.Float64()*2 - 1
+	}
+	return t
+}
+
+func zeros(shape ...int) *tensor.Tensor { return tensor.New(tensor.Float64, shape...) }
+
+func simOf(t *tensor.Tensor) sim.Tensor { return sim.Tensor{Shape: t.Shape(), Data: t.Float64()} }
+
+func near(t *testing.T, what string, got, want []float64, tol float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	for i := range got {
+		if d := math.Abs(got[i] - want[i]); d > tol*max(1, math.Abs(want[i])) || math.IsNaN(got[i]) {
+			t.Fatalf("%s[%d] = %.12g, want %.12g", what, i, got[i], want[i])
+		}
+	}
+}
+
+// numGrad is the gradient of Σ w·f(x) with respect to x's values, by
+// central differences: the check that does not share the kernels' formulas.
+func numGrad(x *tensor.Tensor, w []float64, f func() []float64) []float64 {
+	g := make([]float64, x.Len())
+	for i := range g {
+		v := x.Float64()[i]
+		const h = 1e-6
+		x.Float64()[i] = v + h
+		up := f()
+		x.Float64()[i] = v - h
+		down := f()
+		x.Float64()[i] = v
+		for j := range up {
+			g[i] += w[j] * (up[j] - down[j]) / (2 * h)
+		}
+	}
+	return g
+}
+
+func TestLayerNorm(t *testing.T) {
+	p, _ := cpu.New(cpu.Options{})
+	rng := rand.New(rand.NewPCG(1, 2))
+	x, gamma, beta, dy := rnd(rng, 3, 5, 7), rnd(rng, 7), rnd(rng, 7), rnd(rng, 3, 5, 7)
+	y, stats := zeros(3, 5, 7), zeros(15, 2)
+	fwd := func() []float64 {
+		if err := p.LayerNorm(y, stats, x, gamma, beta, spmdtest.LayerNormEps); err != nil {
+			t.Fatal(err)
+		}
+		return append([]float64(nil), y.Float64()...)
+	}
+	want, err := spmdtest.Eval("layernorm", "ABd,d,d->ABd", []sim.Tensor{simOf(x), simOf(gamma), simOf(beta)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "y", fwd(), want.Data, 1e-12)
+	dx, dg, db := zeros(3, 5, 7), zeros(7), zeros(7)
+	if err := p.LayerNormBackward(dx, dg, db, dy, x, gamma, stats, false); err != nil {
+		t.Fatal(err)
+	}
+	near(t, "dx", dx.Float64(), numGrad(x, dy.Float64(), fwd), 1e-6)
+	near(t, "dgamma", dg.Float64(), numGrad(gamma, dy.Float64(), fwd), 1e-6)
+	near(t, "dbeta", db.Float64(), numGrad(beta, dy.Float64(), fwd), 1e-6)
+	// Accumulate adds; nil outputs are skipped.
+	before := append([]float64(nil), dg.Float64()...)
+	if err := p.LayerNormBackward(nil, dg, nil, dy, x, gamma, stats, true); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range dg.Float64() {
+		if math.Abs(v-2*before[i]) > 1e-12 {
+			t.Fatalf("accumulated dgamma[%d] = %g, want %g", i, v, 2*before[i])
+		}
+	}
+}
+
+func TestAttention(t *testing.T) {
+	p, _ := cpu.New(cpu.Options{Threads: 2})
+	rng := rand.New(rand.NewPCG(3, 4))
+	const b, h, s, e, f = 2, 3, 6, 4, 5
+	q, k, v, do := rnd(rng, b, h, s, e), rnd(rng, b, h, s, e), rnd(rng, b, h, s, f), rnd(rng, b, h, s, f)
+	o, lse := zeros(b, h, s, f), zeros(b, h, s)
+	fwd := func() []float64 {
+		if err := p.Attention(o, lse, q, k, v, true); err != nil {
+			t.Fatal(err)
+		}
+		return append([]float64(nil), o.Float64()...)
+	}
+	want, err := spmdtest.Eval("attention", "Ahse,Ahte,Ahtf->Ahsf", []sim.Tensor{simOf(q), simOf(k), simOf(v)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "o", fwd(), want.Data, 1e-12)
+	dq, dk, dv := zeros(b, h, s, e), zeros(b, h, s, e), zeros(b, h, s, f)
+	if err := p.AttentionBackward(dq, dk, dv, do, q, k, v, o, lse, true); err != nil {
+		t.Fatal(err)
+	}
+	near(t, "dq", dq.Float64(), numGrad(q, do.Float64(), fwd), 1e-6)
+	near(t, "dk", dk.Float64(), numGrad(k, do.Float64(), fwd), 1e-6)
+	near(t, "dv", dv.Float64(), numGrad(v, do.Float64(), fwd), 1e-6)
+	// The first query sees only the first key: its output is v's first row.
+	near(t, "o[0,0,0]", o.Float64()[:f], v.Float64()[:f], 1e-12)
+}
+
+func TestEmbedding(t *testing.T) {
+	p, _ := cpu.New(cpu.Options{})
+	rng := rand.New(rand.NewPCG(5, 6))
+	const vocab, d, offset, rows = 11, 4, 3, 5 // this shard holds ids 3..7
+	ids := zeros(2, 6)
+	for i := range ids.Float64() {
+		ids.Float64()[i] = float64(rng.IntN(vocab))
+	}
+	table, dy := rnd(rng, rows, d), rnd(rng, 2, 6, d)
+	y, dt := zeros(2, 6, d), zeros(rows, d)
+	if err := p.Embedding(y, ids, table, offset); err != nil {
+		t.Fatal(err)
+	}
+	want, err := spmdtest.EvalAt("embedding", "AB,vd->ABd", []sim.Tensor{simOf(ids), simOf(table)}, nil, offset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "y", y.Float64(), want.Data, 0)
+	if err := p.EmbeddingBackward(dt, dy, ids, offset, false); err != nil {
+		t.Fatal(err)
+	}
+	wantD, err := spmdtest.EvalAt("embedding.grad_table", "ABd,AB->vd", []sim.Tensor{simOf(dy), simOf(ids)}, []int{rows, d}, offset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "dtable", dt.Float64(), wantD.Data, 1e-12)
+}
+
+// TestCrossEntropy: the stats of two vocabulary shards combine into the
+// whole row's loss, and the backward is the loss's gradient.
+func TestCrossEntropy(t *testing.T) {
+	p, _ := cpu.New(cpu.Options{})
+	rng := rand.New(rand.NewPCG(7, 8))
+	const rows, vocab, split = 5, 9, 4
+	logits := rnd(rng, rows, vocab)
+	targets := zeros(rows)
+	for i := range targets.Float64() {
+		targets.Float64()[i] = float64(rng.IntN(vocab))
+	}
+	shard := func(lo, hi int) *tensor.Tensor {
+		s := zeros(rows, hi-lo)
+		for r := 0; r < rows; r++ {
+			copy(s.Float64()[r*(hi-lo):], logits.Float64()[r*vocab+lo:r*vocab+hi])
+		}
+		return s
+	}
+	loss := func() []float64 {
+		var out []float64
+		st := [2]*tensor.Tensor{zeros(rows, 3), zeros(rows, 3)}
+		for i, r := range [2][2]int{{0, split}, {split, vocab}} {
+			if err := p.CrossEntropy(st[i], shard(r[0], r[1]), targets, r[0]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for r := 0; r < rows; r++ {
+			a, b := st[0].Float64()[3*r:], st[1].Float64()[3*r:]
+			m := max(a[0], b[0])
+			lse := m + math.Log(a[1]*math.Exp(a[0]-m)+b[1]*math.Exp(b[0]-m))
+			out = append(out, lse-(a[2]+b[2]))
+		}
+		return out
+	}
+	got := loss()
+	for r := 0; r < rows; r++ {
+		row := logits.Float64()[r*vocab : (r+1)*vocab]
+		var z float64
+		for _, x := range row {
+			z += math.Exp(x)
+		}
+		want := math.Log(z) - row[int(targets.Float64()[r])]
+		near(t, "loss", got[r:r+1], []float64{want}, 1e-12)
+	}
+	// The gradient of the mean loss, on the whole row (one shard, offset 0).
+	lse, st := zeros(rows), zeros(rows, 3)
+	if err := p.CrossEntropy(st, logits, targets, 0); err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < rows; r++ {
+		lse.Float64()[r] = st.Float64()[3*r] + math.Log(st.Float64()[3*r+1])
+	}
+	dl := zeros(rows, vocab)
+	if err := p.CrossEntropyBackward(dl, logits, targets, lse, 0, 1.0/rows); err != nil {
+		t.Fatal(err)
+	}
+	w := make([]float64, rows)
+	for i := range w {
+		w[i] = 1.0 / rows
+	}
+	near(t, "dlogits", dl.Float64(), numGrad(logits, w, loss), 1e-6)
+}
+
+// TestAdamW: two steps against the update written out in float64.
+func TestAdamW(t *testing.T) {
+	p, _ := cpu.New(cpu.Options{})
+	a := kernels.AdamWParams{LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
+	param := []float32{0.5, -1, 2, 0}
+	grads := [][]float32{{0.1, -0.2, 0.3, 0}, {-0.1, 0.05, 0.3, 1}}
+	pt, _ := tensor.FromFloat32(append([]float32(nil), param...), 4)
+	m, v := tensor.New(tensor.Float32, 4), tensor.New(tensor.Float32, 4)
+	want := make([]float64, 4)
+	mw, vw := make([]float64, 4), make([]float64, 4)
+	for i := range want {
+		want[i] = float64(param[i])
+	}
+	for step, g := range grads {
+		a.Step = step + 1
+		gt, _ := tensor.FromFloat32(g, 4)
+		if err := p.AdamW(a, pt, gt, m, v); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			gi := float64(g[i])
+			want[i] *= 1 - a.LR*a.WeightDecay
+			mw[i] = a.Beta1*mw[i] + (1-a.Beta1)*gi
+			vw[i] = a.Beta2*vw[i] + (1-a.Beta2)*gi*gi
+			mh := mw[i] / (1 - math.Pow(a.Beta1, float64(a.Step)))
+			vh := vw[i] / (1 - math.Pow(a.Beta2, float64(a.Step)))
+			want[i] -= a.LR * mh / (math.Sqrt(vh) + a.Eps)
+		}
+	}
+	got := make([]float64, 4)
+	for i, x := range pt.Float32() {
+		got[i] = float64(x)
+	}
+	near(t, "param", got, want, 1e-6)
+	a.Step = 0
+	if err := p.AdamW(a, pt, pt, m, v); err == nil {
+		t.Fatal("step 0 accepted")
+	}
+}
+
+// TestTransformerFloat32: float32 runs agree with float64 to float32's
+// precision, and bad shapes are refused before any work.
+func TestTransformerFloat32(t *testing.T) {
+	p, _ := cpu.New(cpu.Options{})
+	rng := rand.New(rand.NewPCG(9, 10))
+	q, k, v := rnd(rng, 4, 8, 16), rnd(rng, 4, 8, 16), rnd(rng, 4, 8, 16)
+	o, lse := zeros(4, 8, 16), zeros(4, 8)
+	if err := p.Attention(o, lse, q, k, v, true); err != nil {
+		t.Fatal(err)
+	}
+	c := func(x *tensor.Tensor) *tensor.Tensor {
+		y := tensor.New(tensor.Float32, x.Shape()...)
+		if err := p.Cast(y, x); err != nil {
+			t.Fatal(err)
+		}
+		return y
+	}
+	o32, lse32 := tensor.New(tensor.Float32, 4, 8, 16), tensor.New(tensor.Float32, 4, 8)
+	if err := p.Attention(o32, lse32, c(q), c(k), c(v), true); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float64, o32.Len())
+	for i, x := range o32.Float32() {
+		got[i] = float64(x)
+	}
+	near(t, "float32 o", got, o.Float64(), 1e-5)
+	if err := p.Attention(zeros(4, 8, 15), lse, q, k, v, true); err == nil {
+		t.Fatal("attention into a wrong shape accepted")
+	}
+	if err := p.LayerNorm(zeros(2, 3), zeros(2, 2), zeros(2, 3), zeros(4), zeros(4), 1e-5); err == nil {
+		t.Fatal("layernorm with a wrong gamma accepted")
+	}
+	if err := p.Embedding(zeros(2, 3), zeros(2), tensor.New(tensor.Float32, 5, 3), 0); err == nil {
+		t.Fatal("embedding across dtypes accepted")
+	}
+}

@@ -1,0 +1,182 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// TransformerKernels are the ops of a transformer block beyond its GEMMs, as
+// each rank runs them on its shards (float32 and float64; AdamW float32):
+//
+//	LayerNorm          y = (x − mean)·rstd·gamma + beta over the last dim of
+//	                   x[..., D]; stats[rows, 2] receives (mean, rstd), rstd =
+//	                   1/√(var + eps), for the backward
+//	LayerNormBackward  dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·gamma;
+//	                   dgamma (+)= Σ_rows dy·x̂, dbeta (+)= Σ_rows dy; any of
+//	                   dx, dgamma, dbeta may be nil (not needed)
+//	Attention          o = softmax(q·kᵀ/√E, causal: key t ≤ query s)·v per
+//	                   head: q[..., S, E], k[..., T, E], v[..., T, F], o[...,
+//	                   S, F] (the leading dims, batch × heads, flattened);
+//	                   lse[..., S] receives each row's log-sum-exp
+//	AttentionBackward  dq, dk, dv from do, q, k, v, o and lse (recomputing
+//	                   the probabilities; nothing S×T is kept between passes)
+//	Embedding          y[..., D] = table[id − offset] for ids[...] (integers
+//	                   held as floats) within the table's rows [offset,
+//	                   offset + V), zeros elsewhere: a rank's vocabulary
+//	                   shard
+//	EmbeddingBackward  dtable[id − offset] (+)= dy[...] for the ids in range
+//	CrossEntropy       per row of logits[T, V] (a vocabulary shard from
+//	                   offset): stats[T, 3] = (max, Σ exp(l − max), the
+//	                   target's logit or 0 when another shard holds it)
+//	CrossEntropyBackward dlogits = scale·(exp(l − lse) − [v = target]) with
+//	                   lse[T] the rows' log-sum-exp over the whole vocabulary
+//	AdamW              PyTorch's AdamW step on float32 param, grad, and the
+//	                   moments m and v
+//
+// (+)= as in Kernels: accumulate adds, otherwise the output is overwritten.
+type TransformerKernels interface {
+	LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error
+	LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, accumulate bool) error
+	Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error
+	AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool) error
+	Embedding(y, ids, table *tensor.Tensor, offset int) error
+	EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int, accumulate bool) error
+	CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error
+	CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error
+	AdamW(p AdamWParams, param, grad, m, v *tensor.Tensor) error
+}
+
+// AdamWParams is one AdamW step: Step counts from 1.
+type AdamWParams struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float64
+	Step                               int
+}
+
+// LayerNormDims checks LayerNorm's operands and returns (rows, D).
+func LayerNormDims(y, stats, x, gamma, beta *tensor.Tensor) (rows, d int, err error) {
+	if x.Rank() < 1 || !tensor.SameShape(x, y) || gamma.Rank() != 1 || gamma.Dim(0) != x.Dim(-1) ||
+		(beta != nil && !tensor.SameShape(beta, gamma)) || stats.Len() != 2*lead(x) {
+		return 0, 0, fmt.Errorf("%w: layernorm y=%v stats=%v x=%v gamma=%v beta=%v", ErrShape, y, stats, x, gamma, beta)
+	}
+	ts := []*tensor.Tensor{y, stats, gamma}
+	if beta != nil {
+		ts = append(ts, beta)
+	}
+	return lead(x), x.Dim(-1), floats(x, ts...)
+}
+
+// AttentionDims checks Attention's operands and returns (heads, S, T, E, F):
+// heads is the product of the leading dims.
+func AttentionDims(o, lse, q, k, v *tensor.Tensor) (n, s, t, e, f int, err error) {
+	r := q.Rank()
+	bad := r < 2 || k.Rank() != r || v.Rank() != r || o.Rank() != r || lse.Rank() != r-1
+	if !bad {
+		for i := 0; i < r-2; i++ {
+			bad = bad || k.Dim(i) != q.Dim(i) || v.Dim(i) != q.Dim(i) || o.Dim(i) != q.Dim(i) || lse.Dim(i) != q.Dim(i)
+		}
+		s, e, t, f = q.Dim(-2), q.Dim(-1), k.Dim(-2), v.Dim(-1)
+		bad = bad || k.Dim(-1) != e || v.Dim(-2) != t || o.Dim(-2) != s || o.Dim(-1) != f || lse.Dim(-1) != s
+	}
+	if bad {
+		return 0, 0, 0, 0, 0, fmt.Errorf("%w: attention o=%v lse=%v q=%v k=%v v=%v", ErrShape, o, lse, q, k, v)
+	}
+	return q.Len() / max(s*e, 1), s, t, e, f, floats(q, k, v, o, lse)
+}
+
+// EmbeddingDims checks Embedding's operands and returns (ids, V, D).
+func EmbeddingDims(y, ids, table *tensor.Tensor) (n, rows, d int, err error) {
+	ok := table.Rank() == 2 && y.Rank() == ids.Rank()+1 && y.Dim(-1) == table.Dim(1)
+	for i := 0; ok && i < ids.Rank(); i++ {
+		ok = y.Dim(i) == ids.Dim(i)
+	}
+	if !ok {
+		return 0, 0, 0, fmt.Errorf("%w: embedding y=%v ids=%v table=%v", ErrShape, y, ids, table)
+	}
+	return ids.Len(), table.Dim(0), table.Dim(1), floats(y, ids, table)
+}
+
+// CrossEntropyDims checks CrossEntropy's operands (stats [T, 3], or lse [T]
+// for the backward) and returns (T, V).
+func CrossEntropyDims(stats, logits, targets *tensor.Tensor, width int) (t, v int, err error) {
+	if logits.Rank() != 2 || targets.Rank() != 1 || targets.Dim(0) != logits.Dim(0) || stats.Len() != width*logits.Dim(0) {
+		return 0, 0, fmt.Errorf("%w: cross entropy stats=%v logits=%v targets=%v", ErrShape, stats, logits, targets)
+	}
+	return logits.Dim(0), logits.Dim(1), floats(logits, stats, targets)
+}
+
+// AdamWDims checks AdamW's operands: float32, one shape.
+func AdamWDims(param, grad, m, v *tensor.Tensor) (int, error) {
+	n, err := ElementwiseDims(param, grad, m, v)
+	if err == nil && param.DType() != tensor.Float32 {
+		err = fmt.Errorf("%w: adamw on %v: parameters and moments stay float32", ErrDType, param.DType())
+	}
+	return n, err
+}
+
+// floats checks that ts share first's dtype, float32 or float64.
+func floats(first *tensor.Tensor, ts ...*tensor.Tensor) error {
+	if dt := first.DType(); dt != tensor.Float32 && dt != tensor.Float64 {
+		return fmt.Errorf("%w: %v: these ops take float32 or float64", ErrDType, dt)
+	}
+	for _, t := range ts {
+		if t.DType() != first.DType() {
+			return fmt.Errorf("%w: %v with %v", ErrDType, first.DType(), t.DType())
+		}
+	}
+	return nil
+}
+
+// NoTransformer is embedded by providers that lack the transformer ops: each
+// returns ErrUnsupported (their Has reports false, so a Dispatcher sends
+// them to the device's default provider).
+type NoTransformer struct{ Name string }
+
+func (n NoTransformer) unsupported(op Op) error {
+	return fmt.Errorf("%w: %s %v", ErrUnsupported, n.Name, op)
+}
+
+// LayerNorm is not implemented.
+func (n NoTransformer) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error {
+	return n.unsupported(OpLayerNorm)
+}
+
+// LayerNormBackward is not implemented.
+func (n NoTransformer) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, accumulate bool) error {
+	return n.unsupported(OpLayerNormBackward)
+}
+
+// Attention is not implemented.
+func (n NoTransformer) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error {
+	return n.unsupported(OpAttention)
+}
+
+// AttentionBackward is not implemented.
+func (n NoTransformer) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool) error {
+	return n.unsupported(OpAttentionBackward)
+}
+
+// Embedding is not implemented.
+func (n NoTransformer) Embedding(y, ids, table *tensor.Tensor, offset int) error {
+	return n.unsupported(OpEmbedding)
+}
+
+// EmbeddingBackward is not implemented.
+func (n NoTransformer) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int, accumulate bool) error {
+	return n.unsupported(OpEmbeddingBackward)
+}
+
+// CrossEntropy is not implemented.
+func (n NoTransformer) CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error {
+	return n.unsupported(OpCrossEntropy)
+}
+
+// CrossEntropyBackward is not implemented.
+func (n NoTransformer) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error {
+	return n.unsupported(OpCrossEntropyBackward)
+}
+
+// AdamW is not implemented.
+func (n NoTransformer) AdamW(p AdamWParams, param, grad, m, v *tensor.Tensor) error {
+	return n.unsupported(OpAdamW)
+}

@@ -47,8 +47,8 @@ func opShapes(op string, p int) (shapes [][][]int, dims [][]int) {
 		return [][][]int{{{b, 5}, {5}, {5}}, {{2, b, 7}, {7}, {7}}}, [][]int{nil, nil}
 	case "softmax": // over the last dim, the first, the middle
 		return [][][]int{{{b, 3, 5}}, {{b, 3, 5}}, {{b, 3, 5}}}, [][]int{nil, {0}, {1}}
-	case "attention": // batch, heads, sequence, head dim (v's head dim differs)
-		return [][][]int{{{2, b, 3, 4}, {2, b, 3, 4}, {2, b, 3, 2}}, {{b, 2, 5, 3}, {b, 2, 5, 3}, {b, 2, 5, 3}}}, [][]int{nil, nil}
+	case "attention": // batch, sequence, heads, head dim (v's head dim differs)
+		return [][][]int{{{2, 3, b, 4}, {2, 3, b, 4}, {2, 3, b, 2}}, {{b, 5, 2, 3}, {b, 5, 2, 3}, {b, 5, 2, 3}}}, [][]int{nil, nil}
 	case "embedding": // ids of a batch of sequences, a table of 2p+1 rows
 		return [][][]int{{{b, 3}, {2*p + 1, 4}}, {{b}, {p + 2, k + 1}}}, [][]int{nil, nil}
 	}

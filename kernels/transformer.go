@@ -16,9 +16,10 @@ import (
 //	                   dgamma (+)= Σ_rows dy·x̂, dbeta (+)= Σ_rows dy; any of
 //	                   dx, dgamma, dbeta may be nil (not needed)
 //	Attention          o = softmax(q·kᵀ/√E, causal: key t ≤ query s)·v per
-//	                   head: q[..., S, E], k[..., T, E], v[..., T, F], o[...,
-//	                   S, F] (the leading dims, batch × heads, flattened);
-//	                   lse[..., S] receives each row's log-sum-exp
+//	                   batch and head: q[..., S, H, E], k[..., T, H, E],
+//	                   v[..., T, H, F], o[..., S, H, F] (tokens, then heads:
+//	                   the layout of the projections, no transposes);
+//	                   lse[..., H, S] receives each row's log-sum-exp
 //	AttentionBackward  dq, dk, dv from do, q, k, v, o and lse (recomputing
 //	                   the probabilities; nothing S×T is kept between passes)
 //	Embedding          y[..., D] = table[id − offset] for ids[...] (integers
@@ -66,22 +67,24 @@ func LayerNormDims(y, stats, x, gamma, beta *tensor.Tensor) (rows, d int, err er
 	return lead(x), x.Dim(-1), floats(x, ts...)
 }
 
-// AttentionDims checks Attention's operands and returns (heads, S, T, E, F):
-// heads is the product of the leading dims.
-func AttentionDims(o, lse, q, k, v *tensor.Tensor) (n, s, t, e, f int, err error) {
+// AttentionDims checks Attention's operands and returns (batch, heads, S,
+// T, E, F): q[..., S, H, E], k[..., T, H, E], v[..., T, H, F], o[..., S, H,
+// F], lse[..., H, S]; batch is the product of the leading dims.
+func AttentionDims(o, lse, q, k, v *tensor.Tensor) (b, h, s, t, e, f int, err error) {
 	r := q.Rank()
-	bad := r < 2 || k.Rank() != r || v.Rank() != r || o.Rank() != r || lse.Rank() != r-1
+	bad := r < 3 || k.Rank() != r || v.Rank() != r || o.Rank() != r || lse.Rank() != r-1
 	if !bad {
-		for i := 0; i < r-2; i++ {
+		for i := 0; i < r-3; i++ {
 			bad = bad || k.Dim(i) != q.Dim(i) || v.Dim(i) != q.Dim(i) || o.Dim(i) != q.Dim(i) || lse.Dim(i) != q.Dim(i)
 		}
-		s, e, t, f = q.Dim(-2), q.Dim(-1), k.Dim(-2), v.Dim(-1)
-		bad = bad || k.Dim(-1) != e || v.Dim(-2) != t || o.Dim(-2) != s || o.Dim(-1) != f || lse.Dim(-1) != s
+		s, h, e, t, f = q.Dim(-3), q.Dim(-2), q.Dim(-1), k.Dim(-3), v.Dim(-1)
+		bad = bad || k.Dim(-2) != h || k.Dim(-1) != e || v.Dim(-3) != t || v.Dim(-2) != h ||
+			o.Dim(-3) != s || o.Dim(-2) != h || o.Dim(-1) != f || lse.Dim(-2) != h || lse.Dim(-1) != s
 	}
 	if bad {
-		return 0, 0, 0, 0, 0, fmt.Errorf("%w: attention o=%v lse=%v q=%v k=%v v=%v", ErrShape, o, lse, q, k, v)
+		return 0, 0, 0, 0, 0, 0, fmt.Errorf("%w: attention o=%v lse=%v q=%v k=%v v=%v", ErrShape, o, lse, q, k, v)
 	}
-	return q.Len() / max(s*e, 1), s, t, e, f, floats(q, k, v, o, lse)
+	return q.Len() / max(s*h*e, 1), h, s, t, e, f, floats(q, k, v, o, lse)
 }
 
 // EmbeddingDims checks Embedding's operands and returns (ids, V, D).

@@ -55,9 +55,9 @@ var planInputHelp = map[string]string{
 	"a":     "add, matmul: the first operand",
 	"gamma": "layernorm: the scale [D]",
 	"beta":  "layernorm: the shift [D]",
-	"q":     "attention: queries [..., heads, seq, dim]",
-	"k":     "attention: keys [..., heads, seq, dim]",
-	"v":     "attention: values [..., heads, seq, dim]",
+	"q":     "attention: queries [..., seq, heads, dim]",
+	"k":     "attention: keys [..., seq, heads, dim]",
+	"v":     "attention: values [..., seq, heads, dim]",
 	"ids":   "embedding: token ids [...]",
 	"table": "embedding: the table [vocab, dim]",
 }

@@ -110,12 +110,13 @@ var rules = map[string]rule{
 		whole:    lettersOf("z"),
 	},
 	// Causal scaled dot-product attention: o = softmax(q·kᵀ/√e, masked where
-	// key position t > query position s)·v, per batch and head. q[..., h, s,
-	// e], k[..., h, t, e], v[..., h, t, f]; batch dims and heads (h) shard,
+	// key position t > query position s)·v, per batch and head. q[..., s, h,
+	// e], k[..., t, h, e], v[..., t, h, f] (the layout the projections give:
+	// tokens, then heads), o[..., s, h, f]; batch dims and heads (h) shard,
 	// the sequence and head dims stay whole (sequence sharding would need
 	// ring attention).
 	"attention": {
-		equation: fixed("...hse,...hte,...htf->...hsf"),
+		equation: fixed("...she,...the,...thf->...shf"),
 		inputs:   []string{"q", "k", "v"},
 		// Work: q·kᵀ and p·v, s·t·e multiply-adds each when e = f.
 		kind:  kind{linear: []bool{false, false, false}, free: "f", times: 2},

@@ -279,7 +279,7 @@ func randomShapes(rng *rand.Rand, op string, m placement.Mesh) ([][]int, []int) 
 		return [][]int{x}, nil
 	case "attention":
 		b, h, sq, e := s(), s(), s(), s()
-		return [][]int{{b, h, sq, e}, {b, h, sq, e}, {b, h, sq, s()}}, nil
+		return [][]int{{b, sq, h, e}, {b, sq, h, e}, {b, sq, h, s()}}, nil
 	case "embedding":
 		ids := []int{s(), s()}
 		if rng.IntN(2) == 0 {

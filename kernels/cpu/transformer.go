@@ -144,26 +144,28 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 	if err := p.host(o, lse, q, k, v); err != nil {
 		return err
 	}
-	n, s, t, e, f, err := kernels.AttentionDims(o, lse, q, k, v)
+	b, h, s, t, e, f, err := kernels.AttentionDims(o, lse, q, k, v)
 	if err != nil {
 		return err
 	}
-	a := attnShape{s, t, e, f, causal}
+	a := attnShape{h, s, t, e, f, causal}
 	if q.DType() == tensor.Float32 {
-		p.inRows(n, s*t*(e+f), func(lo, hi int) {
+		p.inRows(b*h, s*t*(e+f), func(lo, hi int) {
 			attention(a, o.Float32(), lse.Float32(), q.Float32(), k.Float32(), v.Float32(), lo, hi)
 		})
 	} else {
-		p.inRows(n, s*t*(e+f), func(lo, hi int) {
+		p.inRows(b*h, s*t*(e+f), func(lo, hi int) {
 			attention(a, o.Float64(), lse.Float64(), q.Float64(), k.Float64(), v.Float64(), lo, hi)
 		})
 	}
 	return nil
 }
 
+// attnShape is one attention problem in the [batch, seq, heads, dim]
+// layout; its (batch, head) pairs bh = b·H + h are the units of work.
 type attnShape struct {
-	s, t, e, f int
-	causal     bool
+	h, s, t, e, f int
+	causal        bool
 }
 
 // keys is the number of keys query row i sees.
@@ -174,14 +176,20 @@ func (a attnShape) keys(i int) int {
 	return a.t
 }
 
-// probs fills pr[:keys] with query row i's scores against k, turned into
-// probabilities, and returns their log-sum-exp.
-func probs[T float](a attnShape, pr []float64, qi, k []T, i int) float64 {
+// at is the offset of row i of pair bh in a [B, rows, H, width] tensor.
+func (a attnShape) at(bh, rows, i, width int) int {
+	b, h := bh/a.h, bh%a.h
+	return ((b*rows+i)*a.h + h) * width
+}
+
+// probs fills pr[:keys] with query row i's scores against pair bh's keys,
+// turned into probabilities, and returns their log-sum-exp.
+func probs[T float](a attnShape, pr []float64, qi, k []T, bh, i int) float64 {
 	scale := 1 / math.Sqrt(float64(a.e))
 	top := math.Inf(-1)
 	nk := a.keys(i)
 	for j := 0; j < nk; j++ {
-		kj := k[j*a.e : (j+1)*a.e]
+		kj := k[a.at(bh, a.t, j, a.e):][:a.e]
 		var dot T
 		for c, qv := range qi {
 			dot += qv * kj[c]
@@ -203,20 +211,19 @@ func probs[T float](a attnShape, pr []float64, qi, k []T, i int) float64 {
 func attention[T float](a attnShape, o, lse, q, k, v []T, lo, hi int) {
 	pr := make([]float64, a.t)
 	acc := make([]float64, a.f)
-	for h := lo; h < hi; h++ {
-		qh, kh, vh := q[h*a.s*a.e:], k[h*a.t*a.e:], v[h*a.t*a.f:]
-		oh, lh := o[h*a.s*a.f:], lse[h*a.s:]
+	for bh := lo; bh < hi; bh++ {
 		for i := 0; i < a.s; i++ {
-			lh[i] = T(probs(a, pr, qh[i*a.e:(i+1)*a.e], kh, i))
+			lse[bh*a.s+i] = T(probs(a, pr, q[a.at(bh, a.s, i, a.e):][:a.e], k, bh, i))
 			clear(acc)
 			for j := 0; j < a.keys(i); j++ {
 				w := pr[j]
-				for c, x := range vh[j*a.f : (j+1)*a.f] {
+				for c, x := range v[a.at(bh, a.t, j, a.f):][:a.f] {
 					acc[c] += w * float64(x)
 				}
 			}
+			oi := o[a.at(bh, a.s, i, a.f):][:a.f]
 			for c := range acc {
-				oh[i*a.f+c] = T(acc[c])
+				oi[c] = T(acc[c])
 			}
 		}
 	}
@@ -227,23 +234,23 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	if err := p.host(dq, dk, dv, do, q, k, v, o, lse); err != nil {
 		return err
 	}
-	n, s, t, e, f, err := kernels.AttentionDims(o, lse, q, k, v)
+	b, h, s, t, e, f, err := kernels.AttentionDims(o, lse, q, k, v)
 	if err != nil {
 		return err
 	}
 	if !tensor.SameShape(dq, q) || !tensor.SameShape(dk, k) || !tensor.SameShape(dv, v) || !tensor.SameShape(do, o) {
 		return fmt.Errorf("%w: attention backward dq=%v dk=%v dv=%v do=%v for q=%v k=%v v=%v", kernels.ErrShape, dq, dk, dv, do, q, k, v)
 	}
-	if _, _, _, _, _, err := kernels.AttentionDims(do, lse, dq, dk, dv); err != nil {
+	if _, _, _, _, _, _, err := kernels.AttentionDims(do, lse, dq, dk, dv); err != nil {
 		return err
 	}
-	a := attnShape{s, t, e, f, causal}
+	a := attnShape{h, s, t, e, f, causal}
 	if q.DType() == tensor.Float32 {
-		p.inRows(n, 2*s*t*(e+f), func(lo, hi int) {
+		p.inRows(b*h, 2*s*t*(e+f), func(lo, hi int) {
 			attentionBackward(a, dq.Float32(), dk.Float32(), dv.Float32(), do.Float32(), q.Float32(), k.Float32(), v.Float32(), o.Float32(), lo, hi)
 		})
 	} else {
-		p.inRows(n, 2*s*t*(e+f), func(lo, hi int) {
+		p.inRows(b*h, 2*s*t*(e+f), func(lo, hi int) {
 			attentionBackward(a, dq.Float64(), dk.Float64(), dv.Float64(), do.Float64(), q.Float64(), k.Float64(), v.Float64(), o.Float64(), lo, hi)
 		})
 	}
@@ -259,43 +266,45 @@ func attentionBackward[T float](a attnShape, dq, dk, dv, do, q, k, v, o []T, lo,
 	gv := make([]float64, a.t*a.f)
 	gq := make([]float64, a.e)
 	scale := 1 / math.Sqrt(float64(a.e))
-	for h := lo; h < hi; h++ {
-		qh, kh, vh := q[h*a.s*a.e:], k[h*a.t*a.e:], v[h*a.t*a.f:]
-		oh, doh := o[h*a.s*a.f:], do[h*a.s*a.f:]
+	for bh := lo; bh < hi; bh++ {
 		clear(gk)
 		clear(gv)
 		for i := 0; i < a.s; i++ {
-			qi := qh[i*a.e : (i+1)*a.e]
-			probs(a, pr, qi, kh, i)
-			doi, oi := doh[i*a.f:(i+1)*a.f], oh[i*a.f:(i+1)*a.f]
+			qi := q[a.at(bh, a.s, i, a.e):][:a.e]
+			probs(a, pr, qi, k, bh, i)
+			doi, oi := do[a.at(bh, a.s, i, a.f):][:a.f], o[a.at(bh, a.s, i, a.f):][:a.f]
 			var dot float64
 			for c := range doi {
 				dot += float64(doi[c]) * float64(oi[c])
 			}
 			clear(gq)
 			for j := 0; j < a.keys(i); j++ {
-				vj := vh[j*a.f : (j+1)*a.f]
+				vj := v[a.at(bh, a.t, j, a.f):][:a.f]
 				var dp float64
 				for c, g := range doi {
 					dp += float64(g) * float64(vj[c])
 					gv[j*a.f+c] += pr[j] * float64(g)
 				}
 				ds := pr[j] * (dp - dot) * scale
-				kj := kh[j*a.e : (j+1)*a.e]
+				kj := k[a.at(bh, a.t, j, a.e):][:a.e]
 				for c := range qi {
 					gq[c] += ds * float64(kj[c])
 					gk[j*a.e+c] += ds * float64(qi[c])
 				}
 			}
+			dqi := dq[a.at(bh, a.s, i, a.e):][:a.e]
 			for c, g := range gq {
-				dq[h*a.s*a.e+i*a.e+c] = T(g)
+				dqi[c] = T(g)
 			}
 		}
-		for x, g := range gk {
-			dk[h*a.t*a.e+x] = T(g)
-		}
-		for x, g := range gv {
-			dv[h*a.t*a.f+x] = T(g)
+		for j := 0; j < a.t; j++ {
+			dkj, dvj := dk[a.at(bh, a.t, j, a.e):][:a.e], dv[a.at(bh, a.t, j, a.f):][:a.f]
+			for c := range dkj {
+				dkj[c] = T(gk[j*a.e+c])
+			}
+			for c := range dvj {
+				dvj[c] = T(gv[j*a.f+c])
+			}
 		}
 	}
 }

@@ -94,20 +94,20 @@ func TestAttention(t *testing.T) {
 	p, _ := cpu.New(cpu.Options{Threads: 2})
 	rng := rand.New(rand.NewPCG(3, 4))
 	const b, h, s, e, f = 2, 3, 6, 4, 5
-	q, k, v, do := rnd(rng, b, h, s, e), rnd(rng, b, h, s, e), rnd(rng, b, h, s, f), rnd(rng, b, h, s, f)
-	o, lse := zeros(b, h, s, f), zeros(b, h, s)
+	q, k, v, do := rnd(rng, b, s, h, e), rnd(rng, b, s, h, e), rnd(rng, b, s, h, f), rnd(rng, b, s, h, f)
+	o, lse := zeros(b, s, h, f), zeros(b, h, s)
 	fwd := func() []float64 {
 		if err := p.Attention(o, lse, q, k, v, true); err != nil {
 			t.Fatal(err)
 		}
 		return append([]float64(nil), o.Float64()...)
 	}
-	want, err := spmdtest.Eval("attention", "Ahse,Ahte,Ahtf->Ahsf", []sim.Tensor{simOf(q), simOf(k), simOf(v)}, nil)
+	want, err := spmdtest.Eval("attention", "Ashe,Athe,Athf->Ashf", []sim.Tensor{simOf(q), simOf(k), simOf(v)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	near(t, "o", fwd(), want.Data, 1e-12)
-	dq, dk, dv := zeros(b, h, s, e), zeros(b, h, s, e), zeros(b, h, s, f)
+	dq, dk, dv := zeros(b, s, h, e), zeros(b, s, h, e), zeros(b, s, h, f)
 	if err := p.AttentionBackward(dq, dk, dv, do, q, k, v, o, lse, true); err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +116,15 @@ func TestAttention(t *testing.T) {
 	near(t, "dv", dv.Float64(), numGrad(v, do.Float64(), fwd), 1e-6)
 	// The first query sees only the first key: its output is v's first row.
 	near(t, "o[0,0,0]", o.Float64()[:f], v.Float64()[:f], 1e-12)
+	// Heads are independent: a batch split in two gives the same rows.
+	o1, lse1 := zeros(1, s, h, f), zeros(1, h, s)
+	q1, _ := tensor.FromFloat64(q.Float64()[:s*h*e], 1, s, h, e)
+	k1, _ := tensor.FromFloat64(k.Float64()[:s*h*e], 1, s, h, e)
+	v1, _ := tensor.FromFloat64(v.Float64()[:s*h*f], 1, s, h, f)
+	if err := p.Attention(o1, lse1, q1, k1, v1, true); err != nil {
+		t.Fatal(err)
+	}
+	near(t, "batch 0", o1.Float64(), o.Float64()[:o1.Len()], 0)
 }
 
 func TestEmbedding(t *testing.T) {
@@ -254,8 +263,8 @@ func TestAdamW(t *testing.T) {
 func TestTransformerFloat32(t *testing.T) {
 	p, _ := cpu.New(cpu.Options{})
 	rng := rand.New(rand.NewPCG(9, 10))
-	q, k, v := rnd(rng, 4, 8, 16), rnd(rng, 4, 8, 16), rnd(rng, 4, 8, 16)
-	o, lse := zeros(4, 8, 16), zeros(4, 8)
+	q, k, v := rnd(rng, 8, 4, 16), rnd(rng, 8, 4, 16), rnd(rng, 8, 4, 16)
+	o, lse := zeros(8, 4, 16), zeros(4, 8)
 	if err := p.Attention(o, lse, q, k, v, true); err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +275,7 @@ func TestTransformerFloat32(t *testing.T) {
 		}
 		return y
 	}
-	o32, lse32 := tensor.New(tensor.Float32, 4, 8, 16), tensor.New(tensor.Float32, 4, 8)
+	o32, lse32 := tensor.New(tensor.Float32, 8, 4, 16), tensor.New(tensor.Float32, 4, 8)
 	if err := p.Attention(o32, lse32, c(q), c(k), c(v), true); err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +284,7 @@ func TestTransformerFloat32(t *testing.T) {
 		got[i] = float64(x)
 	}
 	near(t, "float32 o", got, o.Float64(), 1e-5)
-	if err := p.Attention(zeros(4, 8, 15), lse, q, k, v, true); err == nil {
+	if err := p.Attention(zeros(8, 4, 15), lse, q, k, v, true); err == nil {
 		t.Fatal("attention into a wrong shape accepted")
 	}
 	if err := p.LayerNorm(zeros(2, 3), zeros(2, 2), zeros(2, 3), zeros(4), zeros(4), 1e-5); err == nil {

@@ -39,33 +39,53 @@ func IsBlockOp(op string) bool {
 }
 
 // evalBlocks runs a block op; rowOffset is the first vocabulary row of the
-// table the local op holds (embedding ops).
+// table the local op holds (embedding ops). For every combination of the
+// letters outside the op's block letters, each term's block is gathered in
+// the order its block letters stand in the term (attention's q[..., s, h,
+// e] gives an s×e block per head), the op runs, and the output's block is
+// added back where it belongs.
 func evalBlocks(op string, terms []string, out string, ins []sim.Tensor, res sim.Tensor, size map[byte]int, rowOffset int) error {
 	whole := blockOps[op]
-	lead := func(t string) string { return strings.TrimRight(t, whole) }
+	isWhole := func(l byte) bool { return strings.IndexByte(whole, l) >= 0 }
 	var letters []byte
 	for _, t := range append(slices.Clone(terms), out) {
-		for _, l := range []byte(lead(t)) {
-			if l != bcast && !slices.Contains(letters, l) {
+		for _, l := range []byte(t) {
+			if l != bcast && !isWhole(l) && !slices.Contains(letters, l) {
 				letters = append(letters, l)
 			}
 		}
 	}
-	block := func(t string, shape []int, val map[byte]int) []int {
-		n := len(lead(t))
-		k, size := 0, 1
+	// index lists the flat offsets of term t's block for the current values
+	// of the other letters, in block order.
+	index := func(t string, shape []int, val map[byte]int) []int {
+		strides := make([]int, len(t))
+		st := 1
+		for d := len(t) - 1; d >= 0; d-- {
+			strides[d] = st
+			st *= shape[d]
+		}
+		base := 0
+		var dims []int
 		for d := range t {
-			if d < n {
-				v := 0
-				if t[d] != bcast {
-					v = val[t[d]]
-				}
-				k = k*shape[d] + v
-			} else {
-				size *= shape[d]
+			switch {
+			case t[d] == bcast:
+			case isWhole(t[d]):
+				dims = append(dims, d)
+			default:
+				base += val[t[d]] * strides[d]
 			}
 		}
-		return []int{k * size, (k + 1) * size}
+		idx := []int{base}
+		for _, d := range dims {
+			next := make([]int, 0, len(idx)*shape[d])
+			for _, b := range idx {
+				for i := 0; i < shape[d]; i++ {
+					next = append(next, b+i*strides[d])
+				}
+			}
+			idx = next
+		}
+		return idx
 	}
 	val := map[byte]int{}
 	var err error
@@ -77,11 +97,18 @@ func evalBlocks(op string, terms []string, out string, ins []sim.Tensor, res sim
 		if i == len(letters) {
 			bs := make([][]float64, len(ins))
 			for j, t := range terms {
-				r := block(t, ins[j].Shape, val)
-				bs[j] = ins[j].Data[r[0]:r[1]]
+				for _, k := range index(t, ins[j].Shape, val) {
+					bs[j] = append(bs[j], ins[j].Data[k])
+				}
 			}
-			r := block(out, res.Shape, val)
-			err = blockOp(op, bs, res.Data[r[0]:r[1]], size, rowOffset)
+			oi := index(out, res.Shape, val)
+			ob := make([]float64, len(oi))
+			if err = blockOp(op, bs, ob, size, rowOffset); err != nil {
+				return
+			}
+			for n, k := range oi {
+				res.Data[k] += ob[n]
+			}
 			return
 		}
 		for v := 0; v < size[letters[i]]; v++ {
@@ -176,8 +203,9 @@ func normalize(x []float64) ([]float64, float64) {
 }
 
 // attention is one (batch, head) block of causal attention or of one of its
-// gradients: q[s,e], k[t,e], v[t,f], o[s,f]; key t attends to query s where
-// t <= s (PyTorch's is_causal, aligned at the top left).
+// gradients: q[s,e], k[t,e], v[t,f], o[s,f] (gathered from the [..., s, h,
+// e] layout); key t attends to query s where t <= s (PyTorch's is_causal,
+// aligned at the top left).
 func attention(op string, in [][]float64, out []float64, S, T, E, F int) {
 	off := 0
 	if op != "attention" {

@@ -426,6 +426,15 @@ func (d *Dispatcher) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.
 	return k.CrossEntropyBackward(dlogits, logits, targets, lse, offset, scale)
 }
 
+// CrossEntropyCombine implements Kernels.
+func (d *Dispatcher) CrossEntropyCombine(lse, loss, stats *tensor.Tensor) error {
+	k, err := d.route(OpCrossEntropyCombine, lse)
+	if err != nil {
+		return err
+	}
+	return k.CrossEntropyCombine(lse, loss, stats)
+}
+
 // AdamW implements Kernels.
 func (d *Dispatcher) AdamW(p AdamWParams, param, grad, m, v *tensor.Tensor) error {
 	k, err := d.route(OpAdamW, param)

@@ -34,6 +34,7 @@ const (
 	OpEmbeddingBackward
 	OpCrossEntropy
 	OpCrossEntropyBackward
+	OpCrossEntropyCombine
 	OpAdamW
 	numOps
 )
@@ -42,7 +43,7 @@ var opNames = [numOps]string{
 	"gemm", "gemm_bias", "gemm_bias_gelu", "gemm_dgelu", "gemm_dgelu_bgrad", "gemm_bgrad",
 	"gemv", "gelu_forward", "gelu_backward", "bias_grad", "axpy", "mse", "cast",
 	"layernorm", "layernorm_backward", "attention", "attention_backward", "embedding", "embedding_backward",
-	"cross_entropy", "cross_entropy_backward", "adamw",
+	"cross_entropy", "cross_entropy_backward", "cross_entropy_combine", "adamw",
 }
 
 func (o Op) String() string {

@@ -19,7 +19,10 @@ import (
 //	                   batch and head: q[..., S, H, E], k[..., T, H, E],
 //	                   v[..., T, H, F], o[..., S, H, F] (tokens, then heads:
 //	                   the layout of the projections, no transposes);
-//	                   lse[..., H, S] receives each row's log-sum-exp
+//	                   lse[..., H, S] receives each row's log-sum-exp. With
+//	                   k and v nil, q is packed: qkv[..., S, H, 3, E], per
+//	                   head its query, key and value (Megatron's fused QKV
+//	                   projection), and the backward's dq is dqkv
 //	AttentionBackward  dq, dk, dv from do, q, k, v, o and lse (recomputing
 //	                   the probabilities; nothing S×T is kept between passes)
 //	Embedding          y[..., D] = table[id − offset] for ids[...] (integers
@@ -30,6 +33,9 @@ import (
 //	CrossEntropy       per row of logits[T, V] (a vocabulary shard from
 //	                   offset): stats[T, 3] = (max, Σ exp(l − max), the
 //	                   target's logit or 0 when another shard holds it)
+//	CrossEntropyCombine  lse[T] and loss[0] (float64) = Σ_t (lse − target
+//	                   logit) from the stats of every shard, gathered as
+//	                   stats[P, T, 3]
 //	CrossEntropyBackward dlogits = scale·(exp(l − lse) − [v = target]) with
 //	                   lse[T] the rows' log-sum-exp over the whole vocabulary
 //	AdamW              PyTorch's AdamW step on float32 param, grad, and the
@@ -45,6 +51,7 @@ type TransformerKernels interface {
 	EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int, accumulate bool) error
 	CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error
 	CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error
+	CrossEntropyCombine(lse, loss, stats *tensor.Tensor) error
 	AdamW(p AdamWParams, param, grad, m, v *tensor.Tensor) error
 }
 
@@ -71,6 +78,12 @@ func LayerNormDims(y, stats, x, gamma, beta *tensor.Tensor) (rows, d int, err er
 // T, E, F): q[..., S, H, E], k[..., T, H, E], v[..., T, H, F], o[..., S, H,
 // F], lse[..., H, S]; batch is the product of the leading dims.
 func AttentionDims(o, lse, q, k, v *tensor.Tensor) (b, h, s, t, e, f int, err error) {
+	if k == nil && v == nil {
+		return packedDims(o, lse, q)
+	}
+	if k == nil || v == nil {
+		return 0, 0, 0, 0, 0, 0, fmt.Errorf("%w: attention with k=%v v=%v: both or neither (q packed)", ErrShape, k, v)
+	}
 	r := q.Rank()
 	bad := r < 3 || k.Rank() != r || v.Rank() != r || o.Rank() != r || lse.Rank() != r-1
 	if !bad {
@@ -85,6 +98,24 @@ func AttentionDims(o, lse, q, k, v *tensor.Tensor) (b, h, s, t, e, f int, err er
 		return 0, 0, 0, 0, 0, 0, fmt.Errorf("%w: attention o=%v lse=%v q=%v k=%v v=%v", ErrShape, o, lse, q, k, v)
 	}
 	return q.Len() / max(s*h*e, 1), h, s, t, e, f, floats(q, k, v, o, lse)
+}
+
+// packedDims checks a packed attention: qkv[..., S, H, 3, E] (per head its
+// query, key and value: Megatron's fused projection), o[..., S, H, E].
+func packedDims(o, lse, qkv *tensor.Tensor) (b, h, s, t, e, f int, err error) {
+	r := qkv.Rank()
+	bad := r < 4 || qkv.Dim(-2) != 3 || o.Rank() != r-1 || lse.Rank() != r-2
+	if !bad {
+		for i := 0; i < r-4; i++ {
+			bad = bad || o.Dim(i) != qkv.Dim(i) || lse.Dim(i) != qkv.Dim(i)
+		}
+		s, h, e = qkv.Dim(-4), qkv.Dim(-3), qkv.Dim(-1)
+		bad = bad || o.Dim(-3) != s || o.Dim(-2) != h || o.Dim(-1) != e || lse.Dim(-2) != h || lse.Dim(-1) != s
+	}
+	if bad {
+		return 0, 0, 0, 0, 0, 0, fmt.Errorf("%w: packed attention o=%v lse=%v qkv=%v", ErrShape, o, lse, qkv)
+	}
+	return qkv.Len() / max(s*h*3*e, 1), h, s, s, e, e, floats(qkv, o, lse)
 }
 
 // EmbeddingDims checks Embedding's operands and returns (ids, V, D).
@@ -106,6 +137,14 @@ func CrossEntropyDims(stats, logits, targets *tensor.Tensor, width int) (t, v in
 		return 0, 0, fmt.Errorf("%w: cross entropy stats=%v logits=%v targets=%v", ErrShape, stats, logits, targets)
 	}
 	return logits.Dim(0), logits.Dim(1), floats(logits, stats, targets)
+}
+
+// CombineDims checks CrossEntropyCombine's operands and returns (P, T).
+func CombineDims(lse, loss, stats *tensor.Tensor) (p, t int, err error) {
+	if stats.Rank() != 3 || stats.Dim(2) != 3 || lse.Rank() != 1 || lse.Dim(0) != stats.Dim(1) || loss.Len() != 1 || loss.DType() != tensor.Float64 {
+		return 0, 0, fmt.Errorf("%w: cross entropy combine lse=%v loss=%v stats=%v (want lse[T], one float64, stats[P, T, 3])", ErrShape, lse, loss, stats)
+	}
+	return stats.Dim(0), stats.Dim(1), floats(stats, lse)
 }
 
 // AdamWDims checks AdamW's operands: float32, one shape.
@@ -177,6 +216,11 @@ func (n NoTransformer) CrossEntropy(stats, logits, targets *tensor.Tensor, offse
 // CrossEntropyBackward is not implemented.
 func (n NoTransformer) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error {
 	return n.unsupported(OpCrossEntropyBackward)
+}
+
+// CrossEntropyCombine is not implemented.
+func (n NoTransformer) CrossEntropyCombine(lse, loss, stats *tensor.Tensor) error {
+	return n.unsupported(OpCrossEntropyCombine)
 }
 
 // AdamW is not implemented.

@@ -148,17 +148,32 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 	if err != nil {
 		return err
 	}
-	a := attnShape{h, s, t, e, f, causal}
+	a := newAttn(h, s, t, e, f, causal, k == nil)
 	if q.DType() == tensor.Float32 {
-		p.inRows(b*h, s*t*(e+f), func(lo, hi int) {
-			attention(a, o.Float32(), lse.Float32(), q.Float32(), k.Float32(), v.Float32(), lo, hi)
-		})
+		qq, kk, vv := splitQKV(a, q.Float32(), f32(k), f32(v))
+		p.inRows(b*h, s*t*(e+f), func(lo, hi int) { attention(a, o.Float32(), lse.Float32(), qq, kk, vv, lo, hi) })
 	} else {
-		p.inRows(b*h, s*t*(e+f), func(lo, hi int) {
-			attention(a, o.Float64(), lse.Float64(), q.Float64(), k.Float64(), v.Float64(), lo, hi)
-		})
+		qq, kk, vv := splitQKV(a, q.Float64(), f64(k), f64(v))
+		p.inRows(b*h, s*t*(e+f), func(lo, hi int) { attention(a, o.Float64(), lse.Float64(), qq, kk, vv, lo, hi) })
 	}
 	return nil
+}
+
+func newAttn(h, s, t, e, f int, causal, packed bool) attnShape {
+	a := attnShape{h: h, s: s, t: t, e: e, f: f, causal: causal, qs: e, ks: e, vs: f}
+	if packed {
+		a.qs, a.ks, a.vs, a.packed = 3*e, 3*e, 3*e, true
+	}
+	return a
+}
+
+// splitQKV returns q, k and v: the tensors given, or the three views of a
+// packed qkv.
+func splitQKV[T float](a attnShape, q, k, v []T) ([]T, []T, []T) {
+	if !a.packed {
+		return q, k, v
+	}
+	return q, q[a.e:], q[2*a.e:]
 }
 
 // attnShape is one attention problem in the [batch, seq, heads, dim]
@@ -166,6 +181,10 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 type attnShape struct {
 	h, s, t, e, f int
 	causal        bool
+	// qs, ks, vs: the elements from one row of q, k, v to the next (e, e, f;
+	// 3e each when packed).
+	qs, ks, vs int
+	packed     bool
 }
 
 // keys is the number of keys query row i sees.
@@ -189,7 +208,7 @@ func probs[T float](a attnShape, pr []float64, qi, k []T, bh, i int) float64 {
 	top := math.Inf(-1)
 	nk := a.keys(i)
 	for j := 0; j < nk; j++ {
-		kj := k[a.at(bh, a.t, j, a.e):][:a.e]
+		kj := k[a.at(bh, a.t, j, a.ks):][:a.e]
 		var dot T
 		for c, qv := range qi {
 			dot += qv * kj[c]
@@ -213,11 +232,11 @@ func attention[T float](a attnShape, o, lse, q, k, v []T, lo, hi int) {
 	acc := make([]float64, a.f)
 	for bh := lo; bh < hi; bh++ {
 		for i := 0; i < a.s; i++ {
-			lse[bh*a.s+i] = T(probs(a, pr, q[a.at(bh, a.s, i, a.e):][:a.e], k, bh, i))
+			lse[bh*a.s+i] = T(probs(a, pr, q[a.at(bh, a.s, i, a.qs):][:a.e], k, bh, i))
 			clear(acc)
 			for j := 0; j < a.keys(i); j++ {
 				w := pr[j]
-				for c, x := range v[a.at(bh, a.t, j, a.f):][:a.f] {
+				for c, x := range v[a.at(bh, a.t, j, a.vs):][:a.f] {
 					acc[c] += w * float64(x)
 				}
 			}
@@ -238,21 +257,22 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	if err != nil {
 		return err
 	}
-	if !tensor.SameShape(dq, q) || !tensor.SameShape(dk, k) || !tensor.SameShape(dv, v) || !tensor.SameShape(do, o) {
+	if (dk == nil) != (k == nil) || (dv == nil) != (v == nil) || !tensor.SameShape(dq, q) || !tensor.SameShape(do, o) ||
+		k != nil && (!tensor.SameShape(dk, k) || !tensor.SameShape(dv, v)) {
 		return fmt.Errorf("%w: attention backward dq=%v dk=%v dv=%v do=%v for q=%v k=%v v=%v", kernels.ErrShape, dq, dk, dv, do, q, k, v)
 	}
 	if _, _, _, _, _, _, err := kernels.AttentionDims(do, lse, dq, dk, dv); err != nil {
 		return err
 	}
-	a := attnShape{h, s, t, e, f, causal}
+	a := newAttn(h, s, t, e, f, causal, k == nil)
 	if q.DType() == tensor.Float32 {
-		p.inRows(b*h, 2*s*t*(e+f), func(lo, hi int) {
-			attentionBackward(a, dq.Float32(), dk.Float32(), dv.Float32(), do.Float32(), q.Float32(), k.Float32(), v.Float32(), o.Float32(), lo, hi)
-		})
+		qq, kk, vv := splitQKV(a, q.Float32(), f32(k), f32(v))
+		gq, gk, gv := splitQKV(a, dq.Float32(), f32(dk), f32(dv))
+		p.inRows(b*h, 2*s*t*(e+f), func(lo, hi int) { attentionBackward(a, gq, gk, gv, do.Float32(), qq, kk, vv, o.Float32(), lo, hi) })
 	} else {
-		p.inRows(b*h, 2*s*t*(e+f), func(lo, hi int) {
-			attentionBackward(a, dq.Float64(), dk.Float64(), dv.Float64(), do.Float64(), q.Float64(), k.Float64(), v.Float64(), o.Float64(), lo, hi)
-		})
+		qq, kk, vv := splitQKV(a, q.Float64(), f64(k), f64(v))
+		gq, gk, gv := splitQKV(a, dq.Float64(), f64(dk), f64(dv))
+		p.inRows(b*h, 2*s*t*(e+f), func(lo, hi int) { attentionBackward(a, gq, gk, gv, do.Float64(), qq, kk, vv, o.Float64(), lo, hi) })
 	}
 	return nil
 }
@@ -270,7 +290,7 @@ func attentionBackward[T float](a attnShape, dq, dk, dv, do, q, k, v, o []T, lo,
 		clear(gk)
 		clear(gv)
 		for i := 0; i < a.s; i++ {
-			qi := q[a.at(bh, a.s, i, a.e):][:a.e]
+			qi := q[a.at(bh, a.s, i, a.qs):][:a.e]
 			probs(a, pr, qi, k, bh, i)
 			doi, oi := do[a.at(bh, a.s, i, a.f):][:a.f], o[a.at(bh, a.s, i, a.f):][:a.f]
 			var dot float64
@@ -279,26 +299,26 @@ func attentionBackward[T float](a attnShape, dq, dk, dv, do, q, k, v, o []T, lo,
 			}
 			clear(gq)
 			for j := 0; j < a.keys(i); j++ {
-				vj := v[a.at(bh, a.t, j, a.f):][:a.f]
+				vj := v[a.at(bh, a.t, j, a.vs):][:a.f]
 				var dp float64
 				for c, g := range doi {
 					dp += float64(g) * float64(vj[c])
 					gv[j*a.f+c] += pr[j] * float64(g)
 				}
 				ds := pr[j] * (dp - dot) * scale
-				kj := k[a.at(bh, a.t, j, a.e):][:a.e]
+				kj := k[a.at(bh, a.t, j, a.ks):][:a.e]
 				for c := range qi {
 					gq[c] += ds * float64(kj[c])
 					gk[j*a.e+c] += ds * float64(qi[c])
 				}
 			}
-			dqi := dq[a.at(bh, a.s, i, a.e):][:a.e]
+			dqi := dq[a.at(bh, a.s, i, a.qs):][:a.e]
 			for c, g := range gq {
 				dqi[c] = T(g)
 			}
 		}
 		for j := 0; j < a.t; j++ {
-			dkj, dvj := dk[a.at(bh, a.t, j, a.e):][:a.e], dv[a.at(bh, a.t, j, a.f):][:a.f]
+			dkj, dvj := dk[a.at(bh, a.t, j, a.ks):][:a.e], dv[a.at(bh, a.t, j, a.vs):][:a.f]
 			for c := range dkj {
 				dkj[c] = T(gk[j*a.e+c])
 			}
@@ -456,6 +476,45 @@ func crossEntropyBackward[T float](dl, logits, targets, lse []T, offset, v, lo, 
 			d[r] -= T(scale)
 		}
 	}
+}
+
+// CrossEntropyCombine implements kernels.Kernels: the whole rows'
+// log-sum-exp from each shard's max and sum of exponentials, and the loss
+// summed over rows in float64 in row order.
+func (p *Provider) CrossEntropyCombine(lse, loss, stats *tensor.Tensor) error {
+	if err := p.host(lse, loss, stats); err != nil {
+		return err
+	}
+	parts, rows, err := kernels.CombineDims(lse, loss, stats)
+	if err != nil {
+		return err
+	}
+	if lse.DType() == tensor.Float32 {
+		loss.Float64()[0] = combine(lse.Float32(), stats.Float32(), parts, rows)
+	} else {
+		loss.Float64()[0] = combine(lse.Float64(), stats.Float64(), parts, rows)
+	}
+	return nil
+}
+
+func combine[T float](lse, stats []T, parts, rows int) float64 {
+	var loss float64
+	for t := 0; t < rows; t++ {
+		top := math.Inf(-1)
+		for q := 0; q < parts; q++ {
+			top = max(top, float64(stats[(q*rows+t)*3]))
+		}
+		var z, picked float64
+		for q := 0; q < parts; q++ {
+			st := stats[(q*rows+t)*3:]
+			z += float64(st[1]) * math.Exp(float64(st[0])-top)
+			picked += float64(st[2])
+		}
+		l := top + math.Log(z)
+		lse[t] = T(l)
+		loss += l - picked
+	}
+	return loss
 }
 
 // AdamW implements kernels.Kernels: PyTorch's torch.optim.AdamW (decoupled

@@ -93,7 +93,8 @@ func TestLayerNorm(t *testing.T) {
 func TestAttention(t *testing.T) {
 	p, _ := cpu.New(cpu.Options{Threads: 2})
 	rng := rand.New(rand.NewPCG(3, 4))
-	const b, h, s, e, f = 2, 3, 6, 4, 5
+	const b, h, s, e = 2, 3, 6, 4
+	f := 5
 	q, k, v, do := rnd(rng, b, s, h, e), rnd(rng, b, s, h, e), rnd(rng, b, s, h, f), rnd(rng, b, s, h, f)
 	o, lse := zeros(b, s, h, f), zeros(b, h, s)
 	fwd := func() []float64 {
@@ -125,6 +126,36 @@ func TestAttention(t *testing.T) {
 		t.Fatal(err)
 	}
 	near(t, "batch 0", o1.Float64(), o.Float64()[:o1.Len()], 0)
+
+	// Packed: qkv[b, s, h, 3, e] gives the same output and gradients.
+	if e != f {
+		v, do = rnd(rng, b, s, h, e), rnd(rng, b, s, h, e)
+		o = zeros(b, s, h, e)
+		dv = zeros(b, s, h, e)
+		fwd()
+		if err := p.AttentionBackward(dq, dk, dv, do, q, k, v, o, lse, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	qkv, dqkv := zeros(b, s, h, 3, e), zeros(b, s, h, 3, e)
+	for r := 0; r < b*s*h; r++ {
+		for i, x := range []*tensor.Tensor{q, k, v} {
+			copy(qkv.Float64()[(r*3+i)*e:], x.Float64()[r*e:(r+1)*e])
+		}
+	}
+	op, lp := zeros(b, s, h, e), zeros(b, h, s)
+	if err := p.Attention(op, lp, qkv, nil, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	near(t, "packed o", op.Float64(), o.Float64(), 0)
+	if err := p.AttentionBackward(dqkv, nil, nil, do, qkv, nil, nil, op, lp, true); err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < b*s*h; r++ {
+		for i, g := range []*tensor.Tensor{dq, dk, dv} {
+			near(t, "packed grad", dqkv.Float64()[(r*3+i)*e:(r*3+i+1)*e], g.Float64()[r*e:(r+1)*e], 1e-12)
+		}
+	}
 }
 
 func TestEmbedding(t *testing.T) {
@@ -190,6 +221,23 @@ func TestCrossEntropy(t *testing.T) {
 		return out
 	}
 	got := loss()
+	// The kernel's combine of the same two shards' stats.
+	gathered, lseC, sum := zeros(2, rows, 3), zeros(rows), zeros(1)
+	for i, r := range [2][2]int{{0, split}, {split, vocab}} {
+		st := zeros(rows, 3)
+		if err := p.CrossEntropy(st, shard(r[0], r[1]), targets, r[0]); err != nil {
+			t.Fatal(err)
+		}
+		copy(gathered.Float64()[i*rows*3:], st.Float64())
+	}
+	if err := p.CrossEntropyCombine(lseC, sum, gathered); err != nil {
+		t.Fatal(err)
+	}
+	var total float64
+	for _, l := range got {
+		total += l
+	}
+	near(t, "combined loss", sum.Float64(), []float64{total}, 1e-12)
 	for r := 0; r < rows; r++ {
 		row := logits.Float64()[r*vocab : (r+1)*vocab]
 		var z float64

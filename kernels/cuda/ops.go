@@ -306,6 +306,16 @@ func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Te
 	})
 }
 
+// CrossEntropyCombine implements kernels.Kernels through the host.
+func (p *Provider) CrossEntropyCombine(lse, loss, stats *tensor.Tensor) error {
+	if err := p.onDevice(lse, loss, stats); err != nil {
+		return err
+	}
+	return p.viaHost([]*tensor.Tensor{lse, loss}, []*tensor.Tensor{stats}, func(h []*tensor.Tensor) error {
+		return p.host.CrossEntropyCombine(h[0], h[1], h[2])
+	})
+}
+
 // AdamW implements kernels.Kernels through the host.
 func (p *Provider) AdamW(a kernels.AdamWParams, param, grad, m, v *tensor.Tensor) error {
 	if err := p.onDevice(param, grad, m, v); err != nil {

@@ -211,6 +211,15 @@ func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Te
 	return p.cpu.CrossEntropyBackward(v[0], v[1], v[2], v[3], offset, scale)
 }
 
+// CrossEntropyCombine implements kernels.Kernels.
+func (p *Provider) CrossEntropyCombine(lse, loss, stats *tensor.Tensor) error {
+	v, err := p.views(lse, loss, stats)
+	if err != nil {
+		return err
+	}
+	return p.cpu.CrossEntropyCombine(v[0], v[1], v[2])
+}
+
 // AdamW implements kernels.Kernels.
 func (p *Provider) AdamW(a kernels.AdamWParams, param, grad, m, vv *tensor.Tensor) error {
 	v, err := p.views(param, grad, m, vv)

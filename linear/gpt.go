@@ -1,0 +1,642 @@
+package linear
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/linear/layout"
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/spmd"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// GPTConfig describes a GPT-2 style decoder trained with tensor parallelism
+// on a 1-D mesh (tp), Megatron's layout:
+//
+//   - a vocabulary-parallel token embedding (rows split over tp, the lookup's
+//     partial sums all-reduced) plus a learned position embedding;
+//   - Layers pre-norm blocks: x += proj(attention(qkv(ln1(x)))), x +=
+//     down(gelu(up(ln2(x)))), with qkv and up column-parallel (whole heads per
+//     rank) and proj and down row-parallel (one all-reduce each forward, one
+//     for qkv's and up's input gradients backward);
+//   - a final layer norm and an untied head split by vocabulary, whose
+//     cross-entropy combines each shard's max, sum of exponentials and target
+//     logit (one all-gather of 3 numbers per token) and never gathers logits.
+type GPTConfig struct {
+	Mesh                                      placement.Mesh
+	Vocab, Dim, Heads, Layers, Context, Batch int
+	Seed                                      uint64
+	// Optimizer is "adamw" (the default: β = 0.9, 0.95, eps 1e-8, weight
+	// decay WeightDecay on the matrices) or "sgd".
+	Optimizer       string
+	LR, WeightDecay float64
+	Model           placement.Model
+}
+
+// Tokens is the tokens of one step, Batch × Context.
+func (c GPTConfig) Tokens() int { return c.Batch * c.Context }
+
+func (c GPTConfig) check() error {
+	switch {
+	case c.Mesh.NDim() != 1:
+		return fmt.Errorf("%w: gpt: mesh %s: one dim (tensor parallel)", ErrConfig, c.Mesh)
+	case c.Vocab < 1 || c.Dim < 1 || c.Heads < 1 || c.Layers < 0 || c.Context < 1 || c.Batch < 1:
+		return fmt.Errorf("%w: gpt: vocab %d, dim %d, heads %d, layers %d, context %d, batch %d: all at least 1 (layers 0)",
+			ErrConfig, c.Vocab, c.Dim, c.Heads, c.Layers, c.Context, c.Batch)
+	case c.Dim%c.Heads != 0:
+		return fmt.Errorf("%w: gpt: dim %d is not a multiple of heads %d", ErrConfig, c.Dim, c.Heads)
+	case c.Heads%c.Mesh.Size() != 0:
+		return fmt.Errorf("%w: gpt: %d heads do not split over tp = %d (each rank holds whole heads)", ErrConfig, c.Heads, c.Mesh.Size())
+	case c.Vocab < c.Mesh.Size():
+		return fmt.Errorf("%w: gpt: vocabulary %d smaller than tp = %d", ErrConfig, c.Vocab, c.Mesh.Size())
+	case c.Optimizer != "" && c.Optimizer != "adamw" && c.Optimizer != "sgd":
+		return fmt.Errorf("%w: gpt: optimizer %q (adamw or sgd)", ErrConfig, c.Optimizer)
+	}
+	return nil
+}
+
+// GPT is one rank's share of the model and its optimizer state.
+type GPT struct {
+	Cfg     GPTConfig
+	rank    int
+	mem     tensor.Memory
+	bufs    scratch
+	step    int
+	vocab0  int // the first vocabulary row this rank holds
+	wte     *param
+	wpe     *param
+	blocks  []*gptBlock
+	lnf     lnParams
+	head    *Layer
+	embMove spmd.Move // the embedding's partial sums, all-reduced
+	ceMove  spmd.Move // the cross-entropy stats, all-gathered
+	params  []*param
+	posIDs  *tensor.Tensor
+}
+
+// param is one parameter as this rank holds it (whole, or a shard laid out
+// as spec), its gradient and its AdamW moments. A linear layer's parameters
+// get their gradients from the layer (Reduce).
+type param struct {
+	name  string
+	spec  placement.Spec
+	w, g  *tensor.Tensor
+	m, v  *tensor.Tensor
+	decay bool
+	layer *Layer
+	bias  bool
+}
+
+type lnParams struct{ gamma, beta *param }
+
+type gptBlock struct {
+	ln1, ln2            lnParams
+	qkv, proj, up, down *Layer
+}
+
+// NewGPT plans the model for rank and initializes it from the seed, GPT-2's
+// way (normal(0, 0.02) weights, the residual projections scaled by
+// 1/√(2·layers), zero biases, unit layer norms), drawing the whole model on
+// every rank in one order and keeping the rank's shards: every tp holds the
+// same global model.
+func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if mem == nil {
+		mem = tensor.Host
+	}
+	if cfg.Optimizer == "" {
+		cfg.Optimizer = "adamw"
+	}
+	ctx := withModel(context.Background(), cfg.Model, tensor.Float32)
+	g := &GPT{Cfg: cfg, rank: rank, mem: mem, bufs: scratch{}}
+	var err error
+	mesh, t, d, v := cfg.Mesh, cfg.Tokens(), cfg.Dim, cfg.Vocab
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x677074))
+	normal := func(shape []int, std float64) *tensor.Tensor {
+		x := tensor.New(tensor.Float32, shape...)
+		for i := range x.Float32() {
+			x.Float32()[i] = float32(rng.NormFloat64() * std)
+		}
+		return x
+	}
+	fill := func(n int, val float32) *tensor.Tensor {
+		x := tensor.New(tensor.Float32, n)
+		for i := range x.Float32() {
+			x.Float32()[i] = val
+		}
+		return x
+	}
+	// The embedding, vocabulary-parallel (Megatron's layout, whatever the
+	// sizes): rows split over tp, each rank's lookup a partial sum of the
+	// output, all-reduced.
+	tableSpec := placement.MustSpec([]int{v, d}, mesh, placement.Shard{Dim: 0})
+	_, off := tableSpec.Local(rank)
+	g.vocab0 = off[0]
+	partial := placement.MustSpec([]int{t, d}, mesh, placement.Partial{Op: placement.Sum})
+	if g.embMove, err = planMove(ctx, "embedding", partial, partial.WithPlacements(placement.Replicate{})); err != nil {
+		return nil, err
+	}
+	// held adds a parameter the model holds itself (not a layer's), laid out
+	// as spec, from its global value x.
+	held := func(name string, x *tensor.Tensor, spec placement.Spec, decay bool) (*param, error) {
+		local, err := Shard(x, spec, rank)
+		if err != nil {
+			return nil, err
+		}
+		w, err := tensor.Upload(mem, local)
+		if err != nil {
+			return nil, err
+		}
+		gr, err := mem.Alloc(tensor.Float32, w.Shape()...)
+		if err != nil {
+			return nil, err
+		}
+		p := &param{name: name, spec: spec, w: w, g: gr, decay: decay}
+		g.params = append(g.params, p)
+		return p, nil
+	}
+	replicated := func(shape ...int) placement.Spec {
+		return placement.MustSpec(shape, mesh, placement.Replicate{})
+	}
+	if g.wte, err = held("wte", normal([]int{v, d}, 0.02), tableSpec, true); err != nil {
+		return nil, err
+	}
+	if g.wpe, err = held("wpe", normal([]int{cfg.Context, d}, 0.01), replicated(cfg.Context, d), true); err != nil {
+		return nil, err
+	}
+	ln := func(name string) (lnParams, error) {
+		gamma, err := held(name+".weight", fill(d, 1), replicated(d), false)
+		if err != nil {
+			return lnParams{}, err
+		}
+		beta, err := held(name+".bias", fill(d, 0), replicated(d), false)
+		return lnParams{gamma, beta}, err
+	}
+	layer := func(name, preset string, n, k int, bias bool, std float64) (*Layer, error) {
+		lo, err := layout.Preset(preset, mesh, t, k, n, bias)
+		if err != nil {
+			return nil, err
+		}
+		c := layerConfig(name, lo)
+		c.Model = cfg.Model
+		want := 1 // row parallel: y all-reduced
+		if preset == "column" {
+			// Column parallel: y stays split by output features, whatever the
+			// sizes (the model's layout, not the cheapest for this layer).
+			c.Out, want = []placement.Placement{placement.Shard{Dim: 1}}, 0
+		}
+		plans, err := PlanContext(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		moving := 0
+		for _, m := range plans.Fwd.Moves {
+			if movesBytes(m) {
+				moving++
+			}
+		}
+		if mesh.Size() > 1 && moving != want {
+			return nil, fmt.Errorf("%w: gpt: %s (%s parallel) plans %d forward collectives, want %d:\n%s", ErrConfig, name, preset, moving, want, spmd.Text(plans.Fwd, nil, 4))
+		}
+		l, err := NewPlanned(c, plans, rank, mem)
+		if err != nil {
+			return nil, err
+		}
+		w, err := Shard(normal([]int{n, k}, std), c.W, rank)
+		if err != nil {
+			return nil, err
+		}
+		var b *tensor.Tensor
+		if bias {
+			if b, err = Shard(fill(n, 0), *c.B, rank); err != nil {
+				return nil, err
+			}
+		}
+		if err := l.SetParams(w, b); err != nil {
+			return nil, err
+		}
+		g.params = append(g.params, &param{name: name + ".weight", spec: c.W, w: l.W, decay: true, layer: l})
+		if bias {
+			g.params = append(g.params, &param{name: name + ".bias", spec: *c.B, w: l.B, layer: l, bias: true})
+		}
+		return l, nil
+	}
+	resid := 0.02 / math.Sqrt(float64(2*max(cfg.Layers, 1)))
+	for i := 0; i < cfg.Layers; i++ {
+		b := &gptBlock{}
+		p := fmt.Sprintf("h.%d.", i)
+		if b.ln1, err = ln(p + "ln_1"); err != nil {
+			return nil, err
+		}
+		if b.qkv, err = layer(p+"attn.c_attn", "column", 3*d, d, true, 0.02); err != nil {
+			return nil, err
+		}
+		if b.proj, err = layer(p+"attn.c_proj", "row", d, d, true, resid); err != nil {
+			return nil, err
+		}
+		if b.ln2, err = ln(p + "ln_2"); err != nil {
+			return nil, err
+		}
+		if b.up, err = layer(p+"mlp.c_fc", "column", 4*d, d, true, 0.02); err != nil {
+			return nil, err
+		}
+		if b.down, err = layer(p+"mlp.c_proj", "row", d, 4*d, true, resid); err != nil {
+			return nil, err
+		}
+		g.blocks = append(g.blocks, b)
+	}
+	if g.lnf, err = ln("ln_f"); err != nil {
+		return nil, err
+	}
+	if g.head, err = layer("lm_head", "column", v, d, false, 0.02); err != nil {
+		return nil, err
+	}
+	// The cross-entropy stats: each rank's [T, 3], gathered into [tp, T, 3].
+	stats := placement.MustSpec([]int{mesh.Size() * t, 3}, mesh, placement.Shard{Dim: 0})
+	if g.ceMove, err = planMove(ctx, "ce_stats", stats, stats.WithPlacements(placement.Replicate{})); err != nil {
+		return nil, err
+	}
+	pos := tensor.New(tensor.Float32, t)
+	for i := range pos.Float32() {
+		pos.Float32()[i] = float32(i % cfg.Context)
+	}
+	if g.posIDs, err = tensor.Upload(mem, pos); err != nil {
+		return nil, err
+	}
+	for _, p := range g.params {
+		for _, s := range []**tensor.Tensor{&p.m, &p.v} {
+			if cfg.Optimizer == "adamw" {
+				if *s, err = mem.Alloc(tensor.Float32, p.w.Shape()...); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	return g, nil
+}
+
+// planMove plans moving tensor name from one layout to another.
+func planMove(ctx context.Context, name string, from, to placement.Spec) (spmd.Move, error) {
+	steps, err := placement.PlanContext(ctx, from, to)
+	if err != nil {
+		return spmd.Move{}, fmt.Errorf("gpt: %s: %w", name, err)
+	}
+	return spmd.Move{Tensor: name, From: from, To: to, Steps: steps}, nil
+}
+
+// Params lists the model's parameters as this rank holds them, in a fixed
+// order, with their names (GPT-2's).
+func (g *GPT) Params() (names []string, ts []*tensor.Tensor) {
+	for _, p := range g.params {
+		names, ts = append(names, p.name), append(ts, p.w)
+	}
+	return names, ts
+}
+
+// ParamSpecs lists the parameters' layouts over the mesh, in Params' order.
+func (g *GPT) ParamSpecs() []placement.Spec {
+	var out []placement.Spec
+	for _, p := range g.params {
+		out = append(out, p.spec)
+	}
+	return out
+}
+
+// blockActs is what one block's forward keeps for its backward.
+type blockActs struct {
+	x, x2, st1, st2, qkv, o, lse, u *tensor.Tensor
+	qkvS, projS, upS, downS         *Saved
+}
+
+// Step runs one training step on ids and targets (each [Batch·Context]
+// token ids held as float32, on the rank's device, the same on every rank):
+// forward, the cross-entropy loss, backward and the optimizer. It returns the
+// mean loss over the step's tokens, the same on every rank; one float64 comes
+// back to the host.
+func (g *GPT) Step(ctx context.Context, rt Runtime, ids, targets *tensor.Tensor) (float64, error) {
+	loss, acts, err := g.forward(ctx, rt, ids, targets)
+	if err != nil {
+		return 0, err
+	}
+	if err := g.backward(ctx, rt, ids, targets, acts); err != nil {
+		return 0, err
+	}
+	return loss, g.update(ctx, rt)
+}
+
+// Loss runs the forward only and returns the mean loss (held-out text).
+func (g *GPT) Loss(ctx context.Context, rt Runtime, ids, targets *tensor.Tensor) (float64, error) {
+	loss, _, err := g.forward(ctx, rt, ids, targets)
+	return loss, err
+}
+
+type gptActs struct {
+	blocks      []blockActs
+	xf, stf, hf *tensor.Tensor
+	logits, lse *tensor.Tensor
+	headS       *Saved
+}
+
+func (g *GPT) get(rt Runtime, name string, shape ...int) (*tensor.Tensor, error) {
+	return g.bufs.getT(rt.Kernels, name, tensor.Float32, shape)
+}
+
+// layerNorm runs x's layer norm into scratch name (and its stats).
+func (g *GPT) layerNorm(rt Runtime, name string, x *tensor.Tensor, p lnParams) (y, stats *tensor.Tensor, err error) {
+	t, d := x.Dim(0), x.Dim(1)
+	if y, err = g.get(rt, name, t, d); err != nil {
+		return nil, nil, err
+	}
+	if stats, err = g.get(rt, name+".stats", t, 2); err != nil {
+		return nil, nil, err
+	}
+	err = rt.op("layernorm", func() error { return rt.Kernels.LayerNorm(y, stats, x, p.gamma.w, p.beta.w, gptEps) })
+	return y, stats, err
+}
+
+// gptEps is the layer norms' epsilon (PyTorch's default).
+const gptEps = 1e-5
+
+// residual returns a copy of x in scratch name with d added.
+func (g *GPT) residual(rt Runtime, name string, x, d *tensor.Tensor) (*tensor.Tensor, error) {
+	y, err := g.bufs.copyOf(name, x)
+	if err != nil {
+		return nil, err
+	}
+	return y, rt.Kernels.Axpy(1, d, y)
+}
+
+func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tensor) (float64, *gptActs, error) {
+	c := g.Cfg
+	t, d := c.Tokens(), c.Dim
+	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
+	emb, err := g.get(rt, "emb", t, d)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := rt.op("embedding", func() error { return rt.Kernels.Embedding(emb, ids, g.wte.w, g.vocab0) }); err != nil {
+		return 0, nil, err
+	}
+	x, err := execute(ctx, rt, "gpt", "embedding", g.embMove, emb, g.rank, g.bufs, "forward")
+	if err != nil {
+		return 0, nil, err
+	}
+	pos, err := g.get(rt, "pos", t, d)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := rt.Kernels.Embedding(pos, g.posIDs, g.wpe.w, 0); err != nil {
+		return 0, nil, err
+	}
+	if err := rt.Kernels.Axpy(1, pos, x); err != nil {
+		return 0, nil, err
+	}
+	acts := &gptActs{}
+	for i, b := range g.blocks {
+		a := blockActs{x: x}
+		name := fmt.Sprintf("h%d.", i)
+		h1, st1, err := g.layerNorm(rt, name+"ln1", x, b.ln1)
+		if err != nil {
+			return 0, nil, err
+		}
+		a.st1 = st1
+		qkv, qs, err := b.qkv.Forward(ctx, rt, h1)
+		if err != nil {
+			return 0, nil, err
+		}
+		a.qkvS = qs
+		if a.qkv, err = qkv.Reshape(c.Batch, c.Context, hl, 3, hd); err != nil {
+			return 0, nil, err
+		}
+		if a.o, err = g.get(rt, name+"o", c.Batch, c.Context, hl, hd); err != nil {
+			return 0, nil, err
+		}
+		if a.lse, err = g.get(rt, name+"lse", c.Batch, hl, c.Context); err != nil {
+			return 0, nil, err
+		}
+		if err := rt.op("attention", func() error { return rt.Kernels.Attention(a.o, a.lse, a.qkv, nil, nil, true) }); err != nil {
+			return 0, nil, err
+		}
+		o2, err := a.o.Reshape(t, hl*hd)
+		if err != nil {
+			return 0, nil, err
+		}
+		p, ps, err := b.proj.Forward(ctx, rt, o2)
+		if err != nil {
+			return 0, nil, err
+		}
+		a.projS = ps
+		if a.x2, err = g.residual(rt, name+"x2", x, p); err != nil {
+			return 0, nil, err
+		}
+		h2, st2, err := g.layerNorm(rt, name+"ln2", a.x2, b.ln2)
+		if err != nil {
+			return 0, nil, err
+		}
+		a.st2 = st2
+		u, us, err := b.up.Forward(ctx, rt, h2)
+		if err != nil {
+			return 0, nil, err
+		}
+		a.u, a.upS = u, us
+		gl, err := g.get(rt, name+"gelu", u.Shape()...)
+		if err != nil {
+			return 0, nil, err
+		}
+		if err := rt.op("gelu", func() error { return rt.Kernels.GeluForward(gl, u) }); err != nil {
+			return 0, nil, err
+		}
+		dn, ds, err := b.down.Forward(ctx, rt, gl)
+		if err != nil {
+			return 0, nil, err
+		}
+		a.downS = ds
+		if x, err = g.residual(rt, name+"x3", a.x2, dn); err != nil {
+			return 0, nil, err
+		}
+		acts.blocks = append(acts.blocks, a)
+	}
+	acts.xf = x
+	if acts.hf, acts.stf, err = g.layerNorm(rt, "lnf", x, g.lnf); err != nil {
+		return 0, nil, err
+	}
+	if acts.logits, acts.headS, err = g.head.Forward(ctx, rt, acts.hf); err != nil {
+		return 0, nil, err
+	}
+	stats, err := g.get(rt, "ce.stats", t, 3)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := rt.op("cross_entropy", func() error { return rt.Kernels.CrossEntropy(stats, acts.logits, targets, g.vocab0) }); err != nil {
+		return 0, nil, err
+	}
+	all, err := execute(ctx, rt, "gpt", "ce_stats", g.ceMove, stats, g.rank, g.bufs, "forward")
+	if err != nil {
+		return 0, nil, err
+	}
+	if all, err = all.Reshape(c.Mesh.Size(), t, 3); err != nil {
+		return 0, nil, err
+	}
+	if acts.lse, err = g.get(rt, "ce.lse", t); err != nil {
+		return 0, nil, err
+	}
+	sum, err := g.bufs.getT(rt.Kernels, "ce.sum", tensor.Float64, []int{1})
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := rt.Kernels.CrossEntropyCombine(acts.lse, sum, all); err != nil {
+		return 0, nil, err
+	}
+	host, err := tensor.Download(sum)
+	if err != nil {
+		return 0, nil, err
+	}
+	return host.Float64()[0] / float64(t), acts, nil
+}
+
+func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Tensor, acts *gptActs) error {
+	c := g.Cfg
+	t, d := c.Tokens(), c.Dim
+	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
+	dl, err := g.get(rt, "ce.dlogits", acts.logits.Shape()...)
+	if err != nil {
+		return err
+	}
+	if err := rt.op("cross_entropy_backward", func() error {
+		return rt.Kernels.CrossEntropyBackward(dl, acts.logits, targets, acts.lse, g.vocab0, 1/float64(t))
+	}); err != nil {
+		return err
+	}
+	dhf, err := g.head.Backward(ctx, rt, dl, acts.headS)
+	if err != nil {
+		return err
+	}
+	dx, err := g.get(rt, "dx", t, d)
+	if err != nil {
+		return err
+	}
+	tmp, err := g.get(rt, "dln", t, d)
+	if err != nil {
+		return err
+	}
+	lnBack := func(into *tensor.Tensor, p lnParams, dy, x, stats *tensor.Tensor) error {
+		return rt.op("layernorm_backward", func() error {
+			return rt.Kernels.LayerNormBackward(into, p.gamma.g, p.beta.g, dy, x, p.gamma.w, stats, false)
+		})
+	}
+	if err := lnBack(dx, g.lnf, dhf, acts.xf, acts.stf); err != nil {
+		return err
+	}
+	for i := len(g.blocks) - 1; i >= 0; i-- {
+		b, a := g.blocks[i], acts.blocks[i]
+		dg, err := b.down.Backward(ctx, rt, dx, a.downS)
+		if err != nil {
+			return err
+		}
+		du, err := g.get(rt, fmt.Sprintf("h%d.du", i), dg.Shape()...)
+		if err != nil {
+			return err
+		}
+		if err := rt.op("gelu_backward", func() error { return rt.Kernels.GeluBackward(du, dg, a.u) }); err != nil {
+			return err
+		}
+		dh2, err := b.up.Backward(ctx, rt, du, a.upS)
+		if err != nil {
+			return err
+		}
+		if err := lnBack(tmp, b.ln2, dh2, a.x2, a.st2); err != nil {
+			return err
+		}
+		if err := rt.Kernels.Axpy(1, tmp, dx); err != nil {
+			return err
+		}
+		do, err := b.proj.Backward(ctx, rt, dx, a.projS)
+		if err != nil {
+			return err
+		}
+		if do, err = do.Reshape(c.Batch, c.Context, hl, hd); err != nil {
+			return err
+		}
+		dqkv, err := g.get(rt, fmt.Sprintf("h%d.dqkv", i), a.qkv.Shape()...)
+		if err != nil {
+			return err
+		}
+		if err := rt.op("attention_backward", func() error {
+			return rt.Kernels.AttentionBackward(dqkv, nil, nil, do, a.qkv, nil, nil, a.o, a.lse, true)
+		}); err != nil {
+			return err
+		}
+		flat, err := dqkv.Reshape(t, 3*hl*hd)
+		if err != nil {
+			return err
+		}
+		dh1, err := b.qkv.Backward(ctx, rt, flat, a.qkvS)
+		if err != nil {
+			return err
+		}
+		if err := lnBack(tmp, b.ln1, dh1, a.x, a.st1); err != nil {
+			return err
+		}
+		if err := rt.Kernels.Axpy(1, tmp, dx); err != nil {
+			return err
+		}
+	}
+	if err := rt.op("embedding_backward", func() error {
+		return rt.Kernels.EmbeddingBackward(g.wpe.g, dx, g.posIDs, 0, false)
+	}); err != nil {
+		return err
+	}
+	// dx is whole on every rank: each scatters into its own vocabulary rows.
+	return rt.op("embedding_backward", func() error {
+		return rt.Kernels.EmbeddingBackward(g.wte.g, dx, ids, g.vocab0, false)
+	})
+}
+
+// update applies the optimizer to every parameter.
+func (g *GPT) update(ctx context.Context, rt Runtime) error {
+	g.step++
+	c := g.Cfg
+	reduced := map[*Layer][2]*tensor.Tensor{}
+	for _, p := range g.params {
+		grad := p.g
+		if p.layer != nil {
+			r, ok := reduced[p.layer]
+			if !ok {
+				dw, db, err := p.layer.Reduce(ctx, rt)
+				if err != nil {
+					return err
+				}
+				r = [2]*tensor.Tensor{dw, db}
+				reduced[p.layer] = r
+			}
+			grad = r[0]
+			if p.bias {
+				grad = r[1]
+			}
+		}
+		if grad == nil {
+			return fmt.Errorf("%w: gpt: %s has no gradient", ErrConfig, p.name)
+		}
+		var err error
+		if c.Optimizer == "sgd" {
+			err = rt.Kernels.Axpy(-c.LR, grad, p.w)
+		} else {
+			wd := 0.0
+			if p.decay {
+				wd = c.WeightDecay
+			}
+			err = rt.op("adamw", func() error {
+				return rt.Kernels.AdamW(kernels.AdamWParams{LR: c.LR, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: wd, Step: g.step}, p.w, grad, p.m, p.v)
+			})
+		}
+		if err != nil {
+			return fmt.Errorf("gpt: updating %s: %w", p.name, err)
+		}
+	}
+	return nil
+}

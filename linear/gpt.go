@@ -58,6 +58,9 @@ func (c GPTConfig) check() error {
 	return nil
 }
 
+// CheckGPT reports what NewGPT would refuse in cfg, allocating nothing.
+func CheckGPT(cfg GPTConfig) error { return cfg.check() }
+
 // GPT is one rank's share of the model and its optimizer state.
 type GPT struct {
 	Cfg     GPTConfig
@@ -73,8 +76,10 @@ type GPT struct {
 	head    *Layer
 	embMove spmd.Move // the embedding's partial sums, all-reduced
 	ceMove  spmd.Move // the cross-entropy stats, all-gathered
-	params  []*param
-	posIDs  *tensor.Tensor
+	// nextMove gathers one row of logits (sampling), planned on first use.
+	nextMove spmd.Move
+	params   []*param
+	posIDs   *tensor.Tensor
 }
 
 // param is one parameter as this rank holds it (whole, or a shard laid out
@@ -639,4 +644,61 @@ func (g *GPT) update(ctx context.Context, rt Runtime) error {
 		}
 	}
 	return nil
+}
+
+// Next returns the model's distribution of the token after position pos of
+// the first sequence in ids (the forward of a whole step's batch; the rows
+// after pos do not matter: attention is causal), softmax(logits/temp), the
+// same on every rank: the row's vocabulary shards are all-gathered.
+func (g *GPT) Next(ctx context.Context, rt Runtime, ids *tensor.Tensor, pos int, temp float64) ([]float64, error) {
+	c := g.Cfg
+	if pos < 0 || pos >= c.Context {
+		return nil, fmt.Errorf("%w: gpt: position %d outside the context of %d", ErrConfig, pos, c.Context)
+	}
+	zeros, err := g.get(rt, "next.targets", c.Tokens())
+	if err != nil {
+		return nil, err
+	}
+	_, acts, err := g.forward(ctx, rt, ids, zeros)
+	if err != nil {
+		return nil, err
+	}
+	vl := acts.logits.Dim(1)
+	row, err := g.get(rt, "next.row", 1, vl)
+	if err != nil {
+		return nil, err
+	}
+	n := vl * 4
+	if err := rt.Kernels.Copy2D(row, 0, n, acts.logits, pos*n, n, n, 1); err != nil {
+		return nil, err
+	}
+	if g.nextMove.Steps == nil {
+		from := placement.MustSpec([]int{1, c.Vocab}, c.Mesh, placement.Shard{Dim: 1})
+		if g.nextMove, err = planMove(ctx, "next", from, from.WithPlacements(placement.Replicate{})); err != nil {
+			return nil, err
+		}
+	}
+	all, err := execute(ctx, rt, "gpt", "next", g.nextMove, row, g.rank, g.bufs, "sample")
+	if err != nil {
+		return nil, err
+	}
+	host, err := tensor.Download(all)
+	if err != nil {
+		return nil, err
+	}
+	logits := host.Float32()
+	top := math.Inf(-1)
+	for _, l := range logits {
+		top = max(top, float64(l))
+	}
+	p := make([]float64, len(logits))
+	var z float64
+	for i, l := range logits {
+		p[i] = math.Exp((float64(l) - top) / temp)
+		z += p[i]
+	}
+	for i := range p {
+		p[i] /= z
+	}
+	return p, nil
 }

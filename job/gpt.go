@@ -1,0 +1,354 @@
+package job
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io/fs"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// DefaultCorpus is the text `worker gpt` trains on without --data: the
+// licences Debian's base-files package installs on every system (the GPL,
+// LGPL, GFDL, Apache, MPL, Artistic, BSD and CC0 texts, about 250 KB of
+// English), so no download and no install is needed.
+const DefaultCorpus = "/usr/share/common-licenses"
+
+// GPTReport is the JSON line `worker gpt` prints on rank 0 at the end.
+type GPTReport struct {
+	Mesh      string `json:"mesh"`
+	Data      string `json:"data"`
+	DataBytes int    `json:"data_bytes"`
+	Vocab     int    `json:"vocab"`
+	Layers    int    `json:"layers"`
+	Heads     int    `json:"heads"`
+	Dim       int    `json:"dim"`
+	Context   int    `json:"context"`
+	Batch     int    `json:"batch"`
+	Optimizer string `json:"optimizer"`
+	Steps     int    `json:"steps"`
+	// Losses in nats per character; the unigram entropy of the training text
+	// is what a model that ignores context reaches.
+	LossFirst        float64        `json:"loss_first"`
+	LossLast         float64        `json:"loss_last"`
+	HeldOutLoss      float64        `json:"heldout_loss"`
+	UnigramEntropy   float64        `json:"unigram_entropy"`
+	StepMSMedian     float64        `json:"step_ms_median"`
+	CommBytesPerStep int64          `json:"comm_bytes_per_step"`
+	Collectives      map[string]int `json:"collectives_per_step"`
+	Sample           string         `json:"sample"`
+}
+
+// gptTask is `worker gpt`.
+type gptTask struct {
+	mesh    string
+	cfg     linear.GPTConfig
+	steps   int
+	data    string
+	sample  int
+	temp    float64
+	df      deviceFlags
+	m       placement.Mesh
+	corpus  *corpus
+	rd      rankDevice
+	heldOut int // batches of held-out text the final loss averages
+}
+
+func (t *gptTask) flags(fs *flag.FlagSet) {
+	fs.StringVar(&t.mesh, "mesh", "", "device `MESH`, one dim, tensor parallel (default tp=$WORLD_SIZE)")
+	fs.IntVar(&t.cfg.Layers, "layers", 2, "transformer blocks")
+	fs.IntVar(&t.cfg.Heads, "heads", 4, "attention heads (a multiple of tp)")
+	fs.IntVar(&t.cfg.Dim, "dim", 128, "model width")
+	fs.IntVar(&t.cfg.Context, "context", 64, "characters per sequence")
+	fs.IntVar(&t.cfg.Batch, "batch", 16, "sequences per step")
+	fs.IntVar(&t.steps, "steps", 200, "training steps")
+	fs.StringVar(&t.cfg.Optimizer, "optimizer", "adamw", "`OPT`: adamw or sgd")
+	fs.Float64Var(&t.cfg.LR, "lr", 3e-3, "learning rate")
+	fs.Float64Var(&t.cfg.WeightDecay, "weight-decay", 0.1, "AdamW's weight decay on matrices and embeddings")
+	fs.Uint64Var(&t.cfg.Seed, "seed", 1, "seed of the parameters and of the batches")
+	fs.StringVar(&t.data, "data", DefaultCorpus, "text `PATH` (a file, or a directory whose files are read in name order), read as characters (bytes)")
+	fs.IntVar(&t.sample, "sample", 200, "characters to sample at the end")
+	fs.Float64Var(&t.temp, "temperature", 0.8, "sampling temperature")
+	t.df.register(fs)
+}
+
+func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
+	if err := noArgs(args); err != nil {
+		return err
+	}
+	if t.mesh == "" {
+		t.mesh = "tp=" + strconv.Itoa(worldSize(env, 1))
+	}
+	m, err := placement.ParseMesh(t.mesh)
+	if err != nil {
+		return fmt.Errorf("--mesh: %w", err)
+	}
+	if err := m.Validate(worldSize(env, m.Size())); err != nil {
+		return err
+	}
+	if t.steps < 1 || t.sample < 0 || !(t.temp > 0) || !(t.cfg.LR > 0) || t.cfg.WeightDecay < 0 {
+		return fmt.Errorf("--steps and --lr must be positive, --sample and --weight-decay not negative, --temperature positive")
+	}
+	if t.rd, err = t.df.resolve(env); err != nil {
+		return err
+	}
+	if t.rd.dtype != tensor.Float32 {
+		return fmt.Errorf("gpt: --dtype %v: the transformer runs in float32 for now", t.rd.dtype)
+	}
+	if t.corpus, err = readCorpus(t.data, t.cfg.Context+1); err != nil {
+		return err
+	}
+	t.cfg.Mesh, t.cfg.Vocab = m, len(t.corpus.chars)
+	t.m, t.heldOut = m, 8
+	// Checked as the ranks will build it: a bad layout fails here, before
+	// any rank starts.
+	return linear.CheckGPT(t.cfg)
+}
+
+// corpus is a text read as bytes: its characters (the vocabulary, sorted),
+// the training text and the held-out tenth, as ids.
+type corpus struct {
+	path         string
+	chars        []byte
+	id           [256]int
+	train, valid []int
+}
+
+func readCorpus(path string, window int) (*corpus, error) {
+	var text []byte
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("--data: %w", err)
+	}
+	if st.IsDir() {
+		err = filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if !d.Type().IsRegular() { // symlinks (GPL -> GPL-3) would repeat texts
+				return nil
+			}
+			b, err := os.ReadFile(p)
+			text = append(text, b...)
+			return err
+		})
+	} else {
+		text, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--data: %w", err)
+	}
+	c := &corpus{path: path}
+	seen := [256]bool{}
+	for _, b := range text {
+		seen[b] = true
+	}
+	for b := range seen {
+		if seen[b] {
+			c.id[b] = len(c.chars)
+			c.chars = append(c.chars, byte(b))
+		}
+	}
+	ids := make([]int, len(text))
+	for i, b := range text {
+		ids[i] = c.id[b]
+	}
+	cut := len(ids) * 9 / 10
+	c.train, c.valid = ids[:cut], ids[cut:]
+	if len(c.train) <= window || len(c.valid) <= window || len(c.chars) < 2 {
+		return nil, fmt.Errorf("--data %s: %d bytes, %d characters: too little text for a context of %d", path, len(text), len(c.chars), window-1)
+	}
+	return c, nil
+}
+
+// entropy is the unigram entropy of the training text, in nats.
+func (c *corpus) entropy() float64 {
+	counts := make([]float64, len(c.chars))
+	for _, id := range c.train {
+		counts[id]++
+	}
+	var h float64
+	for _, n := range counts {
+		if n > 0 {
+			p := n / float64(len(c.train))
+			h -= p * math.Log(p)
+		}
+	}
+	return h
+}
+
+// batch fills ids and targets with batch windows of text drawn by rng.
+func (c *corpus) batch(rng *rand.Rand, text []int, batch, context int, ids, targets []float32) {
+	for b := 0; b < batch; b++ {
+		start := rng.IntN(len(text) - context)
+		for i := 0; i < context; i++ {
+			ids[b*context+i] = float32(text[start+i])
+			targets[b*context+i] = float32(text[start+i+1])
+		}
+	}
+}
+
+func (t *gptTask) run(ctx context.Context, env Env) int {
+	cfg, m, c, rd, steps := t.cfg, t.m, t.corpus, t.rd, t.steps
+	var report *GPTReport
+	var mu sync.Mutex
+	err := ranks(ctx, env, m.Size(), func(ctx context.Context, w *collective.World) error {
+		dev, err := rd.build()
+		if err != nil {
+			return err
+		}
+		g, err := linear.NewGPT(cfg, w.Rank(), dev)
+		if err != nil {
+			return err
+		}
+		tr := newTracer(env.Run)
+		rt := tr.runtime(w, dev)
+		var bytes int64
+		counts := map[string]int{}
+		rt.Record = func(name string, ex collective.Executed) {
+			if len(ex.Group) > 1 && ex.Kind.Moves() {
+				bytes += ex.Bytes
+				counts[ex.Kind.String()+" "+name]++
+			}
+		}
+		n := cfg.Tokens()
+		hostIDs, hostTg := tensor.New(tensor.Float32, n), tensor.New(tensor.Float32, n)
+		upload := func() (*tensor.Tensor, *tensor.Tensor, error) {
+			ids, err := tensor.Upload(dev, hostIDs)
+			if err != nil {
+				return nil, nil, err
+			}
+			tg, err := tensor.Upload(dev, hostTg)
+			return ids, tg, err
+		}
+		// Every rank draws the same batches from the same seed.
+		rng := rand.New(rand.NewPCG(cfg.Seed, 0x64617461))
+		var stepMS []float64
+		var first, last float64
+		for s := 1; s <= steps; s++ {
+			bytes = 0
+			clear(counts)
+			c.batch(rng, c.train, cfg.Batch, cfg.Context, hostIDs.Float32(), hostTg.Float32())
+			ids, tg, err := upload()
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			loss, err := g.Step(ctx, rt, ids, tg)
+			if err != nil {
+				return err
+			}
+			d := time.Since(start)
+			stepMS = append(stepMS, ms(d))
+			if s == 1 {
+				first = loss
+			}
+			last = loss
+			if w.Rank() == 0 {
+				env.Run.Progress(s, steps, loss, d)
+				fmt.Fprintf(env.Stdout, "step %d/%d loss %.4f time %.1f ms\n", s, steps, loss, ms(d))
+			}
+		}
+		stepBytes, stepCounts := bytes, maps(counts)
+		rt.Record = nil
+		// Held-out loss: the same windows on every rank.
+		vrng := rand.New(rand.NewPCG(cfg.Seed, 0x76616c))
+		var held float64
+		for i := 0; i < t.heldOut; i++ {
+			c.batch(vrng, c.valid, cfg.Batch, cfg.Context, hostIDs.Float32(), hostTg.Float32())
+			ids, tg, err := upload()
+			if err != nil {
+				return err
+			}
+			l, err := g.Loss(ctx, rt, ids, tg)
+			if err != nil {
+				return err
+			}
+			held += l / float64(t.heldOut)
+		}
+		text, err := t.generate(ctx, g, rt, dev, rng)
+		if err != nil {
+			return err
+		}
+		if w.Rank() != 0 {
+			return nil
+		}
+		fmt.Fprintf(env.Stdout, "held-out loss %.4f nats/char; unigram entropy of the text %.4f\n", held, c.entropy())
+		fmt.Fprintf(env.Stdout, "sample:\n%s\n", text)
+		r := &GPTReport{Mesh: m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
+			Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, Optimizer: cfg.Optimizer, Steps: steps,
+			LossFirst: first, LossLast: last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(stepMS),
+			CommBytesPerStep: stepBytes, Collectives: stepCounts, Sample: text}
+		mu.Lock()
+		report = r
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return failure(env, "gpt", err)
+	}
+	if report != nil {
+		printJSON(env.Stdout, report)
+	}
+	return 0
+}
+
+func maps(m map[string]int) map[string]int {
+	out := make(map[string]int, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// generate samples t.sample characters after a held-out prompt, the same
+// on every rank (the distributions are gathered whole, the rng shared).
+func (t *gptTask) generate(ctx context.Context, g *linear.GPT, rt linear.Runtime, dev tensor.Memory, rng *rand.Rand) (string, error) {
+	c, cfg := t.corpus, t.cfg
+	ctxIDs := slices.Clone(c.valid[:cfg.Context/2])
+	out := []byte{}
+	host := tensor.New(tensor.Float32, cfg.Tokens())
+	for len(out) < t.sample {
+		window := ctxIDs[max(0, len(ctxIDs)-cfg.Context):]
+		for i := range host.Float32() {
+			host.Float32()[i] = float32(window[i%cfg.Context%len(window)])
+		}
+		for i, id := range window {
+			host.Float32()[i] = float32(id)
+		}
+		ids, err := tensor.Upload(dev, host)
+		if err != nil {
+			return "", err
+		}
+		p, err := g.Next(ctx, rt, ids, len(window)-1, t.temp)
+		if err != nil {
+			return "", err
+		}
+		u, next := rng.Float64(), len(p)-1
+		for i, q := range p {
+			if u -= q; u < 0 {
+				next = i
+				break
+			}
+		}
+		ctxIDs = append(ctxIDs, next)
+		out = append(out, c.chars[next])
+	}
+	prompt := make([]byte, 0, cfg.Context/2)
+	for _, id := range c.valid[:cfg.Context/2] {
+		prompt = append(prompt, c.chars[id])
+	}
+	return string(prompt) + "|" + string(out), nil
+}

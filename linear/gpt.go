@@ -294,20 +294,19 @@ func planMove(ctx context.Context, name string, from, to placement.Spec) (spmd.M
 	return spmd.Move{Tensor: name, From: from, To: to, Steps: steps}, nil
 }
 
-// Params lists the model's parameters as this rank holds them, in a fixed
-// order, with their names (GPT-2's).
-func (g *GPT) Params() (names []string, ts []*tensor.Tensor) {
-	for _, p := range g.params {
-		names, ts = append(names, p.name), append(ts, p.w)
-	}
-	return names, ts
+// GPTParam is one of the model's parameters as this rank holds it.
+type GPTParam struct {
+	Name  string // GPT-2's: wte, h.0.attn.c_attn.weight, ...
+	Spec  placement.Spec
+	W     *tensor.Tensor
+	Decay bool // AdamW's weight decay applies
 }
 
-// ParamSpecs lists the parameters' layouts over the mesh, in Params' order.
-func (g *GPT) ParamSpecs() []placement.Spec {
-	var out []placement.Spec
+// Parameters lists the model's parameters in a fixed order.
+func (g *GPT) Parameters() []GPTParam {
+	var out []GPTParam
 	for _, p := range g.params {
-		out = append(out, p.spec)
+		out = append(out, GPTParam{p.name, p.spec, p.w, p.decay})
 	}
 	return out
 }

@@ -2,8 +2,13 @@ package linear_test
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -107,5 +112,129 @@ func TestGPTMatchesSingleRank(t *testing.T) {
 			}
 			t.Logf("%s tp=%d: losses %.4f -> %.4f, collectives per step %v", opt, tp, got.losses[0], got.losses[7], got.comms)
 		}
+	}
+}
+
+// torchPython is a python3 with torch: $MESHRUN_PYTHON, /usr/bin/python3 or
+// python3; the test skips without one unless MESHRUN_REQUIRE_TORCH is set.
+func torchPython(t *testing.T) string {
+	for _, p := range []string{os.Getenv("MESHRUN_PYTHON"), "/usr/bin/python3", "python3"} {
+		if p != "" && exec.Command(p, "-c", "import torch, numpy").Run() == nil {
+			return p
+		}
+	}
+	if os.Getenv("MESHRUN_REQUIRE_TORCH") != "" {
+		t.Fatal("no python3 with torch and numpy, and MESHRUN_REQUIRE_TORCH is set")
+	}
+	t.Skip("no python3 with torch and numpy")
+	return ""
+}
+
+// TestGPTMatchesPyTorch: the same GPT in PyTorch (linear/testdata/
+// torch_gpt.py), started from the parameters meshrun writes as .npy and
+// trained on the same batches with the same AdamW: meshrun's losses at
+// tp = 1, 2 and 4 are PyTorch's within 1e-4 relative for 20 steps.
+func TestGPTMatchesPyTorch(t *testing.T) {
+	py := torchPython(t)
+	const steps = 20
+	dir := t.TempDir()
+	k, err := providers.New("cpu", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := linear.GPTConfig{Vocab: 29, Dim: 32, Heads: 4, Layers: 2, Context: 16, Batch: 4, Seed: 3, Optimizer: "adamw", LR: 3e-3, WeightDecay: 0.1}
+	// The batches: text-like (each target the next id of a sequence), the
+	// same for every run.
+	rng := rand.New(rand.NewPCG(7, 7))
+	n := cfg.Tokens()
+	ids, tgs := tensor.New(tensor.Float32, steps, n), tensor.New(tensor.Float32, steps, n)
+	for i := 0; i < steps*cfg.Batch; i++ {
+		seq := make([]int, cfg.Context+1)
+		seq[0] = rng.IntN(cfg.Vocab)
+		for j := 1; j < len(seq); j++ {
+			seq[j] = (seq[j-1]*7 + 3 + rng.IntN(3)) % cfg.Vocab
+		}
+		for j := 0; j < cfg.Context; j++ {
+			ids.Float32()[i*cfg.Context+j] = float32(seq[j])
+			tgs.Float32()[i*cfg.Context+j] = float32(seq[j+1])
+		}
+	}
+	writeNpy(t, filepath.Join(dir, "ids.npy"), ids)
+	writeNpy(t, filepath.Join(dir, "targets.npy"), tgs)
+	runs := map[int][]float64{}
+	for _, tp := range []int{1, 2, 4} {
+		m, _ := placement.ParseMesh("tp=" + strconv.Itoa(tp))
+		c := cfg
+		c.Mesh = m
+		var mu sync.Mutex
+		err := job.InProcess(context.Background(), tp, func(ctx context.Context, w *collective.World) error {
+			g, err := linear.NewGPT(c, w.Rank(), nil)
+			if err != nil {
+				return err
+			}
+			if tp == 1 {
+				var names, decay []string
+				for _, p := range g.Parameters() {
+					writeNpy(t, filepath.Join(dir, p.Name+".npy"), p.W)
+					names = append(names, p.Name)
+					if p.Decay {
+						decay = append(decay, p.Name)
+					}
+				}
+				b, _ := json.Marshal(map[string]any{"vocab": c.Vocab, "dim": c.Dim, "heads": c.Heads, "layers": c.Layers, "context": c.Context,
+					"batch": c.Batch, "lr": c.LR, "weight_decay": c.WeightDecay, "params": names, "decay": decay})
+				if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644); err != nil {
+					return err
+				}
+			}
+			rt := linear.Runtime{World: w, Kernels: k}
+			for s := 0; s < steps; s++ {
+				id, _ := tensor.FromFloat32(ids.Float32()[s*n:(s+1)*n], n)
+				tg, _ := tensor.FromFloat32(tgs.Float32()[s*n:(s+1)*n], n)
+				loss, err := g.Step(ctx, rt, id, tg)
+				if err != nil {
+					return err
+				}
+				if w.Rank() == 0 {
+					mu.Lock()
+					runs[tp] = append(runs[tp], loss)
+					mu.Unlock()
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := exec.Command(py, filepath.Join("testdata", "torch_gpt.py"), dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", py, err, out)
+	}
+	var want []float64
+	if err := json.Unmarshal(out, &want); err != nil || len(want) != steps {
+		t.Fatalf("torch_gpt.py printed %q: %v", out, err)
+	}
+	worst := 0.0
+	for tp, losses := range runs {
+		for s, l := range losses {
+			d := math.Abs(l-want[s]) / want[s]
+			worst = max(worst, d)
+			if d > 1e-4 {
+				t.Errorf("tp=%d step %d: loss %.7f, PyTorch %.7f (relative %.2g)", tp, s+1, l, want[s], d)
+			}
+		}
+	}
+	t.Logf("PyTorch: %.5f -> %.5f over %d steps; meshrun at tp = 1, 2, 4 within %.2g relative", want[0], want[steps-1], steps, worst)
+}
+
+func writeNpy(t *testing.T, path string, x *tensor.Tensor) {
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := x.WriteNpy(f); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -64,6 +64,7 @@ type gptTask struct {
 	corpus  *corpus
 	rd      rankDevice
 	heldOut int // batches of held-out text the final loss averages
+	profile string
 }
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
@@ -81,6 +82,7 @@ func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.data, "data", DefaultCorpus, "text `PATH` (a file, or a directory whose files are read in name order), read as characters (bytes)")
 	fs.IntVar(&t.sample, "sample", 200, "characters to sample at the end")
 	fs.Float64Var(&t.temp, "temperature", 0.8, "sampling temperature")
+	fs.StringVar(&t.profile, "cpuprofile", "", "write a CPU profile of the run to `FILE` (in-process ranks: one profile)")
 	t.df.register(fs)
 }
 
@@ -201,6 +203,13 @@ func (c *corpus) batch(rng *rand.Rand, text []int, batch, context int, ids, targ
 }
 
 func (t *gptTask) run(ctx context.Context, env Env) int {
+	if t.profile != "" {
+		stop, err := startProfile(t.profile)
+		if err != nil {
+			return usageError(env, "gpt", err)
+		}
+		defer stop()
+	}
 	cfg, m, c, rd, steps := t.cfg, t.m, t.corpus, t.rd, t.steps
 	var report *GPTReport
 	var mu sync.Mutex

@@ -151,10 +151,12 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 	a := newAttn(h, s, t, e, f, causal, k == nil)
 	if q.DType() == tensor.Float32 {
 		qq, kk, vv := splitQKV(a, q.Float32(), f32(k), f32(v))
-		p.inRows(b*h, s*t*(e+f), func(lo, hi int) { attention(a, o.Float32(), lse.Float32(), qq, kk, vv, lo, hi) })
+		mm := p.matmul32()
+		p.inRows(b*h, s*t*(e+f), func(lo, hi int) { attention(a, mm, o.Float32(), lse.Float32(), qq, kk, vv, lo, hi) })
 	} else {
 		qq, kk, vv := splitQKV(a, q.Float64(), f64(k), f64(v))
-		p.inRows(b*h, s*t*(e+f), func(lo, hi int) { attention(a, o.Float64(), lse.Float64(), qq, kk, vv, lo, hi) })
+		mm := p.matmul64()
+		p.inRows(b*h, s*t*(e+f), func(lo, hi int) { attention(a, mm, o.Float64(), lse.Float64(), qq, kk, vv, lo, hi) })
 	}
 	return nil
 }
@@ -201,50 +203,66 @@ func (a attnShape) at(bh, rows, i, width int) int {
 	return ((b*rows+i)*a.h + h) * width
 }
 
-// probs fills pr[:keys] with query row i's scores against pair bh's keys,
-// turned into probabilities, and returns their log-sum-exp.
-func probs[T float](a attnShape, pr []float64, qi, k []T, bh, i int) float64 {
-	scale := 1 / math.Sqrt(float64(a.e))
-	top := math.Inf(-1)
-	nk := a.keys(i)
-	for j := 0; j < nk; j++ {
-		kj := k[a.at(bh, a.t, j, a.ks):][:a.e]
-		var dot T
-		for c, qv := range qi {
-			dot += qv * kj[c]
+// matmul is one single-threaded GEMM on host slices (the caller splits the
+// work): attention's products per batch and head, on strided rows.
+type matmul[T float] func(g kernels.GemmParams, a, b, c []T)
+
+func (p *Provider) matmul32() matmul[float32] {
+	return func(g kernels.GemmParams, a, b, c []float32) {
+		g.DType = tensor.Float32
+		if err := runGemm(&p.e32, 1, g, a, b, c); err != nil {
+			panic(err) // shapes checked by AttentionDims
 		}
-		pr[j] = float64(dot) * scale
-		top = max(top, pr[j])
 	}
-	var z float64
-	for j := 0; j < nk; j++ {
-		pr[j] = math.Exp(pr[j] - top)
-		z += pr[j]
-	}
-	for j := 0; j < nk; j++ {
-		pr[j] /= z
-	}
-	return top + math.Log(z)
 }
 
-func attention[T float](a attnShape, o, lse, q, k, v []T, lo, hi int) {
-	pr := make([]float64, a.t)
-	acc := make([]float64, a.f)
-	for bh := lo; bh < hi; bh++ {
-		for i := 0; i < a.s; i++ {
-			lse[bh*a.s+i] = T(probs(a, pr, q[a.at(bh, a.s, i, a.qs):][:a.e], k, bh, i))
-			clear(acc)
-			for j := 0; j < a.keys(i); j++ {
-				w := pr[j]
-				for c, x := range v[a.at(bh, a.t, j, a.vs):][:a.f] {
-					acc[c] += w * float64(x)
-				}
-			}
-			oi := o[a.at(bh, a.s, i, a.f):][:a.f]
-			for c := range acc {
-				oi[c] = T(acc[c])
-			}
+func (p *Provider) matmul64() matmul[float64] {
+	return func(g kernels.GemmParams, a, b, c []float64) {
+		g.DType = tensor.Float64
+		if err := runGemm(&p.e64, 1, g, a, b, c); err != nil {
+			panic(err)
 		}
+	}
+}
+
+// scores computes pair bh's probabilities into pr[s×t] (zeros where the
+// mask hides a key): from the scaled products q·kᵀ, and their log-sum-exp
+// into lse, or from lse when it is given (the backward).
+func scores[T float](a attnShape, mm matmul[T], pr []T, q, k, lse []T, bh int, known bool) {
+	scale := 1 / math.Sqrt(float64(a.e))
+	mm(kernels.GemmParams{TransB: true, M: a.s, N: a.t, K: a.e, Alpha: scale, LDA: a.h * a.qs, LDB: a.h * a.ks, LDC: a.t},
+		q[a.at(bh, a.s, 0, a.qs):], k[a.at(bh, a.t, 0, a.ks):], pr)
+	for i := 0; i < a.s; i++ {
+		row, nk := pr[i*a.t:(i+1)*a.t], a.keys(i)
+		var m float64
+		if known {
+			m = float64(lse[bh*a.s+i])
+		} else {
+			top := math.Inf(-1)
+			for _, x := range row[:nk] {
+				top = max(top, float64(x))
+			}
+			var z float64
+			for _, x := range row[:nk] {
+				z += math.Exp(float64(x) - top)
+			}
+			m = top + math.Log(z)
+			lse[bh*a.s+i] = T(m)
+		}
+		for j := range row[:nk] {
+			row[j] = T(math.Exp(float64(row[j]) - m))
+		}
+		clear(row[nk:])
+	}
+}
+
+func attention[T float](a attnShape, mm matmul[T], o, lse, q, k, v []T, lo, hi int) {
+	pr := make([]T, a.s*a.t)
+	for bh := lo; bh < hi; bh++ {
+		scores(a, mm, pr, q, k, lse, bh, false)
+		// o = P·v
+		mm(kernels.GemmParams{M: a.s, N: a.f, K: a.t, Alpha: 1, LDA: a.t, LDB: a.h * a.vs, LDC: a.h * a.f},
+			pr, v[a.at(bh, a.t, 0, a.vs):], o[a.at(bh, a.s, 0, a.f):])
 	}
 }
 
@@ -268,64 +286,50 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	if q.DType() == tensor.Float32 {
 		qq, kk, vv := splitQKV(a, q.Float32(), f32(k), f32(v))
 		gq, gk, gv := splitQKV(a, dq.Float32(), f32(dk), f32(dv))
-		p.inRows(b*h, 2*s*t*(e+f), func(lo, hi int) { attentionBackward(a, gq, gk, gv, do.Float32(), qq, kk, vv, o.Float32(), lo, hi) })
+		mm := p.matmul32()
+		p.inRows(b*h, 2*s*t*(e+f), func(lo, hi int) {
+			attentionBackward(a, mm, gq, gk, gv, do.Float32(), qq, kk, vv, o.Float32(), lse.Float32(), lo, hi)
+		})
 	} else {
 		qq, kk, vv := splitQKV(a, q.Float64(), f64(k), f64(v))
 		gq, gk, gv := splitQKV(a, dq.Float64(), f64(dk), f64(dv))
-		p.inRows(b*h, 2*s*t*(e+f), func(lo, hi int) { attentionBackward(a, gq, gk, gv, do.Float64(), qq, kk, vv, o.Float64(), lo, hi) })
+		mm := p.matmul64()
+		p.inRows(b*h, 2*s*t*(e+f), func(lo, hi int) {
+			attentionBackward(a, mm, gq, gk, gv, do.Float64(), qq, kk, vv, o.Float64(), lse.Float64(), lo, hi)
+		})
 	}
 	return nil
 }
 
-// attentionBackward: with P the probabilities of a query row, dv += Pᵀ·do,
-// dS = P ⊙ (do·vᵀ − do·o) (do·o = rowsum(dP ⊙ P)), dq = dS·k/√E and dk +=
-// dSᵀ·q/√E. dk and dv are summed over query rows in float64.
-func attentionBackward[T float](a attnShape, dq, dk, dv, do, q, k, v, o []T, lo, hi int) {
-	pr := make([]float64, a.t)
-	gk := make([]float64, a.t*a.e)
-	gv := make([]float64, a.t*a.f)
-	gq := make([]float64, a.e)
+// attentionBackward, per batch and head, with P recomputed from lse:
+// dv = Pᵀ·do, dP = do·vᵀ, dS = P ⊙ (dP − rowsum(do ⊙ o)) / √E, dq = dS·k,
+// dk = dSᵀ·q.
+func attentionBackward[T float](a attnShape, mm matmul[T], dq, dk, dv, do, q, k, v, o, lse []T, lo, hi int) {
+	pr := make([]T, a.s*a.t)
+	ds := make([]T, a.s*a.t)
 	scale := 1 / math.Sqrt(float64(a.e))
 	for bh := lo; bh < hi; bh++ {
-		clear(gk)
-		clear(gv)
+		scores(a, mm, pr, q, k, lse, bh, true)
+		dob, ob := do[a.at(bh, a.s, 0, a.f):], o[a.at(bh, a.s, 0, a.f):]
+		mm(kernels.GemmParams{TransA: true, M: a.t, N: a.f, K: a.s, Alpha: 1, LDA: a.t, LDB: a.h * a.f, LDC: a.h * a.vs},
+			pr, dob, dv[a.at(bh, a.t, 0, a.vs):])
+		mm(kernels.GemmParams{TransB: true, M: a.s, N: a.t, K: a.f, Alpha: 1, LDA: a.h * a.f, LDB: a.h * a.vs, LDC: a.t},
+			dob, v[a.at(bh, a.t, 0, a.vs):], ds)
 		for i := 0; i < a.s; i++ {
-			qi := q[a.at(bh, a.s, i, a.qs):][:a.e]
-			probs(a, pr, qi, k, bh, i)
-			doi, oi := do[a.at(bh, a.s, i, a.f):][:a.f], o[a.at(bh, a.s, i, a.f):][:a.f]
+			di, oi := dob[i*a.h*a.f:][:a.f], ob[i*a.h*a.f:][:a.f]
 			var dot float64
-			for c := range doi {
-				dot += float64(doi[c]) * float64(oi[c])
+			for c := range di {
+				dot += float64(di[c]) * float64(oi[c])
 			}
-			clear(gq)
-			for j := 0; j < a.keys(i); j++ {
-				vj := v[a.at(bh, a.t, j, a.vs):][:a.f]
-				var dp float64
-				for c, g := range doi {
-					dp += float64(g) * float64(vj[c])
-					gv[j*a.f+c] += pr[j] * float64(g)
-				}
-				ds := pr[j] * (dp - dot) * scale
-				kj := k[a.at(bh, a.t, j, a.ks):][:a.e]
-				for c := range qi {
-					gq[c] += ds * float64(kj[c])
-					gk[j*a.e+c] += ds * float64(qi[c])
-				}
-			}
-			dqi := dq[a.at(bh, a.s, i, a.qs):][:a.e]
-			for c, g := range gq {
-				dqi[c] = T(g)
+			row, prow := ds[i*a.t:(i+1)*a.t], pr[i*a.t:(i+1)*a.t]
+			for j := range row {
+				row[j] = T(float64(prow[j]) * (float64(row[j]) - dot) * scale)
 			}
 		}
-		for j := 0; j < a.t; j++ {
-			dkj, dvj := dk[a.at(bh, a.t, j, a.ks):][:a.e], dv[a.at(bh, a.t, j, a.vs):][:a.f]
-			for c := range dkj {
-				dkj[c] = T(gk[j*a.e+c])
-			}
-			for c := range dvj {
-				dvj[c] = T(gv[j*a.f+c])
-			}
-		}
+		mm(kernels.GemmParams{M: a.s, N: a.e, K: a.t, Alpha: 1, LDA: a.t, LDB: a.h * a.ks, LDC: a.h * a.qs},
+			ds, k[a.at(bh, a.t, 0, a.ks):], dq[a.at(bh, a.s, 0, a.qs):])
+		mm(kernels.GemmParams{TransA: true, M: a.t, N: a.e, K: a.s, Alpha: 1, LDA: a.t, LDB: a.h * a.qs, LDC: a.h * a.ks},
+			ds, q[a.at(bh, a.s, 0, a.qs):], dk[a.at(bh, a.t, 0, a.ks):])
 	}
 }
 

@@ -189,24 +189,16 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 		}
 		c := layerConfig(name, lo)
 		c.Model = cfg.Model
-		want := 1 // row parallel: y all-reduced
 		if preset == "column" {
-			// Column parallel: y stays split by output features, whatever the
-			// sizes (the model's layout, not the cheapest for this layer).
-			c.Out, want = []placement.Placement{placement.Shard{Dim: 1}}, 0
+			// Column parallel: y stays split by output features, as the next
+			// op reads it. The planner picks how (for a small vocabulary the
+			// head may split tokens and gather its weight: cheaper under its
+			// model than all-reducing dx backward).
+			c.Out = []placement.Placement{placement.Shard{Dim: 1}}
 		}
 		plans, err := PlanContext(ctx, c)
 		if err != nil {
 			return nil, err
-		}
-		moving := 0
-		for _, m := range plans.Fwd.Moves {
-			if movesBytes(m) {
-				moving++
-			}
-		}
-		if mesh.Size() > 1 && moving != want {
-			return nil, fmt.Errorf("%w: gpt: %s (%s parallel) plans %d forward collectives, want %d:\n%s", ErrConfig, name, preset, moving, want, spmd.Text(plans.Fwd, nil, 4))
 		}
 		l, err := NewPlanned(c, plans, rank, mem)
 		if err != nil {

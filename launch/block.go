@@ -1,8 +1,12 @@
 package launch
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 
 	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
@@ -10,14 +14,20 @@ import (
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// BlockOptions describe a Megatron MLP block to plan: column-parallel linear ->
-// gelu -> row-parallel linear, tokens split over the first mesh dim (data
-// parallel) and the ffn dim over the last (tensor parallel).
+// BlockOptions describe a block to plan: the Megatron MLP block
+// (column-parallel linear -> gelu -> row-parallel linear, tokens split over
+// the first mesh dims, the ffn dim over the last), or the transformer block
+// of worker gpt (Name "transformer", a 1-D mesh).
 type BlockOptions struct {
+	Name                string // "mlp" ("": mlp) or "transformer"
 	Mesh                string
 	Tokens, Hidden, FFN int
-	SequenceParallel    bool
-	DType               string // element type the bytes count ("": float32)
+	// Heads and Context: the transformer's attention heads and sequence
+	// length (Context 0: one sequence of Tokens).
+	Heads, Context   int
+	SequenceParallel bool
+	DType            string // element type the bytes count ("": float32)
+	JSON             bool
 }
 
 // elemSize is the size of an element of dtype s ("" is float32).
@@ -32,15 +42,23 @@ func elemSize(s string) (int, error) {
 	return dt.Size(), nil
 }
 
-// blockTitles are the headings of the block's ops (layout.MLP.Ops).
+// blockTitles are the headings of the blocks' ops (layout.MLP.Ops,
+// layout.Transformer.Ops).
 var blockTitles = map[string]string{
-	"up":   "column-parallel linear (up projection)",
-	"gelu": "gelu",
-	"down": "row-parallel linear (down projection)",
+	"up":        "column-parallel linear (up projection)",
+	"gelu":      "gelu",
+	"down":      "row-parallel linear (down projection)",
+	"ln1":       "layer norm (attention input)",
+	"qkv":       "column-parallel linear (fused q, k, v projection; whole heads per rank)",
+	"attention": "causal attention on this rank's heads",
+	"proj":      "row-parallel linear (attention output projection)",
+	"add1":      "residual add",
+	"ln2":       "layer norm (MLP input)",
+	"add2":      "residual add",
 }
 
 // plan lays out and plans the block (package layout: the layout the mlp
-// workload runs).
+// and gpt workloads run).
 func (o BlockOptions) plan() ([]layout.Op, error) {
 	mesh, err := placement.ParseMesh(o.Mesh)
 	if err != nil {
@@ -49,6 +67,14 @@ func (o BlockOptions) plan() ([]layout.Op, error) {
 	if o.Tokens < 1 || o.Hidden < 1 || o.FFN < 1 {
 		return nil, fmt.Errorf("--tokens, --hidden and --ffn must be positive")
 	}
+	if o.Name == "transformer" {
+		c := o.Context
+		if c == 0 {
+			c = o.Tokens
+		}
+		t, err := layout.NewTransformerContext(context.Background(), mesh, o.Tokens, c, o.Heads, o.Hidden, o.FFN, o.SequenceParallel)
+		return t.Ops, err
+	}
 	l, err := layout.NewMLP(mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)
 	if err != nil {
 		return nil, err
@@ -56,7 +82,36 @@ func (o BlockOptions) plan() ([]layout.Op, error) {
 	return l.Ops, nil
 }
 
-// RunBlock prints the plan of every op of the block and the block's totals.
+// blockTally is the collectives of one kind on some mesh dims in one
+// phase of a block.
+type blockTally struct {
+	Kind     string   `json:"kind"`
+	MeshDims []string `json:"mesh_dims"`
+	Count    int64    `json:"count"`
+	Bytes    int64    `json:"bytes"` // rank 0 passes into them
+}
+
+// blockReport is --block's --json: every op's plan and the block's totals.
+type blockReport struct {
+	Block            string                  `json:"block"`
+	Mesh             string                  `json:"mesh"`
+	Tokens           int                     `json:"tokens"`
+	Hidden           int                     `json:"hidden"`
+	FFN              int                     `json:"ffn"`
+	Heads            int                     `json:"heads,omitempty"`
+	Context          int                     `json:"context,omitempty"`
+	SequenceParallel bool                    `json:"sequence_parallel"`
+	Ops              []blockOp               `json:"ops"`
+	Collectives      map[string][]blockTally `json:"collectives"` // "forward", "backward"
+}
+
+type blockOp struct {
+	Name string       `json:"name"`
+	Plan *spmd.Report `json:"plan"`
+}
+
+// RunBlock prints the plan of every op of the block and the block's totals
+// (with JSON, one object).
 func RunBlock(w io.Writer, o BlockOptions) error {
 	stages, err := o.plan()
 	if err != nil {
@@ -66,48 +121,69 @@ func RunBlock(w io.Writer, o BlockOptions) error {
 	if err != nil {
 		return err
 	}
-	type tally struct {
-		key      string
-		n, bytes int64
+	name := o.Name
+	if name == "" {
+		name = "mlp"
 	}
-	count := map[string][]*tally{}
+	r := blockReport{Block: name, Mesh: o.Mesh, Tokens: o.Tokens, Hidden: o.Hidden, FFN: o.FFN, SequenceParallel: o.SequenceParallel,
+		Collectives: map[string][]blockTally{"forward": {}, "backward": {}}}
+	if name == "transformer" {
+		r.Heads, r.Context = o.Heads, o.Context
+		if r.Context == 0 {
+			r.Context = o.Tokens
+		}
+	}
 	note := func(phase string, cs []spmd.Collective) {
 		for _, c := range cs {
-			k := c.Step.Kind.String() + " on"
+			var dims []string
 			for _, d := range c.Step.MeshDims {
-				k += " " + c.Step.From.Mesh.DimName(d)
+				dims = append(dims, c.Step.From.Mesh.DimName(d))
 			}
-			var t *tally
-			for _, x := range count[phase] {
-				if x.key == k {
-					t = x
-				}
+			i := slices.IndexFunc(r.Collectives[phase], func(t blockTally) bool {
+				return t.Kind == c.Step.Kind.String() && slices.Equal(t.MeshDims, dims)
+			})
+			if i < 0 {
+				r.Collectives[phase] = append(r.Collectives[phase], blockTally{Kind: c.Step.Kind.String(), MeshDims: dims})
+				i = len(r.Collectives[phase]) - 1
 			}
-			if t == nil {
-				t = &tally{key: k}
-				count[phase] = append(count[phase], t)
-			}
-			t.n++
-			t.bytes += c.Elems() * int64(elemSize)
+			r.Collectives[phase][i].Count++
+			r.Collectives[phase][i].Bytes += c.Elems() * int64(elemSize)
 		}
 	}
 	for i, s := range stages {
-		fmt.Fprintf(w, "== %d. %s\n%s\n", i+1, blockTitles[s.Name], spmd.Text(s.Fwd, s.Bwd, elemSize))
+		if !o.JSON {
+			fmt.Fprintf(w, "== %d. %s\n%s\n", i+1, blockTitles[s.Name], spmd.Text(s.Fwd, s.Bwd, elemSize))
+		}
+		rep := spmd.NewReport(s.Fwd, s.Bwd, elemSize)
+		r.Ops = append(r.Ops, blockOp{Name: s.Name, Plan: &rep})
 		note("forward", s.Fwd.Collectives())
 		note("backward", s.Bwd.Collectives())
 	}
-	fmt.Fprintf(w, "== MLP block on %s: tokens %d, hidden %d, ffn %d, sequence parallel %v\n", o.Mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)
+	if o.JSON {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	}
+	if name == "transformer" {
+		fmt.Fprintf(w, "== transformer block on %s: tokens %d (context %d), hidden %d, heads %d, ffn %d, sequence parallel %v\n",
+			o.Mesh, o.Tokens, r.Context, o.Hidden, o.Heads, o.FFN, o.SequenceParallel)
+	} else {
+		fmt.Fprintf(w, "== MLP block on %s: tokens %d, hidden %d, ffn %d, sequence parallel %v\n", o.Mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)
+	}
 	for _, phase := range []string{"forward", "backward"} {
 		fmt.Fprintf(w, "%s:", phase)
-		if len(count[phase]) == 0 {
+		if len(r.Collectives[phase]) == 0 {
 			fmt.Fprint(w, " no collectives")
 		}
-		for i, t := range count[phase] {
+		for i, t := range r.Collectives[phase] {
 			sep := ","
 			if i == 0 {
 				sep = ""
 			}
-			fmt.Fprintf(w, "%s %d %s (%d B)", sep, t.n, t.key, t.bytes)
+			fmt.Fprintf(w, "%s %d %s on %s (%d B)", sep, t.Count, t.Kind, strings.Join(t.MeshDims, " "), t.Bytes)
 		}
 		fmt.Fprintln(w)
 	}

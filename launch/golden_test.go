@@ -3,6 +3,7 @@ package launch
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
@@ -51,6 +52,57 @@ func TestPlanBlockGolden(t *testing.T) {
 			}
 			golden(t, filepath.Join("testdata", "block", tc.file), "$ launcher "+strings.Join(args, " ")+"\n"+out.String())
 		})
+	}
+}
+
+// TestPlanTransformerBlock: `launcher plan --block transformer` shows
+// Megatron's collectives per block at realistic sizes (2 all-reduces
+// forward and 2 backward; sequence parallel, 2 all-gathers and 2
+// reduce-scatters forward, the same backward besides the layer norms'
+// parameter gradients), pinned as goldens; --json carries the same totals
+// for both blocks.
+func TestPlanTransformerBlock(t *testing.T) {
+	for _, tc := range []struct{ file, args, fwd, bwd string }{
+		{"transformer-tp4.txt", "--mesh tp=4 --tokens 2048 --context 1024 --hidden 1024 --heads 16 --ffn 4096",
+			"forward: 2 all_reduce on tp", "backward: 2 all_reduce on tp"},
+		{"transformer-tp2-sp.txt", "--mesh tp=2 --tokens 2048 --context 1024 --hidden 1024 --heads 16 --ffn 4096 --sequence-parallel",
+			"forward: 2 all_gather on tp (8388608 B), 2 reduce_scatter on tp", "backward: 4 all_reduce on tp (16384 B), 2 reduce_scatter on tp (16777216 B), 2 all_gather on tp"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			args := append([]string{"plan", "--block", "transformer"}, strings.Fields(tc.args)...)
+			if code := Main(context.Background(), args, &out, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			for _, want := range []string{tc.fwd, tc.bwd} {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("no %q in the totals:\n%s", want, out.String()[max(0, out.Len()-400):])
+				}
+			}
+			golden(t, filepath.Join("testdata", "block", tc.file), "$ launcher "+strings.Join(args, " ")+"\n"+out.String())
+		})
+	}
+	for _, block := range []string{"mlp", "transformer"} {
+		var out, errb bytes.Buffer
+		args := []string{"plan", "--block", block, "--mesh", "tp=2", "--json"}
+		if code := Main(context.Background(), args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		var r struct {
+			Block       string
+			Ops         []struct{ Name string }
+			Collectives map[string][]struct {
+				Kind  string
+				Count int
+			}
+		}
+		if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.Block != block || len(r.Ops) < 3 || len(r.Collectives["forward"]) == 0 {
+			t.Errorf("%v: %v\n%s", args, err, out.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := Main(context.Background(), []string{"plan", "--block", "transformer", "--mesh", "tp=3", "--heads", "4"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "heads") {
+		t.Errorf("4 heads on tp=3: exit %d, %s", code, errb.String())
 	}
 }
 

@@ -64,7 +64,7 @@ var planInputHelp = map[string]string{
 
 const planUsage = `usage: launcher plan --mesh MESH [--op OP] --x SPEC --w SPEC [--b SPEC] [FLAGS]
        launcher plan --mesh MESH --op redistribute --x SPEC --out PLACEMENTS [--json]
-       launcher plan --mesh MESH --block mlp [--tokens N] [--hidden N] [--ffn N] [--sequence-parallel]
+       launcher plan --mesh MESH --block mlp|transformer [--tokens N] [--hidden N] [--ffn N] [--heads N] [--context N] [--sequence-parallel] [--json]
   how an op (or the Megatron MLP block) is sharded: the layouts, collectives and bytes
   of its forward and backward; SPEC is SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R];
   --op redistribute plans moving the tensor --x to the layout --out: its steps
@@ -90,7 +90,9 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 	fs.IntVar(&o.Explain, "explain", 0, "also list the chosen strategy and the next `N` cheapest with their modelled costs")
 	fs.StringVar(&o.Model, "model", "", "price plans with the cost model in `FILE` (written by worker calibrate; default: the built-in cpu model)")
 	fs.StringVar(&o.DType, "dtype", "float32", "element type the bytes count, `DTYPE`: float32, bfloat16 or float64")
-	fs.StringVar(&o.Block, "block", "", "plan a `BLOCK` instead of one op: mlp")
+	fs.StringVar(&o.Block, "block", "", "plan a `BLOCK` instead of one op: mlp or transformer")
+	fs.IntVar(&o.Heads, "heads", 4, "block transformer: attention heads")
+	fs.IntVar(&o.Context, "context", 0, "block transformer: tokens per sequence (default: --tokens, one sequence)")
 	fs.IntVar(&o.Tokens, "tokens", 64, "block: tokens")
 	fs.IntVar(&o.Hidden, "hidden", 32, "block: hidden size")
 	fs.IntVar(&o.FFN, "ffn", 128, "block: ffn size")
@@ -153,8 +155,8 @@ func (o PlanOptions) Validate() error {
 
 // block checks the flags of --block and returns the mesh.
 func (o PlanOptions) block() (placement.Mesh, error) {
-	if o.Block != "mlp" {
-		return placement.Mesh{}, fmt.Errorf("--block %q: want mlp", o.Block)
+	if o.Block != "mlp" && o.Block != "transformer" {
+		return placement.Mesh{}, fmt.Errorf("--block %q: want mlp or transformer", o.Block)
 	}
 	if o.Explain != 0 {
 		return placement.Mesh{}, errors.New("--explain is for one op, not a --block")
@@ -360,13 +362,16 @@ func (o PlanOptions) runBlock(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	l, err := layout.NewMLPContext(ctx, mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)
-	if err != nil {
+	b := o.BlockOptions
+	b.Name, b.Mesh, b.DType, b.JSON = o.Block, o.Mesh, o.DType, o.JSON
+	if err := RunBlock(w, b); err != nil {
 		return err
 	}
-	b := o.BlockOptions
-	b.Mesh, b.DType = o.Mesh, o.DType
-	if err := RunBlock(w, b); err != nil {
+	if o.JSON || o.Block == "transformer" {
+		return nil
+	}
+	l, err := layout.NewMLPContext(ctx, mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)
+	if err != nil {
 		return err
 	}
 	dt := tensor.Float32

@@ -210,3 +210,114 @@ func CheckSizes(tokens, hidden, ffn int) error {
 	}
 	return nil
 }
+
+// Transformer is the layout of one pre-norm transformer block of
+// worker gpt's model, Megatron's: x += proj(attention(qkv(ln1 x))), x +=
+// down(gelu(up(ln2 x))) on x[tokens, hidden], tokens = batch × context,
+// with qkv and up column-parallel over tp (whole heads per rank), proj and
+// down row-parallel, and, sequence parallel, tokens split over tp outside
+// the linear layers (layer norms and residual adds on split rows; x
+// all-gathered before qkv and up, the outputs reduce-scattered).
+type Transformer struct {
+	// Ops are the block's ops in order, each planned forward and backward:
+	// ln1, qkv, attention, proj, add1, ln2, up, gelu, down, add2.
+	Ops []Op
+}
+
+// NewTransformerContext lays out and plans one block on a 1-D mesh (tp).
+func NewTransformerContext(ctx context.Context, mesh placement.Mesh, tokens, context, heads, hidden, ffn int, sequenceParallel bool) (Transformer, error) {
+	switch {
+	case mesh.NDim() != 1:
+		return Transformer{}, fmt.Errorf("layout: transformer: mesh %s: one dim (tensor parallel)", mesh)
+	case tokens < 1 || context < 1 || heads < 1 || hidden < 1 || ffn < 1:
+		return Transformer{}, fmt.Errorf("layout: transformer: tokens %d, context %d, heads %d, hidden %d, ffn %d: each must be positive", tokens, context, heads, hidden, ffn)
+	case tokens%context != 0 || hidden%heads != 0 || heads%mesh.Size() != 0:
+		return Transformer{}, fmt.Errorf("layout: transformer: tokens %d must be a multiple of context %d, hidden %d of heads %d, heads of tp = %d",
+			tokens, context, hidden, heads, mesh.Size())
+	}
+	if err := CheckSizes(tokens, hidden, ffn); err != nil {
+		return Transformer{}, err
+	}
+	_, ctx = placement.BudgetOf(ctx)
+	rows := placement.Placement(placement.Replicate{})
+	up, down := "column", "row"
+	if sequenceParallel {
+		rows, up, down = placement.Shard{Dim: 0}, "sequence-column", "sequence-row"
+	}
+	spec := func(shape []int, p placement.Placement) placement.Spec { return placement.MustSpec(shape, mesh, p) }
+	var t Transformer
+	plan := func(name, op string, ins []spmd.Operand, out string, want placement.Placement) (placement.Spec, error) {
+		req := spmd.Request{Op: op, Inputs: ins, Options: spmd.Options{Output: out}}
+		if want != nil {
+			req.Out = []placement.Placement{want}
+		}
+		fwd, err := spmd.ForwardContext(ctx, req)
+		if err != nil {
+			return placement.Spec{}, fmt.Errorf("layout: transformer: %s: %w", name, err)
+		}
+		bwd, err := spmd.BackwardOfContext(ctx, fwd, nil, nil)
+		if err != nil {
+			return placement.Spec{}, fmt.Errorf("layout: transformer: %s: %w", name, err)
+		}
+		t.Ops = append(t.Ops, Op{Name: name, Fwd: fwd, Bwd: bwd})
+		return fwd.Final.Spec, nil
+	}
+	linear := func(name, preset string, x placement.Spec, n int, w, b, y string) (placement.Spec, error) {
+		l, err := Preset(preset, mesh, tokens, x.Shape[1], n, true)
+		if err != nil {
+			return placement.Spec{}, err
+		}
+		out := l.Out
+		if out == nil {
+			out = []placement.Placement{placement.Shard{Dim: 1}}
+		}
+		return plan(name, "linear", []spmd.Operand{{Name: "x", Spec: l.X}, {Name: w, Spec: l.W}, {Name: b, Spec: *l.B}}, y, out[0])
+	}
+	norm := func(name string, x placement.Spec, y string) (placement.Spec, error) {
+		return plan(name, "layernorm", []spmd.Operand{{Name: "x", Spec: x}, {Name: "gamma", Spec: spec([]int{hidden}, placement.Replicate{})},
+			{Name: "beta", Spec: spec([]int{hidden}, placement.Replicate{})}}, y, rows)
+	}
+	x := spec([]int{tokens, hidden}, rows)
+	h1, err := norm("ln1", x, "h1")
+	if err != nil {
+		return Transformer{}, err
+	}
+	if _, err := linear("qkv", up, h1, 3*hidden, "w_qkv", "b_qkv", "qkv"); err != nil {
+		return Transformer{}, err
+	}
+	// Attention on the heads of this rank: q, k, v [batch, context, heads,
+	// head dim] split by heads, as the column-parallel qkv leaves them.
+	qs := spec([]int{tokens / context, context, heads, hidden / heads}, placement.Shard{Dim: 2})
+	if _, err := plan("attention", "attention", []spmd.Operand{{Name: "q", Spec: qs}, {Name: "k", Spec: qs}, {Name: "v", Spec: qs}}, "o", placement.Shard{Dim: 2}); err != nil {
+		return Transformer{}, err
+	}
+	o := spec([]int{tokens, hidden}, placement.Shard{Dim: 1})
+	p, err := linear("proj", down, o, hidden, "w_proj", "b_proj", "a")
+	if err != nil {
+		return Transformer{}, err
+	}
+	x2, err := plan("add1", "add", []spmd.Operand{{Name: "x", Spec: x}, {Name: "a", Spec: p}}, "x2", rows)
+	if err != nil {
+		return Transformer{}, err
+	}
+	h2, err := norm("ln2", x2, "h2")
+	if err != nil {
+		return Transformer{}, err
+	}
+	u, err := linear("up", up, h2, ffn, "w_up", "b_up", "u")
+	if err != nil {
+		return Transformer{}, err
+	}
+	g, err := plan("gelu", "gelu", []spmd.Operand{{Name: "u", Spec: u}}, "g", nil)
+	if err != nil {
+		return Transformer{}, err
+	}
+	d, err := linear("down", down, g, hidden, "w_down", "b_down", "m")
+	if err != nil {
+		return Transformer{}, err
+	}
+	if _, err := plan("add2", "add", []spmd.Operand{{Name: "x2", Spec: x2}, {Name: "m", Spec: d}}, "y", rows); err != nil {
+		return Transformer{}, err
+	}
+	return t, nil
+}

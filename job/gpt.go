@@ -28,17 +28,18 @@ const DefaultCorpus = "/usr/share/common-licenses"
 
 // GPTReport is the JSON line `worker gpt` prints on rank 0 at the end.
 type GPTReport struct {
-	Mesh      string `json:"mesh"`
-	Data      string `json:"data"`
-	DataBytes int    `json:"data_bytes"`
-	Vocab     int    `json:"vocab"`
-	Layers    int    `json:"layers"`
-	Heads     int    `json:"heads"`
-	Dim       int    `json:"dim"`
-	Context   int    `json:"context"`
-	Batch     int    `json:"batch"`
-	Optimizer string `json:"optimizer"`
-	Steps     int    `json:"steps"`
+	Mesh             string `json:"mesh"`
+	Data             string `json:"data"`
+	DataBytes        int    `json:"data_bytes"`
+	Vocab            int    `json:"vocab"`
+	Layers           int    `json:"layers"`
+	Heads            int    `json:"heads"`
+	Dim              int    `json:"dim"`
+	Context          int    `json:"context"`
+	Batch            int    `json:"batch"`
+	Optimizer        string `json:"optimizer"`
+	SequenceParallel bool   `json:"sequence_parallel"`
+	Steps            int    `json:"steps"`
 	// Losses in nats per character; the unigram entropy of the training text
 	// is what a model that ignores context reaches.
 	LossFirst        float64        `json:"loss_first"`
@@ -69,6 +70,7 @@ type gptTask struct {
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.mesh, "mesh", "", "device `MESH`, one dim, tensor parallel (default tp=$WORLD_SIZE)")
+	fs.BoolVar(&t.cfg.SequenceParallel, "sequence-parallel", false, "split tokens over tp outside the linear layers (Megatron's sequence parallelism)")
 	fs.IntVar(&t.cfg.Layers, "layers", 2, "transformer blocks")
 	fs.IntVar(&t.cfg.Heads, "heads", 4, "attention heads (a multiple of tp)")
 	fs.IntVar(&t.cfg.Dim, "dim", 128, "model width")
@@ -297,7 +299,7 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		fmt.Fprintf(env.Stdout, "held-out loss %.4f nats/char; unigram entropy of the text %.4f\n", held, c.entropy())
 		fmt.Fprintf(env.Stdout, "sample:\n%s\n", text)
 		r := &GPTReport{Mesh: m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
-			Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, Optimizer: cfg.Optimizer, Steps: steps,
+			Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: steps,
 			LossFirst: first, LossLast: last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(stepMS),
 			CommBytesPerStep: stepBytes, Collectives: stepCounts, Sample: text}
 		mu.Lock()

@@ -34,6 +34,13 @@ type GPTConfig struct {
 	Optimizer       string
 	LR, WeightDecay float64
 	Model           placement.Model
+	// SequenceParallel splits the tokens over tp outside the linear layers
+	// (Megatron's sequence parallelism): layer norms and residual adds run
+	// on each rank's rows, the column-parallel layers all-gather their input
+	// and the row-parallel ones reduce-scatter their output instead of one
+	// all-reduce, the embedding's partial sums are reduce-scattered, and the
+	// layer norms' parameter gradients (partial over the rows) all-reduced.
+	SequenceParallel bool
 }
 
 // Tokens is the tokens of one step, Batch × Context.
@@ -74,12 +81,18 @@ type GPT struct {
 	blocks  []*gptBlock
 	lnf     lnParams
 	head    *Layer
-	embMove spmd.Move // the embedding's partial sums, all-reduced
+	embMove spmd.Move // the embedding's partial sums, all-reduced (reduce-scattered to rows)
+	// Sequence parallel: dxMove gathers the rows of the input's gradient for
+	// the embeddings' backward; lnMove all-reduces a layer norm's parameter
+	// gradient. rows is the first row this rank holds.
+	dxMove, lnMove spmd.Move
+	rows           int
 	ceMove  spmd.Move // the cross-entropy stats, all-gathered
 	// nextMove gathers one row of logits (sampling), planned on first use.
 	nextMove spmd.Move
 	params   []*param
-	posIDs   *tensor.Tensor
+	posIDs   *tensor.Tensor // every token's position
+	posLocal *tensor.Tensor // this rank's rows' positions (posIDs unless sequence parallel)
 }
 
 // param is one parameter as this rank holds it (whole, or a shard laid out
@@ -143,7 +156,20 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 	_, off := tableSpec.Local(rank)
 	g.vocab0 = off[0]
 	partial := placement.MustSpec([]int{t, d}, mesh, placement.Partial{Op: placement.Sum})
-	if g.embMove, err = planMove(ctx, "embedding", partial, partial.WithPlacements(placement.Replicate{})); err != nil {
+	rowSpec := partial.WithPlacements(placement.Replicate{})
+	if cfg.SequenceParallel {
+		rowSpec = partial.WithPlacements(placement.Shard{Dim: 0})
+		if g.dxMove, err = planMove(ctx, "dx_embedding", rowSpec, rowSpec.WithPlacements(placement.Replicate{})); err != nil {
+			return nil, err
+		}
+		lp := placement.MustSpec([]int{(2*cfg.Layers + 1) * 2 * d}, mesh, placement.Partial{Op: placement.Sum})
+		if g.lnMove, err = planMove(ctx, "ln_grads", lp, lp.WithPlacements(placement.Replicate{})); err != nil {
+			return nil, err
+		}
+		_, off := rowSpec.Local(rank)
+		g.rows = off[0]
+	}
+	if g.embMove, err = planMove(ctx, "embedding", partial, rowSpec); err != nil {
 		return nil, err
 	}
 	// held adds a parameter the model holds itself (not a layer's), laid out
@@ -183,13 +209,16 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 		return lnParams{gamma, beta}, err
 	}
 	layer := func(name, preset string, n, k int, bias bool, std float64) (*Layer, error) {
+		if cfg.SequenceParallel {
+			preset = "sequence-" + preset
+		}
 		lo, err := layout.Preset(preset, mesh, t, k, n, bias)
 		if err != nil {
 			return nil, err
 		}
 		c := layerConfig(name, lo)
 		c.Model = cfg.Model
-		if preset == "column" {
+		if preset == "column" || preset == "sequence-column" {
 			// Column parallel: y stays split by output features, as the next
 			// op reads it. The planner picks how (for a small vocabulary the
 			// head may split tokens and gather its weight: cheaper under its
@@ -264,6 +293,17 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 	}
 	if g.posIDs, err = tensor.Upload(mem, pos); err != nil {
 		return nil, err
+	}
+	g.posLocal = g.posIDs
+	if cfg.SequenceParallel {
+		n := rowSpec.LocalShape(rank)[0]
+		local := tensor.New(tensor.Float32, n)
+		for i := range local.Float32() {
+			local.Float32()[i] = float32((g.rows + i) % cfg.Context)
+		}
+		if g.posLocal, err = tensor.Upload(mem, local); err != nil {
+			return nil, err
+		}
 	}
 	for _, p := range g.params {
 		for _, s := range []**tensor.Tensor{&p.m, &p.v} {
@@ -382,11 +422,11 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 	if err != nil {
 		return 0, nil, err
 	}
-	pos, err := g.get(rt, "pos", t, d)
+	pos, err := g.get(rt, "pos", x.Shape()...)
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := rt.Kernels.Embedding(pos, g.posIDs, g.wpe.w, 0); err != nil {
+	if err := rt.Kernels.Embedding(pos, g.posLocal, g.wpe.w, 0); err != nil {
 		return 0, nil, err
 	}
 	if err := rt.Kernels.Axpy(1, pos, x); err != nil {
@@ -497,7 +537,7 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 
 func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Tensor, acts *gptActs) error {
 	c := g.Cfg
-	t, d := c.Tokens(), c.Dim
+	t := c.Tokens()
 	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
 	dl, err := g.get(rt, "ce.dlogits", acts.logits.Shape()...)
 	if err != nil {
@@ -512,11 +552,11 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 	if err != nil {
 		return err
 	}
-	dx, err := g.get(rt, "dx", t, d)
+	dx, err := g.get(rt, "dx", acts.xf.Shape()...)
 	if err != nil {
 		return err
 	}
-	tmp, err := g.get(rt, "dln", t, d)
+	tmp, err := g.get(rt, "dln", acts.xf.Shape()...)
 	if err != nil {
 		return err
 	}
@@ -582,6 +622,13 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 			return err
 		}
 	}
+	if g.Cfg.SequenceParallel {
+		// Each rank's rows of the input's gradient: gathered, every token's
+		// gradient goes into the embeddings (each rank's vocabulary rows).
+		if dx, err = execute(ctx, rt, "gpt", "dx_embedding", g.dxMove, dx, g.rank, g.bufs, "backward"); err != nil {
+			return err
+		}
+	}
 	if err := rt.op("embedding_backward", func() error {
 		return rt.Kernels.EmbeddingBackward(g.wpe.g, dx, g.posIDs, 0, false)
 	}); err != nil {
@@ -593,10 +640,55 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 	})
 }
 
+// norms are the layer norms' parameters (partial gradients under sequence
+// parallelism).
+func (g *GPT) norms() []*param {
+	var out []*param
+	for _, p := range g.params {
+		if p.layer == nil && p != g.wte && p != g.wpe {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// reduceNorms all-reduces every layer norm's parameter gradient, partial
+// over the rows under sequence parallelism, in one collective: packed into
+// one buffer and back.
+func (g *GPT) reduceNorms(ctx context.Context, rt Runtime) error {
+	ps := g.norms()
+	d := g.Cfg.Dim
+	buf, err := g.get(rt, "ln.grads", len(ps)*d)
+	if err != nil {
+		return err
+	}
+	n := 4 * d
+	for i, p := range ps {
+		if err := rt.Kernels.Copy2D(buf, i*n, n, p.g, 0, n, n, 1); err != nil {
+			return err
+		}
+	}
+	all, err := execute(ctx, rt, "gpt", "ln_grads", g.lnMove, buf, g.rank, g.bufs, "reduce")
+	if err != nil {
+		return err
+	}
+	for i, p := range ps {
+		if err := rt.Kernels.Copy2D(p.g, 0, n, all, i*n, n, n, 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // update applies the optimizer to every parameter.
 func (g *GPT) update(ctx context.Context, rt Runtime) error {
 	g.step++
 	c := g.Cfg
+	if c.SequenceParallel {
+		if err := g.reduceNorms(ctx, rt); err != nil {
+			return err
+		}
+	}
 	reduced := map[*Layer][2]*tensor.Tensor{}
 	for _, p := range g.params {
 		grad := p.g
@@ -618,6 +710,7 @@ func (g *GPT) update(ctx context.Context, rt Runtime) error {
 		if grad == nil {
 			return fmt.Errorf("%w: gpt: %s has no gradient", ErrConfig, p.name)
 		}
+
 		var err error
 		if c.Optimizer == "sgd" {
 			err = rt.Kernels.Axpy(-c.LR, grad, p.w)

@@ -28,6 +28,10 @@ type gptRun struct {
 // trainGPT trains a small GPT on tp ranks for steps steps on random tokens
 // drawn alike on every rank.
 func trainGPT(t *testing.T, tp, steps int, opt string) gptRun {
+	return trainGPTSP(t, tp, steps, opt, false)
+}
+
+func trainGPTSP(t *testing.T, tp, steps int, opt string, sp bool) gptRun {
 	m, err := placement.ParseMesh("tp=" + string(rune('0'+tp)))
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +41,7 @@ func trainGPT(t *testing.T, tp, steps int, opt string) gptRun {
 		t.Fatal(err)
 	}
 	cfg := linear.GPTConfig{Mesh: m, Vocab: 13, Dim: 16, Heads: 4, Layers: 2, Context: 6, Batch: 3, Seed: 9,
-		Optimizer: opt, LR: 3e-3, WeightDecay: 0.1}
+		Optimizer: opt, LR: 3e-3, WeightDecay: 0.1, SequenceParallel: sp}
 	if opt == "sgd" {
 		cfg.LR = 0.5
 	}
@@ -133,7 +137,8 @@ func torchPython(t *testing.T) string {
 // TestGPTMatchesPyTorch: the same GPT in PyTorch (linear/testdata/
 // torch_gpt.py), started from the parameters meshrun writes as .npy and
 // trained on the same batches with the same AdamW: meshrun's losses at
-// tp = 1, 2 and 4 are PyTorch's within 1e-4 relative for 20 steps.
+// tp = 1, 2 and 4, and 2 and 4 sequence parallel, are PyTorch's within
+// 1e-4 relative for 20 steps.
 func TestGPTMatchesPyTorch(t *testing.T) {
 	py := torchPython(t)
 	const steps = 20
@@ -161,18 +166,26 @@ func TestGPTMatchesPyTorch(t *testing.T) {
 	}
 	writeNpy(t, filepath.Join(dir, "ids.npy"), ids)
 	writeNpy(t, filepath.Join(dir, "targets.npy"), tgs)
-	runs := map[int][]float64{}
-	for _, tp := range []int{1, 2, 4} {
+	runs := map[string][]float64{}
+	for _, run := range []struct {
+		tp int
+		sp bool
+	}{{1, false}, {2, false}, {4, false}, {2, true}, {4, true}} {
+		tp := run.tp
+		name := "tp=" + strconv.Itoa(tp)
+		if run.sp {
+			name += " sequence parallel"
+		}
 		m, _ := placement.ParseMesh("tp=" + strconv.Itoa(tp))
 		c := cfg
-		c.Mesh = m
+		c.Mesh, c.SequenceParallel = m, run.sp
 		var mu sync.Mutex
 		err := job.InProcess(context.Background(), tp, func(ctx context.Context, w *collective.World) error {
 			g, err := linear.NewGPT(c, w.Rank(), nil)
 			if err != nil {
 				return err
 			}
-			if tp == 1 {
+			if tp == 1 && !run.sp {
 				var names, decay []string
 				for _, p := range g.Parameters() {
 					writeNpy(t, filepath.Join(dir, p.Name+".npy"), p.W)
@@ -197,7 +210,7 @@ func TestGPTMatchesPyTorch(t *testing.T) {
 				}
 				if w.Rank() == 0 {
 					mu.Lock()
-					runs[tp] = append(runs[tp], loss)
+					runs[name] = append(runs[name], loss)
 					mu.Unlock()
 				}
 			}
@@ -216,16 +229,16 @@ func TestGPTMatchesPyTorch(t *testing.T) {
 		t.Fatalf("torch_gpt.py printed %q: %v", out, err)
 	}
 	worst := 0.0
-	for tp, losses := range runs {
+	for name, losses := range runs {
 		for s, l := range losses {
 			d := math.Abs(l-want[s]) / want[s]
 			worst = max(worst, d)
 			if d > 1e-4 {
-				t.Errorf("tp=%d step %d: loss %.7f, PyTorch %.7f (relative %.2g)", tp, s+1, l, want[s], d)
+				t.Errorf("%s step %d: loss %.7f, PyTorch %.7f (relative %.2g)", name, s+1, l, want[s], d)
 			}
 		}
 	}
-	t.Logf("PyTorch: %.5f -> %.5f over %d steps; meshrun at tp = 1, 2, 4 within %.2g relative", want[0], want[steps-1], steps, worst)
+	t.Logf("PyTorch: %.5f -> %.5f over %d steps; meshrun at tp = 1, 2, 4, and 2, 4 sequence parallel, within %.2g relative", want[0], want[steps-1], steps, worst)
 }
 
 func writeNpy(t *testing.T, path string, x *tensor.Tensor) {
@@ -236,5 +249,37 @@ func writeNpy(t *testing.T, path string, x *tensor.Tensor) {
 	defer f.Close()
 	if err := x.WriteNpy(f); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestGPTSequenceParallel: sequence parallel at tp = 2 and 4 (18 tokens:
+// rows split unevenly at 4) gives the single rank's losses, and a block costs
+// Megatron's sequence-parallel collectives: 2 all-gathers and 2
+// reduce-scatters forward.
+func TestGPTSequenceParallel(t *testing.T) {
+	ref := trainGPT(t, 1, 6, "adamw")
+	for _, tp := range []int{2, 4} {
+		got := trainGPTSP(t, tp, 6, "adamw", true)
+		for i, l := range got.losses {
+			if d := math.Abs(l-ref.losses[i]) / ref.losses[i]; d > 1e-5 {
+				t.Fatalf("tp=%d step %d: loss %.7f, single rank %.7f", tp, i, l, ref.losses[i])
+			}
+		}
+		t.Logf("tp=%d sequence parallel: collectives per step %v", tp, got.comms)
+		// Per block 2 all-gathers of x and 2 reduce-scatters of y forward,
+		// 2 reduce-scatters of dx and 2 all-gathers of dy backward; the head's
+		// input gathered and its gradient reduce-scattered; the embedding's
+		// sums reduce-scattered, its gradient's rows gathered; the layer
+		// norms' parameter gradients all-reduced in one collective.
+		want := map[string]int{"all_gather x": 5, "reduce_scatter y": 4, "reduce_scatter dx": 5, "all_gather dy": 4,
+			"reduce_scatter embedding": 1, "all_gather dx_embedding": 1, "all_reduce ln_grads": 1, "all_gather ce_stats": 1}
+		for k, v := range want {
+			if got.comms[k] != v {
+				t.Errorf("tp=%d: %d %q per step, want %d", tp, got.comms[k], k, v)
+			}
+		}
+		if len(got.comms) != len(want) {
+			t.Errorf("tp=%d: collectives %v, want only %v", tp, got.comms, want)
+		}
 	}
 }

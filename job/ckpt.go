@@ -98,8 +98,8 @@ func (c ckptFlags) due(s, last int) bool {
 	return c.save != "" && ((c.every > 0 && s%c.every == 0) || s == last)
 }
 
-// save writes the block's checkpoint of step s and returns how long it took.
-func (c ckptFlags) saveStep(ctx context.Context, w *collective.World, b *linear.MLP, s int) (time.Duration, error) {
+// saveStep writes the checkpoint of step s (ps: what it holds) and returns how long it took.
+func (c ckptFlags) saveStep(ctx context.Context, w *collective.World, ps []linear.Param, s int) (time.Duration, error) {
 	if err := waitAll(ctx, w); err != nil {
 		return 0, err
 	}
@@ -108,7 +108,7 @@ func (c ckptFlags) saveStep(ctx context.Context, w *collective.World, b *linear.
 	if !c.sync {
 		fsys = ckpt.NoSync(fsys)
 	}
-	err := linear.SaveParams(ctx, w, b.Params(), linear.SaveOptions{Root: c.save, Step: s, Keep: c.keep, FS: fsys})
+	err := linear.SaveParams(ctx, w, ps, linear.SaveOptions{Root: c.save, Step: s, Keep: c.keep, FS: fsys})
 	return time.Since(start), err
 }
 

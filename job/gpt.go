@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshrun/meshrun/ckpt"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/placement"
@@ -40,6 +41,7 @@ type GPTReport struct {
 	Optimizer        string `json:"optimizer"`
 	SequenceParallel bool   `json:"sequence_parallel"`
 	Steps            int    `json:"steps"`
+	FirstStep        int    `json:"first_step"` // 1, or the checkpoint's step + 1
 	// Losses in nats per character; the unigram entropy of the training text
 	// is what a model that ignores context reaches.
 	LossFirst        float64        `json:"loss_first"`
@@ -66,6 +68,12 @@ type gptTask struct {
 	rd      rankDevice
 	heldOut int // batches of held-out text the final loss averages
 	profile string
+	cf      ckptFlags
+	// From setup: the checkpoint to start from (nil: none), its step, and
+	// whether a restart resumed from --save.
+	ck          *ckpt.Checkpoint
+	startStep   int
+	autoResumed bool
 }
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
@@ -84,6 +92,7 @@ func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.data, "data", DefaultCorpus, "text `PATH` (a file, or a directory whose files are read in name order), read as characters (bytes)")
 	fs.IntVar(&t.sample, "sample", 200, "characters to sample at the end")
 	fs.Float64Var(&t.temp, "temperature", 0.8, "sampling temperature")
+	t.cf.register(fs)
 	fs.StringVar(&t.profile, "cpuprofile", "", "write a CPU profile of the run to `FILE` (in-process ranks: one profile)")
 	t.df.register(fs)
 }
@@ -116,9 +125,19 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 	}
 	t.cfg.Mesh, t.cfg.Vocab = m, len(t.corpus.chars)
 	t.m, t.heldOut = m, 8
-	// Checked as the ranks will build it: a bad layout fails here, before
-	// any rank starts.
-	return linear.CheckGPT(t.cfg)
+	// Checked as the ranks will build it: a bad layout, or a checkpoint
+	// that does not fit the model, fails here, before any rank starts.
+	// --resume (or a restart's) restores the optimizer's state too; --init
+	// takes weights only.
+	ps, err := linear.PlanGPT(t.cfg, t.cf.init == "")
+	if err != nil {
+		return err
+	}
+	restart, _ := strconv.Atoi(env.Getenv(EnvRestartCount))
+	if t.ck, t.startStep, t.autoResumed, err = t.cf.open(ps, t.steps, restart); err != nil {
+		return err
+	}
+	return nil
 }
 
 // corpus is a text read as bytes: its characters (the vocabulary, sorted),
@@ -224,6 +243,22 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		if err != nil {
 			return err
 		}
+		if t.ck != nil {
+			if err := waitAll(ctx, w); err != nil {
+				return err
+			}
+			if t.autoResumed && w.Rank() == 0 {
+				fmt.Fprintf(env.Stderr, "gpt: restart %s: resuming from %s at step %d\n", env.Getenv(EnvRestartCount), t.ck.Dir, t.startStep)
+			}
+			ps := g.State()
+			if t.cf.init != "" {
+				ps = g.Params()
+			}
+			if err := linear.LoadParams(ctx, w, t.ck, ps); err != nil {
+				return err
+			}
+			g.SetStep(t.startStep)
+		}
 		tr := newTracer(env.Run)
 		rt := tr.runtime(w, dev)
 		var bytes int64
@@ -248,7 +283,10 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		rng := rand.New(rand.NewPCG(cfg.Seed, 0x64617461))
 		var stepMS []float64
 		var first, last float64
-		for s := 1; s <= steps; s++ {
+		for s := 1; s <= t.startStep; s++ { // a resumed run draws the batches it skips
+			c.batch(rng, c.train, cfg.Batch, cfg.Context, hostIDs.Float32(), hostTg.Float32())
+		}
+		for s := t.startStep + 1; s <= steps; s++ {
 			bytes = 0
 			clear(counts)
 			c.batch(rng, c.train, cfg.Batch, cfg.Context, hostIDs.Float32(), hostTg.Float32())
@@ -263,13 +301,22 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 			}
 			d := time.Since(start)
 			stepMS = append(stepMS, ms(d))
-			if s == 1 {
+			if s == t.startStep+1 {
 				first = loss
 			}
 			last = loss
 			if w.Rank() == 0 {
 				env.Run.Progress(s, steps, loss, d)
 				fmt.Fprintf(env.Stdout, "step %d/%d loss %.4f time %.1f ms\n", s, steps, loss, ms(d))
+			}
+			if t.cf.due(s, steps) {
+				d, err := t.cf.saveStep(ctx, w, g.State(), s)
+				if err != nil {
+					return err
+				}
+				if w.Rank() == 0 {
+					fmt.Fprintf(env.Stdout, "saved step %d to %s in %.1f ms\n", s, t.cf.save, ms(d))
+				}
 			}
 		}
 		stepBytes, stepCounts := bytes, maps(counts)
@@ -299,7 +346,7 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		fmt.Fprintf(env.Stdout, "held-out loss %.4f nats/char; unigram entropy of the text %.4f\n", held, c.entropy())
 		fmt.Fprintf(env.Stdout, "sample:\n%s\n", text)
 		r := &GPTReport{Mesh: m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
-			Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: steps,
+			Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: steps, FirstStep: t.startStep + 1,
 			LossFirst: first, LossLast: last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(stepMS),
 			CommBytesPerStep: stepBytes, Collectives: stepCounts, Sample: text}
 		mu.Lock()
@@ -308,6 +355,9 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		return nil
 	})
 	if err != nil {
+		if corrupt(err) {
+			return usageError(env, "gpt", err)
+		}
 		return failure(env, "gpt", err)
 	}
 	if report != nil {

@@ -2,6 +2,8 @@ package job
 
 import (
 	"encoding/json"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,5 +56,55 @@ func TestGPT(t *testing.T) {
 		if code != ExitUsage || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want %d naming %q", tc.args, code, errs, ExitUsage, tc.want)
 		}
+	}
+}
+
+// TestGPTResume: a run saved at step 4 and resumed (parameters and AdamW's
+// moments) gives the losses of steps 5 and 6 of a run never stopped; on
+// another mesh (tp=1 from tp=2's checkpoint) within float32 rounding.
+func TestGPTResume(t *testing.T) {
+	if _, err := os.Stat(DefaultCorpus); err != nil {
+		t.Skipf("no %s on this machine", DefaultCorpus)
+	}
+	dir := t.TempDir()
+	common := []string{"gpt", "--dim", "32", "--heads", "2", "--context", "16", "--batch", "4", "--sample", "0"}
+	args := func(extra ...string) []string { return append(append([]string{}, common...), extra...) }
+	losses := func(out string) map[string]float64 {
+		m := map[string]float64{}
+		for _, l := range strings.Split(out, "\n") {
+			var s, n int
+			var loss, ms float64
+			if k, _ := fmt.Sscanf(l, "step %d/%d loss %f time %f ms", &s, &n, &loss, &ms); k == 4 {
+				m[fmt.Sprint(s)] = loss
+			}
+		}
+		return m
+	}
+	code, straight, errs := run(t, args("--mesh", "tp=2", "--steps", "6")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if code, out, errs := run(t, args("--mesh", "tp=2", "--steps", "4", "--save", dir)...); code != 0 || !strings.Contains(out, "saved step 4") {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	want := losses(straight)
+	for _, mesh := range []string{"tp=2", "tp=1"} {
+		code, out, errs := run(t, args("--mesh", mesh, "--steps", "6", "--resume", dir)...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", mesh, code, errs)
+		}
+		got := losses(out)
+		if _, ok := got["4"]; ok || len(got) != 2 {
+			t.Fatalf("%s: resumed run trained steps %v, want 5 and 6", mesh, got)
+		}
+		for _, s := range []string{"5", "6"} {
+			if d := math.Abs(got[s]-want[s]) / want[s]; d > 1e-5 {
+				t.Errorf("%s: step %s loss %.6f, the run never stopped %.6f", mesh, s, got[s], want[s])
+			}
+		}
+	}
+	// A checkpoint of another model is refused before any work.
+	if code, _, errs := run(t, "gpt", "--dim", "64", "--heads", "2", "--steps", "6", "--resume", dir); code != ExitUsage || !strings.Contains(errs, "--resume") {
+		t.Errorf("resume into another width: exit %d, %s", code, errs)
 	}
 }

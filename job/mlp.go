@@ -216,7 +216,7 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 				fmt.Fprintf(env.Stdout, "step %d/%d loss %.6f time %.2f ms\n", s, steps, loss, ms(d))
 			}
 			if cf.due(s, steps) {
-				d, err := cf.saveStep(ctx, w, block, s)
+				d, err := cf.saveStep(ctx, w, block.Params(), s)
 				if err != nil {
 					return err
 				}

@@ -21,10 +21,14 @@ type Param struct {
 	Spec  placement.Spec // its global shape and layout
 	layer *Layer
 	bias  bool
+	t     *tensor.Tensor // a tensor held outside a layer (the GPT's)
 }
 
 // Tensor returns the parameter's shard on this rank (float32, on the device).
 func (p Param) Tensor() *tensor.Tensor {
+	if p.layer == nil {
+		return p.t
+	}
 	if p.bias {
 		return p.layer.B
 	}

@@ -65,9 +65,6 @@ func (c GPTConfig) check() error {
 	return nil
 }
 
-// CheckGPT reports what NewGPT would refuse in cfg, allocating nothing.
-func CheckGPT(cfg GPTConfig) error { return cfg.check() }
-
 // GPT is one rank's share of the model and its optimizer state.
 type GPT struct {
 	Cfg     GPTConfig
@@ -87,7 +84,7 @@ type GPT struct {
 	// gradient. rows is the first row this rank holds.
 	dxMove, lnMove spmd.Move
 	rows           int
-	ceMove  spmd.Move // the cross-entropy stats, all-gathered
+	ceMove         spmd.Move // the cross-entropy stats, all-gathered
 	// nextMove gathers one row of logits (sampling), planned on first use.
 	nextMove spmd.Move
 	params   []*param
@@ -324,6 +321,95 @@ func planMove(ctx context.Context, name string, from, to placement.Spec) (spmd.M
 		return spmd.Move{}, fmt.Errorf("gpt: %s: %w", name, err)
 	}
 	return spmd.Move{Tensor: name, From: from, To: to, Steps: steps}, nil
+}
+
+// Params lists the model's parameters for checkpoints (--init), as this
+// rank holds them.
+func (g *GPT) Params() []Param {
+	var out []Param
+	for _, p := range g.params {
+		out = append(out, Param{Name: p.name, Spec: p.spec, t: p.w})
+	}
+	return out
+}
+
+// State lists the parameters and the optimizer's state, what a resumed run
+// needs to go on as if never stopped: AdamW's moments under PyTorch's names
+// (NAME.exp_avg, NAME.exp_avg_sq); the step count is the checkpoint's step
+// (SetStep).
+func (g *GPT) State() []Param {
+	var out []Param
+	for _, p := range g.params {
+		out = append(out, Param{Name: p.name, Spec: p.spec, t: p.w})
+		if p.m != nil {
+			out = append(out, Param{Name: p.name + ".exp_avg", Spec: p.spec, t: p.m}, Param{Name: p.name + ".exp_avg_sq", Spec: p.spec, t: p.v})
+		}
+	}
+	return out
+}
+
+// SetStep sets the number of optimizer steps taken (a resumed run's).
+func (g *GPT) SetStep(n int) { g.step = n }
+
+// PlanGPT checks cfg as NewGPT does and lists what a checkpoint of the model
+// holds (State's names and layouts; their tensors nil, nothing allocated);
+// withState false lists the parameters only (Params).
+func PlanGPT(cfg GPTConfig, withState bool) ([]Param, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	mesh, t, d, v := cfg.Mesh, cfg.Tokens(), cfg.Dim, cfg.Vocab
+	var out []Param
+	add := func(name string, s placement.Spec) {
+		out = append(out, Param{Name: name, Spec: s})
+		if withState && cfg.Optimizer != "sgd" {
+			out = append(out, Param{Name: name + ".exp_avg", Spec: s}, Param{Name: name + ".exp_avg_sq", Spec: s})
+		}
+	}
+	rep := func(shape ...int) placement.Spec { return placement.MustSpec(shape, mesh, placement.Replicate{}) }
+	linear := func(name, preset string, n, k int, bias bool) error {
+		l, err := layout.Preset(preset, mesh, t, k, n, bias)
+		if err != nil {
+			return err
+		}
+		add(name+".weight", l.W)
+		if bias {
+			add(name+".bias", *l.B)
+		}
+		return nil
+	}
+	add("wte", placement.MustSpec([]int{v, d}, mesh, placement.Shard{Dim: 0}))
+	add("wpe", rep(cfg.Context, d))
+	norm := func(name string) {
+		add(name+".weight", rep(d))
+		add(name+".bias", rep(d))
+	}
+	for i := 0; i < cfg.Layers; i++ {
+		p := fmt.Sprintf("h.%d.", i)
+		norm(p + "ln_1")
+		for _, l := range []struct {
+			name, preset string
+			n, k         int
+		}{{"attn.c_attn", "column", 3 * d, d}, {"attn.c_proj", "row", d, d}} {
+			if err := linear(p+l.name, l.preset, l.n, l.k, true); err != nil {
+				return nil, err
+			}
+		}
+		norm(p + "ln_2")
+		for _, l := range []struct {
+			name, preset string
+			n, k         int
+		}{{"mlp.c_fc", "column", 4 * d, d}, {"mlp.c_proj", "row", d, 4 * d}} {
+			if err := linear(p+l.name, l.preset, l.n, l.k, true); err != nil {
+				return nil, err
+			}
+		}
+	}
+	norm("ln_f")
+	if err := linear("lm_head", "column", v, d, false); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // GPTParam is one of the model's parameters as this rank holds it.

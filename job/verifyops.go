@@ -20,7 +20,7 @@ import (
 // verifyOps are the ops `worker verify --ops` knows: linear runs through the
 // layer (its kernels, its dtype); the others run their spmd plans through real
 // collectives with the float64 reference ops as the local ops.
-var verifyOps = []string{"linear", "matmul", "add", "gelu", "relu", "sum", "layernorm", "softmax", "attention", "embedding"}
+var verifyOps = []string{"linear", "matmul", "add", "gelu", "relu", "sum", "layernorm", "softmax", "attention", "embedding", "amax", "sumexp", "pick"}
 
 // opCase is one op, its input layouts and sizes, planned forward and backward.
 type opCase struct {
@@ -49,6 +49,10 @@ func opShapes(op string, p int) (shapes [][][]int, dims [][]int) {
 		return [][][]int{{{b, 3, 5}}, {{b, 3, 5}}, {{b, 3, 5}}}, [][]int{nil, {0}, {1}}
 	case "attention": // batch, sequence, heads, head dim (v's head dim differs)
 		return [][][]int{{{2, 3, b, 4}, {2, 3, b, 4}, {2, 3, b, 2}}, {{b, 5, 2, 3}, {b, 5, 2, 3}, {b, 5, 2, 3}}}, [][]int{nil, nil}
+	case "amax": // over the last dim, the first two, all
+		return [][][]int{{{b, 3, 5}}, {{b, 3, 5}}, {{b, 3, 5}}}, [][]int{{2}, {0, 1}, nil}
+	case "sumexp", "pick": // rows of logits over a vocabulary of 2p+1, and a value per row
+		return [][][]int{{{b, 2*p + 1}, {b}}, {{2, b, 7}, {2, b}}}, [][]int{nil, nil}
 	case "embedding": // ids of a batch of sequences, a table of 2p+1 rows
 		return [][][]int{{{b, 3}, {2*p + 1, 4}}, {{b}, {p + 2, k + 1}}}, [][]int{nil, nil}
 	}
@@ -195,9 +199,13 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 	}
 	for j, in := range fwd.Inputs {
 		globals[j] = randomSim(rng, in.Spec.Shape)
-		if fwd.Op == "embedding" && j == 0 { // ids: rows of the table
+		if spmdtest.IsIndex(fwd.Op, j) { // ids: rows of the table, or pick's columns
+			n := fwd.Inputs[1].Spec.Shape[0]
+			if fwd.Op == "pick" {
+				n = fwd.Inputs[0].Spec.Shape[len(fwd.Inputs[0].Spec.Shape)-1]
+			}
 			for i := range globals[j].Data {
-				globals[j].Data[i] = float64(rng.IntN(fwd.Inputs[1].Spec.Shape[0]))
+				globals[j].Data[i] = float64(rng.IntN(n))
 			}
 		}
 		consumed[j] = shardOf(globals[j], in.Spec, rank)

@@ -45,21 +45,23 @@ type PlanOptions struct {
 }
 
 // planInputs are the input flags `launcher plan` knows, by op.
-var planInputs = []string{"x", "w", "b", "a", "gamma", "beta", "q", "k", "v", "ids", "table"}
+var planInputs = []string{"x", "w", "b", "a", "gamma", "beta", "q", "k", "v", "ids", "table", "m", "target"}
 
 // planInputHelp says which ops take each input flag.
 var planInputHelp = map[string]string{
-	"x":     "linear, gelu, relu, sum, softmax, layernorm; redistribute: the tensor moved",
-	"w":     "linear: the weight [N,K]",
-	"b":     "linear: the bias [N], optional; add, matmul: the second operand",
-	"a":     "add, matmul: the first operand",
-	"gamma": "layernorm: the scale [D]",
-	"beta":  "layernorm: the shift [D]",
-	"q":     "attention: queries [..., seq, heads, dim]",
-	"k":     "attention: keys [..., seq, heads, dim]",
-	"v":     "attention: values [..., seq, heads, dim]",
-	"ids":   "embedding: token ids [...]",
-	"table": "embedding: the table [vocab, dim]",
+	"x":      "linear, gelu, relu, sum, softmax, layernorm, amax, sumexp, pick; redistribute: the tensor moved",
+	"w":      "linear: the weight [N,K]",
+	"b":      "linear: the bias [N], optional; add, matmul: the second operand",
+	"a":      "add, matmul: the first operand",
+	"gamma":  "layernorm: the scale [D]",
+	"beta":   "layernorm: the shift [D]",
+	"q":      "attention: queries [..., seq, heads, dim]",
+	"k":      "attention: keys [..., seq, heads, dim]",
+	"v":      "attention: values [..., seq, heads, dim]",
+	"ids":    "embedding: token ids [...]",
+	"table":  "embedding: the table [vocab, dim]",
+	"m":      "sumexp: the rows' maximum [...] (amax of x)",
+	"target": "pick: the target ids [...]",
 }
 
 const planUsage = `usage: launcher plan --mesh MESH [--op OP] --x SPEC --w SPEC [--b SPEC] [FLAGS]

@@ -24,12 +24,16 @@ func randomTensor(rng *rand.Rand, shape []int) sim.Tensor {
 // valid input: PyTorch refuses them).
 func randomInput(rng *rand.Rand, fwd *Plan, j int) sim.Tensor {
 	in := fwd.Inputs[j]
-	if fwd.Op != "embedding" || j != 0 {
+	if !spmdtest.IsIndex(fwd.Op, j) {
 		return randomTensor(rng, in.Spec.Shape)
+	}
+	n := fwd.Inputs[1].Spec.Shape[0] // an embedding's rows
+	if fwd.Op == "pick" {
+		n = fwd.Inputs[0].Spec.Shape[len(fwd.Inputs[0].Spec.Shape)-1] // pick's columns
 	}
 	t := sim.New(in.Spec.Shape...)
 	for i := range t.Data {
-		t.Data[i] = float64(rng.IntN(fwd.Inputs[1].Spec.Shape[0]))
+		t.Data[i] = float64(rng.IntN(n))
 	}
 	return t
 }

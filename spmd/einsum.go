@@ -161,6 +161,9 @@ type kind struct {
 	// product of the other letters' sizes times this (0: 1).
 	free  string
 	times int64
+	// reduce is what splitting a contracted letter leaves in the output:
+	// partial sums (Sum, the zero value), or partial maxima (amax).
+	reduce placement.ReduceOp
 }
 
 // counts says whether letter l multiplies the op's work.
@@ -201,7 +204,7 @@ func candidates(e einsum, k kind, given []placement.Spec, i int) []choice {
 	out := []choice{{what: 'R'}}
 	for _, l := range e.letters() {
 		if strings.IndexByte(k.whole, l) < 0 {
-			out = append(out, choice{what: 'S', letter: l})
+			out = append(out, choice{what: 'S', letter: l, op: k.reduce})
 		}
 	}
 	for j, s := range given {
@@ -245,7 +248,7 @@ func place(e einsum, given []placement.Spec, i int, c choice, term string, isOut
 			return placement.Shard{Dim: d, Split: split(e, given, i, c.letter)}
 		}
 		if isOut {
-			return placement.Partial{Op: placement.Sum}
+			return placement.Partial{Op: c.op} // Sum but for a max reduction
 		}
 	case 'P':
 		if isOut || input == c.input {

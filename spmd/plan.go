@@ -66,21 +66,28 @@ type Plan struct {
 	RunnersUp []Candidate
 }
 
-// RowOffset is the first vocabulary row of the table the local op of rank
-// holds: the embedding lookup and its table gradient look up (or add into)
-// only the rows of their shard. 0 for every other op.
+// RowOffset is the first vocabulary row (an embedding's table) or column
+// (pick's logits) the local op of rank holds: the lookups and their
+// gradients read or add into only their shard's. 0 for every other op.
 func (p *Plan) RowOffset(rank int) int {
 	var s placement.Spec
+	dim := 0
 	switch p.Op {
 	case "embedding":
 		s = p.Local[1].Spec
 	case "embedding.grad_table":
 		s = p.Output.Spec
+	case "pick": // the vocabulary is x's last dim
+		s = p.Local[0].Spec
+		dim = len(s.Shape) - 1
+	case "pick.grad_x":
+		s = p.Output.Spec
+		dim = len(s.Shape) - 1
 	default:
 		return 0
 	}
 	_, off := s.Local(rank)
-	return off[0]
+	return off[dim]
 }
 
 // Costs is what a strategy costs under the plan's Model. Strategies are

@@ -42,8 +42,9 @@ type rule struct {
 	whole func(e einsum, dims []int) string
 	// reads[i]: the forward inputs the gradient of input i reads (fused).
 	reads [][]int
-	// nograd[i]: input i has no gradient (integer indices).
-	nograd []bool
+	// nograd[i]: input i has no gradient, for the reason nogradWhy gives.
+	nograd    []bool
+	nogradWhy string
 }
 
 // kindOf is the rule's kind for an expanded equation.
@@ -129,12 +130,45 @@ var rules = map[string]rule{
 	// ids in its rows and leaves zeros for the others. ids hold integers and
 	// have no gradient; the table's is the rows of dy summed per id.
 	"embedding": {
-		equation: fixed("...,vd->...d"),
-		inputs:   []string{"ids", "table"},
-		kind:     kind{linear: []bool{false, true}, free: "v"},
+		equation:  fixed("...,vd->...d"),
+		inputs:    []string{"ids", "table"},
+		kind:      kind{linear: []bool{false, true}, free: "v"},
+		form:      fused,
+		reads:     [][]int{nil, {0}},
+		nograd:    []bool{true, false},
+		nogradWhy: "holds integer indices",
+	},
+	// The pieces of Megatron's vocabulary-parallel cross-entropy, loss =
+	// log(sumexp(x, m)) + m − pick(x, target) with m = amax(x) over the
+	// vocabulary (the last dim): each rule splits the vocabulary into
+	// partials that one all-reduce combines (max, sum, sum).
+	//
+	// amax: the maximum over dims (all when none). A split reduced dim gives
+	// partial maxima. Its gradient is refused: the cross-entropy uses it as
+	// a constant (its terms cancel), and elsewhere it would route to the
+	// arg-max, a property of the data.
+	"amax": {equation: reduction, inputs: []string{"x"}, kind: kind{linear: []bool{false}, reduce: placement.Max},
+		form: fused, reads: [][]int{nil}, nograd: []bool{true},
+		nogradWhy: "is the maximum's input: its gradient belongs to the arg-max (data, undefined on ties); the cross-entropy takes the maximum as a constant"},
+	// sumexp: Σ_v exp(x[..., v] − m[...]); a split v gives partial sums.
+	"sumexp": {
+		equation: fixed("...v,...->..."),
+		inputs:   []string{"x", "m"},
+		kind:     kind{linear: []bool{false, false}},
 		form:     fused,
-		reads:    [][]int{nil, {0}},
-		nograd:   []bool{true, false},
+		reads:    [][]int{{0, 1}, {0, 1}},
+	},
+	// pick: x[..., target[...]], the target's logit; a split v gives partial
+	// sums (each rank picks from its own columns, zeros elsewhere). target
+	// holds integers and has no gradient.
+	"pick": {
+		equation:  fixed("...v,...->..."),
+		inputs:    []string{"x", "target"},
+		kind:      kind{linear: []bool{true, false}, free: "v"},
+		form:      fused,
+		reads:     [][]int{{1}, nil},
+		nograd:    []bool{false, true},
+		nogradWhy: "holds integer indices",
 	},
 }
 
@@ -258,7 +292,7 @@ func ForwardContext(ctx context.Context, req Request) (*Plan, error) {
 		for i, in := range inputs {
 			if r.nograd[i] {
 				if slices.Contains(opts.Grads, in.Name) {
-					return nil, fmt.Errorf("%w: %s: %s holds integer indices and has no gradient", ErrGrad, describe(req.Op, inputs), in.Name)
+					return nil, fmt.Errorf("%w: %s: %s %s and has no gradient", ErrGrad, describe(req.Op, inputs), in.Name, r.nogradWhy)
 				}
 			} else if opts.Grads == nil || slices.Contains(opts.Grads, in.Name) {
 				grads = append(grads, in.Name)
@@ -407,7 +441,7 @@ func BackwardOfContext(ctx context.Context, fwd *Plan, grads []string, dims []in
 			return nil, fmt.Errorf("%w: %s has no input %q", ErrGrad, fwd.Op, g)
 		}
 		if r.nograd != nil && r.nograd[i] {
-			return nil, fmt.Errorf("%w: %s: %s holds integer indices and has no gradient", ErrGrad, fwd.Op, g)
+			return nil, fmt.Errorf("%w: %s: %s %s and has no gradient", ErrGrad, fwd.Op, g, r.nogradWhy)
 		}
 	}
 	dySpec, dyScale, err := dual(fwd.Op, fwd.Final)

@@ -280,6 +280,18 @@ func randomShapes(rng *rand.Rand, op string, m placement.Mesh) ([][]int, []int) 
 	case "attention":
 		b, h, sq, e := s(), s(), s(), s()
 		return [][]int{{b, sq, h, e}, {b, sq, h, e}, {b, sq, h, s()}}, nil
+	case "amax":
+		a := []int{s(), s(), s()}
+		switch rng.IntN(3) {
+		case 0:
+			return [][]int{a}, []int{2}
+		case 1:
+			return [][]int{a}, []int{0, 1}
+		}
+		return [][]int{a}, nil
+	case "sumexp", "pick":
+		x := []int{s(), s(), s()}
+		return [][]int{x, {x[0], x[1]}}, nil
 	case "embedding":
 		ids := []int{s(), s()}
 		if rng.IntN(2) == 0 {

@@ -2,6 +2,7 @@ package spmd
 
 import (
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -134,5 +135,56 @@ func TestTransformerRules(t *testing.T) {
 	}
 	if _, err := Forward(Request{Op: "softmax", Inputs: []Operand{{Name: "x", Spec: spec("4x16:[R]")}}, Dims: []int{2}}); !errors.Is(err, ErrShape) {
 		t.Fatalf("softmax over dim 2 of a 2-D tensor: %v, want ErrShape", err)
+	}
+}
+
+// TestCrossEntropyRules: Megatron's vocabulary-parallel cross-entropy from
+// the rules, logits [tokens, vocabulary] split by vocabulary over tp = 4:
+// amax, sumexp and pick each reduce their shard locally and leave partials
+// (maxima, sums, sums) that one all-reduce combines, and each runs right on
+// simulated ranks.
+func TestCrossEntropyRules(t *testing.T) {
+	m := placement.MustMesh([]int{4}, []string{"tp"})
+	logits := Operand{Name: "x", Spec: placement.MustSpec([]int{4, 32771}, m, placement.Shard{Dim: 1})}
+	rows := placement.MustSpec([]int{4}, m, placement.Replicate{})
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, tc := range []struct {
+		op      string
+		second  *Operand
+		partial placement.ReduceOp
+	}{
+		{"amax", nil, placement.Max},
+		{"sumexp", &Operand{Name: "m", Spec: rows}, placement.Sum},
+		{"pick", &Operand{Name: "target", Spec: rows}, placement.Sum},
+	} {
+		req := Request{Op: tc.op, Inputs: []Operand{logits}, Options: Options{Out: []placement.Placement{placement.Replicate{}}}}
+		if tc.op == "amax" {
+			req.Dims = []int{1}
+		}
+		if tc.second != nil {
+			req.Inputs = append(req.Inputs, *tc.second)
+		}
+		fwd, err := Forward(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := kinds(fwd.Collectives()); got != "y all_reduce" || !fwd.Local[0].Spec.Equal(logits.Spec) {
+			t.Fatalf("%s: collectives %q, logits consumed as %s: want the shard reduced in place and one all-reduce\n%s", tc.op, got, fwd.Local[0].Spec, Text(fwd, nil, 4))
+		}
+		if p, ok := fwd.Output.Spec.Placements[0].(placement.Partial); !ok || p.Op != tc.partial {
+			t.Fatalf("%s: the local op leaves %s, want P(%s)", tc.op, fwd.Output.Spec, tc.partial)
+		}
+		var bwd *Backward
+		if tc.op != "amax" {
+			if bwd, err = BackwardOf(fwd, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := checkNumerically(rng, fwd, bwd); err != nil {
+			t.Fatalf("%s: %v\n%s", tc.op, err, Text(fwd, bwd, 4))
+		}
+	}
+	if _, err := Forward(Request{Op: "amax", Inputs: []Operand{logits}, Dims: []int{1}, Options: Options{Grads: []string{"x"}}}); !errors.Is(err, ErrGrad) {
+		t.Fatalf("the gradient of amax: %v, want ErrGrad", err)
 	}
 }

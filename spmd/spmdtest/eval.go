@@ -100,6 +100,15 @@ func EvalAt(op, equation string, ins []sim.Tensor, outShape []int, rowOffset int
 		if err := evalBlocks(op, terms, out, ins, res, size, rowOffset); err != nil {
 			return sim.Tensor{}, err
 		}
+	case op == "amax":
+		// The maximum over the letters the output lacks.
+		for k := range res.Data {
+			res.Data[k] = math.Inf(-1)
+		}
+		visit(0, func() {
+			o := offset(out, oshape, val)
+			res.Data[o] = math.Max(res.Data[o], ins[0].Data[offset(terms[0], ins[0].Shape, val)])
+		})
 	case op == "gelu" || op == "relu":
 		for k, x := range ins[0].Data {
 			res.Data[k] = UnaryF(op, x)

@@ -29,6 +29,11 @@ var blockOps = map[string]string{
 	"attention.grad_v":     "stef",
 	"embedding":            "vd",
 	"embedding.grad_table": "vd",
+	"sumexp":               "v",
+	"sumexp.grad_x":        "v",
+	"sumexp.grad_m":        "v",
+	"pick":                 "v",
+	"pick.grad_x":          "v",
 }
 
 // IsBlockOp says whether op is one of the block ops (or softmax), whose
@@ -36,6 +41,13 @@ var blockOps = map[string]string{
 func IsBlockOp(op string) bool {
 	_, ok := blockOps[op]
 	return ok || op == "softmax" || op == "softmax_backward"
+}
+
+// IsIndex says whether input j of op holds integer indices into the last
+// dim of the op's other input (embedding ids, pick's target), which random
+// inputs must draw in range.
+func IsIndex(op string, j int) bool {
+	return op == "embedding" && j == 0 || op == "pick" && j == 1
 }
 
 // evalBlocks runs a block op; rowOffset is the first vocabulary row of the
@@ -161,6 +173,30 @@ func blockOp(op string, in [][]float64, out []float64, size map[byte]int, rowOff
 					out[r*d+i] += in[1][v*d+i]
 				}
 			}
+		}
+	case "sumexp", "sumexp.grad_x", "sumexp.grad_m":
+		x, m := in[len(in)-2], in[len(in)-1][0]
+		var z float64
+		for i, v := range x {
+			e := math.Exp(v - m)
+			z += e
+			if op == "sumexp.grad_x" {
+				out[i] += in[0][0] * e
+			}
+		}
+		switch op {
+		case "sumexp":
+			out[0] += z
+		case "sumexp.grad_m":
+			out[0] -= in[0][0] * z
+		}
+	case "pick":
+		if r, ok := row(in[1][0], rowOffset, len(in[0])); ok {
+			out[0] += in[0][r]
+		}
+	case "pick.grad_x":
+		if r, ok := row(in[1][0], rowOffset, len(out)); ok {
+			out[r] += in[0][0]
 		}
 	case "embedding.grad_table":
 		d := size['d']

@@ -7,7 +7,9 @@ import (
 )
 
 // TransformerKernels are the ops of a transformer block beyond its GEMMs, as
-// each rank runs them on its shards (float32 and float64; AdamW float32):
+// each rank runs them on its shards: float32, float64 and bfloat16 data
+// (bfloat16 computed in float32 and rounded once, the statistics, ids and
+// targets in float32: StatsDType), AdamW on float32:
 //
 //	LayerNorm          y = (x − mean)·rstd·gamma + beta over the last dim of
 //	                   x[..., D]; stats[rows, 2] receives (mean, rstd), rstd =
@@ -67,11 +69,11 @@ func LayerNormDims(y, stats, x, gamma, beta *tensor.Tensor) (rows, d int, err er
 		(beta != nil && !tensor.SameShape(beta, gamma)) || stats.Len() != 2*lead(x) {
 		return 0, 0, fmt.Errorf("%w: layernorm y=%v stats=%v x=%v gamma=%v beta=%v", ErrShape, y, stats, x, gamma, beta)
 	}
-	ts := []*tensor.Tensor{y, stats, gamma}
+	data := []*tensor.Tensor{x, y, gamma}
 	if beta != nil {
-		ts = append(ts, beta)
+		data = append(data, beta)
 	}
-	return lead(x), x.Dim(-1), floats(x, ts...)
+	return lead(x), x.Dim(-1), dtypes(data, stats)
 }
 
 // AttentionDims checks Attention's operands and returns (batch, heads, S,
@@ -97,7 +99,7 @@ func AttentionDims(o, lse, q, k, v *tensor.Tensor) (b, h, s, t, e, f int, err er
 	if bad {
 		return 0, 0, 0, 0, 0, 0, fmt.Errorf("%w: attention o=%v lse=%v q=%v k=%v v=%v", ErrShape, o, lse, q, k, v)
 	}
-	return q.Len() / max(s*h*e, 1), h, s, t, e, f, floats(q, k, v, o, lse)
+	return q.Len() / max(s*h*e, 1), h, s, t, e, f, dtypes([]*tensor.Tensor{q, k, v, o}, lse)
 }
 
 // packedDims checks a packed attention: qkv[..., S, H, 3, E] (per head its
@@ -115,7 +117,7 @@ func packedDims(o, lse, qkv *tensor.Tensor) (b, h, s, t, e, f int, err error) {
 	if bad {
 		return 0, 0, 0, 0, 0, 0, fmt.Errorf("%w: packed attention o=%v lse=%v qkv=%v", ErrShape, o, lse, qkv)
 	}
-	return qkv.Len() / max(s*h*3*e, 1), h, s, s, e, e, floats(qkv, o, lse)
+	return qkv.Len() / max(s*h*3*e, 1), h, s, s, e, e, dtypes([]*tensor.Tensor{qkv, o}, lse)
 }
 
 // EmbeddingDims checks Embedding's operands and returns (ids, V, D).
@@ -127,7 +129,7 @@ func EmbeddingDims(y, ids, table *tensor.Tensor) (n, rows, d int, err error) {
 	if !ok {
 		return 0, 0, 0, fmt.Errorf("%w: embedding y=%v ids=%v table=%v", ErrShape, y, ids, table)
 	}
-	return ids.Len(), table.Dim(0), table.Dim(1), floats(y, ids, table)
+	return ids.Len(), table.Dim(0), table.Dim(1), dtypes([]*tensor.Tensor{y, table}, ids)
 }
 
 // CrossEntropyDims checks CrossEntropy's operands (stats [T, 3], or lse [T]
@@ -136,7 +138,7 @@ func CrossEntropyDims(stats, logits, targets *tensor.Tensor, width int) (t, v in
 	if logits.Rank() != 2 || targets.Rank() != 1 || targets.Dim(0) != logits.Dim(0) || stats.Len() != width*logits.Dim(0) {
 		return 0, 0, fmt.Errorf("%w: cross entropy stats=%v logits=%v targets=%v", ErrShape, stats, logits, targets)
 	}
-	return logits.Dim(0), logits.Dim(1), floats(logits, stats, targets)
+	return logits.Dim(0), logits.Dim(1), dtypes([]*tensor.Tensor{logits}, stats, targets)
 }
 
 // CombineDims checks CrossEntropyCombine's operands and returns (P, T).
@@ -144,7 +146,7 @@ func CombineDims(lse, loss, stats *tensor.Tensor) (p, t int, err error) {
 	if stats.Rank() != 3 || stats.Dim(2) != 3 || lse.Rank() != 1 || lse.Dim(0) != stats.Dim(1) || loss.Len() != 1 || loss.DType() != tensor.Float64 {
 		return 0, 0, fmt.Errorf("%w: cross entropy combine lse=%v loss=%v stats=%v (want lse[T], one float64, stats[P, T, 3])", ErrShape, lse, loss, stats)
 	}
-	return stats.Dim(0), stats.Dim(1), floats(stats, lse)
+	return stats.Dim(0), stats.Dim(1), dtypes([]*tensor.Tensor{stats, lse})
 }
 
 // AdamWDims checks AdamW's operands: float32, one shape.
@@ -156,14 +158,32 @@ func AdamWDims(param, grad, m, v *tensor.Tensor) (int, error) {
 	return n, err
 }
 
-// floats checks that ts share first's dtype, float32 or float64.
-func floats(first *tensor.Tensor, ts ...*tensor.Tensor) error {
-	if dt := first.DType(); dt != tensor.Float32 && dt != tensor.Float64 {
-		return fmt.Errorf("%w: %v: these ops take float32 or float64", ErrDType, dt)
+// StatsDType is the dtype of the statistics (layer norms' mean and rstd,
+// the log-sum-exps, the cross-entropy stats) and of the ids and targets
+// that go with data of dtype dt: float32 for bfloat16 data (kept, and ids
+// exact to 2²⁴, as mixed precision wants), dt otherwise.
+func StatsDType(dt tensor.DType) tensor.DType {
+	if dt == tensor.BFloat16 {
+		return tensor.Float32
 	}
-	for _, t := range ts {
-		if t.DType() != first.DType() {
-			return fmt.Errorf("%w: %v with %v", ErrDType, first.DType(), t.DType())
+	return dt
+}
+
+// dtypes checks that the data share one dtype (float32, float64 or
+// bfloat16) and that the statistics and ids take StatsDType of it.
+func dtypes(data []*tensor.Tensor, stats ...*tensor.Tensor) error {
+	dt := data[0].DType()
+	if dt != tensor.Float32 && dt != tensor.Float64 && dt != tensor.BFloat16 {
+		return fmt.Errorf("%w: %v: these ops take float32, float64 or bfloat16", ErrDType, dt)
+	}
+	for _, t := range data {
+		if t.DType() != dt {
+			return fmt.Errorf("%w: %v with %v", ErrDType, dt, t.DType())
+		}
+	}
+	for _, t := range stats {
+		if t.DType() != StatsDType(dt) {
+			return fmt.Errorf("%w: %v statistics or ids with %v data (want %v)", ErrDType, t.DType(), dt, StatsDType(dt))
 		}
 	}
 	return nil

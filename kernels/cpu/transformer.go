@@ -22,6 +22,36 @@ func (p *Provider) inRows(n, work int, f func(lo, hi int)) {
 	parallel(&j, parts, &wg)
 }
 
+// widened runs f on float32 stand-ins for the bfloat16 tensors among ts
+// (the others, nil or not bfloat16, passed as they are) and rounds the
+// first nout, the outputs, back into their bfloat16 tensors once: the
+// transformer ops on bfloat16 data compute in float32. Outputs are widened
+// too, for the ops that accumulate into them.
+func (p *Provider) widened(nout int, ts []*tensor.Tensor, f func(w []*tensor.Tensor) error) error {
+	w := make([]*tensor.Tensor, len(ts))
+	for i, t := range ts {
+		if t == nil || t.DType() != tensor.BFloat16 {
+			w[i] = t
+			continue
+		}
+		w[i] = tensor.New(tensor.Float32, t.Shape()...)
+		if err := p.Cast(w[i], t); err != nil {
+			return err
+		}
+	}
+	if err := f(w); err != nil {
+		return err
+	}
+	for i := 0; i < nout; i++ {
+		if ts[i] != nil && ts[i].DType() == tensor.BFloat16 {
+			if err := p.Cast(ts[i], w[i]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // LayerNorm implements kernels.Kernels.
 func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error {
 	if err := p.host(y, stats, x, gamma, beta); err != nil {
@@ -30,6 +60,11 @@ func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float6
 	rows, d, err := kernels.LayerNormDims(y, stats, x, gamma, beta)
 	if err != nil {
 		return err
+	}
+	if x.DType() == tensor.BFloat16 {
+		return p.widened(2, []*tensor.Tensor{y, stats, x, gamma, beta}, func(w []*tensor.Tensor) error {
+			return p.LayerNorm(w[0], w[1], w[2], w[3], w[4], eps)
+		})
 	}
 	if x.DType() == tensor.Float32 {
 		p.inRows(rows, d, func(lo, hi int) {
@@ -81,6 +116,11 @@ func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *ten
 	}
 	if dx != nil && !tensor.SameShape(dx, x) || dgamma != nil && !tensor.SameShape(dgamma, gamma) || dbeta != nil && !tensor.SameShape(dbeta, gamma) {
 		return fmt.Errorf("%w: layernorm backward dx=%v dgamma=%v dbeta=%v for x=%v gamma=%v", kernels.ErrShape, dx, dgamma, dbeta, x, gamma)
+	}
+	if x.DType() == tensor.BFloat16 {
+		return p.widened(3, []*tensor.Tensor{dx, dgamma, dbeta, dy, x, gamma, stats}, func(w []*tensor.Tensor) error {
+			return p.LayerNormBackward(w[0], w[1], w[2], w[3], w[4], w[5], w[6], accumulate)
+		})
 	}
 	if x.DType() == tensor.Float32 {
 		layerNormBackward(p, f32(dx), f32(dgamma), f32(dbeta), dy.Float32(), x.Float32(), gamma.Float32(), stats.Float32(), rows, d, accumulate)
@@ -147,6 +187,11 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 	b, h, s, t, e, f, err := kernels.AttentionDims(o, lse, q, k, v)
 	if err != nil {
 		return err
+	}
+	if q.DType() == tensor.BFloat16 {
+		return p.widened(2, []*tensor.Tensor{o, lse, q, k, v}, func(w []*tensor.Tensor) error {
+			return p.Attention(w[0], w[1], w[2], w[3], w[4], causal)
+		})
 	}
 	a := newAttn(h, s, t, e, f, causal, k == nil)
 	if q.DType() == tensor.Float32 {
@@ -282,6 +327,11 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	if _, _, _, _, _, _, err := kernels.AttentionDims(do, lse, dq, dk, dv); err != nil {
 		return err
 	}
+	if q.DType() == tensor.BFloat16 {
+		return p.widened(3, []*tensor.Tensor{dq, dk, dv, do, q, k, v, o, lse}, func(w []*tensor.Tensor) error {
+			return p.AttentionBackward(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], causal)
+		})
+	}
 	a := newAttn(h, s, t, e, f, causal, k == nil)
 	if q.DType() == tensor.Float32 {
 		qq, kk, vv := splitQKV(a, q.Float32(), f32(k), f32(v))
@@ -348,6 +398,9 @@ func (p *Provider) Embedding(y, ids, table *tensor.Tensor, offset int) error {
 	if err != nil {
 		return err
 	}
+	if y.DType() == tensor.BFloat16 {
+		return p.widened(1, []*tensor.Tensor{y, ids, table}, func(w []*tensor.Tensor) error { return p.Embedding(w[0], w[1], w[2], offset) })
+	}
 	if y.DType() == tensor.Float32 {
 		p.inRows(n, d, func(lo, hi int) { embedding(y.Float32(), ids.Float32(), table.Float32(), offset, rows, d, lo, hi) })
 	} else {
@@ -374,6 +427,11 @@ func (p *Provider) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int,
 	n, rows, d, err := kernels.EmbeddingDims(dy, ids, dtable)
 	if err != nil {
 		return err
+	}
+	if dtable.DType() == tensor.BFloat16 {
+		return p.widened(1, []*tensor.Tensor{dtable, dy, ids}, func(w []*tensor.Tensor) error {
+			return p.EmbeddingBackward(w[0], w[1], w[2], offset, accumulate)
+		})
 	}
 	// Rows of the table are split over threads; every thread reads every id.
 	if dtable.DType() == tensor.Float32 {
@@ -413,6 +471,11 @@ func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset in
 	t, v, err := kernels.CrossEntropyDims(stats, logits, targets, 3)
 	if err != nil {
 		return err
+	}
+	if logits.DType() == tensor.BFloat16 {
+		return p.widened(1, []*tensor.Tensor{stats, logits, targets}, func(w []*tensor.Tensor) error {
+			return p.CrossEntropy(w[0], w[1], w[2], offset)
+		})
 	}
 	if logits.DType() == tensor.Float32 {
 		p.inRows(t, v, func(lo, hi int) {
@@ -456,6 +519,11 @@ func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Te
 	}
 	if _, err := kernels.ElementwiseDims(dlogits, logits); err != nil {
 		return err
+	}
+	if logits.DType() == tensor.BFloat16 {
+		return p.widened(1, []*tensor.Tensor{dlogits, logits, targets, lse}, func(w []*tensor.Tensor) error {
+			return p.CrossEntropyBackward(w[0], w[1], w[2], w[3], offset, scale)
+		})
 	}
 	if logits.DType() == tensor.Float32 {
 		p.inRows(t, v, func(lo, hi int) {

@@ -342,3 +342,94 @@ func TestTransformerFloat32(t *testing.T) {
 		t.Fatal("embedding across dtypes accepted")
 	}
 }
+
+// TestTransformerBFloat16: bfloat16 data computes in float32 and rounds
+// once: every op within bfloat16's rounding of the float32 result, with
+// float32 statistics and ids; bfloat16 statistics are refused.
+func TestTransformerBFloat16(t *testing.T) {
+	p, _ := cpu.New(cpu.Options{})
+	rng := rand.New(rand.NewPCG(11, 12))
+	as := func(dt tensor.DType, x *tensor.Tensor) *tensor.Tensor {
+		y := tensor.New(dt, x.Shape()...)
+		if err := p.Cast(y, x); err != nil {
+			t.Fatal(err)
+		}
+		return y
+	}
+	close := func(what string, got, want *tensor.Tensor) {
+		t.Helper()
+		g, w := as(tensor.Float64, got).Float64(), as(tensor.Float64, want).Float64()
+		for i := range g {
+			if d := math.Abs(g[i] - w[i]); d > 2e-2*max(1, math.Abs(w[i])) {
+				t.Fatalf("%s[%d] = %g in bfloat16, %g in float32", what, i, g[i], w[i])
+			}
+		}
+	}
+	b16, f32 := tensor.BFloat16, tensor.Float32
+	// Layer norm, forward and backward.
+	x, gamma, beta, dy := rnd(rng, 6, 8), rnd(rng, 8), rnd(rng, 8), rnd(rng, 6, 8)
+	y32, st32 := tensor.New(f32, 6, 8), tensor.New(f32, 6, 2)
+	if err := p.LayerNorm(y32, st32, as(f32, x), as(f32, gamma), as(f32, beta), 1e-5); err != nil {
+		t.Fatal(err)
+	}
+	y16, st16 := tensor.New(b16, 6, 8), tensor.New(f32, 6, 2)
+	if err := p.LayerNorm(y16, st16, as(b16, x), as(b16, gamma), as(b16, beta), 1e-5); err != nil {
+		t.Fatal(err)
+	}
+	close("layernorm y", y16, y32)
+	dx16, dg16 := tensor.New(b16, 6, 8), tensor.New(b16, 8)
+	if err := p.LayerNormBackward(dx16, dg16, nil, as(b16, dy), as(b16, x), as(b16, gamma), st16, false); err != nil {
+		t.Fatal(err)
+	}
+	dx32, dg32 := tensor.New(f32, 6, 8), tensor.New(f32, 8)
+	if err := p.LayerNormBackward(dx32, dg32, nil, as(f32, dy), as(f32, x), as(f32, gamma), st32, false); err != nil {
+		t.Fatal(err)
+	}
+	close("layernorm dx", dx16, dx32)
+	close("layernorm dgamma", dg16, dg32)
+	// Packed attention, forward and backward.
+	qkv, do := rnd(rng, 2, 5, 2, 3, 4), rnd(rng, 2, 5, 2, 4)
+	o32, l32 := tensor.New(f32, 2, 5, 2, 4), tensor.New(f32, 2, 2, 5)
+	o16, l16 := tensor.New(b16, 2, 5, 2, 4), tensor.New(f32, 2, 2, 5)
+	if err := p.Attention(o32, l32, as(f32, qkv), nil, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Attention(o16, l16, as(b16, qkv), nil, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	close("attention o", o16, o32)
+	g32, g16 := tensor.New(f32, 2, 5, 2, 3, 4), tensor.New(b16, 2, 5, 2, 3, 4)
+	if err := p.AttentionBackward(g32, nil, nil, as(f32, do), as(f32, qkv), nil, nil, o32, l32, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AttentionBackward(g16, nil, nil, as(b16, do), as(b16, qkv), nil, nil, o16, l16, true); err != nil {
+		t.Fatal(err)
+	}
+	close("attention dqkv", g16, g32)
+	// Embedding and cross-entropy: ids and targets, statistics in float32.
+	ids := tensor.New(f32, 7)
+	for i := range ids.Float32() {
+		ids.Float32()[i] = float32(rng.IntN(9))
+	}
+	table := rnd(rng, 9, 4)
+	e32, e16 := tensor.New(f32, 7, 4), tensor.New(b16, 7, 4)
+	if err := p.Embedding(e32, ids, as(f32, table), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Embedding(e16, ids, as(b16, table), 0); err != nil {
+		t.Fatal(err)
+	}
+	close("embedding", e16, e32)
+	logits := rnd(rng, 7, 9)
+	c32, c16 := tensor.New(f32, 7, 3), tensor.New(f32, 7, 3)
+	if err := p.CrossEntropy(c32, as(f32, logits), ids, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CrossEntropy(c16, as(b16, logits), ids, 0); err != nil {
+		t.Fatal(err)
+	}
+	close("cross-entropy stats", c16, c32)
+	if err := p.LayerNorm(y16, tensor.New(b16, 6, 2), as(b16, x), as(b16, gamma), as(b16, beta), 1e-5); err == nil {
+		t.Fatal("bfloat16 layer norm statistics accepted")
+	}
+}

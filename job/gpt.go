@@ -38,6 +38,7 @@ type GPTReport struct {
 	Dim              int    `json:"dim"`
 	Context          int    `json:"context"`
 	Batch            int    `json:"batch"`
+	DType            string `json:"dtype"`
 	Optimizer        string `json:"optimizer"`
 	SequenceParallel bool   `json:"sequence_parallel"`
 	Steps            int    `json:"steps"`
@@ -117,9 +118,7 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 	if t.rd, err = t.df.resolve(env); err != nil {
 		return err
 	}
-	if t.rd.dtype != tensor.Float32 {
-		return fmt.Errorf("gpt: --dtype %v: the transformer runs in float32 for now", t.rd.dtype)
-	}
+	t.cfg.DType = t.rd.dtype
 	if t.corpus, err = readCorpus(t.data, t.cfg.Context+1); err != nil {
 		return err
 	}
@@ -346,7 +345,7 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		fmt.Fprintf(env.Stdout, "held-out loss %.4f nats/char; unigram entropy of the text %.4f\n", held, c.entropy())
 		fmt.Fprintf(env.Stdout, "sample:\n%s\n", text)
 		r := &GPTReport{Mesh: m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
-			Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: steps, FirstStep: t.startStep + 1,
+			Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, DType: cfg.Compute().String(), Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: steps, FirstStep: t.startStep + 1,
 			LossFirst: first, LossLast: last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(stepMS),
 			CommBytesPerStep: stepBytes, Collectives: stepCounts, Sample: text}
 		mu.Lock()

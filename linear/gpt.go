@@ -41,6 +41,20 @@ type GPTConfig struct {
 	// all-reduce, the embedding's partial sums are reduce-scattered, and the
 	// layer norms' parameter gradients (partial over the rows) all-reduced.
 	SequenceParallel bool
+	// DType is the compute dtype (0: float32). With bfloat16 the
+	// activations, the linear layers' GEMMs and the collectives of
+	// activations run in bfloat16; parameters, their gradients and AdamW's
+	// moments stay float32 (bfloat16 copies of the parameters are refreshed
+	// after each update), as mlp's mixed precision.
+	DType tensor.DType
+}
+
+// Compute is the compute dtype (DType, float32 by default).
+func (c GPTConfig) Compute() tensor.DType {
+	if c.DType == 0 {
+		return tensor.Float32
+	}
+	return c.DType
 }
 
 // Tokens is the tokens of one step, Batch × Context.
@@ -59,6 +73,8 @@ func (c GPTConfig) check() error {
 		return fmt.Errorf("%w: gpt: %d heads do not split over tp = %d (each rank holds whole heads)", ErrConfig, c.Heads, c.Mesh.Size())
 	case c.Vocab < c.Mesh.Size():
 		return fmt.Errorf("%w: gpt: vocabulary %d smaller than tp = %d", ErrConfig, c.Vocab, c.Mesh.Size())
+	case c.Compute() != tensor.Float32 && c.Compute() != tensor.BFloat16:
+		return fmt.Errorf("%w: gpt: dtype %v (float32 or bfloat16)", ErrConfig, c.Compute())
 	case c.Optimizer != "" && c.Optimizer != "adamw" && c.Optimizer != "sgd":
 		return fmt.Errorf("%w: gpt: optimizer %q (adamw or sgd)", ErrConfig, c.Optimizer)
 	}
@@ -96,16 +112,35 @@ type GPT struct {
 // as spec), its gradient and its AdamW moments. A linear layer's parameters
 // get their gradients from the layer (Reduce).
 type param struct {
-	name  string
-	spec  placement.Spec
-	w, g  *tensor.Tensor
-	m, v  *tensor.Tensor
-	decay bool
-	layer *Layer
-	bias  bool
+	name string
+	spec placement.Spec
+	w, g *tensor.Tensor
+	m, v *tensor.Tensor
+	// cw and cg: the compute-dtype copy of w and the gradient buffer the
+	// kernels write (bfloat16 runs; nil: w and g themselves).
+	cw, cg *tensor.Tensor
+	decay  bool
+	layer  *Layer
+	bias   bool
 }
 
 type lnParams struct{ gamma, beta *param }
+
+// compute is the parameter as the kernels read it.
+func (p *param) compute() *tensor.Tensor {
+	if p.cw != nil {
+		return p.cw
+	}
+	return p.w
+}
+
+// grad is the buffer the kernels write the parameter's gradient into.
+func (p *param) grad() *tensor.Tensor {
+	if p.cg != nil {
+		return p.cg
+	}
+	return p.g
+}
 
 type gptBlock struct {
 	ln1, ln2            lnParams
@@ -127,7 +162,7 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 	if cfg.Optimizer == "" {
 		cfg.Optimizer = "adamw"
 	}
-	ctx := withModel(context.Background(), cfg.Model, tensor.Float32)
+	ctx := withModel(context.Background(), cfg.Model, cfg.Compute())
 	g := &GPT{Cfg: cfg, rank: rank, mem: mem, bufs: scratch{}}
 	var err error
 	mesh, t, d, v := cfg.Mesh, cfg.Tokens(), cfg.Dim, cfg.Vocab
@@ -185,6 +220,14 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 			return nil, err
 		}
 		p := &param{name: name, spec: spec, w: w, g: gr, decay: decay}
+		if dt := cfg.Compute(); dt != tensor.Float32 {
+			if p.cw, err = mem.Alloc(dt, w.Shape()...); err != nil {
+				return nil, err
+			}
+			if p.cg, err = mem.Alloc(dt, w.Shape()...); err != nil {
+				return nil, err
+			}
+		}
 		g.params = append(g.params, p)
 		return p, nil
 	}
@@ -214,7 +257,7 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 			return nil, err
 		}
 		c := layerConfig(name, lo)
-		c.Model = cfg.Model
+		c.Model, c.DType = cfg.Model, cfg.DType
 		if preset == "column" || preset == "sequence-column" {
 			// Column parallel: y stays split by output features, as the next
 			// op reads it. The planner picks how (for a small vocabulary the
@@ -310,6 +353,9 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 				}
 			}
 		}
+	}
+	if err := g.refresh(cpuCaster{}); err != nil {
+		return nil, err
 	}
 	return g, nil
 }
@@ -464,20 +510,59 @@ type gptActs struct {
 	headS       *Saved
 }
 
+// get is a float32 scratch tensor (statistics, ids, float32 gradients).
 func (g *GPT) get(rt Runtime, name string, shape ...int) (*tensor.Tensor, error) {
 	return g.bufs.getT(rt.Kernels, name, tensor.Float32, shape)
+}
+
+// act is a scratch tensor in the compute dtype (activations and their
+// gradients).
+func (g *GPT) act(rt Runtime, name string, shape ...int) (*tensor.Tensor, error) {
+	return g.bufs.getT(rt.Kernels, name, g.Cfg.Compute(), shape)
+}
+
+// caster casts between dtypes on the rank's device.
+type caster interface {
+	Cast(dst, src *tensor.Tensor) error
+}
+
+// cpuCaster casts host tensors (NewGPT's parameters, before any runtime).
+type cpuCaster struct{}
+
+func (cpuCaster) Cast(dst, src *tensor.Tensor) error {
+	h, err := tensor.Download(src)
+	if err != nil {
+		return err
+	}
+	c, err := tensor.Convert(h, dst.DType())
+	if err != nil {
+		return err
+	}
+	return tensor.MemoryOf(dst).Write(dst, 0, tensor.HostBytes(c), tensor.Transfer)
+}
+
+// refresh copies the held parameters into their compute-dtype copies.
+func (g *GPT) refresh(k caster) error {
+	for _, p := range g.params {
+		if p.cw != nil {
+			if err := k.Cast(p.cw, p.w); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // layerNorm runs x's layer norm into scratch name (and its stats).
 func (g *GPT) layerNorm(rt Runtime, name string, x *tensor.Tensor, p lnParams) (y, stats *tensor.Tensor, err error) {
 	t, d := x.Dim(0), x.Dim(1)
-	if y, err = g.get(rt, name, t, d); err != nil {
+	if y, err = g.act(rt, name, t, d); err != nil {
 		return nil, nil, err
 	}
 	if stats, err = g.get(rt, name+".stats", t, 2); err != nil {
 		return nil, nil, err
 	}
-	err = rt.op("layernorm", func() error { return rt.Kernels.LayerNorm(y, stats, x, p.gamma.w, p.beta.w, gptEps) })
+	err = rt.op("layernorm", func() error { return rt.Kernels.LayerNorm(y, stats, x, p.gamma.compute(), p.beta.compute(), gptEps) })
 	return y, stats, err
 }
 
@@ -497,22 +582,22 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 	c := g.Cfg
 	t, d := c.Tokens(), c.Dim
 	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
-	emb, err := g.get(rt, "emb", t, d)
+	emb, err := g.act(rt, "emb", t, d)
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := rt.op("embedding", func() error { return rt.Kernels.Embedding(emb, ids, g.wte.w, g.vocab0) }); err != nil {
+	if err := rt.op("embedding", func() error { return rt.Kernels.Embedding(emb, ids, g.wte.compute(), g.vocab0) }); err != nil {
 		return 0, nil, err
 	}
 	x, err := execute(ctx, rt, "gpt", "embedding", g.embMove, emb, g.rank, g.bufs, "forward")
 	if err != nil {
 		return 0, nil, err
 	}
-	pos, err := g.get(rt, "pos", x.Shape()...)
+	pos, err := g.act(rt, "pos", x.Shape()...)
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := rt.Kernels.Embedding(pos, g.posLocal, g.wpe.w, 0); err != nil {
+	if err := rt.Kernels.Embedding(pos, g.posLocal, g.wpe.compute(), 0); err != nil {
 		return 0, nil, err
 	}
 	if err := rt.Kernels.Axpy(1, pos, x); err != nil {
@@ -535,7 +620,7 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 		if a.qkv, err = qkv.Reshape(c.Batch, c.Context, hl, 3, hd); err != nil {
 			return 0, nil, err
 		}
-		if a.o, err = g.get(rt, name+"o", c.Batch, c.Context, hl, hd); err != nil {
+		if a.o, err = g.act(rt, name+"o", c.Batch, c.Context, hl, hd); err != nil {
 			return 0, nil, err
 		}
 		if a.lse, err = g.get(rt, name+"lse", c.Batch, hl, c.Context); err != nil {
@@ -566,7 +651,7 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 			return 0, nil, err
 		}
 		a.u, a.upS = u, us
-		gl, err := g.get(rt, name+"gelu", u.Shape()...)
+		gl, err := g.act(rt, name+"gelu", u.Shape()...)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -625,7 +710,7 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 	c := g.Cfg
 	t := c.Tokens()
 	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
-	dl, err := g.get(rt, "ce.dlogits", acts.logits.Shape()...)
+	dl, err := g.act(rt, "ce.dlogits", acts.logits.Shape()...)
 	if err != nil {
 		return err
 	}
@@ -638,17 +723,17 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 	if err != nil {
 		return err
 	}
-	dx, err := g.get(rt, "dx", acts.xf.Shape()...)
+	dx, err := g.act(rt, "dx", acts.xf.Shape()...)
 	if err != nil {
 		return err
 	}
-	tmp, err := g.get(rt, "dln", acts.xf.Shape()...)
+	tmp, err := g.act(rt, "dln", acts.xf.Shape()...)
 	if err != nil {
 		return err
 	}
 	lnBack := func(into *tensor.Tensor, p lnParams, dy, x, stats *tensor.Tensor) error {
 		return rt.op("layernorm_backward", func() error {
-			return rt.Kernels.LayerNormBackward(into, p.gamma.g, p.beta.g, dy, x, p.gamma.w, stats, false)
+			return rt.Kernels.LayerNormBackward(into, p.gamma.grad(), p.beta.grad(), dy, x, p.gamma.compute(), stats, false)
 		})
 	}
 	if err := lnBack(dx, g.lnf, dhf, acts.xf, acts.stf); err != nil {
@@ -660,7 +745,7 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 		if err != nil {
 			return err
 		}
-		du, err := g.get(rt, fmt.Sprintf("h%d.du", i), dg.Shape()...)
+		du, err := g.act(rt, fmt.Sprintf("h%d.du", i), dg.Shape()...)
 		if err != nil {
 			return err
 		}
@@ -684,7 +769,7 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 		if do, err = do.Reshape(c.Batch, c.Context, hl, hd); err != nil {
 			return err
 		}
-		dqkv, err := g.get(rt, fmt.Sprintf("h%d.dqkv", i), a.qkv.Shape()...)
+		dqkv, err := g.act(rt, fmt.Sprintf("h%d.dqkv", i), a.qkv.Shape()...)
 		if err != nil {
 			return err
 		}
@@ -714,6 +799,16 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 		if dx, err = execute(ctx, rt, "gpt", "dx_embedding", g.dxMove, dx, g.rank, g.bufs, "backward"); err != nil {
 			return err
 		}
+	}
+	if dx.DType() != tensor.Float32 { // the embeddings' gradients are float32
+		d32, err := g.get(rt, "dx32", dx.Shape()...)
+		if err != nil {
+			return err
+		}
+		if err := rt.Kernels.Cast(d32, dx); err != nil {
+			return err
+		}
+		dx = d32
 	}
 	if err := rt.op("embedding_backward", func() error {
 		return rt.Kernels.EmbeddingBackward(g.wpe.g, dx, g.posIDs, 0, false)
@@ -770,6 +865,13 @@ func (g *GPT) reduceNorms(ctx context.Context, rt Runtime) error {
 func (g *GPT) update(ctx context.Context, rt Runtime) error {
 	g.step++
 	c := g.Cfg
+	for _, p := range g.norms() {
+		if p.cg != nil {
+			if err := rt.Kernels.Cast(p.g, p.cg); err != nil {
+				return err
+			}
+		}
+	}
 	if c.SequenceParallel {
 		if err := g.reduceNorms(ctx, rt); err != nil {
 			return err
@@ -813,7 +915,7 @@ func (g *GPT) update(ctx context.Context, rt Runtime) error {
 			return fmt.Errorf("gpt: updating %s: %w", p.name, err)
 		}
 	}
-	return nil
+	return g.refresh(rt.Kernels)
 }
 
 // Next returns the model's distribution of the token after position pos of
@@ -834,11 +936,11 @@ func (g *GPT) Next(ctx context.Context, rt Runtime, ids *tensor.Tensor, pos int,
 		return nil, err
 	}
 	vl := acts.logits.Dim(1)
-	row, err := g.get(rt, "next.row", 1, vl)
+	row, err := g.act(rt, "next.row", 1, vl)
 	if err != nil {
 		return nil, err
 	}
-	n := vl * 4
+	n := vl * acts.logits.DType().Size()
 	if err := rt.Kernels.Copy2D(row, 0, n, acts.logits, pos*n, n, n, 1); err != nil {
 		return nil, err
 	}
@@ -854,6 +956,9 @@ func (g *GPT) Next(ctx context.Context, rt Runtime, ids *tensor.Tensor, pos int,
 	}
 	host, err := tensor.Download(all)
 	if err != nil {
+		return nil, err
+	}
+	if host, err = tensor.Convert(host, tensor.Float32); err != nil {
 		return nil, err
 	}
 	logits := host.Float32()

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -260,14 +261,8 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		}
 		tr := newTracer(env.Run)
 		rt := tr.runtime(w, dev)
-		var bytes int64
-		counts := map[string]int{}
-		rt.Record = func(name string, ex collective.Executed) {
-			if len(ex.Group) > 1 && ex.Kind.Moves() {
-				bytes += ex.Bytes
-				counts[ex.Kind.String()+" "+name]++
-			}
-		}
+		comms := stepComms{counts: map[string]int{}}
+		rt.Record = comms.record
 		n := cfg.Tokens()
 		hostIDs, hostTg := tensor.New(tensor.Float32, n), tensor.New(tensor.Float32, n)
 		upload := func() (*tensor.Tensor, *tensor.Tensor, error) {
@@ -286,8 +281,7 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 			c.batch(rng, c.train, cfg.Batch, cfg.Context, hostIDs.Float32(), hostTg.Float32())
 		}
 		for s := t.startStep + 1; s <= steps; s++ {
-			bytes = 0
-			clear(counts)
+			comms.reset()
 			c.batch(rng, c.train, cfg.Batch, cfg.Context, hostIDs.Float32(), hostTg.Float32())
 			ids, tg, err := upload()
 			if err != nil {
@@ -318,8 +312,7 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 				}
 			}
 		}
-		stepBytes, stepCounts := bytes, maps(counts)
-		rt.Record = nil
+		rt.Record = nil // the last step's counts stay
 		// Held-out loss: the same windows on every rank.
 		vrng := rand.New(rand.NewPCG(cfg.Seed, 0x76616c))
 		var held float64
@@ -347,30 +340,13 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		r := &GPTReport{Mesh: m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
 			Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, DType: cfg.Compute().String(), Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: steps, FirstStep: t.startStep + 1,
 			LossFirst: first, LossLast: last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(stepMS),
-			CommBytesPerStep: stepBytes, Collectives: stepCounts, Sample: text}
+			CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text}
 		mu.Lock()
 		report = r
 		mu.Unlock()
 		return nil
 	})
-	if err != nil {
-		if corrupt(err) {
-			return usageError(env, "gpt", err)
-		}
-		return failure(env, "gpt", err)
-	}
-	if report != nil {
-		printJSON(env.Stdout, report)
-	}
-	return 0
-}
-
-func maps(m map[string]int) map[string]int {
-	out := make(map[string]int, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
+	return finish(env, "gpt", err, report)
 }
 
 // generate samples t.sample characters after a held-out prompt, the same

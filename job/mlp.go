@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"sort"
 	"strconv"
 	"sync"
@@ -180,24 +181,17 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 			}
 			loadMS = ms(time.Since(start))
 		}
-		var bytes int64
-		counts := map[string]int{}
+		comms := stepComms{counts: map[string]int{}}
 		tr := newTracer(env.Run)
 		rt := tr.runtime(w, dev)
-		rt.Record = func(name string, ex collective.Executed) {
-			if len(ex.Group) > 1 && ex.Kind.Moves() {
-				bytes += ex.Bytes
-				counts[ex.Kind.String()+" "+name]++
-			}
-		}
+		rt.Record = comms.record
 		var stepMS, kernMS, commMS []float64
 		var first, last float64
 		var moved tensor.Transfers
 		for s := startStep + 1; s <= steps; s++ {
 			tr.take("kernel")
 			tr.take("collective")
-			bytes = 0
-			clear(counts)
+			comms.reset()
 			before := dev.Transfers()
 			start := time.Now()
 			loss, err := block.Step(ctx, rt)
@@ -233,10 +227,7 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 			SequenceParallel: cfg.SequenceParallel, Tokens: cfg.Tokens, Hidden: cfg.Hidden,
 			FFN: cfg.FFN, Steps: steps, FirstStep: startStep + 1, LossFirst: first, LossLast: last, StepMSMedian: median(stepMS),
 			LoadMS: loadMS, SaveMS: saveMS, ParamBytes: paramBytes(block.Params()),
-			CommBytesPerStep: bytes, Collectives: map[string]int{}, KernelMS: median(kernMS), CommMS: median(commMS)}
-		for k, v := range counts {
-			r.Collectives[k] = v
-		}
+			CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), KernelMS: median(kernMS), CommMS: median(commMS)}
 		r.GFLOPs = cfg.FLOPsPerStep() / (r.StepMSMedian / 1e3) / 1e9
 		r.H2DBytesPerStep, r.D2HBytesPerStep = moved.H2D.Bytes, moved.D2H.Bytes
 		r.H2DCopiesPerStep, r.D2HCopiesPerStep = moved.H2D.Calls, moved.D2H.Calls
@@ -247,16 +238,41 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 		mu.Unlock()
 		return nil
 	})
+	return finish(env, "mlp", err, report)
+}
+
+// finish ends a training workload: its error (a checkpoint that could not
+// be loaded is bad input), or rank 0's report as one JSON line.
+func finish[R any](env Env, name string, err error, report *R) int {
 	if err != nil {
 		if corrupt(err) {
-			return usageError(env, "mlp", err)
+			return usageError(env, name, err)
 		}
-		return failure(env, "mlp", err)
+		return failure(env, name, err)
 	}
 	if report != nil {
 		printJSON(env.Stdout, report)
 	}
 	return 0
+}
+
+// stepComms counts a rank's collectives of one step that move bytes, by
+// "kind tensor", and the bytes it passes into them.
+type stepComms struct {
+	bytes  int64
+	counts map[string]int
+}
+
+func (c *stepComms) record(name string, ex collective.Executed) {
+	if len(ex.Group) > 1 && ex.Kind.Moves() {
+		c.bytes += ex.Bytes
+		c.counts[ex.Kind.String()+" "+name]++
+	}
+}
+
+func (c *stepComms) reset() {
+	c.bytes = 0
+	clear(c.counts)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

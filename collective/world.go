@@ -402,11 +402,12 @@ func culprit(me int, key string, seq uint64, ranks []int, peer func(int) (State,
 		ago time.Duration
 	}
 	var alive []missing
+	op := func(st State) string { return fmt.Sprintf("%s seq %d of group %s", st.Op, st.Seq, st.Group) }
 	where := func(st State) string {
 		if st.Op == "" {
 			return "outside any collective"
 		}
-		return fmt.Sprintf("in %s seq %d of group %s", st.Op, st.Seq, st.Group)
+		return "in " + op(st)
 	}
 	silent := func(r int) (time.Duration, State, bool) {
 		st, at, ok := peer(r)
@@ -448,7 +449,7 @@ func culprit(me int, key string, seq uint64, ranks []int, peer func(int) (State,
 				if ago > 0 {
 					heard = fmt.Sprintf("nothing heard from it for %v (unreachable, stopped or dead; last seen %s)", ago, where(st))
 				}
-				return r, fmt.Sprintf("rank %d never entered it, still waiting in %s; %s", m.r, where(m.st)[3:], heard)
+				return r, fmt.Sprintf("rank %d never entered it, still waiting in %s; %s", m.r, op(m.st), heard)
 			}
 		}
 	}

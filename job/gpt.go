@@ -357,10 +357,9 @@ func (t *gptTask) generate(ctx context.Context, g *linear.GPT, rt linear.Runtime
 	out := []byte{}
 	host := tensor.New(tensor.Float32, cfg.Tokens())
 	for len(out) < t.sample {
+		// The window in the first sequence; the rest of the batch does not
+		// reach its last position (attention is causal).
 		window := ctxIDs[max(0, len(ctxIDs)-cfg.Context):]
-		for i := range host.Float32() {
-			host.Float32()[i] = float32(window[i%cfg.Context%len(window)])
-		}
 		for i, id := range window {
 			host.Float32()[i] = float32(id)
 		}

@@ -200,10 +200,7 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 	for j, in := range fwd.Inputs {
 		globals[j] = randomSim(rng, in.Spec.Shape)
 		if spmdtest.IsIndex(fwd.Op, j) { // ids: rows of the table, or pick's columns
-			n := fwd.Inputs[1].Spec.Shape[0]
-			if fwd.Op == "pick" {
-				n = fwd.Inputs[0].Spec.Shape[len(fwd.Inputs[0].Spec.Shape)-1]
-			}
+			n := spmdtest.IndexBound(fwd.Op, [][]int{fwd.Inputs[0].Spec.Shape, fwd.Inputs[1].Spec.Shape})
 			for i := range globals[j].Data {
 				globals[j].Data[i] = float64(rng.IntN(n))
 			}

@@ -224,9 +224,6 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 			if p.cw, err = mem.Alloc(dt, w.Shape()...); err != nil {
 				return nil, err
 			}
-			if p.cg, err = mem.Alloc(dt, w.Shape()...); err != nil {
-				return nil, err
-			}
 		}
 		g.params = append(g.params, p)
 		return p, nil
@@ -241,12 +238,25 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 		return nil, err
 	}
 	ln := func(name string) (lnParams, error) {
-		gamma, err := held(name+".weight", fill(d, 1), replicated(d), false)
-		if err != nil {
-			return lnParams{}, err
+		var ps [2]*param
+		for i, part := range []struct {
+			suffix string
+			init   float32
+		}{{".weight", 1}, {".bias", 0}} {
+			p, err := held(name+part.suffix, fill(d, part.init), replicated(d), false)
+			if err != nil {
+				return lnParams{}, err
+			}
+			// The layer-norm kernels write gradients in the compute dtype
+			// (the embeddings' are float32: their kernel reads a widened dy).
+			if dt := cfg.Compute(); dt != tensor.Float32 {
+				if p.cg, err = mem.Alloc(dt, d); err != nil {
+					return lnParams{}, err
+				}
+			}
+			ps[i] = p
 		}
-		beta, err := held(name+".bias", fill(d, 0), replicated(d), false)
-		return lnParams{gamma, beta}, err
+		return lnParams{ps[0], ps[1]}, nil
 	}
 	layer := func(name, preset string, n, k int, bias bool, std float64) (*Layer, error) {
 		if cfg.SequenceParallel {

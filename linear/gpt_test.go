@@ -65,13 +65,7 @@ func trainGPTAs(t *testing.T, tp, steps int, opt string, sp bool, dt tensor.DTyp
 				tg.Float32()[i] = float32((int(ids.Float32()[i]) + 1) % cfg.Vocab) // learnable: next id
 			}
 			if w.Rank() == 0 && s == steps-1 {
-				rt.Record = func(name string, ex collective.Executed) {
-					if len(ex.Group) > 1 && ex.Kind.Moves() {
-						mu.Lock()
-						run.comms[ex.Kind.String()+" "+name]++
-						mu.Unlock()
-					}
-				}
+				rt.Record = countComms(&mu, run.comms)
 			}
 			loss, err := g.Step(ctx, rt, ids, tg)
 			if err != nil {

@@ -13,6 +13,18 @@ import (
 	"github.com/meshrun/meshrun/placement"
 )
 
+// countComms records into comms, by "kind tensor", the collectives that
+// move bytes (under mu: ranks run concurrently).
+func countComms(mu *sync.Mutex, comms map[string]int) func(string, collective.Executed) {
+	return func(name string, ex collective.Executed) {
+		if len(ex.Group) > 1 && ex.Kind.Moves() {
+			mu.Lock()
+			comms[ex.Kind.String()+" "+name]++
+			mu.Unlock()
+		}
+	}
+}
+
 type mlpRun struct {
 	losses []float64
 	comms  map[string]int // "kind tensor mesh-dims" -> count, rank 0, one step
@@ -38,13 +50,7 @@ func trainMLP(t *testing.T, mesh string, sp bool, steps int) mlpRun {
 		rt := linear.Runtime{World: w, Kernels: k}
 		for s := 0; s < steps; s++ {
 			if w.Rank() == 0 && s == steps-1 {
-				rt.Record = func(name string, ex collective.Executed) {
-					if len(ex.Group) > 1 && ex.Kind.Moves() {
-						mu.Lock()
-						run.comms[ex.Kind.String()+" "+name]++
-						mu.Unlock()
-					}
-				}
+				rt.Record = countComms(&mu, run.comms)
 			}
 			loss, err := b.Step(ctx, rt)
 			if err != nil {

@@ -27,10 +27,7 @@ func randomInput(rng *rand.Rand, fwd *Plan, j int) sim.Tensor {
 	if !spmdtest.IsIndex(fwd.Op, j) {
 		return randomTensor(rng, in.Spec.Shape)
 	}
-	n := fwd.Inputs[1].Spec.Shape[0] // an embedding's rows
-	if fwd.Op == "pick" {
-		n = fwd.Inputs[0].Spec.Shape[len(fwd.Inputs[0].Spec.Shape)-1] // pick's columns
-	}
+	n := spmdtest.IndexBound(fwd.Op, [][]int{fwd.Inputs[0].Spec.Shape, fwd.Inputs[1].Spec.Shape})
 	t := sim.New(in.Spec.Shape...)
 	for i := range t.Data {
 		t.Data[i] = float64(rng.IntN(n))

@@ -50,6 +50,15 @@ func IsIndex(op string, j int) bool {
 	return op == "embedding" && j == 0 || op == "pick" && j == 1
 }
 
+// IndexBound is how many values op's index input may take, given the
+// shapes of its inputs: an embedding table's rows, pick's columns.
+func IndexBound(op string, shapes [][]int) int {
+	if op == "pick" {
+		return shapes[0][len(shapes[0])-1]
+	}
+	return shapes[1][0]
+}
+
 // evalBlocks runs a block op; rowOffset is the first vocabulary row of the
 // table the local op holds (embedding ops). For every combination of the
 // letters outside the op's block letters, each term's block is gathered in

@@ -225,24 +225,32 @@ func runMeshrun(tmp string, n int, transport, ops, sizes string) ([]result, erro
 	if err := creds.Write(path, c); err != nil {
 		return nil, err
 	}
+	return runSelf(n, func(r int) []string {
+		env := []string{"MESHRUN_BENCH_WORKER=1", "BENCH_OPS=" + ops, "BENCH_SIZES=" + sizes,
+			"LOCAL_RANK=" + strconv.Itoa(r), "LOCAL_WORLD_SIZE=" + strconv.Itoa(n),
+			"NODE_RANK=0", "NNODES=1", "MESHRUN_JOB_ID=" + job, "MESHRUN_NATS_URL=" + srv.URL(), "MESHRUN_NATS_CREDS=" + path,
+			"MESHRUN_TRANSPORT=" + transport, "MESHRUN_COLLECTIVE_TIMEOUT=120s"}
+		if os.Getenv("GOMAXPROCS") == "" {
+			// The cores shared out among the ranks, as launcher run does:
+			// with 2 ranks on 2 cores, 2 Ps per rank made 4 KiB all-gathers
+			// take 2.5-14 us a call against 2-3 us with 1.
+			env = append(env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/n)))
+		}
+		return env
+	})
+}
+
+// runSelf runs n ranks as processes of this binary, each with RANK and
+// WORLD_SIZE and the variables env gives it, and collects their results.
+func runSelf(n int, env func(rank int) []string) ([]result, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmds := make([]*exec.Cmd, n)
 	for r := range cmds {
-		cmd := exec.Command(self)
-		cmd.Env = append(os.Environ(), "MESHRUN_BENCH_WORKER=1", "BENCH_OPS="+ops, "BENCH_SIZES="+sizes,
-			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n), "LOCAL_RANK="+strconv.Itoa(r), "LOCAL_WORLD_SIZE="+strconv.Itoa(n),
-			"NODE_RANK=0", "NNODES=1", "MESHRUN_JOB_ID="+job, "MESHRUN_NATS_URL="+srv.URL(), "MESHRUN_NATS_CREDS="+path,
-			"MESHRUN_TRANSPORT="+transport, "MESHRUN_COLLECTIVE_TIMEOUT=120s")
-		if os.Getenv("GOMAXPROCS") == "" {
-			// The cores shared out among the ranks, as launcher run does:
-			// with 2 ranks on 2 cores, 2 Ps per rank made 4 KiB all-gathers
-			// take 2.5-14 us a call against 2-3 us with 1.
-			cmd.Env = append(cmd.Env, "GOMAXPROCS="+strconv.Itoa(max(1, runtime.NumCPU()/n)))
-		}
-		cmds[r] = cmd
+		cmds[r] = exec.Command(self)
+		cmds[r].Env = append(append(os.Environ(), "RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n)), env(r)...)
 	}
 	return runProcs(cmds, 20*time.Minute)
 }

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,18 +27,9 @@ func runRawTCP(tmp string, n int, ops, sizes string) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmds := make([]*exec.Cmd, n)
-	for r := range cmds {
-		cmd := exec.Command(self)
-		cmd.Env = append(os.Environ(), "MESHRUN_BENCH_RAWTCP="+dir, "BENCH_OPS="+ops, "BENCH_SIZES="+sizes,
-			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n))
-		cmds[r] = cmd
-	}
-	return runProcs(cmds, 20*time.Minute)
+	return runSelf(n, func(int) []string {
+		return []string{"MESHRUN_BENCH_RAWTCP=" + dir, "BENCH_OPS=" + ops, "BENCH_SIZES=" + sizes}
+	})
 }
 
 // rawRing is one rank's two sockets: to the next rank, from the previous.

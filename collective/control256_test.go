@@ -164,15 +164,10 @@ func (d rankDialer) Dial(network, address string) (net.Conn, error) {
 
 // joinControl joins n control-only ranks (transport "none") with fast heartbeats.
 func joinControl(t *testing.T, n int) ([]*collective.World, *sockets, *nats.Conn, string) {
-	return joinControlTimeout(t, n, time.Second)
-}
-
-// joinControlTimeout is joinControl with a rank lost after hbTimeout.
-func joinControlTimeout(t *testing.T, n int, hbTimeout time.Duration) ([]*collective.World, *sockets, *nats.Conn, string) {
 	t.Helper()
 	job := newJob()
 	s := startServer(t, job)
-	ws, sk := joinRanks(t, s, job, n, "none", collective.Options{}, hbTimeout)
+	ws, sk := joinRanks(t, s, job, n, "none", collective.Options{}, time.Second)
 	return ws, sk, adminConn(t, s), job
 }
 
@@ -389,15 +384,11 @@ func TestControlPlane256Faults(t *testing.T) {
 		t.Skip("256 ranks against timing limits: not under -race")
 	}
 	const n = 256
-	// 2 s, not the 1 s of the other control tests: with the other packages'
-	// tests beside it on 2 cores, a live rank's heartbeats have gone
-	// unsent for 1.35 s, and its watcher (rightly, by the 1 s rule) called
-	// it lost before the victim's.
-	const hbTimeout = 2 * time.Second
+	const hbTimeout = time.Second
 	t.Run("sigstop", func(t *testing.T) {
 		// The rank's socket stays open but it neither reads nor writes: its
 		// heartbeats stop and only its watcher can tell.
-		ws, sk, _, _ := joinControlTimeout(t, n, hbTimeout)
+		ws, sk, _, _ := joinControl(t, n)
 		time.Sleep(300 * time.Millisecond)
 		const victim = 151
 		start := time.Now()
@@ -414,7 +405,7 @@ func TestControlPlane256Faults(t *testing.T) {
 	t.Run("link-lost", func(t *testing.T) {
 		// The rank runs on but its link drops everything: it must not blame
 		// the rank it watches for the silence; the others name it.
-		ws, sk, _, _ := joinControlTimeout(t, n, hbTimeout)
+		ws, sk, _, _ := joinControl(t, n)
 		time.Sleep(300 * time.Millisecond)
 		const victim = 77
 		start := time.Now()

@@ -85,8 +85,8 @@ type sendReq struct {
 
 const sendQueue = 1024
 
-func newComm(w *World, ranks []int, me int, key string) *Group {
-	c := &Group{w: w, ranks: ranks, me: me, key: key, id: hash64("group:", ranks),
+func newComm(w *World, ranks []int, me int, key string, id uint64) *Group {
+	c := &Group{w: w, ranks: ranks, me: me, key: key, id: id,
 		p2pSend: make([]uint64, len(ranks)), p2pRecv: make([]uint64, len(ranks)),
 		sq: make(chan sendReq, sendQueue), sd: make(chan error, sendQueue), quit: make(chan struct{})}
 	c.wg.Add(1)

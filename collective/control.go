@@ -1,6 +1,8 @@
 package collective
 
 import (
+	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -19,7 +21,7 @@ type Notice = protocol.Notice
 var codes = map[error]string{
 	ErrAborted: protocol.CodeAborted, ErrPeerLost: protocol.CodePeerLost, ErrMismatch: protocol.CodeMismatch,
 	ErrTimeout: protocol.CodeTimeout, ErrControlLost: protocol.CodeControlLost, ErrCorrupt: protocol.CodeCorrupt,
-	ErrAuth: protocol.CodeAuth, ErrClosed: protocol.CodeClosed,
+	ErrAuth: protocol.CodeAuth, ErrClosed: protocol.CodeClosed, ErrLibrary: protocol.CodeLibrary,
 }
 
 func kindOf(code string) error {
@@ -55,13 +57,18 @@ type Control interface {
 	Attach(state func() State, notice func(Notice))
 	// PeerState returns the last state heard from rank and when it was heard.
 	PeerState(rank int) (State, time.Time, bool)
+	// Offer makes value the answer to the job's ranks that Ask for name, until
+	// Close. A name is offered once.
+	Offer(name string, value []byte) error
+	// Ask waits for the value offered under name, until ctx is done.
+	Ask(ctx context.Context, name string) ([]byte, error)
 	Close() error
 }
 
 // LocalControls returns n in-process controls sharing one notice bus; a peer's
 // state is read live.
 func LocalControls(n int) []Control {
-	h := &localHub{states: make([]func() State, n), subs: make([]func(Notice), n)}
+	h := &localHub{states: make([]func() State, n), subs: make([]func(Notice), n), offered: map[string][]byte{}, changed: make(chan struct{})}
 	out := make([]Control, n)
 	for i := range out {
 		out[i] = &localControl{h: h, rank: i}
@@ -70,9 +77,11 @@ func LocalControls(n int) []Control {
 }
 
 type localHub struct {
-	mu     sync.Mutex
-	states []func() State
-	subs   []func(Notice)
+	mu      sync.Mutex
+	states  []func() State
+	subs    []func(Notice)
+	offered map[string][]byte
+	changed chan struct{} // closed and replaced at every Offer
 }
 
 type localControl struct {
@@ -107,6 +116,35 @@ func (c *localControl) PeerState(rank int) (State, time.Time, bool) {
 		return State{}, time.Time{}, false
 	}
 	return fn(), time.Now(), true
+}
+
+func (c *localControl) Offer(name string, value []byte) error {
+	c.h.mu.Lock()
+	defer c.h.mu.Unlock()
+	if _, ok := c.h.offered[name]; ok {
+		return fmt.Errorf("%w: %q offered twice", ErrInvalid, name)
+	}
+	c.h.offered[name] = slices.Clone(value)
+	close(c.h.changed)
+	c.h.changed = make(chan struct{})
+	return nil
+}
+
+func (c *localControl) Ask(ctx context.Context, name string) ([]byte, error) {
+	for {
+		c.h.mu.Lock()
+		v, ok := c.h.offered[name]
+		ch := c.h.changed
+		c.h.mu.Unlock()
+		if ok {
+			return slices.Clone(v), nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("asking for %q: %w", name, context.Cause(ctx))
+		}
+	}
 }
 
 func (c *localControl) Close() error {

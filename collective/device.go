@@ -2,7 +2,9 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -80,10 +82,13 @@ func RegisterBackend(b DeviceBackend) {
 	backends = append(backends, b)
 }
 
-func deviceBackend(name string, dev tensor.Device) DeviceBackend {
+// deviceBackend returns the first backend of the World's, then of the
+// registered ones, named name ("" for any) that serves dev.
+func (w *World) deviceBackend(name string, dev tensor.Device) DeviceBackend {
 	backendsMu.Lock()
-	defer backendsMu.Unlock()
-	for _, b := range backends {
+	all := append(slices.Clone(w.opts.Backends), backends...)
+	backendsMu.Unlock()
+	for _, b := range all {
 		if (name == "" || b.Name() == name) && b.Serves(dev) {
 			return b
 		}
@@ -160,15 +165,18 @@ func (w *World) newCommunicator(ctx context.Context, g *Group, dev tensor.Device
 	case BackendStaged:
 		return newStaged(g, dev, w.opts.StageBytes), "chosen (" + EnvBackend + "=staged)", nil
 	case BackendNCCL:
-		b := deviceBackend(BackendNCCL, dev)
+		b := w.deviceBackend(BackendNCCL, dev)
 		if b == nil {
 			return nil, "", fmt.Errorf("%w: no nccl backend for %v in this build (build with -tags cuda, and NCCL present at run time)", ErrInvalid, dev)
 		}
 		c, err := b.New(ctx, g, dev)
 		return c, "chosen (" + EnvBackend + "=nccl)", err
 	}
-	if b := deviceBackend("", dev); b != nil {
+	if b := w.deviceBackend("", dev); b != nil {
 		c, err := b.New(ctx, g, dev)
+		if errors.Is(err, ErrNoLibrary) {
+			return newStaged(g, dev, w.opts.StageBytes), "auto: " + err.Error() + "; staged instead", nil
+		}
 		return c, "auto: " + b.Name() + " serves " + dev.String(), err
 	}
 	return newStaged(g, dev, w.opts.StageBytes), "auto: no device collective library for " + dev.String(), nil

@@ -30,16 +30,17 @@ func comm(w *collective.World, mems []tensor.Memory) (collective.Communicator, e
 	return w.Communicator(context.Background(), ranks, mems[w.Rank()].Device())
 }
 
-// TestDeviceFaults: through the device-aware communicator, on host buffers and
-// on sim device buffers (the staged backend), a mismatch, a killed rank and a
-// hung rank fail every rank with the same typed errors naming the culprit as on
-// a host Group.
+// TestDeviceFaults: through the device-aware communicator, on host buffers,
+// on sim device buffers (the staged backend) and on sim buffers through the
+// nccl backend over the fake library, a mismatch, a killed rank and a hung
+// rank fail every rank with the same typed errors naming the culprit as on a
+// host Group.
 func TestDeviceFaults(t *testing.T) {
-	for _, b := range []collectivetest.Buffers{collectivetest.Host, collectivetest.Sim} {
+	for _, b := range []collectivetest.Buffers{collectivetest.Host, collectivetest.Sim, collectivetest.NCCL} {
 		t.Run(b.String(), func(t *testing.T) {
 			t.Run("different_op", func(t *testing.T) {
 				leak := collectivetest.Goroutines(t)
-				ws, mems := localWorlds(t, 4, collective.Options{}), b.Memories(4)
+				ws, mems := localWorlds(t, 4, b.Options(collective.Options{})), b.Memories(4)
 				start := time.Now()
 				errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
 					c, err := comm(w, mems)
@@ -61,7 +62,7 @@ func TestDeviceFaults(t *testing.T) {
 			})
 			t.Run("different_count", func(t *testing.T) {
 				leak := collectivetest.Goroutines(t)
-				ws, mems := localWorlds(t, 3, collective.Options{}), b.Memories(3)
+				ws, mems := localWorlds(t, 3, b.Options(collective.Options{})), b.Memories(3)
 				errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
 					c, err := comm(w, mems)
 					if err != nil {
@@ -82,7 +83,7 @@ func TestDeviceFaults(t *testing.T) {
 			})
 			t.Run("rank_exits", func(t *testing.T) {
 				leak := collectivetest.Goroutines(t)
-				ws := faultWorlds(t, 4, 2, collectivetest.Fault{After: 10, Close: true}, collectivetest.SuiteOptions())
+				ws := faultWorlds(t, 4, 2, collectivetest.Fault{After: 10, Close: true}, b.Options(collectivetest.SuiteOptions()))
 				mems := b.Memories(4)
 				start := time.Now()
 				errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
@@ -98,7 +99,7 @@ func TestDeviceFaults(t *testing.T) {
 			})
 			t.Run("rank_hangs", func(t *testing.T) {
 				leak := collectivetest.Goroutines(t)
-				o := collectivetest.SuiteOptions()
+				o := b.Options(collectivetest.SuiteOptions())
 				o.DataTimeout = time.Second
 				ws, mems := localWorlds(t, 3, o), b.Memories(3)
 				start := time.Now()

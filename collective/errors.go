@@ -40,6 +40,13 @@ var (
 	// the credentials. Join fails with it at once, a joined World as soon as
 	// the server says so.
 	ErrPermission = errors.New("collective: NATS permission denied")
+	// ErrLibrary: a device collective library (NCCL) failed: an error it
+	// returned, or its communicator's asynchronous error. The communicator was
+	// aborted.
+	ErrLibrary = errors.New("collective: device collective library failed")
+	// ErrNoLibrary: a device collective library could not be loaded; under
+	// auto, device buffers then take the staged backend.
+	ErrNoLibrary = errors.New("collective: device collective library unavailable")
 	// ErrInvalid: bad arguments (lengths, counts, ranks, options).
 	ErrInvalid = errors.New("collective: invalid argument")
 	// ErrClosed: the communicator or world was closed, or failed earlier.

@@ -676,6 +676,50 @@ func (c *natsControl) PeerState(rank int) (State, time.Time, bool) {
 	return s, time.Now(), true
 }
 
+// Offer answers requests on name's exchange subject with value (the NATS
+// connection's own goroutine replies; nothing is stored on the server).
+func (c *natsControl) Offer(name string, value []byte) error {
+	value = slices.Clone(value)
+	sub, err := c.nc.Subscribe(protocol.ExchangeSubject(c.job, name), func(m *nats.Msg) { m.Respond(value) })
+	if err != nil {
+		return fmt.Errorf("offering %q: %w", name, err)
+	}
+	c.mu.Lock()
+	c.subs = append(c.subs, sub)
+	c.mu.Unlock()
+	return c.nc.Flush()
+}
+
+// Ask requests name's value until a rank that offered it answers (before the
+// offer there are no responders: it asks again, every 20 ms at first, at
+// most every 200 ms).
+func (c *natsControl) Ask(ctx context.Context, name string) ([]byte, error) {
+	subj := protocol.ExchangeSubject(c.job, name)
+	pause := 20 * time.Millisecond
+	for {
+		rctx, cancel := context.WithTimeout(ctx, c.askTimeout())
+		m, err := c.nc.RequestWithContext(rctx, subj, nil)
+		cancel()
+		if err == nil {
+			return m.Data, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("asking for %q: %w", name, context.Cause(ctx))
+		}
+		if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+			return nil, fmt.Errorf("asking for %q: %w", name, err)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("asking for %q: %w", name, context.Cause(ctx))
+		case <-t.C:
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+	}
+}
+
 func (c *natsControl) Close() error {
 	select {
 	case <-c.quit:

@@ -63,6 +63,10 @@ type Options struct {
 	// Collectives chooses the backend of device buffers: "auto" (default),
 	// "host", "staged" or "nccl" (see Communicator).
 	Collectives string
+	// Backends are device backends this World may use besides the registered
+	// ones (RegisterBackend), looked at first: tests give the nccl backend
+	// over FakeNCCL this way.
+	Backends []DeviceBackend
 	// StageBytes is the staged backend's pipelining unit: device buffers cross
 	// to host memory in chunks of this size; default 4 MiB.
 	StageBytes int
@@ -464,7 +468,13 @@ func culprit(me int, key string, seq uint64, ranks []int, peer func(int) (State,
 // order), creating it on first use. Every member must call Comm with the same
 // ranks; creation is a handshake among them that fails on disagreement.
 func (w *World) Group(ctx context.Context, ranks []int) (*Group, error) {
-	key := fmt.Sprint(ranks)
+	return w.group(ctx, ranks, "")
+}
+
+// group is Group for the group of ranks told apart by tag from others of the
+// same ranks (the fake NCCL's communicators are such groups).
+func (w *World) group(ctx context.Context, ranks []int, tag string) (*Group, error) {
+	key := tag + fmt.Sprint(ranks)
 	w.mu.Lock()
 	if c, ok := w.comms[key]; ok {
 		w.mu.Unlock()
@@ -487,7 +497,7 @@ func (w *World) Group(ctx context.Context, ranks []int) (*Group, error) {
 		}
 		seen[r] = true
 	}
-	c := newComm(w, slices.Clone(ranks), me, key)
+	c := newComm(w, slices.Clone(ranks), me, key, hash64("group:"+tag, ranks))
 	w.comms[key] = c
 	w.mu.Unlock()
 	if err := c.create(ctx); err != nil {

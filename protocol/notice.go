@@ -59,6 +59,8 @@ const (
 	CodeCorrupt     = "corrupt"
 	CodeAuth        = "auth"
 	CodeClosed      = "closed"
+	// CodeLibrary: a device collective library (NCCL) failed on Rank.
+	CodeLibrary = "library"
 	// CodePeerClosed: Rank closed its World (a clean exit, not a failure by
 	// itself); a rank delivers it to itself on a peer's last heartbeat.
 	CodePeerClosed = "peer_closed"

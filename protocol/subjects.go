@@ -31,6 +31,7 @@
 package protocol
 
 import (
+	"hash/fnv"
 	"strconv"
 	"strings"
 )
@@ -65,6 +66,15 @@ func HeartbeatSubjects(job string) string { return prefix(job) + "ctl.hb.*" }
 // only (see package collective); the state of any other is asked for here.
 func StateSubject(job string, rank int) string {
 	return prefix(job) + "ctl.state." + strconv.Itoa(rank)
+}
+
+// ExchangeSubject is where a rank that offers a value under name (Control's
+// Offer: an NCCL unique id, a bootstrap address) answers the job's ranks that
+// ask for it. name is hashed: any string names one subject token.
+func ExchangeSubject(job, name string) string {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return prefix(job) + "ctl.x." + strconv.FormatUint(h.Sum64(), 16)
 }
 
 // FailSubject carries failure notices: "meshrun.<job>.ctl.fail".

@@ -65,16 +65,36 @@ const (
 	// Sim buffers (kernels/sim device memory, one device per rank) go to the
 	// staged backend.
 	Sim
+	// NCCL buffers are sim buffers given to the nccl backend over
+	// collective.FakeNCCL (Options: NCCLOptions).
+	NCCL
 )
 
-func (b Buffers) String() string { return [...]string{"host", "sim"}[b] }
+func (b Buffers) String() string { return [...]string{"host", "sim", "nccl"}[b] }
+
+// NCCLOptions returns o with the nccl backend over the fake library for sim
+// buffers, and fake.Resolve set to sim's.
+func NCCLOptions(o collective.Options, fake collective.FakeNCCLOptions) collective.Options {
+	fake.Resolve = sim.Resolve
+	o.Collectives = collective.BackendNCCL
+	o.Backends = append(o.Backends, collective.NCCLBackend(tensor.Sim, collective.FakeNCCL(fake)))
+	return o
+}
+
+// Options returns o as buffers b need it (NCCL: the fake library's backend).
+func (b Buffers) Options(o collective.Options) collective.Options {
+	if b == NCCL {
+		return NCCLOptions(o, collective.FakeNCCLOptions{})
+	}
+	return o
+}
 
 // Memories returns one memory per rank for buffers b.
 func (b Buffers) Memories(n int) []tensor.Memory {
 	ms := make([]tensor.Memory, n)
 	for r := range ms {
 		ms[r] = tensor.Host
-		if b == Sim {
+		if b != Host {
 			ms[r] = sim.NewMemory(r)
 		}
 	}
@@ -138,8 +158,11 @@ func get[T collective.Float](t *tensor.Tensor) []T {
 }
 
 // Run runs the whole suite against f, on host buffers and on sim buffers.
-func Run(t *testing.T, f Factory) {
-	for _, b := range []Buffers{Host, Sim} {
+func Run(t *testing.T, f Factory) { RunOn(t, f, Host, Sim) }
+
+// RunOn runs the whole suite against f, on each of the buffers bs.
+func RunOn(t *testing.T, f Factory, bs ...Buffers) {
+	for _, b := range bs {
 		t.Run("buffers="+b.String(), func(t *testing.T) { runOn(t, f, b) })
 	}
 	// Point to point stays a host Group's.
@@ -151,13 +174,10 @@ func Run(t *testing.T, f Factory) {
 }
 
 func runOn(t *testing.T, f Factory, b Buffers) {
-	want := collective.BackendHost
-	if b == Sim {
-		want = collective.BackendStaged
-	}
+	want := [...]string{collective.BackendHost, collective.BackendStaged, collective.BackendNCCL}[b]
 	for n := 1; n <= 5; n++ {
 		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
-			ws := f(t, n, SuiteOptions())
+			ws := f(t, n, b.Options(SuiteOptions()))
 			defer closeAll(ws)
 			e := &env{ws: ws, mems: b.Memories(n), want: want}
 			sizes := []int{0, 1, 2, n - 1, n + 1, 7, 255, 1000, 3001}
@@ -186,6 +206,15 @@ func runOn(t *testing.T, f Factory, b Buffers) {
 			})
 			t.Run("broadcast", func(t *testing.T) { testBroadcast[float32](t, e, sizes); testBroadcast[tensor.BF16](t, e, sizes[:7]) })
 			t.Run("bf16_bound", func(t *testing.T) { testBF16Bound(t, e) })
+			if b == NCCL {
+				// The library moved the device buffers itself: nothing
+				// crossed through host memory.
+				for r, m := range e.mems {
+					if tr := m.Transfers(); tr.StagedD2H.Calls != 0 || tr.StagedH2D.Calls != 0 {
+						t.Errorf("rank %d: nccl buffers were staged: %+v", r, tr)
+					}
+				}
+			}
 			if b == Sim && n > 1 {
 				// The device buffers crossed through host memory, in several
 				// rounds per call: counted as staging, never as transfers.
@@ -215,7 +244,7 @@ func runOn(t *testing.T, f Factory, b Buffers) {
 	for _, m := range []string{"dp=2,tp=2", "a=2,b=3"} {
 		t.Run("mesh="+m, func(t *testing.T) {
 			mesh, _ := placement.ParseMesh(m)
-			ws := f(t, mesh.Size(), SuiteOptions())
+			ws := f(t, mesh.Size(), b.Options(SuiteOptions()))
 			defer closeAll(ws)
 			e := &env{ws: ws, mems: b.Memories(mesh.Size()), want: want}
 			testMesh(t, e, mesh)

@@ -32,6 +32,7 @@ type buffer struct {
 	mem   *Memory
 	data  []byte
 	freed bool
+	addr  uintptr // see addr.go
 }
 
 func (b *buffer) Memory() tensor.Memory { return b.mem }
@@ -57,6 +58,7 @@ func (m *Memory) Alloc(dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
 	if n > 0 {
 		b.data = unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), n)
 	}
+	assign(b)
 	return tensor.OnDevice(b, dt, shape...)
 }
 
@@ -79,6 +81,7 @@ func (m *Memory) Free(t *tensor.Tensor) error {
 		return err
 	}
 	b := t.Buffer().(*buffer)
+	release(b)
 	b.freed, b.data = true, nil
 	return nil
 }

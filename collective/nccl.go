@@ -265,9 +265,9 @@ func (c *ncclComm) init(o *opState, mem tensor.Memory) error {
 func (c *ncclComm) wait(o *opState) error {
 	for i := 0; ; i++ {
 		done, err := c.comm.Query()
-		if err != nil {
+		if err != nil { // the library failed here: this rank is the culprit
 			c.abortLocked()
-			return &Error{Kind: ErrLibrary, Rank: -1, Reporter: c.g.w.rank, Detail: err.Error()}
+			return &Error{Kind: ErrLibrary, Rank: c.g.w.rank, Reporter: c.g.w.rank, Detail: err.Error()}
 		}
 		if done {
 			return nil

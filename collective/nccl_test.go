@@ -1,9 +1,19 @@
 package collective_test
 
 import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // TestConformanceNCCL runs the conformance suite through the nccl backend
@@ -13,4 +23,164 @@ import (
 func TestConformanceNCCL(t *testing.T) {
 	t.Run("local", func(t *testing.T) { collectivetest.RunOn(t, localWorlds, collectivetest.NCCL) })
 	t.Run("shm", func(t *testing.T) { collectivetest.RunOn(t, joinedWorlds("shm"), collectivetest.NCCL) })
+}
+
+// ncclWorlds are n in-process worlds with the nccl backend over the fake
+// library configured by fake, and their sim memories.
+func ncclWorlds(t *testing.T, n int, timeout time.Duration, fake collective.FakeNCCLOptions) ([]*collective.World, []tensor.Memory) {
+	o := collectivetest.SuiteOptions()
+	o.DataTimeout = timeout
+	return localWorlds(t, n, collectivetest.NCCLOptions(o, fake)), collectivetest.NCCL.Memories(n)
+}
+
+// allReduceTwice runs two all-reduces on every rank.
+func allReduceTwice(t *testing.T, ws []*collective.World, mems []tensor.Memory) []error {
+	return collectivetest.RunRanks(ws, func(w *collective.World) error {
+		c, err := comm(w, mems)
+		if err != nil {
+			return err
+		}
+		buf := onDevice(t, mems, w.Rank(), 4096)
+		for range 2 {
+			if err := c.AllReduce(context.Background(), buf, collective.Sum); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// TestNCCLFaults: failures inside the library (not at the descriptor check):
+// work that never completes (a hung GPU) passes the collective's deadline, an
+// asynchronous error, and a failure elsewhere in the job while every rank
+// waits on the library. Each aborts every rank's communicator, and every
+// rank fails with the typed error, none left waiting.
+func TestNCCLFaults(t *testing.T) {
+	t.Run("stalled_work", func(t *testing.T) {
+		leak := collectivetest.Goroutines(t)
+		var aborted atomic.Int32
+		ws, mems := ncclWorlds(t, 3, time.Second, collective.FakeNCCLOptions{Stall: map[int]int{1: 2}, Aborted: &aborted})
+		start := time.Now()
+		errs := allReduceTwice(t, ws, mems)
+		expect(t, errs, -1, collective.ErrTimeout, -2, time.Since(start), 4*time.Second)
+		if !strings.Contains(errs[1].Error(), "did not complete") {
+			t.Errorf("rank 1: %v", errs[1])
+		}
+		closeAll(ws)
+		if a := aborted.Load(); a != 3 {
+			t.Errorf("%d communicators aborted, want 3", a)
+		}
+		leak()
+	})
+	t.Run("async_error", func(t *testing.T) {
+		leak := collectivetest.Goroutines(t)
+		var aborted atomic.Int32
+		ws, mems := ncclWorlds(t, 4, 30*time.Second, collective.FakeNCCLOptions{Fail: map[int]int{2: 2}, Aborted: &aborted})
+		start := time.Now()
+		errs := allReduceTwice(t, ws, mems)
+		expect(t, errs, -1, collective.ErrLibrary, 2, time.Since(start), 3*time.Second)
+		if !strings.Contains(errs[0].Error(), "unhandled cuda error") {
+			t.Errorf("rank 0: %v", errs[0])
+		}
+		closeAll(ws)
+		if a := aborted.Load(); a != 4 {
+			t.Errorf("%d communicators aborted, want 4", a)
+		}
+		leak()
+	})
+	t.Run("job_aborted", func(t *testing.T) {
+		// Every rank's work hangs; rank 0's World is failed from outside (as
+		// an abort notice from the launcher does): all ranks abort and fail
+		// at once, long before the 30 s deadline.
+		leak := collectivetest.Goroutines(t)
+		var aborted atomic.Int32
+		ws, mems := ncclWorlds(t, 3, 30*time.Second, collective.FakeNCCLOptions{Stall: map[int]int{0: 1, 1: 1, 2: 1}, Aborted: &aborted})
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			ws[0].Fail(errors.New("stopped by the launcher"))
+		}()
+		start := time.Now()
+		errs := allReduceTwice(t, ws, mems)
+		expect(t, errs, -1, collective.ErrAborted, -2, time.Since(start), 3*time.Second)
+		closeAll(ws)
+		if a := aborted.Load(); a != 3 {
+			t.Errorf("%d communicators aborted, want 3", a)
+		}
+		leak()
+	})
+}
+
+// TestNCCLChoice: a World of one runs its collectives through the library;
+// a library that cannot be loaded makes auto take the staged backend and say
+// why, and makes nccl (asked for) fail before any data moves.
+func TestNCCLChoice(t *testing.T) {
+	t.Run("world_of_1", func(t *testing.T) {
+		ws, mems := ncclWorlds(t, 1, 5*time.Second, collective.FakeNCCLOptions{})
+		defer closeAll(ws)
+		c, err := comm(ws[0], mems)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h3, _ := tensor.FromFloat32([]float32{1, 2, 3}, 3)
+		in, err := tensor.Upload(mems[0], h3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := onDevice(t, mems, 0, 3)
+		if err := c.AllReduce(context.Background(), in, collective.Sum); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.AllGather(context.Background(), in, out, []int{3}); err != nil {
+			t.Fatal(err)
+		}
+		h, _ := tensor.Download(out)
+		if got := h.Float32(); c.Backend() != "nccl" || c.Algorithm() != "nccl/all_gather" || got[0] != 1 || got[2] != 3 {
+			t.Errorf("backend %s, algorithm %s, gathered %v", c.Backend(), c.Algorithm(), got)
+		}
+	})
+	missing := collective.FakeNCCLOptions{Missing: "libnccl.so.2: cannot open shared object file: No such file or directory"}
+	t.Run("missing_auto", func(t *testing.T) {
+		core, logs := observer.New(zap.InfoLevel)
+		o := collectivetest.NCCLOptions(collectivetest.SuiteOptions(), missing)
+		o.Collectives, o.Logger = collective.BackendAuto, zap.New(core)
+		ws, mems := localWorlds(t, 2, o), collectivetest.NCCL.Memories(2)
+		defer closeAll(ws)
+		errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
+			c, err := comm(w, mems)
+			if err != nil {
+				return err
+			}
+			if c.Backend() != collective.BackendStaged {
+				t.Errorf("backend %s, want staged", c.Backend())
+			}
+			return c.AllReduce(context.Background(), onDevice(t, mems, w.Rank(), 10), collective.Sum)
+		})
+		for r, err := range errs {
+			if err != nil {
+				t.Errorf("rank %d: %v", r, err)
+			}
+		}
+		found := false
+		for _, e := range logs.FilterMessage("collective backend").All() {
+			why, _ := e.ContextMap()["why"].(string)
+			found = found || strings.Contains(why, "libnccl.so.2: cannot open") && strings.Contains(why, "staged")
+		}
+		if !found {
+			t.Errorf("no log line saying why: %v", logs.All())
+		}
+	})
+	t.Run("missing_asked_for", func(t *testing.T) {
+		ws := localWorlds(t, 2, collectivetest.NCCLOptions(collectivetest.SuiteOptions(), missing))
+		defer closeAll(ws)
+		mems := collectivetest.NCCL.Memories(2)
+		errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
+			_, err := comm(w, mems)
+			return err
+		})
+		for r, err := range errs {
+			if !errors.Is(err, collective.ErrNoLibrary) || !strings.Contains(err.Error(), "libnccl.so.2") {
+				t.Errorf("rank %d: %v", r, err)
+			}
+		}
+	})
 }

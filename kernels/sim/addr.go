@@ -2,8 +2,8 @@ package sim
 
 import (
 	"fmt"
-	"sort"
 	"runtime"
+	"sort"
 	"sync"
 	"weak"
 
@@ -24,7 +24,7 @@ const addrBase = 0x5100_0000_0000
 var space struct {
 	mu    sync.Mutex
 	next  uintptr
-	bases []uintptr // sorted: allocation order
+	bases []uintptr                        // sorted: allocation order
 	bufs  map[uintptr]weak.Pointer[buffer] // a buffer nobody holds is collected, and forgotten
 }
 

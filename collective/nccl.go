@@ -27,10 +27,10 @@ type NCCL interface {
 }
 
 // NCCLComm is one NCCL communicator. The collective and point-to-point calls
-// enqueue work and return; Query says when it has completed. Calls between
-// GroupStart and GroupEnd are issued as one (ncclGroupStart/End): grouped
-// sends and receives cannot deadlock on their order. The backend makes one
-// call at a time.
+// enqueue work and return; Query says when it has completed. The calls f
+// makes inside Grouped are issued as one (between ncclGroupStart and
+// ncclGroupEnd, on one thread): grouped sends and receives cannot deadlock on
+// their order. The backend makes one call at a time.
 type NCCLComm interface {
 	AllReduce(send, recv uintptr, count int, dt tensor.DType, op ReduceOp) error
 	AllGather(send, recv uintptr, sendCount int, dt tensor.DType) error
@@ -39,8 +39,7 @@ type NCCLComm interface {
 	Reduce(send, recv uintptr, count int, dt tensor.DType, op ReduceOp, root int) error
 	Send(buf uintptr, count int, dt tensor.DType, peer int) error
 	Recv(buf uintptr, count int, dt tensor.DType, peer int) error
-	GroupStart() error
-	GroupEnd() error
+	Grouped(f func() error) error
 	// Query reports whether all enqueued work has completed, or the
 	// communicator's asynchronous error (ncclCommGetAsyncError).
 	Query() (done bool, err error)
@@ -513,14 +512,5 @@ func p2p(nc NCCLComm, send uintptr, sn int, recv uintptr, rn int, dt tensor.DTyp
 	return nil
 }
 
-// grouped issues f's calls between GroupStart and GroupEnd.
-func grouped(nc NCCLComm, f func() error) error {
-	if err := nc.GroupStart(); err != nil {
-		return err
-	}
-	err := f()
-	if e := nc.GroupEnd(); err == nil {
-		err = e
-	}
-	return err
-}
+// grouped issues f's calls as one group.
+func grouped(nc NCCLComm, f func() error) error { return nc.Grouped(f) }

@@ -62,10 +62,10 @@ func TestNCCLFaults(t *testing.T) {
 		ws, mems := ncclWorlds(t, 3, time.Second, collective.FakeNCCLOptions{Stall: map[int]int{1: 2}, Aborted: &aborted})
 		start := time.Now()
 		errs := allReduceTwice(t, ws, mems)
+		// The first to see the deadline names the failure: the stalled rank
+		// (its work did not complete), or a peer whose share of the work never
+		// heard from it (the fake's data moves over a host Group).
 		expect(t, errs, -1, collective.ErrTimeout, -2, time.Since(start), 4*time.Second)
-		if !strings.Contains(errs[1].Error(), "did not complete") {
-			t.Errorf("rank 1: %v", errs[1])
-		}
 		closeAll(ws)
 		if a := aborted.Load(); a != 3 {
 			t.Errorf("%d communicators aborted, want 3", a)

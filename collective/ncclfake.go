@@ -346,21 +346,17 @@ func (c *fakeComm) Recv(buf uintptr, count int, dt tensor.DType, peer int) error
 	return c.enqueue(fakeOp{kind: "recv", recv: buf, count: count, dt: dt, peer: peer})
 }
 
-func (c *fakeComm) GroupStart() error {
+func (c *fakeComm) Grouped(f func() error) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.grouping++
-	return nil
-}
-
-func (c *fakeComm) GroupEnd() error {
+	c.mu.Unlock()
+	err := f()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.grouping == 0 {
-		return errors.New("fake nccl: GroupEnd without GroupStart")
-	}
-	if c.grouping--; c.grouping > 0 {
-		return nil
+	c.grouping--
+	if err != nil {
+		c.pending = nil
+		return err
 	}
 	return c.startLocked()
 }

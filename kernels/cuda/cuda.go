@@ -5,6 +5,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -39,6 +40,10 @@ func (b *Buffer) Len() int { return b.n }
 
 // Ptr returns the device address.
 func (b *Buffer) Ptr() cu.DevicePtr { return b.ptr }
+
+// Addr returns the device address as a number (what a collective library
+// such as NCCL takes).
+func (b *Buffer) Addr() uintptr { return uintptr(b.ptr) }
 
 // Provider runs ops on one GPU. Every call binds the provider's context to the
 // calling OS thread for its duration and synchronizes before returning, so ops
@@ -134,6 +139,21 @@ func (p *Provider) do(f func() error) error {
 		err = fmt.Errorf("cuda: synchronize: %w", uerr)
 	}
 	return err
+}
+
+// Run runs f with the provider's context current on a locked OS thread,
+// serialized with its ops, without synchronizing: for a library that enqueues
+// work on the context's default stream and polls for it (NCCL).
+func (m *Memory) Run(f func() error) error {
+	p := m.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := cu.SetCurrentContext(p.ctx); err != nil {
+		return fmt.Errorf("cuda: set context: %w", err)
+	}
+	return f()
 }
 
 // Memory implements kernels.MemoryProvider.

@@ -1,0 +1,317 @@
+//go:build cuda
+
+package nccl
+
+/*
+#cgo LDFLAGS: -ldl -lcuda
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda.h>
+
+typedef struct { char internal[128]; } mr_uid;
+typedef void *mr_comm;
+typedef int mr_res;
+
+static void *mr_lib;
+static mr_res (*p_getVersion)(int *);
+static mr_res (*p_getUniqueId)(mr_uid *);
+static mr_res (*p_commInitRank)(mr_comm *, int, mr_uid, int);
+static mr_res (*p_commAbort)(mr_comm);
+static mr_res (*p_commDestroy)(mr_comm);
+static mr_res (*p_commGetAsyncError)(mr_comm, mr_res *);
+static const char *(*p_getErrorString)(mr_res);
+static mr_res (*p_allReduce)(const void *, void *, size_t, int, int, mr_comm, void *);
+static mr_res (*p_allGather)(const void *, void *, size_t, int, mr_comm, void *);
+static mr_res (*p_reduceScatter)(const void *, void *, size_t, int, int, mr_comm, void *);
+static mr_res (*p_broadcast)(const void *, void *, size_t, int, int, mr_comm, void *);
+static mr_res (*p_reduce)(const void *, void *, size_t, int, int, int, mr_comm, void *);
+static mr_res (*p_send)(const void *, size_t, int, int, mr_comm, void *);
+static mr_res (*p_recv)(void *, size_t, int, int, mr_comm, void *);
+static mr_res (*p_groupStart)(void);
+static mr_res (*p_groupEnd)(void);
+
+#define MR_SYM(v, name) do { *(void **)(&v) = dlsym(mr_lib, name); if (!v) return name; } while (0)
+
+// mr_load opens the library and resolves every function: NULL, or what failed.
+static const char *mr_load(const char *path) {
+	mr_lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!mr_lib) return dlerror();
+	MR_SYM(p_getVersion, "ncclGetVersion");
+	MR_SYM(p_getUniqueId, "ncclGetUniqueId");
+	MR_SYM(p_commInitRank, "ncclCommInitRank");
+	MR_SYM(p_commAbort, "ncclCommAbort");
+	MR_SYM(p_commDestroy, "ncclCommDestroy");
+	MR_SYM(p_commGetAsyncError, "ncclCommGetAsyncError");
+	MR_SYM(p_getErrorString, "ncclGetErrorString");
+	MR_SYM(p_allReduce, "ncclAllReduce");
+	MR_SYM(p_allGather, "ncclAllGather");
+	MR_SYM(p_reduceScatter, "ncclReduceScatter");
+	MR_SYM(p_broadcast, "ncclBroadcast");
+	MR_SYM(p_reduce, "ncclReduce");
+	MR_SYM(p_send, "ncclSend");
+	MR_SYM(p_recv, "ncclRecv");
+	MR_SYM(p_groupStart, "ncclGroupStart");
+	MR_SYM(p_groupEnd, "ncclGroupEnd");
+	return NULL;
+}
+
+static int mr_version(void) { int v = 0; p_getVersion(&v); return v; }
+static mr_res mr_unique_id(char *out) { mr_uid u; mr_res r = p_getUniqueId(&u); memcpy(out, u.internal, 128); return r; }
+static mr_res mr_init(uintptr_t *comm, int n, const char *id, int rank) {
+	mr_uid u; memcpy(u.internal, id, 128);
+	mr_comm c = NULL;
+	mr_res r = p_commInitRank(&c, n, u, rank);
+	*comm = (uintptr_t)c;
+	return r;
+}
+static mr_res mr_abort(uintptr_t c) { return p_commAbort((mr_comm)c); }
+static mr_res mr_destroy(uintptr_t c) { return p_commDestroy((mr_comm)c); }
+static mr_res mr_async(uintptr_t c) { mr_res e = 0; mr_res r = p_commGetAsyncError((mr_comm)c, &e); return r ? r : e; }
+static const char *mr_error(mr_res r) { return p_getErrorString(r); }
+
+// The calls run on the legacy default stream of the current context, the
+// stream the kernels run on: they start after the work queued before them.
+static mr_res mr_all_reduce(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int op) {
+	return p_allReduce((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, op, (mr_comm)c, NULL);
+}
+static mr_res mr_all_gather(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt) {
+	return p_allGather((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, (mr_comm)c, NULL);
+}
+static mr_res mr_reduce_scatter(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int op) {
+	return p_reduceScatter((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, op, (mr_comm)c, NULL);
+}
+static mr_res mr_broadcast(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int root) {
+	return p_broadcast((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, root, (mr_comm)c, NULL);
+}
+static mr_res mr_reduce(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int op, int root) {
+	return p_reduce((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, op, root, (mr_comm)c, NULL);
+}
+static mr_res mr_send(uintptr_t c, uint64_t b, size_t n, int dt, int peer) {
+	return p_send((const void *)(uintptr_t)b, n, dt, peer, (mr_comm)c, NULL);
+}
+static mr_res mr_recv(uintptr_t c, uint64_t b, size_t n, int dt, int peer) {
+	return p_recv((void *)(uintptr_t)b, n, dt, peer, (mr_comm)c, NULL);
+}
+static mr_res mr_group_start(void) { return p_groupStart(); }
+static mr_res mr_group_end(void) { return p_groupEnd(); }
+
+// mr_query: 1 when the default stream's work is done, 0 while it runs, else
+// minus the CUresult.
+static int mr_query(void) {
+	CUresult r = cuStreamQuery(NULL);
+	return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -(int)r;
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"unsafe"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// EnvLibrary names the NCCL library to load instead of libnccl.so.2.
+const EnvLibrary = "MESHRUN_NCCL_LIBRARY"
+
+func init() {
+	collective.RegisterBackend(collective.NCCLBackend(tensor.CUDA, func(*collective.World) (collective.NCCL, error) { return load() }))
+}
+
+var (
+	once    sync.Once
+	loaded  *library
+	loadErr error
+)
+
+// load opens the library once per process.
+func load() (*library, error) {
+	once.Do(func() {
+		path := os.Getenv(EnvLibrary)
+		if path == "" {
+			path = "libnccl.so.2"
+		}
+		cpath := C.CString(path)
+		defer C.free(unsafe.Pointer(cpath))
+		if msg := C.mr_load(cpath); msg != nil {
+			loadErr = fmt.Errorf("%s: %s", path, C.GoString(msg))
+			return
+		}
+		v := int(C.mr_version())
+		loaded = &library{name: fmt.Sprintf("NCCL %d.%d.%d", v/10000, v/100%100, v%100)}
+		if v < 21000 { // ncclAvg and ncclBfloat16 came with 2.10
+			loaded, loadErr = nil, fmt.Errorf("%s: NCCL %d is older than 2.10", path, v)
+		}
+	})
+	return loaded, loadErr
+}
+
+type library struct{ name string }
+
+func (l *library) Name() string { return l.name }
+
+func (l *library) UniqueID() ([]byte, error) {
+	id := make([]byte, 128)
+	if r := C.mr_unique_id((*C.char)(unsafe.Pointer(&id[0]))); r != 0 {
+		return nil, ncclErr("ncclGetUniqueId", r)
+	}
+	return id, nil
+}
+
+// runner is the CUDA memory's way to run calls with its context current
+// (kernels/cuda.Memory.Run).
+type runner interface{ Run(func() error) error }
+
+func (l *library) InitRank(mem tensor.Memory, n int, id []byte, rank int) (collective.NCCLComm, error) {
+	r, ok := mem.(runner)
+	if !ok {
+		return nil, fmt.Errorf("nccl: %v memory cannot run NCCL calls", mem.Device())
+	}
+	if len(id) != 128 {
+		return nil, fmt.Errorf("nccl: unique id of %d bytes, want 128", len(id))
+	}
+	c := &comm{run: r}
+	err := r.Run(func() error {
+		var h C.uintptr_t
+		if res := C.mr_init(&h, C.int(n), (*C.char)(unsafe.Pointer(&id[0])), C.int(rank)); res != 0 {
+			return ncclErr("ncclCommInitRank", res)
+		}
+		c.h = h
+		return nil
+	})
+	return c, err
+}
+
+func ncclErr(call string, r C.mr_res) error {
+	return fmt.Errorf("%s: %s (ncclResult %d)", call, C.GoString(C.mr_error(r)), int(r))
+}
+
+// The enums of NCCL's API (nccl.h), stable since 2.10.
+func dtype(dt tensor.DType) C.int {
+	switch dt {
+	case tensor.Float64:
+		return 8 // ncclFloat64
+	case tensor.BFloat16:
+		return 9 // ncclBfloat16
+	}
+	return 7 // ncclFloat32
+}
+
+func redop(op collective.ReduceOp) C.int {
+	switch op {
+	case collective.Avg:
+		return 4 // ncclAvg
+	case collective.Max:
+		return 2 // ncclMax
+	case collective.Min:
+		return 3 // ncclMin
+	}
+	return 0 // ncclSum
+}
+
+type comm struct {
+	run     runner
+	h       C.uintptr_t
+	inGroup bool // inside Grouped: already on the thread, context current
+}
+
+func (c *comm) call(name string, f func() C.mr_res) error {
+	if c.inGroup {
+		if r := f(); r != 0 {
+			return ncclErr(name, r)
+		}
+		return nil
+	}
+	return c.run.Run(func() error {
+		if r := f(); r != 0 {
+			return ncclErr(name, r)
+		}
+		return nil
+	})
+}
+
+func addr(a uintptr) C.uint64_t { return C.uint64_t(a) }
+
+func (c *comm) AllReduce(send, recv uintptr, n int, dt tensor.DType, op collective.ReduceOp) error {
+	return c.call("ncclAllReduce", func() C.mr_res {
+		return C.mr_all_reduce(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), redop(op))
+	})
+}
+
+func (c *comm) AllGather(send, recv uintptr, n int, dt tensor.DType) error {
+	return c.call("ncclAllGather", func() C.mr_res { return C.mr_all_gather(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt)) })
+}
+
+func (c *comm) ReduceScatter(send, recv uintptr, n int, dt tensor.DType, op collective.ReduceOp) error {
+	return c.call("ncclReduceScatter", func() C.mr_res {
+		return C.mr_reduce_scatter(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), redop(op))
+	})
+}
+
+func (c *comm) Broadcast(send, recv uintptr, n int, dt tensor.DType, root int) error {
+	return c.call("ncclBroadcast", func() C.mr_res {
+		return C.mr_broadcast(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), C.int(root))
+	})
+}
+
+func (c *comm) Reduce(send, recv uintptr, n int, dt tensor.DType, op collective.ReduceOp, root int) error {
+	return c.call("ncclReduce", func() C.mr_res {
+		return C.mr_reduce(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), redop(op), C.int(root))
+	})
+}
+
+func (c *comm) Send(buf uintptr, n int, dt tensor.DType, peer int) error {
+	return c.call("ncclSend", func() C.mr_res { return C.mr_send(c.h, addr(buf), C.size_t(n), dtype(dt), C.int(peer)) })
+}
+
+func (c *comm) Recv(buf uintptr, n int, dt tensor.DType, peer int) error {
+	return c.call("ncclRecv", func() C.mr_res { return C.mr_recv(c.h, addr(buf), C.size_t(n), dtype(dt), C.int(peer)) })
+}
+
+// Grouped runs f's calls between ncclGroupStart and ncclGroupEnd under one
+// Run: NCCL's group state belongs to the thread.
+func (c *comm) Grouped(f func() error) error {
+	return c.run.Run(func() error {
+		if r := C.mr_group_start(); r != 0 {
+			return ncclErr("ncclGroupStart", r)
+		}
+		c.inGroup = true
+		err := f()
+		c.inGroup = false
+		if r := C.mr_group_end(); r != 0 && err == nil {
+			err = ncclErr("ncclGroupEnd", r)
+		}
+		return err
+	})
+}
+
+func (c *comm) Query() (bool, error) {
+	var done bool
+	err := c.run.Run(func() error {
+		if r := C.mr_async(c.h); r != 0 && r != 7 { // 7: ncclInProgress
+			return ncclErr("ncclCommGetAsyncError", r)
+		}
+		switch q := C.mr_query(); {
+		case q > 0:
+			done = true
+		case q < 0:
+			return fmt.Errorf("cuStreamQuery: CUresult %d", -int(q))
+		}
+		return nil
+	})
+	return done, err
+}
+
+func (c *comm) Abort() error {
+	return c.call("ncclCommAbort", func() C.mr_res { return C.mr_abort(c.h) })
+}
+
+func (c *comm) Destroy() error {
+	return c.call("ncclCommDestroy", func() C.mr_res { return C.mr_destroy(c.h) })
+}

@@ -1,0 +1,30 @@
+package cuda
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestPTXFresh: the embedded PTX was generated from the CUDA sources as they
+// are (gen.sh writes their hash into its first line); edit kernels.cu, forget
+// go generate, and this fails.
+func TestPTXFresh(t *testing.T) {
+	want, err := SourcesHash("src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptx, err := os.ReadFile("src/kernels.ptx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, _ := strings.Cut(string(ptx), "\n")
+	if !strings.Contains(first, "(sources "+want+")") {
+		t.Fatalf("src/kernels.ptx is stale: its first line %q, the sources hash to %s; run go generate ./kernels/cuda", first, want)
+	}
+	for _, k := range []string{"gelu_f32", "gelu_grad_bf16", "mse_f32", "sum_stage", "axpy_bf16", "cast_f32_bf16"} {
+		if !strings.Contains(string(ptx), ".entry "+k+"(") {
+			t.Errorf("kernel %s missing from the PTX", k)
+		}
+	}
+}

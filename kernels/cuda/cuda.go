@@ -62,7 +62,8 @@ type Provider struct {
 	ones64  *Buffer
 	host    *cpu.Provider // elementwise ops run on the host (see GeluForward)
 	mem     *Memory
-	lt      *lt // cuBLASLt, for bfloat16 GEMMs (made on first use)
+	lt      *lt          // cuBLASLt (made on first use)
+	ew      *elementwise // the kernels of src/kernels.cu (loaded on first use)
 }
 
 var _ kernels.MemoryProvider = (*Provider)(nil)
@@ -122,7 +123,7 @@ func (p *Provider) Close() error {
 			errs = append(errs, cu.MemFree(b.ptr))
 		}
 	}
-	errs = append(errs, p.closeLt(), p.blas.Close())
+	errs = append(errs, p.closeLt(), p.closeElementwise(), p.blas.Close())
 	errs = append(errs, p.ctx.Unlock(), p.ctx.Destroy())
 	return errors.Join(errs...)
 }

@@ -5,6 +5,8 @@ package cuda
 import (
 	"fmt"
 
+	"gorgonia.org/cu"
+
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -117,8 +119,8 @@ func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error {
 		return err
 	}
 	if y.DType() == tensor.BFloat16 {
-		return p.viaHost([]*tensor.Tensor{y}, []*tensor.Tensor{x}, func(h []*tensor.Tensor) error {
-			return p.host.Axpy(alpha, h[1], h[0])
+		return p.do(func() error {
+			return p.launch("axpy_bf16", n, 0, BlockThreads, dev(y), dev(x), scalar(tensor.Float32, alpha), uint64(n))
 		})
 	}
 	return p.do(func() error {
@@ -131,8 +133,7 @@ func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error {
 	})
 }
 
-// GeluForward implements kernels.Kernels through the host: x is copied out,
-// the cpu provider runs, y is copied back (both counted as transfers).
+// GeluForward implements kernels.Kernels with the gelu kernel (src/kernels.cu).
 func (p *Provider) GeluForward(y, x *tensor.Tensor) error {
 	if err := p.onDevice(y, x); err != nil {
 		return err
@@ -140,12 +141,10 @@ func (p *Provider) GeluForward(y, x *tensor.Tensor) error {
 	if _, err := kernels.ElementwiseDims(y, x); err != nil {
 		return err
 	}
-	return p.viaHost([]*tensor.Tensor{y}, []*tensor.Tensor{x}, func(h []*tensor.Tensor) error {
-		return p.host.GeluForward(h[0], h[1])
-	})
+	return p.gelu(y, nil, x)
 }
 
-// GeluBackward implements kernels.Kernels through the host, like GeluForward.
+// GeluBackward implements kernels.Kernels with the gelu_grad kernel.
 func (p *Provider) GeluBackward(dx, dy, x *tensor.Tensor) error {
 	if err := p.onDevice(dx, dy, x); err != nil {
 		return err
@@ -153,12 +152,11 @@ func (p *Provider) GeluBackward(dx, dy, x *tensor.Tensor) error {
 	if _, err := kernels.ElementwiseDims(dx, dy, x); err != nil {
 		return err
 	}
-	return p.viaHost([]*tensor.Tensor{dx}, []*tensor.Tensor{dy, x}, func(h []*tensor.Tensor) error {
-		return p.host.GeluBackward(h[0], h[1], h[2])
-	})
+	return p.gelu(dx, dy, x)
 }
 
-// MSE implements kernels.Kernels through the host, like GeluForward.
+// MSE implements kernels.Kernels with the mse kernel and two sum stages: the
+// loss stays on the device, summed in a fixed order.
 func (p *Provider) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	if err := p.onDevice(dy, sum, y, target); err != nil {
 		return err
@@ -166,18 +164,28 @@ func (p *Provider) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	if err := kernels.MSEDims(dy, sum, y, target); err != nil {
 		return err
 	}
-	return p.viaHost([]*tensor.Tensor{dy, sum}, []*tensor.Tensor{y, target}, func(h []*tensor.Tensor) error {
-		return p.host.MSE(h[0], h[1], h[2], h[3], scale)
-	})
+	return p.mse(dy, sum, y, target, scale)
 }
 
-// Cast implements kernels.Kernels through the host, like GeluForward.
+// Cast implements kernels.Kernels: a device copy, the cast kernels between
+// float32 and bfloat16, float64 ones through the host (copies counted).
 func (p *Provider) Cast(dst, src *tensor.Tensor) error {
 	if err := p.onDevice(dst, src); err != nil {
 		return err
 	}
-	if _, err := kernels.CastDims(dst, src); err != nil {
+	n, err := kernels.CastDims(dst, src)
+	if err != nil || n == 0 {
 		return err
+	}
+	switch {
+	case dst.DType() == src.DType():
+		return p.do(func() error {
+			return cu.MemcpyDtoD(dst.Buffer().(*Buffer).ptr, src.Buffer().(*Buffer).ptr, int64(dst.Bytes()))
+		})
+	case dst.DType() == tensor.BFloat16 && src.DType() == tensor.Float32:
+		return p.do(func() error { return p.launch("cast_f32_bf16", n, 0, BlockThreads, dev(dst), dev(src), uint64(n)) })
+	case dst.DType() == tensor.Float32 && src.DType() == tensor.BFloat16:
+		return p.do(func() error { return p.launch("cast_bf16_f32", n, 0, BlockThreads, dev(dst), dev(src), uint64(n)) })
 	}
 	return p.viaHost([]*tensor.Tensor{dst}, []*tensor.Tensor{src}, func(h []*tensor.Tensor) error {
 		return p.host.Cast(h[0], h[1])

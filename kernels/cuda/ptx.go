@@ -1,0 +1,149 @@
+//go:build cuda
+
+package cuda
+
+import (
+	_ "embed" // the PTX
+	"fmt"
+	"math"
+	"unsafe"
+
+	"gorgonia.org/cu"
+
+	"github.com/meshrun/meshrun/tensor"
+)
+
+//go:generate ./src/gen.sh
+
+// ptx is src/kernels.cu compiled by src/gen.sh; the driver compiles it for
+// the GPU at load.
+//
+//go:embed src/kernels.ptx
+var ptx string
+
+// elementwise is the loaded module, its functions, and the MSE's partial sums.
+type elementwise struct {
+	mod  cu.Module
+	fns  map[string]cu.Function
+	part cu.DevicePtr // MSEThreads + SumThreads float64s
+}
+
+// kernel returns the named function of the module, loading it on first use
+// (inside do).
+func (p *Provider) kernel(name string) (cu.Function, error) {
+	if p.ew == nil {
+		mod, err := cu.LoadData(ptx)
+		if err != nil {
+			return cu.Function{}, fmt.Errorf("cuda: loading the kernels' PTX: %w", err)
+		}
+		part, err := cu.MemAlloc(int64((MSEThreads + SumThreads) * 8))
+		if err != nil {
+			mod.Unload()
+			return cu.Function{}, fmt.Errorf("cuda: MSE partial sums: %w", err)
+		}
+		p.ew = &elementwise{mod: mod, fns: map[string]cu.Function{}, part: part}
+	}
+	if fn, ok := p.ew.fns[name]; ok {
+		return fn, nil
+	}
+	fn, err := p.ew.mod.Function(name)
+	if err != nil {
+		return cu.Function{}, fmt.Errorf("cuda: kernel %s: %w", name, err)
+	}
+	p.ew.fns[name] = fn
+	return fn, nil
+}
+
+// closeElementwise releases the module and the partial sums (inside the
+// context).
+func (p *Provider) closeElementwise() error {
+	if p.ew == nil {
+		return nil
+	}
+	err := cu.MemFree(p.ew.part)
+	if e := p.ew.mod.Unload(); err == nil {
+		err = e
+	}
+	p.ew = nil
+	return err
+}
+
+// launch runs kernel name on blocks×BlockThreads threads (blocks 0: enough
+// for n elements, at most 4096 blocks: the loops are grid-stride) on the
+// default stream. Every argument is 8 bytes (a device address, a count, or a
+// float's bits in the low bytes), as cu's Launch copies them.
+func (p *Provider) launch(name string, n, blocks, threads int, args ...uint64) error {
+	fn, err := p.kernel(name)
+	if err != nil {
+		return err
+	}
+	if blocks == 0 {
+		blocks = min(max(1, (n+BlockThreads-1)/BlockThreads), 4096)
+	}
+	params := make([]unsafe.Pointer, len(args))
+	for i := range args {
+		params[i] = unsafe.Pointer(&args[i])
+	}
+	if err := fn.Launch(blocks, 1, 1, threads, 1, 1, 0, cu.NoStream, params); err != nil {
+		return fmt.Errorf("cuda: kernel %s: %w", name, err)
+	}
+	return nil
+}
+
+// dev is t's device address as a kernel argument.
+func dev(t *tensor.Tensor) uint64 { return uint64(t.Buffer().(*Buffer).ptr) }
+
+// suffix names a kernel's dtype variant.
+func suffix(dt tensor.DType) string {
+	switch dt {
+	case tensor.Float64:
+		return "_f64"
+	case tensor.BFloat16:
+		return "_bf16"
+	}
+	return "_f32"
+}
+
+// scalar is a kernel's float argument: float64 bits for the float64
+// variants, float32 bits otherwise.
+func scalar(dt tensor.DType, v float64) uint64 {
+	if dt == tensor.Float64 {
+		return math.Float64bits(v)
+	}
+	return uint64(math.Float32bits(float32(v)))
+}
+
+// gelu runs y = gelu(x) (dy nil) or y = dy·gelu'(x).
+func (p *Provider) gelu(y, dy, x *tensor.Tensor) error {
+	n := x.Len()
+	if n == 0 {
+		return nil
+	}
+	return p.do(func() error {
+		if dy == nil {
+			return p.launch("gelu"+suffix(x.DType()), n, 0, BlockThreads, dev(y), dev(x), uint64(n))
+		}
+		return p.launch("gelu_grad"+suffix(x.DType()), n, 0, BlockThreads, dev(y), dev(dy), dev(x), uint64(n))
+	})
+}
+
+// mse runs the mean squared error and its fixed-order sum: MSEThreads
+// partial sums, SumThreads sums of them, one sum of those into sum[0].
+func (p *Provider) mse(dy, sum, y, target *tensor.Tensor, scale float64) error {
+	n, dt := y.Len(), y.DType()
+	return p.do(func() error {
+		if _, err := p.kernel("sum_stage"); err != nil {
+			return err
+		}
+		part := uint64(p.ew.part)
+		part2 := part + MSEThreads*8
+		if err := p.launch("mse"+suffix(dt), n, MSEThreads/BlockThreads, BlockThreads,
+			dev(dy), part, dev(y), dev(target), scalar(dt, scale), uint64(n)); err != nil {
+			return err
+		}
+		if err := p.launch("sum_stage", MSEThreads, 1, SumThreads, part2, part, MSEThreads); err != nil {
+			return err
+		}
+		return p.launch("sum_stage", SumThreads, 1, 1, dev(sum), part2, SumThreads)
+	})
+}

@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 
 	"gorgonia.org/cu"
@@ -11,10 +12,12 @@ import (
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// Gemm implements kernels.Kernels: cuBLAS GEMM; the bias epilogue adds
-// ones[M]·bias[N] with a K = 1 GEMM (beta = 1), the bias-gradient epilogue sums
-// op(A)'s rows with a GEMV against ones. The GELU epilogues are not implemented
-// (Has reports false).
+// Gemm implements kernels.Kernels. A single float32 or bfloat16 GEMM runs
+// on cuBLASLt with its epilogue fused (bias; GELU with the pre-activation
+// kept; DGELU with or without the bias gradient; the bias gradient of the
+// second operand), the algorithm picked once per shape and epilogue. What
+// cuBLASLt refuses, float64 and batches run on cuBLAS, the epilogues as
+// kernels after the GEMM (composite).
 func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if err := p.onDevice(o.A, o.B, o.C, o.Bias, o.Aux); err != nil {
 		return err
@@ -23,16 +26,60 @@ func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if err != nil {
 		return err
 	}
-	if g.DType == tensor.BFloat16 {
-		if g.BatchCount != 1 || (g.Epilogue != kernels.EpilogueNone && g.Epilogue != kernels.EpilogueBias) {
-			return fmt.Errorf("%w: cuda bfloat16 %v of %d batches (cuBLASLt: single GEMMs, bias epilogue)", kernels.ErrUnsupported, g.Epilogue.Op(), g.BatchCount)
+	if g.BatchCount == 1 && g.DType != tensor.Float64 {
+		err := p.do(func() error { return p.gemmLt(g, o) })
+		if !errors.Is(err, errLtRefused) {
+			return err
 		}
-		return p.do(func() error { return p.gemmLt(g, o) })
 	}
+	return p.composite(g, o)
+}
+
+// composite runs the GEMM on cuBLAS (cuBLASLt without an epilogue for
+// bfloat16) and the epilogue after it: the bias as a K = 1 GEMM, the bias
+// gradient as a GEMV, the GELUs with the gelu kernels (C tight: LDC = N).
+func (p *Provider) composite(g kernels.GemmParams, o kernels.GemmOperands) error {
+	if g.DType == tensor.BFloat16 && (g.BatchCount != 1 || g.Epilogue == kernels.EpilogueBGrad) {
+		return fmt.Errorf("%w: cuda bfloat16 %v of %d batches (cuBLASLt refused it)", kernels.ErrUnsupported, g.Epilogue.Op(), g.BatchCount)
+	}
+	n := g.M * g.N
 	switch g.Epilogue {
-	case kernels.EpilogueNone, kernels.EpilogueBias, kernels.EpilogueBGrad:
-	default:
-		return p.unsupported(g.Epilogue.Op())
+	case kernels.EpilogueBiasGelu, kernels.EpilogueDGelu, kernels.EpilogueDGeluBGrad:
+		if g.LDC != g.N {
+			return fmt.Errorf("%w: cuda %v with LDC %d != N %d", kernels.ErrUnsupported, g.Epilogue, g.LDC, g.N)
+		}
+		base := g
+		base.Epilogue = kernels.EpilogueNone
+		if g.Epilogue == kernels.EpilogueBiasGelu {
+			base.Epilogue = kernels.EpilogueBias
+		}
+		if err := p.composite(base, o); err != nil {
+			return err
+		}
+		sfx := suffix(g.Out())
+		err := p.do(func() error {
+			if n == 0 {
+				return nil
+			}
+			if g.Epilogue == kernels.EpilogueBiasGelu {
+				if err := cu.MemcpyDtoD(o.Aux.Buffer().(*Buffer).ptr, o.C.Buffer().(*Buffer).ptr, int64(n*g.Out().Size())); err != nil {
+					return err
+				}
+				return p.launch("gelu"+sfx, n, 0, BlockThreads, dev(o.C), dev(o.Aux), uint64(n))
+			}
+			return p.launch("gelu_grad"+sfx, n, 0, BlockThreads, dev(o.C), dev(o.C), dev(o.Aux), uint64(n))
+		})
+		if err != nil || g.Epilogue != kernels.EpilogueDGeluBGrad {
+			return err
+		}
+		dy, err := o.C.Reshape(g.M, g.N)
+		if err != nil {
+			return err
+		}
+		return p.BiasGrad(o.Bias, dy, false)
+	}
+	if g.DType == tensor.BFloat16 {
+		return p.do(func() error { return p.gemmLt(g, o) })
 	}
 	return p.do(func() error {
 		if err := p.gemm(g, o.A, o.B, o.C); err != nil {

@@ -110,6 +110,11 @@ func ParseBackend(s string) (string, error) {
 // EnvBackend is the environment variable that chooses the backend.
 const EnvBackend = "MESHRUN_COLLECTIVES"
 
+// EnvNCCLLibrary names the NCCL library the nccl backend loads (a path;
+// default libnccl.so.2). "fake" gives sim devices the nccl backend over
+// FakeNCCL (workers register it: package job).
+const EnvNCCLLibrary = "MESHRUN_NCCL_LIBRARY"
+
 // commKey names a communicator: its group and device.
 type commKey struct {
 	group string

@@ -17,8 +17,10 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/natsrv"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // Fault tests with real processes: the test binary re-executes itself as the
@@ -58,6 +60,9 @@ func worker() int {
 	cfg.HeartbeatTimeout = 2 * time.Second
 	cfg.HeartbeatInterval = 250 * time.Millisecond
 	cfg.DataTimeout = 10 * time.Second
+	if os.Getenv("MESHRUN_TEST_NCCL") != "" {
+		cfg.Options = collectivetest.NCCLOptions(cfg.Options, collective.FakeNCCLOptions{})
+	}
 	out := bufio.NewWriter(os.Stdout)
 	res := workerResult{Rank: cfg.Rank, Culprit: -1}
 	emit := func() int {
@@ -73,13 +78,36 @@ func worker() int {
 	}
 	fault := os.Getenv("MESHRUN_TEST_FAULT")
 	c, err := w.WorldGroup(context.Background())
+	allReduce := func(buf []float32) error { return collective.AllReduce(context.Background(), c, buf, collective.Sum) }
+	if os.Getenv("MESHRUN_TEST_NCCL") != "" {
+		// The nccl backend over the fake library, on sim device buffers.
+		mem := collectivetest.NCCL.Memories(cfg.Rank + 1)[cfg.Rank]
+		var dc collective.Communicator
+		if err == nil {
+			dc, err = w.Communicator(context.Background(), c.Ranks(), mem.Device())
+		}
+		allReduce = func(buf []float32) error {
+			h, _ := tensor.FromFloat32(buf, len(buf))
+			d, err := tensor.Upload(mem, h)
+			if err == nil {
+				err = dc.AllReduce(context.Background(), d, collective.Sum)
+			}
+			if err == nil {
+				h, err = tensor.Download(d)
+			}
+			if err == nil {
+				copy(buf, h.Float32())
+			}
+			return err
+		}
+	}
 	buf := make([]float32, 256<<10)
 	start := time.Now()
 	for it := 0; err == nil && time.Since(start) < 30*time.Second; it++ {
 		for i := range buf {
 			buf[i] = float32((cfg.Rank + it + i) % 7)
 		}
-		err = collective.AllReduce(context.Background(), c, buf, collective.Sum)
+		err = allReduce(buf)
 		if err != nil {
 			break
 		}
@@ -224,9 +252,17 @@ func TestProcessFaults(t *testing.T) {
 		{"sigstop/shm", "shm", "stop", collective.ErrPeerLost, victim, 4 * time.Second},
 		{"sigstop/tcp", "tcp", "stop", collective.ErrPeerLost, victim, 4 * time.Second},
 		{"nats-restart/tcp", "tcp", "restart", collective.ErrControlLost, -1, 2 * time.Second},
+		// The nccl backend over the fake library on sim buffers: the rank
+		// lost while its peers wait on the library.
+		{"exit/shm/nccl", "shm", "exit", collective.ErrPeerLost, victim, 2 * time.Second},
+		{"sigkill/shm/nccl", "shm", "kill", collective.ErrPeerLost, victim, 2 * time.Second},
+		{"sigstop/tcp/nccl", "tcp", "stop", collective.ErrPeerLost, victim, 4 * time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			if strings.HasSuffix(tc.name, "/nccl") {
+				t.Setenv("MESHRUN_TEST_NCCL", "1")
+			}
 			job := newJob()
 			s, err := natsrv.Start(natsrv.Options{Jobs: []string{job}})
 			if err != nil {

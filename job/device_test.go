@@ -51,6 +51,39 @@ func TestMLPOnSim(t *testing.T) {
 	}
 }
 
+// TestMLPOnSimNCCL: with the nccl backend over the fake library
+// (MESHRUN_NCCL_LIBRARY=fake) the sim run's losses are still the cpu run's,
+// bit for bit (the fake reduces as the host collectives do), and nothing is
+// staged through host memory: the library moved the device buffers.
+func TestMLPOnSimNCCL(t *testing.T) {
+	t.Setenv("MESHRUN_NCCL_LIBRARY", "fake")
+	t.Setenv("MESHRUN_COLLECTIVES", "nccl")
+	for _, mesh := range []string{"tp=2", "dp=2,tp=2", "tp=3"} {
+		var reports [2]MLPReport
+		for i, dev := range []string{"cpu", "sim"} {
+			code, out, errs := run(t, "mlp", "--mesh", mesh, "--tokens", "15", "--hidden", "9", "--steps", "3", "--device", dev)
+			if code != 0 {
+				t.Fatalf("%s %s: exit %d: %s", mesh, dev, code, errs)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &reports[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cpu, nccl := reports[0], reports[1]
+		if cpu.LossFirst != nccl.LossFirst || cpu.LossLast != nccl.LossLast {
+			t.Errorf("%s: losses differ: cpu %v..%v, nccl %v..%v", mesh, cpu.LossFirst, cpu.LossLast, nccl.LossFirst, nccl.LossLast)
+		}
+		if nccl.StagedBytesPerStep != 0 || nccl.H2DBytesPerStep != 0 || nccl.D2HBytesPerStep != 8 || len(nccl.Collectives) == 0 {
+			t.Errorf("%s: staged %d B, h2d %d B, d2h %d B per step, collectives %v", mesh, nccl.StagedBytesPerStep, nccl.H2DBytesPerStep, nccl.D2HBytesPerStep, nccl.Collectives)
+		}
+	}
+	// Every layout of verify, its redistributions on the nccl backend.
+	if code, out, errs := run(t, "verify", "--world", "3", "--device", "sim", "--quick"); code != 0 || !strings.Contains(out, "passed") {
+		t.Fatalf("verify: exit %d\n%s%s", code, out, errs)
+	}
+}
+
 // TestVerifyOnSim: every case of verify at world 3 passes with the layers on
 // the sim device.
 func TestVerifyOnSim(t *testing.T) {

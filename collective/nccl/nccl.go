@@ -117,9 +117,6 @@ import (
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// EnvLibrary names the NCCL library to load instead of libnccl.so.2.
-const EnvLibrary = "MESHRUN_NCCL_LIBRARY"
-
 func init() {
 	collective.RegisterBackend(collective.NCCLBackend(tensor.CUDA, func(*collective.World) (collective.NCCL, error) { return load() }))
 }
@@ -133,7 +130,7 @@ var (
 // load opens the library once per process.
 func load() (*library, error) {
 	once.Do(func() {
-		path := os.Getenv(EnvLibrary)
+		path := os.Getenv(collective.EnvNCCLLibrary)
 		if path == "" {
 			path = "libnccl.so.2"
 		}

@@ -282,13 +282,6 @@ func (m *Memory) Zero(dst *tensor.Tensor, off, n int) error {
 	return m.p.do(func() error { return cu.MemsetD8(b.ptr+cu.DevicePtr(off), 0, int64(n)) })
 }
 
-// HostAlloc implements tensor.Memory. The staging buffers are ordinary host
-// memory for now (not page-locked).
-func (m *Memory) HostAlloc(n int) ([]byte, error) { return make([]byte, n), nil }
-
-// HostFree implements tensor.Memory.
-func (m *Memory) HostFree([]byte) error { return nil }
-
 // Transfers implements tensor.Memory.
 func (m *Memory) Transfers() tensor.Transfers { return m.meter.Transfers() }
 

@@ -124,7 +124,8 @@ func (p *Provider) Gemv(g kernels.GemvParams, a, x, y *tensor.Tensor) error {
 	return p.do(func() error { return p.gemv(g, a, x, y) })
 }
 
-// BiasGrad implements kernels.Kernels: db = dyᵀ·ones, a GEMV.
+// BiasGrad implements kernels.Kernels: db = dyᵀ·ones, a GEMV; for bfloat16
+// the bias_grad kernel (float32 sums).
 func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
 	if err := p.onDevice(db, dy); err != nil {
 		return err
@@ -134,8 +135,12 @@ func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
 		return err
 	}
 	if dy.DType() == tensor.BFloat16 {
-		return p.viaHost([]*tensor.Tensor{db}, []*tensor.Tensor{dy}, func(h []*tensor.Tensor) error {
-			return p.host.BiasGrad(h[0], h[1], accumulate)
+		name := "bias_grad_bf16"
+		if db.DType() == tensor.Float32 {
+			name = "bias_grad_bf16_f32"
+		}
+		return p.do(func() error {
+			return p.launch(name, n, 0, BlockThreads, dev(db), dev(dy), uint64(m), uint64(n), uint64(int(betaIf(accumulate))))
 		})
 	}
 	dt := db.DType()

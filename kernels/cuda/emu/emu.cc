@@ -42,3 +42,7 @@ void emu_axpy_bf16(void *y, const void *x, float alpha, unsigned long long n, un
 void emu_cast(int to16, void *y, const void *x, unsigned long long n, unsigned threads) {
 	grid(threads, [&] { to16 ? cast_f32_bf16((bf16 *)y, (const float *)x, n) : cast_bf16_f32((float *)y, (const bf16 *)x, n); });
 }
+
+void emu_bias_grad_bf16(void *db, int db32, const void *dy, unsigned long long m, unsigned long long n, int accumulate, unsigned threads) {
+	grid(threads, [&] { db32 ? bias_grad_bf16_f32((float *)db, (const bf16 *)dy, m, n, accumulate) : bias_grad_bf16((bf16 *)db, (const bf16 *)dy, m, n, accumulate); });
+}

@@ -73,3 +73,16 @@ func Cast(dst, src *tensor.Tensor, threads int) {
 	}
 	C.emu_cast(to16, ptr(tensor.HostBytes(dst)), ptr(tensor.HostBytes(src)), C.ulonglong(dst.Len()), C.uint(threads))
 }
+
+// BiasGrad runs bias_grad_bf16 (db bfloat16) or bias_grad_bf16_f32 (db
+// float32) over dy's m rows of n.
+func BiasGrad(db, dy *tensor.Tensor, m, n int, accumulate bool, threads int) {
+	acc, db32 := C.int(0), C.int(0)
+	if accumulate {
+		acc = 1
+	}
+	if db.DType() == tensor.Float32 {
+		db32 = 1
+	}
+	C.emu_bias_grad_bf16(ptr(tensor.HostBytes(db)), db32, ptr(tensor.HostBytes(dy)), C.ulonglong(m), C.ulonglong(n), acc, C.uint(threads))
+}

@@ -96,6 +96,27 @@ func TestKernelsMatchCPU(t *testing.T) {
 			p.Axpy(-0.1, x16, want)
 			compare(t, "axpy", y16, want)
 
+			for _, cols := range []int{1, 3, 100} {
+				if n%cols != 0 {
+					continue
+				}
+				dy := random(tensor.BFloat16, n, rng)
+				for _, dbt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
+					for _, accumulate := range []bool{false, true} {
+						got, want := random(dbt, cols, rng), tensor.New(dbt, cols)
+						p.Cast(want, got)
+						dy2, _ := dy.Reshape(n/cols, cols)
+						BiasGrad(got, dy2, n/cols, cols, accumulate, threads)
+						p.BiasGrad(want, dy2, accumulate)
+						for j := range cols { // float32 sums of up to 70001 terms, in another order
+							if g, w := got.At(j), want.At(j); math.Abs(g-w) > 2e-5*math.Sqrt(float64(n)) && !near(dbt, g, w) {
+								t.Fatalf("bias grad %v->%v %dx%d accumulate %v [%d]: %g, cpu provider %g", dy.DType(), dbt, n/cols, cols, accumulate, j, g, w)
+							}
+						}
+					}
+				}
+			}
+
 			f := random(tensor.Float32, n, rng)
 			got16, want16 := tensor.New(tensor.BFloat16, n), tensor.New(tensor.BFloat16, n)
 			Cast(got16, f, threads)

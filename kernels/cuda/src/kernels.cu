@@ -1,6 +1,7 @@
 // The cuda provider's elementwise kernels: GELU forward and backward, the
 // mean squared error with its gradient and a fixed-order float64 sum, the
-// bfloat16 axpy (SGD) and the float32 <-> bfloat16 casts. Every kernel is a
+// bfloat16 bias gradient, the bfloat16 axpy (SGD) and the float32 <->
+// bfloat16 casts. Every kernel is a
 // grid-stride loop with no barrier and no atomic, so the host emulation
 // (kernels/cuda/emu) runs it thread by thread and tests it against the cpu
 // provider; gen.sh compiles it to kernels.ptx, which the provider embeds.
@@ -128,4 +129,22 @@ MR_KERNEL void cast_f32_bf16(bf16 *y, const float *x, unsigned long long n) {
 }
 MR_KERNEL void cast_bf16_f32(float *y, const bf16 *x, unsigned long long n) {
 	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = bf2f(x[i]);
+}
+
+// db[j] (+)= Σ over the m rows of dy[i·n + j], float32 accumulation, one
+// thread per column (neighbouring threads read neighbouring elements);
+// db in float32 (the master gradient) or bfloat16 (rounded once).
+MR_KERNEL void bias_grad_bf16_f32(float *db, const bf16 *dy, unsigned long long m, unsigned long long n, int accumulate) {
+	for (unsigned long long j = MR_TID; j < n; j += MR_NTHREADS) {
+		float acc = accumulate ? db[j] : 0.0f;
+		for (unsigned long long i = 0; i < m; i++) acc += bf2f(dy[i * n + j]);
+		db[j] = acc;
+	}
+}
+MR_KERNEL void bias_grad_bf16(bf16 *db, const bf16 *dy, unsigned long long m, unsigned long long n, int accumulate) {
+	for (unsigned long long j = MR_TID; j < n; j += MR_NTHREADS) {
+		float acc = accumulate ? bf2f(db[j]) : 0.0f;
+		for (unsigned long long i = 0; i < m; i++) acc += bf2f(dy[i * n + j]);
+		db[j] = f2bf(acc);
+	}
 }

@@ -70,5 +70,5 @@ echo "cuda.sh: go build -tags cuda ./... (CGO_CFLAGS=$CGO_CFLAGS CGO_LDFLAGS=$CG
 go build -tags cuda ./... || fail "go build -tags cuda failed"
 go vet -tags cuda ./kernels/... ./collective/... || fail "go vet -tags cuda failed"
 # Link the test binary too (it needs the stubs) without running it: there is no GPU.
-go test -tags cuda -count=1 -c -o /dev/null ./kernels/cuda/ || fail "go test -tags cuda (compile and link) failed"
+go test -tags cuda -count=1 -c -o /dev/null ./kernels/cuda/ && go test -tags cuda -count=1 -c -o /dev/null ./collective/nccl/ || fail "go test -tags cuda (compile and link) failed"
 echo "cuda.sh: ok"

@@ -5,6 +5,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -46,8 +47,9 @@ func (b *Buffer) Ptr() cu.DevicePtr { return b.ptr }
 func (b *Buffer) Addr() uintptr { return uintptr(b.ptr) }
 
 // Provider runs ops on one GPU. Every call binds the provider's context to the
-// calling OS thread for its duration and synchronizes before returning, so ops
-// are synchronous. Calls are serialized.
+// calling OS thread for its duration; its work is queued on the context's
+// default stream, in call order, and copies to the host wait for it (see do).
+// Calls are serialized.
 //
 // GEMMs run on cuBLASLt with their epilogues fused (cuBLAS for float64 and
 // batches), the elementwise ops as the PTX kernels of src/kernels.cu; the
@@ -128,25 +130,16 @@ func (p *Provider) Close() error {
 	return errors.Join(errs...)
 }
 
-// do runs f with the context current on a locked OS thread, then synchronizes.
-func (p *Provider) do(f func() error) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.ctx.Lock(); err != nil {
-		return fmt.Errorf("cuda: set context: %w", err)
-	}
-	err := f()
-	if uerr := p.ctx.Unlock(); err == nil && uerr != nil {
-		err = fmt.Errorf("cuda: synchronize: %w", uerr)
-	}
-	return err
-}
+// do runs f with the context current on a locked OS thread, serialized with
+// the provider's other calls. The work f enqueues runs on the context's
+// default stream, in order with everything before and after it (kernels,
+// cuBLAS, NCCL, copies); do does not wait for it: a copy to the host does
+// (cuMemcpyDtoH), as a step's loss does. With MESHRUN_CUDA_SYNC=1 every op
+// waits for its work, so that an error surfaces at the op that caused it.
+func (p *Provider) do(f func() error) error { return p.on(f, syncEach) }
 
-// Run runs f with the provider's context current on a locked OS thread,
-// serialized with its ops, without synchronizing: for a library that enqueues
-// work on the context's default stream and polls for it (NCCL).
-func (m *Memory) Run(f func() error) error {
-	p := m.p
+// on runs f with the context current, waiting for its work if wait.
+func (p *Provider) on(f func() error, wait bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	runtime.LockOSThread()
@@ -154,8 +147,24 @@ func (m *Memory) Run(f func() error) error {
 	if err := cu.SetCurrentContext(p.ctx); err != nil {
 		return fmt.Errorf("cuda: set context: %w", err)
 	}
-	return f()
+	err := f()
+	if wait && err == nil {
+		if err = cu.Synchronize(); err != nil {
+			err = fmt.Errorf("cuda: synchronize: %w", err)
+		}
+	}
+	return err
 }
+
+// EnvSync makes every op wait for its work when "1" (see do).
+const EnvSync = "MESHRUN_CUDA_SYNC"
+
+var syncEach = os.Getenv(EnvSync) == "1"
+
+// Run is do for a library that enqueues work on the context's default
+// stream and polls for it (NCCL): f runs with the context current on a
+// locked OS thread, serialized with the provider's ops, never waiting.
+func (m *Memory) Run(f func() error) error { return m.p.on(f, false) }
 
 // Memory implements kernels.MemoryProvider.
 func (p *Provider) Memory() tensor.Memory { return p.mem }

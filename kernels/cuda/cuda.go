@@ -156,6 +156,9 @@ func (p *Provider) on(f func() error, wait bool) error {
 	return err
 }
 
+// Synchronize waits for all the work queued so far.
+func (p *Provider) Synchronize() error { return p.on(cu.Synchronize, false) }
+
 // EnvSync makes every op wait for its work when "1" (see do).
 const EnvSync = "MESHRUN_CUDA_SYNC"
 

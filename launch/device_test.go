@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/providers"
+	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -277,4 +278,24 @@ func TestRunDeviceEnv(t *testing.T) {
 			t.Errorf("console:\n%s", stdout)
 		}
 	})
+}
+
+// TestSharedGPUsStaged: ranks sharing a GPU get MESHRUN_COLLECTIVES=staged
+// (NCCL refuses two ranks of one communicator on one GPU), unless the
+// launcher's environment chose a backend; ranks on GPUs of their own do not.
+func TestSharedGPUsStaged(t *testing.T) {
+	t.Setenv(envCollectives, "")
+	os.Unsetenv(envCollectives)
+	shared := &job{device: "cuda", ranks: []rankSpec{{GPU: "3"}, {GPU: "5"}, {GPU: "3"}}}
+	own := &job{device: "cuda", ranks: []rankSpec{{GPU: "3"}, {GPU: "5"}}}
+	if got := shared.commonEnv(natsconn.Config{})[envCollectives]; got != "staged" {
+		t.Errorf("shared GPUs: %s=%q, want staged", envCollectives, got)
+	}
+	if got, ok := own.commonEnv(natsconn.Config{})[envCollectives]; ok {
+		t.Errorf("a GPU each: %s=%q set", envCollectives, got)
+	}
+	t.Setenv(envCollectives, "nccl")
+	if got, ok := shared.commonEnv(natsconn.Config{})[envCollectives]; ok {
+		t.Errorf("the user's choice overridden: %q", got)
+	}
 }

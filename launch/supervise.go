@@ -233,6 +233,23 @@ func (j *job) nodeOf(rank int) int { return rank / len(j.ranks) }
 
 // commonEnv is the environment every rank of every attempt gets, besides
 // what the launcher inherited.
+// envCollectives chooses the collective backend of device buffers (package
+// collective's EnvBackend).
+const envCollectives = "MESHRUN_COLLECTIVES"
+
+// sharesGPU reports whether two cuda ranks of this node were given one GPU
+// (--share-gpus).
+func (j *job) sharesGPU() bool {
+	seen := map[string]bool{}
+	for _, r := range j.ranks {
+		if r.GPU != "" && seen[r.GPU] {
+			return true
+		}
+		seen[r.GPU] = true
+	}
+	return false
+}
+
 func (j *job) commonEnv(conf natsconn.Config) map[string]string {
 	common := map[string]string{
 		"WORLD_SIZE":       strconv.Itoa(j.world),
@@ -255,6 +272,10 @@ func (j *job) commonEnv(conf natsconn.Config) map[string]string {
 	}
 	for k, v := range j.torchEnv() {
 		common[k] = v
+	}
+	if _, set := os.LookupEnv(envCollectives); !set && j.sharesGPU() {
+		// NCCL refuses two ranks of a communicator on one GPU.
+		common[envCollectives] = "staged"
 	}
 	for _, kv := range conf.Env() {
 		k, v, _ := strings.Cut(kv, "=")

@@ -462,27 +462,37 @@ func Broadcast[T Float](ctx context.Context, c *Group, buf []T, root int) error 
 	return c.end(o, err)
 }
 
+// allToAllCounts checks an all-to-all's counts for member k of n against its
+// buffers' lengths; it returns the send and receive offsets.
+func allToAllCounts(n, k int, sendCounts, recvCounts []int, sendLen, recvLen int) (so, ro []int, err error) {
+	if len(sendCounts) != n || len(recvCounts) != n {
+		return nil, nil, invalid("all_to_all: %d send and %d recv counts for a group of %d", len(sendCounts), len(recvCounts), n)
+	}
+	so, st, err := offsets(sendCounts)
+	if err != nil {
+		return nil, nil, err
+	}
+	ro, rt, err := offsets(recvCounts)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sendLen != st || recvLen != rt {
+		return nil, nil, invalid("all_to_all: send has %d elements (want %d), recv %d (want %d)", sendLen, st, recvLen, rt)
+	}
+	if sendCounts[k] != recvCounts[k] {
+		return nil, nil, invalid("all_to_all: rank sends itself %d elements but expects %d", sendCounts[k], recvCounts[k])
+	}
+	return so, ro, nil
+}
+
 // AllToAll sends send[sendOffs(j)...] (sendCounts[j] elements) to member j and
 // receives recvCounts[j] elements from member j into recv, in group order. Each
 // pair's counts must agree (checked on the wire).
 func AllToAll[T Float](ctx context.Context, c *Group, send []T, sendCounts []int, recv []T, recvCounts []int) error {
 	n, k := len(c.ranks), c.me
-	if len(sendCounts) != n || len(recvCounts) != n {
-		return invalid("all_to_all: %d send and %d recv counts for a group of %d", len(sendCounts), len(recvCounts), n)
-	}
-	so, st, err := offsets(sendCounts)
+	so, ro, err := allToAllCounts(n, k, sendCounts, recvCounts, len(send), len(recv))
 	if err != nil {
 		return err
-	}
-	ro, rt, err := offsets(recvCounts)
-	if err != nil {
-		return err
-	}
-	if len(send) != st || len(recv) != rt {
-		return invalid("all_to_all: send has %d elements (want %d), recv %d (want %d)", len(send), st, len(recv), rt)
-	}
-	if sendCounts[k] != recvCounts[k] {
-		return invalid("all_to_all: rank sends itself %d elements but expects %d", sendCounts[k], recvCounts[k])
 	}
 	o, err := c.begin(ctx, OpAllToAll, dtypeOf[T](), 0, 0, 0)
 	if err != nil {

@@ -453,22 +453,9 @@ func (c *ncclComm) AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts
 		return err
 	}
 	n, me := c.g.Size(), c.g.me
-	if len(sendCounts) != n || len(recvCounts) != n {
-		return invalid("all_to_all: %d send and %d recv counts for a group of %d", len(sendCounts), len(recvCounts), n)
-	}
-	so, st, err := offsets(sendCounts)
+	so, ro, err := allToAllCounts(n, me, sendCounts, recvCounts, send.Len(), recv.Len())
 	if err != nil {
 		return err
-	}
-	ro, rt, err := offsets(recvCounts)
-	if err != nil {
-		return err
-	}
-	if send.Len() != st || recv.Len() != rt {
-		return invalid("all_to_all: send has %d elements (want %d), recv %d (want %d)", send.Len(), st, recv.Len(), rt)
-	}
-	if sendCounts[me] != recvCounts[me] {
-		return invalid("all_to_all: rank sends itself %d elements but expects %d", sendCounts[me], recvCounts[me])
 	}
 	return c.run(ctx, ncclCall{op: OpAllToAll, dt: dt, mem: send.Buffer().Memory(), keep: []*tensor.Tensor{send, recv}, algo: "grouped send/recv",
 		check: func(o *opState) error {

@@ -3,6 +3,7 @@ package launch
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -236,6 +237,44 @@ func TestRunDeviceSim(t *testing.T) {
 	rec := readJSON[JobRecord](t, filepath.Join(dir, JobFile))
 	if rec.Device != "sim" || rec.Env[EnvDevice] != "sim" || rec.Kernels != "" || rec.Env[EnvKernels] != "" || rec.ShareGPUs {
 		t.Errorf("job.json: device %q kernels %q share %v env %v", rec.Device, rec.Kernels, rec.ShareGPUs, rec.Env)
+	}
+}
+
+// TestRunDeviceSimNCCL: worker processes on the sim device with the nccl
+// backend over the fake library (MESHRUN_NCCL_LIBRARY=fake): the unique id
+// and the communicators' bootstrap cross the launcher's NATS server, the
+// losses are the cpu run's, nothing is staged, and each rank's log says which
+// backend ran and why.
+func TestRunDeviceSimNCCL(t *testing.T) {
+	var losses [2]string
+	for i, dev := range []string{"cpu", "sim"} {
+		if dev == "sim" {
+			t.Setenv("MESHRUN_NCCL_LIBRARY", "fake")
+			t.Setenv(envCollectives, "nccl")
+		}
+		code, dir, stdout, stderr := launch(t, "-n", "2", "--device", dev, "mlp", "--tokens", "33", "--hidden", "16", "--steps", "3")
+		if code != 0 {
+			t.Fatalf("%s: exit %d; stderr:\n%s", dev, code, stderr)
+		}
+		for _, l := range strings.Split(stdout, "\n") {
+			if _, after, ok := strings.Cut(l, "| step "); ok {
+				losses[i] += strings.Split(after, " time ")[0] + "\n"
+			}
+		}
+		if dev == "sim" {
+			if !strings.Contains(stdout, `"staged_bytes_per_step":0`) {
+				t.Errorf("staged:\n%s", stdout)
+			}
+			for r := range 2 {
+				log, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("rank-%05d", r), "log.jsonl"))
+				if err != nil || !strings.Contains(string(log), `"backend":"nccl","why":"chosen (MESHRUN_COLLECTIVES=nccl)"`) {
+					t.Errorf("rank %d log: %v\n%s", r, err, log)
+				}
+			}
+		}
+	}
+	if losses[0] == "" || losses[0] != losses[1] {
+		t.Errorf("losses differ:\ncpu\n%s\nsim/nccl\n%s", losses[0], losses[1])
 	}
 }
 

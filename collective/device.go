@@ -2,7 +2,6 @@ package collective
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -81,6 +80,10 @@ func RegisterBackend(b DeviceBackend) {
 	defer backendsMu.Unlock()
 	backends = append(backends, b)
 }
+
+// probed is a DeviceBackend that can tell, before New, whether it will work
+// here (its library loads).
+type probed interface{ Probe(w *World) error }
 
 // deviceBackend returns the first backend of the World's, then of the
 // registered ones, named name ("" for any) that serves dev.
@@ -178,10 +181,26 @@ func (w *World) newCommunicator(ctx context.Context, g *Group, dev tensor.Device
 		return c, "chosen (" + EnvBackend + "=nccl)", err
 	}
 	if b := w.deviceBackend("", dev); b != nil {
-		c, err := b.New(ctx, g, dev)
-		if errors.Is(err, ErrNoLibrary) {
-			return newStaged(g, dev, w.opts.StageBytes), "auto: " + err.Error() + "; staged instead", nil
+		// The members agree first: a library that loads on some of them
+		// and not on others would split the group between two backends.
+		here := 1.0
+		var why error
+		if p, ok := b.(probed); ok {
+			if why = p.Probe(w); why != nil {
+				here = 0
+			}
 		}
+		all := []float64{here}
+		if err := AllReduce(ctx, g, all, Min); err != nil {
+			return nil, "", err
+		}
+		switch {
+		case why != nil:
+			return newStaged(g, dev, w.opts.StageBytes), "auto: " + why.Error() + "; staged instead", nil
+		case all[0] == 0:
+			return newStaged(g, dev, w.opts.StageBytes), "auto: " + b.Name() + " is unavailable on another member of the group; staged instead", nil
+		}
+		c, err := b.New(ctx, g, dev)
 		return c, "auto: " + b.Name() + " serves " + dev.String(), err
 	}
 	return newStaged(g, dev, w.opts.StageBytes), "auto: no device collective library for " + dev.String(), nil

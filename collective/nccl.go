@@ -77,6 +77,14 @@ type ncclBackend struct {
 func (b *ncclBackend) Name() string                  { return BackendNCCL }
 func (b *ncclBackend) Serves(dev tensor.Device) bool { return dev.Kind == b.kind }
 
+// Probe opens the library: an error wrapping ErrNoLibrary if it cannot.
+func (b *ncclBackend) Probe(w *World) error {
+	if _, err := b.open(w); err != nil {
+		return fmt.Errorf("%w: %v", ErrNoLibrary, err)
+	}
+	return nil
+}
+
 func (b *ncclBackend) New(ctx context.Context, g *Group, dev tensor.Device) (Communicator, error) {
 	w := g.w
 	lib, err := b.open(w)

@@ -169,6 +169,51 @@ func TestNCCLChoice(t *testing.T) {
 			t.Errorf("no log line saying why: %v", logs.All())
 		}
 	})
+	t.Run("missing_on_one_rank", func(t *testing.T) {
+		// Rank 1 cannot load the library: under auto, both ranks take staged
+		// (one backend per group), and rank 0's log says why.
+		core, logs := observer.New(zap.InfoLevel)
+		ts, cs := collective.LocalTransports(2), collective.LocalControls(2)
+		ws := make([]*collective.World, 2)
+		for r := range ws {
+			fake := collective.FakeNCCLOptions{}
+			if r == 1 {
+				fake = missing
+			}
+			o := collectivetest.NCCLOptions(collectivetest.SuiteOptions(), fake)
+			o.Collectives, o.Logger = collective.BackendAuto, zap.New(core).With(zap.Int("r", r))
+			w, err := collective.NewWorld(ts[r], cs[r], o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ws[r] = w
+		}
+		defer closeAll(ws)
+		mems := collectivetest.NCCL.Memories(2)
+		errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
+			c, err := comm(w, mems)
+			if err != nil {
+				return err
+			}
+			if c.Backend() != collective.BackendStaged {
+				t.Errorf("rank %d: backend %s, want staged", w.Rank(), c.Backend())
+			}
+			return c.AllReduce(context.Background(), onDevice(t, mems, w.Rank(), 10), collective.Sum)
+		})
+		for r, err := range errs {
+			if err != nil {
+				t.Errorf("rank %d: %v", r, err)
+			}
+		}
+		found := false
+		for _, e := range logs.FilterMessage("collective backend").All() {
+			why, _ := e.ContextMap()["why"].(string)
+			found = found || strings.Contains(why, "unavailable on another member")
+		}
+		if !found {
+			t.Errorf("rank 0 does not say why: %v", logs.All())
+		}
+	})
 	t.Run("missing_asked_for", func(t *testing.T) {
 		ws := localWorlds(t, 2, collectivetest.NCCLOptions(collectivetest.SuiteOptions(), missing))
 		defer closeAll(ws)

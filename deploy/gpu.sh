@@ -67,8 +67,8 @@ build() {
   done
   export CGO_ENABLED=1 CGO_CFLAGS="-I$work/cuda" CGO_LDFLAGS="-L$work/lib -Wl,-rpath,$work/lib"
   (cd "$root" && go build -tags cuda -o bin/ ./cmd/launcher ./cmd/worker)
-  (cd "$root" && go test -tags cuda -c -o bin/cuda.test ./kernels/cuda/)
-  echo "gpu.sh: built bin/launcher bin/worker bin/cuda.test (go $(go env GOVERSION), -tags cuda)"
+  (cd "$root" && go test -tags cuda -c -o bin/cuda.test ./kernels/cuda/ && go test -tags cuda -c -o bin/nccl.test ./collective/nccl/)
+  echo "gpu.sh: built bin/launcher bin/worker bin/cuda.test bin/nccl.test (go $(go env GOVERSION), -tags cuda)"
 }
 
 case "${1:-}" in

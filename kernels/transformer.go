@@ -76,6 +76,24 @@ func LayerNormDims(y, stats, x, gamma, beta *tensor.Tensor) (rows, d int, err er
 	return lead(x), x.Dim(-1), dtypes(data, stats)
 }
 
+// LayerNormBackwardDims checks LayerNormBackward's operands (dx, dgamma and
+// dbeta may be nil) and returns (rows, D).
+func LayerNormBackwardDims(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor) (rows, d int, err error) {
+	rows, d, err = LayerNormDims(dy, stats, x, gamma, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, t := range []*tensor.Tensor{dx, dgamma, dbeta} {
+		if t != nil && t.DType() != x.DType() {
+			return 0, 0, fmt.Errorf("%w: layernorm backward: a %v gradient of %v", ErrDType, t.DType(), x.DType())
+		}
+	}
+	if dx != nil && !tensor.SameShape(dx, x) || dgamma != nil && !tensor.SameShape(dgamma, gamma) || dbeta != nil && !tensor.SameShape(dbeta, gamma) {
+		return 0, 0, fmt.Errorf("%w: layernorm backward dx=%v dgamma=%v dbeta=%v for x=%v gamma=%v", ErrShape, dx, dgamma, dbeta, x, gamma)
+	}
+	return rows, d, nil
+}
+
 // AttentionDims checks Attention's operands and returns (batch, heads, S,
 // T, E, F): q[..., S, H, E], k[..., T, H, E], v[..., T, H, F], o[..., S, H,
 // F], lse[..., H, S]; batch is the product of the leading dims.

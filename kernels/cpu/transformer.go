@@ -105,17 +105,9 @@ func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *ten
 	if err := p.host(dx, dgamma, dbeta, dy, x, gamma, stats); err != nil {
 		return err
 	}
-	rows, d, err := kernels.LayerNormDims(dy, stats, x, gamma, nil)
+	rows, d, err := kernels.LayerNormBackwardDims(dx, dgamma, dbeta, dy, x, gamma, stats)
 	if err != nil {
 		return err
-	}
-	for _, t := range []*tensor.Tensor{dx, dgamma, dbeta} {
-		if t != nil && t.DType() != x.DType() {
-			return fmt.Errorf("%w: layernorm backward: a %v gradient of %v", kernels.ErrDType, t.DType(), x.DType())
-		}
-	}
-	if dx != nil && !tensor.SameShape(dx, x) || dgamma != nil && !tensor.SameShape(dgamma, gamma) || dbeta != nil && !tensor.SameShape(dbeta, gamma) {
-		return fmt.Errorf("%w: layernorm backward dx=%v dgamma=%v dbeta=%v for x=%v gamma=%v", kernels.ErrShape, dx, dgamma, dbeta, x, gamma)
 	}
 	if x.DType() == tensor.BFloat16 {
 		return p.widened(3, []*tensor.Tensor{dx, dgamma, dbeta, dy, x, gamma, stats}, func(w []*tensor.Tensor) error {

@@ -52,7 +52,7 @@ func (b *Buffer) Addr() uintptr { return uintptr(b.ptr) }
 // Calls are serialized.
 //
 // GEMMs run on cuBLASLt with their epilogues fused (cuBLAS for float64 and
-// batches), the elementwise ops as the PTX kernels of src/kernels.cu; the
+// batches), the elementwise ops as the PTX kernels of ptx/kernels.h; the
 // transformer's ops (layer norm, attention, embedding, cross-entropy, AdamW)
 // still run on the host, their copies counted as transfers.
 type Provider struct {
@@ -65,7 +65,7 @@ type Provider struct {
 	host    *cpu.Provider // elementwise ops run on the host (see GeluForward)
 	mem     *Memory
 	lt      *lt          // cuBLASLt (made on first use)
-	ew      *elementwise // the kernels of src/kernels.cu (loaded on first use)
+	ew      *elementwise // the kernels of ptx/kernels.h (loaded on first use)
 }
 
 var _ kernels.MemoryProvider = (*Provider)(nil)

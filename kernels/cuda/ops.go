@@ -9,6 +9,7 @@ import (
 	"gorgonia.org/cu"
 
 	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/kernels/cuda/ptx"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -65,9 +66,9 @@ func (p *Provider) composite(g kernels.GemmParams, o kernels.GemmOperands) error
 				if err := cu.MemcpyDtoD(o.Aux.Buffer().(*Buffer).ptr, o.C.Buffer().(*Buffer).ptr, int64(n*g.Out().Size())); err != nil {
 					return err
 				}
-				return p.launch("gelu"+sfx, n, 0, BlockThreads, dev(o.C), dev(o.Aux), uint64(n))
+				return p.launch("gelu"+sfx, n, 0, ptx.BlockThreads, dev(o.C), dev(o.Aux), uint64(n))
 			}
-			return p.launch("gelu_grad"+sfx, n, 0, BlockThreads, dev(o.C), dev(o.C), dev(o.Aux), uint64(n))
+			return p.launch("gelu_grad"+sfx, n, 0, ptx.BlockThreads, dev(o.C), dev(o.C), dev(o.Aux), uint64(n))
 		})
 		if err != nil || g.Epilogue != kernels.EpilogueDGeluBGrad {
 			return err
@@ -140,7 +141,7 @@ func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
 			name = "bias_grad_bf16_f32"
 		}
 		return p.do(func() error {
-			return p.launch(name, n, 0, BlockThreads, dev(db), dev(dy), uint64(m), uint64(n), uint64(int(betaIf(accumulate))))
+			return p.launch(name, n, 0, ptx.BlockThreads, dev(db), dev(dy), uint64(m), uint64(n), uint64(int(betaIf(accumulate))))
 		})
 	}
 	dt := db.DType()
@@ -172,7 +173,7 @@ func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error {
 	}
 	if y.DType() == tensor.BFloat16 {
 		return p.do(func() error {
-			return p.launch("axpy_bf16", n, 0, BlockThreads, dev(y), dev(x), scalar(tensor.Float32, alpha), uint64(n))
+			return p.launch("axpy_bf16", n, 0, ptx.BlockThreads, dev(y), dev(x), scalar(tensor.Float32, alpha), uint64(n))
 		})
 	}
 	return p.do(func() error {
@@ -185,7 +186,7 @@ func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error {
 	})
 }
 
-// GeluForward implements kernels.Kernels with the gelu kernel (src/kernels.cu).
+// GeluForward implements kernels.Kernels with the gelu kernel (ptx/kernels.h).
 func (p *Provider) GeluForward(y, x *tensor.Tensor) error {
 	if err := p.onDevice(y, x); err != nil {
 		return err
@@ -235,9 +236,9 @@ func (p *Provider) Cast(dst, src *tensor.Tensor) error {
 			return cu.MemcpyDtoD(dst.Buffer().(*Buffer).ptr, src.Buffer().(*Buffer).ptr, int64(dst.Bytes()))
 		})
 	case dst.DType() == tensor.BFloat16 && src.DType() == tensor.Float32:
-		return p.do(func() error { return p.launch("cast_f32_bf16", n, 0, BlockThreads, dev(dst), dev(src), uint64(n)) })
+		return p.do(func() error { return p.launch("cast_f32_bf16", n, 0, ptx.BlockThreads, dev(dst), dev(src), uint64(n)) })
 	case dst.DType() == tensor.Float32 && src.DType() == tensor.BFloat16:
-		return p.do(func() error { return p.launch("cast_bf16_f32", n, 0, BlockThreads, dev(dst), dev(src), uint64(n)) })
+		return p.do(func() error { return p.launch("cast_bf16_f32", n, 0, ptx.BlockThreads, dev(dst), dev(src), uint64(n)) })
 	}
 	return p.viaHost([]*tensor.Tensor{dst}, []*tensor.Tensor{src}, func(h []*tensor.Tensor) error {
 		return p.host.Cast(h[0], h[1])
@@ -283,28 +284,8 @@ func (p *Provider) unsupported(op kernels.Op) error {
 	return fmt.Errorf("%w: cuda %v (next: cuBLASLt epilogues)", kernels.ErrUnsupported, op)
 }
 
-// The transformer ops run through the host, like GeluForward, until their
-// CUDA kernels land.
-
-// LayerNorm implements kernels.Kernels through the host.
-func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error {
-	if err := p.onDevice(y, stats, x, gamma, beta); err != nil {
-		return err
-	}
-	return p.viaHost([]*tensor.Tensor{y, stats}, []*tensor.Tensor{x, gamma, beta}, func(h []*tensor.Tensor) error {
-		return p.host.LayerNorm(h[0], h[1], h[2], h[3], h[4], eps)
-	})
-}
-
-// LayerNormBackward implements kernels.Kernels through the host.
-func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, accumulate bool) error {
-	if err := p.onDevice(dx, dgamma, dbeta, dy, x, gamma, stats); err != nil {
-		return err
-	}
-	return p.viaHost([]*tensor.Tensor{dx, dgamma, dbeta}, []*tensor.Tensor{dy, x, gamma, stats}, func(h []*tensor.Tensor) error {
-		return p.host.LayerNormBackward(h[0], h[1], h[2], h[3], h[4], h[5], h[6], accumulate)
-	})
-}
+// Attention runs through the host until its kernels land (the transformer's
+// other ops: transformer.go).
 
 // Attention implements kernels.Kernels through the host.
 func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error {
@@ -323,65 +304,5 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	}
 	return p.viaHost([]*tensor.Tensor{dq, dk, dv}, []*tensor.Tensor{do, q, k, v, o, lse}, func(h []*tensor.Tensor) error {
 		return p.host.AttentionBackward(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], causal)
-	})
-}
-
-// Embedding implements kernels.Kernels through the host.
-func (p *Provider) Embedding(y, ids, table *tensor.Tensor, offset int) error {
-	if err := p.onDevice(y, ids, table); err != nil {
-		return err
-	}
-	return p.viaHost([]*tensor.Tensor{y}, []*tensor.Tensor{ids, table}, func(h []*tensor.Tensor) error {
-		return p.host.Embedding(h[0], h[1], h[2], offset)
-	})
-}
-
-// EmbeddingBackward implements kernels.Kernels through the host.
-func (p *Provider) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int, accumulate bool) error {
-	if err := p.onDevice(dtable, dy, ids); err != nil {
-		return err
-	}
-	return p.viaHost([]*tensor.Tensor{dtable}, []*tensor.Tensor{dy, ids}, func(h []*tensor.Tensor) error {
-		return p.host.EmbeddingBackward(h[0], h[1], h[2], offset, accumulate)
-	})
-}
-
-// CrossEntropy implements kernels.Kernels through the host.
-func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error {
-	if err := p.onDevice(stats, logits, targets); err != nil {
-		return err
-	}
-	return p.viaHost([]*tensor.Tensor{stats}, []*tensor.Tensor{logits, targets}, func(h []*tensor.Tensor) error {
-		return p.host.CrossEntropy(h[0], h[1], h[2], offset)
-	})
-}
-
-// CrossEntropyBackward implements kernels.Kernels through the host.
-func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error {
-	if err := p.onDevice(dlogits, logits, targets, lse); err != nil {
-		return err
-	}
-	return p.viaHost([]*tensor.Tensor{dlogits}, []*tensor.Tensor{logits, targets, lse}, func(h []*tensor.Tensor) error {
-		return p.host.CrossEntropyBackward(h[0], h[1], h[2], h[3], offset, scale)
-	})
-}
-
-// CrossEntropyCombine implements kernels.Kernels through the host.
-func (p *Provider) CrossEntropyCombine(lse, loss, stats *tensor.Tensor) error {
-	if err := p.onDevice(lse, loss, stats); err != nil {
-		return err
-	}
-	return p.viaHost([]*tensor.Tensor{lse, loss}, []*tensor.Tensor{stats}, func(h []*tensor.Tensor) error {
-		return p.host.CrossEntropyCombine(h[0], h[1], h[2])
-	})
-}
-
-// AdamW implements kernels.Kernels through the host.
-func (p *Provider) AdamW(a kernels.AdamWParams, param, grad, m, v *tensor.Tensor) error {
-	if err := p.onDevice(param, grad, m, v); err != nil {
-		return err
-	}
-	return p.viaHost([]*tensor.Tensor{param, m, v}, []*tensor.Tensor{grad}, func(h []*tensor.Tensor) error {
-		return p.host.AdamW(a, h[0], h[3], h[1], h[2])
 	})
 }

@@ -3,40 +3,32 @@
 package cuda
 
 import (
-	_ "embed" // the PTX
 	"fmt"
 	"math"
 	"unsafe"
 
 	"gorgonia.org/cu"
 
+	"github.com/meshrun/meshrun/kernels/cuda/ptx"
 	"github.com/meshrun/meshrun/tensor"
 )
 
-//go:generate ./src/gen.sh
-
-// ptx is src/kernels.cu compiled by src/gen.sh; the driver compiles it for
-// the GPU at load.
-//
-//go:embed src/kernels.ptx
-var ptx string
-
-// elementwise is the loaded module, its functions, and the MSE's partial sums.
+// elementwise is the loaded module (ptx.PTX), its functions, and the MSE's partial sums.
 type elementwise struct {
 	mod  cu.Module
 	fns  map[string]cu.Function
-	part cu.DevicePtr // MSEThreads + SumThreads float64s
+	part cu.DevicePtr // ptx.MSEThreads + ptx.SumThreads float64s
 }
 
 // kernel returns the named function of the module, loading it on first use
 // (inside do).
 func (p *Provider) kernel(name string) (cu.Function, error) {
 	if p.ew == nil {
-		mod, err := cu.LoadData(ptx)
+		mod, err := cu.LoadData(ptx.PTX)
 		if err != nil {
 			return cu.Function{}, fmt.Errorf("cuda: loading the kernels' PTX: %w", err)
 		}
-		part, err := cu.MemAlloc(int64((MSEThreads + SumThreads) * 8))
+		part, err := cu.MemAlloc(int64((ptx.MSEThreads + ptx.SumThreads) * 8))
 		if err != nil {
 			mod.Unload()
 			return cu.Function{}, fmt.Errorf("cuda: MSE partial sums: %w", err)
@@ -68,7 +60,7 @@ func (p *Provider) closeElementwise() error {
 	return err
 }
 
-// launch runs kernel name on blocks×BlockThreads threads (blocks 0: enough
+// launch runs kernel name on blocks×ptx.BlockThreads threads (blocks 0: enough
 // for n elements, at most 4096 blocks: the loops are grid-stride) on the
 // default stream. Every argument is 8 bytes (a device address, a count, or a
 // float's bits in the low bytes), as cu's Launch copies them.
@@ -78,7 +70,7 @@ func (p *Provider) launch(name string, n, blocks, threads int, args ...uint64) e
 		return err
 	}
 	if blocks == 0 {
-		blocks = min(max(1, (n+BlockThreads-1)/BlockThreads), 4096)
+		blocks = min(max(1, (n+ptx.BlockThreads-1)/ptx.BlockThreads), 4096)
 	}
 	params := make([]unsafe.Pointer, len(args))
 	for i := range args {
@@ -121,14 +113,14 @@ func (p *Provider) gelu(y, dy, x *tensor.Tensor) error {
 	}
 	return p.do(func() error {
 		if dy == nil {
-			return p.launch("gelu"+suffix(x.DType()), n, 0, BlockThreads, dev(y), dev(x), uint64(n))
+			return p.launch("gelu"+suffix(x.DType()), n, 0, ptx.BlockThreads, dev(y), dev(x), uint64(n))
 		}
-		return p.launch("gelu_grad"+suffix(x.DType()), n, 0, BlockThreads, dev(y), dev(dy), dev(x), uint64(n))
+		return p.launch("gelu_grad"+suffix(x.DType()), n, 0, ptx.BlockThreads, dev(y), dev(dy), dev(x), uint64(n))
 	})
 }
 
-// mse runs the mean squared error and its fixed-order sum: MSEThreads
-// partial sums, SumThreads sums of them, one sum of those into sum[0].
+// mse runs the mean squared error and its fixed-order sum: ptx.MSEThreads
+// partial sums, ptx.SumThreads sums of them, one sum of those into sum[0].
 func (p *Provider) mse(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	n, dt := y.Len(), y.DType()
 	return p.do(func() error {
@@ -136,14 +128,14 @@ func (p *Provider) mse(dy, sum, y, target *tensor.Tensor, scale float64) error {
 			return err
 		}
 		part := uint64(p.ew.part)
-		part2 := part + MSEThreads*8
-		if err := p.launch("mse"+suffix(dt), n, MSEThreads/BlockThreads, BlockThreads,
+		part2 := part + ptx.MSEThreads*8
+		if err := p.launch("mse"+suffix(dt), n, ptx.MSEThreads/ptx.BlockThreads, ptx.BlockThreads,
 			dev(dy), part, dev(y), dev(target), scalar(dt, scale), uint64(n)); err != nil {
 			return err
 		}
-		if err := p.launch("sum_stage", MSEThreads, 1, SumThreads, part2, part, MSEThreads); err != nil {
+		if err := p.launch("sum_stage", ptx.MSEThreads, 1, ptx.SumThreads, part2, part, ptx.MSEThreads); err != nil {
 			return err
 		}
-		return p.launch("sum_stage", SumThreads, 1, 1, dev(sum), part2, SumThreads)
+		return p.launch("sum_stage", ptx.SumThreads, 1, 1, dev(sum), part2, ptx.SumThreads)
 	})
 }

@@ -1,6 +1,6 @@
 //go:build cudaemu
 
-package emu
+package ptx
 
 import (
 	"math"
@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/kernels/cpu"
-	"github.com/meshrun/meshrun/kernels/cuda"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -57,7 +56,7 @@ func compare(t *testing.T, what string, got, want *tensor.Tensor) {
 	}
 }
 
-// TestKernelsMatchCPU: every kernel of kernels.cu, run on the CPU with an odd
+// TestKernelsMatchCPU: every kernel of kernels.h, run on the CPU with an odd
 // thread count (so that grid-stride loops wrap) and at the provider's own,
 // against the cpu provider: GELU forward and backward, the mean squared error
 // with its gradient and fixed-order sum, the bfloat16 axpy and the casts, at
@@ -66,7 +65,7 @@ func TestKernelsMatchCPU(t *testing.T) {
 	rng := rand.New(rand.NewSource(1))
 	p := cpuP(t)
 	for _, n := range []int{0, 1, 37, 1000, 70001} {
-		for _, threads := range []int{7, cuda.BlockThreads * 3} {
+		for _, threads := range []int{7, BlockThreads * 3} {
 			for _, dt := range []tensor.DType{tensor.Float32, tensor.Float64, tensor.BFloat16} {
 				x, dy, tg := random(dt, n, rng), random(dt, n, rng), random(dt, n, rng)
 				got, want := tensor.New(dt, n), tensor.New(dt, n)
@@ -83,7 +82,7 @@ func TestKernelsMatchCPU(t *testing.T) {
 				compare(t, "gelu_grad", got, want64)
 
 				sum := tensor.New(tensor.Float64, 1)
-				s := MSE(got, x, tg, 0.25, cuda.MSEThreads, cuda.SumThreads)
+				s := MSE(got, x, tg, 0.25, MSEThreads, SumThreads)
 				p.MSE(want, sum, x, tg, 0.25)
 				compare(t, "mse grad", got, want)
 				if w := sum.Float64()[0]; math.Abs(s-w) > 1e-12*math.Max(1, w) {

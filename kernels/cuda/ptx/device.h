@@ -1,7 +1,7 @@
-// device.h: what the kernels in kernels.cu need from the compiler, for the
+// device.h: what the kernels in kernels.h need from the compiler, for the
 // three that build them: nvcc, clang (to PTX, without the CUDA headers: see
 // gen.sh) and a host C++ compiler (the emulation that tests them on a CPU,
-// kernels/cuda/emu: every kernel is a grid-stride loop without barriers,
+// emu.go: every kernel is a grid-stride loop without barriers,
 // so running its threads one after another gives the same result).
 #pragma once
 
@@ -10,6 +10,7 @@
 #define MR_KERNEL extern "C" __global__
 #define MR_TID (blockIdx.x * blockDim.x + threadIdx.x)
 #define MR_NTHREADS (blockDim.x * gridDim.x)
+#define MR_SQRT(x) sqrt(x)
 #elif defined(__CUDA__) && defined(__clang__)
 // clang -x cuda --cuda-device-only -nocudainc: the special registers
 // through NVVM's builtins.
@@ -18,6 +19,7 @@
 #define MR_KERNEL extern "C" __global__
 #define MR_TID (__nvvm_read_ptx_sreg_ctaid_x() * __nvvm_read_ptx_sreg_ntid_x() + __nvvm_read_ptx_sreg_tid_x())
 #define MR_NTHREADS (__nvvm_read_ptx_sreg_ntid_x() * __nvvm_read_ptx_sreg_nctaid_x())
+#define MR_SQRT(x) __builtin_sqrt(x)
 #else
 // host emulation: emu.h sets the thread index and count before each call.
 #define __device__
@@ -25,6 +27,7 @@
 extern thread_local unsigned mr_tid, mr_nthreads;
 #define MR_TID mr_tid
 #define MR_NTHREADS mr_nthreads
+#define MR_SQRT(x) __builtin_sqrt(x)
 #endif
 
 typedef unsigned short bf16;
@@ -43,3 +46,10 @@ __device__ static inline bf16 f2bf(float f) {
 	x.u += 0x7fffu + ((x.u >> 16) & 1u);
 	return (bf16)(x.u >> 16);
 }
+
+// Loads and stores of float32 or bfloat16 data as float (bfloat16 rounded
+// once, to nearest even).
+__device__ static inline float ld(const float *p, unsigned long long i) { return p[i]; }
+__device__ static inline float ld(const bf16 *p, unsigned long long i) { return bf2f(p[i]); }
+__device__ static inline void st(float *p, unsigned long long i, float v) { p[i] = v; }
+__device__ static inline void st(bf16 *p, unsigned long long i, float v) { p[i] = f2bf(v); }

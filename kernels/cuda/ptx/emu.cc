@@ -1,0 +1,116 @@
+//go:build cudaemu
+
+// Host emulation of the provider's CUDA kernels (build tag cudaemu): each
+// kernel's threads run one after another on the CPU.
+#include "kernels.h"
+#include "emu.h"
+
+thread_local unsigned mr_tid, mr_nthreads;
+
+template <class F> static void grid(unsigned threads, F f) {
+	mr_nthreads = threads;
+	for (unsigned t = 0; t < threads; t++) {
+		mr_tid = t;
+		f();
+	}
+}
+
+void emu_gelu(int dt, void *y, const void *dy, const void *x, unsigned long long n, unsigned threads) {
+	switch (dt) {
+	case 0: grid(threads, [&] { dy ? gelu_grad_f32((float *)y, (const float *)dy, (const float *)x, n) : gelu_f32((float *)y, (const float *)x, n); }); break;
+	case 1: grid(threads, [&] { dy ? gelu_grad_f64((double *)y, (const double *)dy, (const double *)x, n) : gelu_f64((double *)y, (const double *)x, n); }); break;
+	default: grid(threads, [&] { dy ? gelu_grad_bf16((bf16 *)y, (const bf16 *)dy, (const bf16 *)x, n) : gelu_bf16((bf16 *)y, (const bf16 *)x, n); });
+	}
+}
+
+void emu_mse(int dt, void *dy, double *part, const void *y, const void *t, double scale, unsigned long long n, unsigned threads) {
+	switch (dt) {
+	case 0: grid(threads, [&] { mse_f32((float *)dy, part, (const float *)y, (const float *)t, (float)scale, n); }); break;
+	case 1: grid(threads, [&] { mse_f64((double *)dy, part, (const double *)y, (const double *)t, scale, n); }); break;
+	default: grid(threads, [&] { mse_bf16((bf16 *)dy, part, (const bf16 *)y, (const bf16 *)t, (float)scale, n); });
+	}
+}
+
+void emu_sum_stage(double *out, const double *in, unsigned long long n, unsigned threads) {
+	grid(threads, [&] { sum_stage(out, in, n); });
+}
+
+void emu_axpy_bf16(void *y, const void *x, float alpha, unsigned long long n, unsigned threads) {
+	grid(threads, [&] { axpy_bf16((bf16 *)y, (const bf16 *)x, alpha, n); });
+}
+
+void emu_cast(int to16, void *y, const void *x, unsigned long long n, unsigned threads) {
+	grid(threads, [&] { to16 ? cast_f32_bf16((bf16 *)y, (const float *)x, n) : cast_bf16_f32((float *)y, (const bf16 *)x, n); });
+}
+
+void emu_bias_grad_bf16(void *db, int db32, const void *dy, unsigned long long m, unsigned long long n, int accumulate, unsigned threads) {
+	grid(threads, [&] { db32 ? bias_grad_bf16_f32((float *)db, (const bf16 *)dy, m, n, accumulate) : bias_grad_bf16((bf16 *)db, (const bf16 *)dy, m, n, accumulate); });
+}
+
+void emu_layer_norm(int bf, void *y, float *stats, const void *x, const void *gamma, const void *beta,
+		unsigned long long rows, unsigned long long d, double eps, unsigned threads) {
+	grid(threads, [&] {
+		bf ? layer_norm_bf16((bf16 *)y, stats, (const bf16 *)x, (const bf16 *)gamma, (const bf16 *)beta, rows, d, eps)
+		   : layer_norm_f32((float *)y, stats, (const float *)x, (const float *)gamma, (const float *)beta, rows, d, eps);
+	});
+}
+
+void emu_layer_norm_dx(int bf, void *dx, const void *dy, const void *x, const void *gamma, const float *stats,
+		unsigned long long rows, unsigned long long d, unsigned threads) {
+	grid(threads, [&] {
+		bf ? layer_norm_dx_bf16((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)gamma, stats, rows, d)
+		   : layer_norm_dx_f32((float *)dx, (const float *)dy, (const float *)x, (const float *)gamma, stats, rows, d);
+	});
+}
+
+void emu_layer_norm_dgb(int bf, void *dgamma, void *dbeta, const void *dy, const void *x, const float *stats,
+		unsigned long long rows, unsigned long long d, int accumulate, unsigned threads) {
+	grid(threads, [&] {
+		bf ? layer_norm_dgb_bf16((bf16 *)dgamma, (bf16 *)dbeta, (const bf16 *)dy, (const bf16 *)x, stats, rows, d, accumulate)
+		   : layer_norm_dgb_f32((float *)dgamma, (float *)dbeta, (const float *)dy, (const float *)x, stats, rows, d, accumulate);
+	});
+}
+
+void emu_embedding(int bf, void *y, const float *ids, const void *table, long long offset, unsigned long long rows,
+		unsigned long long d, unsigned long long n, unsigned threads) {
+	grid(threads, [&] {
+		bf ? embedding_bf16((bf16 *)y, ids, (const bf16 *)table, offset, rows, d, n)
+		   : embedding_f32((float *)y, ids, (const float *)table, offset, rows, d, n);
+	});
+}
+
+void emu_embedding_grad(int bf, float *dtable, const void *dy, const float *ids, long long offset, unsigned long long rows,
+		unsigned long long d, unsigned long long n, unsigned threads) {
+	grid(threads, [&] {
+		bf ? embedding_grad_bf16(dtable, (const bf16 *)dy, ids, offset, rows, d, n)
+		   : embedding_grad_f32(dtable, (const float *)dy, ids, offset, rows, d, n);
+	});
+}
+
+void emu_cross_entropy(int bf, float *stats, const void *logits, const float *targets, long long offset,
+		unsigned long long v, unsigned long long t, unsigned threads) {
+	grid(threads, [&] {
+		bf ? cross_entropy_bf16(stats, (const bf16 *)logits, targets, offset, v, t)
+		   : cross_entropy_f32(stats, (const float *)logits, targets, offset, v, t);
+	});
+}
+
+void emu_cross_entropy_grad(int bf, void *dl, const void *logits, const float *targets, const float *lse, long long offset,
+		unsigned long long v, unsigned long long t, double scale, unsigned threads) {
+	grid(threads, [&] {
+		bf ? cross_entropy_grad_bf16((bf16 *)dl, (const bf16 *)logits, targets, lse, offset, v, t, scale)
+		   : cross_entropy_grad_f32((float *)dl, (const float *)logits, targets, lse, offset, v, t, scale);
+	});
+}
+
+double emu_cross_entropy_combine(float *lse, double *part, const float *stats, unsigned long long parts, unsigned long long rows, unsigned threads) {
+	grid(threads, [&] { cross_entropy_combine(lse, part, stats, parts, rows); });
+	double out = 0;
+	grid(threads, [&] { sum_rows(&out, part, rows); });
+	return out;
+}
+
+void emu_adamw(float *param, const float *grad, float *m, float *v, unsigned long long n,
+		float decay, float step, float root, float eps, float w1, float b2, unsigned threads) {
+	grid(threads, [&] { adamw_f32(param, grad, m, v, n, decay, step, root, eps, w1, b2); });
+}

@@ -1,0 +1,361 @@
+// The cuda provider's kernels: GELU forward and backward, the mean squared
+// error with its gradient and a fixed-order float64 sum, the bfloat16 bias
+// gradient, the bfloat16 axpy (SGD), the float32 <-> bfloat16 casts, and the
+// transformer's ops (layer norm, embedding, cross-entropy, AdamW). Every
+// kernel is a grid-stride loop with no barrier and no atomic, so the host
+// emulation (emu.go) runs it thread by thread and tests it against the cpu
+// provider; gen.sh compiles it to kernels.ptx, which the provider embeds.
+// It is a header so that the Go build tracks it for the emulation. The math
+// library is not used: exp and log are the range reductions below, so nvcc,
+// clang and the host compute the same functions.
+#include "device.h"
+
+// mr_exp is e^x in double: x = k·ln2 + r, |r| <= ln2/2, e^r by its Taylor
+// series to degree 13 (error below 2e-17), times 2^k built in the exponent.
+__device__ static inline double mr_exp(double x) {
+	if (x > 700) x = 700;
+	if (x < -700) x = -700;
+	const double ln2 = 0.6931471805599453, invln2 = 1.4426950408889634;
+	double kf = x * invln2;
+	long long k = (long long)(kf < 0 ? kf - 0.5 : kf + 0.5);
+	double r = x - (double)k * ln2;
+	double p = 1.0 / 6227020800.0;
+	p = p * r + 1.0 / 479001600.0;
+	p = p * r + 1.0 / 39916800.0;
+	p = p * r + 1.0 / 3628800.0;
+	p = p * r + 1.0 / 362880.0;
+	p = p * r + 1.0 / 40320.0;
+	p = p * r + 1.0 / 5040.0;
+	p = p * r + 1.0 / 720.0;
+	p = p * r + 1.0 / 120.0;
+	p = p * r + 1.0 / 24.0;
+	p = p * r + 1.0 / 6.0;
+	p = p * r + 0.5;
+	p = p * r + 1.0;
+	p = p * r + 1.0;
+	union { unsigned long long u; double d; } s;
+	s.u = (unsigned long long)(k + 1023) << 52;
+	return p * s.d;
+}
+
+// tanh(u) = sign(u)·(1 − 2/(e^{2|u|} + 1)).
+__device__ static inline double mr_tanh(double u) {
+	double a = u < 0 ? -u : u;
+	double t = a > 20 ? 1.0 : 1.0 - 2.0 / (mr_exp(2 * a) + 1.0);
+	return u < 0 ? -t : t;
+}
+
+// The tanh approximation of GELU (kernels.GeluSqrt2OverPi, kernels.GeluCoeff).
+#define MR_C 0.7978845608028654
+#define MR_K 0.044715
+
+__device__ static inline double gelu(double x) {
+	return 0.5 * x * (1 + mr_tanh(MR_C * (x + MR_K * x * x * x)));
+}
+
+__device__ static inline double gelu_grad(double x) {
+	double t = mr_tanh(MR_C * (x + MR_K * x * x * x));
+	return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * MR_C * (1 + 3 * MR_K * x * x);
+}
+
+// y = gelu(x)
+MR_KERNEL void gelu_f32(float *y, const float *x, unsigned long long n) {
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = (float)gelu(x[i]);
+}
+MR_KERNEL void gelu_f64(double *y, const double *x, unsigned long long n) {
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = gelu(x[i]);
+}
+MR_KERNEL void gelu_bf16(bf16 *y, const bf16 *x, unsigned long long n) {
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = f2bf((float)gelu(bf2f(x[i])));
+}
+
+// dx = dy·gelu'(x)
+MR_KERNEL void gelu_grad_f32(float *dx, const float *dy, const float *x, unsigned long long n) {
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) dx[i] = dy[i] * (float)gelu_grad(x[i]);
+}
+MR_KERNEL void gelu_grad_f64(double *dx, const double *dy, const double *x, unsigned long long n) {
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) dx[i] = dy[i] * gelu_grad(x[i]);
+}
+MR_KERNEL void gelu_grad_bf16(bf16 *dx, const bf16 *dy, const bf16 *x, unsigned long long n) {
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS)
+		dx[i] = f2bf(bf2f(dy[i]) * (float)gelu_grad(bf2f(x[i])));
+}
+
+// dy = scale·(y − t); part[thread] = Σ over the thread's elements of
+// (y − t)² in float64. The sum is finished by sum_stage (twice): a fixed
+// grid makes a fixed order.
+MR_KERNEL void mse_f32(float *dy, double *part, const float *y, const float *t, float scale, unsigned long long n) {
+	double acc = 0;
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) {
+		float d = y[i] - t[i];
+		acc += (double)(d * d);
+		dy[i] = d * scale;
+	}
+	part[MR_TID] = acc;
+}
+MR_KERNEL void mse_f64(double *dy, double *part, const double *y, const double *t, double scale, unsigned long long n) {
+	double acc = 0;
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) {
+		double d = y[i] - t[i];
+		acc += d * d;
+		dy[i] = d * scale;
+	}
+	part[MR_TID] = acc;
+}
+MR_KERNEL void mse_bf16(bf16 *dy, double *part, const bf16 *y, const bf16 *t, float scale, unsigned long long n) {
+	double acc = 0;
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) {
+		float d = bf2f(y[i]) - bf2f(t[i]);
+		acc += (double)(d * d);
+		dy[i] = f2bf(d * scale);
+	}
+	part[MR_TID] = acc;
+}
+
+// out[thread] = Σ in[thread + k·threads] for k < n/threads: one stage of
+// the fixed-order sum (n a multiple of the thread count).
+MR_KERNEL void sum_stage(double *out, const double *in, unsigned long long n) {
+	double acc = 0;
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) acc += in[i];
+	out[MR_TID] = acc;
+}
+
+// y += alpha·x, bfloat16 storage, float32 arithmetic, rounded once.
+MR_KERNEL void axpy_bf16(bf16 *y, const bf16 *x, float alpha, unsigned long long n) {
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = f2bf(bf2f(y[i]) + alpha * bf2f(x[i]));
+}
+
+MR_KERNEL void cast_f32_bf16(bf16 *y, const float *x, unsigned long long n) {
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = f2bf(x[i]);
+}
+MR_KERNEL void cast_bf16_f32(float *y, const bf16 *x, unsigned long long n) {
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = bf2f(x[i]);
+}
+
+// db[j] (+)= Σ over the m rows of dy[i·n + j], float32 accumulation, one
+// thread per column (neighbouring threads read neighbouring elements);
+// db in float32 (the master gradient) or bfloat16 (rounded once).
+MR_KERNEL void bias_grad_bf16_f32(float *db, const bf16 *dy, unsigned long long m, unsigned long long n, int accumulate) {
+	for (unsigned long long j = MR_TID; j < n; j += MR_NTHREADS) {
+		float acc = accumulate ? db[j] : 0.0f;
+		for (unsigned long long i = 0; i < m; i++) acc += bf2f(dy[i * n + j]);
+		db[j] = acc;
+	}
+}
+MR_KERNEL void bias_grad_bf16(bf16 *db, const bf16 *dy, unsigned long long m, unsigned long long n, int accumulate) {
+	for (unsigned long long j = MR_TID; j < n; j += MR_NTHREADS) {
+		float acc = accumulate ? bf2f(db[j]) : 0.0f;
+		for (unsigned long long i = 0; i < m; i++) acc += bf2f(dy[i * n + j]);
+		db[j] = f2bf(acc);
+	}
+}
+
+// ---- The transformer's ops (float32 or bfloat16 data; statistics, ids and
+// targets in float32). Per-row work runs one thread per row, per-column work
+// one thread per column: no barrier, no atomic.
+
+// mr_log is ln x for x > 0 in double: x = 2^k·m, m in [√½, √2), ln m =
+// 2·atanh(s), s = (m − 1)/(m + 1), |s| <= 0.1716, by its series to s^23.
+__device__ static inline double mr_log(double x) {
+	union { unsigned long long u; double d; } b;
+	b.d = x;
+	long long k = (long long)((b.u >> 52) & 0x7ff) - 1023;
+	b.u = (b.u & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL; // m in [1, 2)
+	double m = b.d;
+	if (m > 1.4142135623730951) {
+		m *= 0.5;
+		k++;
+	}
+	double s = (m - 1) / (m + 1), s2 = s * s, t = 0;
+	for (int i = 23; i >= 1; i -= 2) t = t * s2 + 1.0 / i;
+	return (double)k * 0.6931471805599453 + 2 * s * t;
+}
+
+// row is the table or vocabulary row of an id (an integer held as a float)
+// in a shard of rows from offset, or -1.
+__device__ static inline long long mr_row(float id, long long offset, long long rows) {
+	double x = id;
+	long long r = (long long)(x < 0 ? x - 0.5 : x + 0.5) - offset;
+	return r >= 0 && r < rows ? r : -1;
+}
+
+// y = (x − mean)·rstd·gamma + beta per row of d; stats[2r], stats[2r+1] =
+// mean, rstd (sums in double).
+template <class T>
+__device__ static void layer_norm(T *y, float *stats, const T *x, const T *gamma, const T *beta,
+		unsigned long long rows, unsigned long long d, double eps) {
+	for (unsigned long long r = MR_TID; r < rows; r += MR_NTHREADS) {
+		unsigned long long o = r * d;
+		double sum = 0, sq = 0;
+		for (unsigned long long i = 0; i < d; i++) sum += ld(x, o + i);
+		double mean = sum / (double)d;
+		for (unsigned long long i = 0; i < d; i++) {
+			double c = ld(x, o + i) - mean;
+			sq += c * c;
+		}
+		float m = (float)mean, s = (float)(1 / MR_SQRT(sq / (double)d + eps));
+		for (unsigned long long i = 0; i < d; i++)
+			st(y, o + i, (ld(x, o + i) - m) * s * ld(gamma, i) + (beta ? ld(beta, i) : 0.0f));
+		stats[2 * r] = m;
+		stats[2 * r + 1] = s;
+	}
+}
+MR_KERNEL void layer_norm_f32(float *y, float *stats, const float *x, const float *gamma, const float *beta,
+		unsigned long long rows, unsigned long long d, double eps) { layer_norm(y, stats, x, gamma, beta, rows, d, eps); }
+MR_KERNEL void layer_norm_bf16(bf16 *y, float *stats, const bf16 *x, const bf16 *gamma, const bf16 *beta,
+		unsigned long long rows, unsigned long long d, double eps) { layer_norm(y, stats, x, gamma, beta, rows, d, eps); }
+
+// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·gamma, per row.
+template <class T>
+__device__ static void layer_norm_dx(T *dx, const T *dy, const T *x, const T *gamma, const float *stats,
+		unsigned long long rows, unsigned long long d) {
+	for (unsigned long long r = MR_TID; r < rows; r += MR_NTHREADS) {
+		unsigned long long o = r * d;
+		float m = stats[2 * r], s = stats[2 * r + 1];
+		double m1 = 0, m2 = 0;
+		for (unsigned long long i = 0; i < d; i++) {
+			float g = ld(dy, o + i) * ld(gamma, i);
+			m1 += g;
+			m2 += (double)g * (double)((ld(x, o + i) - m) * s);
+		}
+		float a = (float)(m1 / (double)d), b = (float)(m2 / (double)d);
+		for (unsigned long long i = 0; i < d; i++)
+			st(dx, o + i, s * (ld(dy, o + i) * ld(gamma, i) - a - (ld(x, o + i) - m) * s * b));
+	}
+}
+MR_KERNEL void layer_norm_dx_f32(float *dx, const float *dy, const float *x, const float *gamma, const float *stats,
+		unsigned long long rows, unsigned long long d) { layer_norm_dx(dx, dy, x, gamma, stats, rows, d); }
+MR_KERNEL void layer_norm_dx_bf16(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *gamma, const float *stats,
+		unsigned long long rows, unsigned long long d) { layer_norm_dx(dx, dy, x, gamma, stats, rows, d); }
+
+// dgamma (+)= Σ_rows dy·x̂, dbeta (+)= Σ_rows dy, per column, in double;
+// either may be null.
+template <class T>
+__device__ static void layer_norm_dgb(T *dgamma, T *dbeta, const T *dy, const T *x, const float *stats,
+		unsigned long long rows, unsigned long long d, int accumulate) {
+	for (unsigned long long i = MR_TID; i < d; i += MR_NTHREADS) {
+		double g = 0, b = 0;
+		for (unsigned long long r = 0; r < rows; r++) {
+			double v = ld(dy, r * d + i);
+			g += v * (double)((ld(x, r * d + i) - stats[2 * r]) * stats[2 * r + 1]);
+			b += v;
+		}
+		if (dgamma) st(dgamma, i, (accumulate ? ld(dgamma, i) : 0.0f) + (float)g);
+		if (dbeta) st(dbeta, i, (accumulate ? ld(dbeta, i) : 0.0f) + (float)b);
+	}
+}
+MR_KERNEL void layer_norm_dgb_f32(float *dgamma, float *dbeta, const float *dy, const float *x, const float *stats,
+		unsigned long long rows, unsigned long long d, int accumulate) { layer_norm_dgb(dgamma, dbeta, dy, x, stats, rows, d, accumulate); }
+MR_KERNEL void layer_norm_dgb_bf16(bf16 *dgamma, bf16 *dbeta, const bf16 *dy, const bf16 *x, const float *stats,
+		unsigned long long rows, unsigned long long d, int accumulate) { layer_norm_dgb(dgamma, dbeta, dy, x, stats, rows, d, accumulate); }
+
+// y[i, c] = table[row(ids[i]), c], zeros for ids outside the shard.
+template <class T>
+__device__ static void embedding(T *y, const float *ids, const T *table, long long offset, unsigned long long rows,
+		unsigned long long d, unsigned long long n) {
+	for (unsigned long long e = MR_TID; e < n * d; e += MR_NTHREADS) {
+		unsigned long long i = e / d, c = e % d;
+		long long r = mr_row(ids[i], offset, (long long)rows);
+		st(y, e, r < 0 ? 0.0f : ld(table, (unsigned long long)r * d + c));
+	}
+}
+MR_KERNEL void embedding_f32(float *y, const float *ids, const float *table, long long offset, unsigned long long rows,
+		unsigned long long d, unsigned long long n) { embedding(y, ids, table, offset, rows, d, n); }
+MR_KERNEL void embedding_bf16(bf16 *y, const float *ids, const bf16 *table, long long offset, unsigned long long rows,
+		unsigned long long d, unsigned long long n) { embedding(y, ids, table, offset, rows, d, n); }
+
+// dtable[row(ids[i]), c] += dy[i, c] into a float32 table (the provider
+// zeroes it, or widens a bfloat16 one, first), one thread per column: ids
+// that repeat add in id order.
+template <class T>
+__device__ static void embedding_grad(float *dtable, const T *dy, const float *ids, long long offset, unsigned long long rows,
+		unsigned long long d, unsigned long long n) {
+	for (unsigned long long c = MR_TID; c < d; c += MR_NTHREADS)
+		for (unsigned long long i = 0; i < n; i++) {
+			long long r = mr_row(ids[i], offset, (long long)rows);
+			if (r >= 0) dtable[(unsigned long long)r * d + c] += ld(dy, i * d + c);
+		}
+}
+MR_KERNEL void embedding_grad_f32(float *dtable, const float *dy, const float *ids, long long offset, unsigned long long rows,
+		unsigned long long d, unsigned long long n) { embedding_grad(dtable, dy, ids, offset, rows, d, n); }
+MR_KERNEL void embedding_grad_bf16(float *dtable, const bf16 *dy, const float *ids, long long offset, unsigned long long rows,
+		unsigned long long d, unsigned long long n) { embedding_grad(dtable, dy, ids, offset, rows, d, n); }
+
+// stats[3t..] = (max, Σ exp(l − max), the target's logit or 0) per row of v
+// logits (a vocabulary shard from offset).
+template <class T>
+__device__ static void cross_entropy(float *stats, const T *logits, const float *targets, long long offset,
+		unsigned long long v, unsigned long long t) {
+	for (unsigned long long i = MR_TID; i < t; i += MR_NTHREADS) {
+		unsigned long long o = i * v;
+		double top = -1.0 / 0.0;
+		for (unsigned long long j = 0; j < v; j++) top = ld(logits, o + j) > top ? ld(logits, o + j) : top;
+		double z = 0;
+		for (unsigned long long j = 0; j < v; j++) z += mr_exp(ld(logits, o + j) - top);
+		long long r = mr_row(targets[i], offset, (long long)v);
+		stats[3 * i] = (float)top;
+		stats[3 * i + 1] = (float)z;
+		stats[3 * i + 2] = r < 0 ? 0.0f : ld(logits, o + (unsigned long long)r);
+	}
+}
+MR_KERNEL void cross_entropy_f32(float *stats, const float *logits, const float *targets, long long offset,
+		unsigned long long v, unsigned long long t) { cross_entropy(stats, logits, targets, offset, v, t); }
+MR_KERNEL void cross_entropy_bf16(float *stats, const bf16 *logits, const float *targets, long long offset,
+		unsigned long long v, unsigned long long t) { cross_entropy(stats, logits, targets, offset, v, t); }
+
+// dlogits = scale·(exp(l − lse) − [column = target]).
+template <class T>
+__device__ static void cross_entropy_grad(T *dl, const T *logits, const float *targets, const float *lse, long long offset,
+		unsigned long long v, unsigned long long t, double scale) {
+	for (unsigned long long e = MR_TID; e < t * v; e += MR_NTHREADS) {
+		unsigned long long i = e / v, j = e % v;
+		float d = (float)(scale * mr_exp((double)ld(logits, e) - (double)lse[i]));
+		if (mr_row(targets[i], offset, (long long)v) == (long long)j) d -= (float)scale;
+		st(dl, e, d);
+	}
+}
+MR_KERNEL void cross_entropy_grad_f32(float *dl, const float *logits, const float *targets, const float *lse, long long offset,
+		unsigned long long v, unsigned long long t, double scale) { cross_entropy_grad(dl, logits, targets, lse, offset, v, t, scale); }
+MR_KERNEL void cross_entropy_grad_bf16(bf16 *dl, const bf16 *logits, const float *targets, const float *lse, long long offset,
+		unsigned long long v, unsigned long long t, double scale) { cross_entropy_grad(dl, logits, targets, lse, offset, v, t, scale); }
+
+// lse[t] = the whole row's log-sum-exp from every shard's stats
+// (stats[parts][rows][3]); part[t] = lse − the target's logit (in double),
+// which sum_rows adds in row order.
+MR_KERNEL void cross_entropy_combine(float *lse, double *part, const float *stats, unsigned long long parts, unsigned long long rows) {
+	for (unsigned long long t = MR_TID; t < rows; t += MR_NTHREADS) {
+		double top = -1.0 / 0.0, z = 0, picked = 0;
+		for (unsigned long long q = 0; q < parts; q++) top = stats[(q * rows + t) * 3] > top ? stats[(q * rows + t) * 3] : top;
+		for (unsigned long long q = 0; q < parts; q++) {
+			const float *s = stats + (q * rows + t) * 3;
+			z += (double)s[1] * mr_exp((double)s[0] - top);
+			picked += s[2];
+		}
+		double l = top + mr_log(z);
+		lse[t] = (float)l;
+		part[t] = l - picked;
+	}
+}
+
+// out[0] = Σ in[i] in order (one thread).
+MR_KERNEL void sum_rows(double *out, const double *in, unsigned long long n) {
+	if (MR_TID != 0) return;
+	double acc = 0;
+	for (unsigned long long i = 0; i < n; i++) acc += in[i];
+	out[0] = acc;
+}
+
+// PyTorch's AdamW step on float32 param, grad and moments; decay = 1 −
+// lr·wd, step = lr/(1 − β1^t), root = √(1 − β2^t), w1 = 1 − β1, b2 = β2.
+MR_KERNEL void adamw_f32(float *param, const float *grad, float *m, float *v, unsigned long long n,
+		float decay, float step, float root, float eps, float w1, float b2) {
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) {
+		float g = grad[i];
+		float mi = m[i] + w1 * (g - m[i]);
+		float vi = b2 * v[i] + (1 - b2) * g * g;
+		m[i] = mi;
+		v[i] = vi;
+		float p = param[i] * decay;
+		param[i] = p - step * mi / ((float)MR_SQRT((double)vi) / root + eps);
+	}
+}

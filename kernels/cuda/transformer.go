@@ -1,0 +1,261 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/kernels/cuda/ptx"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// The transformer's ops on the GPU, as the kernels of ptx/kernels.h, for
+// float32 and bfloat16 data (statistics, ids and targets in float32);
+// float64 data goes through the host, its copies counted.
+
+// devOr0 is t's device address, or 0 for nil (an output not asked for).
+func devOr0(t *tensor.Tensor) uint64 {
+	if t == nil {
+		return 0
+	}
+	return dev(t)
+}
+
+// signed passes an int64 kernel argument.
+func signed(v int) uint64 { return uint64(int64(v)) }
+
+// LayerNorm implements kernels.Kernels: one thread per row.
+func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error {
+	if err := p.onDevice(y, stats, x, gamma, beta); err != nil {
+		return err
+	}
+	rows, d, err := kernels.LayerNormDims(y, stats, x, gamma, beta)
+	if err != nil {
+		return err
+	}
+	if x.DType() == tensor.Float64 {
+		return p.viaHost([]*tensor.Tensor{y, stats}, []*tensor.Tensor{x, gamma, beta}, func(h []*tensor.Tensor) error {
+			return p.host.LayerNorm(h[0], h[1], h[2], h[3], h[4], eps)
+		})
+	}
+	if rows == 0 {
+		return nil
+	}
+	return p.do(func() error {
+		return p.launch("layer_norm"+suffix(x.DType()), rows, 0, ptx.BlockThreads,
+			dev(y), dev(stats), dev(x), dev(gamma), devOr0(beta), uint64(rows), uint64(d), math.Float64bits(eps))
+	})
+}
+
+// LayerNormBackward implements kernels.Kernels: dx one thread per row,
+// dgamma and dbeta one thread per column.
+func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, accumulate bool) error {
+	if err := p.onDevice(dx, dgamma, dbeta, dy, x, gamma, stats); err != nil {
+		return err
+	}
+	rows, d, err := kernels.LayerNormBackwardDims(dx, dgamma, dbeta, dy, x, gamma, stats)
+	if err != nil {
+		return err
+	}
+	if x.DType() == tensor.Float64 {
+		return p.viaHost([]*tensor.Tensor{dx, dgamma, dbeta}, []*tensor.Tensor{dy, x, gamma, stats}, func(h []*tensor.Tensor) error {
+			return p.host.LayerNormBackward(h[0], h[1], h[2], h[3], h[4], h[5], h[6], accumulate)
+		})
+	}
+	sfx := suffix(x.DType())
+	return p.do(func() error {
+		if dx != nil && rows > 0 {
+			if err := p.launch("layer_norm_dx"+sfx, rows, 0, ptx.BlockThreads,
+				dev(dx), dev(dy), dev(x), dev(gamma), dev(stats), uint64(rows), uint64(d)); err != nil {
+				return err
+			}
+		}
+		if dgamma == nil && dbeta == nil || d == 0 {
+			return nil
+		}
+		return p.launch("layer_norm_dgb"+sfx, d, 0, ptx.BlockThreads,
+			devOr0(dgamma), devOr0(dbeta), dev(dy), dev(x), dev(stats), uint64(rows), uint64(d), uint64(int(betaIf(accumulate))))
+	})
+}
+
+// Embedding implements kernels.Kernels: one thread per element of y.
+func (p *Provider) Embedding(y, ids, table *tensor.Tensor, offset int) error {
+	if err := p.onDevice(y, ids, table); err != nil {
+		return err
+	}
+	n, rows, d, err := kernels.EmbeddingDims(y, ids, table)
+	if err != nil {
+		return err
+	}
+	if y.DType() == tensor.Float64 {
+		return p.viaHost([]*tensor.Tensor{y}, []*tensor.Tensor{ids, table}, func(h []*tensor.Tensor) error {
+			return p.host.Embedding(h[0], h[1], h[2], offset)
+		})
+	}
+	if n*d == 0 {
+		return nil
+	}
+	return p.do(func() error {
+		return p.launch("embedding"+suffix(y.DType()), n*d, 0, ptx.BlockThreads,
+			dev(y), dev(ids), dev(table), signed(offset), uint64(rows), uint64(d), uint64(n))
+	})
+}
+
+// EmbeddingBackward implements kernels.Kernels: one thread per column adds
+// the rows of dy into a float32 table (a bfloat16 one is widened into a
+// scratch table first and narrowed after, rounded once).
+func (p *Provider) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int, accumulate bool) error {
+	if err := p.onDevice(dtable, dy, ids); err != nil {
+		return err
+	}
+	n, rows, d, err := kernels.EmbeddingDims(dy, ids, dtable)
+	if err != nil {
+		return err
+	}
+	if dtable.DType() == tensor.Float64 {
+		return p.viaHost([]*tensor.Tensor{dtable}, []*tensor.Tensor{dy, ids}, func(h []*tensor.Tensor) error {
+			return p.host.EmbeddingBackward(h[0], h[1], h[2], offset, accumulate)
+		})
+	}
+	acc := dtable
+	if dtable.DType() == tensor.BFloat16 {
+		if acc, err = p.mem.Alloc(tensor.Float32, rows, d); err != nil {
+			return err
+		}
+		defer p.freeAfter(acc)
+		if accumulate {
+			if err := p.Cast(acc, dtable); err != nil {
+				return err
+			}
+		}
+	} else if !accumulate {
+		if err := p.mem.Zero(acc, 0, acc.Bytes()); err != nil {
+			return err
+		}
+	}
+	if n > 0 && d > 0 {
+		err := p.do(func() error {
+			return p.launch("embedding_grad"+suffix(dy.DType()), d, 0, ptx.BlockThreads,
+				dev(acc), dev(dy), dev(ids), signed(offset), uint64(rows), uint64(d), uint64(n))
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if acc != dtable {
+		return p.Cast(dtable, acc)
+	}
+	return nil
+}
+
+// freeAfter frees a scratch tensor once the work queued on it has run.
+func (p *Provider) freeAfter(t *tensor.Tensor) {
+	p.Synchronize()
+	p.mem.Free(t)
+}
+
+// CrossEntropy implements kernels.Kernels: one thread per row.
+func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error {
+	if err := p.onDevice(stats, logits, targets); err != nil {
+		return err
+	}
+	t, v, err := kernels.CrossEntropyDims(stats, logits, targets, 3)
+	if err != nil {
+		return err
+	}
+	if logits.DType() == tensor.Float64 {
+		return p.viaHost([]*tensor.Tensor{stats}, []*tensor.Tensor{logits, targets}, func(h []*tensor.Tensor) error {
+			return p.host.CrossEntropy(h[0], h[1], h[2], offset)
+		})
+	}
+	if t == 0 {
+		return nil
+	}
+	return p.do(func() error {
+		return p.launch("cross_entropy"+suffix(logits.DType()), t, 0, ptx.BlockThreads,
+			dev(stats), dev(logits), dev(targets), signed(offset), uint64(v), uint64(t))
+	})
+}
+
+// CrossEntropyBackward implements kernels.Kernels: one thread per logit.
+func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error {
+	if err := p.onDevice(dlogits, logits, targets, lse); err != nil {
+		return err
+	}
+	t, v, err := kernels.CrossEntropyDims(lse, logits, targets, 1)
+	if err != nil {
+		return err
+	}
+	if _, err := kernels.ElementwiseDims(dlogits, logits); err != nil {
+		return err
+	}
+	if logits.DType() == tensor.Float64 {
+		return p.viaHost([]*tensor.Tensor{dlogits}, []*tensor.Tensor{logits, targets, lse}, func(h []*tensor.Tensor) error {
+			return p.host.CrossEntropyBackward(h[0], h[1], h[2], h[3], offset, scale)
+		})
+	}
+	if t*v == 0 {
+		return nil
+	}
+	return p.do(func() error {
+		return p.launch("cross_entropy_grad"+suffix(logits.DType()), t*v, 0, ptx.BlockThreads,
+			dev(dlogits), dev(logits), dev(targets), dev(lse), signed(offset), uint64(v), uint64(t), math.Float64bits(scale))
+	})
+}
+
+// CrossEntropyCombine implements kernels.Kernels: each row's log-sum-exp
+// and loss term (one thread per row), then the loss summed in row order
+// (one thread), in float64.
+func (p *Provider) CrossEntropyCombine(lse, loss, stats *tensor.Tensor) error {
+	if err := p.onDevice(lse, loss, stats); err != nil {
+		return err
+	}
+	parts, rows, err := kernels.CombineDims(lse, loss, stats)
+	if err != nil {
+		return err
+	}
+	if lse.DType() == tensor.Float64 {
+		return p.viaHost([]*tensor.Tensor{lse, loss}, []*tensor.Tensor{stats}, func(h []*tensor.Tensor) error {
+			return p.host.CrossEntropyCombine(h[0], h[1], h[2])
+		})
+	}
+	part, err := p.mem.Alloc(tensor.Float64, max(rows, 1))
+	if err != nil {
+		return err
+	}
+	defer p.freeAfter(part)
+	return p.do(func() error {
+		if rows > 0 {
+			if err := p.launch("cross_entropy_combine", rows, 0, ptx.BlockThreads,
+				dev(lse), dev(part), dev(stats), uint64(parts), uint64(rows)); err != nil {
+				return err
+			}
+		}
+		return p.launch("sum_rows", 1, 1, 1, dev(loss), dev(part), uint64(rows))
+	})
+}
+
+// AdamW implements kernels.Kernels: PyTorch's step, one thread per element.
+func (p *Provider) AdamW(a kernels.AdamWParams, param, grad, m, v *tensor.Tensor) error {
+	if err := p.onDevice(param, grad, m, v); err != nil {
+		return err
+	}
+	n, err := kernels.AdamWDims(param, grad, m, v)
+	if err != nil {
+		return err
+	}
+	if a.Step < 1 {
+		return fmt.Errorf("%w: adamw step %d: steps count from 1", kernels.ErrShape, a.Step)
+	}
+	if n == 0 {
+		return nil
+	}
+	s := ptx.AdamWScalars(a)
+	args := []uint64{dev(param), dev(grad), dev(m), dev(v), uint64(n)}
+	for _, f := range s {
+		args = append(args, uint64(math.Float32bits(f)))
+	}
+	return p.do(func() error { return p.launch("adamw_f32", n, 0, ptx.BlockThreads, args...) })
+}

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -74,6 +75,18 @@ func LayerNormDims(y, stats, x, gamma, beta *tensor.Tensor) (rows, d int, err er
 		data = append(data, beta)
 	}
 	return lead(x), x.Dim(-1), dtypes(data, stats)
+}
+
+// CrossEntropyBackwardDims checks CrossEntropyBackward's operands (lse [T],
+// dlogits like logits) and returns (T, V).
+func CrossEntropyBackwardDims(dlogits, logits, targets, lse *tensor.Tensor) (t, v int, err error) {
+	if t, v, err = CrossEntropyDims(lse, logits, targets, 1); err != nil {
+		return 0, 0, err
+	}
+	if _, err := ElementwiseDims(dlogits, logits); err != nil {
+		return 0, 0, err
+	}
+	return t, v, nil
 }
 
 // LayerNormBackwardDims checks LayerNormBackward's operands (dx, dgamma and
@@ -167,13 +180,29 @@ func CombineDims(lse, loss, stats *tensor.Tensor) (p, t int, err error) {
 	return stats.Dim(0), stats.Dim(1), dtypes([]*tensor.Tensor{stats, lse})
 }
 
-// AdamWDims checks AdamW's operands: float32, one shape.
-func AdamWDims(param, grad, m, v *tensor.Tensor) (int, error) {
+// AdamWDims checks AdamW's step and operands: float32, one shape.
+func AdamWDims(a AdamWParams, param, grad, m, v *tensor.Tensor) (int, error) {
+	if a.Step < 1 {
+		return 0, fmt.Errorf("%w: adamw step %d: steps count from 1", ErrShape, a.Step)
+	}
 	n, err := ElementwiseDims(param, grad, m, v)
 	if err == nil && param.DType() != tensor.Float32 {
 		err = fmt.Errorf("%w: adamw on %v: parameters and moments stay float32", ErrDType, param.DType())
 	}
 	return n, err
+}
+
+// AdamWScalars are the float32 factors of step a, as every provider
+// computes them: decay = 1 − lr·wd, step = lr/(1 − β1^t), root =
+// √(1 − β2^t), eps, w1 = 1 − β1, b2 = β2; then per element m += w1·(g − m),
+// v = b2·v + (1 − b2)·g², p = p·decay − step·m/(√v/root + eps).
+type AdamWScalars struct{ Decay, Step, Root, Eps, W1, B2 float32 }
+
+// Scalars returns step a's factors.
+func (a AdamWParams) Scalars() AdamWScalars {
+	c1 := 1 - math.Pow(a.Beta1, float64(a.Step))
+	c2 := 1 - math.Pow(a.Beta2, float64(a.Step))
+	return AdamWScalars{float32(1 - a.LR*a.WeightDecay), float32(a.LR / c1), float32(math.Sqrt(c2)), float32(a.Eps), float32(1 - a.Beta1), float32(a.Beta2)}
 }
 
 // StatsDType is the dtype of the statistics (layer norms' mean and rstd,

@@ -505,11 +505,8 @@ func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Te
 	if err := p.host(dlogits, logits, targets, lse); err != nil {
 		return err
 	}
-	t, v, err := kernels.CrossEntropyDims(lse, logits, targets, 1)
+	t, v, err := kernels.CrossEntropyBackwardDims(dlogits, logits, targets, lse)
 	if err != nil {
-		return err
-	}
-	if _, err := kernels.ElementwiseDims(dlogits, logits); err != nil {
 		return err
 	}
 	if logits.DType() == tensor.BFloat16 {
@@ -587,21 +584,13 @@ func (p *Provider) AdamW(a kernels.AdamWParams, param, grad, m, v *tensor.Tensor
 	if err := p.host(param, grad, m, v); err != nil {
 		return err
 	}
-	n, err := kernels.AdamWDims(param, grad, m, v)
+	n, err := kernels.AdamWDims(a, param, grad, m, v)
 	if err != nil {
 		return err
 	}
-	if a.Step < 1 {
-		return fmt.Errorf("%w: adamw step %d: steps count from 1", kernels.ErrShape, a.Step)
-	}
 	pw, gw, mw, vw := param.Float32(), grad.Float32(), m.Float32(), v.Float32()
-	c1 := 1 - math.Pow(a.Beta1, float64(a.Step))
-	c2 := 1 - math.Pow(a.Beta2, float64(a.Step))
-	decay := float32(1 - a.LR*a.WeightDecay)
-	step := float32(a.LR / c1)
-	root := float32(math.Sqrt(c2))
-	eps := float32(a.Eps)
-	w1, b2 := float32(1-a.Beta1), float32(a.Beta2)
+	k := a.Scalars()
+	decay, step, root, eps, w1, b2 := k.Decay, k.Step, k.Root, k.Eps, k.W1, k.B2
 	inPieces(n, p.nthreads(), func(_, lo, hi int) {
 		for i := lo; i < hi; i++ {
 			g := gw[i]

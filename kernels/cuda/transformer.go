@@ -3,7 +3,6 @@
 package cuda
 
 import (
-	"fmt"
 	"math"
 
 	"github.com/meshrun/meshrun/kernels"
@@ -184,11 +183,8 @@ func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Te
 	if err := p.onDevice(dlogits, logits, targets, lse); err != nil {
 		return err
 	}
-	t, v, err := kernels.CrossEntropyDims(lse, logits, targets, 1)
+	t, v, err := kernels.CrossEntropyBackwardDims(dlogits, logits, targets, lse)
 	if err != nil {
-		return err
-	}
-	if _, err := kernels.ElementwiseDims(dlogits, logits); err != nil {
 		return err
 	}
 	if logits.DType() == tensor.Float64 {
@@ -242,19 +238,13 @@ func (p *Provider) AdamW(a kernels.AdamWParams, param, grad, m, v *tensor.Tensor
 	if err := p.onDevice(param, grad, m, v); err != nil {
 		return err
 	}
-	n, err := kernels.AdamWDims(param, grad, m, v)
-	if err != nil {
+	n, err := kernels.AdamWDims(a, param, grad, m, v)
+	if err != nil || n == 0 {
 		return err
 	}
-	if a.Step < 1 {
-		return fmt.Errorf("%w: adamw step %d: steps count from 1", kernels.ErrShape, a.Step)
-	}
-	if n == 0 {
-		return nil
-	}
-	s := ptx.AdamWScalars(a)
+	k := a.Scalars()
 	args := []uint64{dev(param), dev(grad), dev(m), dev(v), uint64(n)}
-	for _, f := range s {
+	for _, f := range []float32{k.Decay, k.Step, k.Root, k.Eps, k.W1, k.B2} {
 		args = append(args, uint64(math.Float32bits(f)))
 	}
 	return p.do(func() error { return p.launch("adamw_f32", n, 0, ptx.BlockThreads, args...) })

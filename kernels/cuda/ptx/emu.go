@@ -15,6 +15,7 @@ import "C"
 import (
 	"unsafe"
 
+	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -152,7 +153,8 @@ func CrossEntropyCombine(lse, stats *tensor.Tensor, parts, rows, threads int) fl
 	return float64(C.emu_cross_entropy_combine(f32(lse), (*C.double)(ptr(part)), f32(stats), C.ulonglong(parts), C.ulonglong(rows), C.uint(threads)))
 }
 
-// AdamW runs adamw_f32 with s = cuda.AdamWScalars.
-func AdamW(s [6]float32, param, grad, m, v *tensor.Tensor, threads int) {
-	C.emu_adamw(f32(param), f32(grad), f32(m), f32(v), C.ulonglong(param.Len()), C.float(s[0]), C.float(s[1]), C.float(s[2]), C.float(s[3]), C.float(s[4]), C.float(s[5]), C.uint(threads))
+// AdamW runs adamw_f32 with step a's factors.
+func AdamW(a kernels.AdamWParams, param, grad, m, v *tensor.Tensor, threads int) {
+	k := a.Scalars()
+	C.emu_adamw(f32(param), f32(grad), f32(m), f32(v), C.ulonglong(param.Len()), C.float(k.Decay), C.float(k.Step), C.float(k.Root), C.float(k.Eps), C.float(k.W1), C.float(k.B2), C.uint(threads))
 }

@@ -3,11 +3,8 @@ package ptx
 import (
 	"crypto/sha256"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
-
-	"github.com/meshrun/meshrun/kernels"
 )
 
 // Launch shapes of the kernels. The sum of the
@@ -31,13 +28,4 @@ func SourcesHash(dir string) (string, error) {
 		list += fmt.Sprintf("%x  %s\n", sha256.Sum256(b), name)
 	}
 	return fmt.Sprintf("%x", sha256.Sum256([]byte(list)))[:16], nil
-}
-
-// AdamWScalars are the adamw_f32 kernel's scalar arguments for step a,
-// computed as the cpu provider computes them: decay = 1 − lr·wd, step =
-// lr/(1 − β1^t), root = √(1 − β2^t), eps, w1 = 1 − β1, b2 = β2.
-func AdamWScalars(a kernels.AdamWParams) [6]float32 {
-	c1 := 1 - math.Pow(a.Beta1, float64(a.Step))
-	c2 := 1 - math.Pow(a.Beta2, float64(a.Step))
-	return [6]float32{float32(1 - a.LR*a.WeightDecay), float32(a.LR / c1), float32(math.Sqrt(c2)), float32(a.Eps), float32(1 - a.Beta1), float32(a.Beta2)}
 }

@@ -177,7 +177,7 @@ func TestTransformerKernelsMatchCPU(t *testing.T) {
 	for step := 1; step <= 3; step++ {
 		a := kernels.AdamWParams{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: step}
 		grad := randn(rng, tensor.Float32, 1, 1001)
-		AdamW(AdamWScalars(a), param, grad, m, v, 33)
+		AdamW(a, param, grad, m, v, 33)
 		if err := p.AdamW(a, wp, grad, wm, wv); err != nil {
 			t.Fatal(err)
 		}

@@ -56,58 +56,54 @@ func allReduceTwice(t *testing.T, ws []*collective.World, mems []tensor.Memory) 
 // waits on the library. Each aborts every rank's communicator, and every
 // rank fails with the typed error, none left waiting.
 func TestNCCLFaults(t *testing.T) {
-	t.Run("stalled_work", func(t *testing.T) {
-		leak := collectivetest.Goroutines(t)
-		var aborted atomic.Int32
-		ws, mems := ncclWorlds(t, 3, time.Second, collective.FakeNCCLOptions{Stall: map[int]int{1: 2}, Aborted: &aborted})
-		start := time.Now()
-		errs := allReduceTwice(t, ws, mems)
+	for _, tc := range []struct {
+		name    string
+		n       int
+		timeout time.Duration
+		fake    collective.FakeNCCLOptions
+		failAt  time.Duration // > 0: rank 0's World is failed from outside then
+		kind    error
+		culprit int // < -1: any
+		limit   time.Duration
+		detail  string
+	}{
 		// The first to see the deadline names the failure: the stalled rank
-		// (its work did not complete), or a peer whose share of the work never
-		// heard from it (the fake's data moves over a host Group).
-		expect(t, errs, -1, collective.ErrTimeout, -2, time.Since(start), 4*time.Second)
-		closeAll(ws)
-		if a := aborted.Load(); a != 3 {
-			t.Errorf("%d communicators aborted, want 3", a)
-		}
-		leak()
-	})
-	t.Run("async_error", func(t *testing.T) {
-		leak := collectivetest.Goroutines(t)
-		var aborted atomic.Int32
-		ws, mems := ncclWorlds(t, 4, 30*time.Second, collective.FakeNCCLOptions{Fail: map[int]int{2: 2}, Aborted: &aborted})
-		start := time.Now()
-		errs := allReduceTwice(t, ws, mems)
-		expect(t, errs, -1, collective.ErrLibrary, 2, time.Since(start), 3*time.Second)
-		if !strings.Contains(errs[0].Error(), "unhandled cuda error") {
-			t.Errorf("rank 0: %v", errs[0])
-		}
-		closeAll(ws)
-		if a := aborted.Load(); a != 4 {
-			t.Errorf("%d communicators aborted, want 4", a)
-		}
-		leak()
-	})
-	t.Run("job_aborted", func(t *testing.T) {
+		// (its work did not complete), or a peer whose share of the work
+		// never heard from it (the fake's data moves over a host Group).
+		{name: "stalled_work", n: 3, timeout: time.Second, fake: collective.FakeNCCLOptions{Stall: map[int]int{1: 2}},
+			kind: collective.ErrTimeout, culprit: -2, limit: 4 * time.Second},
+		{name: "async_error", n: 4, timeout: 30 * time.Second, fake: collective.FakeNCCLOptions{Fail: map[int]int{2: 2}},
+			kind: collective.ErrLibrary, culprit: 2, limit: 3 * time.Second, detail: "unhandled cuda error"},
 		// Every rank's work hangs; rank 0's World is failed from outside (as
 		// an abort notice from the launcher does): all ranks abort and fail
 		// at once, long before the 30 s deadline.
-		leak := collectivetest.Goroutines(t)
-		var aborted atomic.Int32
-		ws, mems := ncclWorlds(t, 3, 30*time.Second, collective.FakeNCCLOptions{Stall: map[int]int{0: 1, 1: 1, 2: 1}, Aborted: &aborted})
-		go func() {
-			time.Sleep(300 * time.Millisecond)
-			ws[0].Fail(errors.New("stopped by the launcher"))
-		}()
-		start := time.Now()
-		errs := allReduceTwice(t, ws, mems)
-		expect(t, errs, -1, collective.ErrAborted, -2, time.Since(start), 3*time.Second)
-		closeAll(ws)
-		if a := aborted.Load(); a != 3 {
-			t.Errorf("%d communicators aborted, want 3", a)
-		}
-		leak()
-	})
+		{name: "job_aborted", n: 3, timeout: 30 * time.Second, fake: collective.FakeNCCLOptions{Stall: map[int]int{0: 1, 1: 1, 2: 1}},
+			failAt: 300 * time.Millisecond, kind: collective.ErrAborted, culprit: -2, limit: 3 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			leak := collectivetest.Goroutines(t)
+			var aborted atomic.Int32
+			tc.fake.Aborted = &aborted
+			ws, mems := ncclWorlds(t, tc.n, tc.timeout, tc.fake)
+			if tc.failAt > 0 {
+				go func() {
+					time.Sleep(tc.failAt)
+					ws[0].Fail(errors.New("stopped by the launcher"))
+				}()
+			}
+			start := time.Now()
+			errs := allReduceTwice(t, ws, mems)
+			expect(t, errs, -1, tc.kind, tc.culprit, time.Since(start), tc.limit)
+			if !strings.Contains(errs[0].Error(), tc.detail) {
+				t.Errorf("rank 0: %v", errs[0])
+			}
+			closeAll(ws)
+			if a := int(aborted.Load()); a != tc.n {
+				t.Errorf("%d communicators aborted, want %d", a, tc.n)
+			}
+			leak()
+		})
+	}
 }
 
 // TestNCCLChoice: a World of one runs its collectives through the library;

@@ -7,6 +7,7 @@ package nccl
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cuda.h>
@@ -33,7 +34,11 @@ static mr_res (*p_recv)(void *, size_t, int, int, mr_comm, void *);
 static mr_res (*p_groupStart)(void);
 static mr_res (*p_groupEnd)(void);
 
-#define MR_SYM(v, name) do { *(void **)(&v) = dlsym(mr_lib, name); if (!v) return name; } while (0)
+static char mr_missing[128];
+#define MR_SYM(v, name) do { \
+	*(void **)(&v) = dlsym(mr_lib, name); \
+	if (!v) { snprintf(mr_missing, sizeof mr_missing, "undefined symbol %s (NCCL 2.10 or later needed)", name); return mr_missing; } \
+} while (0)
 
 // mr_load opens the library and resolves every function: NULL, or what failed.
 static const char *mr_load(const char *path) {

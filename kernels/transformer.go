@@ -133,6 +133,24 @@ func AttentionDims(o, lse, q, k, v *tensor.Tensor) (b, h, s, t, e, f int, err er
 	return q.Len() / max(s*h*e, 1), h, s, t, e, f, dtypes([]*tensor.Tensor{q, k, v, o}, lse)
 }
 
+// AttentionBackwardDims checks AttentionBackward's operands (dq, dk, dv
+// shaped as q, k, v; dk and dv nil when q is packed) and returns what
+// AttentionDims returns.
+func AttentionBackwardDims(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor) (b, h, s, t, e, f int, err error) {
+	b, h, s, t, e, f, err = AttentionDims(o, lse, q, k, v)
+	if err != nil {
+		return
+	}
+	if (dk == nil) != (k == nil) || (dv == nil) != (v == nil) || !tensor.SameShape(dq, q) || !tensor.SameShape(do, o) ||
+		k != nil && (!tensor.SameShape(dk, k) || !tensor.SameShape(dv, v)) {
+		return 0, 0, 0, 0, 0, 0, fmt.Errorf("%w: attention backward dq=%v dk=%v dv=%v do=%v for q=%v k=%v v=%v", ErrShape, dq, dk, dv, do, q, k, v)
+	}
+	if _, _, _, _, _, _, err := AttentionDims(do, lse, dq, dk, dv); err != nil {
+		return 0, 0, 0, 0, 0, 0, err
+	}
+	return b, h, s, t, e, f, nil
+}
+
 // packedDims checks a packed attention: qkv[..., S, H, 3, E] (per head its
 // query, key and value: Megatron's fused projection), o[..., S, H, E].
 func packedDims(o, lse, qkv *tensor.Tensor) (b, h, s, t, e, f int, err error) {

@@ -1,7 +1,6 @@
 package cpu
 
 import (
-	"fmt"
 	"math"
 	"sync"
 
@@ -308,15 +307,8 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	if err := p.host(dq, dk, dv, do, q, k, v, o, lse); err != nil {
 		return err
 	}
-	b, h, s, t, e, f, err := kernels.AttentionDims(o, lse, q, k, v)
+	b, h, s, t, e, f, err := kernels.AttentionBackwardDims(dq, dk, dv, do, q, k, v, o, lse)
 	if err != nil {
-		return err
-	}
-	if (dk == nil) != (k == nil) || (dv == nil) != (v == nil) || !tensor.SameShape(dq, q) || !tensor.SameShape(do, o) ||
-		k != nil && (!tensor.SameShape(dk, k) || !tensor.SameShape(dv, v)) {
-		return fmt.Errorf("%w: attention backward dq=%v dk=%v dv=%v do=%v for q=%v k=%v v=%v", kernels.ErrShape, dq, dk, dv, do, q, k, v)
-	}
-	if _, _, _, _, _, _, err := kernels.AttentionDims(do, lse, dq, dk, dv); err != nil {
 		return err
 	}
 	if q.DType() == tensor.BFloat16 {

@@ -62,7 +62,7 @@ type Provider struct {
 	blas    *cublas.Standard
 	ones    *Buffer // a device vector of 1s (float32), grown on demand
 	ones64  *Buffer
-	host    *cpu.Provider // elementwise ops run on the host (see GeluForward)
+	host    *cpu.Provider // float64 data of the non-GEMM ops runs on the host
 	mem     *Memory
 	lt      *lt          // cuBLASLt (made on first use)
 	ew      *elementwise // the kernels of ptx/kernels.h (loaded on first use)

@@ -283,26 +283,3 @@ func (p *Provider) viaHost(outs, ins []*tensor.Tensor, f func(h []*tensor.Tensor
 func (p *Provider) unsupported(op kernels.Op) error {
 	return fmt.Errorf("%w: cuda %v (next: cuBLASLt epilogues)", kernels.ErrUnsupported, op)
 }
-
-// Attention runs through the host until its kernels land (the transformer's
-// other ops: transformer.go).
-
-// Attention implements kernels.Kernels through the host.
-func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error {
-	if err := p.onDevice(o, lse, q, k, v); err != nil {
-		return err
-	}
-	return p.viaHost([]*tensor.Tensor{o, lse}, []*tensor.Tensor{q, k, v}, func(h []*tensor.Tensor) error {
-		return p.host.Attention(h[0], h[1], h[2], h[3], h[4], causal)
-	})
-}
-
-// AttentionBackward implements kernels.Kernels through the host.
-func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool) error {
-	if err := p.onDevice(dq, dk, dv, do, q, k, v, o, lse); err != nil {
-		return err
-	}
-	return p.viaHost([]*tensor.Tensor{dq, dk, dv}, []*tensor.Tensor{do, q, k, v, o, lse}, func(h []*tensor.Tensor) error {
-		return p.host.AttentionBackward(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], causal)
-	})
-}

@@ -12,7 +12,8 @@ import (
 
 // The transformer's ops on the GPU, as the kernels of ptx/kernels.h, for
 // float32 and bfloat16 data (statistics, ids and targets in float32);
-// float64 data goes through the host, its copies counted.
+// float64 data, and attention heads wider than ptx.MaxHeadDim, go through
+// the host, their copies counted.
 
 // devOr0 is t's device address, or 0 for nil (an output not asked for).
 func devOr0(t *tensor.Tensor) uint64 {
@@ -248,4 +249,89 @@ func (p *Provider) AdamW(a kernels.AdamWParams, param, grad, m, v *tensor.Tensor
 		args = append(args, uint64(math.Float32bits(f)))
 	}
 	return p.do(func() error { return p.launch("adamw_f32", n, 0, ptx.BlockThreads, args...) })
+}
+
+// attnViews are the device addresses of q, k and v (or their gradients):
+// three views of a packed qkv.
+func attnViews(a ptx.Attn, q, k, v *tensor.Tensor) (uint64, uint64, uint64) {
+	if a.Packed {
+		es := uint64(q.DType().Size())
+		return dev(q), dev(q) + uint64(a.KOff)*es, dev(q) + uint64(a.VOff)*es
+	}
+	return dev(q), dev(k), dev(v)
+}
+
+// onHostAttention reports whether an attention goes through the host.
+func onHostAttention(a ptx.Attn, dt tensor.DType) bool {
+	return dt == tensor.Float64 || a.E > ptx.MaxHeadDim || a.F > ptx.MaxHeadDim
+}
+
+// Attention implements kernels.Kernels: one thread per query row, the
+// scores recomputed in two passes (the row's log-sum-exp, then P·v).
+func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error {
+	if err := p.onDevice(o, lse, q, k, v); err != nil {
+		return err
+	}
+	a, err := ptx.AttnShape(o, lse, q, k, v)
+	if err != nil {
+		return err
+	}
+	if onHostAttention(a, q.DType()) {
+		return p.viaHost([]*tensor.Tensor{o, lse}, []*tensor.Tensor{q, k, v}, func(h []*tensor.Tensor) error {
+			return p.host.Attention(h[0], h[1], h[2], h[3], h[4], causal)
+		})
+	}
+	rows := a.B * a.H * a.S
+	if rows == 0 {
+		return nil
+	}
+	qp, kp, vp := attnViews(a, q, k, v)
+	args := append([]uint64{dev(o), dev(lse), qp, kp, vp}, a.Args()...)
+	args = append(args, uint64(int(betaIf(causal))))
+	return p.do(func() error { return p.launch("attn_fwd"+suffix(q.DType()), rows, 0, ptx.BlockThreads, args...) })
+}
+
+// AttentionBackward implements kernels.Kernels: each query row's
+// Σ do·o, then dq one thread per query row, dk and dv one thread per key
+// row, the probabilities recomputed from lse.
+func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool) error {
+	if err := p.onDevice(dq, dk, dv, do, q, k, v, o, lse); err != nil {
+		return err
+	}
+	if _, _, _, _, _, _, err := kernels.AttentionBackwardDims(dq, dk, dv, do, q, k, v, o, lse); err != nil {
+		return err
+	}
+	a, err := ptx.AttnShape(o, lse, q, k, v)
+	if err != nil {
+		return err
+	}
+	if onHostAttention(a, q.DType()) {
+		return p.viaHost([]*tensor.Tensor{dq, dk, dv}, []*tensor.Tensor{do, q, k, v, o, lse}, func(h []*tensor.Tensor) error {
+			return p.host.AttentionBackward(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], causal)
+		})
+	}
+	rows := a.B * a.H * a.S
+	if rows == 0 || a.T == 0 {
+		return nil
+	}
+	delta, err := p.mem.Alloc(tensor.Float64, rows)
+	if err != nil {
+		return err
+	}
+	defer p.freeAfter(delta)
+	sfx, c := suffix(q.DType()), uint64(int(betaIf(causal)))
+	qp, kp, vp := attnViews(a, q, k, v)
+	gq, gk, gv := attnViews(a, dq, dk, dv)
+	shape := a.Args()
+	return p.do(func() error {
+		if err := p.launch("attn_delta"+sfx, rows, 0, ptx.BlockThreads,
+			dev(delta), dev(do), dev(o), uint64(a.B), uint64(a.H), uint64(a.S), uint64(a.F)); err != nil {
+			return err
+		}
+		common := append(append([]uint64{dev(do), qp, kp, vp, dev(lse), dev(delta)}, shape...), c)
+		if err := p.launch("attn_dq"+sfx, rows, 0, ptx.BlockThreads, append([]uint64{gq}, common...)...); err != nil {
+			return err
+		}
+		return p.launch("attn_dkv"+sfx, a.B*a.H*a.T, 0, ptx.BlockThreads, append([]uint64{gk, gv}, common...)...)
+	})
 }

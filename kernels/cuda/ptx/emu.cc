@@ -114,3 +114,26 @@ void emu_adamw(float *param, const float *grad, float *m, float *v, unsigned lon
 		float decay, float step, float root, float eps, float w1, float b2, unsigned threads) {
 	grid(threads, [&] { adamw_f32(param, grad, m, v, n, decay, step, root, eps, w1, b2); });
 }
+
+void emu_attn_fwd(int bf, void *o, float *lse, const void *q, const void *k, const void *v, const unsigned long long *a, int causal, unsigned threads) {
+	grid(threads, [&] {
+		bf ? attn_fwd_bf16((bf16 *)o, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal)
+		   : attn_fwd_f32((float *)o, lse, (const float *)q, (const float *)k, (const float *)v, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal);
+	});
+}
+
+void emu_attn_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *o,
+		const float *lse, double *delta, const unsigned long long *a, int causal, unsigned threads) {
+	grid(threads, [&] {
+		bf ? attn_delta_bf16(delta, (const bf16 *)dout, (const bf16 *)o, a[0], a[1], a[2], a[5])
+		   : attn_delta_f32(delta, (const float *)dout, (const float *)o, a[0], a[1], a[2], a[5]);
+	});
+	grid(threads, [&] {
+		bf ? attn_dq_bf16((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal)
+		   : attn_dq_f32((float *)dq, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal);
+	});
+	grid(threads, [&] {
+		bf ? attn_dkv_bf16((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal)
+		   : attn_dkv_f32((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal);
+	});
+}

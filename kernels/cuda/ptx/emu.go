@@ -158,3 +158,47 @@ func AdamW(a kernels.AdamWParams, param, grad, m, v *tensor.Tensor, threads int)
 	k := a.Scalars()
 	C.emu_adamw(f32(param), f32(grad), f32(m), f32(v), C.ulonglong(param.Len()), C.float(k.Decay), C.float(k.Step), C.float(k.Root), C.float(k.Eps), C.float(k.W1), C.float(k.B2), C.uint(threads))
 }
+
+// at is the host address of element off of t.
+func at(t *tensor.Tensor, off int) unsafe.Pointer {
+	b := tensor.HostBytes(t)
+	if off*t.DType().Size() >= len(b) {
+		return nil
+	}
+	return unsafe.Pointer(&b[off*t.DType().Size()])
+}
+
+// views returns the q, k and v (or dq, dk, dv) addresses of an attention.
+func views(a Attn, q, k, v *tensor.Tensor) (unsafe.Pointer, unsafe.Pointer, unsafe.Pointer) {
+	if a.Packed {
+		return at(q, 0), at(q, a.KOff), at(q, a.VOff)
+	}
+	return bytesOf(q), bytesOf(k), bytesOf(v)
+}
+
+// Attention runs attn_fwd_*.
+func Attention(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) error {
+	a, err := AttnShape(o, lse, q, k, v)
+	if err != nil {
+		return err
+	}
+	qp, kp, vp := views(a, q, k, v)
+	args := a.Args()
+	C.emu_attn_fwd(isBF(q), bytesOf(o), f32(lse), qp, kp, vp, (*C.ulonglong)(unsafe.Pointer(&args[0])), flag(causal), C.uint(threads))
+	return nil
+}
+
+// AttentionBackward runs attn_delta_*, attn_dq_* and attn_dkv_*.
+func AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) error {
+	a, err := AttnShape(o, lse, q, k, v)
+	if err != nil {
+		return err
+	}
+	qp, kp, vp := views(a, q, k, v)
+	gq, gk, gv := views(a, dq, dk, dv)
+	delta := make([]float64, max(a.B*a.H*a.S, 1))
+	args := a.Args()
+	C.emu_attn_bwd(isBF(q), gq, gk, gv, bytesOf(do), qp, kp, vp, bytesOf(o), f32(lse), (*C.double)(ptr(delta)),
+		(*C.ulonglong)(unsafe.Pointer(&args[0])), flag(causal), C.uint(threads))
+	return nil
+}

@@ -24,6 +24,9 @@ void emu_cross_entropy_grad(int bf, void *dl, const void *logits, const float *t
 double emu_cross_entropy_combine(float *lse, double *part, const float *stats, unsigned long long parts, unsigned long long rows, unsigned threads);
 void emu_adamw(float *param, const float *grad, float *m, float *v, unsigned long long n,
 		float decay, float step, float root, float eps, float w1, float b2, unsigned threads);
+void emu_attn_fwd(int bf, void *o, float *lse, const void *q, const void *k, const void *v, const unsigned long long *a, int causal, unsigned threads);
+void emu_attn_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *o,
+		const float *lse, double *delta, const unsigned long long *a, int causal, unsigned threads);
 #ifdef __cplusplus
 }
 #endif

@@ -359,3 +359,138 @@ MR_KERNEL void adamw_f32(float *param, const float *grad, float *m, float *v, un
 		param[i] = p - step * mi / ((float)MR_SQRT((double)vi) / root + eps);
 	}
 }
+
+// ---- Attention, one thread per query row (forward, dq) or key row (dk,
+// dv): scores recomputed rather than kept, head dims up to MR_MAXD.
+// Tensors are [batch, tokens, heads, width]: element c of row i of head h
+// of batch b is at ((b·rows + i)·H + h)·width + c; a packed qkv is three
+// such views (q, k and v offset by 0, E and 2E, width 3E).
+#define MR_MAXD 256
+
+typedef unsigned long long u64;
+
+// score is q_i·k_t/√E, accumulated in float as a GEMM would.
+template <class T>
+__device__ static inline float attn_score(const T *q, const T *k, u64 qo, u64 ko, u64 E, float scale) {
+	float s = 0;
+	for (u64 c = 0; c < E; c++) s += ld(q, qo + c) * ld(k, ko + c);
+	return s * scale;
+}
+
+// o = softmax(q·kᵀ/√E)·v per row, lse = the row's log-sum-exp (causal:
+// keys t <= i).
+template <class T>
+__device__ static void attn_fwd(T *o, float *lse, const T *q, const T *k, const T *v, u64 B, u64 H, u64 S, u64 Tn,
+		u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	float scale = (float)(1 / MR_SQRT((double)E));
+	for (u64 w = MR_TID; w < B * H * S; w += MR_NTHREADS) {
+		u64 i = w % S, bh = w / S, b = bh / H, h = bh % H;
+		u64 nk = causal ? (i + 1 < Tn ? i + 1 : Tn) : Tn;
+		u64 qo = ((b * S + i) * H + h) * qs;
+		double top = -1.0 / 0.0, z = 0;
+		for (u64 t = 0; t < nk; t++) {
+			double s = attn_score(q, k, qo, ((b * Tn + t) * H + h) * ks, E, scale);
+			top = s > top ? s : top;
+		}
+		for (u64 t = 0; t < nk; t++) z += mr_exp(attn_score(q, k, qo, ((b * Tn + t) * H + h) * ks, E, scale) - top);
+		double m = top + mr_log(z);
+		lse[bh * S + i] = (float)m;
+		float acc[MR_MAXD];
+		for (u64 c = 0; c < F; c++) acc[c] = 0;
+		for (u64 t = 0; t < nk; t++) {
+			float p = (float)mr_exp(attn_score(q, k, qo, ((b * Tn + t) * H + h) * ks, E, scale) - m);
+			u64 vo = ((b * Tn + t) * H + h) * vs;
+			for (u64 c = 0; c < F; c++) acc[c] += p * ld(v, vo + c);
+		}
+		u64 oo = ((b * S + i) * H + h) * F;
+		for (u64 c = 0; c < F; c++) st(o, oo + c, acc[c]);
+	}
+}
+MR_KERNEL void attn_fwd_f32(float *o, float *lse, const float *q, const float *k, const float *v, u64 B, u64 H, u64 S, u64 Tn,
+		u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) { attn_fwd(o, lse, q, k, v, B, H, S, Tn, E, F, qs, ks, vs, causal); }
+MR_KERNEL void attn_fwd_bf16(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, u64 B, u64 H, u64 S, u64 Tn,
+		u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) { attn_fwd(o, lse, q, k, v, B, H, S, Tn, E, F, qs, ks, vs, causal); }
+
+// delta[row] = Σ do·o over the row (in double), for the backward.
+template <class T>
+__device__ static void attn_delta(double *delta, const T *dout, const T *o, u64 B, u64 H, u64 S, u64 F) {
+	for (u64 w = MR_TID; w < B * H * S; w += MR_NTHREADS) {
+		u64 i = w % S, bh = w / S, b = bh / H, h = bh % H;
+		u64 oo = ((b * S + i) * H + h) * F;
+		double d = 0;
+		for (u64 c = 0; c < F; c++) d += (double)ld(dout, oo + c) * (double)ld(o, oo + c);
+		delta[bh * S + i] = d;
+	}
+}
+MR_KERNEL void attn_delta_f32(double *delta, const float *dout, const float *o, u64 B, u64 H, u64 S, u64 F) { attn_delta(delta, dout, o, B, H, S, F); }
+MR_KERNEL void attn_delta_bf16(double *delta, const bf16 *dout, const bf16 *o, u64 B, u64 H, u64 S, u64 F) { attn_delta(delta, dout, o, B, H, S, F); }
+
+// ds for query row i and key t: P ⊙ (do·v − delta)/√E, P from lse.
+template <class T>
+__device__ static inline float attn_ds(const T *q, const T *k, const T *v, const T *dout, const float *lse, const double *delta,
+		u64 b, u64 h, u64 i, u64 t, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, float scale, float *p) {
+	u64 bh = b * H + h;
+	*p = (float)mr_exp((double)attn_score(q, k, ((b * S + i) * H + h) * qs, ((b * Tn + t) * H + h) * ks, E, scale) - (double)lse[bh * S + i]);
+	float dp = 0;
+	u64 oo = ((b * S + i) * H + h) * F, vo = ((b * Tn + t) * H + h) * vs;
+	for (u64 c = 0; c < F; c++) dp += ld(dout, oo + c) * ld(v, vo + c);
+	return (float)((double)*p * ((double)dp - delta[bh * S + i]) * (double)scale);
+}
+
+// dq[i] = Σ_t ds·k_t, one thread per query row.
+template <class T>
+__device__ static void attn_dq(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse, const double *delta,
+		u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	float scale = (float)(1 / MR_SQRT((double)E));
+	for (u64 w = MR_TID; w < B * H * S; w += MR_NTHREADS) {
+		u64 i = w % S, bh = w / S, b = bh / H, h = bh % H;
+		u64 nk = causal ? (i + 1 < Tn ? i + 1 : Tn) : Tn;
+		float acc[MR_MAXD];
+		for (u64 c = 0; c < E; c++) acc[c] = 0;
+		for (u64 t = 0; t < nk; t++) {
+			float p, ds = attn_ds(q, k, v, dout, lse, delta, b, h, i, t, H, S, Tn, E, F, qs, ks, vs, scale, &p);
+			u64 ko = ((b * Tn + t) * H + h) * ks;
+			for (u64 c = 0; c < E; c++) acc[c] += ds * ld(k, ko + c);
+		}
+		u64 qo = ((b * S + i) * H + h) * qs;
+		for (u64 c = 0; c < E; c++) st(dq, qo + c, acc[c]);
+	}
+}
+MR_KERNEL void attn_dq_f32(float *dq, const float *dout, const float *q, const float *k, const float *v, const float *lse, const double *delta,
+		u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	attn_dq(dq, dout, q, k, v, lse, delta, B, H, S, Tn, E, F, qs, ks, vs, causal);
+}
+MR_KERNEL void attn_dq_bf16(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse, const double *delta,
+		u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	attn_dq(dq, dout, q, k, v, lse, delta, B, H, S, Tn, E, F, qs, ks, vs, causal);
+}
+
+// dk[t] = Σ_i ds·q_i, dv[t] = Σ_i P·do_i, one thread per key row.
+template <class T>
+__device__ static void attn_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const float *lse, const double *delta,
+		u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	float scale = (float)(1 / MR_SQRT((double)E));
+	for (u64 w = MR_TID; w < B * H * Tn; w += MR_NTHREADS) {
+		u64 t = w % Tn, bh = w / Tn, b = bh / H, h = bh % H;
+		float gk[MR_MAXD], gv[MR_MAXD];
+		for (u64 c = 0; c < E; c++) gk[c] = 0;
+		for (u64 c = 0; c < F; c++) gv[c] = 0;
+		for (u64 i = causal ? t : 0; i < S; i++) {
+			float p, ds = attn_ds(q, k, v, dout, lse, delta, b, h, i, t, H, S, Tn, E, F, qs, ks, vs, scale, &p);
+			u64 qo = ((b * S + i) * H + h) * qs, oo = ((b * S + i) * H + h) * F;
+			for (u64 c = 0; c < E; c++) gk[c] += ds * ld(q, qo + c);
+			for (u64 c = 0; c < F; c++) gv[c] += p * ld(dout, oo + c);
+		}
+		u64 ko = ((b * Tn + t) * H + h) * ks, vo = ((b * Tn + t) * H + h) * vs;
+		for (u64 c = 0; c < E; c++) st(dk, ko + c, gk[c]);
+		for (u64 c = 0; c < F; c++) st(dv, vo + c, gv[c]);
+	}
+}
+MR_KERNEL void attn_dkv_f32(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v, const float *lse,
+		const double *delta, u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	attn_dkv(dk, dv, dout, q, k, v, lse, delta, B, H, S, Tn, E, F, qs, ks, vs, causal);
+}
+MR_KERNEL void attn_dkv_bf16(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
+		const double *delta, u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	attn_dkv(dk, dv, dout, q, k, v, lse, delta, B, H, S, Tn, E, F, qs, ks, vs, causal);
+}

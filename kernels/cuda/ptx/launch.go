@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // Launch shapes of the kernels. The sum of the
@@ -28,4 +31,37 @@ func SourcesHash(dir string) (string, error) {
 		list += fmt.Sprintf("%x  %s\n", sha256.Sum256(b), name)
 	}
 	return fmt.Sprintf("%x", sha256.Sum256([]byte(list)))[:16], nil
+}
+
+// Attn is the shape of an attention for the attn_* kernels: batch, heads,
+// query and key rows, head dims, and the row widths of q, k and v (E, E, F;
+// 3E each when packed, k and v then views of q at KOff and VOff elements).
+type Attn struct {
+	B, H, S, T, E, F int
+	QS, KS, VS       int
+	Packed           bool
+	KOff, VOff       int
+}
+
+// MaxHeadDim is the largest E and F the attention kernels take (their
+// per-thread accumulators); larger heads go through the host.
+const MaxHeadDim = 256
+
+// AttnShape checks an attention's operands (kernels.AttentionDims) and
+// returns its shape.
+func AttnShape(o, lse, q, k, v *tensor.Tensor) (Attn, error) {
+	b, h, s, t, e, f, err := kernels.AttentionDims(o, lse, q, k, v)
+	if err != nil {
+		return Attn{}, err
+	}
+	a := Attn{B: b, H: h, S: s, T: t, E: e, F: f, QS: e, KS: e, VS: f}
+	if k == nil {
+		a.QS, a.KS, a.VS, a.Packed, a.KOff, a.VOff = 3*e, 3*e, 3*e, true, e, 2*e
+	}
+	return a, nil
+}
+
+// Args are the kernels' shape arguments: B, H, S, T, E, F, qs, ks, vs.
+func (a Attn) Args() []uint64 {
+	return []uint64{uint64(a.B), uint64(a.H), uint64(a.S), uint64(a.T), uint64(a.E), uint64(a.F), uint64(a.QS), uint64(a.KS), uint64(a.VS)}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/meshrun/meshrun/ckpt"
@@ -37,7 +38,8 @@ func (c *ckptFlags) register(fs *flag.FlagSet) {
 // last one the failed attempt saved (before --init: the run goes on from
 // where it was); with none there yet, the run starts over as the first
 // attempt did. auto reports that resume.
-func (c ckptFlags) open(ps []linear.Param, steps, restart int) (ck *ckpt.Checkpoint, step int, auto bool, err error) {
+func (c ckptFlags) open(env Env, ps []linear.Param, steps int) (ck *ckpt.Checkpoint, step int, auto bool, err error) {
+	restart, _ := strconv.Atoi(env.Getenv(EnvRestartCount))
 	if restart > 0 && c.save != "" && c.resume == "" {
 		if _, err := ckpt.Open(ckpt.OS, c.save); err == nil {
 			c.resume, c.init, auto = c.save, "", true

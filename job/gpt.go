@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -103,14 +102,8 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 	if err := noArgs(args); err != nil {
 		return err
 	}
-	if t.mesh == "" {
-		t.mesh = "tp=" + strconv.Itoa(worldSize(env, 1))
-	}
-	m, err := placement.ParseMesh(t.mesh)
+	m, err := workloadMesh(env, t.mesh)
 	if err != nil {
-		return fmt.Errorf("--mesh: %w", err)
-	}
-	if err := m.Validate(worldSize(env, m.Size())); err != nil {
 		return err
 	}
 	if t.steps < 1 || t.sample < 0 || !(t.temp > 0) || !(t.cfg.LR > 0) || t.cfg.WeightDecay < 0 {
@@ -133,8 +126,7 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	restart, _ := strconv.Atoi(env.Getenv(EnvRestartCount))
-	if t.ck, t.startStep, t.autoResumed, err = t.cf.open(ps, t.steps, restart); err != nil {
+	if t.ck, t.startStep, t.autoResumed, err = t.cf.open(env, ps, t.steps); err != nil {
 		return err
 	}
 	return nil

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -97,14 +96,8 @@ func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	cfg := &t.cfg
-	if t.mesh == "" {
-		t.mesh = "tp=" + strconv.Itoa(worldSize(env, 1))
-	}
-	m, err := placement.ParseMesh(t.mesh)
+	m, err := workloadMesh(env, t.mesh)
 	if err != nil {
-		return fmt.Errorf("--mesh: %w", err)
-	}
-	if err := m.Validate(worldSize(env, m.Size())); err != nil {
 		return err
 	}
 	if cfg.FFN == 0 && cfg.Hidden > 0 {
@@ -137,8 +130,7 @@ func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 	if err := checkMemory(env, t.rd.kind, mem.Total(), mem.Parts(), ranksHere(env, m.Size())); err != nil {
 		return err
 	}
-	restart, _ := strconv.Atoi(env.Getenv(EnvRestartCount))
-	if t.ck, t.startStep, t.autoResumed, err = t.cf.open(params, t.steps, restart); err != nil {
+	if t.ck, t.startStep, t.autoResumed, err = t.cf.open(env, params, t.steps); err != nil {
 		return err
 	}
 	t.m = m

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/meshrun/meshrun/placement"
 	"io"
 	"os"
 	"runtime/pprof"
@@ -45,6 +46,19 @@ func worldSize(env Env, def int) int {
 		return n
 	}
 	return def
+}
+
+// workloadMesh parses a workload's --mesh (default tp=$WORLD_SIZE) and
+// checks it against the world.
+func workloadMesh(env Env, s string) (placement.Mesh, error) {
+	if s == "" {
+		s = "tp=" + strconv.Itoa(worldSize(env, 1))
+	}
+	m, err := placement.ParseMesh(s)
+	if err != nil {
+		return placement.Mesh{}, fmt.Errorf("--mesh: %w", err)
+	}
+	return m, m.Validate(worldSize(env, m.Size()))
 }
 
 // newFlags returns a flag set that reports errors instead of printing them.

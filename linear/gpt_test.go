@@ -20,27 +20,18 @@ import (
 	"github.com/meshrun/meshrun/tensor"
 )
 
-type gptRun struct {
-	losses []float64
-	comms  map[string]int // "kind tensor" -> count on rank 0, last step
-}
-
 // trainGPT trains a small GPT on tp ranks for steps steps on random tokens
 // drawn alike on every rank.
-func trainGPT(t *testing.T, tp, steps int, opt string) gptRun {
+func trainGPT(t *testing.T, tp, steps int, opt string) trainRun {
 	return trainGPTSP(t, tp, steps, opt, false)
 }
 
-func trainGPTSP(t *testing.T, tp, steps int, opt string, sp bool) gptRun {
+func trainGPTSP(t *testing.T, tp, steps int, opt string, sp bool) trainRun {
 	return trainGPTAs(t, tp, steps, opt, sp, tensor.Float32)
 }
 
-func trainGPTAs(t *testing.T, tp, steps int, opt string, sp bool, dt tensor.DType) gptRun {
+func trainGPTAs(t *testing.T, tp, steps int, opt string, sp bool, dt tensor.DType) trainRun {
 	m, err := placement.ParseMesh("tp=" + string(rune('0'+tp)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	k, err := providers.New("cpu", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,40 +40,21 @@ func trainGPTAs(t *testing.T, tp, steps int, opt string, sp bool, dt tensor.DTyp
 	if opt == "sgd" {
 		cfg.LR = 0.5
 	}
-	var mu sync.Mutex
-	run := gptRun{comms: map[string]int{}}
-	err = job.InProcess(context.Background(), m.Size(), func(ctx context.Context, w *collective.World) error {
-		g, err := linear.NewGPT(cfg, w.Rank(), nil)
+	return trainSteps(t, m, steps, func(rank int) (stepper, error) {
+		g, err := linear.NewGPT(cfg, rank, nil)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		rt := linear.Runtime{World: w, Kernels: k}
 		rng := rand.New(rand.NewPCG(1, 1))
-		for s := 0; s < steps; s++ {
+		return func(ctx context.Context, rt linear.Runtime) (float64, error) {
 			ids, tg := tensor.New(tensor.Float32, cfg.Tokens()), tensor.New(tensor.Float32, cfg.Tokens())
 			for i := range ids.Float32() {
 				ids.Float32()[i] = float32(rng.IntN(cfg.Vocab))
 				tg.Float32()[i] = float32((int(ids.Float32()[i]) + 1) % cfg.Vocab) // learnable: next id
 			}
-			if w.Rank() == 0 && s == steps-1 {
-				rt.Record = countComms(&mu, run.comms)
-			}
-			loss, err := g.Step(ctx, rt, ids, tg)
-			if err != nil {
-				return err
-			}
-			if w.Rank() == 0 {
-				mu.Lock()
-				run.losses = append(run.losses, loss)
-				mu.Unlock()
-			}
-		}
-		return nil
+			return g.Step(ctx, rt, ids, tg)
+		}, nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return run
 }
 
 // TestGPTMatchesSingleRank: the same model trained at tp = 2 and 4 gives

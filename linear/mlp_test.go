@@ -25,25 +25,28 @@ func countComms(mu *sync.Mutex, comms map[string]int) func(string, collective.Ex
 	}
 }
 
-type mlpRun struct {
+// trainRun is what a training test keeps: rank 0's losses, and the
+// collectives of its last step by "kind tensor" (countComms).
+type trainRun struct {
 	losses []float64
-	comms  map[string]int // "kind tensor mesh-dims" -> count, rank 0, one step
+	comms  map[string]int
 }
 
-func trainMLP(t *testing.T, mesh string, sp bool, steps int) mlpRun {
-	m, err := placement.ParseMesh(mesh)
-	if err != nil {
-		t.Fatal(err)
-	}
+// stepper is one rank's model: it takes a step and returns the loss.
+type stepper func(ctx context.Context, rt linear.Runtime) (float64, error)
+
+// trainSteps runs steps steps on the ranks of mesh m in one process (cpu
+// kernels); newStep builds each rank's model.
+func trainSteps(t *testing.T, m placement.Mesh, steps int, newStep func(rank int) (stepper, error)) trainRun {
+	t.Helper()
 	k, err := providers.New("cpu", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := linear.MLPConfig{Mesh: m, Tokens: 12, Hidden: 8, FFN: 24, SequenceParallel: sp, Seed: 5, LR: 0.05}
 	var mu sync.Mutex
-	run := mlpRun{comms: map[string]int{}}
+	run := trainRun{comms: map[string]int{}}
 	err = job.InProcess(context.Background(), m.Size(), func(ctx context.Context, w *collective.World) error {
-		b, err := linear.NewMLP(cfg, w.Rank(), nil)
+		step, err := newStep(w.Rank())
 		if err != nil {
 			return err
 		}
@@ -52,7 +55,7 @@ func trainMLP(t *testing.T, mesh string, sp bool, steps int) mlpRun {
 			if w.Rank() == 0 && s == steps-1 {
 				rt.Record = countComms(&mu, run.comms)
 			}
-			loss, err := b.Step(ctx, rt)
+			loss, err := step(ctx, rt)
 			if err != nil {
 				return err
 			}
@@ -68,6 +71,21 @@ func trainMLP(t *testing.T, mesh string, sp bool, steps int) mlpRun {
 		t.Fatal(err)
 	}
 	return run
+}
+
+func trainMLP(t *testing.T, mesh string, sp bool, steps int) trainRun {
+	m, err := placement.ParseMesh(mesh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := linear.MLPConfig{Mesh: m, Tokens: 12, Hidden: 8, FFN: 24, SequenceParallel: sp, Seed: 5, LR: 0.05}
+	return trainSteps(t, m, steps, func(rank int) (stepper, error) {
+		b, err := linear.NewMLP(cfg, rank, nil)
+		if err != nil {
+			return nil, err
+		}
+		return b.Step, nil
+	})
 }
 
 // TestMLPMatchesSingleRank trains the block sharded and on one rank: the same

@@ -399,7 +399,7 @@ func (c *ncclComm) AllGather(ctx context.Context, in, out *tensor.Tensor, counts
 		k.algo, k.issue = "all_gather", func(nc NCCLComm) error { return nc.AllGather(at(in, 0), at(out, 0), counts[me], dt) }
 	} else {
 		k.algo, k.issue = "grouped send/recv", func(nc NCCLComm) error {
-			return grouped(nc, func() error {
+			return nc.Grouped(func() error {
 				for j := range counts {
 					if err := p2p(nc, at(in, 0), counts[me], at(out, offs[j]), counts[j], dt, j); err != nil {
 						return err
@@ -432,7 +432,7 @@ func (c *ncclComm) ReduceScatter(ctx context.Context, in, out *tensor.Tensor, co
 		k.algo, k.issue = "reduce_scatter", func(nc NCCLComm) error { return nc.ReduceScatter(at(in, 0), at(out, 0), counts[me], dt, op) }
 	} else {
 		k.algo, k.issue = "grouped reduce", func(nc NCCLComm) error {
-			return grouped(nc, func() error {
+			return nc.Grouped(func() error {
 				for j, n := range counts {
 					if n == 0 {
 						continue
@@ -482,7 +482,7 @@ func (c *ncclComm) AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts
 			return nil
 		},
 		issue: func(nc NCCLComm) error {
-			return grouped(nc, func() error {
+			return nc.Grouped(func() error {
 				for j := range n {
 					if err := p2p(nc, at(send, so[j]), sendCounts[j], at(recv, ro[j]), recvCounts[j], dt, j); err != nil {
 						return err
@@ -506,6 +506,3 @@ func p2p(nc NCCLComm, send uintptr, sn int, recv uintptr, rn int, dt tensor.DTyp
 	}
 	return nil
 }
-
-// grouped issues f's calls as one group.
-func grouped(nc NCCLComm, f func() error) error { return nc.Grouped(f) }

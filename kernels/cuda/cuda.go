@@ -311,7 +311,8 @@ func (p *Provider) Name() string { return Name }
 // Device implements kernels.Provider.
 func (p *Provider) Device() tensor.DeviceKind { return tensor.CUDA }
 
-// Has implements kernels.Provider: every op but the GEMM epilogues with GELU.
+// Has implements kernels.Provider: every op (what cuBLASLt refuses runs on
+// cuBLAS and the kernels; float64 data of the non-GEMM ops on the host).
 func (p *Provider) Has(op kernels.Op) bool {
 	return true
 }

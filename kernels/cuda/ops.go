@@ -279,7 +279,3 @@ func (p *Provider) viaHost(outs, ins []*tensor.Tensor, f func(h []*tensor.Tensor
 	}
 	return nil
 }
-
-func (p *Provider) unsupported(op kernels.Op) error {
-	return fmt.Errorf("%w: cuda %v (next: cuBLASLt epilogues)", kernels.ErrUnsupported, op)
-}

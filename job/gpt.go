@@ -14,10 +14,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshrun/meshrun/ckpt"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
-	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -57,28 +55,17 @@ type GPTReport struct {
 
 // gptTask is `worker gpt`.
 type gptTask struct {
-	mesh    string
+	training
 	cfg     linear.GPTConfig
-	steps   int
 	data    string
 	sample  int
 	temp    float64
-	df      deviceFlags
-	m       placement.Mesh
 	corpus  *corpus
-	rd      rankDevice
 	heldOut int // batches of held-out text the final loss averages
-	profile string
-	cf      ckptFlags
-	// From setup: the checkpoint to start from (nil: none), its step, and
-	// whether a restart resumed from --save.
-	ck          *ckpt.Checkpoint
-	startStep   int
-	autoResumed bool
 }
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
-	fs.StringVar(&t.mesh, "mesh", "", "device `MESH`, one dim, tensor parallel (default tp=$WORLD_SIZE)")
+	t.register(fs, "device `MESH`, one dim, tensor parallel (default tp=$WORLD_SIZE)")
 	fs.BoolVar(&t.cfg.SequenceParallel, "sequence-parallel", false, "split tokens over tp outside the linear layers (Megatron's sequence parallelism)")
 	fs.IntVar(&t.cfg.Layers, "layers", 2, "transformer blocks")
 	fs.IntVar(&t.cfg.Heads, "heads", 4, "attention heads (a multiple of tp)")
@@ -93,31 +80,25 @@ func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.data, "data", DefaultCorpus, "text `PATH` (a file, or a directory whose files are read in name order), read as characters (bytes)")
 	fs.IntVar(&t.sample, "sample", 200, "characters to sample at the end")
 	fs.Float64Var(&t.temp, "temperature", 0.8, "sampling temperature")
-	t.cf.register(fs)
-	fs.StringVar(&t.profile, "cpuprofile", "", "write a CPU profile of the run to `FILE` (in-process ranks: one profile)")
-	t.df.register(fs)
 }
 
 func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 	if err := noArgs(args); err != nil {
 		return err
 	}
-	m, err := workloadMesh(env, t.mesh)
-	if err != nil {
+	if err := t.prepare(env); err != nil {
 		return err
 	}
 	if t.steps < 1 || t.sample < 0 || !(t.temp > 0) || !(t.cfg.LR > 0) || t.cfg.WeightDecay < 0 {
 		return fmt.Errorf("--steps and --lr must be positive, --sample and --weight-decay not negative, --temperature positive")
 	}
-	if t.rd, err = t.df.resolve(env); err != nil {
-		return err
-	}
 	t.cfg.DType = t.rd.dtype
+	var err error
 	if t.corpus, err = readCorpus(t.data, t.cfg.Context+1); err != nil {
 		return err
 	}
-	t.cfg.Mesh, t.cfg.Vocab = m, len(t.corpus.chars)
-	t.m, t.heldOut = m, 8
+	t.cfg.Mesh, t.cfg.Vocab = t.m, len(t.corpus.chars)
+	t.heldOut = 8
 	// Checked as the ranks will build it: a bad layout, or a checkpoint
 	// that does not fit the model, fails here, before any rank starts.
 	// --resume (or a restart's) restores the optimizer's state too; --init
@@ -126,10 +107,7 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if t.ck, t.startStep, t.autoResumed, err = t.cf.open(env, ps, t.steps); err != nil {
-		return err
-	}
-	return nil
+	return t.resume(env, ps)
 }
 
 // corpus is a text read as bytes: its characters (the vocabulary, sorted),

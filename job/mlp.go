@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshrun/meshrun/ckpt"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/placement"
@@ -56,27 +55,15 @@ type MLPReport struct {
 
 // mlpTask is `worker mlp`.
 type mlpTask struct {
-	mesh      string
+	training
 	cfg       linear.MLPConfig
-	steps     int
 	lr        float64
-	df        deviceFlags
 	gradDType string
-	profile   string
 	model     string
-	cf        ckptFlags
-	// From setup: the mesh, the checkpoint to start from (nil: none) and its
-	// step, the ranks' device.
-	m         placement.Mesh
-	ck        *ckpt.Checkpoint
-	startStep int
-	// autoResumed: a restart resuming from --save (ckptFlags.open).
-	autoResumed bool
-	rd          rankDevice
 }
 
 func (t *mlpTask) flags(fs *flag.FlagSet) {
-	fs.StringVar(&t.mesh, "mesh", "", "device `MESH`, its last dim tensor parallel, e.g. dp=2,tp=2 (default tp=$WORLD_SIZE)")
+	t.register(fs, "device `MESH`, its last dim tensor parallel, e.g. dp=2,tp=2 (default tp=$WORLD_SIZE)")
 	fs.BoolVar(&t.cfg.SequenceParallel, "sequence-parallel", false, "split tokens over tp outside the block")
 	fs.IntVar(&t.cfg.Tokens, "tokens", 512, "tokens per step")
 	fs.IntVar(&t.cfg.Hidden, "hidden", 1024, "hidden size")
@@ -84,11 +71,8 @@ func (t *mlpTask) flags(fs *flag.FlagSet) {
 	fs.IntVar(&t.steps, "steps", 20, "training steps")
 	fs.Uint64Var(&t.cfg.Seed, "seed", 1, "seed of parameters and data")
 	fs.Float64Var(&t.lr, "lr", 0.05, "SGD learning rate")
-	t.df.register(fs)
 	fs.StringVar(&t.gradDType, "grad-dtype", "", "`DTYPE` weight gradients are reduced in: float32 or bfloat16 (default: --dtype)")
 	fs.StringVar(&t.model, "model", "", modelUsage)
-	fs.StringVar(&t.profile, "cpuprofile", "", "write a CPU profile of the steps to `FILE` (in-process ranks: one profile)")
-	t.cf.register(fs)
 }
 
 func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
@@ -96,10 +80,10 @@ func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	cfg := &t.cfg
-	m, err := workloadMesh(env, t.mesh)
-	if err != nil {
+	if err := t.prepare(env); err != nil {
 		return err
 	}
+	m := t.m
 	if cfg.FFN == 0 && cfg.Hidden > 0 {
 		ffn, ok := placement.MulSize(4, int64(cfg.Hidden))
 		if !ok || ffn > placement.MaxElems {
@@ -110,10 +94,8 @@ func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 	if t.steps < 1 || cfg.Tokens < 1 || cfg.Hidden < 1 || cfg.FFN < 1 {
 		return fmt.Errorf("--steps, --tokens, --hidden and --ffn must be positive")
 	}
-	if t.rd, err = t.df.resolve(env); err != nil {
-		return err
-	}
 	cfg.DType = t.rd.dtype
+	var err error
 	if t.gradDType != "" {
 		if cfg.GradDType, err = tensor.ParseDType(t.gradDType); err != nil || (cfg.GradDType != tensor.Float32 && cfg.GradDType != tensor.BFloat16) {
 			return fmt.Errorf("--grad-dtype %q: want float32 or bfloat16", t.gradDType)
@@ -130,11 +112,7 @@ func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 	if err := checkMemory(env, t.rd.kind, mem.Total(), mem.Parts(), ranksHere(env, m.Size())); err != nil {
 		return err
 	}
-	if t.ck, t.startStep, t.autoResumed, err = t.cf.open(env, params, t.steps); err != nil {
-		return err
-	}
-	t.m = m
-	return nil
+	return t.resume(env, params)
 }
 
 func (t *mlpTask) run(ctx context.Context, env Env) int {

@@ -1,0 +1,51 @@
+package job
+
+import (
+	"flag"
+
+	"github.com/meshrun/meshrun/ckpt"
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/placement"
+)
+
+// training is what the training workloads (mlp, gpt) share: the flags of
+// the mesh, steps, device, checkpoints and profile; from setup, the mesh,
+// the ranks' device, and the checkpoint to start from (nil: none), its step
+// and whether a restart resumed from --save.
+type training struct {
+	mesh    string
+	steps   int
+	profile string
+	df      deviceFlags
+	cf      ckptFlags
+
+	m           placement.Mesh
+	rd          rankDevice
+	ck          *ckpt.Checkpoint
+	startStep   int
+	autoResumed bool
+}
+
+// register adds the shared flags (--mesh described by meshUsage; --steps is
+// the workload's, its default differs).
+func (t *training) register(fs *flag.FlagSet, meshUsage string) {
+	fs.StringVar(&t.mesh, "mesh", "", meshUsage)
+	fs.StringVar(&t.profile, "cpuprofile", "", "write a CPU profile of the steps to `FILE` (in-process ranks: one profile)")
+	t.df.register(fs)
+	t.cf.register(fs)
+}
+
+// prepare checks the mesh against the world and resolves the ranks' device.
+func (t *training) prepare(env Env) (err error) {
+	if t.m, err = workloadMesh(env, t.mesh); err != nil {
+		return err
+	}
+	t.rd, err = t.df.resolve(env)
+	return err
+}
+
+// resume opens the checkpoint the flags (or a restart) name for params.
+func (t *training) resume(env Env, params []linear.Param) (err error) {
+	t.ck, t.startStep, t.autoResumed, err = t.cf.open(env, params, t.steps)
+	return err
+}

@@ -122,6 +122,9 @@ func MatmulForward(k Kernels, c, a, b *tensor.Tensor) error {
 	if err != nil {
 		return err
 	}
+	if batch == 0 { // no matrices (GemmParams' BatchCount 0 means one)
+		return nil
+	}
 	return k.Gemm(MatmulForwardGemm(batch, m, n, kk, c.DType()), GemmOperands{A: a, B: b, C: c})
 }
 
@@ -131,6 +134,9 @@ func MatmulBackwardInput(k Kernels, da, dc, b *tensor.Tensor, accumulate bool) e
 	if err != nil {
 		return err
 	}
+	if batch == 0 { // no matrices (GemmParams' BatchCount 0 means one)
+		return nil
+	}
 	return k.Gemm(MatmulBackwardInputGemm(batch, m, n, kk, accumulate, da.DType()), GemmOperands{A: dc, B: b, C: da})
 }
 
@@ -139,6 +145,9 @@ func MatmulBackwardOther(k Kernels, db, dc, a *tensor.Tensor, accumulate bool) e
 	batch, m, n, kk, err := MatmulDims(dc, a, db)
 	if err != nil {
 		return err
+	}
+	if batch == 0 { // no matrices (GemmParams' BatchCount 0 means one)
+		return nil
 	}
 	return k.Gemm(MatmulBackwardOtherGemm(batch, m, n, kk, accumulate, db.DType()), GemmOperands{A: a, B: dc, C: db})
 }

@@ -20,6 +20,9 @@ func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if err != nil {
 		return err
 	}
+	if empty, err := kernels.EmptyGemm(p, tensor.Host, g, o); empty {
+		return err
+	}
 	t := p.nthreads()
 	if g.DType == tensor.BFloat16 {
 		p.gemm16(g, o)

@@ -14,7 +14,9 @@ import (
 // beta, tight and padded C, and M = 1.
 func testEpilogues(e *env, dt tensor.DType) {
 	rng := rand.New(rand.NewPCG(9, uint64(dt)))
-	shapes := [][3]int{{1, 17, 9}, {7, 49, 33}, {24, 96, 65}, {65, 100, 130}, {3, 5, 0}}
+	// The last three are empty (M, N or K = 0): the epilogue's bias gradients
+	// are still defined (kernels.EmptyGemm).
+	shapes := [][3]int{{1, 17, 9}, {7, 49, 33}, {24, 96, 65}, {65, 100, 130}, {3, 5, 0}, {0, 5, 4}, {4, 0, 6}}
 	epis := []kernels.Epilogue{kernels.EpilogueBias, kernels.EpilogueBiasGelu, kernels.EpilogueDGelu,
 		kernels.EpilogueDGeluBGrad, kernels.EpilogueBGrad}
 	for _, out := range outs(dt) {
@@ -147,7 +149,7 @@ func (e *env) has(op kernels.Op) bool {
 func testElementwise(e *env, dt tensor.DType) {
 	t := e.t
 	rng := rand.New(rand.NewPCG(10, uint64(dt)))
-	for _, s := range [][2]int{{0, 3}, {1, 1}, {5, 17}, {300, 97}, {2, 70000}} {
+	for _, s := range [][2]int{{0, 3}, {4, 0}, {1, 1}, {5, 17}, {300, 97}, {2, 70000}} {
 		m, n := s[0], s[1]
 		name := fmt.Sprintf("M%d_N%d", m, n)
 		dy := newBuf(rng, dt, "rand", m, n)

@@ -240,6 +240,7 @@ func Run(t *testing.T, cfg Config) {
 			t.Run("Gelu", func(t *testing.T) { e.t = t; testGelu(e, dt) })
 			t.Run("Epilogues", func(t *testing.T) { e.t = t; testEpilogues(e, dt) })
 			t.Run("Elementwise", func(t *testing.T) { e.t = t; testElementwise(e, dt) })
+			t.Run("EmptyOperands", func(t *testing.T) { e.t = t; testEmptyTransformer(e, dt) })
 			t.Run("Errors", func(t *testing.T) { e.t = t; testErrors(e, dt) })
 			if cfg.Deterministic {
 				t.Run("ThreadCountInvariance", func(t *testing.T) { testDeterminism(t, cfg, dt) })
@@ -418,6 +419,12 @@ func testGemmBatched(e *env, dt tensor.DType) {
 			p1.M = 1
 			p1.StrideA, p1.StrideC = 0, 0
 			e.runGemm(dt, p1, rng, fmt.Sprintf("%v_batch3_M1_tr%d", out, tr))
+			// Empty dimensions: nothing to compute (M, N = 0), or C = beta·C (K = 0).
+			for _, s := range [][3]int{{0, 5, 3}, {4, 0, 3}, {4, 5, 0}} {
+				pe := outParams(kernels.GemmParams{TransA: tr&1 != 0, TransB: tr&2 != 0, M: s[0], N: s[1], K: s[2],
+					Alpha: 1, Beta: 0.5, BatchCount: 3, DType: dt}, out).Normalized()
+				e.runGemm(dt, pe, rng, fmt.Sprintf("%v_batch3_M%d_N%d_K%d_tr%d", out, s[0], s[1], s[2], tr))
+			}
 		}
 	}
 }

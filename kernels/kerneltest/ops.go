@@ -76,7 +76,7 @@ func testLinearOut(e *env, dt, od tensor.DType) {
 	for _, s := range []struct {
 		lead []int
 		n, k int
-	}{{[]int{1}, 33, 47}, {[]int{2, 3}, 49, 17}, {[]int{9}, 8, 1}, {[]int{17}, 50, 300}, {[]int{0}, 4, 5}, {[]int{3}, 5, 0}} {
+	}{{[]int{1}, 33, 47}, {[]int{2, 3}, 49, 17}, {[]int{9}, 8, 1}, {[]int{17}, 50, 300}, {[]int{0}, 4, 5}, {[]int{3}, 5, 0}, {[]int{4}, 0, 6}} {
 		m := tensor.NumElements(s.lead)
 		xs := append(append([]int(nil), s.lead...), s.k)
 		ys := append(append([]int(nil), s.lead...), s.n)
@@ -188,7 +188,7 @@ func testLinearOut(e *env, dt, od tensor.DType) {
 func testMatmul(e *env, dt tensor.DType) {
 	t := e.t
 	rng := rand.New(rand.NewPCG(5, uint64(dt)))
-	for _, s := range [][4]int{{1, 1, 1, 1}, {3, 9, 17, 5}, {2, 1, 49, 33}, {4, 25, 8, 1}, {2, 0, 3, 4}} {
+	for _, s := range [][4]int{{1, 1, 1, 1}, {3, 9, 17, 5}, {2, 1, 49, 33}, {4, 25, 8, 1}, {2, 0, 3, 4}, {2, 3, 0, 4}, {2, 3, 4, 0}, {0, 3, 4, 5}} {
 		B, M, N, K := s[0], s[1], s[2], s[3]
 		name := fmt.Sprintf("B%d_M%d_N%d_K%d", B, M, N, K)
 		a := newBuf(rng, dt, "rand", B, M, K)

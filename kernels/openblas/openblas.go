@@ -119,17 +119,19 @@ func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if err != nil {
 		return err
 	}
-	switch g.Epilogue {
-	case kernels.EpilogueNone:
-	case kernels.EpilogueBias:
+	if g.Epilogue != kernels.EpilogueNone && g.Epilogue != kernels.EpilogueBias {
+		return unsupported(g.Epilogue.Op())
+	}
+	if empty, err := kernels.EmptyGemm(p, tensor.Host, g, o); empty {
+		return err
+	}
+	if g.Epilogue == kernels.EpilogueBias {
 		if g.DType == tensor.Float32 {
 			broadcast(o.C.Float32(), g.LDC, o.Bias.Float32(), g.M, g.N, float32(g.Beta))
 		} else {
 			broadcast(o.C.Float64(), g.LDC, o.Bias.Float64(), g.M, g.N, g.Beta)
 		}
 		g.Beta = 1
-	default:
-		return unsupported(g.Epilogue.Op())
 	}
 	gemm(g, o.A, o.B, o.C)
 	return nil

@@ -77,7 +77,7 @@ func rowSums(k Kernels, mem tensor.Memory, g GemmParams, o GemmOperands) (err er
 		return err
 	}
 	defer func() { err = errors.Join(err, mem.Free(ones)) }()
-	if err := mem.Write(ones, 0, tensor.HostBytes(onesOf(g.DType, g.K)), tensor.Transfer); err != nil {
+	if err := mem.Write(ones, 0, tensor.HostBytes(Ones(g.DType, g.K)), tensor.Transfer); err != nil {
 		return err
 	}
 	p := GemmParams{TransA: g.TransA, M: g.M, N: 1, K: g.K, Alpha: 1, LDA: g.LDA, LDB: 1, LDC: 1,
@@ -85,8 +85,8 @@ func rowSums(k Kernels, mem tensor.Memory, g GemmParams, o GemmOperands) (err er
 	return k.Gemm(p, GemmOperands{A: o.A, B: ones, C: o.Bias})
 }
 
-// onesOf is a host vector of n ones of dtype dt.
-func onesOf(dt tensor.DType, n int) *tensor.Tensor {
+// Ones is a host vector of n ones of dtype dt.
+func Ones(dt tensor.DType, n int) *tensor.Tensor {
 	var t *tensor.Tensor
 	var err error
 	switch dt {

@@ -10,9 +10,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"gonum.org/v1/gonum/blas"
 	"gorgonia.org/cu"
-	cublas "gorgonia.org/cu/blas"
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/cpu"
@@ -46,26 +44,34 @@ func (b *Buffer) Ptr() cu.DevicePtr { return b.ptr }
 // such as NCCL takes).
 func (b *Buffer) Addr() uintptr { return uintptr(b.ptr) }
 
-// Provider runs ops on one GPU. Every call binds the provider's context to the
-// calling OS thread for its duration; its work is queued on the context's
-// default stream, in call order, and copies to the host wait for it (see do).
-// Calls are serialized.
+// Provider runs ops on one GPU, in the device's primary context (the one
+// the CUDA runtime, and so NCCL and PyTorch, use: one address space for
+// every library of the process), retained on New and released on Close.
+// Every call binds the context to the calling OS thread for its duration
+// and queues its work on the provider's stream, in call order: kernels,
+// cuBLAS, cuBLASLt, copies and the nccl backend's calls (Memory.Run,
+// Memory.Stream). Copies to the host wait for the stream (see do). Calls
+// are serialized.
 //
-// GEMMs run on cuBLASLt with their epilogues fused (cuBLAS for float64 and
-// batches), the elementwise ops as the PTX kernels of ptx/kernels.h; the
-// transformer's ops (layer norm, attention, embedding, cross-entropy, AdamW)
-// still run on the host, their copies counted as transfers.
+// What serves each op is planned in plan.go: GEMMs on cuBLASLt with their
+// epilogues fused, what it refuses and batches on cuBLAS with the epilogue
+// as kernels; the elementwise and transformer ops as the PTX kernels of
+// ptx/kernels.h (float64 data of the transformer ops through the host).
 type Provider struct {
 	mu      sync.Mutex
 	ordinal int
+	device  cu.Device
 	ctx     cu.CUContext
-	blas    *cublas.Standard
-	ones    *Buffer // a device vector of 1s (float32), grown on demand
-	ones64  *Buffer
-	host    *cpu.Provider // float64 data of the non-GEMM ops runs on the host
+	stream  cu.Stream
+	id      string // the GPU's UUID
+	blas    *blasHandle
+	ones    map[tensor.DType]*Buffer // vectors of 1s, grown on demand
+	scratch [numSlots]*Buffer        // the GEMM plans' scratch, grown on demand
+	host    *cpu.Provider            // float64 data of the transformer ops runs on the host
 	mem     *Memory
 	lt      *lt          // cuBLASLt (made on first use)
 	ew      *elementwise // the kernels of ptx/kernels.h (loaded on first use)
+	served  string       // the path the last GEMM took (the dispatch table's test reads it)
 }
 
 var _ kernels.MemoryProvider = (*Provider)(nil)
@@ -83,62 +89,72 @@ func New(ordinal int) (p *Provider, err error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, err := dev.MakeContext(cu.SchedAuto)
+	ctx, err := dev.RetainPrimaryCtx()
 	if err != nil {
-		return nil, fmt.Errorf("cuda: context on device %d: %w", ordinal, err)
+		return nil, fmt.Errorf("cuda: the primary context of device %d: %w", ordinal, err)
 	}
 	host, err := cpu.New(cpu.Options{})
 	if err != nil {
+		dev.ReleasePrimaryCtx()
 		return nil, err
 	}
-	p = &Provider{ordinal: ordinal, ctx: ctx, host: host}
+	p = &Provider{ordinal: ordinal, device: dev, ctx: ctx, host: host, ones: map[tensor.DType]*Buffer{}}
 	p.mem = &Memory{p: p}
-	err = p.do(func() error {
-		var e error
-		func() {
-			defer func() {
-				if r := recover(); r != nil {
-					e = fmt.Errorf("cuda: cublas handle: %v", r)
-				}
-			}()
-			p.blas = cublas.New()
-		}()
-		return e
-	})
+	err = p.on(func() error {
+		uuid, err := dev.UUID()
+		if err != nil {
+			return fmt.Errorf("cuda: device %d's UUID: %w", ordinal, err)
+		}
+		p.id = "GPU-" + uuid.String()
+		if p.stream, err = cu.MakeStream(cu.DefaultStream); err != nil {
+			return fmt.Errorf("cuda: stream: %w", err)
+		}
+		p.blas, err = newBLAS(p.Stream())
+		return err
+	}, false)
 	if err != nil {
-		ctx.Destroy()
+		p.on(func() error {
+			if p.stream != (cu.Stream{}) {
+				p.stream.Destroy()
+			}
+			return nil
+		}, false)
+		dev.ReleasePrimaryCtx()
 		return nil, err
 	}
 	return p, nil
 }
 
-// Close releases the cuBLAS handle, the helper buffers and the context.
+// Close waits for the stream, releases the provider's buffers, cuBLAS and
+// cuBLASLt handles, module and stream, then its hold on the primary context.
 func (p *Provider) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.ctx.Lock(); err != nil {
-		return err
-	}
 	var errs []error
-	for _, b := range []*Buffer{p.ones, p.ones64} {
-		if b != nil {
+	errs = append(errs, p.on(func() error {
+		errs := []error{p.stream.Synchronize()}
+		for _, b := range p.ones {
 			errs = append(errs, cu.MemFree(b.ptr))
 		}
-	}
-	errs = append(errs, p.closeLt(), p.closeElementwise(), p.blas.Close())
-	errs = append(errs, p.ctx.Unlock(), p.ctx.Destroy())
+		for _, b := range p.scratch {
+			if b != nil {
+				errs = append(errs, cu.MemFree(b.ptr))
+			}
+		}
+		errs = append(errs, p.closeLt(), p.closeElementwise(), p.blas.close(), p.stream.Destroy())
+		return errors.Join(errs...)
+	}, false))
+	errs = append(errs, p.device.ReleasePrimaryCtx())
 	return errors.Join(errs...)
 }
 
 // do runs f with the context current on a locked OS thread, serialized with
-// the provider's other calls. The work f enqueues runs on the context's
-// default stream, in order with everything before and after it (kernels,
-// cuBLAS, NCCL, copies); do does not wait for it: a copy to the host does
-// (cuMemcpyDtoH), as a step's loss does. With MESHRUN_CUDA_SYNC=1 every op
-// waits for its work, so that an error surfaces at the op that caused it.
+// the provider's other calls. The work f enqueues runs on the provider's
+// stream, in order with everything before and after it (kernels, cuBLAS,
+// NCCL, copies); do does not wait for it: a copy to the host does, as a
+// step's loss does. With MESHRUN_CUDA_SYNC=1 every op waits for its work,
+// so that an error surfaces at the op that caused it.
 func (p *Provider) do(f func() error) error { return p.on(f, syncEach) }
 
-// on runs f with the context current, waiting for its work if wait.
+// on runs f with the context current, waiting for the stream if wait.
 func (p *Provider) on(f func() error, wait bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -149,30 +165,50 @@ func (p *Provider) on(f func() error, wait bool) error {
 	}
 	err := f()
 	if wait && err == nil {
-		if err = cu.Synchronize(); err != nil {
-			err = fmt.Errorf("cuda: synchronize: %w", err)
-		}
+		err = p.sync()
 	}
 	return err
 }
 
+// sync waits for the stream's work (inside on).
+func (p *Provider) sync() error {
+	if err := p.stream.Synchronize(); err != nil {
+		return fmt.Errorf("cuda: synchronize: %w", err)
+	}
+	return nil
+}
+
 // Synchronize waits for all the work queued so far.
-func (p *Provider) Synchronize() error { return p.on(cu.Synchronize, false) }
+func (p *Provider) Synchronize() error { return p.on(p.sync, false) }
+
+// Stream is the provider's CUstream as a number (what NCCL and cuBLASLt take).
+func (p *Provider) Stream() uintptr { return *(*uintptr)(unsafe.Pointer(&p.stream)) }
 
 // EnvSync makes every op wait for its work when "1" (see do).
 const EnvSync = "MESHRUN_CUDA_SYNC"
 
 var syncEach = os.Getenv(EnvSync) == "1"
 
-// Run is do for a library that enqueues work on the context's default
-// stream and polls for it (NCCL): f runs with the context current on a
-// locked OS thread, serialized with the provider's ops, never waiting.
+// Run is do for a library that enqueues work on the provider's stream and
+// polls for it (NCCL): f runs with the context current on a locked OS
+// thread, serialized with the provider's ops, never waiting.
 func (m *Memory) Run(f func() error) error { return m.p.on(f, false) }
+
+// Stream is the stream the provider's work runs on: a library that shares
+// the memory (NCCL) queues its work there, in order with the kernels.
+func (m *Memory) Stream() uintptr { return m.p.Stream() }
+
+// DeviceID is the GPU's identity, "GPU-<uuid>": the same for every process
+// that opens it, whatever CUDA_VISIBLE_DEVICES numbers it (two ranks of one
+// NCCL communicator must not share it).
+func (m *Memory) DeviceID() string { return m.p.id }
 
 // Memory implements kernels.MemoryProvider.
 func (p *Provider) Memory() tensor.Memory { return p.mem }
 
-// Memory is the GPU's memory (tensor.Memory).
+// Memory is the GPU's memory (tensor.Memory). Its copies run on the
+// provider's stream, in order with the kernels; those to and from the host
+// wait for it.
 type Memory struct {
 	p     *Provider
 	meter tensor.Meter
@@ -192,7 +228,7 @@ func (m *Memory) Alloc(dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
 			if b.ptr, err = cu.MemAlloc(int64(n)); err != nil {
 				return err
 			}
-			return cu.MemsetD8(b.ptr, 0, int64(n))
+			return cu.MemsetD8Async(b.ptr, 0, int64(n), m.p.stream)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("cuda: alloc %d bytes: %w", n, err)
@@ -213,18 +249,24 @@ func (m *Memory) buffer(t *tensor.Tensor) (*Buffer, error) {
 	return b, nil
 }
 
-// Free implements tensor.Memory.
+// Free implements tensor.Memory. The stream's work, which may still use
+// the buffer, completes first.
 func (m *Memory) Free(t *tensor.Tensor) error {
 	b, err := m.buffer(t)
 	if err != nil || b.n == 0 {
 		return err
 	}
-	err = m.p.do(func() error { return cu.MemFree(b.ptr) })
+	err = m.p.do(func() error { return m.p.free(b.ptr) })
 	b.ptr = 0
 	return err
 }
 
-// Read implements tensor.Memory.
+// free releases device memory once the stream's work is done (inside do).
+func (p *Provider) free(ptr cu.DevicePtr) error {
+	return errors.Join(p.sync(), cu.MemFree(ptr))
+}
+
+// Read implements tensor.Memory: after the work queued before it.
 func (m *Memory) Read(p []byte, src *tensor.Tensor, off int, why tensor.Purpose) error {
 	b, err := m.buffer(src)
 	if err != nil {
@@ -234,12 +276,16 @@ func (m *Memory) Read(p []byte, src *tensor.Tensor, off int, why tensor.Purpose)
 		return err
 	}
 	m.meter.Add(why, false, len(p))
-	return m.p.do(func() error {
-		return cu.MemcpyDtoH(unsafe.Pointer(unsafe.SliceData(p)), b.ptr+cu.DevicePtr(off), int64(len(p)))
-	})
+	return m.p.on(func() error {
+		if err := cu.MemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(p)), b.ptr+cu.DevicePtr(off), int64(len(p)), m.p.stream); err != nil {
+			return err
+		}
+		return m.p.sync()
+	}, false)
 }
 
-// Write implements tensor.Memory.
+// Write implements tensor.Memory: it returns once p has been copied (p may
+// be page-locked staging memory, which the copy reads asynchronously).
 func (m *Memory) Write(dst *tensor.Tensor, off int, p []byte, why tensor.Purpose) error {
 	b, err := m.buffer(dst)
 	if err != nil {
@@ -249,9 +295,12 @@ func (m *Memory) Write(dst *tensor.Tensor, off int, p []byte, why tensor.Purpose
 		return err
 	}
 	m.meter.Add(why, true, len(p))
-	return m.p.do(func() error {
-		return cu.MemcpyHtoD(b.ptr+cu.DevicePtr(off), unsafe.Pointer(unsafe.SliceData(p)), int64(len(p)))
-	})
+	return m.p.on(func() error {
+		if err := cu.MemcpyHtoDAsync(b.ptr+cu.DevicePtr(off), unsafe.Pointer(unsafe.SliceData(p)), int64(len(p)), m.p.stream); err != nil {
+			return err
+		}
+		return m.p.sync()
+	}, false)
 }
 
 // Copy2D implements tensor.Memory with cuMemcpy2D, device to device.
@@ -271,15 +320,29 @@ func (m *Memory) Copy2D(dst *tensor.Tensor, dstOff, dstPitch int, src *tensor.Te
 		return nil
 	}
 	return m.p.do(func() error {
-		if rows == 1 {
-			return cu.MemcpyDtoD(d.ptr+cu.DevicePtr(dstOff), s.ptr+cu.DevicePtr(srcOff), int64(width))
-		}
-		return cu.Memcpy2D(cu.Memcpy2dParam{
-			Height: int64(rows), WidthInBytes: int64(width),
-			DstDevice: d.ptr + cu.DevicePtr(dstOff), DstMemoryType: cu.DeviceMemory, DstPitch: int64(dstPitch),
-			SrcDevice: s.ptr + cu.DevicePtr(srcOff), SrcMemoryType: cu.DeviceMemory, SrcPitch: int64(srcPitch),
-		})
+		return m.p.copy2D(uint64(d.ptr)+uint64(dstOff), dstPitch, uint64(s.ptr)+uint64(srcOff), srcPitch, width, rows)
 	})
+}
+
+// copy2D queues a copy of rows rows of width bytes between device
+// addresses at the given pitches (inside do).
+func (p *Provider) copy2D(dst uint64, dstPitch int, src uint64, srcPitch, width, rows int) error {
+	if rows == 1 || width == dstPitch && width == srcPitch {
+		return cu.MemcpyDtoDAsync(cu.DevicePtr(dst), cu.DevicePtr(src), int64(width*rows), p.stream)
+	}
+	return cu.Memcpy2DAsync(cu.Memcpy2dParam{
+		Height: int64(rows), WidthInBytes: int64(width),
+		DstDevice: cu.DevicePtr(dst), DstMemoryType: cu.DeviceMemory, DstPitch: int64(dstPitch),
+		SrcDevice: cu.DevicePtr(src), SrcMemoryType: cu.DeviceMemory, SrcPitch: int64(srcPitch),
+	}, p.stream)
+}
+
+// memset queues zeroing n bytes at device address a (inside do).
+func (p *Provider) memset(a uint64, n int) error {
+	if n == 0 {
+		return nil
+	}
+	return cu.MemsetD8Async(cu.DevicePtr(a), 0, int64(n), p.stream)
 }
 
 // Zero implements tensor.Memory.
@@ -291,7 +354,7 @@ func (m *Memory) Zero(dst *tensor.Tensor, off, n int) error {
 	if err := tensor.CheckRange(dst, off, n); err != nil || n == 0 {
 		return err
 	}
-	return m.p.do(func() error { return cu.MemsetD8(b.ptr+cu.DevicePtr(off), 0, int64(n)) })
+	return m.p.do(func() error { return m.p.memset(uint64(b.ptr)+uint64(off), n) })
 }
 
 // Transfers implements tensor.Memory.
@@ -311,122 +374,69 @@ func (p *Provider) Name() string { return Name }
 // Device implements kernels.Provider.
 func (p *Provider) Device() tensor.DeviceKind { return tensor.CUDA }
 
-// Has implements kernels.Provider: every op (what cuBLASLt refuses runs on
-// cuBLAS and the kernels; float64 data of the non-GEMM ops on the host).
-func (p *Provider) Has(op kernels.Op) bool {
-	return true
-}
+// Has implements kernels.Provider: every op, each dtype of DTypes by the
+// path plan.go gives it (the dispatch-table tests check that none is
+// refused).
+func (p *Provider) Has(op kernels.Op) bool { return true }
 
-// devSlice views device memory as a Go slice header for cu/blas, which takes
-// slices and passes &s[0] to cuBLAS. The slice must never be dereferenced in Go.
-func devSlice[T float32 | float64](t *tensor.Tensor) []T {
-	b := t.Buffer().(*Buffer)
-	ptr := b.ptr
-	return unsafe.Slice(*(**T)(unsafe.Pointer(&ptr)), t.Len())
-}
-
-func trans(t bool) blas.Transpose {
-	if t {
-		return blas.Trans
-	}
-	return blas.NoTrans
-}
+// DTypes implements kernels.Provider.
+func (p *Provider) DTypes() []tensor.DType { return providerDTypes }
 
 func (p *Provider) onDevice(ts ...*tensor.Tensor) error {
 	return kernels.SameDevice(tensor.CUDA, ts...)
 }
 
-// gemm runs a checked row-major GEMM (must be called inside do).
-func (p *Provider) gemm(g kernels.GemmParams, a, b, c *tensor.Tensor) error {
-	if g.M == 0 || g.N == 0 {
-		return nil
+// dev is t's device address.
+func dev(t *tensor.Tensor) uint64 { return uint64(t.Buffer().(*Buffer).ptr) }
+
+// addr implements planDevice.
+func (p *Provider) addr(t *tensor.Tensor) uint64 { return dev(t) }
+
+// onesVec returns the address of a device vector of at least n ones of dtype
+// dt (inside do).
+func (p *Provider) onesVec(dt tensor.DType, n int) (uint64, error) {
+	if b := p.ones[dt]; b != nil && b.n >= n*dt.Size() {
+		return uint64(b.ptr), nil
 	}
-	lda, ldb := g.LDA, g.LDB
-	for i := 0; i < g.BatchCount; i++ {
-		// Column-major Cᵀ[N×M] = op(B)ᵀ[N×K] · op(A)ᵀ[K×M].
-		if g.DType == tensor.Float32 {
-			av, bv, cv := devSlice[float32](a), devSlice[float32](b), devSlice[float32](c)
-			p.blas.Sgemm(trans(g.TransB), trans(g.TransA), g.N, g.M, g.K, float32(g.Alpha),
-				bv[i*g.StrideB:], ldb, av[i*g.StrideA:], lda, float32(g.Beta), cv[i*g.StrideC:], g.LDC)
-		} else {
-			av, bv, cv := devSlice[float64](a), devSlice[float64](b), devSlice[float64](c)
-			p.blas.Dgemm(trans(g.TransB), trans(g.TransA), g.N, g.M, g.K, g.Alpha,
-				bv[i*g.StrideB:], ldb, av[i*g.StrideA:], lda, g.Beta, cv[i*g.StrideC:], g.LDC)
-		}
-		if err := p.blas.Err(); err != nil {
-			return fmt.Errorf("cuda: gemm: %w", err)
+	if b := p.ones[dt]; b != nil {
+		delete(p.ones, dt)
+		if err := p.free(b.ptr); err != nil {
+			return 0, err
 		}
 	}
-	return nil
+	size := max(n, 1024)
+	ptr, err := cu.MemAlloc(int64(size * dt.Size()))
+	if err != nil {
+		return 0, err
+	}
+	h := tensor.HostBytes(kernels.Ones(dt, size))
+	if err := cu.MemcpyHtoDAsync(ptr, unsafe.Pointer(unsafe.SliceData(h)), int64(len(h)), p.stream); err == nil {
+		err = p.sync() // h is Go memory: the copy completes before it goes
+	}
+	if err != nil {
+		cu.MemFree(ptr)
+		return 0, err
+	}
+	p.ones[dt] = &Buffer{ptr: ptr, n: len(h), mem: p.mem}
+	return uint64(ptr), nil
 }
 
-// gemv runs a checked row-major GEMV (inside do): the row-major M×N matrix is the
-// column-major N×M matrix Aᵀ, so the transpose flag flips.
-func (p *Provider) gemv(g kernels.GemvParams, a, x, y *tensor.Tensor) error {
-	_, lx, ly := g.Lens()
-	if ly == 0 {
-		return nil
+// scratchBuf returns the address of slot's scratch buffer of at least n
+// bytes (inside do): allocated on first use, regrown when too small.
+func (p *Provider) scratchBuf(slot, n int) (uint64, error) {
+	if b := p.scratch[slot]; b != nil && b.n >= n {
+		return uint64(b.ptr), nil
 	}
-	if lx == 0 {
-		return p.scale(y, ly, g.Beta)
-	}
-	t := trans(!g.Trans)
-	if g.DType == tensor.Float32 {
-		p.blas.Sgemv(t, g.N, g.M, float32(g.Alpha), devSlice[float32](a), g.LDA, devSlice[float32](x), 1,
-			float32(g.Beta), devSlice[float32](y), 1)
-	} else {
-		p.blas.Dgemv(t, g.N, g.M, g.Alpha, devSlice[float64](a), g.LDA, devSlice[float64](x), 1,
-			g.Beta, devSlice[float64](y), 1)
-	}
-	if err := p.blas.Err(); err != nil {
-		return fmt.Errorf("cuda: gemv: %w", err)
-	}
-	return nil
-}
-
-// scale sets y[:n] = beta·y[:n] (0 without reading it when beta is 0).
-func (p *Provider) scale(y *tensor.Tensor, n int, beta float64) error {
-	b := y.Buffer().(*Buffer)
-	if beta == 0 {
-		return cu.MemsetD8(b.ptr, 0, int64(n*y.DType().Size()))
-	}
-	if y.DType() == tensor.Float32 {
-		p.blas.Sscal(n, float32(beta), devSlice[float32](y), 1)
-	} else {
-		p.blas.Dscal(n, beta, devSlice[float64](y), 1)
-	}
-	return p.blas.Err()
-}
-
-// onesVec returns a device tensor of n ones (inside do).
-func (p *Provider) onesVec(dt tensor.DType, n int) (*tensor.Tensor, error) {
-	slot := &p.ones
-	if dt == tensor.Float64 {
-		slot = &p.ones64
-	}
-	if *slot == nil || (*slot).n < n*dt.Size() {
-		if *slot != nil {
-			cu.MemFree((*slot).ptr)
-			*slot = nil
+	if b := p.scratch[slot]; b != nil {
+		p.scratch[slot] = nil
+		if err := p.free(b.ptr); err != nil {
+			return 0, err
 		}
-		size := max(n, 1024) * dt.Size()
-		ptr, err := cu.MemAlloc(int64(size))
-		if err != nil {
-			return nil, err
-		}
-		h := tensor.New(dt, size/dt.Size())
-		for i := 0; i < h.Len(); i++ {
-			if dt == tensor.Float32 {
-				h.Float32()[i] = 1
-			} else {
-				h.Float64()[i] = 1
-			}
-		}
-		if err := cu.MemcpyHtoD(ptr, unsafe.Pointer(unsafe.SliceData(tensor.HostBytes(h))), int64(size)); err != nil {
-			cu.MemFree(ptr)
-			return nil, err
-		}
-		*slot = &Buffer{ptr: ptr, n: size, mem: p.mem}
 	}
-	return tensor.OnDevice(*slot, dt, n)
+	ptr, err := cu.MemAlloc(int64(max(n, 1)))
+	if err != nil {
+		return 0, fmt.Errorf("cuda: %d bytes of scratch: %w", n, err)
+	}
+	p.scratch[slot] = &Buffer{ptr: ptr, n: max(n, 1), mem: p.mem}
+	return uint64(ptr), nil
 }

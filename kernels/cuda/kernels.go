@@ -60,9 +60,9 @@ func (p *Provider) closeElementwise() error {
 	return err
 }
 
-// launch runs kernel name on blocks×ptx.BlockThreads threads (blocks 0: enough
-// for n elements, at most 4096 blocks: the loops are grid-stride) on the
-// default stream. Every argument is 8 bytes (a device address, a count, or a
+// launch queues kernel name on blocks×ptx.BlockThreads threads (blocks 0:
+// enough for n elements, at most 4096 blocks: the loops are grid-stride) on
+// the provider's stream. Every argument is 8 bytes (a device address, a count, or a
 // float's bits in the low bytes), as cu's Launch copies them.
 func (p *Provider) launch(name string, n, blocks, threads int, args ...uint64) error {
 	fn, err := p.kernel(name)
@@ -76,24 +76,10 @@ func (p *Provider) launch(name string, n, blocks, threads int, args ...uint64) e
 	for i := range args {
 		params[i] = unsafe.Pointer(&args[i])
 	}
-	if err := fn.Launch(blocks, 1, 1, threads, 1, 1, 0, cu.NoStream, params); err != nil {
+	if err := fn.Launch(blocks, 1, 1, threads, 1, 1, 0, p.stream, params); err != nil {
 		return fmt.Errorf("cuda: kernel %s: %w", name, err)
 	}
 	return nil
-}
-
-// dev is t's device address as a kernel argument.
-func dev(t *tensor.Tensor) uint64 { return uint64(t.Buffer().(*Buffer).ptr) }
-
-// suffix names a kernel's dtype variant.
-func suffix(dt tensor.DType) string {
-	switch dt {
-	case tensor.Float64:
-		return "_f64"
-	case tensor.BFloat16:
-		return "_bf16"
-	}
-	return "_f32"
 }
 
 // scalar is a kernel's float argument: float64 bits for the float64

@@ -15,17 +15,19 @@ package cuda
 // the BGRAD epilogues; aux (type c, leading dimension ldaux) the GELU
 // pre-activation the GELU_AUX epilogue writes and DGELU reads. *algo is the
 // algorithm: when *have is 0, cuBLASLt's first heuristic pick for the
-// workspace is written there and *have set (the caller caches it). Addresses
-// are device addresses; the call runs on the default stream of the current
-// context.
+// workspace is written there and *have set (the caller caches it); *stage
+// says where a failure came from (0: the descriptors or the heuristic, 1:
+// the matmul). Addresses are device addresses; the call is queued on stream
+// in the current context.
 static cublasStatus_t lt_gemm(cublasLtHandle_t h, int transa, int transb, uint64_t m, uint64_t n, uint64_t k,
 		float alpha, uint64_t a, int64_t lda, uint64_t b, int64_t ldb, float beta, uint64_t c, int64_t ldc,
 		cudaDataType_t ab, cudaDataType_t ct, int tf32, int epi, uint64_t bias, uint64_t aux, int64_t ldaux,
-		uint64_t ws, size_t wsSize, cublasLtMatmulAlgo_t *algo, int *have) {
+		uint64_t ws, size_t wsSize, uint64_t stream, cublasLtMatmulAlgo_t *algo, int *have, int *stage) {
 	cublasLtMatmulDesc_t op = NULL;
 	cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
 	cublasLtMatmulPreference_t pref = NULL;
 	cublasStatus_t st;
+	*stage = 0;
 	cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
 	cublasComputeType_t compute = (tf32 && ab == CUDA_R_32F) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 	st = cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F);
@@ -64,8 +66,9 @@ static cublasStatus_t lt_gemm(cublasLtHandle_t h, int transa, int transb, uint64
 		*algo = res.algo;
 		*have = 1;
 	}
+	*stage = 1;
 	st = cublasLtMatmul(h, op, &alpha, (const void *)(uintptr_t)a, la, (const void *)(uintptr_t)b, lb, &beta,
-		(const void *)(uintptr_t)c, lc, (void *)(uintptr_t)c, lc, algo, (void *)(uintptr_t)ws, wsSize, 0);
+		(const void *)(uintptr_t)c, lc, (void *)(uintptr_t)c, lc, algo, (void *)(uintptr_t)ws, wsSize, (cudaStream_t)(uintptr_t)stream);
 done:
 	if (pref) cublasLtMatmulPreferenceDestroy(pref);
 	if (lc) cublasLtMatrixLayoutDestroy(lc);
@@ -114,8 +117,16 @@ type ltKey struct {
 type ltAlgo struct {
 	algo    C.cublasLtMatmulAlgo_t
 	have    C.int
+	used    bool // a matmul has run with it
 	refused bool
 }
+
+// EnvLt set to "0" keeps every GEMM off cuBLASLt: each runs its fallback
+// plan (cuBLAS and the kernels), as when cuBLASLt refuses it; for checking
+// those plans on a GPU.
+const EnvLt = "MESHRUN_CUBLASLT"
+
+var ltOn = os.Getenv(EnvLt) != "0"
 
 // EnvTF32 allows TF32 tensor cores for float32 GEMMs when "1" (off by default:
 // float32 results then match the cpu provider's to float32 rounding).
@@ -150,16 +161,6 @@ func (p *Provider) closeLt() error {
 	return err
 }
 
-func ltType(dt tensor.DType) C.cudaDataType_t {
-	switch dt {
-	case tensor.BFloat16:
-		return C.CUDA_R_16BF
-	case tensor.Float64:
-		return C.CUDA_R_64F
-	}
-	return C.CUDA_R_32F
-}
-
 // ltEpilogue is the cuBLASLt epilogue of e (after the operand swap: the
 // bias runs along the rows of the column-major result, BGRADB sums the
 // second operand, op(A)ᵀ, over k).
@@ -189,9 +190,6 @@ var errLtRefused = errors.New("cuda: cuBLASLt refused the GEMM")
 // algorithm is cuBLASLt's heuristic pick, made once per (shape, dtypes,
 // layout, epilogue) and cached; a refusal is cached too (errLtRefused).
 func (p *Provider) gemmLt(g kernels.GemmParams, o kernels.GemmOperands) error {
-	if g.M == 0 || g.N == 0 {
-		return nil
-	}
 	l, err := p.ltHandle()
 	if err != nil {
 		return err
@@ -200,7 +198,7 @@ func (p *Provider) gemmLt(g kernels.GemmParams, o kernels.GemmOperands) error {
 		if t == nil {
 			return 0
 		}
-		return C.uint64_t(t.Buffer().(*Buffer).ptr)
+		return C.uint64_t(dev(t))
 	}
 	tf32 := os.Getenv(EnvTF32) == "1"
 	var bias, aux C.uint64_t
@@ -220,22 +218,25 @@ func (p *Provider) gemmLt(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if a.refused {
 		return errLtRefused
 	}
-	tr := func(b bool) C.int {
-		if b {
-			return 1
-		}
-		return 0
-	}
+	var stage C.int
 	st := C.lt_gemm(l.h, tr(g.TransB), tr(g.TransA), C.uint64_t(g.N), C.uint64_t(g.M), C.uint64_t(g.K),
 		C.float(g.Alpha), addr(o.B), C.int64_t(g.LDB), addr(o.A), C.int64_t(g.LDA), C.float(g.Beta), addr(o.C), C.int64_t(g.LDC),
-		ltType(g.DType), ltType(g.Out()), tr(tf32), ltEpilogue(g.Epilogue), bias, aux, C.int64_t(ldaux),
-		C.uint64_t(l.ws), C.size_t(ltWorkspace), &a.algo, &a.have)
+		dataType(g.DType), dataType(g.Out()), tr(tf32), ltEpilogue(g.Epilogue), bias, aux, C.int64_t(ldaux),
+		C.uint64_t(l.ws), C.size_t(ltWorkspace), C.uint64_t(p.Stream()), &a.algo, &a.have, &stage)
 	switch {
 	case st == C.CUBLAS_STATUS_SUCCESS:
+		a.used = true
 		return nil
-	case a.have == 0 && (st == C.CUBLAS_STATUS_NOT_SUPPORTED || st == C.CUBLAS_STATUS_INVALID_VALUE):
+	case !a.used && (st == C.CUBLAS_STATUS_NOT_SUPPORTED || st == C.CUBLAS_STATUS_INVALID_VALUE):
+		// No algorithm for this GEMM and epilogue (the heuristic's answer), or
+		// the first matmul with the pick refused it: cuBLAS and the kernels
+		// serve it from now on.
 		a.refused = true
 		return errLtRefused
 	}
-	return fmt.Errorf("cuda: cublasLtMatmul %v -> %v (%dx%dx%d, %v): status %d", g.DType, g.Out(), g.M, g.N, g.K, g.Epilogue, int(st))
+	where := "cublasLtMatmul"
+	if stage == 0 {
+		where = "cublasLt descriptors and heuristic"
+	}
+	return fmt.Errorf("cuda: %s %v -> %v (%dx%dx%d, %v): status %d", where, g.DType, g.Out(), g.M, g.N, g.K, g.Epilogue, int(st))
 }

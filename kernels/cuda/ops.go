@@ -6,19 +6,16 @@ import (
 	"errors"
 	"fmt"
 
-	"gorgonia.org/cu"
-
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/cuda/ptx"
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// Gemm implements kernels.Kernels. A single float32 or bfloat16 GEMM runs
-// on cuBLASLt with its epilogue fused (bias; GELU with the pre-activation
-// kept; DGELU with or without the bias gradient; the bias gradient of the
-// second operand), the algorithm picked once per shape and epilogue. What
-// cuBLASLt refuses, float64 and batches run on cuBLAS, the epilogues as
-// kernels after the GEMM (composite).
+// Gemm implements kernels.Kernels by the GEMM's plan (planGemm): a single
+// float32 or bfloat16 GEMM on cuBLASLt with its epilogue fused, the
+// algorithm picked once per shape and epilogue; what cuBLASLt refuses,
+// float64 and batches on cuBLAS, the epilogue after it as kernels and
+// cuBLAS calls. Empty dimensions never reach a library (kernels.EmptyGemm).
 func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if err := p.onDevice(o.A, o.B, o.C, o.Bias, o.Aux); err != nil {
 		return err
@@ -27,93 +24,28 @@ func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if err != nil {
 		return err
 	}
-	if g.BatchCount == 1 && g.DType != tensor.Float64 {
-		err := p.do(func() error { return p.gemmLt(g, o) })
-		if !errors.Is(err, errLtRefused) {
-			return err
-		}
+	if empty, err := kernels.EmptyGemm(p, p.mem, g, o); empty {
+		return err
 	}
-	return p.composite(g, o)
-}
-
-// composite runs the GEMM on cuBLAS (cuBLASLt without an epilogue for
-// bfloat16) and the epilogue after it: the bias as a K = 1 GEMM, the bias
-// gradient as a GEMV, the GELUs with the gelu kernels (C tight: LDC = N).
-func (p *Provider) composite(g kernels.GemmParams, o kernels.GemmOperands) error {
-	if g.DType == tensor.BFloat16 && (g.BatchCount != 1 || g.Epilogue == kernels.EpilogueBGrad) {
-		return fmt.Errorf("%w: cuda bfloat16 %v of %d batches (cuBLASLt refused it)", kernels.ErrUnsupported, g.Epilogue.Op(), g.BatchCount)
+	pl := planGemm(g)
+	if pl.refused() {
+		return fmt.Errorf("%w: cuda %v -> %v %v", kernels.ErrUnsupported, g.DType, g.Out(), g.Epilogue.Op())
 	}
-	n := g.M * g.N
-	switch g.Epilogue {
-	case kernels.EpilogueBiasGelu, kernels.EpilogueDGelu, kernels.EpilogueDGeluBGrad:
-		if g.LDC != g.N {
-			return fmt.Errorf("%w: cuda %v with LDC %d != N %d", kernels.ErrUnsupported, g.Epilogue, g.LDC, g.N)
-		}
-		base := g
-		base.Epilogue = kernels.EpilogueNone
-		if g.Epilogue == kernels.EpilogueBiasGelu {
-			base.Epilogue = kernels.EpilogueBias
-		}
-		if err := p.composite(base, o); err != nil {
-			return err
-		}
-		sfx := suffix(g.Out())
-		err := p.do(func() error {
-			if n == 0 {
-				return nil
-			}
-			if g.Epilogue == kernels.EpilogueBiasGelu {
-				if err := cu.MemcpyDtoD(o.Aux.Buffer().(*Buffer).ptr, o.C.Buffer().(*Buffer).ptr, int64(n*g.Out().Size())); err != nil {
-					return err
-				}
-				return p.launch("gelu"+sfx, n, 0, ptx.BlockThreads, dev(o.C), dev(o.Aux), uint64(n))
-			}
-			return p.launch("gelu_grad"+sfx, n, 0, ptx.BlockThreads, dev(o.C), dev(o.C), dev(o.Aux), uint64(n))
-		})
-		if err != nil || g.Epilogue != kernels.EpilogueDGeluBGrad {
-			return err
-		}
-		dy, err := o.C.Reshape(g.M, g.N)
-		if err != nil {
-			return err
-		}
-		return p.BiasGrad(o.Bias, dy, false)
-	}
-	if g.DType == tensor.BFloat16 {
-		return p.do(func() error { return p.gemmLt(g, o) })
-	}
+	pl.lt = pl.lt && ltOn
 	return p.do(func() error {
-		if err := p.gemm(g, o.A, o.B, o.C); err != nil {
-			return err
-		}
-		switch g.Epilogue {
-		case kernels.EpilogueBias:
-			if g.M == 0 || g.N == 0 {
-				return nil
-			}
-			ones, err := p.onesVec(g.DType, g.M)
-			if err != nil {
+		if pl.lt {
+			err := p.gemmLt(g, o)
+			if !errors.Is(err, errLtRefused) {
+				p.served = pl.describe(g, false)
 				return err
 			}
-			bc := kernels.GemmParams{M: g.M, N: g.N, K: 1, Alpha: 1, Beta: 1, LDC: g.LDC, DType: g.DType}.Normalized()
-			return p.gemm(bc, ones, o.Bias, o.C)
-		case kernels.EpilogueBGrad:
-			// bias[i] = Σ_k op(A)[i, k]: A is K×M (TransA) or M×K, row-major.
-			rows, cols, trans := g.M, g.K, false
-			if g.TransA {
-				rows, cols, trans = g.K, g.M, true
-			}
-			ones, err := p.onesVec(g.DType, g.K)
-			if err != nil {
-				return err
-			}
-			return p.gemv(kernels.GemvParams{Trans: trans, M: rows, N: cols, Alpha: 1, LDA: g.LDA, DType: g.DType}, o.A, ones, o.Bias)
 		}
-		return nil
+		p.served = pl.describe(g, true)
+		return runPlan(p, g, pl, o)
 	})
 }
 
-// Gemv implements kernels.Kernels.
+// Gemv implements kernels.Kernels on cuBLAS.
 func (p *Provider) Gemv(g kernels.GemvParams, a, x, y *tensor.Tensor) error {
 	if err := p.onDevice(a, x, y); err != nil {
 		return err
@@ -125,17 +57,18 @@ func (p *Provider) Gemv(g kernels.GemvParams, a, x, y *tensor.Tensor) error {
 	return p.do(func() error { return p.gemv(g, a, x, y) })
 }
 
-// BiasGrad implements kernels.Kernels: db = dyᵀ·ones, a GEMV; for bfloat16
-// the bias_grad kernel (float32 sums).
+// BiasGrad implements kernels.Kernels: db (+)= onesᵀ·dy on cuBLAS; for a
+// bfloat16 dy the bias_grad kernel (float32 sums).
 func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
 	if err := p.onDevice(db, dy); err != nil {
 		return err
 	}
 	m, n, err := kernels.BiasDims(db, dy)
-	if err != nil {
+	if err != nil || n == 0 {
 		return err
 	}
-	if dy.DType() == tensor.BFloat16 {
+	switch opPath(kernels.OpBiasGrad, dy.DType(), db.DType(), false) {
+	case Kernel:
 		name := "bias_grad_bf16"
 		if db.DType() == tensor.Float32 {
 			name = "bias_grad_bf16_f32"
@@ -143,16 +76,29 @@ func (p *Provider) BiasGrad(db, dy *tensor.Tensor, accumulate bool) error {
 		return p.do(func() error {
 			return p.launch(name, n, 0, ptx.BlockThreads, dev(db), dev(dy), uint64(m), uint64(n), uint64(int(betaIf(accumulate))))
 		})
+	case BLAS:
+		dt := db.DType()
+		return p.do(func() error {
+			if m == 0 { // a sum of no rows
+				if accumulate {
+					return nil
+				}
+				return p.memset(dev(db), n*dt.Size())
+			}
+			ones, err := p.onesVec(dt, m)
+			if err != nil {
+				return err
+			}
+			g := kernels.GemmParams{M: 1, N: n, K: m, Alpha: 1, Beta: betaIf(accumulate), DType: dt}.Normalized()
+			return p.gemm(g, ones, dev(dy), dev(db))
+		})
 	}
-	dt := db.DType()
-	return p.do(func() error {
-		ones, err := p.onesVec(dt, m)
-		if err != nil {
-			return err
-		}
-		g := kernels.GemvParams{Trans: true, M: m, N: n, Alpha: 1, Beta: betaIf(accumulate), DType: dt}.Normalized()
-		return p.gemv(g, dy, ones, db)
-	})
+	return p.refused(kernels.OpBiasGrad, dy.DType())
+}
+
+// refused is the error of an op whose plan is Refused.
+func (p *Provider) refused(op kernels.Op, dt tensor.DType) error {
+	return fmt.Errorf("%w: cuda %v on %v", kernels.ErrUnsupported, op, dt)
 }
 
 func betaIf(b bool) float64 {
@@ -162,7 +108,7 @@ func betaIf(b bool) float64 {
 	return 0
 }
 
-// Axpy implements kernels.Kernels with cuBLAS axpy.
+// Axpy implements kernels.Kernels: cuBLAS axpy, the axpy kernel for bfloat16.
 func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error {
 	if err := p.onDevice(x, y); err != nil {
 		return err
@@ -171,19 +117,15 @@ func (p *Provider) Axpy(alpha float64, x, y *tensor.Tensor) error {
 	if err != nil || n == 0 {
 		return err
 	}
-	if y.DType() == tensor.BFloat16 {
+	switch opPath(kernels.OpAxpy, y.DType(), y.DType(), false) {
+	case Kernel:
 		return p.do(func() error {
 			return p.launch("axpy_bf16", n, 0, ptx.BlockThreads, dev(y), dev(x), scalar(tensor.Float32, alpha), uint64(n))
 		})
+	case BLAS:
+		return p.do(func() error { return p.axpy(y.DType(), n, alpha, dev(x), dev(y)) })
 	}
-	return p.do(func() error {
-		if y.DType() == tensor.Float32 {
-			p.blas.Saxpy(n, float32(alpha), devSlice[float32](x), 1, devSlice[float32](y), 1)
-		} else {
-			p.blas.Daxpy(n, alpha, devSlice[float64](x), 1, devSlice[float64](y), 1)
-		}
-		return p.blas.Err()
-	})
+	return p.refused(kernels.OpAxpy, y.DType())
 }
 
 // GeluForward implements kernels.Kernels with the gelu kernel (ptx/kernels.h).
@@ -230,25 +172,15 @@ func (p *Provider) Cast(dst, src *tensor.Tensor) error {
 	if err != nil || n == 0 {
 		return err
 	}
-	switch {
-	case dst.DType() == src.DType():
-		return p.do(func() error {
-			return cu.MemcpyDtoD(dst.Buffer().(*Buffer).ptr, src.Buffer().(*Buffer).ptr, int64(dst.Bytes()))
+	switch opPath(kernels.OpCast, src.DType(), dst.DType(), false) {
+	case Copy, Kernel:
+		return p.do(func() error { return convert2D(p, dev(dst), n, dst.DType(), dev(src), n, src.DType(), 1, n) })
+	case Host:
+		return p.viaHost([]*tensor.Tensor{dst}, []*tensor.Tensor{src}, func(h []*tensor.Tensor) error {
+			return p.host.Cast(h[0], h[1])
 		})
-	case dst.DType() == tensor.BFloat16 && src.DType() == tensor.Float32:
-		return p.do(func() error { return p.launch("cast_f32_bf16", n, 0, ptx.BlockThreads, dev(dst), dev(src), uint64(n)) })
-	case dst.DType() == tensor.Float32 && src.DType() == tensor.BFloat16:
-		return p.do(func() error { return p.launch("cast_bf16_f32", n, 0, ptx.BlockThreads, dev(dst), dev(src), uint64(n)) })
 	}
-	return p.viaHost([]*tensor.Tensor{dst}, []*tensor.Tensor{src}, func(h []*tensor.Tensor) error {
-		return p.host.Cast(h[0], h[1])
-	})
-}
-
-// DTypes implements kernels.Provider: float32 and float64 through cuBLAS,
-// bfloat16 GEMMs through cuBLASLt (the elementwise bf16 ops through the host).
-func (p *Provider) DTypes() []tensor.DType {
-	return []tensor.DType{tensor.Float32, tensor.Float64, tensor.BFloat16}
+	return p.refused(kernels.OpCast, src.DType())
 }
 
 // viaHost runs f on host copies: outs (written, and read when the op

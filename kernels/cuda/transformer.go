@@ -35,7 +35,7 @@ func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float6
 	if err != nil {
 		return err
 	}
-	if x.DType() == tensor.Float64 {
+	if opPath(kernels.OpLayerNorm, x.DType(), x.DType(), false) == Host {
 		return p.viaHost([]*tensor.Tensor{y, stats}, []*tensor.Tensor{x, gamma, beta}, func(h []*tensor.Tensor) error {
 			return p.host.LayerNorm(h[0], h[1], h[2], h[3], h[4], eps)
 		})
@@ -59,7 +59,7 @@ func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *ten
 	if err != nil {
 		return err
 	}
-	if x.DType() == tensor.Float64 {
+	if opPath(kernels.OpLayerNormBackward, x.DType(), x.DType(), false) == Host {
 		return p.viaHost([]*tensor.Tensor{dx, dgamma, dbeta}, []*tensor.Tensor{dy, x, gamma, stats}, func(h []*tensor.Tensor) error {
 			return p.host.LayerNormBackward(h[0], h[1], h[2], h[3], h[4], h[5], h[6], accumulate)
 		})
@@ -89,7 +89,7 @@ func (p *Provider) Embedding(y, ids, table *tensor.Tensor, offset int) error {
 	if err != nil {
 		return err
 	}
-	if y.DType() == tensor.Float64 {
+	if opPath(kernels.OpEmbedding, y.DType(), y.DType(), false) == Host {
 		return p.viaHost([]*tensor.Tensor{y}, []*tensor.Tensor{ids, table}, func(h []*tensor.Tensor) error {
 			return p.host.Embedding(h[0], h[1], h[2], offset)
 		})
@@ -114,7 +114,7 @@ func (p *Provider) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int,
 	if err != nil {
 		return err
 	}
-	if dtable.DType() == tensor.Float64 {
+	if opPath(kernels.OpEmbeddingBackward, dtable.DType(), dtable.DType(), false) == Host {
 		return p.viaHost([]*tensor.Tensor{dtable}, []*tensor.Tensor{dy, ids}, func(h []*tensor.Tensor) error {
 			return p.host.EmbeddingBackward(h[0], h[1], h[2], offset, accumulate)
 		})
@@ -150,11 +150,8 @@ func (p *Provider) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int,
 	return nil
 }
 
-// freeAfter frees a scratch tensor once the work queued on it has run.
-func (p *Provider) freeAfter(t *tensor.Tensor) {
-	p.Synchronize()
-	p.mem.Free(t)
-}
+// freeAfter frees a scratch tensor (Free waits for the work queued on it).
+func (p *Provider) freeAfter(t *tensor.Tensor) { p.mem.Free(t) }
 
 // CrossEntropy implements kernels.Kernels: one thread per row.
 func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error {
@@ -165,7 +162,7 @@ func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset in
 	if err != nil {
 		return err
 	}
-	if logits.DType() == tensor.Float64 {
+	if opPath(kernels.OpCrossEntropy, logits.DType(), logits.DType(), false) == Host {
 		return p.viaHost([]*tensor.Tensor{stats}, []*tensor.Tensor{logits, targets}, func(h []*tensor.Tensor) error {
 			return p.host.CrossEntropy(h[0], h[1], h[2], offset)
 		})
@@ -188,7 +185,7 @@ func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Te
 	if err != nil {
 		return err
 	}
-	if logits.DType() == tensor.Float64 {
+	if opPath(kernels.OpCrossEntropyBackward, logits.DType(), logits.DType(), false) == Host {
 		return p.viaHost([]*tensor.Tensor{dlogits}, []*tensor.Tensor{logits, targets, lse}, func(h []*tensor.Tensor) error {
 			return p.host.CrossEntropyBackward(h[0], h[1], h[2], h[3], offset, scale)
 		})
@@ -213,7 +210,7 @@ func (p *Provider) CrossEntropyCombine(lse, loss, stats *tensor.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if lse.DType() == tensor.Float64 {
+	if opPath(kernels.OpCrossEntropyCombine, lse.DType(), lse.DType(), false) == Host {
 		return p.viaHost([]*tensor.Tensor{lse, loss}, []*tensor.Tensor{stats}, func(h []*tensor.Tensor) error {
 			return p.host.CrossEntropyCombine(h[0], h[1], h[2])
 		})
@@ -261,11 +258,6 @@ func attnViews(a ptx.Attn, q, k, v *tensor.Tensor) (uint64, uint64, uint64) {
 	return dev(q), dev(k), dev(v)
 }
 
-// onHostAttention reports whether an attention goes through the host.
-func onHostAttention(a ptx.Attn, dt tensor.DType) bool {
-	return dt == tensor.Float64 || a.E > ptx.MaxHeadDim || a.F > ptx.MaxHeadDim
-}
-
 // Attention implements kernels.Kernels: one thread per query row, the
 // scores recomputed in two passes (the row's log-sum-exp, then P·v).
 func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error {
@@ -276,7 +268,7 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 	if err != nil {
 		return err
 	}
-	if onHostAttention(a, q.DType()) {
+	if opPath(kernels.OpAttention, q.DType(), q.DType(), wide(a)) == Host {
 		return p.viaHost([]*tensor.Tensor{o, lse}, []*tensor.Tensor{q, k, v}, func(h []*tensor.Tensor) error {
 			return p.host.Attention(h[0], h[1], h[2], h[3], h[4], causal)
 		})
@@ -305,7 +297,7 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	if err != nil {
 		return err
 	}
-	if onHostAttention(a, q.DType()) {
+	if opPath(kernels.OpAttentionBackward, q.DType(), q.DType(), wide(a)) == Host {
 		return p.viaHost([]*tensor.Tensor{dq, dk, dv}, []*tensor.Tensor{do, q, k, v, o, lse}, func(h []*tensor.Tensor) error {
 			return p.host.AttentionBackward(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], causal)
 		})

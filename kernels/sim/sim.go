@@ -8,23 +8,34 @@ package sim
 
 import (
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/meshrun/meshrun/tensor"
 )
 
 // Memory is one simulated device's memory. It is safe for concurrent use on
-// distinct tensors.
+// distinct tensors. Like the cuda Memory, it runs a device library's calls
+// with its context current (Run), has a stream and names its device
+// (DeviceID): see context.go.
 type Memory struct {
-	dev   tensor.Device
-	meter tensor.Meter
+	dev    tensor.Device
+	meter  tensor.Meter
+	id     string
+	stream uintptr
+	mu     sync.Mutex   // held by Run
+	owner  atomic.Int64 // the OS thread in Run, 0 when none
 }
 
 var _ tensor.Memory = (*Memory)(nil)
 
-// NewMemory returns the memory of simulated device sim:ordinal.
+// NewMemory returns the memory of simulated device sim:ordinal. Memories of
+// one ordinal made in one process are one device (one DeviceID), as the
+// in-process ranks of a GPU job are on one GPU, unless made under
+// SeparateDevices.
 func NewMemory(ordinal int) *Memory {
-	return &Memory{dev: tensor.Device{Kind: tensor.Sim, Ordinal: ordinal}}
+	return &Memory{dev: tensor.Device{Kind: tensor.Sim, Ordinal: ordinal}, id: deviceID(ordinal), stream: streams.Add(256)}
 }
 
 // buffer is sim device memory: bytes the host cannot see through the tensor.

@@ -3,7 +3,10 @@ package collective
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -44,7 +47,8 @@ type Communicator interface {
 // MESHRUN_COLLECTIVES).
 const (
 	// BackendAuto picks per buffer device: host for host tensors; for device
-	// tensors nccl where it is available for the device, else staged.
+	// tensors nccl where it is available for the device on every member and
+	// no two members share a physical device, else staged.
 	BackendAuto = "auto"
 	// BackendHost runs the algorithms over the Transport on host memory.
 	BackendHost = "host"
@@ -63,9 +67,10 @@ type DeviceBackend interface {
 	Name() string
 	// Serves reports whether the backend takes tensors of dev.
 	Serves(dev tensor.Device) bool
-	// New returns the communicator of group g for dev; g carries the
-	// coordination (a unique id can travel over it) and fails with it.
-	New(ctx context.Context, g *Group, dev tensor.Device) (Communicator, error)
+	// New returns the communicator of group g for tensors of mem (its
+	// device's); g carries the coordination (a unique id can travel over it)
+	// and fails with it.
+	New(ctx context.Context, g *Group, mem tensor.Memory) (Communicator, error)
 }
 
 var (
@@ -125,10 +130,12 @@ type commKey struct {
 }
 
 // Communicator returns the communicator of group ranks (world ranks, in group
-// order) for tensors of dev, creating it on first use (the Group's handshake,
-// then the backend's). The backend follows Options.Collectives; the choice and
-// why are logged once per communicator.
-func (w *World) Communicator(ctx context.Context, ranks []int, dev tensor.Device) (Communicator, error) {
+// order) for tensors of mem's device, creating it on first use (the Group's
+// handshake, then the backend's). The backend follows Options.Collectives; the
+// choice and why are logged once per communicator. It is cached per group and
+// device: later calls with another memory of the device get the same one.
+func (w *World) Communicator(ctx context.Context, ranks []int, mem tensor.Memory) (Communicator, error) {
+	dev := mem.Device()
 	k := commKey{fmt.Sprint(ranks), dev}
 	w.mu.Lock()
 	if c, ok := w.dcomms[k]; ok {
@@ -140,7 +147,7 @@ func (w *World) Communicator(ctx context.Context, ranks []int, dev tensor.Device
 	if err != nil {
 		return nil, err
 	}
-	c, why, err := w.newCommunicator(ctx, g, dev)
+	c, why, err := w.newCommunicator(ctx, g, mem)
 	if err != nil {
 		return nil, err
 	}
@@ -158,9 +165,9 @@ func (w *World) Communicator(ctx context.Context, ranks []int, dev tensor.Device
 	return c, nil
 }
 
-// newCommunicator picks and builds the backend for g's tensors on dev.
-func (w *World) newCommunicator(ctx context.Context, g *Group, dev tensor.Device) (Communicator, string, error) {
-	choice := w.opts.Collectives
+// newCommunicator picks and builds the backend for g's tensors of mem.
+func (w *World) newCommunicator(ctx context.Context, g *Group, mem tensor.Memory) (Communicator, string, error) {
+	choice, dev := w.opts.Collectives, mem.Device()
 	if dev.Kind == tensor.CPU {
 		if choice == BackendStaged || choice == BackendNCCL {
 			return &hostComm{g: g}, fmt.Sprintf("host buffers (%s=%s applies to device buffers)", EnvBackend, choice), nil
@@ -177,33 +184,106 @@ func (w *World) newCommunicator(ctx context.Context, g *Group, dev tensor.Device
 		if b == nil {
 			return nil, "", fmt.Errorf("%w: no nccl backend for %v in this build (build with -tags cuda, and NCCL present at run time)", ErrInvalid, dev)
 		}
-		c, err := b.New(ctx, g, dev)
+		// NCCL refuses two ranks of a communicator on one device: refused
+		// here, on every member, before any data moves.
+		_, shared, err := agree(ctx, g, true, mem)
+		if err != nil {
+			return nil, "", err
+		}
+		if shared != "" {
+			return nil, "", &Error{Kind: ErrSharedDevice, Rank: -1, Reporter: w.rank, Group: g.key,
+				Detail: fmt.Sprintf("%s, and NCCL (%s=nccl) refuses two ranks of a communicator on one device: auto or staged runs them staged", shared, EnvBackend)}
+		}
+		c, err := b.New(ctx, g, mem)
 		return c, "chosen (" + EnvBackend + "=nccl)", err
 	}
 	if b := w.deviceBackend("", dev); b != nil {
 		// The members agree first: a library that loads on some of them
-		// and not on others would split the group between two backends.
-		here := 1.0
+		// and not on others would split the group between two backends, and
+		// members sharing a device cannot use it.
 		var why error
 		if p, ok := b.(probed); ok {
-			if why = p.Probe(w); why != nil {
-				here = 0
-			}
+			why = p.Probe(w)
 		}
-		all := []float64{here}
-		if err := AllReduce(ctx, g, all, Min); err != nil {
+		all, shared, err := agree(ctx, g, why == nil, mem)
+		if err != nil {
 			return nil, "", err
 		}
 		switch {
 		case why != nil:
 			return newStaged(g, dev, w.opts.StageBytes), "auto: " + why.Error() + "; staged instead", nil
-		case all[0] == 0:
+		case !all:
 			return newStaged(g, dev, w.opts.StageBytes), "auto: " + b.Name() + " is unavailable on another member of the group; staged instead", nil
+		case shared != "":
+			return newStaged(g, dev, w.opts.StageBytes), "auto: " + shared + " (" + b.Name() + " refuses two ranks of a communicator on one device); staged instead", nil
 		}
-		c, err := b.New(ctx, g, dev)
+		c, err := b.New(ctx, g, mem)
 		return c, "auto: " + b.Name() + " serves " + dev.String(), err
 	}
 	return newStaged(g, dev, w.opts.StageBytes), "auto: no device collective library for " + dev.String(), nil
+}
+
+// deviceIdentity names the physical device behind mem: its DeviceID where
+// the memory has one (a GPU's UUID, "GPU-…"; a sim device's), else its
+// device on this host and process, so that separate processes never look
+// shared.
+func deviceIdentity(mem tensor.Memory) string {
+	if d, ok := mem.(interface{ DeviceID() string }); ok {
+		if id := d.DeviceID(); id != "" {
+			return id
+		}
+	}
+	return fmt.Sprintf("%v@%s/%d", mem.Device(), hostname, os.Getpid())
+}
+
+var hostname = func() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "localhost"
+	}
+	return h
+}()
+
+// agree tells every member of g whether the device library is available on
+// all of them (ok: on this one) and which members share a physical device
+// ("ranks 0 and 1 share device GPU-…", "" when none do): each member's
+// answer and device identity go to all (an all-gather of bytes).
+func agree(ctx context.Context, g *Group, ok bool, mem tensor.Memory) (all bool, shared string, err error) {
+	mine := []byte{0}
+	if ok {
+		mine[0] = 1
+	}
+	got, err := allGatherBytes(ctx, g, append(mine, deviceIdentity(mem)...))
+	if err != nil {
+		return false, "", err
+	}
+	all = true
+	ids := make([]string, len(got))
+	for i, b := range got {
+		if len(b) == 0 {
+			return false, "", fmt.Errorf("%w: rank %d sent no device identity", ErrCorrupt, g.ranks[i])
+		}
+		all = all && b[0] == 1
+		ids[i] = string(b[1:])
+	}
+	return all, sharedDevice(g.ranks, ids), nil
+}
+
+// sharedDevice says which ranks share the first device that several of
+// them are on ("ranks 0, 2 and 3 share device D"), or "".
+func sharedDevice(ranks []int, ids []string) string {
+	for i, id := range ids {
+		var on []string
+		for j := i; j < len(ids); j++ {
+			if ids[j] == id {
+				on = append(on, strconv.Itoa(ranks[j]))
+			}
+		}
+		if len(on) > 1 {
+			return fmt.Sprintf("ranks %s and %s share device %s", strings.Join(on[:len(on)-1], ", "), on[len(on)-1], id)
+		}
+	}
+	return ""
 }
 
 // hostComm is the host backend: the Group's algorithms on host tensors.
@@ -288,7 +368,12 @@ func AllGatherBytes(ctx context.Context, w *World, b []byte) ([][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := w.Size()
+	return allGatherBytes(ctx, g, b)
+}
+
+// allGatherBytes is AllGatherBytes over group g, in group order.
+func allGatherBytes(ctx context.Context, g *Group, b []byte) ([][]byte, error) {
+	n := g.Size()
 	lens := make([]float64, n)
 	ones := make([]int, n)
 	for i := range ones {
@@ -303,7 +388,7 @@ func AllGatherBytes(ctx context.Context, w *World, b []byte) ([][]byte, error) {
 		counts[r] = (int(l) + 1) / 2
 		total += counts[r]
 	}
-	in := make([]tensor.BF16, counts[w.Rank()])
+	in := make([]tensor.BF16, counts[g.me])
 	copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(in))), 2*len(in)), b)
 	out := make([]tensor.BF16, total)
 	if err := AllGather(ctx, g, in, out, counts); err != nil {

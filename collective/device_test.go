@@ -27,7 +27,7 @@ func comm(w *collective.World, mems []tensor.Memory) (collective.Communicator, e
 	for i := range ranks {
 		ranks[i] = i
 	}
-	return w.Communicator(context.Background(), ranks, mems[w.Rank()].Device())
+	return w.Communicator(context.Background(), ranks, mems[w.Rank()])
 }
 
 // TestDeviceFaults: through the device-aware communicator, on host buffers,

@@ -47,6 +47,11 @@ var (
 	// ErrNoLibrary: a device collective library could not be loaded; under
 	// auto, device buffers then take the staged backend.
 	ErrNoLibrary = errors.New("collective: device collective library unavailable")
+	// ErrSharedDevice: members of a group are on one physical device and
+	// MESHRUN_COLLECTIVES=nccl asked for NCCL, which refuses two ranks of a
+	// communicator on one device. Error.Detail names the ranks and the
+	// device; nothing moved. Under auto such a group takes staged.
+	ErrSharedDevice = errors.New("collective: ranks share a device")
 	// ErrInvalid: bad arguments (lengths, counts, ranks, options).
 	ErrInvalid = errors.New("collective: invalid argument")
 	// ErrClosed: the communicator or world was closed, or failed earlier.

@@ -134,7 +134,7 @@ func (x *stepExec) run(ctx context.Context, local *tensor.Tensor) (*tensor.Tenso
 		return local, nil, nil
 	}
 	group := mesh.Group(rank, st.MeshDims...)
-	c, err := w.Communicator(ctx, group, local.Device())
+	c, err := w.Communicator(ctx, group, x.mem)
 	if err != nil {
 		return nil, nil, err
 	}

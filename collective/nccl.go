@@ -15,6 +15,14 @@ import (
 // cuda builds) or FakeNCCL, the same calls over the host collectives, which
 // the test suite runs without a GPU. Buffers are device addresses (a tensor
 // buffer's Addr) and counts are in elements, as in NCCL's C API.
+//
+// Every call but Name, and every call of its communicators, is made with the
+// device's context current on the calling OS thread: inside the Run of the
+// communicator's memory (the cuda Memory's makes the provider's primary
+// context current on a locked thread), the context current at InitRank for
+// every later call on that communicator, as NCCL needs. The backend makes
+// them so; the library relies on it (the fake checks it). The work runs on
+// the memory's stream (its Stream method), the one the kernels run on.
 type NCCL interface {
 	// Name says which library this is, with its version.
 	Name() string
@@ -23,6 +31,7 @@ type NCCL interface {
 	UniqueID() ([]byte, error)
 	// InitRank is ncclCommInitRank: joins the communicator of n ranks named by
 	// id as rank, on the device of mem; it returns once all n have joined.
+	// Two ranks on one device are refused (ncclInvalidUsage).
 	InitRank(mem tensor.Memory, n int, id []byte, rank int) (NCCLComm, error)
 }
 
@@ -64,7 +73,9 @@ type NCCLComm interface {
 // over NATS, a peer lost) aborts the communicator (ncclCommAbort): no rank is
 // left waiting on a GPU, and each fails with the typed error naming the
 // culprit. The unique id travels over the control plane (NATS), from the
-// group's first member to the others.
+// group's first member to the others. Every library call runs inside the
+// memory's Run (see NCCL): the communicator's creation on a goroutine of its
+// own and the abort of an idle communicator when the World fails included.
 func NCCLBackend(kind tensor.DeviceKind, open func(w *World) (NCCL, error)) DeviceBackend {
 	return &ncclBackend{kind: kind, open: open}
 }
@@ -85,16 +96,21 @@ func (b *ncclBackend) Probe(w *World) error {
 	return nil
 }
 
-func (b *ncclBackend) New(ctx context.Context, g *Group, dev tensor.Device) (Communicator, error) {
+func (b *ncclBackend) New(ctx context.Context, g *Group, mem tensor.Memory) (Communicator, error) {
 	w := g.w
 	lib, err := b.open(w)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoLibrary, err)
 	}
-	c := &ncclComm{g: g, dev: dev, lib: lib}
-	name := fmt.Sprintf("nccl-id %s %v", g.key, dev.Kind)
+	c := &ncclComm{g: g, dev: mem.Device(), mem: mem, lib: lib}
+	name := fmt.Sprintf("nccl-id %s %v", g.key, c.dev.Kind)
 	if g.me == 0 {
-		if c.id, err = lib.UniqueID(); err == nil {
+		err = c.do(func() error {
+			var err error
+			c.id, err = lib.UniqueID()
+			return err
+		})
+		if err == nil {
 			err = w.ctrl.Offer(name, c.id)
 		}
 		if err != nil {
@@ -123,11 +139,12 @@ func (b *ncclBackend) New(ctx context.Context, g *Group, dev tensor.Device) (Com
 type ncclComm struct {
 	g   *Group
 	dev tensor.Device
+	mem tensor.Memory // the device whose context the library's calls run in
 	lib NCCL
 	id  []byte
 
 	mu   sync.Mutex
-	comm NCCLComm // made by the first collective (it knows the device memory)
+	comm NCCLComm // made by the first collective
 	dead error    // set when the communicator was aborted or destroyed
 	algo string
 }
@@ -149,6 +166,22 @@ func (c *ncclComm) Barrier(ctx context.Context) error { return c.g.Barrier(ctx) 
 func (c *ncclComm) fail(e *Error) error {
 	c.g.w.fail(e)
 	return e
+}
+
+// runner is device memory that runs a library's calls with the device's
+// context current on a locked OS thread (kernels/cuda's, kernels/sim's).
+type runner interface{ Run(f func() error) error }
+
+// do makes library calls: inside the memory's Run, so that the context the
+// communicator was created in is current (NCCL's calls on a communicator
+// need it, nvidia/nccl#565), on one OS thread (a group of calls between
+// ncclGroupStart and ncclGroupEnd belongs to its thread). Memory without Run
+// (no contexts) calls f as it is.
+func (c *ncclComm) do(f func() error) error {
+	if r, ok := c.mem.(runner); ok {
+		return r.Run(f)
+	}
+	return f()
 }
 
 // addressed is a device buffer with an address (cuda's, sim's).
@@ -183,7 +216,6 @@ type ncclCall struct {
 	// check exchanges the descriptor (nil: a dissemination barrier whose
 	// headers carry it).
 	check func(o *opState) error
-	mem   tensor.Memory
 	algo  string
 	issue func(nc NCCLComm) error
 	// keep are the tensors whose addresses the calls hold: alive until the
@@ -208,11 +240,11 @@ func (c *ncclComm) run(ctx context.Context, k ncclCall) error {
 		err = o.drain()
 	}
 	if err == nil {
-		err = c.init(o, k.mem)
+		err = c.init(o)
 	}
 	if err == nil {
 		c.algo = "nccl/" + k.algo
-		if err = k.issue(c.comm); err != nil {
+		if err = c.do(func() error { return k.issue(c.comm) }); err != nil {
 			c.abortLocked()
 			err = &Error{Kind: ErrLibrary, Rank: c.g.w.rank, Reporter: c.g.w.rank, Detail: err.Error()}
 		} else {
@@ -224,8 +256,9 @@ func (c *ncclComm) run(ctx context.Context, k ncclCall) error {
 }
 
 // init makes the NCCL communicator on first use: every member has passed
-// the descriptor check, so all of them are joining.
-func (c *ncclComm) init(o *opState, mem tensor.Memory) error {
+// the descriptor check, so all of them are joining. ncclCommInitRank blocks
+// until they have: it runs on a goroutine, inside the memory's Run.
+func (c *ncclComm) init(o *opState) error {
 	if c.dead != nil {
 		return c.dead
 	}
@@ -238,8 +271,12 @@ func (c *ncclComm) init(o *opState, mem tensor.Memory) error {
 	}
 	ch := make(chan made, 1)
 	go func() {
-		nc, err := c.lib.InitRank(mem, c.g.Size(), c.id, c.g.me)
-		ch <- made{nc, err}
+		var m made
+		m.err = c.do(func() error {
+			m.nc, m.err = c.lib.InitRank(c.mem, c.g.Size(), c.id, c.g.me)
+			return m.err
+		})
+		ch <- m
 	}()
 	t := time.NewTimer(time.Until(o.octx.deadline))
 	defer t.Stop()
@@ -260,7 +297,7 @@ func (c *ncclComm) init(o *opState, mem tensor.Memory) error {
 	}
 	go func() { // the library may still return a communicator: end it
 		if m := <-ch; m.nc != nil {
-			m.nc.Abort()
+			c.do(m.nc.Abort)
 		}
 	}()
 	c.dead = why
@@ -271,7 +308,12 @@ func (c *ncclComm) init(o *opState, mem tensor.Memory) error {
 // error or the World's failure abort the communicator.
 func (c *ncclComm) wait(o *opState) error {
 	for i := 0; ; i++ {
-		done, err := c.comm.Query()
+		var done bool
+		err := c.do(func() error {
+			var err error
+			done, err = c.comm.Query()
+			return err
+		})
 		if err != nil { // the library failed here: this rank is the culprit
 			c.abortLocked()
 			return &Error{Kind: ErrLibrary, Rank: c.g.w.rank, Reporter: c.g.w.rank, Detail: err.Error()}
@@ -297,7 +339,7 @@ func (c *ncclComm) wait(o *opState) error {
 
 func (c *ncclComm) abortLocked() {
 	if c.comm != nil {
-		c.comm.Abort()
+		c.do(c.comm.Abort)
 		c.comm = nil
 	}
 	if c.dead == nil {
@@ -320,7 +362,7 @@ func (c *ncclComm) destroy() error {
 	defer c.mu.Unlock()
 	var err error
 	if c.comm != nil {
-		err = c.comm.Destroy()
+		err = c.do(c.comm.Destroy)
 		c.comm = nil
 	}
 	if c.dead == nil {
@@ -348,7 +390,7 @@ func (c *ncclComm) AllReduce(ctx context.Context, buf *tensor.Tensor, op ReduceO
 		return err
 	}
 	n := buf.Len()
-	return c.run(ctx, ncclCall{op: OpAllReduce, dt: dt, red: op, count: n, mem: buf.Buffer().Memory(), keep: []*tensor.Tensor{buf}, algo: "all_reduce",
+	return c.run(ctx, ncclCall{op: OpAllReduce, dt: dt, red: op, count: n, keep: []*tensor.Tensor{buf}, algo: "all_reduce",
 		issue: func(nc NCCLComm) error { return nc.AllReduce(at(buf, 0), at(buf, 0), n, dt, op) }})
 }
 
@@ -361,7 +403,7 @@ func (c *ncclComm) Broadcast(ctx context.Context, buf *tensor.Tensor, root int) 
 		return invalid("broadcast: root %d outside group of %d", root, c.g.Size())
 	}
 	n := buf.Len()
-	return c.run(ctx, ncclCall{op: OpBroadcast, dt: dt, count: n, shape: hashCounts(root, nil), mem: buf.Buffer().Memory(), keep: []*tensor.Tensor{buf}, algo: "broadcast",
+	return c.run(ctx, ncclCall{op: OpBroadcast, dt: dt, count: n, shape: hashCounts(root, nil), keep: []*tensor.Tensor{buf}, algo: "broadcast",
 		issue: func(nc NCCLComm) error { return nc.Broadcast(at(buf, 0), at(buf, 0), n, dt, root) }})
 }
 
@@ -393,7 +435,7 @@ func (c *ncclComm) AllGather(ctx context.Context, in, out *tensor.Tensor, counts
 	if err != nil {
 		return err
 	}
-	k := ncclCall{op: OpAllGather, dt: dt, count: offs[len(counts)], shape: hashCounts(-1, counts), mem: out.Buffer().Memory(), keep: []*tensor.Tensor{in, out}}
+	k := ncclCall{op: OpAllGather, dt: dt, count: offs[len(counts)], shape: hashCounts(-1, counts), keep: []*tensor.Tensor{in, out}}
 	me := c.g.me
 	if even(counts) {
 		k.algo, k.issue = "all_gather", func(nc NCCLComm) error { return nc.AllGather(at(in, 0), at(out, 0), counts[me], dt) }
@@ -426,7 +468,7 @@ func (c *ncclComm) ReduceScatter(ctx context.Context, in, out *tensor.Tensor, co
 	if err != nil {
 		return err
 	}
-	k := ncclCall{op: OpReduceScatter, dt: dt, red: op, count: offs[len(counts)], shape: hashCounts(-1, counts), mem: in.Buffer().Memory(), keep: []*tensor.Tensor{in, out}}
+	k := ncclCall{op: OpReduceScatter, dt: dt, red: op, count: offs[len(counts)], shape: hashCounts(-1, counts), keep: []*tensor.Tensor{in, out}}
 	me := c.g.me
 	if even(counts) {
 		k.algo, k.issue = "reduce_scatter", func(nc NCCLComm) error { return nc.ReduceScatter(at(in, 0), at(out, 0), counts[me], dt, op) }
@@ -465,7 +507,7 @@ func (c *ncclComm) AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts
 	if err != nil {
 		return err
 	}
-	return c.run(ctx, ncclCall{op: OpAllToAll, dt: dt, mem: send.Buffer().Memory(), keep: []*tensor.Tensor{send, recv}, algo: "grouped send/recv",
+	return c.run(ctx, ncclCall{op: OpAllToAll, dt: dt, keep: []*tensor.Tensor{send, recv}, algo: "grouped send/recv",
 		check: func(o *opState) error {
 			for i := 1; i < n; i++ {
 				p := (me + i) % n

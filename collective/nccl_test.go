@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
+	"github.com/meshrun/meshrun/kernels/sim"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -104,6 +105,37 @@ func TestNCCLFaults(t *testing.T) {
 			leak()
 		})
 	}
+}
+
+// TestNCCLIdleAbort: a failure anywhere in the job aborts the idle
+// communicators of every rank too (from the World's failure, on another
+// goroutine than the rank's: in the device's context all the same, or the
+// library refuses the abort).
+func TestNCCLIdleAbort(t *testing.T) {
+	leak := collectivetest.Goroutines(t)
+	var aborted atomic.Int32
+	ws, mems := ncclWorlds(t, 2, 30*time.Second, collective.FakeNCCLOptions{Aborted: &aborted})
+	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
+		c, err := comm(w, mems)
+		if err == nil {
+			err = c.AllReduce(context.Background(), onDevice(t, mems, w.Rank(), 100), collective.Sum)
+		}
+		return err
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	ws[0].Fail(errors.New("stopped by the launcher"))
+	for start := time.Now(); aborted.Load() < 2 && time.Since(start) < 3*time.Second; {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if a := aborted.Load(); a != 2 {
+		t.Errorf("%d idle communicators aborted, want 2", a)
+	}
+	closeAll(ws)
+	leak()
 }
 
 // stagedSayingWhy checks that every rank's world communicator is staged and
@@ -213,4 +245,173 @@ func TestNCCLChoice(t *testing.T) {
 			}
 		}
 	})
+}
+
+// sharedMemories are n sim memories on one device (sim:0 of this process),
+// as n in-process ranks on one GPU are.
+func sharedMemories(n int) []tensor.Memory {
+	ms := make([]tensor.Memory, n)
+	for r := range ms {
+		ms[r] = sim.NewMemory(0)
+	}
+	return ms
+}
+
+// TestNCCLSharedDevice: NCCL refuses two ranks of a communicator on one
+// device. Under auto, a group whose members share one takes staged and says
+// which ranks share which device; asked for (MESHRUN_COLLECTIVES=nccl), it is
+// refused on every member, naming them, before any data moves. A group on
+// devices of its own in the same world still takes nccl.
+func TestNCCLSharedDevice(t *testing.T) {
+	t.Run("auto", func(t *testing.T) {
+		core, logs := observer.New(zap.InfoLevel)
+		o := collectivetest.NCCLOptions(collectivetest.SuiteOptions(), collective.FakeNCCLOptions{})
+		o.Collectives, o.Logger = collective.BackendAuto, zap.New(core)
+		ws := localWorlds(t, 3, o)
+		defer closeAll(ws)
+		// Ranks 0 and 2 share a device; rank 1 has one of its own.
+		mems := []tensor.Memory{sim.NewMemory(0), sim.NewMemory(1), sim.NewMemory(0)}
+		stagedSayingWhy(t, ws, mems, logs, "auto: ranks 0 and 2 share device "+mems[0].(*sim.Memory).DeviceID()+" ", "staged instead")
+		// The pair on devices of their own takes nccl.
+		errs := collectivetest.RunRanks(ws[:2], func(w *collective.World) error {
+			c, err := w.Communicator(context.Background(), []int{0, 1}, mems[w.Rank()])
+			if err == nil && c.Backend() != collective.BackendNCCL {
+				err = errors.New("backend " + c.Backend())
+			}
+			if err == nil {
+				err = c.AllReduce(context.Background(), onDevice(t, mems, w.Rank(), 10), collective.Sum)
+			}
+			return err
+		})
+		for r, err := range errs {
+			if err != nil {
+				t.Errorf("ranks 0 and 1, rank %d: %v", r, err)
+			}
+		}
+	})
+	t.Run("asked_for", func(t *testing.T) {
+		ws := localWorlds(t, 2, collectivetest.NCCLOptions(collectivetest.SuiteOptions(), collective.FakeNCCLOptions{}))
+		defer closeAll(ws)
+		mems := sharedMemories(2)
+		errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
+			_, err := comm(w, mems)
+			return err
+		})
+		want := "ranks 0 and 1 share device " + mems[0].(*sim.Memory).DeviceID() + ", and NCCL"
+		for r, err := range errs {
+			if !errors.Is(err, collective.ErrSharedDevice) || !strings.Contains(err.Error(), want) {
+				t.Errorf("rank %d: %v, want %v saying %q", r, err, collective.ErrSharedDevice, want)
+			}
+			if tr := mems[r].Transfers(); tr != (tensor.Transfers{}) {
+				t.Errorf("rank %d: data moved: %+v", r, tr)
+			}
+		}
+	})
+}
+
+// TestFakeNCCLRefuses: the fake library refuses what NCCL refuses, with its
+// "invalid usage": a communicator created without a context current, a call
+// on one made with no context or another context current than at its
+// creation (Query, Abort and Destroy included), and two ranks of one
+// communicator on one device (every member fails at InitRank).
+func TestFakeNCCLRefuses(t *testing.T) {
+	fake := collective.FakeNCCLOptions{Resolve: sim.Resolve, Current: sim.Current}
+	t.Run("context", func(t *testing.T) {
+		ws := localWorlds(t, 1, collectivetest.SuiteOptions())
+		defer closeAll(ws)
+		lib, err := collective.FakeNCCL(fake)(ws[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem, other := sim.NewMemory(0), sim.NewMemory(1)
+		id, _ := lib.UniqueID()
+		if _, err := lib.InitRank(mem, 1, id, 0); err == nil || !strings.Contains(err.Error(), "invalid usage: ncclCommInitRank with no device context current") {
+			t.Errorf("InitRank without a context: %v", err)
+		}
+		id, _ = lib.UniqueID()
+		var nc collective.NCCLComm
+		if err := mem.Run(func() error {
+			nc, err = lib.InitRank(mem, 1, id, 0)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		h, _ := tensor.FromFloat32([]float32{1, 2, 3, 4}, 4)
+		buf, _ := tensor.Upload(mem, h)
+		addr := buf.Buffer().(interface{ Addr() uintptr }).Addr()
+		calls := []struct {
+			name string
+			call func() error
+		}{
+			{"ncclAllReduce", func() error { return nc.AllReduce(addr, addr, 4, tensor.Float32, collective.Sum) }},
+			{"ncclBroadcast", func() error { return nc.Broadcast(addr, addr, 4, tensor.Float32, 0) }},
+			{"ncclGroupStart", func() error { return nc.Grouped(func() error { return nil }) }},
+			{"ncclCommGetAsyncError", func() error { _, err := nc.Query(); return err }},
+			{"ncclCommAbort", nc.Abort},
+			{"ncclCommDestroy", nc.Destroy},
+		}
+		for _, c := range calls {
+			if err := c.call(); err == nil || !strings.Contains(err.Error(), "invalid usage: "+c.name+" with no device context current") {
+				t.Errorf("%s without a context: %v", c.name, err)
+			}
+			err := other.Run(c.call)
+			if err == nil || !strings.Contains(err.Error(), "invalid usage: "+c.name+" with the "+other.Context()+" current") ||
+				!strings.Contains(err.Error(), "created in the "+mem.Context()) {
+				t.Errorf("%s with another context: %v", c.name, err)
+			}
+		}
+		// With its context current, the communicator works.
+		err = mem.Run(func() error {
+			if err := nc.AllReduce(addr, addr, 4, tensor.Float32, collective.Sum); err != nil {
+				return err
+			}
+			for {
+				if done, err := nc.Query(); done || err != nil {
+					return err
+				}
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := mem.Run(nc.Destroy); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		mems []tensor.Memory
+		err  string
+	}{
+		{"one_device", sharedMemories(2), "invalid usage: ranks 0 and 1 of the communicator are on one device " + sim.NewMemory(0).DeviceID()},
+		{"two_devices", []tensor.Memory{sim.NewMemory(0), sim.NewMemory(1)}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws := localWorlds(t, 2, collectivetest.SuiteOptions())
+			defer closeAll(ws)
+			libs := make([]collective.NCCL, 2)
+			for r, w := range ws {
+				var err error
+				if libs[r], err = collective.FakeNCCL(fake)(w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			id, _ := libs[0].UniqueID()
+			errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
+				mem := tc.mems[w.Rank()].(*sim.Memory)
+				return mem.Run(func() error {
+					nc, err := libs[w.Rank()].InitRank(mem, 2, id, w.Rank())
+					if err == nil {
+						err = nc.Destroy()
+					}
+					return err
+				})
+			})
+			for r, err := range errs {
+				if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+					t.Errorf("rank %d: %v, want %q", r, err, tc.err)
+				}
+			}
+		})
+	}
 }

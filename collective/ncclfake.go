@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -19,6 +20,11 @@ type FakeNCCLOptions struct {
 	// (kernels/sim's Resolve); it fails outside a live buffer, so a count or
 	// offset the backend got wrong is an error, not a silent overrun.
 	Resolve func(addr uintptr, n int) ([]byte, error)
+	// Current returns the device context current on the calling OS thread,
+	// "" when none is (kernels/sim's Current). The fake records it at
+	// InitRank and, as NCCL, refuses any later call on the communicator
+	// (Query, Abort and Destroy included) made without that context current.
+	Current func() string
 	// Missing, if set, is the error opening the library gives (as a machine
 	// without libnccl.so.2 gives): auto falls back to staged collectives.
 	Missing string
@@ -44,13 +50,18 @@ type FakeNCCLOptions struct {
 // Grouped calls must be made by every member of the communicator (as the
 // backend makes them): sends and receives become one all-to-all, reduces
 // rooted at every member one reduce-scatter.
+//
+// It refuses what NCCL refuses, with NCCL's "invalid usage": two ranks of a
+// communicator on one device (their memories' device identities, compared
+// at InitRank: every member fails), and a call made while another context
+// than the one current at InitRank, or none, is current on the thread.
 func FakeNCCL(o FakeNCCLOptions) func(w *World) (NCCL, error) {
 	return func(w *World) (NCCL, error) {
 		if o.Missing != "" {
 			return nil, errors.New(o.Missing)
 		}
-		if o.Resolve == nil {
-			return nil, fmt.Errorf("%w: FakeNCCL without Resolve", ErrInvalid)
+		if o.Resolve == nil || o.Current == nil {
+			return nil, fmt.Errorf("%w: FakeNCCL without Resolve or Current", ErrInvalid)
 		}
 		return &fakeNCCL{w: w, o: o}, nil
 	}
@@ -70,31 +81,45 @@ func (f *fakeNCCL) UniqueID() ([]byte, error) {
 }
 
 // InitRank bootstraps as NCCL does through its root: each member offers its
-// world rank under the id and asks for the others', then the members make
-// their Group.
+// world rank and device identity under the id and asks for the others', then
+// the members make their Group. It must be called with a context current,
+// which every later call must have current too; members on one device are
+// refused.
 func (f *fakeNCCL) InitRank(mem tensor.Memory, n int, id []byte, rank int) (NCCLComm, error) {
+	cur := f.o.Current()
+	if cur == "" {
+		return nil, errors.New("invalid usage: ncclCommInitRank with no device context current on the calling thread")
+	}
 	w := f.w
 	ctx, cancel := context.WithTimeout(w.ctx, w.opts.DataTimeout)
 	defer cancel()
 	name := func(r int) string { return fmt.Sprintf("%s rank %d", id, r) }
-	if err := w.ctrl.Offer(name(rank), []byte(strconv.Itoa(w.rank))); err != nil {
+	if err := w.ctrl.Offer(name(rank), []byte(strconv.Itoa(w.rank)+" "+deviceIdentity(mem))); err != nil {
 		return nil, err
 	}
 	ranks := make([]int, n)
+	devs := make([]string, n)
 	for r := range ranks {
 		v, err := w.ctrl.Ask(ctx, name(r))
 		if err != nil {
 			return nil, err
 		}
-		if ranks[r], err = strconv.Atoi(string(v)); err != nil {
+		wr, dev, _ := strings.Cut(string(v), " ")
+		if ranks[r], err = strconv.Atoi(wr); err != nil || dev == "" {
 			return nil, fmt.Errorf("%w: bootstrap of %s: rank %d sent %q", ErrCorrupt, id, r, v)
+		}
+		devs[r] = dev
+		for q := range r {
+			if devs[q] == dev {
+				return nil, fmt.Errorf("invalid usage: ranks %d and %d of the communicator are on one device %s", q, r, dev)
+			}
 		}
 	}
 	g, err := w.group(ctx, ranks, string(id))
 	if err != nil {
 		return nil, err
 	}
-	return &fakeComm{f: f, g: g, abort: make(chan struct{})}, nil
+	return &fakeComm{f: f, g: g, ctx: cur, abort: make(chan struct{})}, nil
 }
 
 // fakeOp is one call: its kind and arguments.
@@ -107,8 +132,9 @@ type fakeOp struct {
 }
 
 type fakeComm struct {
-	f *fakeNCCL
-	g *Group
+	f   *fakeNCCL
+	g   *Group
+	ctx string // the context current at InitRank
 
 	mu       sync.Mutex
 	calls    int
@@ -120,7 +146,23 @@ type fakeComm struct {
 	aborted  bool
 }
 
-func (c *fakeComm) enqueue(op fakeOp) error {
+// current refuses call unless the communicator's context is current on
+// the calling thread, as NCCL does.
+func (c *fakeComm) current(call string) error {
+	switch cur := c.f.o.Current(); cur {
+	case c.ctx:
+		return nil
+	case "":
+		return fmt.Errorf("invalid usage: %s with no device context current on the calling thread (the communicator's is the %s)", call, c.ctx)
+	default:
+		return fmt.Errorf("invalid usage: %s with the %s current on the calling thread; the communicator was created in the %s", call, cur, c.ctx)
+	}
+}
+
+func (c *fakeComm) enqueue(call string, op fakeOp) error {
+	if err := c.current(call); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.aborted {
@@ -319,38 +361,44 @@ func (c *fakeComm) sendRecv(ctx context.Context, ops []fakeOp, bytes func(uintpt
 }
 
 func (c *fakeComm) AllReduce(send, recv uintptr, count int, dt tensor.DType, op ReduceOp) error {
-	return c.enqueue(fakeOp{kind: "all_reduce", send: send, recv: recv, count: count, dt: dt, red: op})
+	return c.enqueue("ncclAllReduce", fakeOp{kind: "all_reduce", send: send, recv: recv, count: count, dt: dt, red: op})
 }
 
 func (c *fakeComm) AllGather(send, recv uintptr, count int, dt tensor.DType) error {
-	return c.enqueue(fakeOp{kind: "all_gather", send: send, recv: recv, count: count, dt: dt})
+	return c.enqueue("ncclAllGather", fakeOp{kind: "all_gather", send: send, recv: recv, count: count, dt: dt})
 }
 
 func (c *fakeComm) ReduceScatter(send, recv uintptr, count int, dt tensor.DType, op ReduceOp) error {
-	return c.enqueue(fakeOp{kind: "reduce_scatter", send: send, recv: recv, count: count, dt: dt, red: op})
+	return c.enqueue("ncclReduceScatter", fakeOp{kind: "reduce_scatter", send: send, recv: recv, count: count, dt: dt, red: op})
 }
 
 func (c *fakeComm) Broadcast(send, recv uintptr, count int, dt tensor.DType, root int) error {
-	return c.enqueue(fakeOp{kind: "broadcast", send: send, recv: recv, count: count, dt: dt, root: root})
+	return c.enqueue("ncclBroadcast", fakeOp{kind: "broadcast", send: send, recv: recv, count: count, dt: dt, root: root})
 }
 
 func (c *fakeComm) Reduce(send, recv uintptr, count int, dt tensor.DType, op ReduceOp, root int) error {
-	return c.enqueue(fakeOp{kind: "reduce", send: send, recv: recv, count: count, dt: dt, red: op, root: root})
+	return c.enqueue("ncclReduce", fakeOp{kind: "reduce", send: send, recv: recv, count: count, dt: dt, red: op, root: root})
 }
 
 func (c *fakeComm) Send(buf uintptr, count int, dt tensor.DType, peer int) error {
-	return c.enqueue(fakeOp{kind: "send", send: buf, count: count, dt: dt, peer: peer})
+	return c.enqueue("ncclSend", fakeOp{kind: "send", send: buf, count: count, dt: dt, peer: peer})
 }
 
 func (c *fakeComm) Recv(buf uintptr, count int, dt tensor.DType, peer int) error {
-	return c.enqueue(fakeOp{kind: "recv", recv: buf, count: count, dt: dt, peer: peer})
+	return c.enqueue("ncclRecv", fakeOp{kind: "recv", recv: buf, count: count, dt: dt, peer: peer})
 }
 
 func (c *fakeComm) Grouped(f func() error) error {
+	if err := c.current("ncclGroupStart"); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	c.grouping++
 	c.mu.Unlock()
 	err := f()
+	if err == nil {
+		err = c.current("ncclGroupEnd")
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.grouping--
@@ -362,6 +410,9 @@ func (c *fakeComm) Grouped(f func() error) error {
 }
 
 func (c *fakeComm) Query() (bool, error) {
+	if err := c.current("ncclCommGetAsyncError"); err != nil {
+		return false, err
+	}
 	c.mu.Lock()
 	running := c.running
 	c.mu.Unlock()
@@ -379,6 +430,9 @@ func (c *fakeComm) Query() (bool, error) {
 }
 
 func (c *fakeComm) Abort() error {
+	if err := c.current("ncclCommAbort"); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.aborted {
@@ -392,6 +446,9 @@ func (c *fakeComm) Abort() error {
 }
 
 func (c *fakeComm) Destroy() error {
+	if err := c.current("ncclCommDestroy"); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	running := c.running
 	c.mu.Unlock()

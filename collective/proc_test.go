@@ -84,7 +84,7 @@ func worker() int {
 		mem := collectivetest.NCCL.Memories(cfg.Rank + 1)[cfg.Rank]
 		var dc collective.Communicator
 		if err == nil {
-			dc, err = w.Communicator(context.Background(), c.Ranks(), mem.Device())
+			dc, err = w.Communicator(context.Background(), c.Ranks(), mem)
 		}
 		allReduce = func(buf []float32) error {
 			h, _ := tensor.FromFloat32(buf, len(buf))

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/kernels/providers"
+	"github.com/meshrun/meshrun/kernels/sim"
 	"github.com/meshrun/meshrun/spmd/spmdtest"
 )
 
@@ -54,10 +55,13 @@ func TestMLPOnSim(t *testing.T) {
 // TestMLPOnSimNCCL: with the nccl backend over the fake library
 // (MESHRUN_NCCL_LIBRARY=fake) the sim run's losses are still the cpu run's,
 // bit for bit (the fake reduces as the host collectives do), and nothing is
-// staged through host memory: the library moved the device buffers.
+// staged through host memory: the library moved the device buffers. The
+// in-process ranks are on sim devices of their own (sim.SeparateDevices), as
+// ranks with a GPU each are: NCCL refuses ranks sharing one.
 func TestMLPOnSimNCCL(t *testing.T) {
 	t.Setenv("MESHRUN_NCCL_LIBRARY", "fake")
 	t.Setenv("MESHRUN_COLLECTIVES", "nccl")
+	defer sim.SeparateDevices()()
 	for _, mesh := range []string{"tp=2", "dp=2,tp=2", "tp=3"} {
 		var reports [2]MLPReport
 		for i, dev := range []string{"cpu", "sim"} {
@@ -81,6 +85,36 @@ func TestMLPOnSimNCCL(t *testing.T) {
 	// Every layout of verify, its redistributions on the nccl backend.
 	if code, out, errs := run(t, "verify", "--world", "3", "--device", "sim", "--quick"); code != 0 || !strings.Contains(out, "passed") {
 		t.Fatalf("verify: exit %d\n%s%s", code, out, errs)
+	}
+}
+
+// TestSimNCCLSharedDevice: in-process ranks share one device (sim:0 of the
+// process, as in-process ranks share one GPU). With the fake library there,
+// auto takes staged collectives (the cpu run's losses, staged bytes counted);
+// MESHRUN_COLLECTIVES=nccl is refused before any step, naming the ranks and
+// the device.
+func TestSimNCCLSharedDevice(t *testing.T) {
+	t.Setenv("MESHRUN_NCCL_LIBRARY", "fake")
+	t.Setenv("MESHRUN_COLLECTIVES", "auto")
+	var reports [2]MLPReport
+	for i, dev := range []string{"cpu", "sim"} {
+		code, out, errs := run(t, "mlp", "--mesh", "tp=2", "--tokens", "15", "--hidden", "9", "--steps", "2", "--device", dev)
+		if code != 0 {
+			t.Fatalf("auto, %s: exit %d: %s", dev, code, errs)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &reports[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cpu, staged := reports[0], reports[1]; cpu.LossLast != staged.LossLast || staged.StagedBytesPerStep == 0 {
+		t.Errorf("auto: loss %v (cpu %v), staged %d B per step", staged.LossLast, cpu.LossLast, staged.StagedBytesPerStep)
+	}
+	t.Setenv("MESHRUN_COLLECTIVES", "nccl")
+	code, out, errs := run(t, "mlp", "--mesh", "tp=2", "--tokens", "15", "--hidden", "9", "--steps", "2", "--device", "sim")
+	want := "ranks 0 and 1 share device " + sim.NewMemory(0).DeviceID()
+	if code != 1 || strings.Contains(out, "step") || !strings.Contains(errs, "ranks share a device") || !strings.Contains(errs, want) {
+		t.Errorf("nccl: exit %d, stdout %q, stderr %q (want %q)", code, out, errs, want)
 	}
 }
 

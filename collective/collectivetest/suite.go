@@ -62,20 +62,21 @@ type Buffers int
 const (
 	// Host buffers go to the host backend.
 	Host Buffers = iota
-	// Sim buffers (kernels/sim device memory, one device per rank) go to the
-	// staged backend.
+	// Sim buffers (kernels/sim device memory, one device per rank: sim:r)
+	// go to the staged backend.
 	Sim
-	// NCCL buffers are sim buffers given to the nccl backend over
-	// collective.FakeNCCL (Options: NCCLOptions).
+	// NCCL buffers are sim buffers (one device per rank, as NCCL needs)
+	// given to the nccl backend over collective.FakeNCCL (Options:
+	// NCCLOptions).
 	NCCL
 )
 
 func (b Buffers) String() string { return [...]string{"host", "sim", "nccl"}[b] }
 
 // NCCLOptions returns o with the nccl backend over the fake library for sim
-// buffers, and fake.Resolve set to sim's.
+// buffers, and fake.Resolve and fake.Current set to sim's.
 func NCCLOptions(o collective.Options, fake collective.FakeNCCLOptions) collective.Options {
-	fake.Resolve = sim.Resolve
+	fake.Resolve, fake.Current = sim.Resolve, sim.Current
 	o.Collectives = collective.BackendNCCL
 	o.Backends = append(o.Backends, collective.NCCLBackend(tensor.Sim, collective.FakeNCCL(fake)))
 	return o
@@ -89,7 +90,8 @@ func (b Buffers) Options(o collective.Options) collective.Options {
 	return o
 }
 
-// Memories returns one memory per rank for buffers b.
+// Memories returns one memory per rank for buffers b: host memory, or the
+// memory of sim device r for rank r (separate devices).
 func (b Buffers) Memories(n int) []tensor.Memory {
 	ms := make([]tensor.Memory, n)
 	for r := range ms {
@@ -110,7 +112,7 @@ type env struct {
 
 // comm returns w's communicator of ranks for its memory's device.
 func (e *env) comm(w *collective.World, ranks []int) (collective.Communicator, error) {
-	c, err := w.Communicator(context.Background(), ranks, e.mems[w.Rank()].Device())
+	c, err := w.Communicator(context.Background(), ranks, e.mems[w.Rank()])
 	if err == nil && c.Backend() != e.want {
 		err = fmt.Errorf("backend %s for %v buffers, want %s", c.Backend(), e.mems[w.Rank()].Device(), e.want)
 	}

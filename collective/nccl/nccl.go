@@ -77,36 +77,38 @@ static mr_res mr_destroy(uintptr_t c) { return p_commDestroy((mr_comm)c); }
 static mr_res mr_async(uintptr_t c) { mr_res e = 0; mr_res r = p_commGetAsyncError((mr_comm)c, &e); return r ? r : e; }
 static const char *mr_error(mr_res r) { return p_getErrorString(r); }
 
-// The calls run on the legacy default stream of the current context, the
-// stream the kernels run on: they start after the work queued before them.
-static mr_res mr_all_reduce(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int op) {
-	return p_allReduce((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, op, (mr_comm)c, NULL);
+// The calls run on the provider's stream (the memory's Stream), the one its
+// kernels run on: they start after the work queued before them, and the
+// kernels queued after them wait for them. They are made with the provider's
+// context current (the backend makes every call inside the memory's Run).
+static mr_res mr_all_reduce(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int op, uintptr_t st) {
+	return p_allReduce((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, op, (mr_comm)c, (void *)st);
 }
-static mr_res mr_all_gather(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt) {
-	return p_allGather((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, (mr_comm)c, NULL);
+static mr_res mr_all_gather(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, uintptr_t st) {
+	return p_allGather((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, (mr_comm)c, (void *)st);
 }
-static mr_res mr_reduce_scatter(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int op) {
-	return p_reduceScatter((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, op, (mr_comm)c, NULL);
+static mr_res mr_reduce_scatter(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int op, uintptr_t st) {
+	return p_reduceScatter((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, op, (mr_comm)c, (void *)st);
 }
-static mr_res mr_broadcast(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int root) {
-	return p_broadcast((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, root, (mr_comm)c, NULL);
+static mr_res mr_broadcast(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int root, uintptr_t st) {
+	return p_broadcast((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, root, (mr_comm)c, (void *)st);
 }
-static mr_res mr_reduce(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int op, int root) {
-	return p_reduce((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, op, root, (mr_comm)c, NULL);
+static mr_res mr_reduce(uintptr_t c, uint64_t s, uint64_t d, size_t n, int dt, int op, int root, uintptr_t st) {
+	return p_reduce((const void *)(uintptr_t)s, (void *)(uintptr_t)d, n, dt, op, root, (mr_comm)c, (void *)st);
 }
-static mr_res mr_send(uintptr_t c, uint64_t b, size_t n, int dt, int peer) {
-	return p_send((const void *)(uintptr_t)b, n, dt, peer, (mr_comm)c, NULL);
+static mr_res mr_send(uintptr_t c, uint64_t b, size_t n, int dt, int peer, uintptr_t st) {
+	return p_send((const void *)(uintptr_t)b, n, dt, peer, (mr_comm)c, (void *)st);
 }
-static mr_res mr_recv(uintptr_t c, uint64_t b, size_t n, int dt, int peer) {
-	return p_recv((void *)(uintptr_t)b, n, dt, peer, (mr_comm)c, NULL);
+static mr_res mr_recv(uintptr_t c, uint64_t b, size_t n, int dt, int peer, uintptr_t st) {
+	return p_recv((void *)(uintptr_t)b, n, dt, peer, (mr_comm)c, (void *)st);
 }
 static mr_res mr_group_start(void) { return p_groupStart(); }
 static mr_res mr_group_end(void) { return p_groupEnd(); }
 
-// mr_query: 1 when the default stream's work is done, 0 while it runs, else
-// minus the CUresult.
-static int mr_query(void) {
-	CUresult r = cuStreamQuery(NULL);
+// mr_query: 1 when the stream's work is done, 0 while it runs, else minus
+// the CUresult.
+static int mr_query(uintptr_t st) {
+	CUresult r = cuStreamQuery((CUstream)st);
 	return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -(int)r;
 }
 */
@@ -166,28 +168,28 @@ func (l *library) UniqueID() ([]byte, error) {
 	return id, nil
 }
 
-// runner is the CUDA memory's way to run calls with its context current
-// (kernels/cuda.Memory.Run).
-type runner interface{ Run(func() error) error }
+// device is what the library needs of the CUDA memory (kernels/cuda's
+// Memory): the provider's stream, on which every call of a communicator
+// runs.
+type device interface{ Stream() uintptr }
 
+// InitRank joins the communicator. Like every call of the library, it is made
+// with the provider's context current, inside the memory's Run (the
+// backend's doing: see collective.NCCL); the communicator keeps that
+// context and the memory's stream.
 func (l *library) InitRank(mem tensor.Memory, n int, id []byte, rank int) (collective.NCCLComm, error) {
-	r, ok := mem.(runner)
-	if !ok {
-		return nil, fmt.Errorf("nccl: %v memory cannot run NCCL calls", mem.Device())
+	d, ok := mem.(device)
+	if !ok || d.Stream() == 0 {
+		return nil, fmt.Errorf("nccl: %v memory has no stream of its own for NCCL's work", mem.Device())
 	}
 	if len(id) != 128 {
 		return nil, fmt.Errorf("nccl: unique id of %d bytes, want 128", len(id))
 	}
-	c := &comm{run: r}
-	err := r.Run(func() error {
-		var h C.uintptr_t
-		if res := C.mr_init(&h, C.int(n), (*C.char)(unsafe.Pointer(&id[0])), C.int(rank)); res != 0 {
-			return ncclErr("ncclCommInitRank", res)
-		}
-		c.h = h
-		return nil
-	})
-	return c, err
+	c := &comm{stream: C.uintptr_t(d.Stream())}
+	if res := C.mr_init(&c.h, C.int(n), (*C.char)(unsafe.Pointer(&id[0])), C.int(rank)); res != 0 {
+		return nil, ncclErr("ncclCommInitRank", res)
+	}
+	return c, nil
 }
 
 func ncclErr(call string, r C.mr_res) error {
@@ -217,103 +219,79 @@ func redop(op collective.ReduceOp) C.int {
 	return 0 // ncclSum
 }
 
+// comm is one communicator: its handle and the stream its work runs on. Its
+// methods are called with the context current (inside the memory's Run).
 type comm struct {
-	run     runner
-	h       C.uintptr_t
-	inGroup bool // inside Grouped: already on the thread, context current
+	h      C.uintptr_t
+	stream C.uintptr_t
 }
 
-func (c *comm) call(name string, f func() C.mr_res) error {
-	if c.inGroup {
-		if r := f(); r != 0 {
-			return ncclErr(name, r)
-		}
-		return nil
+func check(name string, r C.mr_res) error {
+	if r != 0 {
+		return ncclErr(name, r)
 	}
-	return c.run.Run(func() error {
-		if r := f(); r != 0 {
-			return ncclErr(name, r)
-		}
-		return nil
-	})
+	return nil
 }
 
 func addr(a uintptr) C.uint64_t { return C.uint64_t(a) }
 
 func (c *comm) AllReduce(send, recv uintptr, n int, dt tensor.DType, op collective.ReduceOp) error {
-	return c.call("ncclAllReduce", func() C.mr_res {
-		return C.mr_all_reduce(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), redop(op))
-	})
+	return check("ncclAllReduce", C.mr_all_reduce(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), redop(op), c.stream))
 }
 
 func (c *comm) AllGather(send, recv uintptr, n int, dt tensor.DType) error {
-	return c.call("ncclAllGather", func() C.mr_res { return C.mr_all_gather(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt)) })
+	return check("ncclAllGather", C.mr_all_gather(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), c.stream))
 }
 
 func (c *comm) ReduceScatter(send, recv uintptr, n int, dt tensor.DType, op collective.ReduceOp) error {
-	return c.call("ncclReduceScatter", func() C.mr_res {
-		return C.mr_reduce_scatter(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), redop(op))
-	})
+	return check("ncclReduceScatter", C.mr_reduce_scatter(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), redop(op), c.stream))
 }
 
 func (c *comm) Broadcast(send, recv uintptr, n int, dt tensor.DType, root int) error {
-	return c.call("ncclBroadcast", func() C.mr_res {
-		return C.mr_broadcast(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), C.int(root))
-	})
+	return check("ncclBroadcast", C.mr_broadcast(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), C.int(root), c.stream))
 }
 
 func (c *comm) Reduce(send, recv uintptr, n int, dt tensor.DType, op collective.ReduceOp, root int) error {
-	return c.call("ncclReduce", func() C.mr_res {
-		return C.mr_reduce(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), redop(op), C.int(root))
-	})
+	return check("ncclReduce", C.mr_reduce(c.h, addr(send), addr(recv), C.size_t(n), dtype(dt), redop(op), C.int(root), c.stream))
 }
 
 func (c *comm) Send(buf uintptr, n int, dt tensor.DType, peer int) error {
-	return c.call("ncclSend", func() C.mr_res { return C.mr_send(c.h, addr(buf), C.size_t(n), dtype(dt), C.int(peer)) })
+	return check("ncclSend", C.mr_send(c.h, addr(buf), C.size_t(n), dtype(dt), C.int(peer), c.stream))
 }
 
 func (c *comm) Recv(buf uintptr, n int, dt tensor.DType, peer int) error {
-	return c.call("ncclRecv", func() C.mr_res { return C.mr_recv(c.h, addr(buf), C.size_t(n), dtype(dt), C.int(peer)) })
+	return check("ncclRecv", C.mr_recv(c.h, addr(buf), C.size_t(n), dtype(dt), C.int(peer), c.stream))
 }
 
-// Grouped runs f's calls between ncclGroupStart and ncclGroupEnd under one
-// Run: NCCL's group state belongs to the thread.
+// Grouped runs f's calls between ncclGroupStart and ncclGroupEnd. NCCL's
+// group state belongs to the thread: the backend calls Grouped inside one
+// Run, which keeps the goroutine on its locked thread throughout.
 func (c *comm) Grouped(f func() error) error {
-	return c.run.Run(func() error {
-		if r := C.mr_group_start(); r != 0 {
-			return ncclErr("ncclGroupStart", r)
-		}
-		c.inGroup = true
-		err := f()
-		c.inGroup = false
-		if r := C.mr_group_end(); r != 0 && err == nil {
-			err = ncclErr("ncclGroupEnd", r)
-		}
+	if err := check("ncclGroupStart", C.mr_group_start()); err != nil {
 		return err
-	})
+	}
+	err := f()
+	if r := C.mr_group_end(); r != 0 && err == nil {
+		err = ncclErr("ncclGroupEnd", r)
+	}
+	return err
 }
 
+// Query reads the communicator's asynchronous error, then whether the
+// stream's work has completed.
 func (c *comm) Query() (bool, error) {
-	var done bool
-	err := c.run.Run(func() error {
-		if r := C.mr_async(c.h); r != 0 && r != 7 { // 7: ncclInProgress
-			return ncclErr("ncclCommGetAsyncError", r)
-		}
-		switch q := C.mr_query(); {
-		case q > 0:
-			done = true
-		case q < 0:
-			return fmt.Errorf("cuStreamQuery: CUresult %d", -int(q))
-		}
-		return nil
-	})
-	return done, err
+	if r := C.mr_async(c.h); r != 0 && r != 7 { // 7: ncclInProgress
+		return false, ncclErr("ncclCommGetAsyncError", r)
+	}
+	switch q := C.mr_query(c.stream); {
+	case q > 0:
+		return true, nil
+	case q < 0:
+		return false, fmt.Errorf("cuStreamQuery: CUresult %d", -int(q))
+	}
+	return false, nil
 }
 
-func (c *comm) Abort() error {
-	return c.call("ncclCommAbort", func() C.mr_res { return C.mr_abort(c.h) })
-}
+func (c *comm) Abort() error { return check("ncclCommAbort", C.mr_abort(c.h)) }
 
-func (c *comm) Destroy() error {
-	return c.call("ncclCommDestroy", func() C.mr_res { return C.mr_destroy(c.h) })
-}
+func (c *comm) Destroy() error { return check("ncclCommDestroy", C.mr_destroy(c.h)) }

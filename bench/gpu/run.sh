@@ -10,18 +10,31 @@
 # ./kernels/cuda), beside bin/worker. Needs python3 with torch (CUDA). Then
 # the MLP block's training step, one rank on the GPU (bin/worker mlp
 # --device cuda) against the same step in PyTorch (torch_mlp.py), float32
-# and bfloat16, step times as medians after the warm-up.
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# and bfloat16, step times as medians after the warm-up. A part that fails
+# leaves its rows out (linear) or says "failed" (MLP) and the rest runs.
+#
+# MESHRUN_BENCH_WORKER (default bin/worker), MESHRUN_BENCH_DEVICE (default
+# cuda) and MESHRUN_BENCH_MLP_SHAPES (default "512 1024 4096,4096 4096 16384":
+# tokens hidden ffn, comma-separated) set the MLP part; check.sh --dry runs it
+# on sim.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit
 bin=${1:-bin/cuda.test}
 secs=${2:-0.5}
+worker=${MESHRUN_BENCH_WORKER:-bin/worker}
+device=${MESHRUN_BENCH_DEVICE:-cuda}
+shapes=${MESHRUN_BENCH_MLP_SHAPES:-512 1024 4096,4096 4096 16384}
+# median: step_ms_median of the last JSON line read (meshrun's or PyTorch's).
+median() { sed -n 's/.*"step_ms_median": *\([0-9.eE+-]*\).*/\1/p' | tail -n1; }
+fail=0
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader >&2 || true
-"$bin" -test.run='^$' -test.bench='^BenchmarkLinear$' -test.benchtime="${secs}s" |
+"$bin" -test.run='^$' -test.bench='^BenchmarkLinear$' -test.benchtime="${secs}s" | tee "$out/meshrun.txt" |
   awk '/^BenchmarkLinear\// {split($1, p, "/"); for (i = 2; i <= NF; i++) if ($(i+1) == "TFLOP/s") v = $i;
        sub(/-[0-9]+$/, "", p[4]); printf "meshrun\t%s\t%s\t%s\t%s\n", p[2], p[3], p[4], v}' >"$out/meshrun"
-python3 bench/gpu/torch_linear.py "$secs" >"$out/torch"
+python3 bench/gpu/torch_linear.py "$secs" >"$out/torch" || fail=1
+[ -s "$out/meshrun" ] || { fail=1; echo "BenchmarkLinear gave no figures:" >&2; tail -n 20 "$out/meshrun.txt" >&2; }
 echo "| dtype | tokens×in×out | op | meshrun TFLOP/s | PyTorch TFLOP/s | ratio |"
 echo "|---|---|---|---|---|---|"
 join -t $'\t' <(awk -F'\t' '{print $2"/"$3"/"$4"\t"$5}' "$out/meshrun" | sort) \
@@ -31,12 +44,19 @@ join -t $'\t' <(awk -F'\t' '{print $2"/"$3"/"$4"\t"$5}' "$out/meshrun" | sort) \
 echo
 echo "| MLP step (tokens, hidden, ffn) | dtype | meshrun ms | PyTorch ms | ratio (PyTorch / meshrun) |"
 echo "|---|---|---|---|---|"
-for shape in "512 1024 4096" "4096 4096 16384"; do
+IFS=, read -ra list <<<"$shapes"
+for shape in "${list[@]}"; do
+  # shellcheck disable=SC2086 # tokens hidden ffn
   set -- $shape
   for dt in float32 bfloat16; do
-    m=$(bin/worker mlp --device cuda --tokens "$1" --hidden "$2" --ffn "$3" --steps 30 --dtype "$dt" | tail -n1 |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["step_ms_median"])')
-    p=$(python3 bench/gpu/torch_mlp.py "$1" "$2" "$3" 30 "$dt" | python3 -c 'import json,sys; print(json.load(sys.stdin)["step_ms_median"])')
-    awk -v s="$1, $2, $3" -v d="$dt" -v m="$m" -v p="$p" 'BEGIN {printf "| %s | %s | %.3f | %.3f | %.2f× |\n", s, d, m, p, p / m}'
+    m=$("$worker" mlp --device "$device" --tokens "$1" --hidden "$2" --ffn "$3" --steps 30 --dtype "$dt" | median)
+    p=$(python3 bench/gpu/torch_mlp.py "$1" "$2" "$3" 30 "$dt" | median)
+    if [ -n "$m" ] && [ -n "$p" ]; then
+      awk -v s="$1, $2, $3" -v d="$dt" -v m="$m" -v p="$p" 'BEGIN {printf "| %s | %s | %.3f | %.3f | %.2f× |\n", s, d, m, p, p / m}'
+    else
+      echo "| $1, $2, $3 | $dt | ${m:-failed} | ${p:-failed} | failed |"
+      fail=1
+    fi
   done
 done
+exit $fail

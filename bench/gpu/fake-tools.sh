@@ -85,7 +85,7 @@ cuda.test)
     *TestDispatchTable*)
       printf '=== RUN   TestDispatchTable\n    gemm float32 bias nn: cublaslt (fake)\n--- PASS: TestDispatchTable (0.00s)\nPASS\n' ;;
     *TestConformance*)
-      dt=${run##*/}; dt=${dt#^}; dt=${dt%$}
+      dt=${run##*/}; dt=${dt#^}; dt=${dt%$}; dt=${dt#(}; dt=${dt%)}; dt=${dt%%|*}
       printf '=== RUN   TestConformance\n=== RUN   TestConformance/%s\n' "$dt"
       printf -- '--- PASS: TestConformance (0.00s)\n    --- PASS: TestConformance/%s (0.00s)\n' "$dt"
       for t in Gemm GemmBatched Linear Matmul Gelu Epilogues Elementwise Errors; do

@@ -1,15 +1,15 @@
 // Package providers assembles the registry of every kernels provider compiled
 // into the binary: "cpu" and "sim" always, "openblas" with the openblas build
-// tag, "cuda" with the cuda build tag.
+// tag, "cuda" with the cuda build tag. What is known of the providers without
+// building one (names, devices, build tags, dtypes, the --device and --kernels
+// checks) is kernels/providers/catalog, which the launcher uses instead of this
+// package so that it links no provider; the names below forward to it.
 package providers
 
 import (
-	"fmt"
-	"slices"
-	"strings"
-
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/cpu"
+	"github.com/meshrun/meshrun/kernels/providers/catalog"
 	"github.com/meshrun/meshrun/kernels/sim"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -47,138 +47,47 @@ func New(choice string, log kernels.Logger) (*kernels.Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, name := range c.Names() {
-		if _, known := DeviceOf(name); known && !Compiled(name) {
-			return nil, fmt.Errorf("%w: %s: this binary was built without it; build with: %s", kernels.ErrUnknownProvider, name, BuildCommand(BuildTag(name)))
-		}
+	if err := catalog.CheckCompiled(c); err != nil {
+		return nil, err
 	}
 	return Registry().NewDispatcher(c, log)
-}
-
-// BuildTag is the build tag that compiles provider name in ("" for the
-// providers every build has).
-func BuildTag(name string) string {
-	switch name {
-	case "cuda", "openblas":
-		return name
-	}
-	return ""
-}
-
-// Compiled reports whether provider name is compiled into this binary.
-func Compiled(name string) bool { return slices.Contains(Registry().Names(), name) }
-
-// devices is the device every known provider runs on, compiled in or not.
-var devices = map[string]tensor.DeviceKind{
-	"cpu": tensor.CPU, "openblas": tensor.CPU, "sim": tensor.Sim, "cuda": tensor.CUDA,
-}
-
-// DeviceOf returns the device provider name runs on, whether or not this binary
-// has it.
-func DeviceOf(name string) (tensor.DeviceKind, bool) {
-	d, ok := devices[name]
-	return d, ok
-}
-
-// Known lists every provider name meshrun has, compiled in or not.
-func Known() []string {
-	names := make([]string, 0, len(devices))
-	for n := range devices {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
 }
 
 // The environment variables that carry --device, --kernels and --dtype from
 // the launcher to every rank.
 const (
-	EnvDevice  = "MESHRUN_DEVICE"
-	EnvKernels = "MESHRUN_KERNELS"
-	EnvDType   = "MESHRUN_DTYPE"
+	EnvDevice  = catalog.EnvDevice
+	EnvKernels = catalog.EnvKernels
+	EnvDType   = catalog.EnvDType
 )
 
-// cudaDTypes are the cuda provider's dtypes, known without opening a GPU.
-var cudaDTypes = []tensor.DType{tensor.Float32, tensor.Float64, tensor.BFloat16}
+// BuildTag is the build tag that compiles provider name in ("" for the
+// providers every build has).
+func BuildTag(name string) string { return catalog.BuildTag(name) }
 
-// DTypes lists the element types provider name computes in: asked of the
-// provider itself, but for cuda (which would open a GPU).
-func DTypes(name string) ([]tensor.DType, error) {
-	if name == "cuda" {
-		return cudaDTypes, nil
-	}
-	f, err := Registry().Factory(name)
-	if err != nil {
-		return nil, err
-	}
-	p, err := f()
-	if err != nil {
-		return nil, err
-	}
-	return p.DTypes(), nil
-}
+// Compiled reports whether provider name is compiled into this binary.
+func Compiled(name string) bool { return catalog.Compiled(name) }
+
+// DeviceOf returns the device provider name runs on, whether or not this binary
+// has it.
+func DeviceOf(name string) (tensor.DeviceKind, bool) { return catalog.DeviceOf(name) }
+
+// Known lists every provider name meshrun has, compiled in or not.
+func Known() []string { return catalog.Known() }
+
+// DTypes lists the element types provider name computes in (the catalog's
+// list, which this package's tests hold to the providers' own DTypes).
+func DTypes(name string) ([]tensor.DType, error) { return catalog.DTypes(name) }
 
 // CheckDType reports an error naming the provider when a provider of choice has
 // no kernels for dt (a dtype is never quietly run in another).
-func CheckDType(choice kernels.Choice, dt tensor.DType) error {
-	for _, name := range choice.Names() {
-		dts, err := DTypes(name)
-		if err != nil {
-			return err
-		}
-		if !slices.Contains(dts, dt) {
-			return fmt.Errorf("--dtype %v: provider %s has no %v kernels (it has %v)", dt, name, dt, dts)
-		}
-	}
-	return nil
-}
+func CheckDType(choice kernels.Choice, dt tensor.DType) error { return catalog.CheckDType(choice, dt) }
 
 // BuildCommand is how to build the launcher and worker with a build tag.
-func BuildCommand(tag string) string {
-	return fmt.Sprintf("go build -tags %s -o bin/ ./cmd/launcher ./cmd/worker", tag)
-}
+func BuildCommand(tag string) string { return catalog.BuildCommand(tag) }
 
-// Resolve checks a --device and a --kernels value (either may be empty) before
-// anything runs, and returns the kernels choice and the device the rank's
-// tensors live on: a device or provider this binary lacks is an error naming
-// the build command; kernels of one device asked to run on another are an
-// error. An empty device is the kernels' device (cpu when both are empty); an
-// empty kernels value is the device's own provider.
+// Resolve checks a --device and a --kernels value before anything runs
+// (catalog.Resolve).
 func Resolve(device, kernelsSpec string) (kernels.Choice, tensor.DeviceKind, error) {
-	var kind tensor.DeviceKind
-	if device != "" {
-		k, err := tensor.ParseDeviceKind(device)
-		if err != nil {
-			return kernels.Choice{}, 0, fmt.Errorf("--device %q: want cpu, sim or cuda", device)
-		}
-		kind = k
-		if !Compiled(kind.String()) {
-			return kernels.Choice{}, 0, fmt.Errorf("--device %s: this binary was built without %s support; build with: %s",
-				device, strings.ToUpper(device), BuildCommand(BuildTag(kind.String())))
-		}
-	}
-	if kernelsSpec == "" {
-		kernelsSpec = kind.String()
-	}
-	choice, err := kernels.ParseChoice(kernelsSpec)
-	if err != nil {
-		return kernels.Choice{}, 0, fmt.Errorf("--kernels: %v", err)
-	}
-	for i, name := range choice.Names() {
-		pk, ok := DeviceOf(name)
-		if !ok {
-			return kernels.Choice{}, 0, fmt.Errorf("--kernels %s: unknown provider %q (known: %s)", kernelsSpec, name, strings.Join(Known(), ", "))
-		}
-		if !Compiled(name) {
-			return kernels.Choice{}, 0, fmt.Errorf("--kernels %s: this binary was built without the %s provider; build with: %s",
-				kernelsSpec, name, BuildCommand(BuildTag(name)))
-		}
-		if i == 0 && device == "" {
-			kind = pk
-		}
-		if pk != kind {
-			return kernels.Choice{}, 0, fmt.Errorf("--kernels %s: provider %s runs on %v, the rank's tensors are on %v (--device)", kernelsSpec, name, pk, kind)
-		}
-	}
-	return choice, kind, nil
+	return catalog.Resolve(device, kernelsSpec)
 }

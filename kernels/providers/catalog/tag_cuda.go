@@ -1,0 +1,5 @@
+//go:build cuda
+
+package catalog
+
+func init() { tagged["cuda"] = true }

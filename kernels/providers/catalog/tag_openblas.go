@@ -1,0 +1,5 @@
+//go:build openblas
+
+package catalog
+
+func init() { tagged["openblas"] = true }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshrun/meshrun/kernels/providers"
+	"github.com/meshrun/meshrun/kernels/providers/catalog"
 )
 
 // TestRunChecksWorkload: a workload's arguments are checked once, by the
@@ -31,7 +31,7 @@ func TestRunChecksWorkload(t *testing.T) {
 		{"dry run", []string{"--dry-run", "-n", "2", "mlp", "--tokns", "5"}, []string{"unknown flag --tokns"}},
 	}
 	for _, name := range []string{"openblas", "cuda"} {
-		if !providers.Compiled(name) {
+		if !catalog.Compiled(name) {
 			cases = append(cases, struct {
 				name string
 				args []string

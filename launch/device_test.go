@@ -11,21 +11,21 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/kernels"
-	"github.com/meshrun/meshrun/kernels/providers"
+	"github.com/meshrun/meshrun/kernels/providers/catalog"
 	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/tensor"
 )
 
 // cudaBuild is the command a refusal of --device cuda or --kernels cuda names
 // in a build without CUDA.
-var cudaBuild = providers.BuildCommand("cuda")
+var cudaBuild = catalog.BuildCommand("cuda")
 
 // pretendCUDA makes the launcher accept --device cuda (and --kernels cuda) as
 // a cuda build would, for the tests of what the launcher does with GPUs; it
 // changes nothing in a cuda build.
 func pretendCUDA(t *testing.T) {
 	t.Helper()
-	if providers.Compiled("cuda") {
+	if catalog.Compiled("cuda") {
 		return
 	}
 	real := resolveProviders
@@ -55,7 +55,7 @@ func setCUDAVisible(t *testing.T, v string) {
 // marked cuda need a cuda build: in other builds they must be refused naming
 // the build command, and every other problem must still be reported.
 func TestDeviceFlags(t *testing.T) {
-	cudaCompiled := providers.Compiled("cuda")
+	cudaCompiled := catalog.Compiled("cuda")
 	tests := []struct {
 		name string
 		args []string
@@ -143,7 +143,7 @@ func TestDeviceFlags(t *testing.T) {
 // cuda (flags or MESHRUN_*) exit 2 naming the build command, and nothing
 // starts: no job folder, no worker.
 func TestRunNotBuiltForCUDA(t *testing.T) {
-	if providers.Compiled("cuda") {
+	if catalog.Compiled("cuda") {
 		t.Skip("a cuda build")
 	}
 	setCUDAVisible(t, "-")

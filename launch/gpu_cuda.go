@@ -2,7 +2,10 @@
 
 package launch
 
-import "gorgonia.org/cu"
+import "github.com/meshrun/meshrun/launch/cudadriver"
 
-// gpuCount is the number of CUDA devices this process sees.
-func gpuCount() (int, error) { return cu.NumDevices() }
+// gpuCount is the number of CUDA devices this process sees, asked of the
+// driver loaded at run time (the launcher does not link it: it starts, and
+// runs cpu and sim jobs, on a machine without one). No driver is an error
+// naming the library the loader could not open.
+func gpuCount() (int, error) { return cudadriver.Count("") }

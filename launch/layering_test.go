@@ -13,3 +13,12 @@ import (
 func TestLayering(t *testing.T) {
 	deps.Forbid(t, []string{deps.Module + "/launch", deps.Module + "/runlog"}, deps.Module+"/collective")
 }
+
+// The launcher checks --device and --kernels with the providers' catalog and
+// builds no provider: a cuda launcher then links no CUDA library and starts
+// on a machine without the driver (TestCUDALauncherWithoutDriver checks the
+// cuda build's dependencies).
+func TestLayeringNoProviders(t *testing.T) {
+	deps.Forbid(t, []string{deps.Module + "/launch"}, deps.Module+"/kernels/cpu", deps.Module+"/kernels/sim",
+		deps.Module+"/kernels/openblas", deps.Module+"/kernels/cuda", "gorgonia.org/cu")
+}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/meshrun/meshrun/kernels/providers"
+	"github.com/meshrun/meshrun/kernels/providers/catalog"
 	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/runlog"
 	"github.com/meshrun/meshrun/tensor"
@@ -49,9 +49,9 @@ var ErrInvalid = errors.New("invalid options")
 // and, when given, --kernels (the worker's defaults; a workload's own --device
 // and --kernels flags win over them).
 const (
-	EnvDevice  = providers.EnvDevice
-	EnvKernels = providers.EnvKernels
-	EnvDType   = providers.EnvDType
+	EnvDevice  = catalog.EnvDevice
+	EnvKernels = catalog.EnvKernels
+	EnvDType   = catalog.EnvDType
 )
 
 const runUsage = `usage: launcher run [flags] WORKLOAD [ARGS...]     runs "worker WORKLOAD ARGS" on every rank
@@ -315,7 +315,7 @@ func (o RunOptions) Validate() error {
 	}
 	n, nerr := o.nproc()
 	// -n gpu in a build without CUDA: the device check has named the build.
-	if nerr != nil && !(o.NprocPerNode == "gpu" && o.deviceName() == "cuda" && devErr != nil && !providers.Compiled("cuda")) {
+	if nerr != nil && !(o.NprocPerNode == "gpu" && o.deviceName() == "cuda" && devErr != nil && !catalog.Compiled("cuda")) {
 		p = append(p, nerr.Error())
 	}
 	if nerr == nil && (dev == "cuda" || devErr != nil && o.deviceName() == "cuda") {
@@ -442,9 +442,9 @@ func (o RunOptions) consoleFilter() (func(int) bool, error) {
 func cores() int { return runtime.GOMAXPROCS(0) }
 
 // resolveProviders checks a --device and --kernels pair against the providers
-// compiled into this binary (providers.Resolve). Tests replace it to stand in
+// compiled into this binary (catalog.Resolve). Tests replace it to stand in
 // for a cuda build.
-var resolveProviders = providers.Resolve
+var resolveProviders = catalog.Resolve
 
 // deviceName is --device as given, with -n gpu implying cuda; empty when
 // neither says (the kernels' device, else cpu).
@@ -486,7 +486,7 @@ func (o RunOptions) checkDType() error {
 	if err != nil {
 		return err
 	}
-	return providers.CheckDType(choice, dt)
+	return catalog.CheckDType(choice, dt)
 }
 
 // visibleGPUs are the GPUs the launcher may hand to its ranks: the entries of
@@ -494,6 +494,15 @@ func (o RunOptions) checkDType() error {
 // CUDA driver reports in a cuda build. known is false in a build without CUDA
 // and no CUDA_VISIBLE_DEVICES: nothing to count (the build is refused anyway).
 func visibleGPUs() (ids []string, from string, known bool, err error) {
+	// A cuda build asks the driver first, whatever CUDA_VISIBLE_DEVICES says:
+	// the ranks need it, and a machine without one is refused before any
+	// rank starts, naming the library the loader could not open.
+	n := 0
+	if catalog.Compiled("cuda") {
+		if n, err = gpuCount(); err != nil {
+			return nil, "", false, err
+		}
+	}
 	if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok {
 		for _, id := range strings.Split(v, ",") {
 			if id = strings.TrimSpace(id); id != "" {
@@ -502,12 +511,8 @@ func visibleGPUs() (ids []string, from string, known bool, err error) {
 		}
 		return ids, "CUDA_VISIBLE_DEVICES lists", true, nil
 	}
-	if !providers.Compiled("cuda") {
+	if !catalog.Compiled("cuda") {
 		return nil, "", false, nil
-	}
-	n, err := gpuCount()
-	if err != nil {
-		return nil, "", false, err
 	}
 	for i := 0; i < n; i++ {
 		ids = append(ids, strconv.Itoa(i))
@@ -521,7 +526,7 @@ func (o RunOptions) gpuProblem(n int) string {
 	ids, from, known, err := visibleGPUs()
 	switch {
 	case err != nil:
-		return fmt.Sprintf("--device cuda: counting GPUs: %v", err)
+		return fmt.Sprintf("--device cuda: %v", err)
 	case !known:
 		return ""
 	case len(ids) == 0:

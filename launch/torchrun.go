@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshrun/meshrun/kernels/providers"
+	"github.com/meshrun/meshrun/kernels/providers/catalog"
 )
 
 // torchrun compatibility: the flags torchrun takes (in both its spellings,
@@ -125,7 +125,7 @@ func (o *RunOptions) applyTorchrun() error {
 	}
 	if o.NprocPerNode == "auto" {
 		o.NprocPerNode = "cpu"
-		if providers.Compiled("cuda") {
+		if catalog.Compiled("cuda") {
 			if n, err := gpuCount(); err == nil && n > 0 {
 				o.NprocPerNode = "gpu"
 			}

@@ -3,6 +3,11 @@
 # CUDA install: fetch Debian's nvidia-cuda-dev package (non-free) into a cache,
 # unpack it without installing, and build/vet with -tags cuda against its headers
 # and link stubs. Idempotent: the unpacked tree is reused while the .deb is cached.
+# Then the binaries a GPU machine gets (deploy/gpu.sh prebuild): the sonames
+# they need, and the cuda launcher, which links no CUDA library, run here
+# without the driver.
+#
+#   cuda.sh --fetch   only fetch and unpack; print include=DIR and stubs=DIR
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -62,6 +67,11 @@ for lib in libcuda.so libcublas.so; do
 done
 ldflags=""
 for d in $(printf '%s\n' "${libdirs[@]}" | sort -u); do ldflags="$ldflags -L$d"; done
+if [ "${1:-}" = --fetch ]; then
+  echo "include=$inc"
+  echo "stubs=${libdirs[0]}"
+  exit 0
+fi
 
 export CGO_ENABLED=1
 export CGO_CFLAGS="-I$inc"
@@ -71,4 +81,38 @@ go build -tags cuda ./... || fail "go build -tags cuda failed"
 go vet -tags cuda ./... || fail "go vet -tags cuda failed"
 # Link the test binary too (it needs the stubs) without running it: there is no GPU.
 go test -tags cuda -count=1 -c -o /dev/null ./kernels/cuda/ && go test -tags cuda -count=1 -c -o /dev/null ./collective/nccl/ || fail "go test -tags cuda (compile and link) failed"
+
+# The launcher links no CUDA code: it starts on a machine without the driver.
+deps=$(go list -tags cuda -deps ./cmd/launcher) || fail "go list -tags cuda -deps ./cmd/launcher failed"
+if grep -E '^(gorgonia\.org/cu|github\.com/meshrun/meshrun/kernels/(cuda|providers)$)' <<<"$deps"; then
+  fail "the cuda launcher imports the packages above: it would need the driver to start"
+fi
+
+# The binaries a GPU machine gets, linked against stand-ins with CUDA 13's sonames.
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+deploy/gpu.sh prebuild "$out" || fail "deploy/gpu.sh prebuild failed"
+mkdir -p "$out/bin" && tar -C "$out/bin" -xJf "$out/gpu-prebuilt/bin.tar.xz"
+needed() { readelf -d "$out/bin/$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' '; }
+for b in worker cuda.test; do
+  for so in libcuda.so.1 libcublas.so.13 libcublasLt.so.13; do
+    [[ " $(needed $b)" == *" $so "* ]] || fail "prebuilt $b does not need $so: $(needed $b)"
+  done
+done
+[[ " $(needed nccl.test)" == *" libcuda.so.1 "* ]] || fail "prebuilt nccl.test does not need libcuda.so.1: $(needed nccl.test)"
+[[ "$(needed launcher)" != *libcu* ]] || fail "prebuilt launcher needs $(needed launcher)"
+echo "cuda.sh: prebuilt: launcher needs $(needed launcher); worker needs $(needed worker)"
+# ... and starts without the driver: a program job runs; --device cuda is refused.
+if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' || [ -e /usr/local/nvidia/lib64/libcuda.so.1 ]; then
+  echo "cuda.sh: this machine has libcuda.so.1: not running the launcher without the driver"
+else
+  "$out/bin/launcher" run -n 1 --log-dir "$out/runs" -- true || fail "prebuilt launcher: run -n 1 -- true failed"
+  set +e
+  msg=$("$out/bin/launcher" run -n 1 --log-dir "$out/runs" --device cuda -- true 2>&1)
+  code=$?
+  set -e
+  echo "cuda.sh: launcher run --device cuda without the driver: exit $code: $msg"
+  [ "$code" = 2 ] && [[ "$msg" == *"libcuda.so.1: cannot open shared object file"*"no NVIDIA driver on this machine"* ]] ||
+    fail "prebuilt launcher: --device cuda without the driver: want exit 2 naming libcuda.so.1"
+fi
 echo "cuda.sh: ok"

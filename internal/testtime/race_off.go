@@ -1,0 +1,5 @@
+//go:build !race
+
+package testtime
+
+const race = false

@@ -79,12 +79,15 @@ func (a *attempt) blameByVotes() {
 		Evidence: fmt.Sprintf("%s (%s)", evidenceBlamed, blamers(by[winner]))}
 	p := a.byRank[winner]
 	rec, hasRec := readErrorFile(filepath.Join(a.dir, RankDir(winner)))
-	// A victim that recorded a failure of its own (its error blames itself)
-	// before the teardown's SIGTERM was failing already: a SIGTERM from
-	// outside, say, which its peers saw first. (The teardown's abort makes
-	// ranks fail blaming another rank or none.)
-	selfFailed := hasRec && rec.TimeMS > 0 && rec.Culprit != nil && *rec.Culprit == winner &&
-		rec.TimeMS < a.tearAt.Add(abortSettle).UnixMilli()
+	// A victim that recorded a failure of its own before the teardown began
+	// was failing already, and only slow to exit: a SIGTERM from outside,
+	// say, which its peers saw first (its error blames itself), or an error
+	// of its own (blaming no one). What it records later is the teardown's
+	// doing (the abort blames another rank or none) or its peers' verdict
+	// come back to it: a rank SIGCONTed after its peers gave up on it
+	// learns from their notice that it is lost, and its error blames itself.
+	selfFailed := hasRec && rec.TimeMS > 0 && rec.TimeMS < a.tearAt.UnixMilli() &&
+		(rec.Culprit == nil || *rec.Culprit == winner)
 	switch {
 	case p != nil && slices.Contains(a.victims, winner) && !selfFailed:
 		// Blamed, and still running when the job was torn down: it stopped

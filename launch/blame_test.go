@@ -13,28 +13,39 @@ import (
 
 // TestBlameByVotes: whatever order the exits came in, the rank the failed
 // ranks' errors blame is the root cause: a SIGTERMed rank that recorded its
-// own failure before the teardown's SIGTERM exited 143 (not hung), however
-// late its exit was seen; one still running and silent at teardown is hung.
+// own failure before the teardown began exited 143 (not hung), however late
+// its exit was seen, and so did one whose error, blaming no one, came before
+// the teardown; one still running and silent when the teardown began is
+// hung, whatever it recorded after (the abort's error, blaming no one, or
+// its peers' verdict, blaming itself, once resumed).
 func TestBlameByVotes(t *testing.T) {
 	tear := time.UnixMilli(1_000_000)
 	for _, tc := range []struct {
 		name     string
 		selfAtMS int64 // when rank 1 recorded its own failure
+		culprit  int   // the rank its error blames; -1: none
 		hung     bool
 	}{
-		{"failing before the teardown", tear.UnixMilli() - 5, false},
-		{"only after the teardown's SIGTERM", tear.Add(abortSettle).UnixMilli() + 50, true},
+		{"failing before the teardown", tear.UnixMilli() - 5, 1, false},
+		{"blaming itself after the teardown began", tear.UnixMilli() + 50, 1, true},
+		{"only after the teardown's SIGTERM", tear.Add(abortSettle).UnixMilli() + 50, 1, true},
+		{"an error blaming no one before the teardown", tear.UnixMilli() - 5, -1, false},
+		{"an error blaming no one after the teardown began", tear.UnixMilli() + 5, -1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			rec := func(rank, culprit int, at int64) {
-				b, _ := json.Marshal(runlog.ErrorRecord{Error: "collective failed", Culprit: &culprit, Rank: rank, TimeMS: at})
+				r := runlog.ErrorRecord{Error: "collective failed", Rank: rank, TimeMS: at}
+				if culprit >= 0 {
+					r.Culprit = &culprit
+				}
+				b, _ := json.Marshal(r)
 				os.MkdirAll(filepath.Join(dir, RankDir(rank)), 0o755)
 				os.WriteFile(filepath.Join(dir, RankDir(rank), runlog.ErrorFile), b, 0o644)
 			}
 			rec(0, 1, tear.UnixMilli()-20)
 			rec(2, 1, tear.UnixMilli()-10)
-			rec(1, 1, tc.selfAtMS)
+			rec(1, tc.culprit, tc.selfAtMS)
 			j := &job{world: 3, ranks: []rankSpec{{Rank: 0}, {Rank: 1}, {Rank: 2}}}
 			a := &attempt{j: j, dir: dir, tearAt: tear, outcome: OutcomeRankFailed, byRank: map[int]*proc{}, remoteFails: map[int]RootCause{},
 				stoppedStates: map[int]string{}, pl: &plane{joining: map[int]time.Time{}, seen: map[int]time.Time{1: tear}}}

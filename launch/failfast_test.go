@@ -12,12 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/internal/testtime"
 	"github.com/meshrun/meshrun/natsconn/creds"
 )
 
 // failFastBound: how soon a launcher must end once its job cannot run, far
-// below the ranks' 30 s rendezvous deadline.
-const failFastBound = 2 * time.Second
+// below the ranks' 30 s rendezvous deadline (scaled: testtime).
+var failFastBound = testtime.Scale(2 * time.Second)
 
 // bgLauncher is a launcher running in the background of a test.
 type bgLauncher struct {
@@ -73,9 +74,10 @@ func (l *bgLauncher) waitEvent(t *testing.T, job, kind string) {
 	})
 }
 
-// wait waits for the launcher's exit, at most d.
+// wait waits for the launcher's exit, at most d (scaled: testtime).
 func (l *bgLauncher) wait(t *testing.T, d time.Duration) {
 	t.Helper()
+	d = testtime.Scale(d)
 	select {
 	case <-l.done:
 	case <-time.After(d):

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshrun/meshrun/internal/testtime"
 )
 
 // fuzzMaxAlloc bounds what parsing and checking one command line may allocate.
@@ -66,7 +68,7 @@ func FuzzRunFlags(f *testing.F) {
 		if code != 0 && code != ExitUsage {
 			t.Fatalf("plan %q: exit %d; stderr %q", argv, code, errb.String())
 		}
-		if d := time.Since(start); d > 10*time.Second {
+		if d := time.Since(start); d > testtime.Scale(10*time.Second) {
 			t.Fatalf("%q took %v", argv, d)
 		}
 	})

@@ -42,6 +42,8 @@ const EnvLauncherTag = "MESHRUN_LAUNCHER_TAG"
 
 // guardScript is the guard: "$1" the tag, "$2" the credentials file ("" for
 // none); the launcher writes a process group per line, "done" at the end.
+// A group is signalled as `kill -s KILL -- -PGID`: dash, Debian's /bin/sh,
+// takes `kill -KILL -- -PGID` for a bad number and kills nothing.
 const guardScript = `trap '' INT TERM HUP
 tag=$1 creds=$2
 shift 2
@@ -49,7 +51,7 @@ while read -r pg; do
 	[ "$pg" = done ] && exit 0
 	set -- "$@" "$pg"
 done
-for pg; do kill -KILL -- "-$pg" 2>/dev/null; done
+for pg; do kill -s KILL -- "-$pg" 2>/dev/null; done
 for f in /proc/[0-9]*/environ; do
 	if tr '\0' '\n' < "$f" 2>/dev/null | grep -qx "` + EnvLauncherTag + `=$tag"; then
 		p=${f#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null

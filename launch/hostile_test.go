@@ -3,6 +3,7 @@ package launch
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,37 +14,49 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshrun/meshrun/internal/testtime"
 )
 
 // TestRootCauseFromEvidence: rank 1 of 3 is SIGTERMed, SIGSTOPped, or exits 0
 // before joining; every run names rank 1 as the root cause in the console's
 // last line, summary.json and logs why, and never lists it among the
 // victims, whichever rank's exit the launcher saw first. A SIGTERMed worker
-// exits 143; a rank that leaves before joining ends the job at once, not at
-// the rendezvous deadline.
+// exits 143; a SIGSTOPped one is hung (exit 125: its peers' heartbeat
+// timeout finds it, they fail blaming it and exit first), and still is when
+// it is SIGCONTed as soon as the teardown begins, before the launcher's own
+// SIGTERM: it stopped answering, whatever it does once resumed; a rank that
+// leaves before joining ends the job at once (exit 1), not at the rendezvous
+// deadline.
 func TestRootCauseFromEvidence(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs 7 jobs")
 	}
 	long := []string{"-n", "3", "mlp", "--tokens", "64", "--hidden", "64", "--steps", "1000000"}
+	sigterm := func(t *testing.T, dir string, pid int) { syscall.Kill(pid, syscall.SIGTERM) }
 	cases := []struct {
 		name  string
 		args  []string
-		act   func(t *testing.T, pid int) // done to rank 1 once the job trains
+		act   func(t *testing.T, dir string, pid int) // done to rank 1 once the job trains
 		code  int
 		hung  bool
 		bound time.Duration // from the act to the launcher's exit
 	}{
-		{"SIGTERM", long, func(t *testing.T, pid int) { syscall.Kill(pid, syscall.SIGTERM) }, 143, false, 10 * time.Second},
-		{"SIGTERM again", long, func(t *testing.T, pid int) { syscall.Kill(pid, syscall.SIGTERM) }, 143, false, 10 * time.Second},
-		{"SIGTERM a third time", long, func(t *testing.T, pid int) { syscall.Kill(pid, syscall.SIGTERM) }, 143, false, 10 * time.Second},
+		{"SIGTERM", long, sigterm, 143, false, 10 * time.Second},
+		{"SIGTERM again", long, sigterm, 143, false, 10 * time.Second},
+		{"SIGTERM a third time", long, sigterm, 143, false, 10 * time.Second},
 		// With --hang-after off the peers' heartbeat timeout (5 s) finds it.
-		{"SIGSTOP", append([]string{"--hang-after", "0"}, long...), func(t *testing.T, pid int) { syscall.Kill(pid, syscall.SIGSTOP) }, ExitHang, true, 20 * time.Second},
-		{"SIGSTOP then SIGCONT", append([]string{"--hang-after", "0"}, long...), func(t *testing.T, pid int) {
+		{"SIGSTOP", append([]string{"--hang-after", "0"}, long...), func(t *testing.T, dir string, pid int) { syscall.Kill(pid, syscall.SIGSTOP) }, ExitHang, true, 20 * time.Second},
+		{"SIGSTOP then SIGCONT", append([]string{"--hang-after", "0"}, long...), func(t *testing.T, dir string, pid int) {
 			syscall.Kill(pid, syscall.SIGSTOP)
-			time.Sleep(6 * time.Second) // past the peers' heartbeat timeout
+			// Past the peers' heartbeat timeout: a peer failed and the
+			// teardown began; resumed before the launcher's SIGTERM.
+			waitFor(t, 30*time.Second, "the teardown", func() bool {
+				b, _ := os.ReadFile(filepath.Join(dir, EventsFile))
+				return bytes.Contains(b, []byte(`"event":"teardown"`))
+			})
 			syscall.Kill(pid, syscall.SIGCONT)
-		}, 0, false, 20 * time.Second},
+		}, ExitHang, true, 20 * time.Second},
 		{"exit 0 before joining", []string{"-n", "3", "--", "sh", "-c", `if [ "$RANK" = 1 ]; then exit 0; fi; exec "$0" barrier`, worker()}, nil, 1, false, 10 * time.Second},
 		{"exit 0 before joining again", []string{"-n", "3", "--", "sh", "-c", `if [ "$RANK" = 1 ]; then exit 0; fi; exec "$0" barrier`, worker()}, nil, 1, false, 10 * time.Second},
 	}
@@ -60,9 +73,10 @@ func TestRootCauseFromEvidence(t *testing.T) {
 					return bytes.Contains(b, []byte("step 20/"))
 				})
 				acted = time.Now()
-				tc.act(t, rec.Ranks[1].PID)
+				tc.act(t, dir, rec.Ranks[1].PID)
 			}
-			l.wait(t, tc.bound+10*time.Second)
+			bound := testtime.Scale(tc.bound)
+			l.wait(t, bound+10*time.Second)
 			took := l.end.Sub(acted)
 			sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
 			rc := sum.RootCause
@@ -71,11 +85,14 @@ func TestRootCauseFromEvidence(t *testing.T) {
 			if rc == nil || rc.Rank != 1 || slices.Contains(sum.Victims, 1) {
 				t.Fatalf("root cause %+v, victims %v\n%s", rc, sum.Victims, stderr)
 			}
-			if tc.code != 0 && l.code != tc.code {
-				t.Errorf("exit %d, want %d", l.code, tc.code)
+			if l.code != tc.code || rc.exitCodeOf() != tc.code {
+				t.Errorf("exit %d, root cause's exit %d, want %d", l.code, rc.ExitCode, tc.code)
 			}
-			if tc.hung && !rc.Hung {
-				t.Errorf("root cause not hung: %+v", rc)
+			if rc.Hung != tc.hung {
+				t.Errorf("root cause hung %v, want %v: %+v", rc.Hung, tc.hung, rc)
+			}
+			if tc.hung && (sum.Reason != OutcomeHang || !strings.Contains(rc.Error, "stopped answering its peers") || !strings.Contains(rc.Error, "its process was T (stopped)")) {
+				t.Errorf("reason %s, error %q: want a hang, stopped answering, its process T (stopped)", sum.Reason, rc.Error)
 			}
 			if !strings.Contains(finalLine(stderr), "root cause rank 1 ") {
 				t.Errorf("console's last line: %s", finalLine(stderr))
@@ -84,10 +101,84 @@ func TestRootCauseFromEvidence(t *testing.T) {
 			if err := Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0") {
 				t.Errorf("logs why: %v\n%s", err, why.String())
 			}
-			if took > tc.bound {
-				t.Errorf("ended %v after, want < %v", took, tc.bound)
+			if took > bound {
+				t.Errorf("ended %v after, want < %v", took, bound)
 			}
 		})
+	}
+}
+
+// TestRootCauseByVotes: the culprit's own exit is seen last, on purpose, so
+// that only the votes can name it. Rank 1 of 3 records its failure, closes
+// its world and lingers until the teardown's SIGTERM before it exits 3
+// (ranktest -linger): ranks 0 and 2 fail on it ("peer lost: rank 1") and
+// exit first, one of them starting the teardown. The root cause is rank 1
+// all the same, with its own exit code and error, not hung, reported by the
+// rank that failed first, blamed by both; the launcher exits 3.
+func TestRootCauseByVotes(t *testing.T) {
+	code, dir, _, stderr := launch(t, "-n", "3", "--", ranktest(), "-steps", "0", "-fail-rank", "1", "-fail-code", "3", "-at", "5", "-linger")
+	t.Logf("exit %d: %s", code, finalLine(stderr))
+
+	// The premise: a peer's exit came first and started the teardown; rank
+	// 1 exited only after it.
+	var exits []int
+	teardown, rank1Exit := -1, -1
+	b, err := os.ReadFile(filepath.Join(dir, EventsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var e struct {
+			Event string `json:"event"`
+			Rank  int    `json:"rank"`
+		}
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("events.jsonl: %q: %v", line, err)
+		}
+		switch e.Event {
+		case "rank_exit":
+			exits = append(exits, e.Rank)
+			if e.Rank == 1 {
+				rank1Exit = i
+			}
+		case "teardown":
+			if teardown < 0 {
+				teardown = i
+			}
+		}
+	}
+	if len(exits) != 3 || exits[0] == 1 || teardown < 0 || rank1Exit < teardown {
+		t.Fatalf("exits in order %v, teardown at event %d, rank 1's exit at event %d: the peers did not exit first\n%s", exits, teardown, rank1Exit, stderr)
+	}
+
+	if code != 3 {
+		t.Errorf("exit %d, want 3 (rank 1's)", code)
+	}
+	sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
+	rc := sum.RootCause
+	if rc == nil || rc.Rank != 1 || rc.ExitCode != 3 || rc.Hung || rc.Error != "injected failure" || sum.Reason != OutcomeRankFailed {
+		t.Fatalf("reason %s, root cause %+v\n%s", sum.Reason, rc, stderr)
+	}
+	if want := evidenceBlamed + " (ranks 0,2 blame it)"; rc.Evidence != want {
+		t.Errorf("evidence %q, want %q", rc.Evidence, want)
+	}
+	if rc.ReportedBy == nil || *rc.ReportedBy != exits[0] {
+		t.Errorf("reported by %v, want rank %d (the first exit)", rc.ReportedBy, exits[0])
+	}
+	if fmt.Sprint(sum.Victims) != "[0 2]" {
+		t.Errorf("victims %v, want [0 2]", sum.Victims)
+	}
+	last := finalLine(stderr)
+	for _, want := range []string{"rank failed: root cause rank 1 (node 0, pid ", ") exited with code 3 at ",
+		fmt.Sprintf("(blamed by the failed ranks' errors (ranks 0,2 blame it); rank %d failed first); 2 other ranks torn down", exits[0])} {
+		if !strings.Contains(last, want) {
+			t.Errorf("console's last line lacks %q: %s", want, last)
+		}
+	}
+	var why bytes.Buffer
+	if err := Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0 exited with code 3") ||
+		!strings.Contains(why.String(), "victims (torn down, not the cause): ranks 0,2") {
+		t.Errorf("logs why: %v\n%s", err, why.String())
 	}
 }
 
@@ -175,19 +266,21 @@ func TestInterruptWhileSpawning(t *testing.T) {
 }
 
 // TestNoOrphans: what a rank starts ends with the job, in its process group
-// or not (setsid): when the launcher ends normally, and when it is
-// SIGKILLed (the guard); the embedded server's credentials go too, and
-// those a killed launcher left are removed at the next start.
+// or not (setsid), with the launcher's tag in its environment or not (env
+// -u: only the group's signal reaches it): when the launcher ends normally,
+// and when it is SIGKILLed (the guard); the embedded server's credentials go
+// too, and those a killed launcher left are removed at the next start.
 func TestNoOrphans(t *testing.T) {
 	if _, err := exec.LookPath("setsid"); err != nil {
 		t.Skip("no setsid")
 	}
 	script := `sleep 300 & echo $! > "$MESHRUN_RANK_DIR/child"; setsid sleep 301 & echo $! > "$MESHRUN_RANK_DIR/escaper"; ` +
+		`env -u ` + EnvLauncherTag + ` sleep 302 & echo $! > "$MESHRUN_RANK_DIR/untagged"; ` +
 		`if [ "$EXIT_AT_ONCE" = 1 ]; then exit 0; fi; wait`
 	pids := func(dir string) []int {
 		var out []int
 		for r := 0; r < 2; r++ {
-			for _, f := range []string{"child", "escaper"} {
+			for _, f := range []string{"child", "escaper", "untagged"} {
 				b, err := os.ReadFile(filepath.Join(dir, RankDir(r), f))
 				if err != nil {
 					return nil
@@ -217,7 +310,7 @@ func TestNoOrphans(t *testing.T) {
 			t.Fatalf("exit %d: %s", code, stderr)
 		}
 		ps := pids(dir)
-		if len(ps) != 4 {
+		if len(ps) != 6 {
 			t.Fatalf("pids %v", ps)
 		}
 		gone(t, "the ranks' children", ps)

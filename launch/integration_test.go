@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/internal/testtime"
 	"github.com/meshrun/meshrun/natsrv"
 )
 
@@ -34,7 +35,7 @@ func TestRankFailsMidRun(t *testing.T) {
 	rc := sum.RootCause
 	if rc != nil {
 		// From the failure to the launcher's exit: within grace (2 s) + 2 s.
-		if d := ended.Sub(time.UnixMilli(rc.TimeMS)); d > 4*time.Second {
+		if d := ended.Sub(time.UnixMilli(rc.TimeMS)); d > 2*time.Second+testtime.Scale(2*time.Second) {
 			t.Errorf("the launcher exited %v after the failure", d)
 		}
 	}
@@ -43,6 +44,21 @@ func TestRankFailsMidRun(t *testing.T) {
 	}
 	if fmt.Sprint(sum.Victims) != "[0 1 3]" {
 		t.Errorf("victims %v", sum.Victims)
+	}
+	// Each rank's folder is rank-NNNNN, its global rank zero-padded to 5
+	// digits (docs/launcher.md): what scripts and logs why read.
+	var folders []string
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if e.IsDir() {
+			folders = append(folders, e.Name())
+		}
+	}
+	if fmt.Sprint(folders) != "[rank-00000 rank-00001 rank-00002 rank-00003]" {
+		t.Errorf("rank folders %v, want rank-00000 to rank-00003", folders)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "rank-00002", "stderr.log")); err != nil || !bytes.Contains(b, []byte("injected failure at step 5")) {
+		t.Errorf("rank-00002/stderr.log: %v %q", err, b)
 	}
 	for _, r := range sum.Ranks {
 		if !groupGone(r.PID) {
@@ -105,7 +121,7 @@ func TestHangNamed(t *testing.T) {
 	var code int
 	select {
 	case code = <-res:
-	case <-time.After(40 * time.Second):
+	case <-time.After(testtime.Scale(40 * time.Second)):
 		t.Fatal("the launcher did not end")
 	}
 	if code == 0 {
@@ -305,13 +321,13 @@ func TestConsoleCollapse(t *testing.T) {
 	var out bytes.Buffer
 	c := newConsole(&out, time.Hour, func(r int) bool { return r != 5 })
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 6e6, time.UTC)
-	for _, r := range []int{1, 2, 3, 5, 7} {
+	for _, r := range []int{1, 2, 3, 5, 7, 8} {
 		c.add(rankLine{t: t0.Add(time.Duration(r) * time.Millisecond), node: 0, rank: r, text: "same"})
 	}
 	c.add(rankLine{t: t0.Add(10 * time.Millisecond), node: 1, rank: 4, text: "own"})
 	c.add(rankLine{t: t0.Add(11 * time.Millisecond), node: 0, rank: 1, text: "same"}) // rank 1 again: a new line
 	c.close()
-	want := t0.Add(time.Millisecond).Local().Format(consoleStamp) + " ranks[1-3,7]: same\n" +
+	want := t0.Add(time.Millisecond).Local().Format(consoleStamp) + " ranks[1-3,7-8]: same\n" +
 		t0.Add(10*time.Millisecond).Local().Format(consoleStamp) + " 1:4| own\n" +
 		t0.Add(11*time.Millisecond).Local().Format(consoleStamp) + " 0:1| same\n"
 	if out.String() != want {
@@ -420,9 +436,10 @@ func TestRunDeviceCUDA(t *testing.T) {
 	}
 }
 
+// waitFor waits for ok, at most d (scaled: testtime).
 func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
+	deadline := time.Now().Add(testtime.Scale(d))
 	for !ok() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/internal/testpki"
+	"github.com/meshrun/meshrun/internal/testtime"
 	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/protocol"
@@ -198,7 +199,7 @@ func TestNATSRefusals(t *testing.T) {
 		if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
 			t.Errorf("publishing into another job's subjects: %v", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(testtime.Scale(5 * time.Second)):
 		t.Error("publishing into another job's subjects raised no permissions violation")
 	}
 	if _, err := nc.SubscribeSync(protocol.JobSubjects("job-a")); err == nil {
@@ -208,7 +209,7 @@ func TestNATSRefusals(t *testing.T) {
 			if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
 				t.Errorf("subscribing to another job's subjects: %v", err)
 			}
-		case <-time.After(5 * time.Second):
+		case <-time.After(testtime.Scale(5 * time.Second)):
 			t.Error("subscribing to another job's subjects raised no permissions violation")
 		}
 	}

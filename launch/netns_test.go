@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/internal/testpki"
+	"github.com/meshrun/meshrun/internal/testtime"
 	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/protocol"
 )
@@ -275,9 +276,10 @@ func runOnHosts(t *testing.T, tn *testNet, nc *natsCluster, job string, c creds.
 	return ls
 }
 
-// waitAll waits for every launcher, at most d.
+// waitAll waits for every launcher, at most d (scaled: testtime).
 func waitAll(t *testing.T, ls []*netLauncher, d time.Duration) {
 	t.Helper()
+	d = testtime.Scale(d)
 	deadline := time.After(d)
 	for k, l := range ls {
 		select {
@@ -423,7 +425,7 @@ func TestHostsOnANetwork(t *testing.T) {
 		took := l.end.Sub(down)
 		last := finalLine(l.out.String())
 		t.Logf("host 2's link down: host %d's launcher exit %d after %v: %s", k, l.code, took.Round(time.Millisecond), last)
-		if l.code == 0 || took > deadline+2*time.Second+2*time.Second /* teardown: abort, SIGTERM, --grace 1s */ {
+		if l.code == 0 || took > deadline+testtime.Scale(2*time.Second+2*time.Second) /* teardown: abort, SIGTERM, --grace 1s */ {
 			t.Errorf("host %d: exit %d after %v", k, l.code, took)
 		}
 		other := "node 2"

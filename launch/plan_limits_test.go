@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/internal/testtime"
 	"github.com/meshrun/meshrun/placement"
 )
 
@@ -44,7 +45,7 @@ func TestPlanAbsurdSizes(t *testing.T) {
 			if code != ExitUsage || out.Len() != 0 || strings.Count(errb.String(), "\n") != 1 || !strings.Contains(errb.String(), tc.want) {
 				t.Errorf("plan %s: exit %d, stdout %q, stderr %q; want exit 2 and one line with %q", tc.args, code, out.String(), errb.String(), tc.want)
 			}
-			if d > 5*time.Second {
+			if d > testtime.Scale(5*time.Second) {
 				t.Errorf("plan %s took %v", tc.args, d)
 			}
 		})
@@ -95,7 +96,7 @@ func TestPlanInterrupted(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "interrupted") {
 		t.Fatalf("canceled plan: %v", err)
 	}
-	if d := time.Since(start); d > time.Second {
+	if d := time.Since(start); d > testtime.Scale(time.Second) {
 		t.Fatalf("a plan canceled after 100 ms returned after %v", d)
 	}
 
@@ -119,7 +120,7 @@ func TestPlanInterrupted(t *testing.T) {
 			if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
 				t.Fatal(err)
 			}
-		case <-time.After(10 * time.Second):
+		case <-time.After(testtime.Scale(10 * time.Second)):
 			t.Fatal("RunPlan did not return")
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshrun/meshrun/internal/testtime"
 )
 
 // bin holds the worker and launcher binaries, built once for the package.
@@ -65,10 +67,10 @@ func readJSON[T any](t *testing.T, path string) T {
 }
 
 // groupGone reports whether the process group pgid has no live process left
-// within a second. Zombies count as gone: a rank's children are reparented to
-// init, which reaps them when it will.
+// within a second (scaled: testtime). Zombies count as gone: a rank's
+// children are reparented to init, which reaps them when it will.
 func groupGone(pgid int) bool {
-	deadline := time.Now().Add(time.Second)
+	deadline := time.Now().Add(testtime.Scale(time.Second))
 	for groupLive(pgid) {
 		if time.Now().After(deadline) {
 			return false
@@ -186,7 +188,7 @@ func TestRunRootCause(t *testing.T) {
 				t.Fatalf("exit %d, want %d; stderr:\n%s", code, tc.code, stderr)
 			}
 			if s := readJSON[Summary](t, filepath.Join(dir, SummaryFile)); s.RootCause != nil {
-				if d := ended.Sub(time.UnixMilli(s.RootCause.TimeMS)); d > 2*time.Second+2*time.Second {
+				if d := ended.Sub(time.UnixMilli(s.RootCause.TimeMS)); d > 2*time.Second+testtime.Scale(2*time.Second) {
 					t.Errorf("exited %v after the failure, want within grace + 2 s", d)
 				}
 			}

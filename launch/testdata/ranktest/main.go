@@ -31,6 +31,7 @@ func run(ctx context.Context) int {
 	failCode := flag.Int("fail-code", 3, "its exit code")
 	killRank := flag.Int("kill-rank", -1, "rank that kills itself with SIGKILL")
 	failAt := flag.Int("at", 3, "step at which the rank fails")
+	linger := flag.Bool("linger", false, "the failing rank, its failure recorded and its world closed, stays until SIGTERM before it exits -fail-code: its peers fail on it and exit first")
 	stallRank := flag.Int("stall-rank", -1, "rank that never joins")
 	blockRank := flag.Int("block-rank", -1, "rank that stops before the barrier of step -at (joined, alive, never entering it)")
 	warn := flag.Bool("warn", false, "every rank logs the same warning at the start")
@@ -70,6 +71,13 @@ func run(ctx context.Context) int {
 		t0 := time.Now()
 		if k == *failAt && rank == *failRank {
 			rl.Fail(errors.New("injected failure"))
+			if *linger {
+				// Its peers see the world close and fail blaming it; the
+				// launcher sees their exits first and tears the job down.
+				w.Close()
+				fmt.Fprintf(os.Stderr, "rank %d: injected failure at step %d, lingering until SIGTERM\n", rank, k)
+				<-ctx.Done()
+			}
 			fmt.Fprintf(os.Stderr, "rank %d: injected failure at step %d, exiting %d\n", rank, k, *failCode)
 			rl.Close()
 			return *failCode

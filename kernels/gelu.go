@@ -7,7 +7,8 @@ import "math"
 //	gelu(x)  = 0.5·x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715·x³)
 //	gelu'(x) = 0.5·(1 + tanh(u)) + 0.5·x·(1 − tanh²(u))·√(2/π)·(1 + 3·0.044715·x²)
 //
-// These float64 functions are the reference every provider is tested against.
+// These float64 functions are the reference every provider is tested against,
+// and PyTorch's values are theirs (TestGeluMatchesPyTorch).
 const (
 	GeluSqrt2OverPi = 0.7978845608028654
 	GeluCoeff       = 0.044715

@@ -293,6 +293,43 @@ func testGelu(e *env, dt tensor.DType) {
 		compare(t, fmt.Sprintf("forward_%d", n), dt, y, want, mag, 20)
 		compare(t, fmt.Sprintf("backward_%d", n), dt, dx, wantd, magd, 20)
 	}
+	testGeluTorch(e, dt, rng)
+}
+
+// testGeluTorch runs GELU at PyTorch's points (Torch().Gelu: exact in every
+// dtype) against PyTorch's values, not against kernels.Gelu, which the cpu
+// provider's float64 path computes with: a wrong constant there would agree
+// with itself.
+func testGeluTorch(e *env, dt tensor.DType, rng *rand.Rand) {
+	g := Torch().Gelu
+	n := len(g.X)
+	x := newBuf(rng, dt, "rand", n)
+	for i, v := range g.X {
+		x.all[i] = v
+		setAt(x.t, i, v)
+		if x.t.At(i) != v {
+			e.t.Fatalf("PyTorch's GELU point %v is not exact in %v", v, dt)
+		}
+	}
+	dy := newBuf(rng, dt, "rand", n)
+	y, dx := newBuf(rng, dt, "nan", n), newBuf(rng, dt, "nan", n)
+	want, mag := make([]float64, n), make([]float64, n)
+	wantd, magd := make([]float64, n), make([]float64, n)
+	for i, v := range g.X {
+		want[i], mag[i] = g.Y[i], math.Abs(v)+1
+		wantd[i], magd[i] = dy.all[i]*g.DYDX[i], math.Abs(dy.all[i])*(1+math.Abs(v))
+	}
+	yd, dxd := e.dev(y), e.dev(dx)
+	if err := e.k.GeluForward(yd, e.dev(x)); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.k.GeluBackward(dxd, e.dev(dy), e.dev(x)); err != nil {
+		e.t.Fatal(err)
+	}
+	e.back(y, yd)
+	e.back(dx, dxd)
+	compare(e.t, "forward_pytorch", dt, y, want, mag, 20)
+	compare(e.t, "backward_pytorch", dt, dx, wantd, magd, 20)
 }
 
 func testErrors(e *env, dt tensor.DType) {

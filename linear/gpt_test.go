@@ -108,7 +108,14 @@ func torchPython(t *testing.T) string {
 // torch_gpt.py), started from the parameters meshrun writes as .npy and
 // trained on the same batches with the same AdamW: meshrun's losses at
 // tp = 1, 2 and 4, and 2 and 4 sequence parallel, are PyTorch's within
-// 1e-4 relative for 20 steps.
+// gptTorchTol relative for 20 steps. PyTorch decides which parameters get
+// weight decay and fails when meshrun's choice differs.
+// gptTorchTol bounds the relative difference of every loss from PyTorch's:
+// 1.6e-7 is measured (float32 sums in another order), while a change to the
+// model as small as a layer-norm epsilon of 1e-6 for 1e-5 moves the first
+// loss by 2.9e-5 and the worst by 8.7e-4.
+const gptTorchTol = 1e-6
+
 func TestGPTMatchesPyTorch(t *testing.T) {
 	py := torchPython(t)
 	const steps = 20
@@ -203,7 +210,7 @@ func TestGPTMatchesPyTorch(t *testing.T) {
 		for s, l := range losses {
 			d := math.Abs(l-want[s]) / want[s]
 			worst = max(worst, d)
-			if d > 1e-4 {
+			if d > gptTorchTol {
 				t.Errorf("%s step %d: loss %.7f, PyTorch %.7f (relative %.2g)", name, s+1, l, want[s], d)
 			}
 		}

@@ -6,6 +6,13 @@ QKV projection's rows ordered per head as q, k, v, Megatron's order), the
 batches (ids.npy and targets.npy: [steps, batch*context]) and config.json,
 trains the same model with the same AdamW for the given steps on one CPU
 process in float32, and prints the losses as one JSON list.
+
+Which parameters get weight decay is decided here, as PyTorch's GPT recipes
+decide it (nanoGPT's configure_optimizers): every parameter of two or more
+dims (the embeddings and the Linear weights), no bias and no layer-norm
+parameter. config.json's "decay" lists the parameters meshrun decayed; a
+list that differs from this rule fails the run (exit 1, the difference on
+stderr) instead of being copied into the optimizer.
 """
 import json
 import math
@@ -57,8 +64,17 @@ def forward(ids, targets):
     return F.cross_entropy(logits, targets)
 
 
-decay = [P[n] for n in cfg["params"] if n in cfg["decay"]]
-rest = [P[n] for n in cfg["params"] if n not in cfg["decay"]]
+def fail(msg):
+    print("torch_gpt.py: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+decayed = sorted(n for n in cfg["params"] if P[n].dim() >= 2)
+if sorted(cfg["decay"]) != decayed:
+    fail("weight decay: meshrun decays %s besides PyTorch's rule (parameters of 2 or more dims) and misses %s" % (
+        sorted(set(cfg["decay"]) - set(decayed)), sorted(set(decayed) - set(cfg["decay"]))))
+decay = [P[n] for n in cfg["params"] if n in decayed]
+rest = [P[n] for n in cfg["params"] if n not in decayed]
 opt = torch.optim.AdamW(
     [{"params": decay, "weight_decay": cfg["weight_decay"]}, {"params": rest, "weight_decay": 0.0}],
     lr=cfg["lr"], betas=(0.9, 0.95), eps=1e-8,
@@ -70,6 +86,10 @@ for s in range(ids.shape[0]):
     opt.zero_grad()
     loss = forward(ids[s], targets[s])
     loss.backward()
+    if s == 0:
+        unused = [n for n in cfg["params"] if P[n].grad is None]
+        if unused:
+            fail("parameters the PyTorch model does not use: %s" % unused)
     opt.step()
     losses.append(loss.item())
 print(json.dumps(losses))

@@ -282,3 +282,42 @@ func TestBlockReads(t *testing.T) {
 		t.Fatalf("a read that does not touch the damaged block: %v", err)
 	}
 }
+
+// TestConvert: ckpt convert's file opens as a checkpoint holding every
+// tensor with the dtype, shape and bytes saved (the Go side of
+// TestConvertReadByPython, which needs numpy): a float32 matrix saved in
+// four column boxes and a vector; bfloat16, float64 and float32 tensors of
+// one to three dims saved in row boxes.
+func TestConvert(t *testing.T) {
+	root1, root2 := t.TempDir(), t.TempDir()
+	w, b := write(t, root1, 3, 30, 50, 4)
+	for _, tc := range []struct {
+		root string
+		want map[string]*tensor.Tensor
+	}{{root1, map[string]*tensor.Tensor{"w": w, "b": b}}, {root2, writeMixed(t, root2)}} {
+		c, err := ckpt.Open(ckpt.OS, tc.root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(t.TempDir(), "model.safetensors")
+		if _, err := ckpt.Convert(ckpt.OS, c, dst, map[string]string{"step": "3"}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ckpt.Open(ckpt.OS, dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Names()) != len(tc.want) || got.Index.Meta["step"] != "3" {
+			t.Fatalf("converted: tensors %v, metadata %v", got.Names(), got.Index.Meta)
+		}
+		for name, x := range tc.want {
+			if err := got.Expect(name, x.Shape(), x.DType()); err != nil {
+				t.Fatal(err)
+			}
+			y, err := got.ReadAll(name)
+			if err != nil || !bytes.Equal(tensor.HostBytes(y), tensor.HostBytes(x)) {
+				t.Fatalf("%s: wrong bytes (%v)", name, err)
+			}
+		}
+	}
+}

@@ -293,6 +293,11 @@ func TestNoOrphans(t *testing.T) {
 	}
 	gone := func(t *testing.T, what string, ps []int) {
 		t.Helper()
+		t.Cleanup(func() { // what a failed check left, not for the next tests to meet
+			for _, p := range ps {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+		})
 		waitFor(t, 5*time.Second, what+" gone", func() bool {
 			for _, p := range ps {
 				if processAlive(p) {

@@ -11,4 +11,4 @@ if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-numpy >/dev/null
 fi
-MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_PYTHON=1 go test -count=1 -run TestConvertReadByPython ./ckpt/
+MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_PYTHON=1 .ci/gotest ckpt-python -count=1 -run TestConvertReadByPython ./ckpt/

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 command -v g++ >/dev/null || { echo "cuda-kernels.sh: g++ not found" >&2; exit 1; }
-CGO_ENABLED=1 go test -count=1 -tags cudaemu ./kernels/cuda/ptx/
+CGO_ENABLED=1 .ci/gotest cuda-kernels -count=1 -tags cudaemu ./kernels/cuda/ptx/

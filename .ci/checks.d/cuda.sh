@@ -5,7 +5,8 @@
 # and link stubs. Idempotent: the unpacked tree is reused while the .deb is cached.
 # Then the binaries a GPU machine gets (deploy/gpu.sh prebuild): the sonames
 # they need, and the cuda launcher, which links no CUDA library, run here
-# without the driver.
+# without the driver; and deploy TestGPUStubs, which needs the package (the
+# unit run before it may have skipped it).
 #
 #   cuda.sh --fetch   only fetch and unpack; print include=DIR and stubs=DIR
 set -euo pipefail
@@ -72,6 +73,9 @@ if [ "${1:-}" = --fetch ]; then
   echo "stubs=${libdirs[0]}"
   exit 0
 fi
+
+# The stand-ins prebuild links against, held to the package's link stubs.
+MESHRUN_CUDA_CACHE="$cache" .ci/gotest cuda -count=1 -run '^TestGPUStubs$' ./deploy/ || fail "deploy TestGPUStubs failed"
 
 export CGO_ENABLED=1
 export CGO_CFLAGS="-I$inc"

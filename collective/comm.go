@@ -56,6 +56,12 @@ type Group struct {
 	me    int
 	key   string
 	id    uint64
+	// lib: the group is a device library's own (the fake NCCL's). Its
+	// calls run inside a collective of the rank's, which the heartbeats
+	// report and whose failure names the group; they leave the World's
+	// state (the collective in flight, the sequence numbers) alone, and
+	// their errors fail the World as the transport reported them.
+	lib bool
 
 	mu      sync.Mutex // one collective at a time
 	sendMu  sync.Mutex // one Send at a time
@@ -219,8 +225,10 @@ func (c *Group) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op
 	if op != OpSend {
 		c.seq++
 		seq = c.seq
-		w.seqs[c.key] = seq
-		w.cur = State{Group: c.key, Ranks: c.ranks, Seq: seq, Op: op.String(), Active: true, Since: now}
+		if !c.lib {
+			w.seqs[c.key] = seq
+			w.cur = State{Group: c.key, Ranks: c.ranks, Seq: seq, Op: op.String(), Active: true, Since: now}
+		}
 	}
 	w.mu.Unlock()
 	*o = opState{c: c, esize: max(1, dt.Size()), start: now}
@@ -255,7 +263,7 @@ func (c *Group) end(o *opState, err error) error {
 	}
 	w := c.w
 	w.mu.Lock()
-	if o.p2p == nil {
+	if o.p2p == nil && !c.lib {
 		w.cur.Active = false
 		w.cur.Since = time.Now()
 	}
@@ -275,6 +283,10 @@ func (c *Group) end(o *opState, err error) error {
 func (c *Group) failWith(o *opState, err error) {
 	cp := *toError(err, -1, c.w.rank) // errors may be shared: never modify one in place
 	e := &cp
+	if c.lib { // the collective the library works for names itself
+		c.w.fail(e)
+		return
+	}
 	if e.Group == "" && !errors.Is(e, ErrAborted) && !errors.Is(e, ErrClosed) && !errors.Is(e, ErrControlLost) {
 		e.Group, e.Seq, e.Op = c.key, o.h.Seq, o.h.Op.String()
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
+	"github.com/meshrun/meshrun/internal/testtime"
 	"github.com/meshrun/meshrun/natsrv"
 	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats.go"
@@ -276,8 +277,8 @@ func TestControlPlane256(t *testing.T) {
 		const victim = 97
 		start := time.Now()
 		sk.conn(victim).kill()
-		if !waitAll(ws, victim, 3*time.Second) {
-			t.Fatalf("not every rank failed within 3 s (heartbeat timeout 1 s)")
+		if within := testtime.Scale(3 * time.Second); !waitAll(ws, victim, within) {
+			t.Fatalf("not every rank failed within %v (heartbeat timeout 1 s)", within)
 		}
 		t.Logf("every rank failed %v after the kill", time.Since(start).Round(time.Millisecond))
 		for r, w := range ws {
@@ -292,8 +293,8 @@ func TestControlPlane256(t *testing.T) {
 		body, _ := json.Marshal(protocol.AbortNotice("test"))
 		nc.Publish(protocol.AbortSubject(job), body)
 		nc.Flush()
-		if !waitAll(ws, -1, 2*time.Second) {
-			t.Fatal("not every rank aborted within 2 s")
+		if within := testtime.Scale(2 * time.Second); !waitAll(ws, -1, within) {
+			t.Fatalf("not every rank aborted within %v", within)
 		}
 		for r, w := range ws {
 			if !errors.Is(w.Err(), collective.ErrAborted) {
@@ -332,8 +333,8 @@ func TestControlPlane256(t *testing.T) {
 				open = append(open, ws[r])
 			}
 		}
-		if !waitAll(open, -1, 3*time.Second) {
-			t.Fatalf("rank %d killed after its watcher closed: not every open rank failed within 3 s", victim)
+		if within := testtime.Scale(3 * time.Second); !waitAll(open, -1, within) {
+			t.Fatalf("rank %d killed after its watcher closed: not every open rank failed within %v", victim, within)
 		}
 		for _, w := range open {
 			var e *collective.Error
@@ -393,8 +394,8 @@ func TestControlPlane256Faults(t *testing.T) {
 		const victim = 151
 		start := time.Now()
 		sk.conn(victim).freeze()
-		if !waitAll(ws, victim, hbTimeout+2*time.Second) {
-			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", hbTimeout+2*time.Second)
+		if within := hbTimeout + testtime.Scale(2*time.Second); !waitAll(ws, victim, within) {
+			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", within)
 		}
 		t.Logf("every rank failed %v after the stop: %v", time.Since(start).Round(time.Millisecond), ws[0].Err())
 		expectAll(t, ws, victim, collective.ErrPeerLost, victim)
@@ -410,8 +411,8 @@ func TestControlPlane256Faults(t *testing.T) {
 		const victim = 77
 		start := time.Now()
 		sk.conn(victim).cutLink()
-		if !waitAll(ws, -1, hbTimeout+2*time.Second) {
-			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", hbTimeout+2*time.Second)
+		if within := hbTimeout + testtime.Scale(2*time.Second); !waitAll(ws, -1, within) {
+			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", within)
 		}
 		t.Logf("every rank failed %v after the cut; rank %d: %v", time.Since(start).Round(time.Millisecond), victim, ws[victim].Err())
 		expectAll(t, ws, victim, collective.ErrPeerLost, victim)
@@ -462,8 +463,8 @@ func TestControlPlane256Faults(t *testing.T) {
 		}
 		start := time.Now()
 		sk.conn(victim).kill()
-		if !waitAll(others, -1, hbTimeout+2*time.Second) {
-			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", hbTimeout+2*time.Second)
+		if within := hbTimeout + testtime.Scale(2*time.Second); !waitAll(others, -1, within) {
+			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", within)
 		}
 		t.Logf("every rank failed %v after the kill: %v", time.Since(start).Round(time.Millisecond), others[0].Err())
 		expectAll(t, others, -1, collective.ErrPeerLost, victim)
@@ -505,8 +506,8 @@ func TestControlPlane256Faults(t *testing.T) {
 			return collective.AllReduce(context.Background(), c, buf, collective.Sum)
 		})
 		t.Logf("every rank failed %v after entering: %v", took.Round(time.Millisecond), short(ws[0].Err()))
-		if took > 2*time.Second {
-			t.Errorf("failing took %v, limit 2 s", took)
+		if limit := testtime.Scale(2 * time.Second); took > limit {
+			t.Errorf("failing took %v, limit %v", took, limit)
 		}
 		expectAll(t, ws, -1, collective.ErrMismatch, culprit)
 		for r, w := range ws {
@@ -528,12 +529,16 @@ func TestControlPlane256Faults(t *testing.T) {
 			return collective.AllReduce(context.Background(), c, make([]float32, 16<<10), collective.Sum)
 		})
 		t.Logf("every rank failed %v after entering: %v", took.Round(time.Millisecond), short(ws[0].Err()))
-		if limit := o.DataTimeout + 2*time.Second; took > limit {
+		if limit := o.DataTimeout + testtime.Scale(2*time.Second); took > limit {
 			t.Errorf("failing took %v, limit %v (the deadline + 2 s)", took, limit)
 		}
 		// Every rank reports the first timeout published: one whose own wait
 		// ran out blames the member that never entered it; one whose send
 		// to the hung rank waited for its window names that rank directly.
+		// Under this load a heartbeat comes late and a state request can go
+		// unanswered (rank 164 was once named): a member not heard lately
+		// is named only when no member is just heard outside the
+		// collective (TestCulprit).
 		expectAll(t, ws, hung, collective.ErrTimeout, hung)
 	})
 	t.Run("nats-restart", func(t *testing.T) {
@@ -554,8 +559,8 @@ func TestControlPlane256Faults(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !waitAll(ws, -1, 2*time.Second) {
-			t.Fatal("not every rank failed within 2 s of the restart")
+		if within := testtime.Scale(2 * time.Second); !waitAll(ws, -1, within) {
+			t.Fatalf("not every rank failed within %v of the restart", within)
 		}
 		t.Logf("every rank failed %v after the restart: %v", time.Since(start).Round(time.Millisecond), ws[0].Err())
 		expectAll(t, ws, -1, collective.ErrControlLost, -1)
@@ -574,7 +579,7 @@ func TestControlPlane256Faults(t *testing.T) {
 		for _, w := range ws {
 			w.Close()
 		}
-		if d := time.Since(tc); d > 5*time.Second {
+		if d := time.Since(tc); d > testtime.Scale(5*time.Second) {
 			t.Errorf("closing 256 failed worlds took %v", d)
 		}
 		s.Shutdown()

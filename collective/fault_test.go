@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
+	"github.com/meshrun/meshrun/internal/testtime"
 )
 
 // faultWorlds builds n local worlds; rank victim's transport is wrapped with f.
@@ -82,8 +83,8 @@ func TestFaultDifferentOp(t *testing.T) {
 				return collective.AllReduce(context.Background(), c, buf, collective.Sum)
 			})
 			took := time.Since(start)
-			if took > time.Second {
-				t.Errorf("took %v", took)
+			if limit := testtime.Scale(time.Second); took > limit {
+				t.Errorf("took %v, limit %v", took, limit)
 			}
 			for r, err := range errs {
 				if !errors.Is(err, collective.ErrMismatch) {
@@ -125,8 +126,8 @@ func TestFaultDifferentCount(t *testing.T) {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("took %v", d)
+	if d, limit := time.Since(start), testtime.Scale(time.Second); d > limit {
+		t.Errorf("took %v, limit %v", d, limit)
 	}
 	for _, w := range ws {
 		w.Close()
@@ -162,7 +163,7 @@ func TestFaultRankExits(t *testing.T) {
 		c, _ := w.WorldGroup(context.Background())
 		return collective.AllReduce(context.Background(), c, make([]float32, 50000), collective.Sum)
 	})
-	expect(t, errs, 2, collective.ErrPeerLost, 2, time.Since(start), 2*time.Second)
+	expect(t, errs, 2, collective.ErrPeerLost, 2, time.Since(start), testtime.Scale(2*time.Second))
 	for _, w := range ws {
 		w.Close()
 	}
@@ -191,7 +192,7 @@ func TestFaultRankHangs(t *testing.T) {
 		}
 		return collective.AllReduce(context.Background(), c, buf, collective.Sum)
 	})
-	expect(t, errs, 1, collective.ErrTimeout, 1, time.Since(start), o.DataTimeout+2*time.Second+time.Second)
+	expect(t, errs, 1, collective.ErrTimeout, 1, time.Since(start), o.DataTimeout+2*time.Second+testtime.Scale(time.Second))
 	if !strings.Contains(errs[0].Error(), "never entered") {
 		t.Errorf("rank 0: %v", errs[0])
 	}
@@ -245,8 +246,8 @@ func TestFaultCloseWhileWaiting(t *testing.T) {
 				ws[1].Close()
 				select {
 				case err = <-errc:
-				case <-time.After(5 * time.Second):
-					err = fmt.Errorf("still waiting 5 s after the peer closed")
+				case <-time.After(testtime.Scale(5 * time.Second)):
+					err = fmt.Errorf("still waiting %v after the peer closed", testtime.Scale(5*time.Second))
 				}
 			}
 			if !errors.Is(err, collective.ErrPeerLost) || collective.Culprit(err) != 1 {

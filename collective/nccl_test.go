@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
+	"github.com/meshrun/meshrun/internal/testtime"
 	"github.com/meshrun/meshrun/kernels/sim"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -34,28 +36,46 @@ func ncclWorlds(t *testing.T, n int, timeout time.Duration, fake collective.Fake
 	return localWorlds(t, n, collectivetest.NCCLOptions(o, fake)), collectivetest.NCCL.Memories(n)
 }
 
-// allReduceTwice runs two all-reduces on every rank.
-func allReduceTwice(t *testing.T, ws []*collective.World, mems []tensor.Memory) []error {
-	return collectivetest.RunRanks(ws, func(w *collective.World) error {
-		c, err := comm(w, mems)
-		if err != nil {
+// allReduceTwice runs two all-reduces on rank w.
+func allReduceTwice(t *testing.T, w *collective.World, mems []tensor.Memory) error {
+	c, err := comm(w, mems)
+	if err != nil {
+		return err
+	}
+	buf := onDevice(t, mems, w.Rank(), 4096)
+	for range 2 {
+		if err := c.AllReduce(context.Background(), buf, collective.Sum); err != nil {
 			return err
 		}
-		buf := onDevice(t, mems, w.Rank(), 4096)
-		for range 2 {
-			if err := c.AllReduce(context.Background(), buf, collective.Sum); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	}
+	return nil
+}
+
+// closeWithin closes the worlds and fails the test if that takes longer
+// than limit (scaled): a Close waiting on library work that nothing aborted
+// fails the test here instead of hanging it until go test's timeout.
+func closeWithin(t *testing.T, ws []*collective.World, limit time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		closeAll(ws)
+		close(done)
+	}()
+	limit = testtime.Scale(limit)
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Fatalf("closing the worlds took more than %v: a communicator's work was never aborted", limit)
+	}
 }
 
 // TestNCCLFaults: failures inside the library (not at the descriptor check):
 // work that never completes (a hung GPU) passes the collective's deadline, an
 // asynchronous error, and a failure elsewhere in the job while every rank
-// waits on the library. Each aborts every rank's communicator, and every
-// rank fails with the typed error, none left waiting.
+// waits on the library. On every rank the failing call aborts its
+// communicator before it returns (none is left with the library's work in
+// flight, nothing left to the abort of idle communicators or to Close), and
+// returns the typed error naming the same culprit, with what happened.
 func TestNCCLFaults(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -64,27 +84,50 @@ func TestNCCLFaults(t *testing.T) {
 		fake    collective.FakeNCCLOptions
 		failAt  time.Duration // > 0: rank 0's World is failed from outside then
 		kind    error
-		culprit int // < -1: any
+		culprit int
 		limit   time.Duration
 		detail  string
 	}{
-		// The first to see the deadline names the failure: the stalled rank
-		// (its work did not complete), or a peer whose share of the work
-		// never heard from it (the fake's data moves over a host Group).
+		// Rank 1's work never completes, and every other rank's waits on
+		// it: from the host, no rank can tell whose GPU hangs (with NCCL
+		// neither), so every rank names none; the first to see the
+		// deadline tells the others.
 		{name: "stalled_work", n: 3, timeout: time.Second, fake: collective.FakeNCCLOptions{Stall: map[int]int{1: 2}},
-			kind: collective.ErrTimeout, culprit: -2, limit: 4 * time.Second},
+			kind: collective.ErrTimeout, culprit: -1, limit: 4 * time.Second, detail: "the work did not complete in"},
 		{name: "async_error", n: 4, timeout: 30 * time.Second, fake: collective.FakeNCCLOptions{Fail: map[int]int{2: 2}},
-			kind: collective.ErrLibrary, culprit: 2, limit: 3 * time.Second, detail: "unhandled cuda error"},
+			kind: collective.ErrLibrary, culprit: 2, limit: 3 * time.Second, detail: "unhandled cuda error on rank 2"},
 		// Every rank's work hangs; rank 0's World is failed from outside (as
 		// an abort notice from the launcher does): all ranks abort and fail
-		// at once, long before the 30 s deadline.
+		// at once, long before the 30 s deadline, naming rank 0.
 		{name: "job_aborted", n: 3, timeout: 30 * time.Second, fake: collective.FakeNCCLOptions{Stall: map[int]int{0: 1, 1: 1, 2: 1}},
-			failAt: 300 * time.Millisecond, kind: collective.ErrAborted, culprit: -2, limit: 3 * time.Second},
+			failAt: 300 * time.Millisecond, kind: collective.ErrAborted, culprit: 0, limit: 3 * time.Second, detail: "stopped by the launcher"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			leak := collectivetest.Goroutines(t)
-			var aborted atomic.Int32
-			tc.fake.Aborted = &aborted
+			// returned[r] is closed when rank r's failing call has returned.
+			// An abort made inside the call holds it: waiting here a while,
+			// it sees the call still running; an abort made after the call
+			// returned (by the abort of idle communicators) sees it return.
+			returned := make([]chan struct{}, tc.n)
+			for r := range returned {
+				returned[r] = make(chan struct{})
+			}
+			var mu sync.Mutex
+			aborts := make([]int, tc.n)
+			var late []int
+			grace := testtime.Scale(200 * time.Millisecond)
+			tc.fake.OnAbort = func(r int) {
+				select {
+				case <-returned[r]:
+					mu.Lock()
+					late = append(late, r)
+					mu.Unlock()
+				case <-time.After(grace):
+				}
+				mu.Lock()
+				aborts[r]++
+				mu.Unlock()
+			}
 			ws, mems := ncclWorlds(t, tc.n, tc.timeout, tc.fake)
 			if tc.failAt > 0 {
 				go func() {
@@ -93,15 +136,29 @@ func TestNCCLFaults(t *testing.T) {
 				}()
 			}
 			start := time.Now()
-			errs := allReduceTwice(t, ws, mems)
-			expect(t, errs, -1, tc.kind, tc.culprit, time.Since(start), tc.limit)
-			if !strings.Contains(errs[0].Error(), tc.detail) {
-				t.Errorf("rank 0: %v", errs[0])
+			errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
+				err := allReduceTwice(t, w, mems)
+				close(returned[w.Rank()])
+				return err
+			})
+			expect(t, errs, -1, tc.kind, tc.culprit, time.Since(start), testtime.Scale(tc.limit)+2*grace)
+			for r, err := range errs {
+				if !strings.Contains(err.Error(), tc.detail) {
+					t.Errorf("rank %d: %v, want it to say %q", r, err, tc.detail)
+				}
 			}
-			closeAll(ws)
-			if a := int(aborted.Load()); a != tc.n {
-				t.Errorf("%d communicators aborted, want %d", a, tc.n)
+			// Read before Close, which aborts what is left.
+			mu.Lock()
+			for r, a := range aborts {
+				if a != 1 {
+					t.Errorf("rank %d: %d aborts of its communicator when its call returned, want 1", r, a)
+				}
 			}
+			if len(late) > 0 {
+				t.Errorf("ranks %v returned from the failing call before aborting their communicator", late)
+			}
+			mu.Unlock()
+			closeWithin(t, ws, 5*time.Second)
 			leak()
 		})
 	}
@@ -128,13 +185,13 @@ func TestNCCLIdleAbort(t *testing.T) {
 		}
 	}
 	ws[0].Fail(errors.New("stopped by the launcher"))
-	for start := time.Now(); aborted.Load() < 2 && time.Since(start) < 3*time.Second; {
+	for start := time.Now(); aborted.Load() < 2 && time.Since(start) < testtime.Scale(3*time.Second); {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if a := aborted.Load(); a != 2 {
+	if a := aborted.Load(); a != 2 { // before Close, which would abort them too
 		t.Errorf("%d idle communicators aborted, want 2", a)
 	}
-	closeAll(ws)
+	closeWithin(t, ws, 5*time.Second)
 	leak()
 }
 

@@ -3,9 +3,11 @@ package collective
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,19 +39,29 @@ type FakeNCCLOptions struct {
 	Fail map[int]int
 	// Aborted, if set, counts Abort calls.
 	Aborted *atomic.Int32
+	// OnAbort, if set, is called by each communicator's first Abort with
+	// the World's rank, on the aborting goroutine (inside the memory's Run,
+	// before Abort returns).
+	OnAbort func(rank int)
 }
 
-// FakeNCCL returns a library opener for NCCLBackend whose calls run over the
-// host collectives of the World's transport, on the device memory Resolve
-// reaches: the nccl backend's coordination (the unique id over the control
-// plane, the communicator's bootstrap, grouped sends and receives, completion
-// polled, abort) runs in the test suite without a GPU or NCCL.
+// FakeNCCL returns a library opener for NCCLBackend whose calls move the
+// device memory Resolve reaches over the World's transport: the nccl
+// backend's coordination (the unique id over the control plane, the
+// communicator's bootstrap, grouped sends and receives, completion polled,
+// abort) runs in the test suite without a GPU or NCCL.
 //
 // Like NCCL's, its calls enqueue work and return; the work runs on a
-// goroutine (the stream) over a Group of the communicator's ranks of its own.
-// Grouped calls must be made by every member of the communicator (as the
-// backend makes them): sends and receives become one all-to-all, reduces
-// rooted at every member one reduce-scatter.
+// goroutine (the stream). Like NCCL, it moves bytes and checks nothing of
+// what the members called: each call (or group of calls) is one exchange
+// of raw bytes among the communicator's members, over a Group of their
+// ranks that is the library's own, under a header that is the same for every
+// call (no op, dtype, count or root in it). Members whose calls disagree
+// get wrong results without an error where the byte counts happen to match,
+// and otherwise wait until the communicator is aborted, as NCCL's kernels
+// hang: the descriptor check of the backend (ncclComm.run) is the only one
+// that can report a mismatch. Grouped calls must be made by every member of
+// the communicator (as the backend makes them).
 //
 // It refuses what NCCL refuses, with NCCL's "invalid usage": two ranks of a
 // communicator on one device (their memories' device identities, compared
@@ -72,7 +84,7 @@ type fakeNCCL struct {
 	o FakeNCCLOptions
 }
 
-func (f *fakeNCCL) Name() string { return "fake NCCL (host collectives)" }
+func (f *fakeNCCL) Name() string { return "fake NCCL (bytes over the transport)" }
 
 func (f *fakeNCCL) UniqueID() ([]byte, error) {
 	b := make([]byte, 16)
@@ -115,7 +127,7 @@ func (f *fakeNCCL) InitRank(mem tensor.Memory, n int, id []byte, rank int) (NCCL
 			}
 		}
 	}
-	g, err := w.group(ctx, ranks, string(id))
+	g, err := w.group(ctx, ranks, string(id), true)
 	if err != nil {
 		return nil, err
 	}
@@ -211,153 +223,267 @@ func (c *fakeComm) startLocked() error {
 	return nil
 }
 
-// run executes the calls on the host Group (its own context: the World's
-// failure, which comes with every abort, ends them).
+// run executes one call (or one group of calls) as one exchange of bytes
+// among the members: each member sends every member the bytes that its part
+// of the call gives that member, and takes what it receives as its own call
+// says (NCCL's kernels read and write the bytes their own arguments name).
+// Nothing checks that the members called the same: a member that receives
+// another number of bytes from a member than its call takes waits, as
+// NCCL's kernels wait for data that never comes, until the communicator is
+// aborted (the backend's deadline does it); equal byte counts under
+// different calls give wrong results and no error.
 func (c *fakeComm) run(ops []fakeOp) error {
-	ctx := context.Background()
-	if len(ops) == 0 { // a group this member had nothing for: its peers' sends and receives may still pair with it
-		return c.sendRecv(ctx, nil, nil)
+	n := c.g.Size()
+	out, want := make([][]byte, n), make([]int, n)
+	finish, err := c.plan(ops, out, want)
+	if err != nil {
+		return err
+	}
+	in, err := c.exchange(out)
+	if err != nil {
+		return err
+	}
+	for p := range n {
+		if len(in[p]) != want[p] {
+			<-c.abort
+			return fmt.Errorf("fake nccl: aborted while waiting: member %d of the communicator sent %d bytes where this member's call takes %d", p, len(in[p]), want[p])
+		}
+	}
+	if finish == nil {
+		return nil
+	}
+	return finish(in)
+}
+
+// plan sets out[p], the bytes this member sends member p (itself included),
+// and want[p], the number of bytes its call takes from member p; finish
+// writes the call's output from what came (in[p] from member p).
+func (c *fakeComm) plan(ops []fakeOp, out [][]byte, want []int) (finish func(in [][]byte) error, err error) {
+	if len(ops) == 0 { // a group this member had nothing for: its peers' sends may still be for it
+		return nil, nil
 	}
 	first := ops[0]
 	for _, op := range ops[1:] {
 		if op.dt != first.dt || (op.kind == "reduce") != (first.kind == "reduce") {
-			return fmt.Errorf("fake nccl: a group mixing %s and %s", first.kind, op.kind)
+			return nil, fmt.Errorf("fake nccl: a group mixing %s and %s", first.kind, op.kind)
 		}
 	}
-	es := first.dt.Size()
-	n := c.g.Size()
+	dt, es := first.dt, first.dt.Size()
+	n, me := c.g.Size(), c.g.me
 	bytes := func(addr uintptr, count int) ([]byte, error) { return c.f.o.Resolve(addr, count*es) }
 	switch first.kind {
-	case "all_reduce", "broadcast":
-		send, err := bytes(first.send, first.count)
-		if err != nil {
-			return err
+	case "all_reduce", "broadcast", "all_gather", "reduce_scatter":
+		if len(ops) > 1 {
+			return nil, fmt.Errorf("fake nccl: %s grouped with other calls", first.kind)
 		}
-		recv, err := bytes(first.recv, first.count)
-		if err != nil {
-			return err
-		}
-		if first.kind == "all_reduce" {
-			copy(recv, send)
-			return hostAllReduce(ctx, c.g, first.dt, recv, first.red)
-		}
-		if c.g.me == first.root {
-			copy(recv, send)
-		}
-		return hostBroadcast(ctx, c.g, first.dt, recv, first.root)
-	case "all_gather", "reduce_scatter":
-		whole := first.count * n
-		counts := make([]int, n)
-		for i := range counts {
-			counts[i] = first.count
-		}
-		small, big := first.count, whole
-		if first.kind == "reduce_scatter" {
-			small, big = whole, first.count
+		small, big := first.count, first.count
+		switch first.kind {
+		case "all_gather":
+			big = first.count * n
+		case "reduce_scatter":
+			small = first.count * n
 		}
 		send, err := bytes(first.send, small)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		recv, err := bytes(first.recv, big)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if first.kind == "all_gather" {
-			return hostAllGather(ctx, c.g, first.dt, send, recv, counts)
+		seg := first.count * es
+		switch first.kind {
+		case "all_reduce":
+			for p := range n {
+				out[p], want[p] = send, seg
+			}
+			return func(in [][]byte) error {
+				copy(recv, reduceAll(dt, in, first.red))
+				return nil
+			}, nil
+		case "broadcast":
+			if first.root < 0 || first.root >= n {
+				return nil, fmt.Errorf("fake nccl: broadcast root %d of %d", first.root, n)
+			}
+			if me == first.root {
+				for p := range n {
+					out[p] = send
+				}
+			}
+			want[first.root] = seg
+			return func(in [][]byte) error {
+				copy(recv, in[first.root])
+				return nil
+			}, nil
+		case "all_gather":
+			for p := range n {
+				out[p], want[p] = send, seg
+			}
+			return func(in [][]byte) error {
+				mine := slices.Clone(in[me]) // the input may be the output's own segment
+				for p := range n {
+					if p != me {
+						copy(recv[p*seg:], in[p])
+					}
+				}
+				copy(recv[me*seg:], mine)
+				return nil
+			}, nil
+		default: // reduce_scatter
+			for p := range n {
+				out[p], want[p] = send[p*seg:(p+1)*seg], seg
+			}
+			return func(in [][]byte) error {
+				copy(recv, reduceAll(dt, in, first.red))
+				return nil
+			}, nil
 		}
-		return hostReduceScatter(ctx, c.g, first.dt, send, recv, counts, first.red)
 	case "reduce":
-		return c.reduces(ctx, ops, bytes)
-	case "send", "recv":
-		return c.sendRecv(ctx, ops, bytes)
-	}
-	return fmt.Errorf("fake nccl: unknown call %s", first.kind)
-}
-
-// reduces runs reduces rooted at distinct members as one reduce-scatter.
-func (c *fakeComm) reduces(ctx context.Context, ops []fakeOp, bytes func(uintptr, int) ([]byte, error)) error {
-	n := c.g.Size()
-	counts := make([]int, n)
-	seen := make([]bool, n)
-	for _, op := range ops {
-		if op.root < 0 || op.root >= n || seen[op.root] || op.red != ops[0].red {
-			return fmt.Errorf("fake nccl: grouped reduces must have distinct roots and one op")
-		}
-		seen[op.root] = true
-		counts[op.root] = op.count
-	}
-	offs, total, _ := offsets(counts)
-	in := make([]byte, total*ops[0].dt.Size())
-	var mine fakeOp
-	for _, op := range ops {
-		b, err := bytes(op.send, op.count)
-		if err != nil {
-			return err
-		}
-		copy(in[offs[op.root]*ops[0].dt.Size():], b)
-		if op.root == c.g.me {
-			mine = op
-		}
-	}
-	var out []byte
-	if counts[c.g.me] > 0 {
-		b, err := bytes(mine.recv, counts[c.g.me])
-		if err != nil {
-			return err
-		}
-		out = b
-	}
-	return hostReduceScatter(ctx, c.g, ops[0].dt, in, out, counts, ops[0].red)
-}
-
-// sendRecv runs a group of sends and receives (at most one each way per peer)
-// as one all-to-all, of bytes (as pairs: every dtype's size is even), so that
-// a member with nothing to send or receive takes part in it too.
-func (c *fakeComm) sendRecv(ctx context.Context, ops []fakeOp, bytes func(uintptr, int) ([]byte, error)) error {
-	n := c.g.Size()
-	var sends, recvs = make([]*fakeOp, n), make([]*fakeOp, n)
-	sc, rc := make([]int, n), make([]int, n)
-	for i := range ops {
-		op := &ops[i]
-		if op.peer < 0 || op.peer >= n {
-			return fmt.Errorf("fake nccl: peer %d of %d", op.peer, n)
-		}
-		side, counts := sends, sc
-		if op.kind == "recv" {
-			side, counts = recvs, rc
-		}
-		if side[op.peer] != nil {
-			return fmt.Errorf("fake nccl: two %ss with peer %d in one group", op.kind, op.peer)
-		}
-		side[op.peer], counts[op.peer] = op, op.count*op.dt.Size()/2
-	}
-	const es = 2
-	so, st, _ := offsets(sc)
-	ro, rt, _ := offsets(rc)
-	send, recv := make([]byte, st*es), make([]byte, rt*es)
-	for p, op := range sends {
-		if op != nil {
+		// Reduces rooted at distinct members, one op: each member sends
+		// each root its input for that root; a root reduces what came.
+		var mine *fakeOp
+		for i := range ops {
+			op := &ops[i]
+			if op.root < 0 || op.root >= n || out[op.root] != nil || op.red != first.red {
+				return nil, fmt.Errorf("fake nccl: grouped reduces must have distinct roots and one op")
+			}
 			b, err := bytes(op.send, op.count)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			copy(send[so[p]*es:], b)
+			out[op.root] = b
+			if op.root == me {
+				mine = op
+			}
 		}
-	}
-	if err := hostAllToAll(ctx, c.g, tensor.BFloat16, send, sc, recv, rc); err != nil {
-		return err
-	}
-	for p, op := range recvs {
-		if op != nil {
-			b, err := bytes(op.recv, op.count)
+		if mine == nil {
+			return nil, nil
+		}
+		recv, err := bytes(mine.recv, mine.count)
+		if err != nil {
+			return nil, err
+		}
+		for p := range n {
+			want[p] = mine.count * es
+		}
+		return func(in [][]byte) error {
+			copy(recv, reduceAll(dt, in, first.red))
+			return nil
+		}, nil
+	case "send", "recv":
+		// At most one send and one receive per peer: a member's own
+		// segment goes through too.
+		recvs := make([][]byte, n)
+		for _, op := range ops {
+			if op.peer < 0 || op.peer >= n {
+				return nil, fmt.Errorf("fake nccl: peer %d of %d", op.peer, n)
+			}
+			side, addr := out, op.send
+			if op.kind == "recv" {
+				side, addr = recvs, op.recv
+			}
+			if side[op.peer] != nil {
+				return nil, fmt.Errorf("fake nccl: two %ss with peer %d in one group", op.kind, op.peer)
+			}
+			b, err := bytes(addr, op.count)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			copy(b, recv[ro[p]*es:ro[p+1]*es])
+			if b == nil {
+				b = []byte{}
+			}
+			side[op.peer] = b
+			if op.kind == "recv" {
+				want[op.peer] = len(b)
+			}
+		}
+		return func(in [][]byte) error {
+			for p, b := range recvs {
+				copy(b, in[p])
+			}
+			return nil
+		}, nil
+	}
+	return nil, fmt.Errorf("fake nccl: unknown call %s", first.kind)
+}
+
+// reduceAll reduces the members' parts in member order (every member that
+// reduces the same parts computes the same bits), averaged for Avg.
+func reduceAll(dt tensor.DType, parts [][]byte, op ReduceOp) []byte {
+	acc := slices.Clone(parts[0])
+	for _, p := range parts[1:] {
+		switch dt {
+		case tensor.Float64:
+			reduceInto(asElems[float64](acc), asElems[float64](p), op)
+		case tensor.BFloat16:
+			reduceInto(asElems[tensor.BF16](acc), asElems[tensor.BF16](p), op)
+		default:
+			reduceInto(asElems[float32](acc), asElems[float32](p), op)
 		}
 	}
-	return nil
+	if op == Avg {
+		switch dt {
+		case tensor.Float64:
+			scale(asElems[float64](acc), len(parts))
+		case tensor.BFloat16:
+			scale(asElems[tensor.BF16](acc), len(parts))
+		default:
+			scale(asElems[float32](acc), len(parts))
+		}
+	}
+	return acc
+}
+
+// fakeMaxBytes bounds what one member may announce it sends another.
+const fakeMaxBytes = 1 << 40
+
+// exchange sends out[p] to each member p and returns what each sent this
+// one (in[me] is out[me]): per peer, the length in 8 bytes, then the bytes
+// in chunks, over the communicator's Group under one header for every call
+// (no op, dtype, count or root: what the members called is never compared).
+// The Group is the library's own (it leaves the rank's heartbeat state to
+// the backend's collective), and nothing in it has a deadline: the World's
+// failure, which comes with every abort, ends a wait.
+func (c *fakeComm) exchange(out [][]byte) ([][]byte, error) {
+	g := c.g
+	o, err := g.begin(context.Background(), OpAllToAll, dnone, 0, 0, 0)
+	if err != nil {
+		return nil, err
+	}
+	o.ctx = g.w.ctx
+	n, me := g.Size(), g.me
+	in := make([][]byte, n)
+	in[me] = out[me]
+	lens := make([]byte, 8*n) // read by the sender until g.end
+	ce := o.chunkElems()      // in bytes: the header's dtype has none
+	err = func() error {
+		for i := 1; i < n; i++ {
+			to, from := (me+i)%n, (me-i+n)%n
+			l := lens[8*to : 8*to+8]
+			binary.LittleEndian.PutUint64(l, uint64(len(out[to])))
+			o.send(to, 0, 0, 0, l)
+			for k, off := 0, 0; off < len(out[to]); k, off = k+1, off+ce {
+				o.send(to, 1, uint32(k), off, out[to][off:min(off+ce, len(out[to]))])
+			}
+			var m [8]byte
+			if err := o.recv(from, 0, 0, 0, m[:]); err != nil {
+				return err
+			}
+			size := binary.LittleEndian.Uint64(m[:])
+			if size > fakeMaxBytes {
+				return &Error{Kind: ErrCorrupt, Rank: g.ranks[from], Reporter: g.w.rank, Detail: fmt.Sprintf("fake nccl: member %d announced %d bytes", from, size)}
+			}
+			b := make([]byte, size)
+			for k, off := 0, 0; off < len(b); k, off = k+1, off+ce {
+				if err := o.recv(from, 1, uint32(k), off, b[off:min(off+ce, len(b))]); err != nil {
+					return err
+				}
+			}
+			in[from] = b
+		}
+		return nil
+	}()
+	return in, g.end(o, err)
 }
 
 func (c *fakeComm) AllReduce(send, recv uintptr, count int, dt tensor.DType, op ReduceOp) error {
@@ -434,12 +560,18 @@ func (c *fakeComm) Abort() error {
 		return err
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.aborted {
+	first := !c.aborted
+	if first {
 		c.aborted = true
 		close(c.abort)
+	}
+	c.mu.Unlock()
+	if first {
 		if a := c.f.o.Aborted; a != nil {
 			a.Add(1)
+		}
+		if f := c.f.o.OnAbort; f != nil {
+			f(c.f.w.rank)
 		}
 	}
 	return nil

@@ -391,10 +391,14 @@ func (w *World) blame(key string, seq uint64, ranks []int, fallback int) (int, s
 // culprit reads the peers' last heartbeats (peer) and names the member of
 // group key (ranks) that the collective seq waited for, -1 if none:
 //
-//  1. a member that never entered it and was never heard, or not heard for
-//     silentAfter (unreachable, stopped or dead);
-//  2. a member that never entered it and is heard, outside any collective
+//  1. a member that never entered it and is heard, outside any collective
 //     (stuck computing, or in a collective of another group);
+//  2. a member that never entered it and was not heard for silentAfter, or
+//     never (its state asked twice): unreachable, stopped or dead. After 1:
+//     under load a heartbeat comes late and a state request can go
+//     unanswered (at 256 ranks every member that reached the deadline asks
+//     every other), while a member just heard outside the collective
+//     certainly never entered it;
 //  3. a member that never entered it because it still waits in an earlier
 //     collective is itself blocked: the member of that collective's group
 //     that went silent is named in its place (a host whose link went down
@@ -405,7 +409,12 @@ func culprit(me int, key string, seq uint64, ranks []int, peer func(int) (State,
 		st  State
 		ago time.Duration
 	}
+	type quiet struct {
+		r   int
+		why string
+	}
 	var alive []missing
+	var silentOnes []quiet
 	op := func(st State) string { return fmt.Sprintf("%s seq %d of group %s", st.Op, st.Seq, st.Group) }
 	where := func(st State) string {
 		if st.Op == "" {
@@ -427,14 +436,19 @@ func culprit(me int, key string, seq uint64, ranks []int, peer func(int) (State,
 		}
 		st, at, ok := peer(r)
 		if !ok {
-			return r, "never entered it; no heartbeat ever heard"
+			st, at, ok = peer(r)
+		}
+		if !ok {
+			silentOnes = append(silentOnes, quiet{r, "never entered it; no heartbeat ever heard"})
+			continue
 		}
 		if st.Seqs[key] >= seq {
 			continue
 		}
 		ago := now.Sub(at).Round(time.Millisecond)
 		if ago > silentAfter {
-			return r, fmt.Sprintf("never entered it; nothing heard from it for %v (unreachable, stopped or dead; last seen %s)", ago, where(st))
+			silentOnes = append(silentOnes, quiet{r, fmt.Sprintf("never entered it; nothing heard from it for %v (unreachable, stopped or dead; last seen %s)", ago, where(st))})
+			continue
 		}
 		alive = append(alive, missing{r, st, ago})
 	}
@@ -442,6 +456,9 @@ func culprit(me int, key string, seq uint64, ranks []int, peer func(int) (State,
 		if !m.st.Active {
 			return m.r, fmt.Sprintf("never entered it (last seen %s, %v ago)", where(m.st), m.ago)
 		}
+	}
+	if len(silentOnes) > 0 {
+		return silentOnes[0].r, silentOnes[0].why
 	}
 	for _, m := range alive {
 		for _, r := range m.st.Ranks {
@@ -468,12 +485,14 @@ func culprit(me int, key string, seq uint64, ranks []int, peer func(int) (State,
 // order), creating it on first use. Every member must call Comm with the same
 // ranks; creation is a handshake among them that fails on disagreement.
 func (w *World) Group(ctx context.Context, ranks []int) (*Group, error) {
-	return w.group(ctx, ranks, "")
+	return w.group(ctx, ranks, "", false)
 }
 
 // group is Group for the group of ranks told apart by tag from others of the
-// same ranks (the fake NCCL's communicators are such groups).
-func (w *World) group(ctx context.Context, ranks []int, tag string) (*Group, error) {
+// same ranks. A lib group is a device library's own (the fake NCCL's
+// communicators): its calls are the library's work inside a collective of
+// the rank's, not collectives of their own (see Group.lib).
+func (w *World) group(ctx context.Context, ranks []int, tag string, lib bool) (*Group, error) {
 	key := tag + fmt.Sprint(ranks)
 	w.mu.Lock()
 	if c, ok := w.comms[key]; ok {
@@ -498,6 +517,7 @@ func (w *World) group(ctx context.Context, ranks []int, tag string) (*Group, err
 		seen[r] = true
 	}
 	c := newComm(w, slices.Clone(ranks), me, key, hash64("group:"+tag, ranks))
+	c.lib = lib
 	w.comms[key] = c
 	w.mu.Unlock()
 	if err := c.create(ctx); err != nil {

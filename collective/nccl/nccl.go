@@ -10,7 +10,14 @@ package nccl
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <cuda.h>
+
+// The one CUDA driver function the binding calls, declared as cuda.h does
+// (CUresult is an int-sized enum; CUDA_SUCCESS is 0, CUDA_ERROR_NOT_READY
+// 600): building needs no CUDA header, linking the driver (-lcuda).
+typedef struct CUstream_st *CUstream;
+typedef int CUresult;
+CUresult cuStreamQuery(CUstream hStream);
+enum { MR_CUDA_SUCCESS = 0, MR_CUDA_ERROR_NOT_READY = 600 };
 
 typedef struct { char internal[128]; } mr_uid;
 typedef void *mr_comm;
@@ -109,7 +116,7 @@ static mr_res mr_group_end(void) { return p_groupEnd(); }
 // the CUresult.
 static int mr_query(uintptr_t st) {
 	CUresult r = cuStreamQuery((CUstream)st);
-	return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -(int)r;
+	return r == MR_CUDA_SUCCESS ? 1 : r == MR_CUDA_ERROR_NOT_READY ? 0 : -(int)r;
 }
 */
 import "C"
@@ -125,7 +132,7 @@ import (
 )
 
 func init() {
-	collective.RegisterBackend(collective.NCCLBackend(tensor.CUDA, func(*collective.World) (collective.NCCL, error) { return load() }))
+	collective.RegisterBackend(collective.NCCLBackend(tensor.CUDA, func(*collective.World) (collective.NCCL, error) { return Open() }))
 }
 
 var (
@@ -154,6 +161,21 @@ func load() (*library, error) {
 		}
 	})
 	return loaded, loadErr
+}
+
+// Open loads the library (once per process: MESHRUN_NCCL_LIBRARY, else
+// libnccl.so.2) and returns it as the nccl backend's function table, or
+// why it cannot: a file the loader cannot open, a function missing
+// ("undefined symbol ncclGroupEnd (NCCL 2.10 or later needed)"), a version
+// before 2.10. The backend registered for CUDA tensors uses it; a test can
+// give it to collective.NCCLBackend for another device's memory that has a
+// Stream (kernels/sim's).
+func Open() (collective.NCCL, error) {
+	l, err := load()
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
 type library struct{ name string }

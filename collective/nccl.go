@@ -347,10 +347,14 @@ func (c *ncclComm) abortLocked() {
 	}
 }
 
-// abortIdle runs when the World fails (a notice over NATS, a peer lost, a
-// mismatch): a collective in flight aborts the communicator itself; an idle
-// one is aborted here.
+// abortIdle runs when the World's context ends: where the World failed (a
+// notice over NATS, a peer lost, a mismatch), an idle communicator is
+// aborted here (a collective in flight aborts it itself); a World closed
+// healthy leaves its communicators to destroy, which Close runs.
 func (c *ncclComm) abortIdle() {
+	if c.g.w.Err() == nil {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.abortLocked()

@@ -167,23 +167,34 @@ func TestNCCLFaults(t *testing.T) {
 // TestNCCLIdleAbort: a failure anywhere in the job aborts the idle
 // communicators of every rank too (from the World's failure, on another
 // goroutine than the rank's: in the device's context all the same, or the
-// library refuses the abort).
+// library refuses the abort). Worlds closed healthy abort none (Close
+// destroys them).
 func TestNCCLIdleAbort(t *testing.T) {
 	leak := collectivetest.Goroutines(t)
 	var aborted atomic.Int32
-	ws, mems := ncclWorlds(t, 2, 30*time.Second, collective.FakeNCCLOptions{Aborted: &aborted})
-	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
-		c, err := comm(w, mems)
-		if err == nil {
-			err = c.AllReduce(context.Background(), onDevice(t, mems, w.Rank(), 100), collective.Sum)
-		}
-		return err
-	})
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
+	run := func(ws []*collective.World, mems []tensor.Memory) {
+		t.Helper()
+		errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
+			c, err := comm(w, mems)
+			if err == nil {
+				err = c.AllReduce(context.Background(), onDevice(t, mems, w.Rank(), 100), collective.Sum)
+			}
+			return err
+		})
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: %v", r, err)
+			}
 		}
 	}
+	ws, mems := ncclWorlds(t, 2, 30*time.Second, collective.FakeNCCLOptions{Aborted: &aborted})
+	run(ws, mems)
+	closeWithin(t, ws, 5*time.Second)
+	if a := aborted.Load(); a != 0 {
+		t.Errorf("%d communicators aborted by closing healthy worlds, want 0", a)
+	}
+	ws, mems = ncclWorlds(t, 2, 30*time.Second, collective.FakeNCCLOptions{Aborted: &aborted})
+	run(ws, mems)
 	ws[0].Fail(errors.New("stopped by the launcher"))
 	for start := time.Now(); aborted.Load() < 2 && time.Since(start) < testtime.Scale(3*time.Second); {
 		time.Sleep(10 * time.Millisecond)

@@ -2,7 +2,7 @@
 # The GPT of linear/gpt.go against the same model in PyTorch
 # (linear/testdata/torch_gpt.py, Debian's python3-torch): same initial
 # parameters (written by meshrun as .npy), same batches, same AdamW; the
-# losses at tp = 1, 2 and 4 within 1e-4 relative for 20 steps. And the
+# losses at tp = 1, 2 and 4 within 1e-6 relative for 20 steps. And the
 # launcher running an ordinary torch.distributed program (gloo, env://) as
 # torchrun does (launch TestTorchScript). Installs python3-torch when
 # /usr/bin/python3 lacks it, then runs both tests with torch required (no

@@ -108,6 +108,17 @@ type Blamer interface {
 	CulpritRank() int
 }
 
+// Culprits returns every rank err blames, when it blames several (a
+// checkpoint save that failed on several ranks names them all): the
+// CulpritRanks of the first error in its chain that has them, else nil.
+func Culprits(err error) []int {
+	var m interface{ CulpritRanks() []int }
+	if errors.As(err, &m) {
+		return m.CulpritRanks()
+	}
+	return nil
+}
+
 // Culprit returns the rank the first Blamer in err's chain names, or -1.
 func Culprit(err error) int {
 	var b Blamer

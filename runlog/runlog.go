@@ -224,12 +224,16 @@ func (r *Rank) Progress(step, total int, loss float64, stepTime time.Duration) {
 type ErrorRecord struct {
 	Error string `json:"error"`
 	// Culprit is the rank the error names (protocol.Culprit), when it names one.
-	Culprit *int   `json:"culprit_rank,omitempty"`
-	Rank    int    `json:"rank"`
-	Node    int    `json:"node"`
-	PID     int    `json:"pid"`
-	TimeMS  int64  `json:"time_ms"`
-	Stack   string `json:"stack,omitempty"`
+	Culprit *int `json:"culprit_rank,omitempty"`
+	// Culprits are all the ranks the error names, when it names several
+	// (protocol.Culprits: a checkpoint save that failed on ranks 0, 2 and 3);
+	// Culprit is then the first of them.
+	Culprits []int  `json:"culprit_ranks,omitempty"`
+	Rank     int    `json:"rank"`
+	Node     int    `json:"node"`
+	PID      int    `json:"pid"`
+	TimeMS   int64  `json:"time_ms"`
+	Stack    string `json:"stack,omitempty"`
 }
 
 // Fail records the error that ends the rank: error.json (first call wins) and
@@ -248,6 +252,10 @@ func (r *Rank) fail(err error, stack string) {
 		if c := protocol.Culprit(err); c >= 0 {
 			rec.Culprit = &c
 			fields = append(fields, zap.Int("culprit_rank", c))
+		}
+		if cs := protocol.Culprits(err); len(cs) > 0 {
+			rec.Culprits = cs
+			fields = append(fields, zap.Ints("culprit_ranks", cs))
 		}
 		r.Log.Error("rank failed", fields...)
 		if r.dir == "" {

@@ -2,10 +2,13 @@ package ckpt
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // FS is the file system a checkpoint is written to and read from: the calls
@@ -22,6 +25,20 @@ type FS interface {
 	RemoveAll(name string) error
 	// SyncDir makes a directory's entries (creations, renames) durable.
 	SyncDir(dir string) error
+	// Space says how much the file system holding dir can still take, and
+	// which file system that is.
+	Space(dir string) (Space, error)
+}
+
+// Space is the free space of the file system holding a folder.
+type Space struct {
+	// Free is the bytes an unprivileged writer can still use (statfs's
+	// f_bavail blocks).
+	Free int64 `json:"free"`
+	// FS names the file system: folders that report the same FS draw on the
+	// same free space (the host and the device number; a network file system
+	// mounted on several hosts counts once per host).
+	FS string `json:"fs"`
 }
 
 // File is an open file of an FS.
@@ -48,6 +65,22 @@ func (osFS) ReadDir(dir string) ([]fs.DirEntry, error) { return os.ReadDir(dir) 
 func (osFS) Rename(from, to string) error              { return os.Rename(from, to) }
 func (osFS) RemoveAll(name string) error               { return os.RemoveAll(name) }
 func (osFS) SyncDir(dir string) error                  { return syncDir(dir) }
+
+func (osFS) Space(dir string) (Space, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return Space{}, &fs.PathError{Op: "statfs", Path: dir, Err: err}
+	}
+	var ds unix.Stat_t
+	if err := unix.Stat(dir, &ds); err != nil {
+		return Space{}, &fs.PathError{Op: "stat", Path: dir, Err: err}
+	}
+	return Space{Free: int64(st.Bavail) * int64(st.Bsize), FS: fmt.Sprintf("%s:%x", hostname, uint64(ds.Dev))}, nil
+}
+
+// hostname tells apart the file systems of different hosts with the same
+// device number.
+var hostname, _ = os.Hostname()
 
 func syncDir(dir string) error {
 	d, err := os.Open(dir)

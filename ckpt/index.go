@@ -26,6 +26,9 @@ var (
 	ErrMismatch = errors.New("ckpt: checkpoint does not fit the model")
 	// ErrNone reports a folder without a complete checkpoint.
 	ErrNone = errors.New("ckpt: no checkpoint")
+	// ErrAfterCommit reports a failure after a checkpoint was committed
+	// (renamed into place): it is whole, what followed failed.
+	ErrAfterCommit = errors.New("ckpt: checkpoint committed, then")
 )
 
 // Layout names.
@@ -218,9 +221,24 @@ func Steps(fsys FS, root string) ([]int, error) {
 // and fsyncs root, so that a crash at any moment leaves either the whole new
 // checkpoint or none of it. Then it removes all but the newest keep
 // checkpoints (keep <= 0 keeps all) and the temporary folders of saves that
-// never finished.
+// never finished. A failure before the rename removes the temporary folder
+// (it holds space the next save needs); one after it wraps ErrAfterCommit.
 func Commit(fsys FS, root string, idx *Index, keep int) error {
 	tmp, final := TempDir(root, idx.Step), StepDir(root, idx.Step)
+	if err := commit(fsys, tmp, final, idx); err != nil {
+		if rerr := fsys.RemoveAll(tmp); rerr != nil {
+			return fmt.Errorf("%w; removing %s: %v", err, tmp, rerr)
+		}
+		return err
+	}
+	if err := tidy(fsys, root, keep); err != nil {
+		return fmt.Errorf("%w: %w", ErrAfterCommit, err)
+	}
+	return nil
+}
+
+// commit writes the index into tmp, fsyncs and renames tmp to final.
+func commit(fsys FS, tmp, final string, idx *Index) error {
 	idx.Format = Format
 	b, err := json.MarshalIndent(idx, "", " ")
 	if err != nil {
@@ -246,9 +264,12 @@ func Commit(fsys FS, root string, idx *Index, keep int) error {
 	if err := fsys.RemoveAll(final); err != nil { // a step saved again
 		return err
 	}
-	if err := fsys.Rename(tmp, final); err != nil {
-		return err
-	}
+	return fsys.Rename(tmp, final)
+}
+
+// tidy, after a commit, makes it durable and removes the checkpoints beyond
+// the newest keep and the temporary folders of saves that never finished.
+func tidy(fsys FS, root string, keep int) error {
 	if err := fsys.SyncDir(root); err != nil {
 		return err
 	}
@@ -263,18 +284,7 @@ func Commit(fsys FS, root string, idx *Index, keep int) error {
 			}
 		}
 	}
-	ents, err := fsys.ReadDir(root)
-	if err != nil {
-		return err
-	}
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".tmp-step-") {
-			if err := fsys.RemoveAll(filepath.Join(root, e.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return RemoveTemps(fsys, root)
 }
 
 // Checkpoint is an opened, checked checkpoint.

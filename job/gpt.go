@@ -51,6 +51,9 @@ type GPTReport struct {
 	CommBytesPerStep int64          `json:"comm_bytes_per_step"`
 	Collectives      map[string]int `json:"collectives_per_step"`
 	Sample           string         `json:"sample"`
+	// SaveFailures counts the saves that failed and were skipped
+	// (--save-errors continue).
+	SaveFailures int `json:"save_failures,omitempty"`
 }
 
 // gptTask is `worker gpt`.
@@ -229,6 +232,7 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 			}
 			g.SetStep(t.startStep)
 		}
+		sv := saves{cf: t.cf, env: env, workload: "gpt"}
 		tr := newTracer(env.Run)
 		rt := tr.runtime(w, dev)
 		comms := stepComms{counts: map[string]int{}}
@@ -272,14 +276,8 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 				env.Run.Progress(s, steps, loss, d)
 				fmt.Fprintf(env.Stdout, "step %d/%d loss %.4f time %.1f ms\n", s, steps, loss, ms(d))
 			}
-			if t.cf.due(s, steps) {
-				d, err := t.cf.saveStep(ctx, w, g.State(), s)
-				if err != nil {
-					return err
-				}
-				if w.Rank() == 0 {
-					fmt.Fprintf(env.Stdout, "saved step %d to %s in %.1f ms\n", s, t.cf.save, ms(d))
-				}
+			if err := sv.step(ctx, w, g.State(), s, steps); err != nil {
+				return err
 			}
 		}
 		rt.Record = nil // the last step's counts stay
@@ -310,7 +308,7 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		r := &GPTReport{Mesh: m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
 			Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, DType: cfg.Compute().String(), Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: steps, FirstStep: t.startStep + 1,
 			LossFirst: first, LossLast: last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(stepMS),
-			CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text}
+			CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed}
 		mu.Lock()
 		report = r
 		mu.Unlock()

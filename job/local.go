@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/meshrun/meshrun/collective"
 )
 
 // InProcess runs fn on n ranks in this process, over the in-process transport,
-// and returns the first error (a failing rank fails every rank's collectives).
+// and returns the ranks' errors (a failing rank fails every rank's
+// collectives), each different one once: ranks that agreed on an outcome
+// (a checkpoint save that failed) return the same error.
 // MESHRUN_COLLECTIVES chooses the backend of device buffers, as in a job.
 func InProcess(ctx context.Context, n int, fn func(ctx context.Context, w *collective.World) error) error {
 	ts, cs := collective.LocalTransports(n), collective.LocalControls(n)
@@ -37,5 +40,11 @@ func InProcess(ctx context.Context, n int, fn func(ctx context.Context, w *colle
 	for _, w := range ws {
 		w.Close()
 	}
-	return errors.Join(errs...)
+	var distinct []error
+	for _, err := range errs {
+		if err != nil && !slices.ContainsFunc(distinct, func(d error) bool { return d.Error() == err.Error() }) {
+			distinct = append(distinct, err)
+		}
+	}
+	return errors.Join(distinct...)
 }

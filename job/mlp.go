@@ -29,8 +29,11 @@ type MLPReport struct {
 	FirstStep        int    `json:"first_step"` // 1, or the checkpoint's step + 1
 	// LoadMS is the time --resume/--init took to read and place the
 	// parameters, SaveMS the last checkpoint's save; ParamBytes their size.
+	// SaveFailures counts the saves that failed and were skipped
+	// (--save-errors continue).
 	LoadMS           float64        `json:"load_ms,omitempty"`
 	SaveMS           float64        `json:"save_ms,omitempty"`
+	SaveFailures     int            `json:"save_failures,omitempty"`
 	ParamBytes       int64          `json:"param_bytes"`
 	LossFirst        float64        `json:"loss_first"`
 	LossLast         float64        `json:"loss_last"`
@@ -135,7 +138,8 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 		if err != nil {
 			return err
 		}
-		var loadMS, saveMS float64
+		var loadMS float64
+		sv := saves{cf: cf, env: env, workload: "mlp"}
 		if ck != nil {
 			// Time the load from when every rank is ready (not from when the
 			// first finished initializing).
@@ -179,15 +183,8 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 				env.Run.Progress(s, steps, loss, d)
 				fmt.Fprintf(env.Stdout, "step %d/%d loss %.6f time %.2f ms\n", s, steps, loss, ms(d))
 			}
-			if cf.due(s, steps) {
-				d, err := cf.saveStep(ctx, w, block.Params(), s)
-				if err != nil {
-					return err
-				}
-				saveMS = ms(d)
-				if w.Rank() == 0 {
-					fmt.Fprintf(env.Stdout, "saved step %d to %s in %.1f ms\n", s, cf.save, saveMS)
-				}
+			if err := sv.step(ctx, w, block.Params(), s, steps); err != nil {
+				return err
 			}
 		}
 		if w.Rank() != 0 {
@@ -196,7 +193,7 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 		r := &MLPReport{Mesh: m.String(), Device: dev.Device().String(), Kernels: rd.choice.String(), DType: rd.dtype.String(),
 			SequenceParallel: cfg.SequenceParallel, Tokens: cfg.Tokens, Hidden: cfg.Hidden,
 			FFN: cfg.FFN, Steps: steps, FirstStep: startStep + 1, LossFirst: first, LossLast: last, StepMSMedian: median(stepMS),
-			LoadMS: loadMS, SaveMS: saveMS, ParamBytes: paramBytes(block.Params()),
+			LoadMS: loadMS, SaveMS: sv.MS, SaveFailures: sv.Failed, ParamBytes: paramBytes(block.Params()),
 			CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), KernelMS: median(kernMS), CommMS: median(commMS)}
 		r.GFLOPs = cfg.FLOPsPerStep() / (r.StepMSMedian / 1e3) / 1e9
 		r.H2DBytesPerStep, r.D2HBytesPerStep = moved.H2D.Bytes, moved.D2H.Bytes

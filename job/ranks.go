@@ -3,6 +3,7 @@ package job
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"github.com/meshrun/meshrun/placement"
@@ -16,6 +17,7 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/protocol"
 	"github.com/meshrun/meshrun/runlog"
 )
 
@@ -34,10 +36,22 @@ func ranks(ctx context.Context, env Env, n int, fn func(ctx context.Context, w *
 	}
 	defer w.Close()
 	if err := fn(ctx, w); err != nil {
-		w.Fail(err)
+		w.Fail(blaming(w, err))
 		return err
 	}
 	return nil
+}
+
+// blaming is the failure a rank publishes to its peers for err: err naming
+// the rank it blames, when it blames another (a checkpoint save that failed
+// on other ranks: they are the root cause, not this rank), so that the
+// launcher's evidence names them; else err, which blames this rank.
+func blaming(w *collective.World, err error) error {
+	var ce *collective.Error
+	if c := protocol.Culprit(err); c >= 0 && c != w.Rank() && !errors.As(err, &ce) {
+		return &collective.Error{Kind: collective.ErrAborted, Rank: c, Reporter: w.Rank(), Detail: err.Error()}
+	}
+	return err
 }
 
 // worldSize is the job's world size, or def when the process was not launched.

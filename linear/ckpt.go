@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/meshrun/meshrun/ckpt"
 	"github.com/meshrun/meshrun/collective"
@@ -73,12 +73,33 @@ func owns(spec placement.Spec, rank int) bool {
 	return true
 }
 
+// planRecord is a rank's part of a save before anything is written: the
+// bytes of its file (0: it writes none), the free space where it writes, and
+// why it cannot take part (a tensor that would not download, a folder it
+// cannot create or measure). Rank 0's also names the newest complete
+// checkpoint, the last good one should the save fail.
+type planRecord struct {
+	Need     int64             `json:"need"`
+	Space    ckpt.Space        `json:"space"`
+	Fail     *ckpt.RankFailure `json:"fail,omitempty"`
+	LastGood string            `json:"last_good,omitempty"`
+}
+
 // fileRecord is what a rank wrote, for rank 0's index.
 type fileRecord struct {
 	File  string              `json:"file"`
 	Info  *ckpt.FileInfo      `json:"info"`
 	Boxes map[string][2][]int `json:"boxes"` // tensor -> offset, shape
-	Err   string              `json:"error,omitempty"`
+	Fail  *ckpt.RankFailure   `json:"fail,omitempty"`
+}
+
+// verdict is rank 0's end of a save: committed, or why not, and what became
+// of the temporary folder.
+type verdict struct {
+	Fail      *ckpt.RankFailure `json:"fail,omitempty"`
+	Committed bool              `json:"committed"`
+	Removed   bool              `json:"removed"`
+	RemoveErr string            `json:"remove_error,omitempty"`
 }
 
 // SaveOptions says where and how to save.
@@ -91,10 +112,26 @@ type SaveOptions struct {
 
 // SaveParams writes a checkpoint of ps (every rank calls it): each parameter
 // box is written once, by the lowest rank holding it, into that rank's
-// safetensors file in a temporary folder; once every rank has written and
-// fsynced its file, rank 0 writes the index and renames the folder into place
-// (ckpt.Commit). A rank dying at any point leaves the previous checkpoint
-// whole and the unfinished folder ignored. Every rank returns the same error.
+// safetensors file in a temporary folder. The ranks agree on the outcome at
+// each stage, so that every rank returns the same error, naming every rank
+// that failed (a *ckpt.SaveError):
+//
+//  1. rank 0 removes the temporary folders of saves that never finished;
+//     then each writing rank measures the free space where it writes, and
+//     the ranks exchange the bytes they will write and the space they see:
+//     a file system that cannot take its ranks' files (ckpt.CheckSpace)
+//     fails the save before anything is written;
+//  2. each rank writes and fsyncs its file; the ranks exchange what they
+//     wrote, or why they could not (ENOSPC, EIO);
+//  3. rank 0 commits (writes the index and renames the folder into place,
+//     ckpt.Commit) if every rank wrote its file, else removes the temporary
+//     folder; every rank learns which.
+//
+// A rank dying at any point leaves the previous checkpoint whole and the
+// unfinished folder ignored: the others fail with the collective's error
+// (naming the dead rank), and rank 0, if it is not the one that died and
+// commits nothing, removes the folder (another rank cannot know that rank 0
+// will not commit it; a later save removes what is left).
 func SaveParams(ctx context.Context, w *collective.World, ps []Param, o SaveOptions) error {
 	fsys := o.FS
 	if fsys == nil {
@@ -102,87 +139,186 @@ func SaveParams(ctx context.Context, w *collective.World, ps []Param, o SaveOpti
 	}
 	rank := w.Rank()
 	tmp := ckpt.TempDir(o.Root, o.Step)
-	rec := fileRecord{File: fmt.Sprintf("rank-%05d.safetensors", rank), Boxes: map[string][2][]int{}}
-	err := fsys.MkdirAll(tmp)
-	if err == nil {
-		err = writeShards(fsys, tmp, &rec, ps, rank)
+	se := &ckpt.SaveError{Step: o.Step, Root: o.Root}
+	collectiveErr := func(err error) error {
+		return fmt.Errorf("checkpoint step %d not saved: %w", o.Step, err)
 	}
-	if err != nil {
-		rec.Err = err.Error()
-	}
-	// Every rank learns what every rank wrote (or why it could not).
-	b, _ := json.Marshal(rec)
-	all, err := collective.AllGatherBytes(ctx, w, b)
-	if err != nil {
-		return err
-	}
-	recs := make([]fileRecord, len(all))
-	var failed []string
-	for r, raw := range all {
-		if err := json.Unmarshal(raw, &recs[r]); err != nil {
-			return fmt.Errorf("checkpoint: rank %d's record: %v", r, err)
-		}
-		if recs[r].Err != "" {
-			failed = append(failed, fmt.Sprintf("rank %d: %s", r, recs[r].Err))
-		}
-	}
-	if len(failed) > 0 {
-		return fmt.Errorf("checkpoint of step %d not saved: %s", o.Step, strings.Join(failed, "; "))
-	}
-	var commitErr string
+
+	// 1. Plan: what each rank writes, against the space where it writes.
+	var plan planRecord
+	fail := func(err error) *ckpt.RankFailure { f := ckpt.FailureOf(rank, err); return &f }
 	if rank == 0 {
-		idx := &ckpt.Index{Step: o.Step, Mesh: ps[0].Spec.Mesh.String(), Tensors: map[string]*ckpt.TensorInfo{}, Files: map[string]*ckpt.FileInfo{}}
-		for _, p := range ps {
-			idx.Tensors[p.Name] = &ckpt.TensorInfo{Shape: p.Spec.Shape, DType: tensor.Float32.String(), Placements: placement.FormatList(p.Spec.Placements)}
+		if err := ckpt.RemoveTemps(fsys, o.Root); err != nil {
+			plan.Fail = fail(err)
 		}
-		for _, r := range recs {
-			if r.Info == nil {
-				continue
+		plan.LastGood = ckpt.Newest(fsys, o.Root)
+	}
+	// Every rank measures after rank 0 removed what was left.
+	if err := barrier(ctx, w); err != nil {
+		return collectiveErr(err)
+	}
+	rec := fileRecord{File: fmt.Sprintf("rank-%05d.safetensors", rank), Boxes: map[string][2][]int{}}
+	sh, err := localShards(ps, rank, &rec)
+	if err == nil && len(sh.entries) > 0 {
+		if plan.Need, err = ckpt.FileSize(sh.entries, sh.meta); err == nil {
+			if err = fsys.MkdirAll(o.Root); err == nil {
+				plan.Space, err = fsys.Space(o.Root)
 			}
-			idx.Files[r.File] = r.Info
-			for name, bx := range r.Boxes {
-				t := idx.Tensors[name]
-				t.Boxes = append(t.Boxes, ckpt.Box{File: r.File, Offset: bx[0], Shape: bx[1]})
-			}
-		}
-		if err := ckpt.Commit(fsys, o.Root, idx, o.Keep); err != nil {
-			commitErr = err.Error()
 		}
 	}
-	// Every rank returns rank 0's verdict.
-	all, err = collective.AllGatherBytes(ctx, w, []byte(commitErr))
+	if err != nil && plan.Fail == nil {
+		plan.Fail = fail(err)
+	}
+	plans, err := gather[planRecord](ctx, w, plan)
 	if err != nil {
-		return err
+		return collectiveErr(err)
 	}
-	if len(all[0]) > 0 {
-		return fmt.Errorf("checkpoint of step %d not committed: %s", o.Step, all[0])
+	se.LastGood = plans[0].LastGood
+	var sp []ckpt.SpacePlan
+	for r, p := range plans {
+		if p.Fail != nil {
+			se.Failures = append(se.Failures, *p.Fail)
+		}
+		sp = append(sp, ckpt.SpacePlan{Rank: r, Need: p.Need, Space: p.Space})
 	}
-	return nil
+	if len(se.Failures) == 0 {
+		se.Failures = ckpt.CheckSpace(o.Root, sp)
+	}
+	if len(se.Failures) > 0 {
+		se.Checked = true
+		return se
+	}
+
+	// 2. Write.
+	err = fsys.MkdirAll(tmp)
+	if err == nil && len(sh.entries) > 0 {
+		rec.Info, err = ckpt.WriteFile(fsys, filepath.Join(tmp, rec.File), sh.entries, sh.data, sh.meta)
+	}
+	if err != nil {
+		rec.Info, rec.Fail = nil, fail(err)
+	}
+	recs, err := gather[fileRecord](ctx, w, rec)
+	if err != nil {
+		if rank == 0 { // it commits nothing now: the folder is garbage
+			fsys.RemoveAll(tmp)
+		}
+		return collectiveErr(err)
+	}
+	for _, r := range recs {
+		if r.Fail != nil {
+			se.Failures = append(se.Failures, *r.Fail)
+		}
+	}
+
+	// 3. Rank 0 commits, or removes what the ranks wrote; every rank learns
+	// which.
+	var v verdict
+	if rank == 0 {
+		if len(se.Failures) > 0 {
+			if err := fsys.RemoveAll(tmp); err != nil {
+				v.RemoveErr = err.Error()
+			} else {
+				v.Removed = true
+			}
+		} else if err := ckpt.Commit(fsys, o.Root, index(ps, o.Step, recs), o.Keep); err != nil {
+			v.Fail, v.Committed = fail(err), errors.Is(err, ckpt.ErrAfterCommit)
+			// Commit removes the folder when it fails before the rename.
+			if _, serr := fsys.Stat(tmp); !v.Committed && errors.Is(serr, fs.ErrNotExist) {
+				v.Removed = true
+			}
+		} else {
+			v.Committed = true
+		}
+	}
+	vs, err := gather[verdict](ctx, w, v)
+	if err != nil {
+		return collectiveErr(err)
+	}
+	v = vs[0]
+	if v.Fail != nil {
+		se.Failures = append(se.Failures, *v.Fail)
+	}
+	if len(se.Failures) == 0 {
+		return nil
+	}
+	se.Committed, se.Removed, se.RemoveErr = v.Committed, v.Removed, v.RemoveErr
+	if v.Committed {
+		se.LastGood = ckpt.StepDir(o.Root, o.Step)
+	}
+	return se
 }
 
-// writeShards writes the boxes this rank owns into its file (none: no file).
-func writeShards(fsys ckpt.FS, dir string, rec *fileRecord, ps []Param, rank int) error {
-	var entries []ckpt.Entry
-	var data [][]byte
+// index is the checkpoint's index, from what every rank wrote.
+func index(ps []Param, step int, recs []fileRecord) *ckpt.Index {
+	idx := &ckpt.Index{Step: step, Mesh: ps[0].Spec.Mesh.String(), Tensors: map[string]*ckpt.TensorInfo{}, Files: map[string]*ckpt.FileInfo{}}
+	for _, p := range ps {
+		idx.Tensors[p.Name] = &ckpt.TensorInfo{Shape: p.Spec.Shape, DType: tensor.Float32.String(), Placements: placement.FormatList(p.Spec.Placements)}
+	}
+	for _, r := range recs {
+		if r.Info == nil {
+			continue
+		}
+		idx.Files[r.File] = r.Info
+		for name, bx := range r.Boxes {
+			t := idx.Tensors[name]
+			t.Boxes = append(t.Boxes, ckpt.Box{File: r.File, Offset: bx[0], Shape: bx[1]})
+		}
+	}
+	return idx
+}
+
+// gather exchanges one JSON record per rank over the world.
+func gather[T any](ctx context.Context, w *collective.World, v T) ([]T, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	all, err := collective.AllGatherBytes(ctx, w, b)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, len(all))
+	for r, raw := range all {
+		if err := json.Unmarshal(raw, &out[r]); err != nil {
+			return nil, fmt.Errorf("rank %d's record: %v", r, err)
+		}
+	}
+	return out, nil
+}
+
+func barrier(ctx context.Context, w *collective.World) error {
+	g, err := w.WorldGroup(ctx)
+	if err != nil {
+		return err
+	}
+	return g.Barrier(ctx)
+}
+
+// shards is what a rank writes: its boxes of the parameters it owns.
+type shards struct {
+	entries []ckpt.Entry
+	data    [][]byte
+	meta    map[string]string
+}
+
+// localShards collects the boxes this rank owns (none: it writes no file),
+// recording them in rec.
+func localShards(ps []Param, rank int, rec *fileRecord) (shards, error) {
+	sh := shards{meta: map[string]string{"format": "meshrun"}}
 	for _, p := range ps {
 		if !owns(p.Spec, rank) {
 			continue
 		}
 		h, err := tensor.Download(p.Tensor())
 		if err != nil {
-			return err
+			return shards{}, err
 		}
 		shape, off := p.Spec.Local(rank)
-		entries = append(entries, ckpt.Entry{Name: p.Name, DType: tensor.Float32, Shape: shape})
-		data = append(data, tensor.HostBytes(h))
+		sh.entries = append(sh.entries, ckpt.Entry{Name: p.Name, DType: tensor.Float32, Shape: shape})
+		sh.data = append(sh.data, tensor.HostBytes(h))
 		rec.Boxes[p.Name] = [2][]int{off, shape}
 	}
-	if len(entries) == 0 {
-		return nil
-	}
-	info, err := ckpt.WriteFile(fsys, filepath.Join(dir, rec.File), entries, data, map[string]string{"format": "meshrun"})
-	rec.Info = info
-	return err
+	return sh, nil
 }
 
 // LoadParams replaces ps's shards with checkpoint c's (every rank calls it,

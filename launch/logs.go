@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/meshrun/meshrun/runlog"
 )
 
 // Files of a job folder, runs/<job-id>/.
@@ -178,7 +180,7 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	b = append(b, '\n')
+	b = append(redactJSON(b), '\n')
 	err = writeAtomic(path, b)
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 		if os.Remove(filepath.Join(filepath.Dir(path), reserveFile)) == nil {
@@ -198,7 +200,8 @@ func writeAtomic(path string, b []byte) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Chmod(f.Name(), 0o644)
+		// The folder's mode: 0600, or 0640 shared (perm.go).
+		err = os.Chmod(f.Name(), runlog.FileMode(filepath.Dir(path)))
 	}
 	if err == nil {
 		err = os.Rename(f.Name(), path)
@@ -218,7 +221,10 @@ const reserveSize = 1 << 20
 
 // reserveSpace writes the reserve into dir (best effort).
 func reserveSpace(dir string) {
-	os.WriteFile(filepath.Join(dir, reserveFile), make([]byte, reserveSize), 0o600)
+	if f, err := createFile(filepath.Join(dir, reserveFile)); err == nil {
+		f.Write(make([]byte, reserveSize))
+		f.Close()
+	}
 }
 
 // events appends lifecycle events to events.jsonl, one JSON object a line with
@@ -229,7 +235,7 @@ type events struct {
 }
 
 func openEvents(dir string) (*events, error) {
-	f, err := os.OpenFile(filepath.Join(dir, EventsFile), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := runlog.OpenFile(filepath.Join(dir, EventsFile), os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND)
 	if err != nil {
 		return nil, err
 	}
@@ -248,6 +254,7 @@ func (e *events) emit(name string, kv ...any) {
 	if err != nil {
 		return
 	}
+	b = redactJSON(b)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.f.Write(append(b, '\n'))

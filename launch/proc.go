@@ -113,15 +113,15 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := j.makeDir(dir); err != nil {
 		return err
 	}
-	stdout, err := os.Create(filepath.Join(dir, "stdout.log"))
+	stdout, err := createFile(filepath.Join(dir, "stdout.log"))
 	if err != nil {
 		return err
 	}
 	p.files = append(p.files, stdout)
-	stderr, err := os.Create(filepath.Join(dir, "stderr.log"))
+	stderr, err := createFile(filepath.Join(dir, "stderr.log"))
 	if err != nil {
 		return err
 	}
@@ -182,9 +182,9 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 // rank has started.
 func (j *job) writeJobRecord(dir string, procs []*proc, url string, common map[string]string, began time.Time, ev *events) {
 	rec := JobRecord{
-		JobID: j.id, Argv: j.Argv, Command: append([]string{j.path}, j.args...),
-		Started: began, NNodes: j.nnodes, NodeRank: j.NodeRank, World: j.world, NATSURL: url,
-		Env: common, Versions: versions(),
+		JobID: j.id, Argv: redactArgs(j.Argv), Command: redactArgs(append([]string{j.path}, j.args...)),
+		Started: began, NNodes: j.nnodes, NodeRank: j.NodeRank, World: j.world, NATSURL: redactText(url),
+		Env: redactEnv(common), Versions: versions(),
 		Device: j.device, Kernels: j.Kernels, DType: j.DType, ShareGPUs: j.ShareGPUs,
 	}
 	for _, p := range procs {

@@ -86,7 +86,10 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
   --insecure                   allow plaintext NATS to a non-loopback address (refused
                                otherwise: use tls:// and --nats-ca)
   --job-id ID                  job id (default a new UUIDv7)
-  --log-dir DIR                where runs/<job-id>/ goes (default ./runs)
+  --log-dir DIR                where runs/<job-id>/ goes (default ./runs); the job's folders
+                               are 0700 and its files 0600, whatever the umask
+  --share-logs GROUP           give the job's folders and files to GROUP, which may read them
+                               (folders 0750, files 0640; refused for a group you are not in)
   --console all|none|RANKS     ranks shown on the console, e.g. 0,4-7 (default all)
   --grace DUR                  time between SIGTERM and SIGKILL on teardown (default 10s)
   --timeout DUR                end the job after DUR, exit 124 (default none)
@@ -168,6 +171,9 @@ type RunOptions struct {
 	JobID string
 	// LogDir holds one folder per job; default "runs".
 	LogDir string
+	// ShareLogs is a group (name or id) the job's folder is given to, with
+	// read access; empty: the folder is the user's alone (perm.go).
+	ShareLogs string
 	// Grace is the time between SIGTERM and SIGKILL on teardown; default 10 s.
 	Grace time.Duration
 	// Timeout ends the job after this long (exit 124); 0 means none.
@@ -228,7 +234,7 @@ var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // runFlagNames are the flags that may also come from MESHRUN_<FLAG>.
 var runFlagNames = []string{"nproc-per-node", "device", "kernels", "dtype", "share-gpus", "oversubscribe", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
-	"nats-cert", "nats-key", "insecure", "job-id", "log-dir",
+	"nats-cert", "nats-key", "insecure", "job-id", "log-dir", "share-logs",
 	"console", "grace", "timeout", "hang-after", "trace-max", "worker", "dry-run",
 	"max-restarts", "master-addr", "master-port", "rdzv-endpoint", "rdzv-id", "rdzv-backend", "rdzv-conf", "role",
 	"redirects", "tee", "local-ranks-filter", "local-addr", "python"}
@@ -289,6 +295,7 @@ func (o *RunOptions) flagSet() *flag.FlagSet {
 	fs.StringVar(&o.TraceMax, "trace-max", "", "bound of each rank's trace files")
 	fs.StringVar(&o.JobID, "job-id", "", "job id (default a UUIDv7)")
 	fs.StringVar(&o.LogDir, "log-dir", o.LogDir, "log directory")
+	fs.StringVar(&o.ShareLogs, "share-logs", "", "group that may read the job's logs")
 	fs.DurationVar(&o.Grace, "grace", o.Grace, "SIGTERM to SIGKILL")
 	fs.DurationVar(&o.Timeout, "timeout", 0, "job timeout")
 	fs.StringVar(&o.Worker, "worker", "", "worker binary")
@@ -368,6 +375,9 @@ func (o RunOptions) Validate() error {
 	}
 	if o.Timeout < 0 {
 		p = append(p, fmt.Sprintf("--timeout %v: must not be negative", o.Timeout))
+	}
+	if _, err := o.logPerms(); err != nil {
+		p = append(p, err.Error())
 	}
 	p = append(p, o.torchrunProblems()...)
 	if len(o.Command) == 0 {
@@ -563,6 +573,8 @@ type job struct {
 	// kills them if the launcher dies.
 	tag   string
 	guard *guard
+	// perms are the modes of the job's folders and files (--share-logs).
+	perms logPerms
 }
 
 // resolve fills in defaults: job id, worker path, rank table.
@@ -583,6 +595,7 @@ func (o RunOptions) resolve() (*job, error) {
 		j.LogDir = "runs"
 	}
 	j.dir = filepath.Join(j.LogDir, j.id)
+	j.perms, _ = o.logPerms() // Validate refused a bad group
 	n, _ := o.nproc()
 	procs := cores() / n
 	if procs < 1 {

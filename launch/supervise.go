@@ -38,7 +38,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return ExitInterrupted, fmt.Errorf("interrupted before start: %w", err)
 	}
-	if err := os.MkdirAll(j.dir, 0o755); err != nil {
+	if err := j.makeJobDir(); err != nil {
 		return 1, cannotStart{fmt.Errorf("job folder: %w", err)}
 	}
 	ev, err := openEvents(j.dir)
@@ -59,7 +59,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 	defer os.Remove(filepath.Join(j.dir, reserveFile))
 	defer ev.close()
 	ev.emit("job_start", "job_id", j.id, "node", j.NodeRank, "nnodes", j.nnodes, "world_size", j.world,
-		"local_ranks", len(j.ranks), "command", append([]string{j.path}, j.args...), "max_restarts", j.MaxRestarts,
+		"local_ranks", len(j.ranks), "command", redactArgs(append([]string{j.path}, j.args...)), "max_restarts", j.MaxRestarts,
 		"launcher_pid", os.Getpid())
 	if stale := cleanStaleCreds(j.LogDir); len(stale) > 0 {
 		ev.emit("stale_creds_removed", "files", stale)
@@ -118,6 +118,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 		}
 	}
 	defer j.guard.done()
+	defer noteSecrets(j.NATS == "", conf, own)()
 	url := conf.URL
 	own.Name = fmt.Sprintf("meshrun-launcher-%d", j.NodeRank)
 	// Node 0 reads every rank's heartbeats (it looks for hangs and tells the
@@ -330,7 +331,7 @@ type attempt struct {
 // prepare makes the attempt's folder and environment.
 func (a *attempt) prepare(common map[string]string) error {
 	a.dir = a.j.attemptDir(a.n)
-	if err := os.MkdirAll(a.dir, 0o755); err != nil {
+	if err := a.j.makeDir(a.dir); err != nil {
 		return fmt.Errorf("attempt folder: %w", err)
 	}
 	a.env = make(map[string]string, len(common)+4)

@@ -9,6 +9,9 @@
 //	                   written to disk and every call is a cheap no-op
 //	MESHRUN_JOB_ID, RANK, MESHRUN_NODE (or NODE_RANK)   stamped on every log line
 //
+// Its files are private whatever the umask: 0600, or 0640 in a folder its
+// group may read (launcher run --share-logs; FileMode).
+//
 // Programs that do not use runlog launch as well: the launcher needs none of it.
 package runlog
 
@@ -116,7 +119,9 @@ func Open(o Options) (*Rank, error) {
 		cores = append(cores, zapcore.NewCore(enc, zapcore.AddSync(o.Stderr), o.ConsoleLevel))
 	}
 	if r.dir != "" {
-		if err := os.MkdirAll(r.dir, 0o755); err != nil {
+		// The launcher made the folder (0700, or 0750 shared); one runlog
+		// makes itself is private.
+		if err := os.MkdirAll(r.dir, 0o700); err != nil {
 			return nil, fmt.Errorf("runlog: %w", err)
 		}
 		traceMax := int64(DefaultTraceMax)
@@ -127,7 +132,7 @@ func Open(o Options) (*Rank, error) {
 			}
 			traceMax = n
 		}
-		f, err := os.OpenFile(filepath.Join(r.dir, LogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		f, err := OpenFile(filepath.Join(r.dir, LogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND)
 		if err != nil {
 			return nil, fmt.Errorf("runlog: %w", err)
 		}
@@ -262,7 +267,7 @@ func (r *Rank) fail(err error, stack string) {
 			return
 		}
 		b, _ := json.MarshalIndent(rec, "", "  ")
-		os.WriteFile(filepath.Join(r.dir, ErrorFile), append(b, '\n'), 0o644)
+		writeFile(filepath.Join(r.dir, ErrorFile), append(b, '\n'))
 	})
 }
 
@@ -290,7 +295,7 @@ func (r *Rank) DumpStacks(reason string) (string, error) {
 	}
 	now := time.Now()
 	path := filepath.Join(r.dir, fmt.Sprintf("%s%d.txt", StacksPrefix, now.UnixMilli()))
-	f, err := os.Create(path)
+	f, err := OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC)
 	if err != nil {
 		return "", err
 	}

@@ -63,7 +63,7 @@ func openTracer(path string, rank, node int, max int64, note io.Writer) (*tracer
 
 // open starts trace.json with its metadata events.
 func (t *tracer) open() error {
-	f, err := os.Create(t.path)
+	f, err := OpenFile(t.path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC)
 	if err != nil {
 		return err
 	}

@@ -8,10 +8,38 @@ import (
 )
 
 // SetShmCreateHook makes f run before every ring file is created, with its
-// path; the returned function removes it.
-func SetShmCreateHook(f func(path string)) (restore func()) {
+// path and which try of which ring it is (src == dst: src's arena); the
+// returned function removes it.
+func SetShmCreateHook(f func(path string, src, dst, try int)) (restore func()) {
 	testHookShmCreate = f
 	return func() { testHookShmCreate = nil }
+}
+
+// SetShmDir makes the shm transport keep its rings in dir; the returned
+// function restores /dev/shm.
+func SetShmDir(dir string) (restore func()) {
+	old := shmDir
+	shmDir = dir
+	return func() { shmDir = old }
+}
+
+// ShmRingPaths lists every name the rings and arenas of the job of roster
+// can have (every try of every ordered pair of ranks, and of each rank to
+// itself).
+func ShmRingPaths(r *Roster) []string {
+	names, err := newShmNames(r, -1)
+	if err != nil {
+		return nil
+	}
+	var paths []string
+	for src := range r.Ranks {
+		for dst := range r.Ranks {
+			for try := 0; try < shmNameTries; try++ {
+				paths = append(paths, names.path(src, dst, try))
+			}
+		}
+	}
+	return paths
 }
 
 // DecodeRoster reads the roster as rank 0 publishes it (one chunk's body).

@@ -65,8 +65,10 @@ type Announce struct {
 	PID   int    `json:"pid"`
 	Nonce string `json:"nonce"`
 	Addr  string `json:"addr,omitempty"` // tcp data listener
-	// Shm is a random hex token naming the shared-memory rings this rank
-	// creates (see shmPath): only the job's ranks learn it, from the roster.
+	// Shm is a random hex token of the shared-memory rings this rank
+	// creates: mixed into their names with the job's secret (see shmNames)
+	// and written in their header, where a peer checks it before it maps
+	// one. Only the job's ranks learn it, from the roster.
 	Shm string `json:"shm,omitempty"`
 }
 
@@ -354,6 +356,11 @@ type natsControl struct {
 	pending []Notice
 	subs    []*nats.Subscription
 	quit    chan struct{}
+	// done ends with quit: the requests and round trips the watcher and
+	// the handoff make end with it, so that Close (which waits for them)
+	// never waits for an answer that may not come.
+	done    context.Context
+	stop    context.CancelFunc
 	wg      sync.WaitGroup
 	started time.Time
 	lost    bool
@@ -363,6 +370,7 @@ func newNatsControl(nc *nats.Conn, job string, rank, size int, interval, timeout
 	c := &natsControl{nc: nc, job: job, rank: rank, size: size, interval: interval, timeout: timeout, joinGrace: joinGrace, log: log,
 		ch: make(chan *nats.Msg, 1024), peers: map[int]State{}, seen: map[int]time.Time{}, heard: map[int]bool{},
 		watch: map[int]*nats.Subscription{}, quit: make(chan struct{}), started: time.Now()}
+	c.done, c.stop = context.WithCancel(context.Background())
 	sub, err := nc.ChanSubscribe(protocol.NoticeSubjects(job), c.ch)
 	if err != nil {
 		return nil, err
@@ -481,7 +489,10 @@ func (c *natsControl) handoff(closed int, ranks []int) {
 		if done {
 			continue
 		}
-		msg, err := c.nc.Request(protocol.StateSubject(c.job, q), nil, c.askTimeout())
+		msg, err := c.request(protocol.StateSubject(c.job, q), c.askTimeout())
+		if c.done.Err() != nil {
+			return // closing
+		}
 		if errors.Is(err, nats.ErrNoResponders) {
 			c.mu.Lock()
 			p := c.peers[q]
@@ -510,6 +521,25 @@ func (c *natsControl) handoff(closed int, ranks []int) {
 // askTimeout bounds a state request: two heartbeat intervals, at most 1 s.
 func (c *natsControl) askTimeout() time.Duration {
 	return min(2*c.interval, time.Second)
+}
+
+// request sends a request on subj and waits for its answer at most d, or
+// until Close begins. A Close used to wait for a state request of the
+// handoff in flight: when the rank asked was on its way out (its
+// subscription still there, its process exiting), the request went
+// unanswered, and the last survivor of a torn-down job exited 1.0 s (the
+// timeout) after the others.
+func (c *natsControl) request(subj string, d time.Duration) (*nats.Msg, error) {
+	ctx, cancel := context.WithTimeout(c.done, d)
+	defer cancel()
+	return c.nc.RequestWithContext(ctx, subj, nil)
+}
+
+// flush is a round trip to the server, at most d, or until Close begins.
+func (c *natsControl) flush(d time.Duration) error {
+	ctx, cancel := context.WithTimeout(c.done, d)
+	defer cancel()
+	return c.nc.FlushWithContext(ctx)
 }
 
 func (c *natsControl) deliver(n Notice) {
@@ -619,7 +649,10 @@ func (c *natsControl) loop() {
 			// not answer may still be reading its roster, up to the
 			// rendezvous timeout.
 			if joining {
-				msg, err := c.nc.Request(protocol.StateSubject(c.job, lost), nil, at)
+				msg, err := c.request(protocol.StateSubject(c.job, lost), at)
+				if c.done.Err() != nil {
+					return // closing
+				}
 				if err == nil || !errors.Is(err, nats.ErrNoResponders) && time.Since(last) < c.timeout+c.joinGrace {
 					c.mu.Lock()
 					if _, ok := c.watch[lost]; ok && !c.peers[lost].Closed && err == nil {
@@ -637,7 +670,10 @@ func (c *natsControl) loop() {
 			// The silence may be this rank's own link to the server (a hung
 			// server, a path that drops everything): one round trip tells,
 			// and then the rank it watches is not blamed.
-			if err := c.nc.FlushTimeout(at); err != nil {
+			if err := c.flush(at); err != nil {
+				if c.done.Err() != nil {
+					return // closing
+				}
 				fn(Notice{Code: protocol.CodeControlLost, Rank: -1, Reporter: c.rank, Detail: fmt.Sprintf("the NATS server at %s did not answer within %v (%v); rank %d, silent for %v, is not blamed",
 					c.nc.ConnectedUrlRedacted(), at, err, lost, now.Sub(last).Round(time.Millisecond))})
 				continue
@@ -665,7 +701,7 @@ func (c *natsControl) PeerState(rank int) (State, time.Time, bool) {
 	if watched && !st.Time.IsZero() || rank == c.rank {
 		return st, at, !at.IsZero()
 	}
-	msg, err := c.nc.Request(protocol.StateSubject(c.job, rank), nil, c.askTimeout())
+	msg, err := c.request(protocol.StateSubject(c.job, rank), c.askTimeout())
 	if err != nil {
 		return st, at, !at.IsZero() && !st.Time.IsZero()
 	}
@@ -727,6 +763,7 @@ func (c *natsControl) Close() error {
 	default:
 	}
 	close(c.quit)
+	c.stop()
 	c.wg.Wait()
 	if c.state != nil && c.nc.IsConnected() {
 		c.beat(true)

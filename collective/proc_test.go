@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("MESHRUN_TEST_WORKER") != "" {
 		os.Exit(worker())
 	}
+	if os.Getenv("MESHRUN_TEST_SQUATTER") != "" {
+		os.Exit(squatterMain()) // TestShmSquatter's process of another uid
+	}
 	os.Exit(m.Run())
 }
 

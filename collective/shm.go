@@ -3,6 +3,8 @@ package collective
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -10,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,8 +44,10 @@ const (
 	// shmPrefaultMax bounds the ring memory a job brings in at setup (see
 	// populate), all its ranks' rings together: 8 ranks on a host.
 	shmPrefaultMax = 256 << 20
-	shmDir         = "/dev/shm"
 )
+
+// shmDir holds the rings (tests point it elsewhere).
+var shmDir = "/dev/shm"
 
 // control page offsets (each hot word on its own cache line). A message
 // moves two lines between the cores: the producer's store to head and the
@@ -65,7 +70,7 @@ const (
 	offCMA       = 392 // consumer: 1 if it can read the producer's memory
 	offAckSeq    = 448 // consumer: single-copy reads completed (low 32 bits)
 	offAckWait   = 452
-	// offToken (512) holds the producer's ring token: see shmPath.
+	// offToken (512) holds the producer's ring token: see shmNames.
 )
 
 // Payloads of at least cmaMin bytes travel by single copy where the kernel
@@ -109,9 +114,23 @@ type shmRing struct {
 	mmu  sync.RWMutex // mem lifetime: Abort wakes under RLock, unmap under Lock
 	hb   [HeaderSize]byte
 	dead int64 // unix nanos of the last liveness check
+	// dev, ino: the file this process created or opened at path; unlink
+	// removes path only while it is still that file.
+	dev, ino uint64
 	// seen: the producer's last read of tail, the consumer's of head
 	// (each side reloads the other's word only when this one runs out).
 	seen uint64
+}
+
+// unlink removes the ring's name if the file there is still the ring: once
+// unlinked, the name is anyone's, and a file another process has made there
+// since is not this job's to remove.
+func (r *shmRing) unlink() {
+	var st unix.Stat_t
+	if r.path == "" || unix.Lstat(r.path, &st) != nil || st.Dev != r.dev || st.Ino != r.ino {
+		return
+	}
+	os.Remove(r.path)
 }
 
 func (r *shmRing) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
@@ -143,33 +162,71 @@ func shmAvailable() bool {
 	return err == nil && st.IsDir() && unix.Access(shmDir, unix.W_OK) == nil
 }
 
-// Ring names. The ring from src to dst is /dev/shm/meshrun-<token>-<src>-<dst>,
-// where token is shmTokenBytes random bytes (hex) that src chose for this job
-// and announced in the rendezvous (Announce.Shm): only the job's ranks learn
-// it, over NATS, so another user of the machine who knows the job id cannot
-// name the file, let alone create it first. The producer creates it
-// exclusively (O_EXCL|O_NOFOLLOW, mode 0600); should the name be taken anyway,
-// it tries shmNameTries-1 more (suffixes .1, .2, …), then fails naming the
-// files. The consumer maps only a regular file of its own user, not open to
-// others, of the ring's size, that carries the magic and the producer's token,
-// and passes over anything else found at these names.
+// Ring names. Every name a ring (or arena) of the job can have is drawn from
+// the job's secret, which rank 0 draws afresh for each rendezvous and which
+// reaches the job's ranks only in the roster, over the job's authenticated
+// NATS connection: the name of try k of the ring from src to dst is
+// meshrun-<HMAC-SHA256(secret, src's ring token, src, dst, k), 16 bytes in
+// hex>. The names are visible to every user of the machine as soon as the
+// files exist (anyone may list /dev/shm), but one name tells nothing of any
+// other: a user who watches /dev/shm cannot create a ring's name before its
+// producer does, and a name seen is already taken (by a file of mode 0600
+// that no other user may open, nor, the directory being sticky, remove or
+// rename). The producer creates its file exclusively (O_EXCL|O_NOFOLLOW,
+// mode 0600); should the name be taken anyway, it logs the file and its
+// owner and takes the next of shmNameTries, and when every one is taken it
+// fails with ErrAuth naming the files' owners, blaming no rank. The
+// consumer maps only a regular file of its own user, not open to others, of
+// the ring's size, that carries the magic and the producer's token, and
+// passes over anything else found at these names. Nothing of the job (no
+// token, no job id, no rank) appears in a name. See docs/collective.md,
+// "Shared memory and other users of the machine".
 const (
 	shmTokenBytes = 16
 	shmNameTries  = 4
+	shmNameBytes  = 16
 	offToken      = 512 // producer: its token (shmTokenBytes)
 )
 
-// testHookShmCreate, set by tests only, runs before a ring file is created
-// at path: a test plants a file there to stand for someone who learned the name.
-var testHookShmCreate func(path string)
-
-func shmPath(token string, src, dst, try int) string {
-	name := fmt.Sprintf("meshrun-%s-%d-%d", token, src, dst)
-	if try > 0 {
-		name += "." + strconv.Itoa(try)
-	}
-	return filepath.Join(shmDir, name)
+// shmNames derives the job's ring names from its secret and every rank's
+// ring token (the roster's).
+type shmNames struct {
+	secret []byte
+	tokens [][]byte
 }
+
+func newShmNames(roster *Roster, reporter int) (*shmNames, error) {
+	if len(roster.Secret) < 16 {
+		return nil, &Error{Kind: ErrInvalid, Rank: -1, Reporter: reporter, Detail: fmt.Sprintf("shm setup: the roster carries no job secret to name the rings with (%d bytes)", len(roster.Secret))}
+	}
+	n := &shmNames{secret: roster.Secret, tokens: make([][]byte, len(roster.Ranks))}
+	for i, a := range roster.Ranks {
+		b, err := hex.DecodeString(a.Shm)
+		if err != nil || len(b) != shmTokenBytes || hex.EncodeToString(b) != a.Shm {
+			return nil, &Error{Kind: ErrInvalid, Rank: i, Reporter: reporter, Detail: fmt.Sprintf("shm setup: rank %d announced no ring token (%q)", i, a.Shm)}
+		}
+		n.tokens[i] = b
+	}
+	return n, nil
+}
+
+// path is the name of try of the ring from src to dst (dst == src: src's arena).
+func (n *shmNames) path(src, dst, try int) string {
+	m := hmac.New(sha256.New, n.secret)
+	m.Write([]byte("meshrun shm ring name\x00"))
+	m.Write(n.tokens[src])
+	var b [24]byte
+	binary.LittleEndian.PutUint64(b[0:], uint64(src))
+	binary.LittleEndian.PutUint64(b[8:], uint64(dst))
+	binary.LittleEndian.PutUint64(b[16:], uint64(try))
+	m.Write(b[:])
+	return filepath.Join(shmDir, "meshrun-"+hex.EncodeToString(m.Sum(nil)[:shmNameBytes]))
+}
+
+// testHookShmCreate, set by tests only, runs before a ring file is created
+// at path (try of the ring from src to dst): a test plants a file there to
+// stand for someone who learned the name.
+var testHookShmCreate func(path string, src, dst, try int)
 
 // NewShmTransport maps the rings between rank and every other rank of a job
 // whose ranks all run on this host; the roster holds every rank's ring token.
@@ -184,13 +241,9 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 	if roster == nil || len(roster.Ranks) != size {
 		return nil, &Error{Kind: ErrInvalid, Rank: -1, Reporter: rank, Detail: "shm setup: no roster of the job's ranks"}
 	}
-	tokens := make([][]byte, size)
-	for i, a := range roster.Ranks {
-		b, err := hex.DecodeString(a.Shm)
-		if err != nil || len(b) != shmTokenBytes || hex.EncodeToString(b) != a.Shm {
-			return nil, &Error{Kind: ErrInvalid, Rank: i, Reporter: rank, Detail: fmt.Sprintf("shm setup: rank %d announced no ring token (%q)", i, a.Shm)}
-		}
-		tokens[i] = b
+	names, err := newShmNames(roster, rank)
+	if err != nil {
+		return nil, err
 	}
 	t := &shmTransport{rank: rank, size: size, out: make([]*shmRing, size), in: make([]*shmRing, size), aborted: make([]atomic.Pointer[error], size)}
 	t.probe = new(uint64)
@@ -212,7 +265,7 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 		if p == rank {
 			continue
 		}
-		r, err := createRing(tokens[rank], rank, p, log, prefault, shmCapacity)
+		r, err := createRing(names, rank, p, log, prefault, shmCapacity)
 		if err != nil {
 			return fail(p, err)
 		}
@@ -223,7 +276,7 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 	asize := arenaSize()
 	if asize > 0 {
 		// The arena is the "ring" from this rank to itself (see arena.go).
-		r, err := createRing(tokens[rank], rank, rank, log, false, asize)
+		r, err := createRing(names, rank, rank, log, false, asize)
 		if err != nil {
 			return fail(rank, err)
 		}
@@ -234,14 +287,14 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 		if p == rank {
 			continue
 		}
-		r, err := openRing(ctx, tokens[p], p, rank, prefault, shmCapacity, true)
+		r, err := openRing(ctx, names, p, rank, prefault, shmCapacity, true)
 		if err != nil {
 			return fail(p, err)
 		}
 		if asize > 0 {
 			// Before we mark the peer's ring opened (below): once it sees
 			// that, we have mapped its arena, and it unlinks it.
-			a, err := openRing(ctx, tokens[p], p, p, false, asize, false)
+			a, err := openRing(ctx, names, p, p, false, asize, false)
 			if err != nil {
 				syscall.Munmap(r.mem)
 				return fail(p, err)
@@ -281,7 +334,7 @@ func newShmTransport(ctx context.Context, rank, size int, roster *Roster, log *z
 		r.pid = int(atomic.LoadUint32(r.u32(offConsPID)))
 	}
 	if t.arenaRing != nil {
-		os.Remove(t.arenaRing.path) // every peer has it mapped
+		t.arenaRing.unlink() // every peer has it mapped
 	}
 	return t, nil
 }
@@ -315,7 +368,7 @@ func (t *shmTransport) sendCMA(ctx context.Context, r *shmRing, p []byte) error 
 			runtime.KeepAlive(p)
 			return nil
 		}
-		if spins&15 == 15 {
+		if checkNow(spins) {
 			if err := t.check(ctx, r, "sending"); err != nil {
 				return err
 			}
@@ -356,34 +409,79 @@ func (t *shmTransport) recvCMA(ctx context.Context, r *shmRing, dst []byte) erro
 
 // createRing creates and maps the ring from src to dst under the first free
 // of its names.
-func createRing(token []byte, src, dst int, log *zap.Logger, prefault bool, capacity int) (*shmRing, error) {
-	hexTok := hex.EncodeToString(token)
+func createRing(names *shmNames, src, dst int, log *zap.Logger, prefault bool, capacity int) (*shmRing, error) {
 	var taken []string
 	for try := 0; try < shmNameTries; try++ {
-		path := shmPath(hexTok, src, dst, try)
+		path := names.path(src, dst, try)
 		if testHookShmCreate != nil {
-			testHookShmCreate(path)
+			testHookShmCreate(path, src, dst, try)
 		}
 		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if errors.Is(err, unix.EEXIST) {
-			taken = append(taken, describeFile(path))
-			log.Warn("shm ring name taken by a file this job did not create; trying another", zap.String("file", taken[len(taken)-1]))
+			taken = append(taken, path)
+			log.Warn("shm ring name taken by a file this job did not create; trying another",
+				zap.String("file", describeFile(path)), zap.String("owner", fileOwners([]string{path})), zap.Int("try", try+1), zap.Int("tries", shmNameTries))
 			continue
 		}
 		if err != nil {
 			return nil, &Error{Kind: ErrInvalid, Rank: -1, Detail: fmt.Sprintf("shm setup: creating ring %s: %v", path, err)}
 		}
 		f := os.NewFile(uintptr(fd), path)
-		r, err := initRing(f, token, prefault, capacity)
+		r, err := initRing(f, names.tokens[src], prefault, capacity)
 		f.Close()
 		if err != nil {
 			os.Remove(path)
-			return nil, &Error{Kind: ErrInvalid, Rank: -1, Detail: fmt.Sprintf("shm setup: ring %s: %v", path, err)}
+			detail := fmt.Sprintf("shm setup: ring %s: %v", path, err)
+			if errors.Is(err, unix.ENOSPC) {
+				detail += fmt.Sprintf(" (%s is full: every user's files there count; MESHRUN_TRANSPORT=tcp does without it)", shmDir)
+			}
+			return nil, &Error{Kind: ErrInvalid, Rank: -1, Detail: detail}
 		}
 		return r, nil
 	}
-	return nil, &Error{Kind: ErrAuth, Rank: -1, Detail: fmt.Sprintf("shm setup: every name of the ring from rank %d to rank %d is taken by a file this job did not create: %s",
-		src, dst, strings.Join(taken, ", "))}
+	return nil, takenError(src, dst, taken)
+}
+
+// takenError is the failure of a ring every name of which another process
+// holds: it names the files' owners and blames no rank (Rank -1).
+func takenError(src, dst int, paths []string) *Error {
+	what := fmt.Sprintf("the ring from rank %d to rank %d", src, dst)
+	if src == dst {
+		what = fmt.Sprintf("the shared-memory arena of rank %d", src)
+	}
+	described := make([]string, len(paths))
+	for i, p := range paths {
+		described[i] = describeFile(p)
+	}
+	return &Error{Kind: ErrAuth, Rank: -1, Detail: fmt.Sprintf("shm setup: all %d names this job drew for %s are taken by files of %s, which no rank of this job made (no rank is at fault): %s",
+		len(paths), what, fileOwners(paths), strings.Join(described, ", "))}
+}
+
+// fileOwners names the owners of the files at paths: "uid 65534", "uids
+// 1000, 65534"; an owner that is this process's user is said to be so.
+func fileOwners(paths []string) string {
+	var uids []uint32
+	for _, p := range paths {
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil && !slices.Contains(uids, st.Uid) {
+			uids = append(uids, st.Uid)
+		}
+	}
+	slices.Sort(uids)
+	if len(uids) == 0 {
+		return "owners unknown (gone since)"
+	}
+	words := make([]string, len(uids))
+	for i, u := range uids {
+		words[i] = strconv.FormatUint(uint64(u), 10)
+		if int(u) == os.Geteuid() {
+			words[i] += " (this job's own user)"
+		}
+	}
+	if len(uids) == 1 {
+		return "uid " + words[0]
+	}
+	return "uids " + strings.Join(words, ", ")
 }
 
 // populate brings a ring's data into this process before the first
@@ -412,11 +510,27 @@ func initRing(f *os.File, token []byte, prefault bool, capacity int) (*shmRing, 
 	if err := f.Truncate(int64(shmCtrl + capacity)); err != nil {
 		return nil, err
 	}
+	// The pages written at setup are allocated first: where the shared
+	// memory is full (any local user can fill /dev/shm) that is an error
+	// here, not a SIGBUS at the first write.
+	reserve := int64(shmCtrl)
+	if prefault {
+		reserve += int64(capacity)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, reserve); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+		return nil, fmt.Errorf("reserving %d bytes: %w", reserve, err)
+	}
 	mem, err := syscall.Mmap(int(f.Fd()), 0, shmCtrl+capacity, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, err
 	}
 	r := &shmRing{mem: mem, data: mem[shmCtrl:], cap: uint64(capacity), path: f.Name()}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		syscall.Munmap(mem)
+		return nil, err
+	}
+	r.dev, r.ino = st.Dev, st.Ino
 	if prefault {
 		populate(r.data, true)
 	}
@@ -436,13 +550,16 @@ func describeFile(path string) string {
 }
 
 // openRing maps the ring from src to dst once its producer has made it.
-func openRing(ctx context.Context, token []byte, src, dst int, prefault bool, capacity int, unlink bool) (*shmRing, error) {
-	hexTok := hex.EncodeToString(token)
+func openRing(ctx context.Context, names *shmNames, src, dst int, prefault bool, capacity int, unlink bool) (*shmRing, error) {
+	token := names.tokens[src]
+	paths := make([]string, shmNameTries)
+	for try := range paths {
+		paths[try] = names.path(src, dst, try)
+	}
 	seen := make([]string, shmNameTries) // what each name held that was not the ring
 	for {
 		foreign := 0
-		for try := 0; try < shmNameTries; try++ {
-			path := shmPath(hexTok, src, dst, try)
+		for try, path := range paths {
 			r, why, alien := tryOpenRing(path, token, prefault, capacity, unlink)
 			if r != nil {
 				return r, nil
@@ -454,8 +571,7 @@ func openRing(ctx context.Context, token []byte, src, dst int, prefault bool, ca
 		}
 		if foreign == shmNameTries {
 			// The producer cannot create the ring under any name.
-			return nil, &Error{Kind: ErrAuth, Rank: -1, Detail: fmt.Sprintf("shm setup: every name of the ring from rank %d is taken by a file this job did not create: %s",
-				src, strings.Join(seen, ", "))}
+			return nil, takenError(src, dst, paths)
 		}
 		select {
 		case <-ctx.Done():
@@ -466,9 +582,9 @@ func openRing(ctx context.Context, token []byte, src, dst int, prefault bool, ca
 				}
 			}
 			if len(found) > 0 {
-				return nil, fmt.Errorf("ring %s never appeared (passed over: %s): %w", shmPath(hexTok, src, dst, 0), strings.Join(found, ", "), ctx.Err())
+				return nil, fmt.Errorf("ring %s never appeared (passed over: %s): %w", paths[0], strings.Join(found, ", "), ctx.Err())
 			}
-			return nil, fmt.Errorf("ring %s never appeared: %w", shmPath(hexTok, src, dst, 0), ctx.Err())
+			return nil, fmt.Errorf("ring %s never appeared: %w", paths[0], ctx.Err())
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
@@ -521,7 +637,8 @@ func tryOpenRing(path string, token []byte, prefault bool, capacity int, unlink 
 		return r, "", false // an arena: its owner unlinks it once every peer has it
 	}
 	atomic.StoreUint32(r.u32(offConsPID), uint32(os.Getpid()))
-	os.Remove(path)
+	r.dev, r.ino = st.Dev, st.Ino
+	r.unlink()
 	return r, "", false
 }
 
@@ -557,6 +674,15 @@ func (t *shmTransport) check(ctx context.Context, r *shmRing, what string) error
 	return nil
 }
 
+// checkNow says whether a waiter looks for an abort, its deadline and its
+// peer (check) before its next wait: every 16th time while it spins and
+// yields, and every time once it sleeps on the futex. An abort wakes the
+// futex once; a waiter that went back to sleep for 15 more rounds of up to
+// 2 ms before it looked took up to 30 ms to see it (a survivor of a job
+// torn down after one rank's SIGTERM exited 20-40 ms after it over shm,
+// 1-2 ms over tcp).
+func checkNow(spins int) bool { return spins&15 == 15 || spins >= 32+spinLimit }
+
 // wait sleeps until *seq moves from the value seen, spinning briefly first.
 func wait(seq, flag *uint32, seen uint32, spins *int) {
 	*spins++
@@ -588,7 +714,7 @@ func (t *shmTransport) write(ctx context.Context, r *shmRing, parts ...[]byte) e
 				free = r.cap - (head - r.seen)
 			}
 			if free == 0 {
-				if spins&15 == 15 {
+				if checkNow(spins) {
 					if err := t.check(ctx, r, "sending"); err != nil {
 						return err
 					}
@@ -632,7 +758,7 @@ func (t *shmTransport) read(ctx context.Context, r *shmRing, dst []byte) error {
 			avail = r.seen - tail
 		}
 		if avail == 0 {
-			if spins&15 == 15 {
+			if checkNow(spins) {
 				if err := t.check(ctx, r, "receiving"); err != nil {
 					return err
 				}
@@ -749,6 +875,7 @@ func (t *shmTransport) Abort(peers []int, err error) {
 				if r.mem != nil {
 					futexWake(r.u32(offHead))
 					futexWake(r.u32(offTail))
+					futexWake(r.u32(offAckSeq))
 				}
 				r.mmu.RUnlock()
 			}
@@ -769,7 +896,7 @@ func (t *shmTransport) unmapAll() {
 	}
 	t.arenaMu.Unlock()
 	if t.arenaRing != nil {
-		os.Remove(t.arenaRing.path) // if setup failed before every peer had it
+		t.arenaRing.unlink() // if setup failed before every peer had it
 	}
 	for _, rs := range [][]*shmRing{t.out, t.in} {
 		for _, r := range rs {
@@ -777,6 +904,11 @@ func (t *shmTransport) unmapAll() {
 				continue
 			}
 			r.mu.Lock() // waits for a pending Send/Recv (aborted first)
+			if r.out {
+				// If the consumer never mapped it; while it is mapped here,
+				// the file's inode cannot be another's.
+				r.unlink()
+			}
 			r.mmu.Lock()
 			if r.mem != nil {
 				if r.out {
@@ -790,9 +922,6 @@ func (t *shmTransport) unmapAll() {
 				r.mem, r.data = nil, nil
 			}
 			r.mmu.Unlock()
-			if r.out {
-				os.Remove(r.path) // if the consumer never mapped it
-			}
 			r.mu.Unlock()
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -39,19 +38,13 @@ func plant(t *testing.T, path string, foreign bool) {
 	}
 }
 
-// leftRings lists the files under /dev/shm named with a ring token of roster,
-// other than those in planted.
+// leftRings lists the files under /dev/shm at the names the rings of the
+// job of roster can have, other than those in planted.
 func leftRings(roster *collective.Roster, planted map[string]bool) []string {
 	var left []string
-	for _, a := range roster.Ranks {
-		if a.Shm == "" {
-			continue
-		}
-		m, _ := filepath.Glob("/dev/shm/meshrun-" + a.Shm + "*")
-		for _, f := range m {
-			if !planted[f] {
-				left = append(left, f)
-			}
+	for _, p := range collective.ShmRingPaths(roster) {
+		if _, err := os.Lstat(p); err == nil && !planted[p] {
+			left = append(left, p)
 		}
 	}
 	return left
@@ -118,13 +111,13 @@ func TestShmRingNames(t *testing.T) {
 		rdv := watchRendezvous(t, s)
 		planted := map[string]bool{}
 		var mu sync.Mutex
-		defer collective.SetShmCreateHook(func(path string) {
+		defer collective.SetShmCreateHook(func(path string, src, dst, try int) {
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
-			case strings.HasSuffix(path, "-1-0"):
+			case src == 1 && dst == 0 && try == 0:
 				plant(t, path, true)
-			case strings.HasSuffix(path, "-1-2"):
+			case src == 1 && dst == 2 && try == 0:
 				plant(t, path, false)
 			default:
 				return
@@ -158,7 +151,8 @@ func TestShmRingNames(t *testing.T) {
 
 	// Every name of the ring 1->0 is taken by another user's file. Rank 1
 	// cannot create it and rank 0 sees it cannot be made: both fail at once
-	// with ErrAuth naming the files, not with a peer lost at the deadline.
+	// with ErrAuth naming the files and their owner's uid, blaming no rank,
+	// not with a peer lost at the deadline.
 	t.Run("all-names-taken", func(t *testing.T) {
 		job := newJob()
 		s := startServer(t, job)
@@ -166,10 +160,10 @@ func TestShmRingNames(t *testing.T) {
 		planted := map[string]bool{}
 		var first string
 		var mu sync.Mutex
-		defer collective.SetShmCreateHook(func(path string) {
+		defer collective.SetShmCreateHook(func(path string, src, dst, try int) {
 			mu.Lock()
 			defer mu.Unlock()
-			if strings.HasSuffix(path, "-1-0") || strings.Contains(filepath.Base(path), "-1-0.") {
+			if src == 1 && dst == 0 {
 				plant(t, path, true)
 				planted[path] = true
 				if first == "" {
@@ -205,10 +199,16 @@ func TestShmRingNames(t *testing.T) {
 		if len(planted) != 4 {
 			t.Fatalf("planted %d files, want the 4 names of ring 1->0", len(planted))
 		}
+		// The squatter is named by its uid: 65534 as root, else this user
+		// (plant makes the files mode 0644).
+		owner := fmt.Sprintf("files of uid %d", os.Geteuid())
+		if os.Geteuid() == 0 {
+			owner = "files of uid 65534"
+		}
 		for _, r := range []int{1, 0} {
 			err := errs[r]
-			if !errors.Is(err, collective.ErrAuth) || errors.Is(err, collective.ErrPeerLost) || !strings.Contains(err.Error(), first) {
-				t.Errorf("rank %d: %v; want ErrAuth naming %s", r, err, first)
+			if !errors.Is(err, collective.ErrAuth) || errors.Is(err, collective.ErrPeerLost) || !strings.Contains(err.Error(), first) || !strings.Contains(err.Error(), owner) {
+				t.Errorf("rank %d: %v; want ErrAuth naming %s and %s", r, err, owner, first)
 			}
 			if collective.Culprit(err) >= 0 {
 				t.Errorf("rank %d blames rank %d: %v", r, collective.Culprit(err), err)

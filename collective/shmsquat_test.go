@@ -26,7 +26,7 @@ import (
 // /dev/shm (inotify, and a readdir sweep whenever it is idle) and, for every
 // meshrun-* name it sees, creates first every name it can derive from it:
 // the name itself (should the job look it up again once it is unlinked),
-// its other tries (NAME.1 to NAME.3) and, where the name has short numeric
+// its other tries (NAME.0 to NAME.3) and, where the name has short numeric
 // fields (as meshrun-TOKEN-SRC-DST[.TRY], the rings named by a per-rank
 // token), the names with the last of them set to 0-7 (a rank's rings to
 // each peer) and then with the last two (every ring), each with its tries.
@@ -43,7 +43,7 @@ func squatNames(name string) []string {
 	names := []string{name}
 	withTries := func(b string) {
 		names = append(names, b)
-		for try := 1; try < 4; try++ {
+		for try := 0; try < 4; try++ {
 			names = append(names, b+"."+strconv.Itoa(try))
 		}
 	}

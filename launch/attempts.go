@@ -238,6 +238,9 @@ func (m nodeMsg) rootCause() RootCause {
 	if m.Kind == "hang" {
 		rc.Hung, rc.Error = true, m.Reason
 	}
+	if m.Kind == "rank_failed" && m.Crash != "" {
+		rc.Crash, rc.Error, rc.Stack = m.Crash, m.Reason, m.Stack
+	}
 	return rc
 }
 

@@ -88,6 +88,10 @@ func (a *attempt) blameByVotes() {
 	// learns from their notice that it is lost, and its error blames itself.
 	selfFailed := hasRec && rec.TimeMS > 0 && rec.TimeMS < a.tearAt.UnixMilli() &&
 		(rec.Culprit == nil || *rec.Culprit == winner)
+	// So was one whose end was its own, whenever it came: its Go runtime
+	// crashed, or a signal the teardown had not sent killed it (SIGKILL
+	// from outside, SIGSEGV).
+	selfFailed = selfFailed || p != nil && a.endedByItself(p)
 	switch {
 	case p != nil && slices.Contains(a.victims, winner) && !selfFailed:
 		// Blamed, and still running when the job was torn down: it stopped
@@ -104,9 +108,13 @@ func (a *attempt) blameByVotes() {
 		a.outcome = OutcomeHang
 		a.victims = slices.DeleteFunc(a.victims, func(r int) bool { return r == winner })
 	case p != nil:
-		rc.ExitCode, rc.Signal, rc.TimeMS = p.out.ExitCode, p.out.Signal, p.out.EndMS
+		own := a.causeOf(p)
+		rc.ExitCode, rc.Signal, rc.TimeMS, rc.Crash, rc.Stack = own.ExitCode, own.Signal, own.TimeMS, own.Crash, own.Stack
 		if hasRec {
 			rc.Error, rc.Culprit, rc.TimeMS = rec.Error, rec.Culprit, rec.TimeMS
+		}
+		if own.Crash != "" {
+			rc.Error = own.Error
 		}
 		a.victims = slices.DeleteFunc(a.victims, func(r int) bool { return r == winner })
 		if rc.ExitCode == 0 && rc.Signal == "" {
@@ -115,6 +123,7 @@ func (a *attempt) blameByVotes() {
 	default:
 		if r, ok := a.remoteFails[winner]; ok {
 			rc.ExitCode, rc.Signal, rc.TimeMS, rc.Hung, rc.Error = r.ExitCode, r.Signal, r.TimeMS, r.Hung, r.Error
+			rc.Crash, rc.Stack = r.Crash, r.Stack
 		} else {
 			// No word of it from its node's launcher either: as far as this
 			// node can tell, it stopped answering (a partition, a stopped
@@ -131,6 +140,26 @@ func (a *attempt) blameByVotes() {
 	}
 }
 
+// endedByItself reports whether p ended by itself, not by the teardown's
+// signals: its Go runtime crashed (a report, then exit 2: the teardown's
+// SIGTERM kills a rank or makes it exit 143, never that), or a signal killed
+// it that the launcher does not send (SIGSEGV, SIGABRT, ...) or had not sent
+// by then (SIGTERM, SIGKILL).
+func (a *attempt) endedByItself(p *proc) bool {
+	if !p.done {
+		return false
+	}
+	switch p.out.Signal {
+	case "":
+		return p.crashed != nil
+	case "SIGKILL":
+		return a.killAt.IsZero() || p.out.EndMS < a.killAt.UnixMilli()
+	case "SIGTERM":
+		return a.termAt.IsZero() || p.out.EndMS < a.termAt.UnixMilli()
+	}
+	return true
+}
+
 // exitCodeOf is the launcher's exit code for a root cause: its own, or 1 for
 // a rank that exited 0 but failed the job.
 func (rc *RootCause) exitCodeOf() int {
@@ -138,6 +167,31 @@ func (rc *RootCause) exitCodeOf() int {
 		return 1
 	}
 	return rc.ExitCode
+}
+
+// how says how the root-cause rank ended: "hung", a crash (crashHow), or
+// as exitHow says.
+func (rc *RootCause) how() string {
+	switch {
+	case rc.Hung:
+		return "hung"
+	case rc.Crash != "":
+		return crashHow(rc.Crash, rc.Signal, rc.ExitCode)
+	}
+	return exitHow(rc.ExitCode, rc.Signal)
+}
+
+// crashHow says how a rank whose Go runtime crashed ended: "crashed: Go
+// panic (exit 126)", "crashed: Go panic (SIGSEGV; exit 139)", "crashed: Go
+// fatal error (exit 126)", "crashed: SIGSEGV in the Go runtime (exit 139)".
+func crashHow(kind, sig string, code int) string {
+	switch {
+	case kind != crashPanic && kind != crashFatal:
+		return fmt.Sprintf("crashed: %s in the Go runtime (exit %d)", kind, code)
+	case sig != "":
+		return fmt.Sprintf("crashed: Go %s (%s; exit %d)", kind, sig, code)
+	}
+	return fmt.Sprintf("crashed: Go %s (exit %d)", kind, code)
 }
 
 // exitHow says how a rank ended: "exited with code 3", "was killed by

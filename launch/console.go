@@ -225,6 +225,8 @@ type rankWriter struct {
 	// dropped counts the lines the log file refused (a full disk); the
 	// console says so once, and summary.json counts them.
 	dropped atomic.Int64
+	// crash, on stderr, keeps a Go runtime's crash report (crash.go).
+	crash *crashWatch
 }
 
 func (p *rankWriter) Write(b []byte) (int, error) {
@@ -250,6 +252,9 @@ func (p *rankWriter) line(t time.Time, l []byte) {
 	if _, err := p.file.Write(p.out); err != nil && p.dropped.Add(1) == 1 {
 		p.con.notice(t, fmt.Sprintf("launcher: rank %d's %s: %v: dropping its lines from the file (counted in summary.json)",
 			p.rank, filepath.Base(p.file.Name()), errors.Unwrap(err)))
+	}
+	if p.crash != nil {
+		p.crash.line(l)
 	}
 	if p.onMarker != nil && bytes.HasPrefix(l, []byte(runlog.Marker)) {
 		kind, body, _ := bytes.Cut(l[len(runlog.Marker):], []byte{' '})

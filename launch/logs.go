@@ -128,6 +128,13 @@ type RootCause struct {
 	// "blamed by the failed ranks' errors (ranks 0,2)", ...; ReportedBy is
 	// then the rank that failed first.
 	Evidence string `json:"evidence,omitempty"`
+	// Crash is the kind of Go runtime crash the rank's stderr reported
+	// (crash.go): "panic", "fatal error", or a signal's name ("SIGSEGV");
+	// Error is then its panic or fatal line, Signal the signal that caused
+	// it (if one did), ExitCode the launcher's code for it (ExitCrash, or
+	// 128+signal), and Stack the crashing goroutine's first frames.
+	Crash string   `json:"crash,omitempty"`
+	Stack []string `json:"stack,omitempty"`
 }
 
 // NoticeReport is a collective failure as the ranks announced it.
@@ -166,6 +173,10 @@ type RankOutcome struct {
 	DurationMS int64  `json:"duration_ms"`
 	EndMS      int64  `json:"end_ms,omitempty"` // Unix milliseconds
 	Error      string `json:"error,omitempty"`
+	// Crash is the kind of Go runtime crash its stderr reported ("panic",
+	// "fatal error", "SIGSEGV"), Error then its line; ExitCode stays the
+	// process's own (2, the runtime's).
+	Crash string `json:"crash,omitempty"`
 	// LogLinesDropped: lines its stdout.log and stderr.log could not take
 	// (a full disk); they were shown on the console only.
 	LogLinesDropped int64 `json:"log_lines_dropped,omitempty"`

@@ -35,6 +35,10 @@ type proc struct {
 	flushes []io.Closer
 	// stacks: the rank said (through runlog) that SIGUSR1 dumps its stacks.
 	stacks atomic.Bool
+	// crash watches its stderr for a Go runtime's crash report; crashed is
+	// the report of a rank that exited so (onExit).
+	crash   crashWatch
+	crashed *crashReport
 }
 
 // exitMsg reports a rank's end from its waiting goroutine.
@@ -50,7 +54,8 @@ var signalNames = map[syscall.Signal]string{
 	syscall.SIGILL: "SIGILL", syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS",
 	syscall.SIGFPE: "SIGFPE", syscall.SIGKILL: "SIGKILL", syscall.SIGSEGV: "SIGSEGV",
 	syscall.SIGPIPE: "SIGPIPE", syscall.SIGALRM: "SIGALRM", syscall.SIGTERM: "SIGTERM",
-	syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2",
+	syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2", syscall.SIGTRAP: "SIGTRAP",
+	syscall.SIGSYS: "SIGSYS", syscall.SIGXCPU: "SIGXCPU", syscall.SIGXFSZ: "SIGXFSZ",
 }
 
 func signalName(s syscall.Signal) string {
@@ -140,7 +145,7 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 			}
 		}
 	}}
-	pe := &rankWriter{file: stderr, con: errCon, node: p.spec.Node, rank: rank}
+	pe := &rankWriter{file: stderr, con: errCon, node: p.spec.Node, rank: rank, crash: &p.crash}
 	p.flushes = append(p.flushes, po, pe)
 
 	cmd := exec.Command(j.path, j.args...)

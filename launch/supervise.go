@@ -326,6 +326,8 @@ type attempt struct {
 	early  map[int]int64
 	earlyC <-chan time.Time
 	tearAt time.Time // when the teardown began
+	// termAt, killAt: when the teardown sent SIGTERM, SIGKILL (zero: not yet).
+	termAt, killAt time.Time
 }
 
 // prepare makes the attempt's folder and environment.
@@ -426,13 +428,13 @@ func (a *attempt) run(ctx context.Context, timeoutC <-chan time.Time) {
 			a.pl.tell(nodeMsg{Kind: "teardown", Attempt: a.n, Reason: OutcomeInterrupted.String(), TimeMS: time.Now().UnixMilli()})
 			a.teardown(OutcomeInterrupted, "the launcher was interrupted")
 		case <-a.termC:
-			a.termC = nil
+			a.termC, a.termAt = nil, time.Now()
 			a.signalAll(syscall.SIGTERM)
 			// A stopped rank (SIGSTOP, Ctrl-Z) would hold SIGTERM until resumed.
 			a.signalAll(syscall.SIGCONT)
 			a.killC = time.After(j.Grace)
 		case <-a.killC:
-			a.killC = nil
+			a.killC, a.killAt = nil, time.Now()
 			a.ev.emit("sigkill", "ranks_left", a.running)
 			a.signalAll(syscall.SIGKILL)
 		}
@@ -546,7 +548,16 @@ func (a *attempt) onExit(m exitMsg) {
 			p.out.Error = m.err.Error()
 		}
 	}
-	a.ev.emit("rank_exit", "attempt", a.n, "rank", m.rank, "pid", p.pid, "exit_code", p.out.ExitCode, "signal", p.out.Signal, "duration_ms", p.out.DurationMS)
+	// A Go runtime that crashed exits 2 after its report (or dies by
+	// SIGABRT after it, with GOTRACEBACK=crash).
+	if p.out.ExitCode == 2 && p.out.Signal == "" || p.out.Signal == "SIGABRT" {
+		if c := p.crash.report(); c != nil {
+			p.crashed = c
+			p.out.Crash, p.out.Error = c.Kind, c.Line
+		}
+	}
+	a.ev.emit("rank_exit", "attempt", a.n, "rank", m.rank, "pid", p.pid, "exit_code", p.out.ExitCode, "signal", p.out.Signal,
+		"crash", p.out.Crash, "duration_ms", p.out.DurationMS)
 	if a.tearing {
 		return
 	}
@@ -554,14 +565,38 @@ func (a *attempt) onExit(m exitMsg) {
 		a.onCleanExit(p)
 		return
 	}
-	a.failed(RootCause{Rank: m.rank, Node: a.j.NodeRank, ExitCode: p.out.ExitCode, Signal: p.out.Signal, TimeMS: p.out.EndMS})
-	a.pl.tell(nodeMsg{Kind: "rank_failed", Attempt: a.n, Rank: m.rank, ExitCode: p.out.ExitCode, Signal: p.out.Signal, TimeMS: p.out.EndMS})
-	how := fmt.Sprintf("exited with code %d", p.out.ExitCode)
-	if p.out.Signal != "" {
-		how = "was killed by " + p.out.Signal
+	rc := a.causeOf(p)
+	a.failed(rc)
+	a.pl.tell(nodeMsg{Kind: "rank_failed", Attempt: a.n, Rank: m.rank, ExitCode: rc.ExitCode, Signal: rc.Signal, TimeMS: rc.TimeMS,
+		Crash: rc.Crash, Reason: crashLine(rc), Stack: rc.Stack})
+	how := rc.how()
+	if rc.Crash != "" {
+		how += ": " + rc.Error
 	}
 	a.say("rank %d (node %d, pid %d) %s: tearing the job down", m.rank, a.j.NodeRank, p.pid, how)
 	a.teardown(OutcomeRankFailed, fmt.Sprintf("rank %d (node %d) %s", m.rank, a.j.NodeRank, how))
+}
+
+// causeOf is the root cause that p, a rank of this node that ended, is: its
+// exit code and signal, or the crash its stderr reported, with the
+// launcher's code for it.
+func (a *attempt) causeOf(p *proc) RootCause {
+	rc := RootCause{Rank: p.spec.Rank, Node: a.j.NodeRank, ExitCode: p.out.ExitCode, Signal: p.out.Signal, TimeMS: p.out.EndMS}
+	if c := p.crashed; c != nil {
+		rc.Crash, rc.Error, rc.Stack = c.Kind, c.Line, c.Stack
+		if rc.Signal == "" { // the runtime exited 2 itself
+			rc.ExitCode, rc.Signal = c.exitCode(), c.Signal
+		}
+	}
+	return rc
+}
+
+// crashLine is a crashed root cause's line, for the other nodes.
+func crashLine(rc RootCause) string {
+	if rc.Crash == "" {
+		return ""
+	}
+	return rc.Error
 }
 
 func (a *attempt) onRemote(m nodeMsg) {
@@ -719,9 +754,14 @@ func (a *attempt) blameStuck() {
 // summary is how the attempt ended.
 func (a *attempt) summary() AttemptSummary {
 	if a.root != nil && a.root.Node == a.j.NodeRank && !a.root.Hung {
+		// A crash's own line (a.root.Error) is what ended the rank, whatever
+		// it recorded before.
 		if rec, ok := readErrorFile(filepath.Join(a.dir, RankDir(a.root.Rank))); ok {
-			a.root.Error, a.root.Culprit = rec.Error, rec.Culprit
-		} else if msg := torchError(filepath.Join(a.dir, RankDir(a.root.Rank), TorchErrorFile)); msg != "" {
+			a.root.Culprit = rec.Culprit
+			if a.root.Crash == "" {
+				a.root.Error = rec.Error
+			}
+		} else if msg := torchError(filepath.Join(a.dir, RankDir(a.root.Rank), TorchErrorFile)); msg != "" && a.root.Crash == "" {
 			a.root.Error = msg
 		}
 	}
@@ -781,8 +821,8 @@ func (a *attempt) err() error {
 	}
 	switch a.outcome {
 	case OutcomeRankFailed:
-		how := exitHow(rc.ExitCode, rc.Signal)
-		if rc.ExitCode == ExitStartFailed && rc.Error != "" {
+		how := rc.how()
+		if rc.ExitCode == ExitStartFailed && rc.Error != "" && rc.Crash == "" {
 			how = "did not start: " + rc.Error
 		}
 		if rc.ExitCode == 0 && rc.Error != "" {
@@ -794,6 +834,9 @@ func (a *attempt) err() error {
 		}
 		if rc.ReportedBy != nil {
 			blame += fmt.Sprintf(" (%s; rank %d failed first)", rc.Evidence, *rc.ReportedBy)
+		}
+		if rc.Crash != "" {
+			blame = fmt.Sprintf(" (%s)", rc.Error) + blame
 		}
 		return fmt.Errorf("%w: root cause rank %d (%s) %s at %s%s; %d other ranks torn down%s; logs in %s",
 			ErrRankFailed, rc.Rank, where(), how, time.UnixMilli(rc.TimeMS).Format(consoleStamp), blame, len(a.victims), restarts, logs)

@@ -42,6 +42,10 @@ type nodeMsg struct {
 	// explains a "fatal" teardown.
 	Attempt int    `json:"attempt"`
 	Detail  string `json:"detail,omitempty"`
+	// Crash and Stack: a rank_failed rank's Go runtime crash (RootCause's),
+	// its line in Reason.
+	Crash string   `json:"crash,omitempty"`
+	Stack []string `json:"stack,omitempty"`
 }
 
 // plane is the launcher's connection to the job's NATS.

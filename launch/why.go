@@ -65,14 +65,24 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 	rc := sum.RootCause
 	switch {
 	case rc != nil:
-		how := exitHow(rc.ExitCode, rc.Signal)
-		if rc.Hung {
-			how = "hung"
-		}
 		fmt.Fprintf(w, "\nroot cause: rank %d on node %d %s at %s (first failure, ms clock)\n",
-			rc.Rank, rc.Node, how, time.UnixMilli(rc.TimeMS).Format("2006-01-02 15:04:05.000"))
+			rc.Rank, rc.Node, rc.how(), time.UnixMilli(rc.TimeMS).Format("2006-01-02 15:04:05.000"))
 		if rc.Error != "" {
 			fmt.Fprintf(w, "  error: %s\n", rc.Error)
+		}
+		if len(rc.Stack) > 0 {
+			// The crashing goroutine, where a Go runtime's report has it,
+			// before the other goroutines and the registers; for a signal
+			// no goroutine of the program faulted on (kill -SEGV landing on
+			// an idle thread), the one the report names.
+			label := "crashed in"
+			if (rc.Crash != crashPanic && rc.Crash != crashFatal) && !strings.Contains(rc.Stack[0], "[running") {
+				label = "when it crashed:"
+			}
+			fmt.Fprintf(w, "  %s %s\n", label, rc.Stack[0])
+			for _, l := range rc.Stack[1:] {
+				fmt.Fprintf(w, "    %s\n", strings.ReplaceAll(l, "\t", "    "))
+			}
 		}
 		switch {
 		case rc.ReportedBy != nil && rc.Evidence == evidenceTimeout:
@@ -89,11 +99,17 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 			fmt.Fprintf(w, "  (its logs are on node %d)\n", rc.Node)
 		} else {
 			es, err := ReadLogs(jobDir, map[int]bool{rc.Rank: true})
+			what := ""
+			if rc.Crash != "" {
+				// The lines before its crash report: the report (every
+				// goroutine, then the registers) is above.
+				es, what = beforeCrash(es, rc.Crash), " before its crash report"
+			}
 			if err == nil && len(es) > 0 {
 				if len(es) > whyLines {
 					es = es[len(es)-whyLines:]
 				}
-				fmt.Fprintf(w, "  last lines of rank %d:\n", rc.Rank)
+				fmt.Fprintf(w, "  last lines of rank %d%s:\n", rc.Rank, what)
 				for _, e := range es {
 					fmt.Fprintf(w, "    %s %s\n", time.UnixMilli(e.TimeMS).Format(consoleStamp), e.text())
 				}
@@ -140,7 +156,12 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 				how = o.Signal
 			}
 			line := ""
-			if rec, ok := readErrorFile(filepath.Join(jobDir, RankDir(v))); ok {
+			if o.Crash != "" {
+				how, line = "crashed: Go "+o.Crash, o.Error
+				if o.Crash != crashPanic && o.Crash != crashFatal {
+					how = "crashed: " + o.Crash + " in the Go runtime"
+				}
+			} else if rec, ok := readErrorFile(filepath.Join(jobDir, RankDir(v))); ok {
 				line = rec.Error
 			} else {
 				line = lastLine(filepath.Join(jobDir, RankDir(v), "stderr.log"))
@@ -153,6 +174,17 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// beforeCrash is es up to the start of the last crash report of kind in the
+// rank's stderr (all of es if it has none).
+func beforeCrash(es []Entry, kind string) []Entry {
+	for i := len(es) - 1; i >= 0; i-- {
+		if es[i].Stream == "stderr" && crashHeaderKind(es[i].Msg) == kind {
+			return es[:i]
+		}
+	}
+	return es
 }
 
 // lastLine is a log file's last line without its stamp.
@@ -221,9 +253,10 @@ const traceUsage = `usage: launcher trace [JOB|latest] [-o FILE] [--attempt K] [
 `
 
 const whyUsage = `usage: launcher logs why [JOB|latest] [--attempt K] [--log-dir DIR]
-  why the job ended: the root-cause rank, its error and last lines, what the collectives
-  reported, hangs, the victims apart (and, for a job that restarted, its attempts); JOB is
-  a job id or a folder under --log-dir (default: the latest)
+  why the job ended: the root-cause rank, its error (a Go crash's panic or fatal line and
+  the crashing goroutine's frames) and last lines, what the collectives reported, hangs,
+  the victims apart (and, for a job that restarted, its attempts); JOB is a job id or a
+  folder under --log-dir (default: the latest)
 `
 
 // MergeTraces merges the ranks' trace.json files of a job into one Chrome

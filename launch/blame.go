@@ -142,15 +142,21 @@ func (a *attempt) blameByVotes() {
 
 // endedByItself reports whether p ended by itself, not by the teardown's
 // signals: its Go runtime crashed (a report, then exit 2: the teardown's
-// SIGTERM kills a rank or makes it exit 143, never that), or a signal killed
+// SIGTERM kills a rank or makes it exit 143, never that), a signal killed
 // it that the launcher does not send (SIGSEGV, SIGABRT, ...) or had not sent
-// by then (SIGTERM, SIGKILL).
+// by then (SIGTERM, SIGKILL), or it exited 128+SIGTERM or 128+SIGINT, as the
+// worker does on those signals, before the teardown sent any: a signal from
+// outside, which its peers may have seen (and failed on) before the
+// launcher saw its exit.
 func (a *attempt) endedByItself(p *proc) bool {
 	if !p.done {
 		return false
 	}
 	switch p.out.Signal {
 	case "":
+		if c := p.out.ExitCode; c == 128+int(syscall.SIGTERM) || c == 128+int(syscall.SIGINT) {
+			return a.termAt.IsZero() || p.out.EndMS < a.termAt.UnixMilli()
+		}
 		return p.crashed != nil
 	case "SIGKILL":
 		return a.killAt.IsZero() || p.out.EndMS < a.killAt.UnixMilli()

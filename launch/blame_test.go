@@ -25,12 +25,16 @@ func TestBlameByVotes(t *testing.T) {
 		selfAtMS int64 // when rank 1 recorded its own failure
 		culprit  int   // the rank its error blames; -1: none
 		hung     bool
+		endMS    int64 // when its exit 143 came (0: just after the teardown's SIGTERM)
 	}{
-		{"failing before the teardown", tear.UnixMilli() - 5, 1, false},
-		{"blaming itself after the teardown began", tear.UnixMilli() + 50, 1, true},
-		{"only after the teardown's SIGTERM", tear.Add(abortSettle).UnixMilli() + 50, 1, true},
-		{"an error blaming no one before the teardown", tear.UnixMilli() - 5, -1, false},
-		{"an error blaming no one after the teardown began", tear.UnixMilli() + 5, -1, true},
+		{"failing before the teardown", tear.UnixMilli() - 5, 1, false, 0},
+		{"blaming itself after the teardown began", tear.UnixMilli() + 50, 1, true, 0},
+		{"only after the teardown's SIGTERM", tear.Add(abortSettle).UnixMilli() + 50, 1, true, 0},
+		{"an error blaming no one before the teardown", tear.UnixMilli() - 5, -1, false, 0},
+		{"an error blaming no one after the teardown began", tear.UnixMilli() + 5, -1, true, 0},
+		// A SIGTERM from outside: the worker exits 143 on it, and its
+		// peers, which saw its connections close, failed first.
+		{"exiting 143 before the teardown's SIGTERM", tear.UnixMilli() + 50, 1, false, tear.UnixMilli() + 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -49,9 +53,18 @@ func TestBlameByVotes(t *testing.T) {
 			j := &job{world: 3, ranks: []rankSpec{{Rank: 0}, {Rank: 1}, {Rank: 2}}}
 			a := &attempt{j: j, dir: dir, tearAt: tear, outcome: OutcomeRankFailed, byRank: map[int]*proc{}, remoteFails: map[int]RootCause{},
 				stoppedStates: map[int]string{}, pl: &plane{joining: map[int]time.Time{}, seen: map[int]time.Time{1: tear}}}
+			// The teardown's SIGTERM went out abortSettle after it began;
+			// rank 1 exited 143 on it (ranks 0 and 2 failed on their own).
+			a.termAt = tear.Add(abortSettle)
 			for r, code := range []int{1, 143, 1} {
 				p := &proc{spec: j.ranks[r], done: true}
 				p.out = RankOutcome{Rank: r, ExitCode: code, EndMS: tear.UnixMilli() + int64(r)*100}
+				if r == 1 {
+					p.out.EndMS = a.termAt.UnixMilli() + 30
+					if tc.endMS != 0 {
+						p.out.EndMS = tc.endMS
+					}
+				}
 				a.procs = append(a.procs, p)
 				a.byRank[r] = p
 			}

@@ -3,8 +3,6 @@ package collective
 import (
 	"context"
 	"fmt"
-
-	"github.com/meshrun/meshrun/placement"
 )
 
 // The algorithms, written once over Transport via opState.send/recv:
@@ -129,9 +127,11 @@ func allReduceDirect[T Float](o *opState, buf []T, op ReduceOp) error {
 	return nil
 }
 
+// balanced is segment j of n of a buffer of l elements, as placement's
+// Balanced split cuts it: the first l mod n segments are one element longer.
 func balanced(l, n, j int) (int, int) {
-	off, size := placement.ShardRange(l, n, j, placement.Balanced)
-	return off, off + size
+	q, rem := l/n, l%n
+	return j*q + min(j, rem), (j+1)*q + min(j+1, rem)
 }
 
 func allReduceRing[T Float](o *opState, buf []T, op ReduceOp) error {

@@ -1,7 +1,7 @@
 // Package collective moves tensors between the ranks of a meshrun job: all-reduce,
 // all-gather and reduce-scatter with per-rank counts, all-to-all, broadcast,
-// barrier and send/recv per group of ranks (the world, or the ranks along mesh
-// dims); Execute runs a placement plan on a tensor.
+// barrier and send/recv per group of ranks (the world, or any list of ranks:
+// package redistribute runs placement plans over the groups of a mesh).
 //
 // Two layers. A Group runs the algorithms (ring, direct, chain, pairwise) on host
 // memory over the World's Transport. A Communicator takes tensors of one device
@@ -31,20 +31,21 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/protocol"
+	"github.com/meshrun/meshrun/tensor"
 	"go.uber.org/zap"
 )
 
-// ReduceOp is placement's reduction: Sum, Avg, Max, Min.
-type ReduceOp = placement.ReduceOp
+// ReduceOp is the reduction a collective applies: Sum, Avg, Max, Min (the
+// type placement's partial tensors name too).
+type ReduceOp = tensor.ReduceOp
 
 // The reductions.
 const (
-	Sum = placement.Sum
-	Avg = placement.Avg
-	Max = placement.Max
-	Min = placement.Min
+	Sum = tensor.Sum
+	Avg = tensor.Avg
+	Max = tensor.Max
+	Min = tensor.Min
 )
 
 // Options tune a World. Zero values mean the defaults.
@@ -533,21 +534,6 @@ func (w *World) WorldGroup(ctx context.Context) (*Group, error) {
 		r[i] = i
 	}
 	return w.Group(ctx, r)
-}
-
-// MeshComm is the communicator of this rank's group along mesh dims (one group,
-// ranks ordered as placement.Mesh.Group orders them). The mesh must hold the
-// whole world.
-func (w *World) MeshGroup(ctx context.Context, mesh placement.Mesh, dims ...int) (*Group, error) {
-	if err := mesh.Validate(w.size); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	for _, d := range dims {
-		if d < 0 || d >= mesh.NDim() {
-			return nil, fmt.Errorf("%w: mesh %s has no dim %d", ErrInvalid, mesh, d)
-		}
-	}
-	return w.Group(ctx, mesh.Group(w.rank, dims...))
 }
 
 // OnClose registers f to run at Close (after the communicators stop).

@@ -12,6 +12,7 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -230,7 +231,7 @@ type stepComms struct {
 	counts map[string]int
 }
 
-func (c *stepComms) record(name string, ex collective.Executed) {
+func (c *stepComms) record(name string, ex redistribute.Executed) {
 	if len(ex.Group) > 1 && ex.Kind.Moves() {
 		c.bytes += ex.Bytes
 		c.counts[ex.Kind.String()+" "+name]++

@@ -12,6 +12,7 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/placement/sim"
+	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/spmd/spmdtest"
 	"github.com/meshrun/meshrun/tensor"
@@ -188,9 +189,9 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 	globals := make([]sim.Tensor, len(fwd.Inputs))
 	consumed := make([]*tensor.Tensor, len(fwd.Inputs))
 	var why []string
-	var log []collective.Executed
+	var log []redistribute.Executed
 	move := func(m spmd.Move, t *tensor.Tensor) (*tensor.Tensor, error) {
-		out, ex, err := collective.Execute(ctx, w, m.Steps, t, nil)
+		out, ex, err := redistribute.Execute(ctx, w, m.Steps, t, nil)
 		if err != nil {
 			return nil, fmt.Errorf("moving %s %s -> %s: %w", m.Tensor, m.From, m.To, err)
 		}
@@ -367,7 +368,7 @@ func gatherCompare(ctx context.Context, w *collective.World, t *tensor.Tensor, s
 	if err != nil {
 		return "", err
 	}
-	got, _, err := collective.Execute(ctx, w, steps, t, nil)
+	got, _, err := redistribute.Execute(ctx, w, steps, t, nil)
 	if err != nil {
 		return "", fmt.Errorf("gathering %s: %w", spec, err)
 	}
@@ -388,8 +389,8 @@ func gatherCompare(ctx context.Context, w *collective.World, t *tensor.Tensor, s
 }
 
 // sameCollectives compares the collectives a plan promised with those run.
-func sameCollectives(plan []spmd.Collective, log []collective.Executed, rank int) string {
-	var ran []collective.Executed
+func sameCollectives(plan []spmd.Collective, log []redistribute.Executed, rank int) string {
+	var ran []redistribute.Executed
 	for _, ex := range log {
 		if ex.Kind.Moves() && len(ex.Group) > 1 {
 			ran = append(ran, ex)

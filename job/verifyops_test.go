@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/redistribute"
 )
 
 // TestVerifyOps3D: verify checks the ops beyond linear on every mesh of 8
@@ -75,15 +76,15 @@ func TestSameCollectives(t *testing.T) {
 		t.Fatal("no sum case with one collective")
 	}
 	st := c.fwd.Collectives()[0].Step
-	ran := collective.Executed{Kind: st.Kind, MeshDims: st.MeshDims, Group: []int{0, 1}, InputElems: st.InputElems(0)}
-	if msg := sameCollectives(c.fwd.Collectives(), []collective.Executed{ran}, 0); msg != "" {
+	ran := redistribute.Executed{Kind: st.Kind, MeshDims: st.MeshDims, Group: []int{0, 1}, InputElems: st.InputElems(0)}
+	if msg := sameCollectives(c.fwd.Collectives(), []redistribute.Executed{ran}, 0); msg != "" {
 		t.Fatalf("the plan's own collective: %s", msg)
 	}
 	if msg := sameCollectives(c.fwd.Collectives(), nil, 0); !strings.Contains(msg, "lists 1 collectives, 0 ran") {
 		t.Errorf("none ran: %q", msg)
 	}
 	ran.Kind = placement.AllToAll
-	if msg := sameCollectives(c.fwd.Collectives(), []collective.Executed{ran}, 0); !strings.Contains(msg, "ran all_to_all") {
+	if msg := sameCollectives(c.fwd.Collectives(), []redistribute.Executed{ran}, 0); !strings.Contains(msg, "ran all_to_all") {
 		t.Errorf("another kind ran: %q", msg)
 	}
 }

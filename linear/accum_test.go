@@ -10,6 +10,7 @@ import (
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/spmd/spmdtest"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -50,7 +51,7 @@ func TestAccumulation(t *testing.T) {
 			return err
 		}
 		reductions := 0
-		rt := linear.Runtime{World: w, Kernels: k, Record: func(name string, ex collective.Executed) {
+		rt := linear.Runtime{World: w, Kernels: k, Record: func(name string, ex redistribute.Executed) {
 			if (name == "dw" || name == "db") && ex.Kind.Moves() && len(ex.Group) > 1 {
 				reductions++
 			}

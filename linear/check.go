@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -211,10 +212,10 @@ func Run(ctx context.Context, rt Runtime, l *Layer, d *Data) (*Result, error) {
 			return nil, err
 		}
 	}
-	var log []collective.Executed
+	var log []redistribute.Executed
 	var names []string
 	inner := rt.Record
-	rt.Record = func(name string, ex collective.Executed) {
+	rt.Record = func(name string, ex redistribute.Executed) {
 		if inner != nil {
 			inner(name, ex)
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -38,7 +39,7 @@ type Runtime struct {
 	Kernels kernels.Compute
 	// Record, if set, receives every step the layer executes, with the tensor it
 	// moved ("x", "y", "dw"...).
-	Record func(tensor string, ex collective.Executed)
+	Record func(tensor string, ex redistribute.Executed)
 	// Trace, if set, is called when a redistribution starts (name is the tensor,
 	// cat "collective") and when one of the layer's ops starts (name
 	// "linear_forward", "linear_backward_input"...; cat "op"); the function it
@@ -404,14 +405,14 @@ func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t
 	if rt.Trace != nil {
 		end = rt.Trace(name, "collective")
 	}
-	alloc := collective.NewAlloc
+	alloc := redistribute.NewAlloc
 	if bufs != nil {
 		prefix := phase + "/" + name + "/" + placement.FormatList(m.To.Placements) + "/"
 		alloc = func(mem tensor.Memory, key string, dt tensor.DType, n int) (*tensor.Tensor, error) {
 			return bufs.getT(mem, prefix+key, dt, []int{n})
 		}
 	}
-	out, log, err := collective.Execute(ctx, rt.World, m.Steps, t, alloc)
+	out, log, err := redistribute.Execute(ctx, rt.World, m.Steps, t, alloc)
 	end()
 	if err != nil {
 		return nil, fmt.Errorf("linear %s: moving %s %s -> %s: %w", layer, name, m.From, m.To, err)

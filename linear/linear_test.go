@@ -11,6 +11,7 @@ import (
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/redistribute"
 )
 
 type layerCase struct {
@@ -131,7 +132,7 @@ func TestSkippedGradSkipsWork(t *testing.T) {
 					}
 					return func() {}
 				},
-				Record: func(_ string, ex collective.Executed) {
+				Record: func(_ string, ex redistribute.Executed) {
 					if ex.Kind.Moves() && len(ex.Group) > 1 {
 						mu.Lock()
 						comms++

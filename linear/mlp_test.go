@@ -11,12 +11,13 @@ import (
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/redistribute"
 )
 
 // countComms records into comms, by "kind tensor", the collectives that
 // move bytes (under mu: ranks run concurrently).
-func countComms(mu *sync.Mutex, comms map[string]int) func(string, collective.Executed) {
-	return func(name string, ex collective.Executed) {
+func countComms(mu *sync.Mutex, comms map[string]int) func(string, redistribute.Executed) {
+	return func(name string, ex redistribute.Executed) {
 		if len(ex.Group) > 1 && ex.Kind.Moves() {
 			mu.Lock()
 			comms[ex.Kind.String()+" "+name]++

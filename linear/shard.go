@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -90,7 +91,7 @@ func Gather(ctx context.Context, w *collective.World, spec placement.Spec, local
 	if err != nil {
 		return nil, err
 	}
-	out, _, err := collective.Execute(ctx, w, steps, c, nil)
+	out, _, err := redistribute.Execute(ctx, w, steps, c, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // Placement says how a tensor is laid out along one mesh dim: Shard, Replicate or
@@ -27,30 +29,23 @@ const (
 	Chunk
 )
 
-// ReduceOp is the pending reduction of a Partial tensor.
-type ReduceOp uint8
+// ReduceOp is the pending reduction of a Partial tensor (tensor's type, which
+// collectives apply).
+type ReduceOp = tensor.ReduceOp
 
+// The reductions.
 const (
-	Sum ReduceOp = iota
-	Avg
-	Max
-	Min
+	Sum = tensor.Sum
+	Avg = tensor.Avg
+	Max = tensor.Max
+	Min = tensor.Min
 )
-
-var reduceNames = [...]string{Sum: "sum", Avg: "avg", Max: "max", Min: "min"}
-
-func (op ReduceOp) String() string {
-	if int(op) < len(reduceNames) {
-		return reduceNames[op]
-	}
-	return "op(" + strconv.Itoa(int(op)) + ")"
-}
 
 // ParseReduceOp reads sum, avg, max or min.
 func ParseReduceOp(s string) (ReduceOp, error) {
-	for i, n := range reduceNames {
-		if n == s {
-			return ReduceOp(i), nil
+	for op := Sum; op <= Min; op++ {
+		if op.String() == s {
+			return op, nil
 		}
 	}
 	return 0, fmt.Errorf("placement: reduce op %q: want sum, avg, max or min: %w", s, ErrSyntax)

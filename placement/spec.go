@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // ShardRange is the one function that decides shard sizes: the offset and size
@@ -289,6 +291,12 @@ func (s Spec) AppendLocalShape(dst []int, rank int) []int {
 	dst = append(dst, s.Shape...)
 	s.localInto(rank, dst[n:], off) // in place: dst[n:] has room
 	return dst
+}
+
+// LocalBox is rank's shard as a box of the global tensor.
+func (s Spec) LocalBox(rank int) tensor.Box {
+	shape, off := s.Local(rank)
+	return tensor.Box{Offset: off, Shape: shape}
 }
 
 // LocalShape is the shape of rank's shard.

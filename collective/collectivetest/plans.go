@@ -9,10 +9,11 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/placement/sim"
+	"github.com/meshrun/meshrun/redistribute"
 )
 
 // testPlans plans random redistributions on mesh, executes them with
-// collective.Execute on every rank and compares the locals and the executed
+// redistribute.Execute on every rank and compares the locals and the executed
 // steps with placement/sim.
 func testPlans(t *testing.T, e *env, mesh placement.Mesh) {
 	ws := e.ws
@@ -66,10 +67,10 @@ func testPlans(t *testing.T, e *env, mesh placement.Mesh) {
 			t.Fatalf("%s: sim: %v", name, err)
 		}
 		got := make([][]float64, len(ws))
-		logs := make([][]collective.Executed, len(ws))
+		logs := make([][]redistribute.Executed, len(ws))
 		must(t, RunRanks(ws, func(w *collective.World) error {
 			in := put(e, w.Rank(), append([]float64(nil), locals[w.Rank()].Data...))
-			out, log, err := collective.Execute(context.Background(), w, steps, in, nil)
+			out, log, err := redistribute.Execute(context.Background(), w, steps, in, nil)
 			if err != nil {
 				return err
 			}

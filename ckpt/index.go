@@ -72,6 +72,9 @@ type Box struct {
 	Shape  []int  `json:"shape"`
 }
 
+// Bounds is the block of the tensor b holds.
+func (b Box) Bounds() tensor.Box { return tensor.Box{Offset: b.Offset, Shape: b.Shape} }
+
 // FileInfo is one file of a checkpoint: its size, the CRC-32C of the whole
 // file, and the CRC-32C of each BlockSize block of its data section.
 type FileInfo struct {
@@ -462,18 +465,7 @@ func tiles(shape []int, boxes []Box) error {
 	return nil
 }
 
-func overlap(a, b Box) bool {
-	empty := false
-	for d := range a.Shape {
-		if a.Shape[d] == 0 || b.Shape[d] == 0 {
-			empty = true
-		}
-		if a.Offset[d]+a.Shape[d] <= b.Offset[d] || b.Offset[d]+b.Shape[d] <= a.Offset[d] {
-			return false
-		}
-	}
-	return !empty
-}
+func overlap(a, b Box) bool { return !a.Bounds().Intersect(b.Bounds()).Empty() }
 
 // openSafetensors opens a plain safetensors file as a checkpoint: one file,
 // every tensor whole in it, no checksums to verify.

@@ -36,9 +36,11 @@ func (c *Checkpoint) read(name string, off, shape []int, dst []byte, verify bool
 	if len(off) != len(t.Shape) || len(shape) != len(t.Shape) || len(dst) != tensor.NumElements(shape)*es {
 		return fmt.Errorf("ckpt: read of %q: box %v+%v into %d bytes, tensor %v", name, off, shape, len(dst), t.Shape)
 	}
+	want := tensor.Box{Offset: off, Shape: shape}
 	for _, b := range t.Boxes {
-		lo, hi, ok := intersect(off, shape, b.Offset, b.Shape)
-		if !ok {
+		fb := b.Bounds()
+		region := want.Intersect(fb)
+		if region.Empty() {
 			continue
 		}
 		f := c.files[b.File]
@@ -48,62 +50,17 @@ func (c *Checkpoint) read(name string, off, shape []int, dst []byte, verify bool
 			return fmt.Errorf("%w: %s: %v", ErrFormat, f.path, missing(err))
 		}
 		r := &spanReader{c: c, f: f, fh: fh, name: name, trust: !verify}
-		// The intersection's first and last elements, in the file box and in dst.
-		last := dec(hi)
-		sFirst, sLast := flat(b.Shape, b.Offset, lo), flat(b.Shape, b.Offset, last)
-		dFirst, dLast := flat(shape, off, lo), flat(shape, off, last)
-		count := tensor.NumElements(sub(hi, lo))
-		start := e.Begin + int64(sFirst)*int64(es)
-		if sLast-sFirst+1 == count && dLast-dFirst+1 == count {
-			err = r.copyOut(dst[dFirst*es:(dLast+1)*es], start)
-		} else {
-			err = copyRuns(dst, off, shape, b.Offset, b.Shape, lo, hi, es, func(p []byte, fileElem int) error {
-				return r.copyOut(p, e.Begin+int64(fileElem)*int64(es))
-			})
-		}
+		// One read per run of the intersection contiguous in both the file box
+		// and dst: the whole of it when it is contiguous in both.
+		err = tensor.Runs(region, want, fb, func(d, s, n int) error {
+			return r.copyOut(dst[d*es:(d+n)*es], e.Begin+int64(s)*int64(es))
+		})
 		fh.Close()
 		if err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func dec(hi []int) []int {
-	out := make([]int, len(hi))
-	for i, v := range hi {
-		out[i] = v - 1
-	}
-	return out
-}
-
-func sub(a, b []int) []int {
-	out := make([]int, len(a))
-	for i := range a {
-		out[i] = a[i] - b[i]
-	}
-	return out
-}
-
-// intersect returns the intersection [lo, hi) of two boxes, if not empty.
-func intersect(ao, as, bo, bs []int) (lo, hi []int, ok bool) {
-	lo, hi = make([]int, len(ao)), make([]int, len(ao))
-	for d := range ao {
-		lo[d], hi[d] = max(ao[d], bo[d]), min(ao[d]+as[d], bo[d]+bs[d])
-		if hi[d] <= lo[d] {
-			return nil, nil, false
-		}
-	}
-	return lo, hi, true
-}
-
-// flat is the row-major index within a box (shape at off) of global index idx.
-func flat(shape, off, idx []int) int {
-	i := 0
-	for d := range shape {
-		i = i*shape[d] + idx[d] - off[d]
-	}
-	return i
 }
 
 // spanReader reads a file's data section in verified pieces: whole checksum
@@ -187,35 +144,6 @@ func (r *spanReader) walk(pos, end int64, f func(piece []byte, at int64)) error 
 	return nil
 }
 
-// copyRuns walks the elements of the box [lo, hi), one run along the last dim
-// at a time, and calls read with the part of dst (the box doff+dshape) the run
-// fills and the run's first element's index in the file box soff+sshape.
-func copyRuns(dst []byte, doff, dshape, soff, sshape, lo, hi []int, es int, read func(p []byte, fileElem int) error) error {
-	nd := len(lo)
-	if nd == 0 {
-		return read(dst[:es], 0)
-	}
-	run := (hi[nd-1] - lo[nd-1]) * es
-	idx := append([]int(nil), lo...)
-	for {
-		di := flat(dshape, doff, idx) * es
-		if err := read(dst[di:di+run], flat(sshape, soff, idx)); err != nil {
-			return err
-		}
-		d := nd - 2
-		for ; d >= 0; d-- {
-			idx[d]++
-			if idx[d] < hi[d] {
-				break
-			}
-			idx[d] = lo[d]
-		}
-		if d < 0 {
-			return nil
-		}
-	}
-}
-
 // Check verifies, without keeping any of it, the data Read of the same box
 // would read: every checksum block it touches (through one scratch buffer).
 func (c *Checkpoint) Check(name string, off, shape []int) error {
@@ -227,9 +155,11 @@ func (c *Checkpoint) Check(name string, off, shape []int) error {
 	if len(off) != len(t.Shape) || len(shape) != len(t.Shape) {
 		return fmt.Errorf("ckpt: check of %q: box %v+%v, tensor %v", name, off, shape, t.Shape)
 	}
+	want := tensor.Box{Offset: off, Shape: shape}
 	for _, b := range t.Boxes {
-		lo, hi, ok := intersect(off, shape, b.Offset, b.Shape)
-		if !ok {
+		fb := b.Bounds()
+		region := want.Intersect(fb)
+		if region.Empty() {
 			continue
 		}
 		f := c.files[b.File]
@@ -242,9 +172,8 @@ func (c *Checkpoint) Check(name string, off, shape []int) error {
 			return fmt.Errorf("%w: %s: %v", ErrFormat, f.path, missing(err))
 		}
 		r := &spanReader{c: c, f: f, fh: fh, name: name}
-		start := e.Begin + int64(flat(b.Shape, b.Offset, lo))*es
-		end := e.Begin + int64(flat(b.Shape, b.Offset, dec(hi))+1)*es
-		err = r.walk(start, end, nil)
+		first, last := fb.Span(region)
+		err = r.walk(e.Begin+int64(first)*es, e.Begin+int64(last)*es, nil)
 		fh.Close()
 		if err != nil {
 			return err

@@ -20,9 +20,15 @@ func Shard(global *tensor.Tensor, spec placement.Spec, rank int) (*tensor.Tensor
 	if !slices.Equal(global.Shape(), spec.Shape) {
 		return nil, fmt.Errorf("%w: tensor of shape %v for spec %s", ErrConfig, global.Shape(), spec)
 	}
-	shape, off := spec.Local(rank)
-	out := tensor.New(global.DType(), shape...)
-	copyBox(out, global, shape, off)
+	box := spec.LocalBox(rank)
+	out := tensor.New(global.DType(), box.Shape...)
+	whole := tensor.Whole(spec.Shape)
+	switch out.DType() {
+	case tensor.Float32:
+		tensor.CopyBox(out.Float32(), box, global.Float32(), whole)
+	default:
+		tensor.CopyBox(out.Float64(), box, global.Float64(), whole)
+	}
 	coords := spec.Mesh.Coords(rank)
 	for i, p := range spec.Placements {
 		if q, ok := p.(placement.Partial); ok && q.Op == placement.Sum && coords[i] != 0 {
@@ -30,40 +36,6 @@ func Shard(global *tensor.Tensor, spec placement.Spec, rank int) (*tensor.Tensor
 		}
 	}
 	return out, nil
-}
-
-// copyBox copies the box of global at offset off with shape into dst.
-func copyBox(dst, global *tensor.Tensor, shape, off []int) {
-	n := tensor.NumElements(shape)
-	if n == 0 {
-		return
-	}
-	gs := global.Shape()
-	idx := make([]int, len(shape))
-	inner := 1
-	if len(shape) > 0 {
-		inner = shape[len(shape)-1]
-	}
-	for k := 0; k < n; k += inner {
-		// Flat index of the row start in global.
-		g := 0
-		for d := range shape {
-			g = g*gs[d] + idx[d] + off[d]
-		}
-		switch dst.DType() {
-		case tensor.Float32:
-			copy(dst.Float32()[k:k+inner], global.Float32()[g:g+inner])
-		default:
-			copy(dst.Float64()[k:k+inner], global.Float64()[g:g+inner])
-		}
-		for d := len(shape) - 2; d >= 0; d-- {
-			idx[d]++
-			if idx[d] < shape[d] {
-				break
-			}
-			idx[d] = 0
-		}
-	}
 }
 
 func zero(t *tensor.Tensor) {

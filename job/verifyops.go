@@ -11,7 +11,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/placement"
-	"github.com/meshrun/meshrun/placement/sim"
+	"github.com/meshrun/meshrun/placement/placementref"
 	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/spmd/spmdtest"
@@ -186,7 +186,7 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 	rank := w.Rank()
 	rng := rand.New(rand.NewPCG(c.seed, 11))
 	fwd := c.fwd
-	globals := make([]sim.Tensor, len(fwd.Inputs))
+	globals := make([]placementref.Tensor, len(fwd.Inputs))
 	consumed := make([]*tensor.Tensor, len(fwd.Inputs))
 	var why []string
 	var log []redistribute.Executed
@@ -244,7 +244,7 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 		dys := map[string]*tensor.Tensor{c.bwd.DY.Spec.String(): shardOf(dy, c.bwd.DY.Spec, rank)}
 		for _, g := range c.bwd.Grads {
 			ins := make([]*tensor.Tensor, len(g.Inputs))
-			gg := make([]sim.Tensor, len(g.Inputs))
+			gg := make([]placementref.Tensor, len(g.Inputs))
 			for k, in := range g.Inputs {
 				if in.Name == c.bwd.DY.Name {
 					gg[k] = dy
@@ -309,14 +309,14 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 // is the gradient of the rank's own local input: the global gradient's shard,
 // divided by the ranks a P(avg) input averages over (its local term moves the
 // tensor by 1/n of itself).
-func ownGradient(d *tensor.Tensor, scale float64, want sim.Tensor, final, input placement.Spec, rank int) string {
+func ownGradient(d *tensor.Tensor, scale float64, want placementref.Tensor, final, input placement.Spec, rank int) string {
 	n := 1
 	for i, p := range input.Placements {
 		if q, ok := p.(placement.Partial); ok && q.Op == placement.Avg {
 			n *= input.Mesh.Dim(i)
 		}
 	}
-	exp := sim.Shard(want, final)[rank]
+	exp := placementref.Shard(want, final)[rank]
 	got := d.Float64()
 	top := 0.0
 	for _, v := range want.Data {
@@ -343,9 +343,9 @@ func moveNamed(p *spmd.Plan, name string) (spmd.Move, bool) {
 // localOp runs a plan's local op on this rank's operands with the float64
 // reference.
 func localOp(p *spmd.Plan, ins []*tensor.Tensor, rank int) (*tensor.Tensor, error) {
-	s := make([]sim.Tensor, len(ins))
+	s := make([]placementref.Tensor, len(ins))
 	for i, t := range ins {
-		s[i] = sim.Tensor{Shape: t.Shape(), Data: t.Float64()}
+		s[i] = placementref.Tensor{Shape: t.Shape(), Data: t.Float64()}
 	}
 	out, err := spmdtest.EvalAt(p.Op, p.Equation, s, p.Output.Spec.LocalShape(rank), p.RowOffset(rank))
 	if err != nil {
@@ -359,7 +359,7 @@ func localOp(p *spmd.Plan, ins []*tensor.Tensor, rank int) (*tensor.Tensor, erro
 
 // gatherCompare brings a result laid out as spec (no pending partials) to
 // every rank, replicated, and compares it with want; it returns what differs.
-func gatherCompare(ctx context.Context, w *collective.World, t *tensor.Tensor, spec placement.Spec, want sim.Tensor) (string, error) {
+func gatherCompare(ctx context.Context, w *collective.World, t *tensor.Tensor, spec placement.Spec, want placementref.Tensor) (string, error) {
 	ps := make([]placement.Placement, len(spec.Placements))
 	for i := range ps {
 		ps[i] = placement.Replicate{}
@@ -408,8 +408,8 @@ func sameCollectives(plan []spmd.Collective, log []redistribute.Executed, rank i
 	return ""
 }
 
-func randomSim(rng *rand.Rand, shape []int) sim.Tensor {
-	t := sim.New(shape...)
+func randomSim(rng *rand.Rand, shape []int) placementref.Tensor {
+	t := placementref.New(shape...)
 	for i := range t.Data {
 		t.Data[i] = rng.Float64()*2 - 1
 	}
@@ -417,8 +417,8 @@ func randomSim(rng *rand.Rand, shape []int) sim.Tensor {
 }
 
 // shardOf is rank's local tensor of global laid out per spec.
-func shardOf(global sim.Tensor, spec placement.Spec, rank int) *tensor.Tensor {
-	l := sim.Shard(global, spec)[rank]
+func shardOf(global placementref.Tensor, spec placement.Spec, rank int) *tensor.Tensor {
+	l := placementref.Shard(global, spec)[rank]
 	t, _ := tensor.FromFloat64(l.Data, l.Shape...) // the shape is the data's
 	return t
 }

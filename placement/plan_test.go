@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	. "github.com/meshrun/meshrun/placement"
-	"github.com/meshrun/meshrun/placement/sim"
+	"github.com/meshrun/meshrun/placement/placementref"
 )
 
 func planString(steps []Step) string {
@@ -113,11 +113,11 @@ func mustSpec(t testing.TB, shape []int, m Mesh, pl string) Spec {
 // intact, every step's input is what the plan says, and costs are consistent.
 func checkPlan(t testing.TB, from, to Spec, steps []Step, rng *rand.Rand) {
 	t.Helper()
-	global := sim.New(from.Shape...)
+	global := placementref.New(from.Shape...)
 	for i := range global.Data {
 		global.Data[i] = float64(rng.IntN(1000)) // exact in any order of sums
 	}
-	locals := sim.Shard(global, from)
+	locals := placementref.Shard(global, from)
 	cur := from
 	for _, st := range steps {
 		if !st.From.Equal(cur) {
@@ -127,7 +127,7 @@ func checkPlan(t testing.TB, from, to Spec, steps []Step, rng *rand.Rand) {
 			t.Fatalf("step %s: InputElems(0) = %d, rank 0 holds %d", st, st.InputElems(0), len(locals[0].Data))
 		}
 		var err error
-		locals, err = sim.Step(locals, st)
+		locals, err = placementref.Step(locals, st)
 		if err != nil {
 			t.Fatalf("%s: %v", st, err)
 		}
@@ -136,7 +136,7 @@ func checkPlan(t testing.TB, from, to Spec, steps []Step, rng *rand.Rand) {
 	if !cur.Equal(to) {
 		t.Fatalf("plan ends at %s, want %s", cur, to)
 	}
-	got, err := sim.Assemble(locals, to)
+	got, err := placementref.Assemble(locals, to)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/placement"
-	"github.com/meshrun/meshrun/placement/sim"
+	"github.com/meshrun/meshrun/placement/placementref"
 	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -42,7 +42,7 @@ func must(t testing.TB, errs []error) {
 // TestExecuteBoxes runs every plan between the placements of a 3-D tensor on
 // a 2x2 mesh (sharding any dim, so that boxes are packed along inner dims as
 // well as taken as they are) and compares each rank's result with
-// placement/sim's.
+// placementref's.
 func TestExecuteBoxes(t *testing.T) {
 	mesh, err := placement.ParseMesh("a=2,b=2")
 	if err != nil {
@@ -50,7 +50,7 @@ func TestExecuteBoxes(t *testing.T) {
 	}
 	ws := localWorlds(t, mesh.Size())
 	shape := []int{3, 5, 4}
-	global := sim.New(shape...)
+	global := placementref.New(shape...)
 	for i := range global.Data {
 		global.Data[i] = float64(i%23 - 11)
 	}
@@ -83,13 +83,13 @@ func TestExecuteBoxes(t *testing.T) {
 	}
 }
 
-func checkPlan(t *testing.T, ws []*collective.World, global sim.Tensor, from, to placement.Spec, steps []placement.Step) {
+func checkPlan(t *testing.T, ws []*collective.World, global placementref.Tensor, from, to placement.Spec, steps []placement.Step) {
 	t.Helper()
 	name := fmt.Sprintf("%s to %s", placement.FormatList(from.Placements), placement.FormatList(to.Placements))
-	locals := sim.Shard(global, from)
-	want, _, err := sim.Run(locals, steps)
+	locals := placementref.Shard(global, from)
+	want, _, err := placementref.Run(locals, steps)
 	if err != nil {
-		t.Fatalf("%s: sim: %v", name, err)
+		t.Fatalf("%s: reference: %v", name, err)
 	}
 	got := make([][]float64, len(ws))
 	must(t, collectivetest.RunRanks(ws, func(w *collective.World) error {
@@ -109,7 +109,7 @@ func checkPlan(t *testing.T, ws []*collective.World, global sim.Tensor, from, to
 	}))
 	for r := range ws {
 		if !slices.Equal(got[r], want[r].Data) {
-			t.Fatalf("%s (plan %v): rank %d holds %v, sim %v", name, steps, r, got[r], want[r].Data)
+			t.Fatalf("%s (plan %v): rank %d holds %v, reference %v", name, steps, r, got[r], want[r].Data)
 		}
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"slices"
 
 	"github.com/meshrun/meshrun/placement"
-	"github.com/meshrun/meshrun/placement/sim"
+	sim "github.com/meshrun/meshrun/placement/placementref"
 	"github.com/meshrun/meshrun/spmd/spmdtest"
 )
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/kernels/kerneltest"
-	"github.com/meshrun/meshrun/placement/sim"
+	sim "github.com/meshrun/meshrun/placement/placementref"
 	"github.com/meshrun/meshrun/spmd/spmdtest"
 )
 

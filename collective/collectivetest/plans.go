@@ -8,13 +8,13 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/placement"
-	"github.com/meshrun/meshrun/placement/sim"
+	"github.com/meshrun/meshrun/placement/placementref"
 	"github.com/meshrun/meshrun/redistribute"
 )
 
 // testPlans plans random redistributions on mesh, executes them with
 // redistribute.Execute on every rank and compares the locals and the executed
-// steps with placement/sim.
+// steps with placement/placementref.
 func testPlans(t *testing.T, e *env, mesh placement.Mesh) {
 	ws := e.ws
 	rng := rand.New(rand.NewSource(int64(mesh.Size())))
@@ -57,14 +57,14 @@ func testPlans(t *testing.T, e *env, mesh placement.Mesh) {
 			kinds[st.Kind]++
 		}
 		name := fmt.Sprintf("%v_%s_to_%s", shape, placement.FormatList(from.Placements), placement.FormatList(to.Placements))
-		global := sim.New(shape...)
+		global := placementref.New(shape...)
 		for i := range global.Data {
 			global.Data[i] = float64(rng.Intn(17) - 8)
 		}
-		locals := sim.Shard(global, from)
-		want, traffic, err := sim.Run(locals, steps)
+		locals := placementref.Shard(global, from)
+		want, traffic, err := placementref.Run(locals, steps)
 		if err != nil {
-			t.Fatalf("%s: sim: %v", name, err)
+			t.Fatalf("%s: reference: %v", name, err)
 		}
 		got := make([][]float64, len(ws))
 		logs := make([][]redistribute.Executed, len(ws))
@@ -82,11 +82,11 @@ func testPlans(t *testing.T, e *env, mesh placement.Mesh) {
 		}))
 		for r := range ws {
 			if len(got[r]) != len(want[r].Data) {
-				t.Fatalf("%s: rank %d holds %d elements, sim %d", name, r, len(got[r]), len(want[r].Data))
+				t.Fatalf("%s: rank %d holds %d elements, reference %d", name, r, len(got[r]), len(want[r].Data))
 			}
 			for i := range got[r] {
 				if !close64(got[r][i], want[r].Data[i]) {
-					t.Fatalf("%s (plan %v): rank %d [%d] = %v, sim %v", name, steps, r, i, got[r][i], want[r].Data[i])
+					t.Fatalf("%s (plan %v): rank %d [%d] = %v, reference %v", name, steps, r, i, got[r][i], want[r].Data[i])
 				}
 			}
 			// The executed steps are the plan's, with the plan's input sizes.
@@ -101,7 +101,7 @@ func testPlans(t *testing.T, e *env, mesh placement.Mesh) {
 				}
 				if st.Kind.Moves() {
 					if r == 0 && (traffic[k].Kind != ex.Kind || traffic[k].InputElems != ex.InputElems) {
-						t.Fatalf("%s: step %d: sim traffic %+v, executed %+v", name, i, traffic[k], ex)
+						t.Fatalf("%s: step %d: reference traffic %+v, executed %+v", name, i, traffic[k], ex)
 					}
 					k++
 				}

@@ -56,3 +56,30 @@ func Forbid(t testing.TB, pkgs []string, forbidden ...string) {
 		}
 	}
 }
+
+// Imports returns the packages pkgs match (patterns such as Module+"/...")
+// with the packages each imports directly, as `go list` lists them: test
+// files are not read. It skips t when the go tool is not found and fails it
+// when go list fails.
+func Imports(t testing.TB, pkgs ...string) map[string][]string {
+	t.Helper()
+	gotool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool in PATH: ", err)
+	}
+	args := append([]string{"list", "-f", "{{.ImportPath}}{{range .Imports}} {{.}}{{end}}"}, pkgs...)
+	out, err := exec.Command(gotool, args...).Output()
+	if err != nil {
+		msg := err.Error()
+		if ee, ok := err.(*exec.ExitError); ok {
+			msg += ": " + string(ee.Stderr)
+		}
+		t.Fatalf("go list %s: %s", strings.Join(pkgs, " "), msg)
+	}
+	imports := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		imports[f[0]] = f[1:]
+	}
+	return imports
+}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/cpu"
-	"github.com/meshrun/meshrun/placement/sim"
+	sim "github.com/meshrun/meshrun/placement/placementref"
 	"github.com/meshrun/meshrun/spmd/spmdtest"
 	"github.com/meshrun/meshrun/tensor"
 )

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/meshrun/meshrun/placement/sim"
+	sim "github.com/meshrun/meshrun/placement/placementref"
 )
 
 // bcast marks a broadcast size-1 dim in an expanded equation (as in package spmd).

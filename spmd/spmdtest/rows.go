@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/meshrun/meshrun/placement/sim"
+	sim "github.com/meshrun/meshrun/placement/placementref"
 )
 
 // LayerNormEps is the epsilon of the layer norm reference (PyTorch's default).

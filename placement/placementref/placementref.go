@@ -1,14 +1,18 @@
-// Package sim runs placement plans on simulated ranks in one process, in float64:
-// it shards a global tensor per a spec, executes redistribution steps as an
-// in-memory reference collective would, and assembles the ranks' shards back into
-// the global tensor. Tests of placement, spmd and linear check against it.
-package sim
+// Package placementref is the reference model of placement plans: it moves
+// every element by hand. It shards a global float64 tensor per a spec on
+// simulated ranks in one process, executes redistribution steps element by
+// element as a reference collective would, and assembles the ranks' shards
+// back into the global tensor. The tests of placement, spmd, redistribute and
+// linear, and job's verify workload, check against it; nothing runs it for
+// production work.
+package placementref
 
 import (
 	"fmt"
 	"slices"
 
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
 )
 
 // Tensor is a dense row-major float64 tensor.
@@ -26,68 +30,17 @@ func New(shape ...int) Tensor {
 	return Tensor{Shape: append([]int(nil), shape...), Data: make([]float64, n)}
 }
 
-func strides(shape []int) []int {
-	st := make([]int, len(shape))
-	s := 1
-	for i := len(shape) - 1; i >= 0; i-- {
-		st[i] = s
-		s *= shape[i]
-	}
-	return st
-}
-
-// forEach calls f for every index of a box of the given shape.
-func forEach(shape []int, f func(idx []int)) {
-	n := 1
-	for _, d := range shape {
-		n *= d
-	}
-	if n == 0 {
-		return
-	}
-	idx := make([]int, len(shape))
-	for k := 0; k < n; k++ {
-		f(idx)
-		for d := len(shape) - 1; d >= 0; d-- {
-			idx[d]++
-			if idx[d] < shape[d] {
-				break
-			}
-			idx[d] = 0
-		}
-	}
-}
-
-// at returns the flat index of global index g inside a box at offset off with
-// shape shape, or -1 if g lies outside it.
-func at(g, off, shape []int) int {
-	k := 0
-	for d := range g {
-		l := g[d] - off[d]
-		if l < 0 || l >= shape[d] {
-			return -1
-		}
-		k = k*shape[d] + l
-	}
-	return k
-}
-
 // Shard returns every rank's local tensor for global laid out per spec. Partial
 // mesh dims hold the value on the rank at coordinate 0 and the reduction's
 // identity-free equivalent elsewhere: zeros for sum, copies for avg, max and min
 // (so each partial op reduces back to global exactly).
 func Shard(global Tensor, spec placement.Spec) []Tensor {
 	locals := make([]Tensor, spec.Mesh.Size())
+	whole := tensor.Whole(global.Shape)
 	for r := range locals {
-		shape, off := spec.Local(r)
-		t := New(shape...)
-		forEach(shape, func(idx []int) {
-			g := make([]int, len(idx))
-			for d := range idx {
-				g[d] = idx[d] + off[d]
-			}
-			t.Data[at(idx, make([]int, len(idx)), shape)] = global.Data[at(g, make([]int, len(g)), global.Shape)]
-		})
+		box := spec.LocalBox(r)
+		t := New(box.Shape...)
+		tensor.CopyBox(t.Data, box, global.Data, whole)
 		coords := spec.Mesh.Coords(r)
 		for i, p := range spec.Placements {
 			if q, ok := p.(placement.Partial); ok && q.Op == placement.Sum && coords[i] != 0 {
@@ -104,6 +57,7 @@ func Shard(global Tensor, spec placement.Spec) []Tensor {
 // element that differs between ranks is an error.
 func Assemble(locals []Tensor, spec placement.Spec) (Tensor, error) {
 	global := New(spec.Shape...)
+	whole := tensor.Whole(spec.Shape)
 	filled := make([]bool, len(global.Data))
 	var pdims []int
 	for i, p := range spec.Placements {
@@ -125,13 +79,13 @@ func Assemble(locals []Tensor, spec placement.Spec) (Tensor, error) {
 			continue
 		}
 		group := spec.Mesh.Group(r, pdims...)
-		shape, off := spec.Local(r)
+		box := spec.LocalBox(r)
 		var err error
-		forEach(shape, func(idx []int) {
+		box.Each(func(g []int) {
 			if err != nil {
 				return
 			}
-			k := at(idx, make([]int, len(idx)), shape)
+			k := box.Index(g)
 			v := locals[group[0]].Data[k]
 			for _, m := range group[1:] {
 				v = reduce(op, v, locals[m].Data[k])
@@ -139,13 +93,9 @@ func Assemble(locals []Tensor, spec placement.Spec) (Tensor, error) {
 			if op == placement.Avg && len(group) > 1 {
 				v /= float64(len(group))
 			}
-			g := make([]int, len(idx))
-			for d := range idx {
-				g[d] = idx[d] + off[d]
-			}
-			gk := at(g, make([]int, len(g)), global.Shape)
+			gk := whole.Index(g)
 			if filled[gk] && global.Data[gk] != v {
-				err = fmt.Errorf("sim: replicas disagree at %v: %g vs %g", g, global.Data[gk], v)
+				err = fmt.Errorf("placementref: replicas disagree at %v: %g vs %g", g, global.Data[gk], v)
 			}
 			global.Data[gk], filled[gk] = v, true
 		})
@@ -155,7 +105,7 @@ func Assemble(locals []Tensor, spec placement.Spec) (Tensor, error) {
 	}
 	for k, ok := range filled {
 		if !ok {
-			return Tensor{}, fmt.Errorf("sim: element %d of %s held by no rank", k, spec)
+			return Tensor{}, fmt.Errorf("placementref: element %d of %s held by no rank", k, spec)
 		}
 	}
 	return global, nil
@@ -201,28 +151,24 @@ func Run(locals []Tensor, steps []placement.Step) ([]Tensor, []Traffic, error) {
 func Step(locals []Tensor, st placement.Step) ([]Tensor, error) {
 	mesh := st.From.Mesh
 	if len(locals) != mesh.Size() {
-		return nil, fmt.Errorf("sim: %d locals for mesh %s", len(locals), mesh)
+		return nil, fmt.Errorf("placementref: %d locals for mesh %s", len(locals), mesh)
 	}
 	out := make([]Tensor, len(locals))
 	for r := range locals {
 		if want := st.From.LocalShape(r); !slices.Equal(locals[r].Shape, want) {
-			return nil, fmt.Errorf("sim: rank %d holds %v before %s, want %v", r, locals[r].Shape, st, want)
+			return nil, fmt.Errorf("placementref: rank %d holds %v before %s, want %v", r, locals[r].Shape, st, want)
 		}
 	}
 	for r := range locals {
-		shape, off := st.To.Local(r)
-		t := New(shape...)
+		box := st.To.LocalBox(r)
+		t := New(box.Shape...)
 		group := mesh.Group(r, st.MeshDims...)
 		var err error
-		forEach(shape, func(idx []int) {
+		box.Each(func(g []int) {
 			if err != nil {
 				return
 			}
-			g := make([]int, len(idx))
-			for d := range idx {
-				g[d] = idx[d] + off[d]
-			}
-			k := at(idx, make([]int, len(idx)), shape)
+			k := box.Index(g)
 			switch st.Kind {
 			case placement.LocalSlice:
 				t.Data[k], err = fetch(locals, st.From, r, g)
@@ -240,7 +186,7 @@ func Step(locals []Tensor, st placement.Step) ([]Tensor, error) {
 					}
 				}
 				if !found {
-					err = fmt.Errorf("sim: %s: no rank of group %v holds %v", st, group, g)
+					err = fmt.Errorf("placementref: %s: no rank of group %v holds %v", st, group, g)
 				}
 			case placement.AllReduce, placement.ReduceScatter:
 				var v float64
@@ -271,10 +217,9 @@ func Step(locals []Tensor, st placement.Step) ([]Tensor, error) {
 }
 
 func fetch(locals []Tensor, spec placement.Spec, rank int, g []int) (float64, error) {
-	shape, off := spec.Local(rank)
-	k := at(g, off, shape)
-	if k < 0 {
-		return 0, fmt.Errorf("sim: rank %d does not hold %v under %s", rank, g, spec)
+	box := spec.LocalBox(rank)
+	if !box.Contains(g) {
+		return 0, fmt.Errorf("placementref: rank %d does not hold %v under %s", rank, g, spec)
 	}
-	return locals[rank].Data[k], nil
+	return locals[rank].Data[box.Index(g)], nil
 }

@@ -1,0 +1,63 @@
+package placementref_test
+
+import (
+	"slices"
+	"sort"
+	"testing"
+
+	"github.com/meshrun/meshrun/internal/deps"
+)
+
+// The reference model moves every element by hand: it is for checking, not
+// for running plans (package redistribute does that). Outside tests, only
+// job's verify workload runs it, to compute the values a job's collectives
+// must produce; it also uses spmdtest's evaluators, which run on it. So, in
+// non-test files:
+//
+//   - placementref is imported by job, spmd/spmdtest and
+//     collective/collectivetest only;
+//   - spmd/spmdtest by job only, and collective/collectivetest by no package
+//     (tests import both);
+//   - hence the packages that depend on placementref are job, the packages
+//     that import job (the worker), the two helpers and placementref itself;
+//     no other package of the module does.
+func TestLayering(t *testing.T) {
+	const (
+		ref            = deps.Module + "/placement/placementref"
+		job            = deps.Module + "/job"
+		spmdtest       = deps.Module + "/spmd/spmdtest"
+		collectivetest = deps.Module + "/collective/collectivetest"
+	)
+	imports := deps.Imports(t, deps.Module+"/...")
+	importers := map[string][]string{ref: {job, spmdtest, collectivetest}, spmdtest: {job}, collectivetest: nil}
+	for pkg, imps := range imports {
+		for _, imp := range imps {
+			if allowed, ok := importers[imp]; ok && !slices.Contains(allowed, pkg) {
+				t.Errorf("%s imports %s (allowed: %v)", pkg, imp, allowed)
+			}
+		}
+	}
+	// Every other package, the library and the launcher among them, is free of
+	// it: all but job and its importers (to any depth), placementref and the
+	// helpers.
+	withJob := map[string]bool{job: true}
+	for grew := true; grew; {
+		grew = false
+		for pkg, imps := range imports {
+			if !withJob[pkg] && slices.ContainsFunc(imps, func(p string) bool { return withJob[p] }) {
+				withJob[pkg], grew = true, true
+			}
+		}
+	}
+	var others []string
+	for pkg := range imports {
+		if _, helper := importers[pkg]; !helper && !withJob[pkg] {
+			others = append(others, pkg)
+		}
+	}
+	sort.Strings(others)
+	if len(others) < 20 {
+		t.Fatalf("only %d packages to check: %v", len(others), others)
+	}
+	deps.Forbid(t, others, ref)
+}

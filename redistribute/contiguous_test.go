@@ -1,6 +1,7 @@
 package redistribute
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/meshrun/meshrun/tensor"
@@ -25,4 +26,29 @@ func TestContiguous(t *testing.T) {
 			t.Errorf("%s: contiguous = %v, want %v", c.name, got, c.want)
 		}
 	}
+}
+
+// A block whose rows lie more than maxPitch bytes apart is copied row by row,
+// to the same result.
+func TestBox2DLargePitch(t *testing.T) {
+	src := tensor.Box{Offset: []int{0, 0, 0}, Shape: []int{3, 4, 5}}
+	dst := tensor.Box{Offset: []int{0, 1, 0}, Shape: []int{3, 2, 5}} // rows 10 and 20 elements apart
+	in := tensor.New(tensor.Float64, src.Len())
+	for i := range in.Float64() {
+		in.Float64()[i] = float64(i + 1)
+	}
+	want := make([]float64, dst.Len())
+	tensor.CopyBox(want, dst, in.Float64(), src)
+	for _, limit := range []int{1 << 31, 8 * 10} {
+		maxPitch = limit
+		x := &stepExec{mem: tensor.Host, es: 8}
+		out := tensor.New(tensor.Float64, dst.Len())
+		if err := x.box2D(out, 0, dst, in, 0, src); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(out.Float64(), want) {
+			t.Errorf("maxPitch %d: %v, want %v", limit, out.Float64(), want)
+		}
+	}
+	maxPitch = 1<<31 - 1
 }

@@ -111,12 +111,26 @@ func (x *stepExec) get(name string, dt tensor.DType, n int) (*tensor.Tensor, err
 	return x.alloc(x.mem, x.key+name, dt, n)
 }
 
+// maxPitch is the largest pitch in bytes box2D hands a 2-D copy: cuMemcpy2D
+// refuses pitches from 2 GiB on. A block's rows are that far apart only when
+// the dims folded into its runs are that large, and are then copied one by
+// one.
+var maxPitch = 1<<31 - 1
+
 // box2D copies the intersection of the src box (starting at element srcAt of
 // src) and the dst box (from element dstAt of dst), as 2-D copies on their
 // memory.
 func (x *stepExec) box2D(dst *tensor.Tensor, dstAt int, db tensor.Box, src *tensor.Tensor, srcAt int, sb tensor.Box) error {
 	es := x.es
 	return tensor.Blocks(db.Intersect(sb), db, sb, func(d, s, dPitch, sPitch, n, rows int) error {
+		if rows > 1 && max(dPitch, sPitch)*es > maxPitch {
+			for r := 0; r < rows; r++ {
+				if err := x.mem.Copy2D(dst, (dstAt+d+r*dPitch)*es, n*es, src, (srcAt+s+r*sPitch)*es, n*es, n*es, 1); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		return x.mem.Copy2D(dst, (dstAt+d)*es, dPitch*es, src, (srcAt+s)*es, sPitch*es, n*es, rows)
 	})
 }

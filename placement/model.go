@@ -108,8 +108,8 @@ func picos(s float64) Picos {
 	return Picos(math.Round(s * 1e12))
 }
 
-// satPicos adds, saturating.
-func satPicos(a, b Picos) Picos { return Picos(satAdd(int64(a), int64(b))) }
+// SatPicos is a+b for times a, b >= 0, saturating like SatAdd.
+func SatPicos(a, b Picos) Picos { return Picos(SatAdd(int64(a), int64(b))) }
 
 // Compute is the modelled time of n multiply-adds.
 func (m Model) Compute(n int64) Picos { return picos(2 * float64(n) / m.Flops) }
@@ -168,7 +168,7 @@ func (m Model) Time(st Step) Picos {
 func (m Model) PlanTime(steps []Step) Picos {
 	var t Picos
 	for _, st := range steps {
-		t = satPicos(t, m.Time(st))
+		t = SatPicos(t, m.Time(st))
 	}
 	return t
 }

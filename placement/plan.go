@@ -172,7 +172,7 @@ func (st Step) Cost() int64 {
 	var c int64
 	for r := 0; r < st.From.Mesh.Size(); r++ {
 		k, p, next := st.From.Mesh.ring(r, st.MeshDims)
-		c = satAdd(c, st.sendElems(r, k, p, next))
+		c = SatAdd(c, st.sendElems(r, k, p, next))
 	}
 	return c
 }
@@ -221,7 +221,7 @@ func (st Step) movesDim(p Placement) bool {
 func PlanCost(steps []Step) int64 {
 	var c int64
 	for _, s := range steps {
-		c = satAdd(c, s.Cost())
+		c = SatAdd(c, s.Cost())
 	}
 	return c
 }
@@ -756,7 +756,7 @@ func (s *search) run(ctx context.Context, b *Budget, limit Picos) ([]Step, error
 				return err
 			}
 			k := keyOf(st.To.Placements)
-			g := cost{satPicos(cur.g.time, m.Time(st)), cur.g.moving, cur.g.steps + 1}
+			g := cost{SatPicos(cur.g.time, m.Time(st)), cur.g.moving, cur.g.steps + 1}
 			if st.Moves() {
 				g.moving++
 			}
@@ -771,7 +771,7 @@ func (s *search) run(ctx context.Context, b *Budget, limit Picos) ([]Step, error
 			}
 			n.set(cur, st, g)
 			f := g
-			f.time = satPicos(f.time, n.h)
+			f.time = SatPicos(f.time, n.h)
 			if s.ub.less(f) {
 				return nil // no better than the canonical plan
 			}

@@ -50,14 +50,23 @@ func ShapeElems(shape []int) (int64, bool) {
 	return n, true
 }
 
-// satAdd is a+b for a, b >= 0, saturating at math.MaxInt64: plan costs sum
-// the elements every rank sends, which for the largest tensors on the largest
-// meshes exceeds an int64; they compare, never print.
-func satAdd(a, b int64) int64 {
+// SatAdd is a+b for a, b >= 0, saturating at math.MaxInt64: plan costs sum
+// the elements every rank sends, and a strategy's work multiplies letters'
+// sizes, which for the largest tensors on the largest meshes exceed an int64;
+// beyond it they all compare equal, and they order plans, never print.
+func SatAdd(a, b int64) int64 {
 	if a > math.MaxInt64-b {
 		return math.MaxInt64
 	}
 	return a + b
+}
+
+// SatMul is a*b for a, b >= 0, saturating at math.MaxInt64 like SatAdd.
+func SatMul(a, b int64) int64 {
+	if p, ok := MulSize(a, b); ok {
+		return p
+	}
+	return math.MaxInt64
 }
 
 // Budget is the work planning may still do, shared by every plan made under

@@ -140,9 +140,12 @@ func (p *Plan) Collectives() []Collective {
 }
 
 // CommElems is the number of elements rank 0 passes into the plan's collectives.
-func (p *Plan) CommElems() int64 {
+func (p *Plan) CommElems() int64 { return commElems(p.Collectives()) }
+
+// commElems is the number of elements rank 0 passes into collectives cs.
+func commElems(cs []Collective) int64 {
 	var n int64
-	for _, c := range p.Collectives() {
+	for _, c := range cs {
 		n += c.Elems()
 	}
 	return n
@@ -336,7 +339,7 @@ func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, o
 	if opts.stats != nil && sv != nil {
 		n := 1
 		for _, c := range sv.cands {
-			n = int(satMul(int64(n), int64(len(c))))
+			n = int(placement.SatMul(int64(n), int64(len(c))))
 		}
 		*opts.stats = SearchStats{Strategies: n, Priced: sv.priced, Bounded: sv.bounded}
 	}
@@ -574,7 +577,7 @@ func (sv *solver) bound(idx []int) placement.Picos {
 		}
 	}
 	work := int64(sv.totalWork / split)
-	lb := satPicos(sv.model.Compute(work), sv.model.Compute(satMul(work, int64(sv.grads))))
+	lb := placement.SatPicos(sv.model.Compute(work), sv.model.Compute(placement.SatMul(work, int64(sv.grads))))
 	e := sv.e
 	nIn := len(e.in)
 	if sv.k.bias {
@@ -586,7 +589,7 @@ func (sv *solver) bound(idx []int) placement.Picos {
 	}
 	move := func(shape []int, from, to []placement.Placement) {
 		elems, _ := placement.ShapeElems(shape)
-		lb = satPicos(lb, placement.LowerBound(sv.model, float64(elems)/rest, len(shape), sizes, from, to))
+		lb = placement.SatPicos(lb, placement.LowerBound(sv.model, float64(elems)/rest, len(shape), sizes, from, to))
 	}
 	for j := range e.in {
 		local := make([]placement.Placement, n)
@@ -723,12 +726,12 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 		}
 	}
 	s.work = work(e, k, cs, mesh)
-	s.costs.Work, s.costs.BackwardWork = s.work, satMul(s.work, int64(grads))
+	s.costs.Work, s.costs.BackwardWork = s.work, placement.SatMul(s.work, int64(grads))
 	s.costs.Forward, s.costs.Backward = s.model.Compute(s.costs.Work), s.model.Compute(s.costs.BackwardWork)
 	for _, l := range s.local {
-		s.costs.Memory = satAdd(s.costs.Memory, l.MaxLocalElems())
+		s.costs.Memory = placement.SatAdd(s.costs.Memory, l.MaxLocalElems())
 	}
-	s.costs.Memory = satAdd(s.costs.Memory, out.MaxLocalElems())
+	s.costs.Memory = placement.SatAdd(s.costs.Memory, out.MaxLocalElems())
 	final := out.Placements
 	if opts.Out != nil {
 		final = opts.Out
@@ -765,7 +768,7 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 	if err := s.planMoves(ctx, pending, limit); err != nil {
 		return nil, err
 	}
-	s.costs.Time = satPicos(satPicos(s.costs.Comm, s.costs.Forward), s.costs.Backward)
+	s.costs.Time = placement.SatPicos(placement.SatPicos(s.costs.Comm, s.costs.Forward), s.costs.Backward)
 	return s, nil
 }
 
@@ -790,13 +793,13 @@ func (s *strategy) planMoves(ctx context.Context, moves []pendingMove, limit pla
 		for i, m := range moves {
 			n, _ := placement.ShapeElems(m.from.Shape)
 			lbs[i] = placement.LowerBound(s.model, float64(n), len(m.from.Shape), m.from.Mesh.Shape(), m.from.Placements, m.to.Placements)
-			rest = satPicos(rest, lbs[i])
+			rest = placement.SatPicos(rest, lbs[i])
 		}
 	}
-	base := satPicos(s.costs.Forward, s.costs.Backward)
+	base := placement.SatPicos(s.costs.Forward, s.costs.Backward)
 	recorded := make([]*Move, len(moves))
 	for i, m := range moves {
-		spent := satPicos(satPicos(base, s.costs.Comm), rest)
+		spent := placement.SatPicos(placement.SatPicos(base, s.costs.Comm), rest)
 		if limit < math.MaxInt64 && spent > limit {
 			return errPruned
 		}
@@ -827,8 +830,8 @@ func (s *strategy) planMoves(ctx context.Context, moves []pendingMove, limit pla
 			}
 			continue // the backward search will say why
 		}
-		s.cost = satAdd(s.cost, p.bytes)
-		s.costs.Comm = satPicos(s.costs.Comm, p.time)
+		s.cost = placement.SatAdd(s.cost, p.bytes)
+		s.costs.Comm = placement.SatPicos(s.costs.Comm, p.time)
 	}
 	for _, mv := range recorded {
 		if mv != nil {
@@ -845,8 +848,8 @@ func (s *strategy) move(ctx context.Context, name string, from, to placement.Spe
 	if err != nil {
 		return nil, err
 	}
-	s.cost = satAdd(s.cost, p.bytes)
-	s.costs.Comm = satPicos(s.costs.Comm, p.time)
+	s.cost = placement.SatAdd(s.cost, p.bytes)
+	s.costs.Comm = placement.SatPicos(s.costs.Comm, p.time)
 	s.steps += len(p.steps)
 	s.moving += p.moving
 	if len(p.steps) == 0 {
@@ -872,30 +875,9 @@ func work(e einsum, k kind, cs []choice, mesh placement.Mesh) int64 {
 				q *= int64(mesh.Dim(i))
 			}
 		}
-		w = satMul(w, (int64(e.size[l])+q-1)/q)
+		w = placement.SatMul(w, (int64(e.size[l])+q-1)/q)
 	}
 	return w
-}
-
-// satAdd and satMul are a+b and a*b for a, b >= 0, saturating at
-// math.MaxInt64: costs and work order strategies; beyond an int64 they all
-// compare equal.
-func satAdd(a, b int64) int64 {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
-}
-
-func satPicos(a, b placement.Picos) placement.Picos {
-	return placement.Picos(satAdd(int64(a), int64(b)))
-}
-
-func satMul(a, b int64) int64 {
-	if p, ok := placement.MulSize(a, b); ok {
-		return p
-	}
-	return math.MaxInt64
 }
 
 func describe(op string, inputs []Operand) string {

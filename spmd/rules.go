@@ -356,23 +356,17 @@ func (b *Backward) Costs() Costs {
 	var c Costs
 	for _, g := range b.Grads {
 		gc := g.Plan.Costs
-		c.Time = satPicos(c.Time, gc.Time)
-		c.Comm = satPicos(c.Comm, gc.Comm)
-		c.Forward = satPicos(c.Forward, gc.Forward)
-		c.Work = satAdd(c.Work, gc.Work)
+		c.Time = placement.SatPicos(c.Time, gc.Time)
+		c.Comm = placement.SatPicos(c.Comm, gc.Comm)
+		c.Forward = placement.SatPicos(c.Forward, gc.Forward)
+		c.Work = placement.SatAdd(c.Work, gc.Work)
 		c.Memory = max(c.Memory, gc.Memory)
 	}
 	return c
 }
 
 // CommElems is the number of elements rank 0 passes into the backward collectives.
-func (b *Backward) CommElems() int64 {
-	var n int64
-	for _, c := range b.Collectives() {
-		n += c.Elems()
-	}
-	return n
-}
+func (b *Backward) CommElems() int64 { return commElems(b.Collectives()) }
 
 // dual is the layout of a tensor's gradient given the tensor's layout, and the
 // factor that turns the global gradient into what each rank holds for its own

@@ -43,110 +43,139 @@ import (
 // the target must step aside and back: two all-to-alls, or an all-gather and
 // a local slice, whichever bound is smaller.
 func bound(m Model, sizes []int, total float64, ndim int, ps, target []Placement) Picos {
-	const (
-		none      = iota
-		gather    // all-gather (or reduce-scatter): dim k unsharded in the buffer
-		reduce    // all-reduce: twice that
-		toAll     // all-to-all: dim k sharded in the buffer
-		toAllSame // all-to-all between two splits of one tensor dim
-		aside     // step aside and back: min(two all-to-alls, one all-gather)
-	)
-	var need [MaxMeshDims]uint8
-	var size [MaxMeshDims]float64
+	var t boundTerms
+	if !t.needs(m, sizes, ps, target) {
+		return 0
+	}
+	s := m.Gamma + t.lat + t.bytes(total, ndim, ps, target)*float64(m.ElemBytes)/m.Beta
+	return Picos(math.Floor(s * 1e12 * (1 - 1e-9)))
+}
+
+// dimNeed is the least a mesh dim must do on the way to the target, as bound
+// prices it.
+type dimNeed uint8
+
+const (
+	needNone      dimNeed = iota
+	needGather            // all-gather (or reduce-scatter): dim k unsharded in the buffer
+	needReduce            // all-reduce: twice that
+	needToAll             // all-to-all: dim k sharded in the buffer
+	needToAllSame         // all-to-all between two splits of one tensor dim
+	needAside             // step aside and back: min(two all-to-alls, one all-gather)
+)
+
+// boundTerms is what bound learns of each mesh dim before it prices bytes:
+// kept in arrays, so that bounding a layout allocates nothing.
+type boundTerms struct {
+	n       int // mesh dims
+	need    [MaxMeshDims]dimNeed
+	size    [MaxMeshDims]float64
+	lat     float64 // the latency terms, summed
+	shards  uint    // mask: the mesh dims that shard the buffers (now or in the target)
+	detours uint    // mask: the detour candidates
+}
+
+// needs fills in t for layout ps and reports whether any mesh dim needs a
+// collective (otherwise the bound is 0).
+func (t *boundTerms) needs(m Model, sizes []int, ps, target []Placement) bool {
+	t.n = len(ps)
+	// first[d] is the outermost mesh dim whose sharding of tensor dim d
+	// changes: the later sharders of d must step aside around it.
 	var first [MaxTensorDims]int8
 	for d := range first {
 		first[d] = MaxMeshDims
 	}
 	for i, p := range ps {
-		t := target[i]
-		if p == t {
+		tp := target[i]
+		if p == tp {
 			continue
 		}
 		if sh, ok := p.(Shard); ok && sh.Dim < MaxTensorDims {
 			first[sh.Dim] = min(first[sh.Dim], int8(i))
 		}
-		if sh, ok := t.(Shard); ok && sh.Dim < MaxTensorDims {
+		if sh, ok := tp.(Shard); ok && sh.Dim < MaxTensorDims {
 			first[sh.Dim] = min(first[sh.Dim], int8(i))
 		}
 	}
-	var lat float64
 	calls := false
-	var shards, detours uint // masks: dims that shard the buffers, detour candidates
 	for i, p := range ps {
-		t := target[i]
-		size[i] = float64(sizes[i])
+		tp := target[i]
+		t.size[i] = float64(sizes[i])
 		_, pS := p.(Shard)
-		_, tS := t.(Shard)
+		_, tS := tp.(Shard)
 		_, pP := p.(Partial)
 		if pS || tS {
-			shards |= 1 << i
+			t.shards |= 1 << i
 		} else if sizes[i] > 1 {
-			detours |= 1 << i
+			t.detours |= 1 << i
 		}
-		if size[i] == 1 {
+		if t.size[i] == 1 {
 			continue
 		}
-		q := size[i]
+		q := t.size[i]
 		switch {
-		case p == t:
+		case p == tp:
 			if sh, ok := p.(Shard); ok && sh.Dim < MaxTensorDims && int(first[sh.Dim]) < i {
-				need[i], lat = aside, lat+(q-1)*m.Alpha // an all-gather; a slice is free
+				t.need[i], t.lat = needAside, t.lat+(q-1)*m.Alpha // an all-gather; a slice is free
 			}
-		case pS && tS && p.(Shard).Dim == t.(Shard).Dim:
-			need[i], lat = toAllSame, lat+(q-1)*m.Alpha
+		case pS && tS && p.(Shard).Dim == tp.(Shard).Dim:
+			t.need[i], t.lat = needToAllSame, t.lat+(q-1)*m.Alpha
 		case pS && tS:
-			need[i], lat = toAll, lat+(q-1)*m.Alpha
+			t.need[i], t.lat = needToAll, t.lat+(q-1)*m.Alpha
 		case pS, pP && tS:
-			need[i], lat = gather, lat+(q-1)*m.Alpha
+			t.need[i], t.lat = needGather, t.lat+(q-1)*m.Alpha
 		case pP:
-			need[i], lat = reduce, lat+2*(q-1)*m.Alpha
+			t.need[i], t.lat = needReduce, t.lat+2*(q-1)*m.Alpha
 		}
-		if need[i] != none {
+		if t.need[i] != needNone {
 			calls = true
 		}
 	}
-	if !calls {
-		return 0
-	}
-	n := len(ps)
-	// toAllBuf bounds the buffer of an all-to-all on mesh dim i from one
-	// tensor dim to another, with the dims of sh sharding: for a 2-D tensor,
-	// no later mesh dim may shard either tensor dim then (i must be their
-	// innermost sharder), so none of them shards the buffer.
-	toAllBuf := func(i int, sh uint) float64 {
-		b := total
-		for j := 0; j < n; j++ {
-			if sh&(1<<j) != 0 && (j <= i || ndim > 2) {
-				b /= size[j]
-			}
+	return calls
+}
+
+// toAllBuf bounds the buffer of an all-to-all on mesh dim i from one tensor
+// dim to another, with the dims of sh sharding: for a 2-D tensor, no later
+// mesh dim may shard either tensor dim then (i must be their innermost
+// sharder), so none of them shards the buffer.
+func (t *boundTerms) toAllBuf(total float64, ndim, i int, sh uint) float64 {
+	b := total
+	for j := 0; j < t.n; j++ {
+		if sh&(1<<j) != 0 && (j <= i || ndim > 2) {
+			b /= t.size[j]
 		}
-		return b
 	}
+	return b
+}
+
+// bytes is the bound on the elements a rank sends: the least over every set
+// of detours (subsets of t.detours) of the larger of two bounds, per-dim
+// terms and growth (detourBytes).
+func (t *boundTerms) bytes(total float64, ndim int, ps, target []Placement) float64 {
 	// Growth: all-gathers pay at least what the buffer grows by, net (a
 	// reduce-scatter or a local slice shrinks it again); besides them, the
 	// reduce-scatters, all-to-alls and all-reduces, and the shrink after each
 	// all-gather undone (a detour's, a step aside's), are paid separately.
-	cur, end := total, total
-	for i := 0; i < n; i++ {
+	g := growth{cur: total, end: total}
+	for i := 0; i < t.n; i++ {
 		if _, ok := ps[i].(Shard); ok {
-			cur /= size[i]
+			g.cur /= t.size[i]
 		}
 		if _, ok := target[i].(Shard); ok {
-			end /= size[i]
+			g.end /= t.size[i]
 		}
 	}
-	growth := max(0, end-cur)
-	// The least bytes over every set of detours (subsets of detours): for
-	// each, the larger of two bounds, per-dim terms (a) and growth (b).
+	g.net = max(0, g.end-g.cur)
 	best := math.Inf(1)
 	// Beyond maxDetours candidates, the smallest dims are counted as shrinking
 	// every buffer for free: a weaker bound, as cheap to compute.
 	const maxDetours = 4
+	detours := t.detours
 	var free uint
 	for bits.OnesCount(detours) > maxDetours {
 		small := -1
-		for i := 0; i < n; i++ {
-			if detours&(1<<i) != 0 && (small < 0 || size[i] < size[small]) {
+		for i := 0; i < t.n; i++ {
+			if detours&(1<<i) != 0 && (small < 0 || t.size[i] < t.size[small]) {
 				small = i
 			}
 		}
@@ -154,68 +183,77 @@ func bound(m Model, sizes []int, total float64, ndim int, ps, target []Placement
 		free |= 1 << small
 	}
 	for d := detours; ; d = (d - 1) & detours {
-		sh := shards | d | free
-		prod := 1.0
-		for i := 0; i < n; i++ {
-			if sh&(1<<i) != 0 {
-				prod *= size[i]
-			}
-		}
-		// The reduce-scatters together (b): whatever their order, they shrink
-		// a buffer no smaller than the tensor over every other dim that can
-		// shard it by their sizes' product, and pay for it.
-		scatter, before := 1.0, total/prod
-		var a, b, halves float64
-		for i := 0; i < n; i++ {
-			q := size[i]
-			// The buffer with dim i unsharded and every dim of sh sharded.
-			buf := total / prod
-			if sh&(1<<i) != 0 {
-				buf *= q
-			}
-			detour := d&(1<<i) != 0
-			partial := isPartial(ps[i])
-			if partial && (need[i] == gather || detour) {
-				scatter *= q
-				before *= q
-			}
-			switch {
-			case detour && partial:
-				// A partial dim sharded for a while: a reduce-scatter and a
-				// later all-gather.
-				a += 2 * (q - 1) / q * buf
-				halves += (q - 1) / q * buf
-			case detour: // a replicated dim's detour: its all-gather
-				a += (q - 1) / q * buf
-				b += (q - 1) / q * buf
-			case need[i] == gather:
-				a += (q - 1) / q * buf
-			case need[i] == reduce:
-				a += 2 * (q - 1) / q * buf
-				b += 2 * (q - 1) / q * buf
-			case need[i] == toAll: // or an all-gather and a slice
-				a += (q - 1) / q * min(toAllBuf(i, sh), buf)
-				b += (q - 1) / q * min(toAllBuf(i, sh), buf)
-			case need[i] == toAllSame:
-				a += (q - 1) / q * total / prod
-				b += (q - 1) / q * total / prod
-			case need[i] == aside:
-				a += min(2*(q-1)/q*toAllBuf(i, sh), (q-1)/q*buf)
-				b += min(2*(q-1)/q*toAllBuf(i, sh), (q-1)/q*buf)
-			}
-		}
-		// The reduce-scatters shrink the buffer by at least x and pay at least
-		// that; the all-gathers pay the net growth plus every shrink, so
-		// also at least end-cur+x (end-cur may be negative).
-		x := before * (1 - 1/scatter)
-		b += max(growth+x+halves, end-cur+2*x)
-		best = min(best, max(a, b))
+		best = min(best, t.detourBytes(total, ndim, ps, g, d, t.shards|d|free))
 		if d == 0 {
 			break
 		}
 	}
-	s := m.Gamma + lat + best*float64(m.ElemBytes)/m.Beta
-	return Picos(math.Floor(s * 1e12 * (1 - 1e-9)))
+	return best
+}
+
+// growth is the buffer a rank holds now (cur) and in the target (end), and
+// its net growth between them.
+type growth struct{ cur, end, net float64 }
+
+// detourBytes bounds the elements a rank sends on a plan that takes the
+// detours d, with the mesh dims of sh sharding the buffers: the larger of the
+// per-dim terms (a) and the growth bound (b).
+func (t *boundTerms) detourBytes(total float64, ndim int, ps []Placement, g growth, d, sh uint) float64 {
+	prod := 1.0
+	for i := 0; i < t.n; i++ {
+		if sh&(1<<i) != 0 {
+			prod *= t.size[i]
+		}
+	}
+	// The reduce-scatters together (b): whatever their order, they shrink
+	// a buffer no smaller than the tensor over every other dim that can
+	// shard it by their sizes' product, and pay for it.
+	scatter, before := 1.0, total/prod
+	var a, b, halves float64
+	for i := 0; i < t.n; i++ {
+		q := t.size[i]
+		// The buffer with dim i unsharded and every dim of sh sharded.
+		buf := total / prod
+		if sh&(1<<i) != 0 {
+			buf *= q
+		}
+		detour := d&(1<<i) != 0
+		partial := isPartial(ps[i])
+		if partial && (t.need[i] == needGather || detour) {
+			scatter *= q
+			before *= q
+		}
+		switch {
+		case detour && partial:
+			// A partial dim sharded for a while: a reduce-scatter and a
+			// later all-gather.
+			a += 2 * (q - 1) / q * buf
+			halves += (q - 1) / q * buf
+		case detour: // a replicated dim's detour: its all-gather
+			a += (q - 1) / q * buf
+			b += (q - 1) / q * buf
+		case t.need[i] == needGather:
+			a += (q - 1) / q * buf
+		case t.need[i] == needReduce:
+			a += 2 * (q - 1) / q * buf
+			b += 2 * (q - 1) / q * buf
+		case t.need[i] == needToAll: // or an all-gather and a slice
+			a += (q - 1) / q * min(t.toAllBuf(total, ndim, i, sh), buf)
+			b += (q - 1) / q * min(t.toAllBuf(total, ndim, i, sh), buf)
+		case t.need[i] == needToAllSame:
+			a += (q - 1) / q * total / prod
+			b += (q - 1) / q * total / prod
+		case t.need[i] == needAside:
+			a += min(2*(q-1)/q*t.toAllBuf(total, ndim, i, sh), (q-1)/q*buf)
+			b += min(2*(q-1)/q*t.toAllBuf(total, ndim, i, sh), (q-1)/q*buf)
+		}
+	}
+	// The reduce-scatters shrink the buffer by at least x and pay at least
+	// that; the all-gathers pay the net growth plus every shrink, so
+	// also at least end-cur+x (end-cur may be negative).
+	x := before * (1 - 1/scatter)
+	b += max(g.net+x+halves, g.end-g.cur+2*x)
+	return max(a, b)
 }
 
 // LowerBound is a lower bound on the modelled time of moving a tensor of

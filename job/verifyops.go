@@ -13,7 +13,7 @@ import (
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/placement/sim"
 	"github.com/meshrun/meshrun/spmd"
-	"github.com/meshrun/meshrun/spmd/spmdtest"
+	"github.com/meshrun/meshrun/spmd/spmdref"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -199,8 +199,8 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 	}
 	for j, in := range fwd.Inputs {
 		globals[j] = randomSim(rng, in.Spec.Shape)
-		if spmdtest.IsIndex(fwd.Op, j) { // ids: rows of the table, or pick's columns
-			n := spmdtest.IndexBound(fwd.Op, [][]int{fwd.Inputs[0].Spec.Shape, fwd.Inputs[1].Spec.Shape})
+		if spmdref.IsIndex(fwd.Op, j) { // ids: rows of the table, or pick's columns
+			n := spmdref.IndexBound(fwd.Op, [][]int{fwd.Inputs[0].Spec.Shape, fwd.Inputs[1].Spec.Shape})
 			for i := range globals[j].Data {
 				globals[j].Data[i] = float64(rng.IntN(n))
 			}
@@ -224,7 +224,7 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 			return false, "", err
 		}
 	}
-	want, err := spmdtest.Eval(fwd.Op, fwd.Equation, globals, fwd.Output.Spec.Shape)
+	want, err := spmdref.Eval(fwd.Op, fwd.Equation, globals, fwd.Output.Spec.Shape)
 	if err != nil {
 		return false, "", err
 	}
@@ -283,7 +283,7 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 					return false, "", err
 				}
 			}
-			want, err := spmdtest.Eval(g.Op, g.Equation, gg, g.Output.Spec.Shape)
+			want, err := spmdref.Eval(g.Op, g.Equation, gg, g.Output.Spec.Shape)
 			if err != nil {
 				return false, "", err
 			}
@@ -346,7 +346,7 @@ func localOp(p *spmd.Plan, ins []*tensor.Tensor, rank int) (*tensor.Tensor, erro
 	for i, t := range ins {
 		s[i] = sim.Tensor{Shape: t.Shape(), Data: t.Float64()}
 	}
-	out, err := spmdtest.EvalAt(p.Op, p.Equation, s, p.Output.Spec.LocalShape(rank), p.RowOffset(rank))
+	out, err := spmdref.EvalAt(p.Op, p.Equation, s, p.Output.Spec.LocalShape(rank), p.RowOffset(rank))
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %s: %w", rank, p.Op, err)
 	}

@@ -101,7 +101,7 @@ func combos(per, ndim, limit int, rng *rand.Rand) [][]int {
 // sharded on any of its dims, P (a pending sum) or P(avg), at the op's shape
 // variants.
 // Layouts the rules refuse are not cases.
-func opCases(ctx context.Context, op string, m placement.Mesh, quick bool) []opCase {
+func opCases(ctx context.Context, pl *placement.Planner, op string, m placement.Mesh, quick bool) []opCase {
 	shapes, dims := opShapes(op, m.Size())
 	if quick {
 		shapes, dims = shapes[:1], dims[:1]
@@ -146,11 +146,11 @@ func opCases(ctx context.Context, op string, m placement.Mesh, quick bool) []opC
 			if !ok {
 				continue
 			}
-			fwd, err := spmd.ForwardContext(ctx, req)
+			fwd, err := spmd.ForwardWith(ctx, pl.WithBudget(placement.DefaultBudget), req)
 			if err != nil {
 				continue // a layout the rules refuse is not a case
 			}
-			bwd, err := spmd.BackwardOfContext(ctx, fwd, nil, req.Dims)
+			bwd, err := spmd.BackwardOfWith(ctx, pl.WithBudget(placement.DefaultBudget), fwd, nil, req.Dims)
 			if err != nil && !errors.Is(err, spmd.ErrGrad) {
 				continue
 			}
@@ -363,7 +363,7 @@ func gatherCompare(ctx context.Context, w *collective.World, t *tensor.Tensor, s
 	for i := range ps {
 		ps[i] = placement.Replicate{}
 	}
-	steps, err := placement.PlanContext(ctx, spec, spec.WithPlacements(ps...))
+	steps, err := placement.DefaultPlanner().Plan(ctx, spec, spec.WithPlacements(ps...))
 	if err != nil {
 		return "", err
 	}

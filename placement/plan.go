@@ -9,34 +9,37 @@ import (
 )
 
 // Plan returns the cheapest sequence of steps that turns a tensor laid out as
-// from into one laid out as to under the context's Model (DefaultModel for
-// Plan): the least modelled time, then the fewest collectives, then the fewest
-// steps, then the first in a fixed order. It is an A* search over layouts
-// with an admissible, consistent bound (see bound), so it returns an optimal
-// plan among every order of every step moves offers — single-dim
-// collectives, all-to-alls, flattened groups over several mesh dims, local
-// slices — while expanding only the layouts that could lie on a cheaper
-// path. A mesh dim that goes from Shard to Partial is an error (ErrNoPath).
-// The search does at most DefaultBudget units of work (ErrBudget beyond).
-func Plan(from, to Spec) ([]Step, error) { return PlanContext(context.Background(), from, to) }
+// from into one laid out as to under DefaultModel, within DefaultBudget: see
+// Planner.Plan, here with a DefaultPlanner of its own.
+func Plan(from, to Spec) ([]Step, error) {
+	return DefaultPlanner().Plan(context.Background(), from, to)
+}
 
-// PlanContext is Plan within ctx: priced by ctx's Model (WithModel), it stops
-// with ctx's error once ctx is done, and draws its work from ctx's Budget
-// (WithBudget; a fresh DefaultBudget when ctx carries none), stopping with an
-// error wrapping ErrBudget when it runs out.
-func PlanContext(ctx context.Context, from, to Spec) ([]Step, error) {
-	steps, _, err := planSearch(ctx, from, to, 1, math.MaxInt64)
+// Plan returns the cheapest sequence of steps that turns a tensor laid out as
+// from into one laid out as to under p's Model: the least modelled time, then
+// the fewest collectives, then the fewest steps, then the first in a fixed
+// order. It is an A* search over layouts with an admissible, consistent bound
+// (see bound), so it returns an optimal plan among every order of every step
+// moves offers — single-dim collectives, all-to-alls, flattened groups over
+// several mesh dims, local slices — while expanding only the layouts that
+// could lie on a cheaper path. A mesh dim that goes from Shard to Partial is
+// an error (ErrNoPath). It stops with ctx's error once ctx is done, and draws
+// its work from p's budget, stopping with an error wrapping ErrBudget when it
+// runs out; a plan p's cache holds costs nothing. A nil p is a
+// DefaultPlanner.
+func (p *Planner) Plan(ctx context.Context, from, to Spec) ([]Step, error) {
+	steps, _, err := planSearch(ctx, p.orDefault(), from, to, 1, math.MaxInt64)
 	return steps, err
 }
 
-// PlanWithin is PlanContext for planners that only need plans cheaper than
-// limit (a strategy search that has a cheaper strategy in hand): once every
-// plan left takes more than limit, it stops and returns an error for which
-// AboveLimit reports a lower bound on the cheapest plan's time. Another call
-// under the same Budget with a higher limit resumes the search where this
+// PlanWithin is Plan for planners that only need plans cheaper than limit (a
+// strategy search that has a cheaper strategy in hand): once every plan left
+// takes more than limit, it stops and returns an error for which AboveLimit
+// reports a lower bound on the cheapest plan's time. Another call with a
+// planner sharing p's cache and a higher limit resumes the search where this
 // one stopped.
-func PlanWithin(ctx context.Context, from, to Spec, limit Picos) ([]Step, error) {
-	steps, _, err := planSearch(ctx, from, to, 1, limit)
+func (p *Planner) PlanWithin(ctx context.Context, from, to Spec, limit Picos) ([]Step, error) {
+	steps, _, err := planSearch(ctx, p.orDefault(), from, to, 1, limit)
 	return steps, err
 }
 
@@ -53,7 +56,7 @@ func AboveLimit(err error) (Picos, bool) {
 // planSearch plans with the bound weighted by weight: 1 is A*, 0 Dijkstra
 // (for tests to compare), more than 1 trades optimality for speed. It also
 // returns the number of layouts expanded.
-func planSearch(ctx context.Context, from, to Spec, weight float64, limit Picos) ([]Step, int, error) {
+func planSearch(ctx context.Context, pl *Planner, from, to Spec, weight float64, limit Picos) ([]Step, int, error) {
 	if err := from.Validate(); err != nil {
 		return nil, 0, err
 	}
@@ -72,28 +75,27 @@ func planSearch(ctx context.Context, from, to Spec, weight float64, limit Picos)
 				from, to, from.Mesh.DimName(i), from.Placements[i], to.Placements[i], ErrNoPath)
 		}
 	}
-	m := ModelOf(ctx)
+	m := pl.model
 	if err := m.Validate(); err != nil {
 		return nil, 0, err
 	}
-	b, ctx := BudgetOf(ctx)
-	key := fmt.Sprintf("%s %s>%s %v %v", from.Mesh, from, FormatList(to.Placements), m, weight)
-	p, ok := b.recall(key)
+	key := fmt.Sprintf("placement|%s %s>%s %v %v", from.Mesh, from, FormatList(to.Placements), m, weight)
+	p, ok := pl.recallPlanned(key)
 	if ok && p.search == nil {
 		return p.steps, p.expanded, p.err
 	}
 	if !ok {
 		p.search = newSearch(m, from, to, weight)
 	}
-	steps, err := p.search.run(ctx, b, limit)
+	steps, err := p.search.run(ctx, pl, limit)
 	var ab *above
 	if errors.As(err, &ab) {
-		b.remember(key, planned{search: p.search})
+		pl.Remember(key, planned{search: p.search})
 		return nil, p.search.expanded, err
 	}
 	if err != nil && !errors.Is(err, ErrNoPath) {
 		return nil, p.search.expanded, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, err)
 	}
-	b.remember(key, planned{steps: steps, err: err, expanded: p.search.expanded})
+	pl.Remember(key, planned{steps: steps, err: err, expanded: p.search.expanded})
 	return steps, p.search.expanded, err
 }

@@ -194,7 +194,7 @@ func (e *above) Error() string {
 
 // run searches on until it finds the cheapest plan, or until every layout
 // queued is priced above limit (an *above error).
-func (s *search) run(ctx context.Context, b *Budget, limit Picos) ([]Step, error) {
+func (s *search) run(ctx context.Context, b *Planner, limit Picos) ([]Step, error) {
 	m, from := s.m, s.from
 	for s.q.Len() > 0 {
 		if f := (*s.q)[0].f.time; f > limit {

@@ -9,25 +9,20 @@ import (
 	"github.com/meshrun/meshrun/spmd/spmdtest"
 )
 
-// forgetPlans empties the memo, for benchmarks that time planning itself.
-func forgetPlans() {
-	memo.Lock()
-	clear(memo.plans)
-	memo.Unlock()
-}
-
-// TestMemo: an op planned again returns an equal plan for no work; what the
-// caller changes in it does not reach the next caller; a different model,
-// output placement or explain count plans afresh.
+// TestMemo: an op planned again by a planner sharing the first's cache
+// returns an equal plan for no work; what the caller changes in it does not
+// reach the next caller; a different model, output placement or explain
+// count plans afresh.
 func TestMemo(t *testing.T) {
-	forgetPlans()
+	ctx := context.Background()
+	pl := placement.DefaultPlanner()
 	req := linearRequest(t, "a=2,b=2,c=2", "16x8x32:[S(0),S(1),R]", "64x32:[R,R,S(0)]")
-	first, err := Forward(req)
+	first, err := ForwardWith(ctx, pl, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, ctx := placement.BudgetOf(context.Background())
-	again, err := ForwardContext(ctx, req)
+	b := pl.WithBudget(placement.DefaultBudget)
+	again, err := ForwardWith(ctx, b, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,18 +35,18 @@ func TestMemo(t *testing.T) {
 	again.Strategy[0] = "changed"
 	again.Local[0].Name = "changed"
 	again.Moves = nil
-	third, err := Forward(req)
+	third, err := ForwardWith(ctx, pl, req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(first, third) {
 		t.Fatalf("a caller's change reached the memo:\n%+v\n%+v", first, third)
 	}
-	bwd1, err := BackwardOf(first, nil, nil)
+	bwd1, err := BackwardOfWith(ctx, pl, first, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bwd2, err := BackwardOf(third, nil, nil)
+	bwd2, err := BackwardOfWith(ctx, pl, third, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,11 +57,11 @@ func TestMemo(t *testing.T) {
 	// The key: the model (tiny layers where Megatron's layout wins only
 	// under LargeLayers), the output placement and the explain count.
 	small := linearRequest(t, "dp=2,tp=2", "64x16:[S(0),R]", "32x16:[R,S(0)]")
-	def, err := Forward(small)
+	def, err := ForwardWith(ctx, pl, small)
 	if err != nil {
 		t.Fatal(err)
 	}
-	large, err := ForwardContext(placement.WithModel(context.Background(), spmdtest.LargeLayers), small)
+	large, err := ForwardWith(ctx, pl.WithModel(spmdtest.LargeLayers), small)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +69,7 @@ func TestMemo(t *testing.T) {
 		t.Fatal("a plan under another model came from the memo")
 	}
 	small.Explain = 2
-	explained, err := Forward(small)
+	explained, err := ForwardWith(ctx, pl, small)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +78,7 @@ func TestMemo(t *testing.T) {
 	}
 	small.Explain = 0
 	small.Out, _ = placement.ParseList("[R,R]")
-	out, err := Forward(small)
+	out, err := ForwardWith(ctx, pl, small)
 	if err != nil {
 		t.Fatal(err)
 	}

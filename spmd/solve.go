@@ -39,7 +39,7 @@ const boundWork = 8
 // tests), having priced few.
 type solver struct {
 	ctx        context.Context
-	budget     *placement.Budget
+	pl         *placement.Planner
 	model      placement.Model
 	e          einsum
 	k          kind
@@ -49,7 +49,7 @@ type solver struct {
 	opts       Options
 	cands      [][]choice
 	sizes      []int
-	cache      planCache
+	cache      moveCache
 	keep       int         // strategies kept: 1, or 1 + Options.Explain
 	kept       []*strategy // the cheapest found, in order
 	firstErr   error
@@ -64,26 +64,26 @@ type solver struct {
 }
 
 // solve finds the cheapest strategy of an einsum and returns its plan,
-// drawing its work from ctx's placement.Budget.
-func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, error) {
+// priced by pl's model and drawing its work from pl's budget. A plan pl's
+// cache holds is not solved again.
+func solve(ctx context.Context, pl *placement.Planner, op string, e einsum, k kind, inputs []Operand, opts Options) (*Plan, error) {
 	if opts.stats == nil && !exhaustive {
-		key := memoKey(op, e, k, inputs, opts, placement.ModelOf(ctx))
-		if p, ok := recallPlan(key); ok {
+		key := memoKey(op, e, k, inputs, opts, pl.Model())
+		if p, ok := recallPlan(pl, key); ok {
 			// A plan remembered costs no work, but a done context or a
 			// spent budget still stops the caller.
-			b, ctx := placement.BudgetOf(ctx)
-			if err := b.Spend(ctx, 0); err != nil {
+			if err := pl.Spend(ctx, 0); err != nil {
 				return nil, err
 			}
 			return p, nil
 		}
-		p, _, err := solveWith(ctx, op, e, k, inputs, opts, false)
+		p, _, err := solveWith(ctx, pl, op, e, k, inputs, opts, false)
 		if err == nil {
-			rememberPlan(key, p)
+			rememberPlan(pl, key, p)
 		}
 		return p, err
 	}
-	p, sv, err := solveWith(ctx, op, e, k, inputs, opts, exhaustive)
+	p, sv, err := solveWith(ctx, pl, op, e, k, inputs, opts, exhaustive)
 	if opts.stats != nil && sv != nil {
 		n := 1
 		for _, c := range sv.cands {
@@ -94,7 +94,7 @@ func solve(ctx context.Context, op string, e einsum, k kind, inputs []Operand, o
 	return p, err
 }
 
-func solveWith(ctx context.Context, op string, e einsum, k kind, inputs []Operand, opts Options, exhaustive bool) (*Plan, *solver, error) {
+func solveWith(ctx context.Context, pl *placement.Planner, op string, e einsum, k kind, inputs []Operand, opts Options, exhaustive bool) (*Plan, *solver, error) {
 	mesh := inputs[0].Spec.Mesh
 	given := make([]placement.Spec, len(inputs))
 	for i, in := range inputs {
@@ -103,9 +103,8 @@ func solveWith(ctx context.Context, op string, e einsum, k kind, inputs []Operan
 	if opts.Out != nil && len(opts.Out) != mesh.NDim() {
 		return nil, nil, fmt.Errorf("%w: %s: %d output placements for the %d-D mesh %s", ErrNoRule, describe(op, inputs), len(opts.Out), mesh.NDim(), mesh)
 	}
-	budget, ctx := placement.BudgetOf(ctx)
-	sv := &solver{ctx: ctx, budget: budget, model: placement.ModelOf(ctx), e: e, k: k, op: op, inputs: inputs, given: given,
-		opts: opts, cands: make([][]choice, mesh.NDim()), sizes: mesh.Shape(), cache: planCache{}, keep: 1 + max(0, opts.Explain),
+	sv := &solver{ctx: ctx, pl: pl, model: pl.Model(), e: e, k: k, op: op, inputs: inputs, given: given,
+		opts: opts, cands: make([][]choice, mesh.NDim()), sizes: mesh.Shape(), cache: newMoveCache(pl, mesh), keep: 1 + max(0, opts.Explain),
 		exhaustive: exhaustive, totalWork: 1}
 	for i := range sv.cands {
 		sv.cands[i] = candidates(e, k, given, i)
@@ -246,7 +245,7 @@ func (sv *solver) search(idx []int) error {
 	for c := first; c < len(sv.cands[i]); c++ {
 		opts = append(opts, option{c, 0})
 		if !sv.exhaustive {
-			if err := sv.budget.Spend(sv.ctx, boundWork); err != nil {
+			if err := sv.pl.Spend(sv.ctx, boundWork); err != nil {
 				return err
 			}
 			sv.bounded++
@@ -270,7 +269,7 @@ func (sv *solver) search(idx []int) error {
 
 // price prices the strategy idx and keeps it if it is among the cheapest.
 func (sv *solver) price(idx []int) error {
-	if err := sv.budget.Spend(sv.ctx, strategyWork); err != nil {
+	if err := sv.pl.Spend(sv.ctx, strategyWork); err != nil {
 		return err
 	}
 	sv.priced++

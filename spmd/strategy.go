@@ -3,12 +3,15 @@ package spmd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 
 	"github.com/meshrun/meshrun/placement"
 )
 
+// strategy is one choice per mesh dim, priced: the layouts the local op
+// reads and writes, the moves around it and what they cost.
 type strategy struct {
 	choices []choice
 	local   []placement.Spec
@@ -21,18 +24,28 @@ type strategy struct {
 	work    int64 // multiply-adds of the local op on the busiest rank
 	costs   Costs
 	model   placement.Model
-	plans   planCache
+	plans   moveCache
 	index   []int // the choices' indices, for ties
 }
 
-// planCache remembers redistribution plans within one solve: strategies share
-// most of their moves.
-type planCache map[string]*cachedPlan
+// moveCache plans the redistributions of a solve's strategies, with their
+// prices, through the planner's cache: strategies share most of their
+// moves, and the ops of a model many.
+type moveCache struct {
+	pl     *placement.Planner
+	prefix string // the cache key's start: the package, the model and the mesh
+}
+
+// newMoveCache plans the moves of a solve on mesh: a spec's string leaves
+// its mesh out, the key must not.
+func newMoveCache(pl *placement.Planner, mesh placement.Mesh) moveCache {
+	return moveCache{pl: pl, prefix: fmt.Sprintf("spmd|move|%v|%s|", pl.Model(), mesh)}
+}
 
 // cachedPlan is one redistribution plan with its prices, computed once:
 // pricing a plan's bytes visits every rank of the mesh. A plan searched only
 // up to a limit (because every strategy needing it was pruned) keeps the
-// lower bound the search proved.
+// lower bound the search proved. It is shared, never changed.
 type cachedPlan struct {
 	steps  []placement.Step
 	err    error
@@ -44,18 +57,19 @@ type cachedPlan struct {
 
 // plan returns the plan from -> to, or errPruned if it takes more than
 // limit.
-func (c planCache) plan(ctx context.Context, from, to placement.Spec, limit placement.Picos) (*cachedPlan, error) {
-	k := from.String() + ">" + to.String()
-	p, ok := c[k]
+func (c moveCache) plan(ctx context.Context, from, to placement.Spec, limit placement.Picos) (*cachedPlan, error) {
+	k := c.prefix + from.String() + ">" + to.String()
+	v, ok := c.pl.Recall(k)
+	p, _ := v.(*cachedPlan)
 	if ok && p.above == 0 {
 		return p, p.err
 	}
 	if ok && p.above > limit {
 		return nil, errPruned
 	}
-	steps, err := placement.PlanWithin(ctx, from, to, limit)
+	steps, err := c.pl.PlanWithin(ctx, from, to, limit)
 	if lb, ok := placement.AboveLimit(err); ok {
-		c[k] = &cachedPlan{above: max(lb, 1)}
+		c.pl.Remember(k, &cachedPlan{above: max(lb, 1)})
 		return nil, errPruned
 	}
 	if stopped(err) {
@@ -64,14 +78,14 @@ func (c planCache) plan(ctx context.Context, from, to placement.Spec, limit plac
 	p = &cachedPlan{steps: steps, err: err}
 	if err == nil {
 		p.bytes = placement.PlanCost(steps)
-		p.time = placement.ModelOf(ctx).PlanTime(steps)
+		p.time = c.pl.Model().PlanTime(steps)
 		for _, st := range steps {
 			if st.Moves() {
 				p.moving++
 			}
 		}
 	}
-	c[k] = p
+	c.pl.Remember(k, p)
 	return p, err
 }
 
@@ -100,13 +114,13 @@ func (s *strategy) candidate(mesh placement.Mesh, e einsum) Candidate {
 }
 
 // price builds one strategy's layouts and prices its redistributions.
-func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choice, opts Options, cache planCache, limit placement.Picos) (*strategy, error) {
+func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs []Operand, cs []choice, opts Options, cache moveCache, limit placement.Picos) (*strategy, error) {
 	mesh := given[0].Mesh
 	nIn := len(e.in)
 	if k.bias {
 		nIn--
 	}
-	s := &strategy{choices: cs, plans: cache, model: placement.ModelOf(ctx)}
+	s := &strategy{choices: cs, plans: cache, model: cache.pl.Model()}
 	outPl := make([]placement.Placement, len(cs))
 	for i, c := range cs {
 		outPl[i] = place(e, given, i, c, e.out, true, -1)

@@ -2,7 +2,9 @@ package spmd
 
 import (
 	"context"
+	"fmt"
 	"reflect"
+	"sync"
 	"testing"
 
 	"github.com/meshrun/meshrun/placement"
@@ -84,5 +86,56 @@ func TestMemo(t *testing.T) {
 	}
 	if !reflect.DeepEqual(out.Final.Spec.Placements, small.Out) {
 		t.Fatalf("output placement not in the key: %v", out.Final.Spec)
+	}
+}
+
+// TestMemoShared: goroutines planning ops forward and backward with one
+// planner get the plans each would get alone.
+func TestMemoShared(t *testing.T) {
+	ctx := context.Background()
+	reqs := []Request{
+		linearRequest(t, "a=2,b=2,c=2", "16x8x32:[S(0),S(1),R]", "64x32:[R,R,S(0)]"),
+		linearRequest(t, "dp=2,tp=2", "64x16:[S(0),R]", "32x16:[R,S(0)]"),
+		linearRequest(t, "dp=2,tp=2", "64x16:[R,S(1)]", "32x16:[S(0),R]"),
+	}
+	var want []string
+	for _, req := range reqs {
+		fwd, err := Forward(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bwd, err := BackwardOf(fwd, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, Text(fwd, bwd, 4))
+	}
+	pl := placement.DefaultPlanner()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := range 6 {
+		wg.Go(func() {
+			for k := range reqs {
+				i := (g + k) % len(reqs)
+				fwd, err := ForwardWith(ctx, pl.WithBudget(placement.DefaultBudget), reqs[i])
+				if err != nil {
+					errs <- err
+					return
+				}
+				bwd, err := BackwardOfWith(ctx, pl.WithBudget(placement.DefaultBudget), fwd, nil, nil)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if got := Text(fwd, bwd, 4); got != want[i] {
+					errs <- fmt.Errorf("request %d planned with a shared planner:\n%s\nalone:\n%s", i, got, want[i])
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

@@ -194,7 +194,7 @@ func (e *above) Error() string {
 
 // run searches on until it finds the cheapest plan, or until every layout
 // queued is priced above limit (an *above error).
-func (s *search) run(ctx context.Context, b *Planner, limit Picos) ([]Step, error) {
+func (s *search) run(ctx context.Context, pl *Planner, limit Picos) ([]Step, error) {
 	m, from := s.m, s.from
 	for s.q.Len() > 0 {
 		if f := (*s.q)[0].f.time; f > limit {
@@ -212,12 +212,12 @@ func (s *search) run(ctx context.Context, b *Planner, limit Picos) ([]Step, erro
 			return s.fallback, nil
 		}
 		s.expanded++
-		if err := b.Spend(ctx, expandWork); err != nil {
+		if err := pl.Spend(ctx, expandWork); err != nil {
 			return nil, err
 		}
 		spec := Spec{Shape: from.Shape, Mesh: from.Mesh, Placements: cur.ps}
 		err := moves(spec, from, s.to, func(st Step) error {
-			if err := b.Spend(ctx, stepWork); err != nil {
+			if err := pl.Spend(ctx, stepWork); err != nil {
 				return err
 			}
 			k := keyOf(st.To.Placements)

@@ -81,16 +81,19 @@ func (t *calibrateTask) run(ctx context.Context, env Env) int {
 // modelUsage is the help of --model.
 const modelUsage = "plan with the cost model in `FILE` (worker calibrate writes one; default: the built-in cpu model)"
 
-// readModel reads --model ("": the zero model, the planners' default).
-func readModel(path string) (placement.Model, error) {
+// readPlanner is the planner of --model: the model it reads
+// (placement.DefaultModel for ""), within a placement.DefaultBudget that all
+// the planning of the workload's setup shares, so that no arguments make it
+// run long.
+func readPlanner(path string) (*placement.Planner, error) {
 	if path == "" {
-		return placement.Model{}, nil
+		return placement.DefaultPlanner(), nil
 	}
 	m, err := placement.ReadModel(path)
 	if err != nil {
-		return m, fmt.Errorf("--model: %w", err)
+		return nil, fmt.Errorf("--model: %w", err)
 	}
-	return m, nil
+	return placement.NewPlanner(m, placement.DefaultBudget), nil
 }
 
 // median runs f repeat times after one warm-up and returns the median time,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -101,6 +102,8 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	t.cfg.Mesh, t.cfg.Vocab = t.m, len(t.corpus.chars)
+	// One planner for the ranks of this process: each plans a layer once.
+	t.cfg.Planner = placement.DefaultPlanner()
 	t.heldOut = 8
 	// Checked as the ranks will build it: a bad layout, or a checkpoint
 	// that does not fit the model, fails here, before any rank starts.

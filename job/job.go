@@ -13,7 +13,6 @@ import (
 	"strings"
 
 	"github.com/meshrun/meshrun/internal/flaghelp"
-	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/runlog"
 )
 
@@ -153,8 +152,8 @@ func Main(ctx context.Context, env Env) int {
 		defer rl.Recover()
 		env.Run = rl
 	}
-	// Planning in setup shares one budget: no arguments make it run long.
-	if err := t.setup(placement.WithBudget(ctx, placement.DefaultBudget), env, fs.Args()); err != nil {
+	// Planning in setup shares one budget, its planner's (readPlanner).
+	if err := t.setup(ctx, env, fs.Args()); err != nil {
 		return usageError(env, name, err)
 	}
 	if check {

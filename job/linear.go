@@ -24,6 +24,8 @@ type linearArgs struct {
 	mesh, x, w, b, out, grads, load, dump, model string
 	seed                                         uint64
 	dev                                          deviceFlags
+	// planner, if set, plans instead of --model's (verify's cases share one).
+	planner *placement.Planner
 }
 
 func (a linearArgs) config() (linear.Config, error) {
@@ -83,7 +85,9 @@ func (a linearArgs) parse() (linear.Config, error) {
 		return linear.Config{}, fmt.Errorf("--mesh: %w", err)
 	}
 	cfg := linear.Config{Name: "linear"}
-	if cfg.Model, err = readModel(a.model); err != nil {
+	if a.planner != nil {
+		cfg.Planner = a.planner
+	} else if cfg.Planner, err = readPlanner(a.model); err != nil {
 		return cfg, err
 	}
 	if cfg.X, err = placement.ParseSpec(a.x, m); err != nil {

@@ -106,7 +106,7 @@ func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	cfg.Mesh, cfg.LR = m, float32(t.lr)
-	if cfg.Model, err = readModel(t.model); err != nil {
+	if cfg.Planner, err = readPlanner(t.model); err != nil {
 		return err
 	}
 	params, mem, err := linear.CheckMLP(ctx, *cfg)

@@ -51,7 +51,7 @@ func Meshes(world int) []placement.Mesh {
 // W (R, S(0), S(1)) and b (R, S(0)) per mesh dim, at even sizes (multiples of
 // the mesh size) and uneven ones (P+1 tokens, P-1 features in, a prime out).
 // quick keeps the uneven sizes and drops partial inputs.
-func linearCases(m placement.Mesh, quick bool) []verifyCase {
+func linearCases(planner *placement.Planner, m placement.Mesh, quick bool) []verifyCase {
 	p := m.Size()
 	type size struct {
 		name    string
@@ -100,7 +100,7 @@ func linearCases(m placement.Mesh, quick bool) []verifyCase {
 			w := fmt.Sprintf("%dx%d:%s", sz.n, sz.k, pl(func(c choice) string { return c.w }))
 			b := fmt.Sprintf("%d:%s", sz.n, pl(func(c choice) string { return c.b }))
 			seed := uint64(len(out) + 1)
-			a := linearArgs{mesh: m.String(), x: x, w: w, b: b, grads: "x,w,b", seed: seed}
+			a := linearArgs{mesh: m.String(), x: x, w: w, b: b, grads: "x,w,b", seed: seed, planner: planner.WithBudget(placement.DefaultBudget)}
 			cfg, plans, err := a.plan(context.Background())
 			if err != nil {
 				continue // a layout the rules refuse is not a case
@@ -208,14 +208,17 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 	// Planning the cases is pure and most of verify's work on 3-D meshes: plan
 	// them on every core. opCasesOf[i][k] are the cases of others[k] on mesh i.
 	opCasesOf := make([][][]opCase, len(meshes))
+	// One planner for them all, each plan within a budget of its own: a plan
+	// repeated is made once.
+	pl := placement.DefaultPlanner()
 	var plan []func()
 	for i, m := range meshes {
 		opCasesOf[i] = make([][]opCase, len(others))
 		for o, op := range others {
-			plan = append(plan, func() { opCasesOf[i][o] = opCases(ctx, op, m, t.quick) })
+			plan = append(plan, func() { opCasesOf[i][o] = opCases(ctx, pl, op, m, t.quick) })
 		}
 		if doLinear {
-			plan = append(plan, func() { cases[i] = linearCases(m, t.quick) })
+			plan = append(plan, func() { cases[i] = linearCases(pl, m, t.quick) })
 		}
 	}
 	parallel(plan)

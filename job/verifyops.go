@@ -14,7 +14,7 @@ import (
 	"github.com/meshrun/meshrun/placement/placementref"
 	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/spmd"
-	"github.com/meshrun/meshrun/spmd/spmdtest"
+	"github.com/meshrun/meshrun/spmd/spmdref"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -102,7 +102,7 @@ func combos(per, ndim, limit int, rng *rand.Rand) [][]int {
 // sharded on any of its dims, P (a pending sum) or P(avg), at the op's shape
 // variants.
 // Layouts the rules refuse are not cases.
-func opCases(ctx context.Context, op string, m placement.Mesh, quick bool) []opCase {
+func opCases(ctx context.Context, pl *placement.Planner, op string, m placement.Mesh, quick bool) []opCase {
 	shapes, dims := opShapes(op, m.Size())
 	if quick {
 		shapes, dims = shapes[:1], dims[:1]
@@ -147,11 +147,11 @@ func opCases(ctx context.Context, op string, m placement.Mesh, quick bool) []opC
 			if !ok {
 				continue
 			}
-			fwd, err := spmd.ForwardContext(ctx, req)
+			fwd, err := spmd.ForwardWith(ctx, pl.WithBudget(placement.DefaultBudget), req)
 			if err != nil {
 				continue // a layout the rules refuse is not a case
 			}
-			bwd, err := spmd.BackwardOfContext(ctx, fwd, nil, req.Dims)
+			bwd, err := spmd.BackwardOfWith(ctx, pl.WithBudget(placement.DefaultBudget), fwd, nil, req.Dims)
 			if err != nil && !errors.Is(err, spmd.ErrGrad) {
 				continue
 			}
@@ -200,8 +200,8 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 	}
 	for j, in := range fwd.Inputs {
 		globals[j] = randomSim(rng, in.Spec.Shape)
-		if spmdtest.IsIndex(fwd.Op, j) { // ids: rows of the table, or pick's columns
-			n := spmdtest.IndexBound(fwd.Op, [][]int{fwd.Inputs[0].Spec.Shape, fwd.Inputs[1].Spec.Shape})
+		if spmdref.IsIndex(fwd.Op, j) { // ids: rows of the table, or pick's columns
+			n := spmdref.IndexBound(fwd.Op, [][]int{fwd.Inputs[0].Spec.Shape, fwd.Inputs[1].Spec.Shape})
 			for i := range globals[j].Data {
 				globals[j].Data[i] = float64(rng.IntN(n))
 			}
@@ -225,7 +225,7 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 			return false, "", err
 		}
 	}
-	want, err := spmdtest.Eval(fwd.Op, fwd.Equation, globals, fwd.Output.Spec.Shape)
+	want, err := spmdref.Eval(fwd.Op, fwd.Equation, globals, fwd.Output.Spec.Shape)
 	if err != nil {
 		return false, "", err
 	}
@@ -284,7 +284,7 @@ func runOpCase(ctx context.Context, w *collective.World, c opCase) (bool, string
 					return false, "", err
 				}
 			}
-			want, err := spmdtest.Eval(g.Op, g.Equation, gg, g.Output.Spec.Shape)
+			want, err := spmdref.Eval(g.Op, g.Equation, gg, g.Output.Spec.Shape)
 			if err != nil {
 				return false, "", err
 			}
@@ -347,7 +347,7 @@ func localOp(p *spmd.Plan, ins []*tensor.Tensor, rank int) (*tensor.Tensor, erro
 	for i, t := range ins {
 		s[i] = placementref.Tensor{Shape: t.Shape(), Data: t.Float64()}
 	}
-	out, err := spmdtest.EvalAt(p.Op, p.Equation, s, p.Output.Spec.LocalShape(rank), p.RowOffset(rank))
+	out, err := spmdref.EvalAt(p.Op, p.Equation, s, p.Output.Spec.LocalShape(rank), p.RowOffset(rank))
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: %s: %w", rank, p.Op, err)
 	}
@@ -364,7 +364,7 @@ func gatherCompare(ctx context.Context, w *collective.World, t *tensor.Tensor, s
 	for i := range ps {
 		ps[i] = placement.Replicate{}
 	}
-	steps, err := placement.PlanContext(ctx, spec, spec.WithPlacements(ps...))
+	steps, err := placement.DefaultPlanner().Plan(ctx, spec, spec.WithPlacements(ps...))
 	if err != nil {
 		return "", err
 	}

@@ -32,7 +32,7 @@ func TestVerifyOps3D(t *testing.T) {
 func TestVerifyOpsCatchesWrongPlans(t *testing.T) {
 	m := placement.MustMesh([]int{2}, []string{"tp"})
 	var c *opCase
-	for _, oc := range opCases(context.Background(), "sum", m, false) {
+	for _, oc := range opCases(context.Background(), nil, "sum", m, false) {
 		if strings.Contains(oc.command, "--x '3x3x5:[S(1)]' --dims 1") {
 			c = &oc
 			break
@@ -66,7 +66,7 @@ func TestVerifyOpsCatchesWrongPlans(t *testing.T) {
 func TestSameCollectives(t *testing.T) {
 	m := placement.MustMesh([]int{2}, []string{"tp"})
 	var c *opCase
-	for _, oc := range opCases(context.Background(), "sum", m, false) {
+	for _, oc := range opCases(context.Background(), nil, "sum", m, false) {
 		if len(oc.fwd.Collectives()) == 1 {
 			c = &oc
 			break

@@ -25,7 +25,7 @@ func TestAccumulation(t *testing.T) {
 	}
 	b := spec(t, "12:[R,S(0)]", m)
 	cfg := linear.Config{Name: "fc", X: spec(t, "16x8:[S(0),R]", m), W: spec(t, "12x8:[R,S(0)]", m), B: &b, Grads: linear.AllGrads,
-		Model: spmdtest.LargeLayers} // data parallel over dp, as a wide layer would be
+		Planner: placement.NewPlanner(spmdtest.LargeLayers, placement.DefaultBudget)} // data parallel over dp, as a wide layer would be
 
 	d1 := linear.RandomData([]int{16, 8}, 12, true, 1)
 	d2 := linear.RandomData([]int{16, 8}, 12, true, 2)

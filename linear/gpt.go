@@ -33,7 +33,10 @@ type GPTConfig struct {
 	// decay WeightDecay on the matrices) or "sgd".
 	Optimizer       string
 	LR, WeightDecay float64
-	Model           placement.Model
+	// Planner plans the model's layers and moves (see Config.Planner), each
+	// within a placement.DefaultBudget of its own, sharing its cache: a
+	// layer repeated is planned once.
+	Planner *placement.Planner
 	// SequenceParallel splits the tokens over tp outside the linear layers
 	// (Megatron's sequence parallelism): layer norms and residual adds run
 	// on each rank's rows, the column-parallel layers all-gather their input
@@ -162,7 +165,8 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 	if cfg.Optimizer == "" {
 		cfg.Optimizer = "adamw"
 	}
-	ctx := withModel(context.Background(), cfg.Model, cfg.Compute())
+	ctx := context.Background()
+	pl := plannerFor(cfg.Planner, cfg.Compute())
 	g := &GPT{Cfg: cfg, rank: rank, mem: mem, bufs: scratch{}}
 	var err error
 	mesh, t, d, v := cfg.Mesh, cfg.Tokens(), cfg.Dim, cfg.Vocab
@@ -191,17 +195,17 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 	rowSpec := partial.WithPlacements(placement.Replicate{})
 	if cfg.SequenceParallel {
 		rowSpec = partial.WithPlacements(placement.Shard{Dim: 0})
-		if g.dxMove, err = planMove(ctx, "dx_embedding", rowSpec, rowSpec.WithPlacements(placement.Replicate{})); err != nil {
+		if g.dxMove, err = planMove(ctx, pl, "dx_embedding", rowSpec, rowSpec.WithPlacements(placement.Replicate{})); err != nil {
 			return nil, err
 		}
 		lp := placement.MustSpec([]int{(2*cfg.Layers + 1) * 2 * d}, mesh, placement.Partial{Op: placement.Sum})
-		if g.lnMove, err = planMove(ctx, "ln_grads", lp, lp.WithPlacements(placement.Replicate{})); err != nil {
+		if g.lnMove, err = planMove(ctx, pl, "ln_grads", lp, lp.WithPlacements(placement.Replicate{})); err != nil {
 			return nil, err
 		}
 		_, off := rowSpec.Local(rank)
 		g.rows = off[0]
 	}
-	if g.embMove, err = planMove(ctx, "embedding", partial, rowSpec); err != nil {
+	if g.embMove, err = planMove(ctx, pl, "embedding", partial, rowSpec); err != nil {
 		return nil, err
 	}
 	// held adds a parameter the model holds itself (not a layer's), laid out
@@ -267,7 +271,7 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 			return nil, err
 		}
 		c := layerConfig(name, lo)
-		c.Model, c.DType = cfg.Model, cfg.DType
+		c.Planner, c.DType = pl.WithBudget(placement.DefaultBudget), cfg.DType
 		if preset == "column" || preset == "sequence-column" {
 			// Column parallel: y stays split by output features, as the next
 			// op reads it. The planner picks how (for a small vocabulary the
@@ -334,7 +338,7 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 	}
 	// The cross-entropy stats: each rank's [T, 3], gathered into [tp, T, 3].
 	stats := placement.MustSpec([]int{mesh.Size() * t, 3}, mesh, placement.Shard{Dim: 0})
-	if g.ceMove, err = planMove(ctx, "ce_stats", stats, stats.WithPlacements(placement.Replicate{})); err != nil {
+	if g.ceMove, err = planMove(ctx, pl, "ce_stats", stats, stats.WithPlacements(placement.Replicate{})); err != nil {
 		return nil, err
 	}
 	pos := tensor.New(tensor.Float32, t)
@@ -370,9 +374,11 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 	return g, nil
 }
 
-// planMove plans moving tensor name from one layout to another.
-func planMove(ctx context.Context, name string, from, to placement.Spec) (spmd.Move, error) {
-	steps, err := placement.PlanContext(ctx, from, to)
+// planMove plans moving tensor name from one layout to another, with pl's
+// model and cache (nil: a placement.DefaultPlanner) within a
+// placement.DefaultBudget of its own.
+func planMove(ctx context.Context, pl *placement.Planner, name string, from, to placement.Spec) (spmd.Move, error) {
+	steps, err := pl.WithBudget(placement.DefaultBudget).Plan(ctx, from, to)
 	if err != nil {
 		return spmd.Move{}, fmt.Errorf("gpt: %s: %w", name, err)
 	}
@@ -956,7 +962,7 @@ func (g *GPT) Next(ctx context.Context, rt Runtime, ids *tensor.Tensor, pos int,
 	}
 	if g.nextMove.Steps == nil {
 		from := placement.MustSpec([]int{1, c.Vocab}, c.Mesh, placement.Shard{Dim: 1})
-		if g.nextMove, err = planMove(ctx, "next", from, from.WithPlacements(placement.Replicate{})); err != nil {
+		if g.nextMove, err = planMove(ctx, nil, "next", from, from.WithPlacements(placement.Replicate{})); err != nil {
 			return nil, err
 		}
 	}

@@ -74,18 +74,21 @@ type Config struct {
 	// GradDType is the dtype the weight and bias gradients cross the wire in
 	// when they are reduced (0: DType).
 	GradDType tensor.DType
-	// Model prices the strategies the layer is planned with (zero: the
-	// context's, placement.DefaultModel without one); its element size is
-	// the compute dtype's.
-	Model placement.Model
+	// Planner plans the layer (nil: a placement.DefaultPlanner of its own):
+	// its model, with the compute dtype's element size, prices the
+	// strategies; its budget and cache are shared with whatever else it
+	// plans.
+	Planner *placement.Planner
 }
 
-// withModel is ctx carrying the model cfg plans with.
-func withModel(ctx context.Context, m placement.Model, dt tensor.DType) context.Context {
-	if m == (placement.Model{}) {
-		m = placement.ModelOf(ctx)
+// plannerFor is the planner a layer computing in dt plans with: pl (nil: a
+// placement.DefaultPlanner), its model pricing elements of dt's size, its
+// budget and cache shared.
+func plannerFor(pl *placement.Planner, dt tensor.DType) *placement.Planner {
+	if pl == nil {
+		pl = placement.DefaultPlanner()
 	}
-	return placement.WithModel(ctx, m.WithElemBytes(dt.Size()))
+	return pl.WithModel(pl.Model().WithElemBytes(dt.Size()))
 }
 
 // Compute is the compute dtype (DType, float32 by default).
@@ -218,11 +221,9 @@ func New(cfg Config, rank int, mem tensor.Memory) (*Layer, error) {
 func Plan(cfg Config) (Plans, error) { return PlanContext(context.Background(), cfg) }
 
 // PlanContext is Plan within ctx: planning stops once ctx is done, and the
-// forward and backward share ctx's placement.Budget (a fresh
-// placement.DefaultBudget when ctx carries none).
+// forward and backward share cfg.Planner's budget and cache.
 func PlanContext(ctx context.Context, cfg Config) (Plans, error) {
-	_, ctx = placement.BudgetOf(ctx)
-	ctx = withModel(ctx, cfg.Model, cfg.Compute())
+	pl := plannerFor(cfg.Planner, cfg.Compute())
 	op := "linear"
 	inputs := []spmd.Operand{{Name: "x", Spec: cfg.X}, {Name: "w", Spec: cfg.W}}
 	if cfg.B != nil {
@@ -231,11 +232,11 @@ func PlanContext(ctx context.Context, cfg Config) (Plans, error) {
 		op = "linear_nobias"
 	}
 	grads := cfg.Grads.names(cfg.B != nil)
-	fwd, err := spmd.ForwardContext(ctx, spmd.Request{Op: op, Inputs: inputs, Options: spmd.Options{Out: cfg.Out, Grads: grads}})
+	fwd, err := spmd.ForwardWith(ctx, pl, spmd.Request{Op: op, Inputs: inputs, Options: spmd.Options{Out: cfg.Out, Grads: grads}})
 	if err != nil {
 		return Plans{}, fmt.Errorf("linear %s: %w", cfg.Name, err)
 	}
-	bwd, err := spmd.BackwardOfContext(ctx, fwd, grads, nil)
+	bwd, err := spmd.BackwardOfWith(ctx, pl, fwd, grads, nil)
 	if err != nil {
 		return Plans{}, fmt.Errorf("linear %s: %w", cfg.Name, err)
 	}

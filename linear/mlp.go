@@ -28,8 +28,9 @@ type MLPConfig struct {
 	// and SGD stay float32 (see Config.DType). GradDType is the dtype weight
 	// gradients are reduced in (0: DType).
 	DType, GradDType tensor.DType
-	// Model prices the block's strategies (see Config.Model).
-	Model placement.Model
+	// Planner plans the block (see Config.Planner): its layout's ops and its
+	// layers share its budget and cache.
+	Planner *placement.Planner
 }
 
 // MLP is one rank's share of the block.
@@ -116,20 +117,19 @@ type mlpPlan struct {
 // plan lays out and plans the block within ctx, every problem NewMLP would
 // report about cfg found before anything is allocated.
 func (c MLPConfig) plan(ctx context.Context) (mlpPlan, error) {
-	_, ctx = placement.BudgetOf(ctx)
 	dt := c.DType
 	if dt == 0 {
 		dt = tensor.Float32
 	}
-	ctx = withModel(ctx, c.Model, dt)
-	l, err := c.layout(ctx)
+	pl := plannerFor(c.Planner, dt)
+	l, err := c.layout(ctx, pl)
 	if err != nil {
 		return mlpPlan{}, err
 	}
 	p := mlpPlan{layout: l, up: layerConfig("up", l.Up), down: layerConfig("down", l.Down), gelu: l.Ops[1]}
 	// Every gradient, the input's too: the block sits inside a network.
-	p.up.DType, p.up.GradDType, p.up.Model = c.DType, c.GradDType, c.Model
-	p.down.DType, p.down.GradDType, p.down.Model = c.DType, c.GradDType, c.Model
+	p.up.DType, p.up.GradDType, p.up.Planner = c.DType, c.GradDType, pl
+	p.down.DType, p.down.GradDType, p.down.Planner = c.DType, c.GradDType, pl
 	if p.upPlans, err = PlanContext(ctx, p.up); err != nil {
 		return mlpPlan{}, err
 	}
@@ -155,7 +155,7 @@ func PlanMLP(cfg MLPConfig) ([]Param, error) {
 }
 
 // CheckMLP is PlanMLP within ctx (planning stops once ctx is done and draws
-// on ctx's placement.Budget), and also estimates one rank's memory for the
+// on cfg.Planner's budget), and also estimates one rank's memory for the
 // block in cfg's dtypes (layout.MLP.Memory).
 func CheckMLP(ctx context.Context, cfg MLPConfig) ([]Param, layout.Memory, error) {
 	p, err := cfg.plan(ctx)
@@ -167,11 +167,12 @@ func CheckMLP(ctx context.Context, cfg MLPConfig) ([]Param, layout.Memory, error
 }
 
 // Layout is the block's layout on cfg.Mesh (package layout: the definition
-// `launcher plan --block mlp` shows).
-func (c MLPConfig) Layout() (layout.MLP, error) { return c.layout(context.Background()) }
+// `launcher plan --block mlp` shows, planned as it plans it: with a
+// placement.DefaultPlanner).
+func (c MLPConfig) Layout() (layout.MLP, error) { return c.layout(context.Background(), nil) }
 
-func (c MLPConfig) layout(ctx context.Context) (layout.MLP, error) {
-	l, err := layout.NewMLPContext(ctx, c.Mesh, c.Tokens, c.Hidden, c.FFN, c.SequenceParallel)
+func (c MLPConfig) layout(ctx context.Context, pl *placement.Planner) (layout.MLP, error) {
+	l, err := layout.NewMLPWith(ctx, pl, c.Mesh, c.Tokens, c.Hidden, c.FFN, c.SequenceParallel)
 	if err != nil {
 		return layout.MLP{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}

@@ -18,8 +18,7 @@ func PlanSearch(m Model, from, to Spec, astar bool) ([]Step, int, error) {
 
 // PlanWeighted plans with the bound weighted by w.
 func PlanWeighted(m Model, from, to Spec, w float64) ([]Step, int, error) {
-	ctx := WithBudget(WithModel(context.Background(), m), 1<<40)
-	return planSearch(ctx, from, to, w, math.MaxInt64)
+	return planSearch(context.Background(), NewPlanner(m, 1<<40), from, to, w, math.MaxInt64)
 }
 
 // Bound is the search's lower bound from from to to under m.

@@ -1,7 +1,6 @@
 package placement
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -36,7 +35,7 @@ type Model struct {
 	ElemBytes int `json:"elem_bytes"`
 }
 
-// DefaultModel is the model a plan uses when its context carries none, in
+// DefaultModel is the model of a planner given none (DefaultPlanner), in
 // round figures from what `launcher run -n 2 calibrate` measured over the shm
 // transport and the pure-Go float32 GEMM on a 2-core development machine (AMD
 // EPYC, Zen 5) on 2026-11-23: a 4-byte all-gather took a median of 1.7 to
@@ -108,8 +107,8 @@ func picos(s float64) Picos {
 	return Picos(math.Round(s * 1e12))
 }
 
-// satPicos adds, saturating.
-func satPicos(a, b Picos) Picos { return Picos(satAdd(int64(a), int64(b))) }
+// SatPicos is a+b for times a, b >= 0, saturating like SatAdd.
+func SatPicos(a, b Picos) Picos { return Picos(SatAdd(int64(a), int64(b))) }
 
 // Compute is the modelled time of n multiply-adds.
 func (m Model) Compute(n int64) Picos { return picos(2 * float64(n) / m.Flops) }
@@ -168,22 +167,7 @@ func (m Model) Time(st Step) Picos {
 func (m Model) PlanTime(steps []Step) Picos {
 	var t Picos
 	for _, st := range steps {
-		t = satPicos(t, m.Time(st))
+		t = SatPicos(t, m.Time(st))
 	}
 	return t
-}
-
-type modelKey struct{}
-
-// WithModel returns a context whose plans are priced by m.
-func WithModel(ctx context.Context, m Model) context.Context {
-	return context.WithValue(ctx, modelKey{}, m)
-}
-
-// ModelOf returns the model ctx carries, or DefaultModel.
-func ModelOf(ctx context.Context) Model {
-	if m, ok := ctx.Value(modelKey{}).(Model); ok {
-		return m
-	}
-	return DefaultModel
 }

@@ -54,7 +54,7 @@ func TestPlanCases(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			from := mustSpec(t, tc.shape, tc.mesh, tc.from)
 			to := mustSpec(t, tc.shape, tc.mesh, tc.to)
-			steps, err := PlanContext(WithModel(context.Background(), testModel), from, to)
+			steps, err := NewPlanner(testModel, DefaultBudget).Plan(context.Background(), from, to)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -78,7 +78,7 @@ func TestPlanFollowsTheModel(t *testing.T) {
 		{testModel, "all_reduce(P,P->R,R) on dp+tp"},
 		{cheapCalls, "all_reduce(P->R) on tp; all_reduce(P->R) on dp"},
 	} {
-		steps, err := PlanContext(WithModel(context.Background(), tc.m), from, to)
+		steps, err := NewPlanner(tc.m, DefaultBudget).Plan(context.Background(), from, to)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -127,31 +127,30 @@ func TestCostSaturates(t *testing.T) {
 	}
 }
 
-// TestPlanBudget: a search that needs more work than its budget ends with
-// ErrBudget, and one whose context is done with the context's error; a plan
-// asked twice under one budget costs once.
+// TestPlanBudget: a search that needs more work than its planner's budget
+// ends with ErrBudget, and one whose context is done with the context's
+// error; a plan asked twice of one planner costs once.
 func TestPlanBudget(t *testing.T) {
 	m := MustMesh([]int{2, 2, 2, 2, 2, 2}, nil)
 	from := mustSpec(t, []int{8, 16}, m, "[S(0),S(1),P,R,R,R]")
 	to := mustSpec(t, []int{8, 16}, m, "[S(1),R,S(0),S(1),R,P]")
-	_, err := PlanContext(WithBudget(context.Background(), 1000), from, to)
+	_, err := NewPlanner(DefaultModel, 1000).Plan(context.Background(), from, to)
 	if !errors.Is(err, ErrBudget) || !strings.Contains(err.Error(), "budget of 1000 units") {
 		t.Fatalf("small budget: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := PlanContext(ctx, from, to); !errors.Is(err, context.Canceled) {
+	if _, err := DefaultPlanner().Plan(ctx, from, to); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled: %v", err)
 	}
-	ctx = WithBudget(context.Background(), DefaultBudget)
-	b, _ := BudgetOf(ctx)
-	first, err := PlanContext(ctx, from, to)
+	p := DefaultPlanner()
+	first, err := p.Plan(context.Background(), from, to)
 	if err != nil {
 		t.Fatal(err)
 	}
-	left := b.Left()
-	again, err := PlanContext(ctx, from, to)
-	if err != nil || planString(again) != planString(first) || b.Left() != left {
-		t.Fatalf("second plan: %v, %s (first %s), budget %d -> %d", err, planString(again), planString(first), left, b.Left())
+	left := p.Left()
+	again, err := p.Plan(context.Background(), from, to)
+	if err != nil || planString(again) != planString(first) || p.Left() != left {
+		t.Fatalf("second plan: %v, %s (first %s), budget %d -> %d", err, planString(again), planString(first), left, p.Left())
 	}
 }

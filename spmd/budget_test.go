@@ -28,33 +28,35 @@ func linearRequest(t testing.TB, mesh, x, w string) Request {
 	return Request{Op: "linear_nobias", Inputs: in}
 }
 
-// TestBudget: an op that cannot be planned within the budget is refused in
-// well under a second; a plan whose context is done stops with the
-// context's error.
+// TestBudget: an op that cannot be planned within the planner's budget is
+// refused in well under a second; a plan whose context is done stops with
+// the context's error.
 func TestBudget(t *testing.T) {
+	ctx := context.Background()
+	pl := placement.DefaultPlanner()
 	req := linearRequest(t, "2x2x2x2x2x2", "8x16:[R,R,R,R,R,R]", "32x16:[R,R,R,R,R,S(0)]")
 	start := time.Now()
-	_, err := ForwardContext(placement.WithBudget(context.Background(), 100), req)
+	_, err := ForwardWith(ctx, pl.WithBudget(100), req)
 	if !errors.Is(err, placement.ErrBudget) || !strings.Contains(err.Error(), "planning needs more than") {
 		t.Fatalf("6-D mesh, small budget: %v", err)
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("refusing took %v", d)
 	}
-	if _, err := Forward(req); err != nil {
+	if _, err := ForwardWith(ctx, pl, req); err != nil {
 		t.Fatalf("6-D mesh, default budget: %v", err)
 	}
-	// Planned once, the op is remembered: planning it again costs no work,
-	// but a spent budget still refuses it.
-	if _, err := ForwardContext(placement.WithBudget(context.Background(), 100), req); err != nil {
+	// Planned once, the op is remembered: planning it again with the same
+	// cache costs no work, but a spent budget still refuses it.
+	if _, err := ForwardWith(ctx, pl.WithBudget(100), req); err != nil {
 		t.Fatalf("6-D mesh, remembered, small budget: %v", err)
 	}
-	if _, err := ForwardContext(placement.WithBudget(context.Background(), -1), req); !errors.Is(err, placement.ErrBudget) {
+	if _, err := ForwardWith(ctx, pl.WithBudget(-1), req); !errors.Is(err, placement.ErrBudget) {
 		t.Fatalf("6-D mesh, remembered, spent budget: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := ForwardContext(ctx, linearRequest(t, "dp=2,tp=2", "8x16:[S(0),R]", "32x16:[R,S(0)]")); !errors.Is(err, context.Canceled) {
+	if _, err := ForwardWith(ctx, nil, linearRequest(t, "dp=2,tp=2", "8x16:[S(0),R]", "32x16:[R,S(0)]")); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled: %v", err)
 	}
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/meshrun/meshrun/placement"
 	sim "github.com/meshrun/meshrun/placement/placementref"
-	"github.com/meshrun/meshrun/spmd/spmdtest"
+	"github.com/meshrun/meshrun/spmd/spmdref"
 )
 
 func randomTensor(rng *rand.Rand, shape []int) sim.Tensor {
@@ -24,10 +24,10 @@ func randomTensor(rng *rand.Rand, shape []int) sim.Tensor {
 // valid input: PyTorch refuses them).
 func randomInput(rng *rand.Rand, fwd *Plan, j int) sim.Tensor {
 	in := fwd.Inputs[j]
-	if !spmdtest.IsIndex(fwd.Op, j) {
+	if !spmdref.IsIndex(fwd.Op, j) {
 		return randomTensor(rng, in.Spec.Shape)
 	}
-	n := spmdtest.IndexBound(fwd.Op, [][]int{fwd.Inputs[0].Spec.Shape, fwd.Inputs[1].Spec.Shape})
+	n := spmdref.IndexBound(fwd.Op, [][]int{fwd.Inputs[0].Spec.Shape, fwd.Inputs[1].Spec.Shape})
 	t := sim.New(in.Spec.Shape...)
 	for i := range t.Data {
 		t.Data[i] = float64(rng.IntN(n))
@@ -78,7 +78,7 @@ func runPlan(p *Plan, locals [][]sim.Tensor, held map[string][]sim.Tensor) (fina
 		for j := range consumed {
 			ins[j] = consumed[j][r]
 		}
-		o, err := spmdtest.EvalAt(p.Op, p.Equation, ins, p.Output.Spec.LocalShape(r), p.RowOffset(r))
+		o, err := spmdref.EvalAt(p.Op, p.Equation, ins, p.Output.Spec.LocalShape(r), p.RowOffset(r))
 		if err != nil {
 			return nil, nil, fmt.Errorf("rank %d: %w", r, err)
 		}
@@ -140,7 +140,7 @@ func checkNumerically(rng *rand.Rand, fwd *Plan, bwd *Backward) error {
 	if err != nil {
 		return fmt.Errorf("forward: %w", err)
 	}
-	want, err := spmdtest.Eval(fwd.Op, fwd.Equation, globals, fwd.Output.Spec.Shape)
+	want, err := spmdref.Eval(fwd.Op, fwd.Equation, globals, fwd.Output.Spec.Shape)
 	if err != nil {
 		return err
 	}
@@ -172,7 +172,7 @@ func checkNumerically(rng *rand.Rand, fwd *Plan, bwd *Backward) error {
 		if err != nil {
 			return fmt.Errorf("backward %s: %w", g.Output.Name, err)
 		}
-		want, err := spmdtest.Eval(g.Op, g.Equation, gg, g.Output.Spec.Shape)
+		want, err := spmdref.Eval(g.Op, g.Equation, gg, g.Output.Spec.Shape)
 		if err != nil {
 			return err
 		}

@@ -4,27 +4,21 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/meshrun/meshrun/placement"
 )
 
-// memo remembers the plans solve made, by everything that decides them: the
-// op, its equation and rule, the inputs (names, specs, layouts also held),
-// the options and the model. A model's layers repeat: a 100-layer model
-// plans each distinct layer once. Only plans are kept, never errors (a
-// budget error depends on the caller's budget). A hit costs no budget.
-var memo = struct {
-	sync.Mutex
-	plans map[string]*Plan
-}{plans: map[string]*Plan{}}
+// The planner's cache remembers the plans solve made, by everything that
+// decides them: the op, its equation and rule, the inputs (names, specs,
+// layouts also held), the options and the model. A model's layers repeat: a
+// 100-layer model planned with one planner plans each distinct layer once.
+// Only plans are kept, never errors (a budget error depends on the caller's
+// budget). A hit costs no budget.
 
-// memoSize bounds the plans remembered; a full memo starts over.
-const memoSize = 4096
-
+// memoKey is the key a plan is remembered under.
 func memoKey(op string, e einsum, k kind, inputs []Operand, opts Options, m placement.Model) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s|%s|%v|%s|%v|%s|", op, e, k, inputs[0].Spec.Mesh, m, placement.FormatList(opts.Out))
+	fmt.Fprintf(&b, "spmd|op|%s|%s|%v|%s|%v|%s|", op, e, k, inputs[0].Spec.Mesh, m, placement.FormatList(opts.Out))
 	for _, in := range inputs {
 		fmt.Fprintf(&b, "%s=%s", in.Name, in.Spec)
 		for _, a := range in.Also {
@@ -36,24 +30,19 @@ func memoKey(op string, e einsum, k kind, inputs []Operand, opts Options, m plac
 	return b.String()
 }
 
-// recallPlan returns a copy of the plan remembered under key.
-func recallPlan(key string) (*Plan, bool) {
-	memo.Lock()
-	p, ok := memo.plans[key]
-	memo.Unlock()
-	if !ok {
+// recallPlan returns a copy of the plan pl remembers under key.
+func recallPlan(pl *placement.Planner, key string) (*Plan, bool) {
+	v, ok := pl.Recall(key)
+	p, _ := v.(*Plan)
+	if !ok || p == nil {
 		return nil, false
 	}
 	return p.clone(), true
 }
 
-func rememberPlan(key string, p *Plan) {
-	memo.Lock()
-	defer memo.Unlock()
-	if len(memo.plans) >= memoSize {
-		clear(memo.plans)
-	}
-	memo.plans[key] = p.clone()
+// rememberPlan keeps a copy of p under key, which no caller changes.
+func rememberPlan(pl *placement.Planner, key string, p *Plan) {
+	pl.Remember(key, p.clone())
 }
 
 // clone copies p deep enough that a caller may change any of its fields or

@@ -2,32 +2,29 @@ package spmd
 
 import (
 	"context"
+	"fmt"
 	"reflect"
+	"sync"
 	"testing"
 
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd/spmdtest"
 )
 
-// forgetPlans empties the memo, for benchmarks that time planning itself.
-func forgetPlans() {
-	memo.Lock()
-	clear(memo.plans)
-	memo.Unlock()
-}
-
-// TestMemo: an op planned again returns an equal plan for no work; what the
-// caller changes in it does not reach the next caller; a different model,
-// output placement or explain count plans afresh.
+// TestMemo: an op planned again by a planner sharing the first's cache
+// returns an equal plan for no work; what the caller changes in it does not
+// reach the next caller; a different model, output placement or explain
+// count plans afresh.
 func TestMemo(t *testing.T) {
-	forgetPlans()
+	ctx := context.Background()
+	pl := placement.DefaultPlanner()
 	req := linearRequest(t, "a=2,b=2,c=2", "16x8x32:[S(0),S(1),R]", "64x32:[R,R,S(0)]")
-	first, err := Forward(req)
+	first, err := ForwardWith(ctx, pl, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, ctx := placement.BudgetOf(context.Background())
-	again, err := ForwardContext(ctx, req)
+	b := pl.WithBudget(placement.DefaultBudget)
+	again, err := ForwardWith(ctx, b, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,18 +37,18 @@ func TestMemo(t *testing.T) {
 	again.Strategy[0] = "changed"
 	again.Local[0].Name = "changed"
 	again.Moves = nil
-	third, err := Forward(req)
+	third, err := ForwardWith(ctx, pl, req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(first, third) {
 		t.Fatalf("a caller's change reached the memo:\n%+v\n%+v", first, third)
 	}
-	bwd1, err := BackwardOf(first, nil, nil)
+	bwd1, err := BackwardOfWith(ctx, pl, first, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bwd2, err := BackwardOf(third, nil, nil)
+	bwd2, err := BackwardOfWith(ctx, pl, third, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,11 +59,11 @@ func TestMemo(t *testing.T) {
 	// The key: the model (tiny layers where Megatron's layout wins only
 	// under LargeLayers), the output placement and the explain count.
 	small := linearRequest(t, "dp=2,tp=2", "64x16:[S(0),R]", "32x16:[R,S(0)]")
-	def, err := Forward(small)
+	def, err := ForwardWith(ctx, pl, small)
 	if err != nil {
 		t.Fatal(err)
 	}
-	large, err := ForwardContext(placement.WithModel(context.Background(), spmdtest.LargeLayers), small)
+	large, err := ForwardWith(ctx, pl.WithModel(spmdtest.LargeLayers), small)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +71,7 @@ func TestMemo(t *testing.T) {
 		t.Fatal("a plan under another model came from the memo")
 	}
 	small.Explain = 2
-	explained, err := Forward(small)
+	explained, err := ForwardWith(ctx, pl, small)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,11 +80,62 @@ func TestMemo(t *testing.T) {
 	}
 	small.Explain = 0
 	small.Out, _ = placement.ParseList("[R,R]")
-	out, err := Forward(small)
+	out, err := ForwardWith(ctx, pl, small)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(out.Final.Spec.Placements, small.Out) {
 		t.Fatalf("output placement not in the key: %v", out.Final.Spec)
+	}
+}
+
+// TestMemoShared: goroutines planning ops forward and backward with one
+// planner get the plans each would get alone.
+func TestMemoShared(t *testing.T) {
+	ctx := context.Background()
+	reqs := []Request{
+		linearRequest(t, "a=2,b=2,c=2", "16x8x32:[S(0),S(1),R]", "64x32:[R,R,S(0)]"),
+		linearRequest(t, "dp=2,tp=2", "64x16:[S(0),R]", "32x16:[R,S(0)]"),
+		linearRequest(t, "dp=2,tp=2", "64x16:[R,S(1)]", "32x16:[S(0),R]"),
+	}
+	var want []string
+	for _, req := range reqs {
+		fwd, err := Forward(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bwd, err := BackwardOf(fwd, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, Text(fwd, bwd, 4))
+	}
+	pl := placement.DefaultPlanner()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := range 6 {
+		wg.Go(func() {
+			for k := range reqs {
+				i := (g + k) % len(reqs)
+				fwd, err := ForwardWith(ctx, pl.WithBudget(placement.DefaultBudget), reqs[i])
+				if err != nil {
+					errs <- err
+					return
+				}
+				bwd, err := BackwardOfWith(ctx, pl.WithBudget(placement.DefaultBudget), fwd, nil, nil)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if got := Text(fwd, bwd, 4); got != want[i] {
+					errs <- fmt.Errorf("request %d planned with a shared planner:\n%s\nalone:\n%s", i, got, want[i])
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

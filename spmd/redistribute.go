@@ -66,10 +66,10 @@ func NewRedistReport(name string, from, to placement.Spec, steps []placement.Ste
 			To: placementStrings(st.To.Placements), Moves: st.Moves(), time: m.Time(st)}
 		s.Modelled = s.time.Seconds()
 		if s.Moves {
-			s.Bytes, s.SentBytes = st.InputElems(0)*es, satMul(st.Cost(), es)
+			s.Bytes, s.SentBytes = st.InputElems(0)*es, placement.SatMul(st.Cost(), es)
 		}
 		r.CommBytes += s.Bytes
-		r.SentBytes = satAdd(r.SentBytes, s.SentBytes)
+		r.SentBytes = placement.SatAdd(r.SentBytes, s.SentBytes)
 		r.Steps = append(r.Steps, s)
 	}
 	return r

@@ -6,7 +6,7 @@ import (
 
 	"github.com/meshrun/meshrun/kernels/kerneltest"
 	sim "github.com/meshrun/meshrun/placement/placementref"
-	"github.com/meshrun/meshrun/spmd/spmdtest"
+	"github.com/meshrun/meshrun/spmd/spmdref"
 )
 
 // TestReferencesMatchPyTorch: spmdtest's float64 references, which every
@@ -35,7 +35,7 @@ func TestReferencesMatchPyTorch(t *testing.T) {
 	}
 	eval := func(op, eq string, ins ...sim.Tensor) []float64 {
 		t.Helper()
-		out, err := spmdtest.Eval(op, eq, ins, nil)
+		out, err := spmdref.Eval(op, eq, ins, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", op, err)
 		}
@@ -49,7 +49,7 @@ func TestReferencesMatchPyTorch(t *testing.T) {
 	g := ref.Gelu
 	y, d := make([]float64, len(g.X)), make([]float64, len(g.X))
 	for i, x := range g.X {
-		y[i], d[i] = spmdtest.UnaryF("gelu", x), spmdtest.UnaryGrad("gelu", x)
+		y[i], d[i] = spmdref.UnaryF("gelu", x), spmdref.UnaryGrad("gelu", x)
 	}
 	check("gelu", y, g.Y, tol)
 	check("gelu'", d, g.DYDX, 10*tol)
@@ -58,8 +58,8 @@ func TestReferencesMatchPyTorch(t *testing.T) {
 	rows, dim := ln.Shape[0], ln.Shape[1]
 	x, gamma, beta, dy := sim.Tensor{Shape: []int{rows, dim}, Data: ln.X}, sim.Tensor{Shape: []int{dim}, Data: ln.Gamma},
 		sim.Tensor{Shape: []int{dim}, Data: ln.Beta}, sim.Tensor{Shape: []int{rows, dim}, Data: ln.DY}
-	if ln.Eps != spmdtest.LayerNormEps {
-		t.Errorf("PyTorch's layer norm ran with eps %g, the reference's is %g", ln.Eps, spmdtest.LayerNormEps)
+	if ln.Eps != spmdref.LayerNormEps {
+		t.Errorf("PyTorch's layer norm ran with eps %g, the reference's is %g", ln.Eps, spmdref.LayerNormEps)
 	}
 	check("layernorm", eval("layernorm", "Ad,d,d->Ad", x, gamma, beta), ln.Y, tol)
 	check("layernorm.grad_x", eval("layernorm.grad_x", "Ad,Ad,d->Ad", dy, x, gamma), ln.DX, tol)

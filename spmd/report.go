@@ -58,11 +58,11 @@ type ReportCosts struct {
 
 func reportCosts(c Costs, elemSize int) ReportCosts {
 	return ReportCosts{TotalS: c.Time.Seconds(), CommS: c.Comm.Seconds(), ForwardS: c.Forward.Seconds(), BackwardS: c.Backward.Seconds(),
-		ForwardFlops: satMul(2, c.Work), BackwardFlop: satMul(2, c.BackwardWork), MemoryBytes: satMul(c.Memory, int64(elemSize))}
+		ForwardFlops: placement.SatMul(2, c.Work), BackwardFlop: placement.SatMul(2, c.BackwardWork), MemoryBytes: placement.SatMul(c.Memory, int64(elemSize))}
 }
 
 func reportCandidate(c Candidate, elemSize int) ReportCandidate {
-	return ReportCandidate{Strategy: c.Strategy, Output: placementStrings(c.Output), SentBytes: satMul(c.Cost, int64(elemSize)),
+	return ReportCandidate{Strategy: c.Strategy, Output: placementStrings(c.Output), SentBytes: placement.SatMul(c.Cost, int64(elemSize)),
 		Collectives: c.Collectives, Steps: c.Steps, Work: c.Work, Modelled: reportCosts(c.Costs, elemSize)}
 }
 
@@ -234,8 +234,8 @@ func writeExplain(b *strings.Builder, fwd *Plan, elemSize int) {
 	line := func(label string, c Candidate) {
 		fmt.Fprintf(b, "  %-8s %s -> %s\n", label, strings.Join(c.Strategy, "; "), placement.FormatList(c.Output))
 		fmt.Fprintf(b, "  %-8s %s = comm %s + compute %s + %s; %d B sent by all ranks, %s and %s forward, %d FLOP/rank forward, %d B/rank held\n", "",
-			c.Costs.Time, c.Costs.Comm, c.Costs.Forward, c.Costs.Backward, satMul(c.Cost, int64(elemSize)),
-			plural(c.Collectives, "collective"), plural(c.Steps, "step"), satMul(2, c.Work), satMul(c.Costs.Memory, int64(elemSize)))
+			c.Costs.Time, c.Costs.Comm, c.Costs.Forward, c.Costs.Backward, placement.SatMul(c.Cost, int64(elemSize)),
+			plural(c.Collectives, "collective"), plural(c.Steps, "step"), placement.SatMul(2, c.Work), placement.SatMul(c.Costs.Memory, int64(elemSize)))
 	}
 	line("chosen", *fwd.Chosen)
 	for i, c := range fwd.RunnersUp {

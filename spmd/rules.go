@@ -252,15 +252,19 @@ type Request struct {
 	Options
 }
 
-// Forward plans an op, within a DefaultBudget of work (ForwardContext).
-func Forward(req Request) (*Plan, error) { return ForwardContext(context.Background(), req) }
+// Forward plans an op with a placement.DefaultPlanner of its own
+// (ForwardWith).
+func Forward(req Request) (*Plan, error) { return ForwardWith(context.Background(), nil, req) }
 
-// ForwardContext plans an op within ctx: it stops with ctx's error once ctx
-// is done, and with an error wrapping placement.ErrBudget once the work of
-// pricing its strategies and planning their redistributions exceeds ctx's
-// placement.Budget (a fresh placement.DefaultBudget when ctx carries none).
-func ForwardContext(ctx context.Context, req Request) (*Plan, error) {
-	_, ctx = placement.BudgetOf(ctx)
+// ForwardWith plans an op with pl (nil: a placement.DefaultPlanner), priced
+// by its model: it stops with ctx's error once ctx is done, and with an error
+// wrapping placement.ErrBudget once the work of pricing its strategies and
+// planning their redistributions exceeds pl's budget. An op pl planned before
+// is not planned again.
+func ForwardWith(ctx context.Context, pl *placement.Planner, req Request) (*Plan, error) {
+	if pl == nil {
+		pl = placement.DefaultPlanner()
+	}
 	r, ok := rules[req.Op]
 	if !ok {
 		return nil, fmt.Errorf("%w: op %q (known: %s)", ErrNoRule, req.Op, strings.Join(Ops(), ", "))
@@ -300,7 +304,7 @@ func ForwardContext(ctx context.Context, req Request) (*Plan, error) {
 		}
 		opts.Grads = grads
 	}
-	return solve(ctx, req.Op, e, r.kindOf(e, req.Dims), inputs, opts)
+	return solve(ctx, pl, req.Op, e, r.kindOf(e, req.Dims), inputs, opts)
 }
 
 func (r rule) einsum(op string, inputs []Operand, dims []int) (einsum, error) {
@@ -356,23 +360,17 @@ func (b *Backward) Costs() Costs {
 	var c Costs
 	for _, g := range b.Grads {
 		gc := g.Plan.Costs
-		c.Time = satPicos(c.Time, gc.Time)
-		c.Comm = satPicos(c.Comm, gc.Comm)
-		c.Forward = satPicos(c.Forward, gc.Forward)
-		c.Work = satAdd(c.Work, gc.Work)
+		c.Time = placement.SatPicos(c.Time, gc.Time)
+		c.Comm = placement.SatPicos(c.Comm, gc.Comm)
+		c.Forward = placement.SatPicos(c.Forward, gc.Forward)
+		c.Work = placement.SatAdd(c.Work, gc.Work)
 		c.Memory = max(c.Memory, gc.Memory)
 	}
 	return c
 }
 
 // CommElems is the number of elements rank 0 passes into the backward collectives.
-func (b *Backward) CommElems() int64 {
-	var n int64
-	for _, c := range b.Collectives() {
-		n += c.Elems()
-	}
-	return n
-}
+func (b *Backward) CommElems() int64 { return commElems(b.Collectives()) }
 
 // dual is the layout of a tensor's gradient given the tensor's layout, and the
 // factor that turns the global gradient into what each rank holds for its own
@@ -420,13 +418,17 @@ func dual(op string, o Operand) (placement.Spec, float64, error) {
 // gradient is delivered in the dual of that input's given layout. The local
 // backward ops read the forward's inputs as the forward's local op consumed
 // them (what the forward saves).
+// It plans with a placement.DefaultPlanner of its own (BackwardOfWith).
 func BackwardOf(fwd *Plan, grads []string, dims []int) (*Backward, error) {
-	return BackwardOfContext(context.Background(), fwd, grads, dims)
+	return BackwardOfWith(context.Background(), nil, fwd, grads, dims)
 }
 
-// BackwardOfContext is BackwardOf within ctx, as ForwardContext is Forward.
-func BackwardOfContext(ctx context.Context, fwd *Plan, grads []string, dims []int) (*Backward, error) {
-	_, ctx = placement.BudgetOf(ctx)
+// BackwardOfWith is BackwardOf with pl, as ForwardWith is Forward: the
+// gradients share pl's budget and cache.
+func BackwardOfWith(ctx context.Context, pl *placement.Planner, fwd *Plan, grads []string, dims []int) (*Backward, error) {
+	if pl == nil {
+		pl = placement.DefaultPlanner()
+	}
 	r := rules[fwd.Op]
 	if grads == nil {
 		for i, in := range fwd.Inputs {
@@ -473,7 +475,7 @@ func BackwardOfContext(ctx context.Context, fwd *Plan, grads []string, dims []in
 				ins[j] = fwd.Local[o]
 			}
 		}
-		p, err := solve(ctx, op, ge, gk, ins, Options{Out: target.Placements, Output: "d" + in.Name, backward: true})
+		p, err := solve(ctx, pl, op, ge, gk, ins, Options{Out: target.Placements, Output: "d" + in.Name, backward: true})
 		if err != nil {
 			return nil, err
 		}

@@ -20,17 +20,18 @@ var searchModels = []placement.Model{
 	{Name: "slow calls", Gamma: 1e-3, Alpha: 1e-5, Beta: 1e9, Flops: 1e9, ElemBytes: 4},
 }
 
-// planBoth plans req forward and backward with the search and by pricing
-// every strategy.
-func planBoth(ctx context.Context, req Request) (fast, brute string, st SearchStats, err error) {
+// planBoth plans req forward and backward under model with the search and
+// by pricing every strategy, each plan with a planner of its own.
+func planBoth(model placement.Model, req Request) (fast, brute string, st SearchStats, err error) {
+	ctx := context.Background()
 	run := func() (string, error) {
-		fwd, err := ForwardContext(ctx, req)
+		fwd, err := ForwardWith(ctx, placement.NewPlanner(model, placement.DefaultBudget), req)
 		if err != nil {
 			return "", err
 		}
 		var bwd *Backward
 		if _, hasP := fwd.Final.Spec.PartialOp(); !hasP {
-			if bwd, err = BackwardOfContext(ctx, fwd, nil, req.Dims); err != nil && !errors.Is(err, ErrGrad) {
+			if bwd, err = BackwardOfWith(ctx, placement.NewPlanner(model, placement.DefaultBudget), fwd, nil, req.Dims); err != nil && !errors.Is(err, ErrGrad) {
 				return "", err
 			}
 		}
@@ -77,8 +78,7 @@ func TestSearchMatchesBruteForce(t *testing.T) {
 			req.Inputs = append(req.Inputs, Operand{Name: rules[op].inputs[j], Spec: placement.MustSpec(sh, m, randomPlacements(rng, m, len(sh), rng.IntN(3) == 0)...)})
 		}
 		model := searchModels[i%len(searchModels)]
-		ctx := placement.WithModel(context.Background(), model)
-		fast, brute, st, err := planBoth(ctx, req)
+		fast, brute, st, err := planBoth(model, req)
 		if err != nil {
 			if errors.Is(err, ErrNoRule) || errors.Is(err, ErrGrad) {
 				continue
@@ -159,7 +159,6 @@ func BenchmarkPlanOp(b *testing.B) {
 		b.Run(f.mesh, func(b *testing.B) {
 			req := linearRequest(b, f.mesh, f.x, f.w)
 			for b.Loop() {
-				forgetPlans()
 				fwd, err := Forward(req)
 				if err != nil {
 					b.Fatal(err)
@@ -195,7 +194,6 @@ func BenchmarkPlanOp(b *testing.B) {
 // returns how long it took and whether it fitted the planning budget.
 func planRandom(b *testing.B, rng *rand.Rand, m placement.Mesh) (time.Duration, bool) {
 	req := randomBig(rng, m)
-	forgetPlans()
 	start := time.Now()
 	fwd, err := Forward(req)
 	if err == nil {
@@ -211,8 +209,8 @@ func planRandom(b *testing.B, rng *rand.Rand, m placement.Mesh) (time.Duration, 
 // BenchmarkPlanModel plans a 100-layer transformer's linear layers forward
 // and backward on pp=4,dp=16,tp=8 (Megatron's layout: attention's qkv and
 // the first MLP layer split by columns on tp, the output projection and the
-// second MLP layer by rows, activations split by data parallelism), from an
-// empty memo: each distinct layer is planned once.
+// second MLP layer by rows, activations split by data parallelism), with a
+// new planner each time: each distinct layer is planned once.
 func BenchmarkPlanModel(b *testing.B) {
 	const mesh, tokens, hidden, ffn = "pp=4,dp=16,tp=8", 8192, 4096, 11008
 	layer := []struct{ x, w string }{
@@ -225,15 +223,16 @@ func BenchmarkPlanModel(b *testing.B) {
 	for _, l := range layer {
 		reqs = append(reqs, linearRequest(b, mesh, l.x, l.w))
 	}
+	ctx := context.Background()
 	for b.Loop() {
-		forgetPlans()
+		pl := placement.DefaultPlanner()
 		for range 100 {
 			for _, req := range reqs {
-				fwd, err := Forward(req)
+				fwd, err := ForwardWith(ctx, pl.WithBudget(placement.DefaultBudget), req)
 				if err != nil {
 					b.Fatal(err)
 				}
-				if _, err := BackwardOf(fwd, nil, nil); err != nil {
+				if _, err := BackwardOfWith(ctx, pl.WithBudget(placement.DefaultBudget), fwd, nil, nil); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -80,9 +80,9 @@ var goldenModel = spmdtest.LargeLayers
 
 // planCase builds the plans a golden header describes.
 func planCase(h map[string]string) (*Plan, *Backward, error) {
-	ctx := placement.WithModel(context.Background(), goldenModel)
+	pl := placement.NewPlanner(goldenModel, placement.DefaultBudget)
 	if h["model"] == "default" {
-		ctx = placement.WithModel(context.Background(), placement.DefaultModel)
+		pl = placement.DefaultPlanner()
 	}
 	mesh, err := placement.ParseMesh(h["mesh"])
 	if err != nil {
@@ -121,11 +121,12 @@ func planCase(h map[string]string) (*Plan, *Backward, error) {
 		}
 	}
 	req.Grads = grads
-	fwd, err := ForwardContext(ctx, req)
+	ctx := context.Background()
+	fwd, err := ForwardWith(ctx, pl, req)
 	if err != nil {
 		return nil, nil, err
 	}
-	bwd, err := BackwardOfContext(ctx, fwd, grads, req.Dims)
+	bwd, err := BackwardOfWith(ctx, pl.WithBudget(placement.DefaultBudget), fwd, grads, req.Dims)
 	return fwd, bwd, err
 }
 

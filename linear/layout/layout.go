@@ -129,22 +129,32 @@ type Op struct {
 	Bwd  *spmd.Backward
 }
 
-// NewMLP lays out and plans the block on mesh.
+// NewMLP lays out and plans the block on mesh, with a
+// placement.DefaultPlanner of its own.
 func NewMLP(mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool) (MLP, error) {
-	return NewMLPContext(context.Background(), mesh, tokens, hidden, ffn, sequenceParallel)
+	return NewMLPWith(context.Background(), nil, mesh, tokens, hidden, ffn, sequenceParallel)
 }
 
-// NewMLPContext is NewMLP within ctx: planning stops once ctx is done, and
-// the block's ops share ctx's placement.Budget (a fresh
-// placement.DefaultBudget when ctx carries none).
+// NewMLPContext is NewMLPWith(ctx, placement.PlannerOf(ctx), ...), for the
+// callers that still carry their planner in a context.
+//
+// Deprecated: use NewMLPWith.
 func NewMLPContext(ctx context.Context, mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool) (MLP, error) {
+	return NewMLPWith(ctx, placement.PlannerOf(ctx), mesh, tokens, hidden, ffn, sequenceParallel)
+}
+
+// NewMLPWith is NewMLP with pl (nil: a placement.DefaultPlanner): planning
+// stops once ctx is done, and the block's ops share pl's budget and cache.
+func NewMLPWith(ctx context.Context, pl *placement.Planner, mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool) (MLP, error) {
 	if tokens < 1 || hidden < 1 || ffn < 1 {
 		return MLP{}, fmt.Errorf("layout: mlp: tokens %d, hidden %d, ffn %d: each must be positive", tokens, hidden, ffn)
 	}
 	if err := CheckSizes(tokens, hidden, ffn); err != nil {
 		return MLP{}, err
 	}
-	_, ctx = placement.BudgetOf(ctx)
+	if pl == nil {
+		pl = placement.DefaultPlanner()
+	}
 	up, down := "column", "row"
 	if sequenceParallel {
 		up, down = "sequence-column", "sequence-row"
@@ -158,11 +168,11 @@ func NewMLPContext(ctx context.Context, mesh placement.Mesh, tokens, hidden, ffn
 		return MLP{}, err
 	}
 	plan := func(name string, req spmd.Request) (placement.Spec, error) {
-		fwd, err := spmd.ForwardContext(ctx, req)
+		fwd, err := spmd.ForwardWith(ctx, pl, req)
 		if err != nil {
 			return placement.Spec{}, err
 		}
-		bwd, err := spmd.BackwardOfContext(ctx, fwd, nil, nil)
+		bwd, err := spmd.BackwardOfWith(ctx, pl, fwd, nil, nil)
 		if err != nil {
 			return placement.Spec{}, err
 		}
@@ -224,8 +234,18 @@ type Transformer struct {
 	Ops []Op
 }
 
-// NewTransformerContext lays out and plans one block on a 1-D mesh (tp).
+// NewTransformerContext is NewTransformerWith(ctx, placement.PlannerOf(ctx),
+// ...), for the callers that still carry their planner in a context.
+//
+// Deprecated: use NewTransformerWith.
 func NewTransformerContext(ctx context.Context, mesh placement.Mesh, tokens, context, heads, hidden, ffn int, sequenceParallel bool) (Transformer, error) {
+	return NewTransformerWith(ctx, placement.PlannerOf(ctx), mesh, tokens, context, heads, hidden, ffn, sequenceParallel)
+}
+
+// NewTransformerWith lays out and plans one block on a 1-D mesh (tp) with pl
+// (nil: a placement.DefaultPlanner): planning stops once ctx is done, and
+// the block's ops share pl's budget and cache.
+func NewTransformerWith(ctx context.Context, pl *placement.Planner, mesh placement.Mesh, tokens, context, heads, hidden, ffn int, sequenceParallel bool) (Transformer, error) {
 	switch {
 	case mesh.NDim() != 1:
 		return Transformer{}, fmt.Errorf("layout: transformer: mesh %s: one dim (tensor parallel)", mesh)
@@ -238,7 +258,9 @@ func NewTransformerContext(ctx context.Context, mesh placement.Mesh, tokens, con
 	if err := CheckSizes(tokens, hidden, ffn); err != nil {
 		return Transformer{}, err
 	}
-	_, ctx = placement.BudgetOf(ctx)
+	if pl == nil {
+		pl = placement.DefaultPlanner()
+	}
 	rows := placement.Placement(placement.Replicate{})
 	up, down := "column", "row"
 	if sequenceParallel {
@@ -251,11 +273,11 @@ func NewTransformerContext(ctx context.Context, mesh placement.Mesh, tokens, con
 		if want != nil {
 			req.Out = []placement.Placement{want}
 		}
-		fwd, err := spmd.ForwardContext(ctx, req)
+		fwd, err := spmd.ForwardWith(ctx, pl, req)
 		if err != nil {
 			return placement.Spec{}, fmt.Errorf("layout: transformer: %s: %w", name, err)
 		}
-		bwd, err := spmd.BackwardOfContext(ctx, fwd, nil, nil)
+		bwd, err := spmd.BackwardOfWith(ctx, pl, fwd, nil, nil)
 		if err != nil {
 			return placement.Spec{}, fmt.Errorf("layout: transformer: %s: %w", name, err)
 		}

@@ -59,7 +59,7 @@ func TestMLP(t *testing.T) {
 			// Large-layer proportions: at 12x8x24 the default model would
 			// rather compute the whole block on every dp rank than
 			// all-reduce its weight gradients.
-			l, err := layout.NewMLPContext(placement.WithModel(context.Background(), spmdtest.LargeLayers), m, 12, 8, 24, tc.sp)
+			l, err := layout.NewMLPWith(context.Background(), placement.NewPlanner(spmdtest.LargeLayers, placement.DefaultBudget), m, 12, 8, 24, tc.sp)
 			if err != nil {
 				t.Fatal(err)
 			}

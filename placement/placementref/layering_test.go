@@ -11,25 +11,27 @@ import (
 // The reference model moves every element by hand: it is for checking, not
 // for running plans (package redistribute does that). Outside tests, only
 // job's verify workload runs it, to compute the values a job's collectives
-// must produce; it also uses spmdtest's evaluators, which run on it. So, in
-// non-test files:
+// must produce; it also uses spmd/spmdref's reference ops, which run on it.
+// So, in non-test files:
 //
-//   - placementref is imported by job, spmd/spmdtest and
+//   - placementref is imported by job, spmd/spmdref and
 //     collective/collectivetest only;
-//   - spmd/spmdtest by job only, and collective/collectivetest by no package
-//     (tests import both);
+//   - spmd/spmdref by job only (spmd's TestLayeringReference), and
+//     collective/collectivetest by no package (tests import it);
 //   - hence the packages that depend on placementref are job, the packages
-//     that import job (the worker), the two helpers and placementref itself;
-//     no other package of the module does.
+//     that import job (the worker), the two references, the test helpers
+//     (spmd/spmdtest forwards spmdref's names to tests) and placementref
+//     itself; no other package of the module does.
 func TestLayering(t *testing.T) {
 	const (
 		ref            = deps.Module + "/placement/placementref"
 		job            = deps.Module + "/job"
+		spmdref        = deps.Module + "/spmd/spmdref"
 		spmdtest       = deps.Module + "/spmd/spmdtest"
 		collectivetest = deps.Module + "/collective/collectivetest"
 	)
 	imports := deps.Imports(t, deps.Module+"/...")
-	importers := map[string][]string{ref: {job, spmdtest, collectivetest}, spmdtest: {job}, collectivetest: nil}
+	importers := map[string][]string{ref: {job, spmdref, collectivetest}, spmdref: {job, spmdtest}, spmdtest: nil, collectivetest: nil}
 	for pkg, imps := range imports {
 		for _, imp := range imps {
 			if allowed, ok := importers[imp]; ok && !slices.Contains(allowed, pkg) {

@@ -1,3 +1,6 @@
+// Package spmdtest holds what tests of the planner share: cost models that
+// make tiny test tensors plan as wide layers do. Only tests import it; the
+// reference implementations the tests check against are package spmdref.
 package spmdtest
 
 import (

@@ -1,4 +1,4 @@
-package spmdtest
+package spmdref
 
 import (
 	"fmt"

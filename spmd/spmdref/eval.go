@@ -1,7 +1,9 @@
-// Package spmdtest holds the float64 reference of every local op the sharding
-// rules plan (forward and backward): package spmd's tests and the worker's
-// verify workload check sharded runs against it.
-package spmdtest
+// Package spmdref holds the reference implementations of the local ops the
+// sharding rules plan, forward and backward, in float64: the worker's verify
+// workload (package job) checks the distributed ops against them, and package
+// spmd's tests check the rules. It is production code for that one workload:
+// no other package but the worker's links it (spmd's TestLayeringReference).
+package spmdref
 
 import (
 	"fmt"

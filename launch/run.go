@@ -17,10 +17,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/meshrun/meshrun/kernels/providers/catalog"
 	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/runlog"
-	"github.com/meshrun/meshrun/tensor"
 )
 
 // Exit codes of `launcher run` that do not come from a rank.
@@ -47,11 +45,12 @@ var ErrInvalid = errors.New("invalid options")
 
 // Environment variables the launcher sets on every rank: the resolved --device
 // and, when given, --kernels (the worker's defaults; a workload's own --device
-// and --kernels flags win over them).
+// and --kernels flags win over them). They mirror the names the kernels
+// providers' catalog reads (launch links no provider).
 const (
-	EnvDevice  = catalog.EnvDevice
-	EnvKernels = catalog.EnvKernels
-	EnvDType   = catalog.EnvDType
+	EnvDevice  = "MESHRUN_DEVICE"
+	EnvKernels = "MESHRUN_KERNELS"
+	EnvDType   = "MESHRUN_DTYPE"
 )
 
 const runUsage = `usage: launcher run [flags] WORKLOAD [ARGS...]     runs "worker WORKLOAD ARGS" on every rank
@@ -317,12 +316,10 @@ func (o RunOptions) Validate() error {
 	dev, devErr := o.rankDevice()
 	if devErr != nil {
 		p = append(p, devErr.Error())
-	} else if err := o.checkDType(); err != nil {
-		p = append(p, err.Error())
 	}
 	n, nerr := o.nproc()
 	// -n gpu in a build without CUDA: the device check has named the build.
-	if nerr != nil && !(o.NprocPerNode == "gpu" && o.deviceName() == "cuda" && devErr != nil && !catalog.Compiled("cuda")) {
+	if nerr != nil && !(o.NprocPerNode == "gpu" && o.deviceName() == "cuda" && devErr != nil && !launcherCUDA) {
 		p = append(p, nerr.Error())
 	}
 	if nerr == nil && (dev == "cuda" || devErr != nil && o.deviceName() == "cuda") {
@@ -451,11 +448,6 @@ func (o RunOptions) consoleFilter() (func(int) bool, error) {
 // (a container's), or the launcher's own GOMAXPROCS variable when set.
 func cores() int { return runtime.GOMAXPROCS(0) }
 
-// resolveProviders checks a --device and --kernels pair against the providers
-// compiled into this binary (catalog.Resolve). Tests replace it to stand in
-// for a cuda build.
-var resolveProviders = catalog.Resolve
-
 // deviceName is --device as given, with -n gpu implying cuda; empty when
 // neither says (the kernels' device, else cpu).
 func (o RunOptions) deviceName() string {
@@ -466,37 +458,21 @@ func (o RunOptions) deviceName() string {
 }
 
 // rankDevice resolves the ranks' device ("cpu", "sim" or "cuda") from
-// --device, --kernels and -n gpu, and refuses what this build cannot run: a
-// device or provider not compiled in (naming the build command), providers of
-// another device.
+// --device, --kernels, --dtype and -n gpu, and refuses what this build cannot
+// run (resolveDevice): a device or provider not compiled in (naming the build
+// command), providers of another device, a dtype a provider lacks.
 func (o RunOptions) rankDevice() (string, error) {
 	if o.NprocPerNode == "gpu" && o.Device != "" && o.Device != "cuda" {
 		return "", fmt.Errorf("--nproc-per-node gpu starts one rank per GPU: --device %s contradicts it; want --device cuda or a number of ranks", o.Device)
 	}
-	_, kind, err := resolveProviders(o.deviceName(), o.Kernels)
+	dev, err := resolveDevice(o)
 	if err != nil {
 		if o.Device == "" && o.NprocPerNode == "gpu" {
 			err = fmt.Errorf("--nproc-per-node gpu implies %v", err)
 		}
 		return "", err
 	}
-	return kind.String(), nil
-}
-
-// checkDType refuses a --dtype the ranks' kernels providers lack.
-func (o RunOptions) checkDType() error {
-	if o.DType == "" {
-		return nil
-	}
-	dt, err := tensor.ParseDType(o.DType)
-	if err != nil || (dt != tensor.Float32 && dt != tensor.BFloat16) {
-		return fmt.Errorf("--dtype %q: want float32 or bfloat16", o.DType)
-	}
-	choice, _, err := resolveProviders(o.deviceName(), o.Kernels)
-	if err != nil {
-		return err
-	}
-	return catalog.CheckDType(choice, dt)
+	return dev, nil
 }
 
 // visibleGPUs are the GPUs the launcher may hand to its ranks: the entries of
@@ -508,7 +484,7 @@ func visibleGPUs() (ids []string, from string, known bool, err error) {
 	// the ranks need it, and a machine without one is refused before any
 	// rank starts, naming the library the loader could not open.
 	n := 0
-	if catalog.Compiled("cuda") {
+	if launcherCUDA {
 		if n, err = gpuCount(); err != nil {
 			return nil, "", false, err
 		}
@@ -521,7 +497,7 @@ func visibleGPUs() (ids []string, from string, known bool, err error) {
 		}
 		return ids, "CUDA_VISIBLE_DEVICES lists", true, nil
 	}
-	if !catalog.Compiled("cuda") {
+	if !launcherCUDA {
 		return nil, "", false, nil
 	}
 	for i := 0; i < n; i++ {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/meshrun/meshrun/internal/flaghelp"
 	"io"
 	"strings"
 	"text/tabwriter"
@@ -57,7 +58,7 @@ func ckptMain(args []string, stdout, stderr io.Writer) int {
 	}
 	name := "launcher ckpt " + args[0]
 	fs, to := ckptFlags(args[0])
-	pos, err := parseInterspersed(fs, args[1:])
+	pos, err := flaghelp.Interspersed(fs, args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, helpText(ckptHelp[args[0]], fs))
 		return 0

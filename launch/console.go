@@ -5,12 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/meshrun/meshrun/logview"
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,29 +17,11 @@ import (
 	"github.com/meshrun/meshrun/runlog"
 )
 
-// collapseWindow is how long the console holds a line to see whether other
-// ranks print the same one, which it then shows once as "ranks[1-7]: msg".
-const collapseWindow = 150 * time.Millisecond
-
-// Time layouts: the console shows the time of day, the rank logs the full time.
-const (
-	consoleStamp = "15:04:05.000"
-	fileStamp    = "2006-01-02T15:04:05.000Z07:00"
-)
-
 // rankLine is one line of a rank's output, stamped when the launcher read it.
 type rankLine struct {
 	t          time.Time
 	node, rank int
 	text       string
-}
-
-// lineGroup is a line printed by one or more ranks within the window.
-type lineGroup struct {
-	first time.Time
-	text  string
-	node  int
-	ranks []int
 }
 
 // console writes the ranks' lines, stamped and prefixed "node:rank| ", onto one
@@ -51,7 +32,7 @@ type console struct {
 	w       io.Writer
 	window  time.Duration // 0: no collapsing
 	show    func(rank int) bool
-	pending []*lineGroup
+	pending []*logview.LineGroup
 	timer   *time.Timer
 	closed  bool
 }
@@ -71,16 +52,16 @@ func (c *console) add(l rankLine) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.window <= 0 || c.closed {
-		c.w.Write(formatGroup(&lineGroup{first: l.t, text: l.text, node: l.node, ranks: []int{l.rank}}))
+		c.w.Write(logview.FormatGroup(&logview.LineGroup{First: l.t, Text: l.text, Node: l.node, Ranks: []int{l.rank}}))
 		return
 	}
 	for _, g := range c.pending {
-		if g.text == l.text && l.t.Sub(g.first) < c.window && !containsInt(g.ranks, l.rank) {
-			g.ranks = append(g.ranks, l.rank)
+		if g.Text == l.text && l.t.Sub(g.First) < c.window && !logview.ContainsInt(g.Ranks, l.rank) {
+			g.Ranks = append(g.Ranks, l.rank)
 			return
 		}
 	}
-	c.pending = append(c.pending, &lineGroup{first: l.t, text: l.text, node: l.node, ranks: []int{l.rank}})
+	c.pending = append(c.pending, &logview.LineGroup{First: l.t, Text: l.text, Node: l.node, Ranks: []int{l.rank}})
 	if c.timer == nil {
 		c.timer = time.AfterFunc(c.window, c.flushDue)
 	}
@@ -101,7 +82,7 @@ func (c *console) flushDue() {
 	c.timer = nil
 	c.flushLocked(time.Now().Add(-c.window))
 	if len(c.pending) > 0 {
-		c.timer = time.AfterFunc(c.pending[0].first.Add(c.window).Sub(time.Now()), c.flushDue)
+		c.timer = time.AfterFunc(c.pending[0].First.Add(c.window).Sub(time.Now()), c.flushDue)
 	}
 }
 
@@ -110,10 +91,10 @@ func (c *console) flushDue() {
 func (c *console) flushLocked(limit time.Time) {
 	n := 0
 	for _, g := range c.pending {
-		if !limit.IsZero() && g.first.After(limit) {
+		if !limit.IsZero() && g.First.After(limit) {
 			break
 		}
-		c.w.Write(formatGroup(g))
+		c.w.Write(logview.FormatGroup(g))
 		n++
 	}
 	c.pending = c.pending[n:]
@@ -131,86 +112,6 @@ func (c *console) close() {
 	c.closed = true
 }
 
-func formatGroup(g *lineGroup) []byte {
-	var b []byte
-	b = g.first.AppendFormat(b, consoleStamp)
-	b = append(b, ' ')
-	if len(g.ranks) == 1 {
-		b = fmt.Appendf(b, "%d:%d| ", g.node, g.ranks[0])
-	} else {
-		b = append(b, "ranks["...)
-		b = append(b, FormatRanks(g.ranks)...)
-		b = append(b, "]: "...)
-	}
-	b = append(b, g.text...)
-	return append(b, '\n')
-}
-
-func containsInt(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
-// FormatRanks renders ranks compactly: [0 1 2 3 5 7 8] -> "0-3,5,7-8".
-func FormatRanks(ranks []int) string {
-	r := append([]int(nil), ranks...)
-	sort.Ints(r)
-	var b strings.Builder
-	for i := 0; i < len(r); {
-		j := i
-		for j+1 < len(r) && r[j+1] == r[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(r[i]))
-		if j > i {
-			b.WriteByte('-')
-			b.WriteString(strconv.Itoa(r[j]))
-		}
-		i = j + 1
-	}
-	return b.String()
-}
-
-// maxRankSet bounds how many ranks a rank set may name in all: a set is a
-// map, and "0-1048576,1048577-2097153,..." would otherwise cost memory
-// without end.
-const maxRankSet = 1 << 17
-
-// ParseRanks reads "0,4-7" into a set of ranks.
-func ParseRanks(s string) (map[int]bool, error) {
-	set := map[int]bool{}
-	total := 0
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil || a < 0 {
-			return nil, fmt.Errorf("ranks %q: %q is not a rank or a range like 4-7", s, part)
-		}
-		b := a
-		if isRange {
-			b, err = strconv.Atoi(hi)
-			if err != nil || b < a {
-				return nil, fmt.Errorf("ranks %q: %q is not a range like 4-7", s, part)
-			}
-		}
-		if total += b - a + 1; b-a > maxRankSet || total > maxRankSet {
-			return nil, fmt.Errorf("ranks %q: more than %d ranks", s, maxRankSet)
-		}
-		for r := a; r <= b; r++ {
-			set[r] = true
-		}
-	}
-	return set, nil
-}
-
 // rankWriter splits what a rank writes into lines, stamps each when read,
 // appends it to the rank's log file ("<time> <line>") and hands it to the
 // console. On stdout, marker lines from runlog go to onMarker instead of the
@@ -226,7 +127,7 @@ type rankWriter struct {
 	// console says so once, and summary.json counts them.
 	dropped atomic.Int64
 	// crash, on stderr, keeps a Go runtime's crash report (crash.go).
-	crash *crashWatch
+	crash *logview.CrashWatch
 }
 
 func (p *rankWriter) Write(b []byte) (int, error) {
@@ -254,7 +155,7 @@ func (p *rankWriter) line(t time.Time, l []byte) {
 			p.rank, filepath.Base(p.file.Name()), errors.Unwrap(err)))
 	}
 	if p.crash != nil {
-		p.crash.line(l)
+		p.crash.Line(l)
 	}
 	if p.onMarker != nil && bytes.HasPrefix(l, []byte(runlog.Marker)) {
 		kind, body, _ := bytes.Cut(l[len(runlog.Marker):], []byte{' '})

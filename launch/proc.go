@@ -2,6 +2,7 @@ package launch
 
 import (
 	"encoding/json"
+	"github.com/meshrun/meshrun/logview"
 	"io"
 	"os"
 	"os/exec"
@@ -37,8 +38,8 @@ type proc struct {
 	stacks atomic.Bool
 	// crash watches its stderr for a Go runtime's crash report; crashed is
 	// the report of a rank that exited so (onExit).
-	crash   crashWatch
-	crashed *crashReport
+	crash   logview.CrashWatch
+	crashed *logview.CrashReport
 }
 
 // exitMsg reports a rank's end from its waiting goroutine.
@@ -49,17 +50,8 @@ type exitMsg struct {
 	end   time.Time
 }
 
-var signalNames = map[syscall.Signal]string{
-	syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT",
-	syscall.SIGILL: "SIGILL", syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS",
-	syscall.SIGFPE: "SIGFPE", syscall.SIGKILL: "SIGKILL", syscall.SIGSEGV: "SIGSEGV",
-	syscall.SIGPIPE: "SIGPIPE", syscall.SIGALRM: "SIGALRM", syscall.SIGTERM: "SIGTERM",
-	syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2", syscall.SIGTRAP: "SIGTRAP",
-	syscall.SIGSYS: "SIGSYS", syscall.SIGXCPU: "SIGXCPU", syscall.SIGXFSZ: "SIGXFSZ",
-}
-
 func signalName(s syscall.Signal) string {
-	if n, ok := signalNames[s]; ok {
+	if n, ok := logview.SignalNames[s]; ok {
 		return n
 	}
 	return "signal " + strconv.Itoa(int(s))
@@ -100,16 +92,6 @@ const abortSettle = 350 * time.Millisecond
 
 // hangCheckEvery is how often --hang-after looks at the heartbeats.
 const hangCheckEvery = 250 * time.Millisecond
-
-// readErrorFile reads a rank's error.json.
-func readErrorFile(dir string) (runlog.ErrorRecord, bool) {
-	var rec runlog.ErrorRecord
-	b, err := os.ReadFile(filepath.Join(dir, runlog.ErrorFile))
-	if err != nil || json.Unmarshal(b, &rec) != nil {
-		return rec, false
-	}
-	return rec, true
-}
 
 // start starts one rank in its own process group, with its output going,
 // stamped, to its log files and, prefixed, to the console.

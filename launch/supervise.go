@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/meshrun/meshrun/logview"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,7 +175,7 @@ func (j *job) run(ctx context.Context) (int, error) {
 		if n >= j.MaxRestarts {
 			break
 		}
-		restart, why := a.outcome.restartable(), fmt.Sprintf("attempt %d ended (%s, exit %d)", n, a.outcome, s.ExitCode)
+		restart, why := restartable(a.outcome), fmt.Sprintf("attempt %d ended (%s, exit %d)", n, a.outcome, s.ExitCode)
 		if j.nnodes > 1 {
 			// Every node restarts, or none: each says how its ranks ended.
 			outs, err := pl.attemptDone(n, a.outcome, j.nnodes, restartWait)
@@ -185,11 +186,11 @@ func (j *job) run(ctx context.Context) (int, error) {
 			restart = false
 			for node := 0; node < j.nnodes; node++ {
 				o := outs[node]
-				if !o.restartable() && o != OutcomeOK {
+				if !restartable(o) && o != OutcomeOK {
 					restart = false
 					break
 				}
-				if o.restartable() && !restart {
+				if restartable(o) && !restart {
 					restart = true
 					why = fmt.Sprintf("attempt %d ended (%s on node %d)", n, o, node)
 				}
@@ -225,9 +226,6 @@ func (j *job) attemptDir(n int) string {
 	}
 	return filepath.Join(j.dir, AttemptDir(n))
 }
-
-// AttemptDir is the folder, in the job's, of attempt n > 0.
-func AttemptDir(n int) string { return "attempt-" + strconv.Itoa(n) }
 
 // nodeOf is the node of a rank (every node runs as many ranks).
 func (j *job) nodeOf(rank int) int { return rank / len(j.ranks) }
@@ -551,7 +549,7 @@ func (a *attempt) onExit(m exitMsg) {
 	// A Go runtime that crashed exits 2 after its report (or dies by
 	// SIGABRT after it, with GOTRACEBACK=crash).
 	if p.out.ExitCode == 2 && p.out.Signal == "" || p.out.Signal == "SIGABRT" {
-		if c := p.crash.report(); c != nil {
+		if c := p.crash.Report(); c != nil {
 			p.crashed = c
 			p.out.Crash, p.out.Error = c.Kind, c.Line
 		}
@@ -569,7 +567,7 @@ func (a *attempt) onExit(m exitMsg) {
 	a.failed(rc)
 	a.pl.tell(nodeMsg{Kind: "rank_failed", Attempt: a.n, Rank: m.rank, ExitCode: rc.ExitCode, Signal: rc.Signal, TimeMS: rc.TimeMS,
 		Crash: rc.Crash, Reason: crashLine(rc), Stack: rc.Stack})
-	how := rc.how()
+	how := rc.How()
 	if rc.Crash != "" {
 		how += ": " + rc.Error
 	}
@@ -585,7 +583,7 @@ func (a *attempt) causeOf(p *proc) RootCause {
 	if c := p.crashed; c != nil {
 		rc.Crash, rc.Error, rc.Stack = c.Kind, c.Line, c.Stack
 		if rc.Signal == "" { // the runtime exited 2 itself
-			rc.ExitCode, rc.Signal = c.exitCode(), c.Signal
+			rc.ExitCode, rc.Signal = c.ExitCode(), c.Signal
 		}
 	}
 	return rc
@@ -756,7 +754,7 @@ func (a *attempt) summary() AttemptSummary {
 	if a.root != nil && a.root.Node == a.j.NodeRank && !a.root.Hung {
 		// A crash's own line (a.root.Error) is what ended the rank, whatever
 		// it recorded before.
-		if rec, ok := readErrorFile(filepath.Join(a.dir, RankDir(a.root.Rank))); ok {
+		if rec, ok := logview.ReadErrorFile(filepath.Join(a.dir, RankDir(a.root.Rank))); ok {
 			a.root.Culprit = rec.Culprit
 			if a.root.Crash == "" {
 				a.root.Error = rec.Error
@@ -786,9 +784,9 @@ func (a *attempt) summary() AttemptSummary {
 	if a.root != nil && (a.outcome == OutcomeRankFailed || a.outcome == OutcomeHang) {
 		rc := a.root.Rank
 		s.RootCauseRank, s.RootCause = &rc, a.root
-		code = a.root.exitCodeOf()
+		code = exitCodeOf(a.root)
 	}
-	s.ExitCode = a.outcome.exitCode(code)
+	s.ExitCode = outcomeExitCode(a.outcome, code)
 	for _, p := range a.procs {
 		p.out.LogLinesDropped = 0
 		for _, c := range p.flushes {
@@ -821,7 +819,7 @@ func (a *attempt) err() error {
 	}
 	switch a.outcome {
 	case OutcomeRankFailed:
-		how := rc.how()
+		how := rc.How()
 		if rc.ExitCode == ExitStartFailed && rc.Error != "" && rc.Crash == "" {
 			how = "did not start: " + rc.Error
 		}

@@ -1,4 +1,4 @@
-package launch
+package logview
 
 import (
 	"bufio"
@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/meshrun/meshrun/internal/flaghelp"
 	"github.com/meshrun/meshrun/runlog"
 	"io"
 	"os"
@@ -66,7 +67,7 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 	switch {
 	case rc != nil:
 		fmt.Fprintf(w, "\nroot cause: rank %d on node %d %s at %s (first failure, ms clock)\n",
-			rc.Rank, rc.Node, rc.how(), time.UnixMilli(rc.TimeMS).Format("2006-01-02 15:04:05.000"))
+			rc.Rank, rc.Node, rc.How(), time.UnixMilli(rc.TimeMS).Format("2006-01-02 15:04:05.000"))
 		if rc.Error != "" {
 			fmt.Fprintf(w, "  error: %s\n", rc.Error)
 		}
@@ -76,7 +77,7 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 			// no goroutine of the program faulted on (kill -SEGV landing on
 			// an idle thread), the one the report names.
 			label := "crashed in"
-			if (rc.Crash != crashPanic && rc.Crash != crashFatal) && !strings.Contains(rc.Stack[0], "[running") {
+			if (rc.Crash != CrashPanic && rc.Crash != CrashFatal) && !strings.Contains(rc.Stack[0], "[running") {
 				label = "when it crashed:"
 			}
 			fmt.Fprintf(w, "  %s %s\n", label, rc.Stack[0])
@@ -85,7 +86,7 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 			}
 		}
 		switch {
-		case rc.ReportedBy != nil && rc.Evidence == evidenceTimeout:
+		case rc.ReportedBy != nil && rc.Evidence == EvidenceTimeout:
 			fmt.Fprintf(w, "  found by rank %d, whose collective timed out waiting for it\n", *rc.ReportedBy)
 		case rc.ReportedBy != nil:
 			fmt.Fprintf(w, "  evidence: %s; rank %d failed first\n", rc.Evidence, *rc.ReportedBy)
@@ -111,7 +112,7 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 				}
 				fmt.Fprintf(w, "  last lines of rank %d%s:\n", rc.Rank, what)
 				for _, e := range es {
-					fmt.Fprintf(w, "    %s %s\n", time.UnixMilli(e.TimeMS).Format(consoleStamp), e.text())
+					fmt.Fprintf(w, "    %s %s\n", time.UnixMilli(e.TimeMS).Format(ConsoleStamp), e.Text())
 				}
 			}
 		}
@@ -158,10 +159,10 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 			line := ""
 			if o.Crash != "" {
 				how, line = "crashed: Go "+o.Crash, o.Error
-				if o.Crash != crashPanic && o.Crash != crashFatal {
+				if o.Crash != CrashPanic && o.Crash != CrashFatal {
 					how = "crashed: " + o.Crash + " in the Go runtime"
 				}
-			} else if rec, ok := readErrorFile(filepath.Join(jobDir, RankDir(v))); ok {
+			} else if rec, ok := ReadErrorFile(filepath.Join(jobDir, RankDir(v))); ok {
 				line = rec.Error
 			} else {
 				line = lastLine(filepath.Join(jobDir, RankDir(v), "stderr.log"))
@@ -203,7 +204,7 @@ func lastLine(path string) string {
 		}
 	}
 	if stamp, rest, ok := strings.Cut(last, " "); ok {
-		if _, err := time.Parse(fileStamp, stamp); err == nil {
+		if _, err := time.Parse(FileStamp, stamp); err == nil {
 			return rest
 		}
 	}
@@ -216,7 +217,7 @@ func whyMain(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(io.Discard)
 	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
 	attempt := fs.Int("attempt", -1, "attempt `K` of a job that restarted, from 0 (default: the last)")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := flaghelp.Interspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, helpText(whyUsage, fs))
 		return 0
@@ -356,14 +357,15 @@ func parseTrace(b []byte) ([]json.RawMessage, error) {
 	return evs, nil
 }
 
-// traceMain is `launcher trace`.
-func traceMain(args []string, stdout, stderr io.Writer) int {
+// TraceMain is `launcher trace`, given the arguments after "trace"; it
+// returns the exit code.
+func TraceMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
 	out := fs.String("o", "trace.json", "write the merged trace to `FILE`; - for stdout")
 	attempt := fs.Int("attempt", -1, "the ranks of attempt `K` of a job that restarted, from 0 (default: the last)")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := flaghelp.Interspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, helpText(traceUsage, fs))
 		return 0

@@ -2,12 +2,14 @@ package launch
 
 import (
 	"fmt"
-	"github.com/meshrun/meshrun/logview"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/meshrun/meshrun/logview"
+	"github.com/meshrun/meshrun/protocol"
 )
 
 // The root cause of a failed attempt is decided from evidence, not from
@@ -239,4 +241,32 @@ func blamers(ranks []int) string {
 		return fmt.Sprintf("rank %d blames it", ranks[0])
 	}
 	return fmt.Sprintf("ranks %s blame it", FormatRanks(ranks))
+}
+
+// blameStuck makes a rank that never entered a collective the root cause
+// when the first failure is a peer's collective timing out waiting for it:
+// the waiting rank failed only because of it.
+func (a *attempt) blameStuck() {
+	n := a.notice
+	if a.outcome != OutcomeRankFailed || a.root == nil || n == nil || n.Code != protocol.CodeTimeout ||
+		n.Culprit < 0 || n.Culprit == a.root.Rank {
+		return
+	}
+	c := n.Culprit
+	if a.j.nodeOf(c) == a.j.NodeRank && !slices.Contains(a.victims, c) {
+		return // it ended by itself: not stuck
+	}
+	rep := a.root.Rank
+	where := ""
+	if n.Op != "" {
+		where = fmt.Sprintf(" %s seq %d on group %s", n.Op, n.Seq, n.Group)
+	}
+	a.root = &RootCause{Rank: c, Node: a.j.nodeOf(c), ExitCode: ExitHang, TimeMS: a.root.TimeMS, Hung: true, ReportedBy: &rep,
+		Error: fmt.Sprintf("never entered%s; rank %d timed out waiting for it: %s", where, rep, n.Detail), Evidence: evidenceTimeout}
+	a.outcome = OutcomeHang
+	a.victims = slices.DeleteFunc(a.victims, func(r int) bool { return r == c })
+	if a.j.nodeOf(rep) == a.j.NodeRank && !slices.Contains(a.victims, rep) {
+		a.victims = append(a.victims, rep)
+		slices.Sort(a.victims)
+	}
 }

@@ -4,12 +4,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/meshrun/meshrun/internal/flaghelp"
 	"io"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/meshrun/meshrun/ckpt"
+	"github.com/meshrun/meshrun/internal/flaghelp"
 )
 
 const ckptUsage = `usage: launcher ckpt inspect PATH             tensors, shapes, placements, files, step; verifies every checksum

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/meshrun/meshrun/logview"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/meshrun/meshrun/ckpt"
 	"github.com/meshrun/meshrun/ckpt/ckpttest"
+	"github.com/meshrun/meshrun/logview"
 	"golang.org/x/sys/unix"
 )
 

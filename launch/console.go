@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/meshrun/meshrun/logview"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshrun/meshrun/logview"
 	"github.com/meshrun/meshrun/runlog"
 )
 

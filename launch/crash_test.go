@@ -3,7 +3,6 @@ package launch
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/meshrun/meshrun/logview"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/logview"
 	"github.com/meshrun/meshrun/runlog"
 )
 

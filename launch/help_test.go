@@ -12,7 +12,7 @@ import (
 // TestHelp: -h and --help on the launcher and on every subcommand print the
 // usage and every flag with its default on stdout and exit 0; the text is
 // pinned by testdata/help/*.txt (go test ./launch -run TestHelp -update
-// rewrites them; run.txt is run.go's own usage). logview's TestHelp pins
+// rewrites them; run.txt is options.go's own usage). logview's TestHelp pins
 // logs, logs why and trace.
 func TestHelp(t *testing.T) {
 	for _, tc := range []struct{ file, cmd string }{

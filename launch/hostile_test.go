@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/meshrun/meshrun/logview"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/internal/testtime"
+	"github.com/meshrun/meshrun/logview"
 )
 
 // TestRootCauseFromEvidence: rank 1 of 3 is SIGTERMed, SIGSTOPped, or exits 0

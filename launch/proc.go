@@ -2,7 +2,6 @@ package launch
 
 import (
 	"encoding/json"
-	"github.com/meshrun/meshrun/logview"
 	"io"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshrun/meshrun/logview"
 	"github.com/meshrun/meshrun/runlog"
 	"github.com/nats-io/nats-server/v2/server"
 )

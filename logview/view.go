@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/meshrun/meshrun/internal/flaghelp"
 	"io"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshrun/meshrun/internal/flaghelp"
 	"github.com/meshrun/meshrun/runlog"
 )
 

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/meshrun/meshrun/logview"
 )
 
 // attempt supervises one run of every rank of the job: one handler per
@@ -19,8 +21,8 @@ type attempt struct {
 	pl             *plane
 	url            string
 	say            func(format string, a ...any)
-	outCon, errCon *console
-	board          *progressBoard
+	outCon, errCon *logview.Console
+	board          *logview.ProgressBoard
 	began          time.Time
 	env            map[string]string // every rank's (common and this attempt's)
 
@@ -70,7 +72,7 @@ func (a *attempt) prepare(common map[string]string) error {
 		return err
 	}
 	a.env["MASTER_ADDR"], a.env["MASTER_PORT"] = addr, strconv.Itoa(port)
-	a.board = newProgressBoard(a.outCon, len(a.j.ranks))
+	a.board = logview.NewProgressBoard(a.outCon, len(a.j.ranks))
 	if a.n > 0 {
 		a.say("attempt %d: logs in %s", a.n, a.dir)
 	}

@@ -318,24 +318,6 @@ func TestTwoNodes(t *testing.T) {
 	}
 }
 
-func TestConsoleCollapse(t *testing.T) {
-	var out bytes.Buffer
-	c := newConsole(&out, time.Hour, func(r int) bool { return r != 5 })
-	t0 := time.Date(2026, 1, 2, 3, 4, 5, 6e6, time.UTC)
-	for _, r := range []int{1, 2, 3, 5, 7, 8} {
-		c.add(rankLine{t: t0.Add(time.Duration(r) * time.Millisecond), node: 0, rank: r, text: "same"})
-	}
-	c.add(rankLine{t: t0.Add(10 * time.Millisecond), node: 1, rank: 4, text: "own"})
-	c.add(rankLine{t: t0.Add(11 * time.Millisecond), node: 0, rank: 1, text: "same"}) // rank 1 again: a new line
-	c.close()
-	want := t0.Add(time.Millisecond).Local().Format(consoleStamp) + " ranks[1-3,7-8]: same\n" +
-		t0.Add(10*time.Millisecond).Local().Format(consoleStamp) + " 1:4| own\n" +
-		t0.Add(11*time.Millisecond).Local().Format(consoleStamp) + " 0:1| same\n"
-	if out.String() != want {
-		t.Errorf("got\n%s\nwant\n%s", out.String(), want)
-	}
-}
-
 func TestConsoleFilter(t *testing.T) {
 	code, _, stdout, stderr := launch(t, "-n", "3", "--console", "1", "hello")
 	if code != 0 {

@@ -45,11 +45,8 @@ func FormatRanks(ranks []int) string { return logview.FormatRanks(ranks) }
 // ParseRanks reads "0,4-7" into a set of ranks.
 func ParseRanks(s string) (map[int]bool, error) { return logview.ParseRanks(s) }
 
-// Time layouts: the console shows the time of day, the rank logs the full time.
-const (
-	consoleStamp = logview.ConsoleStamp
-	fileStamp    = logview.FileStamp
-)
+// consoleStamp is the console's time layout: the time of day.
+const consoleStamp = logview.ConsoleStamp
 
 // collapseWindow is how long the console holds a line to see whether other
 // ranks print the same one (logview.CollapseWindow).

@@ -89,8 +89,8 @@ func (a *attempt) summary() AttemptSummary {
 	for _, p := range a.procs {
 		p.out.LogLinesDropped = 0
 		for _, c := range p.flushes {
-			if w, ok := c.(*rankWriter); ok {
-				p.out.LogLinesDropped += w.dropped.Load()
+			if w, ok := c.(*logview.RankWriter); ok {
+				p.out.LogLinesDropped += w.Dropped()
 			}
 		}
 		s.Ranks = append(s.Ranks, p.out)

@@ -95,7 +95,7 @@ const hangCheckEvery = 250 * time.Millisecond
 
 // start starts one rank in its own process group, with its output going,
 // stamped, to its log files and, prefixed, to the console.
-func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon, errCon *console, board *progressBoard) error {
+func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon, errCon *logview.Console, board *logview.ProgressBoard) error {
 	dir, err := filepath.Abs(filepath.Join(attemptDir, RankDir(p.spec.Rank)))
 	if err != nil {
 		return err
@@ -114,10 +114,10 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 	}
 	p.files = append(p.files, stderr)
 	rank := p.spec.Rank
-	po := &rankWriter{file: stdout, con: outCon, node: p.spec.Node, rank: rank, onMarker: func(kind string, body []byte) {
+	po := &logview.RankWriter{File: stdout, Con: outCon, Node: p.spec.Node, Rank: rank, OnMarker: func(kind string, body []byte) {
 		switch kind {
 		case "progress":
-			board.report(rank, body)
+			board.Report(rank, body)
 		case "hello":
 			var h struct {
 				Stacks bool `json:"stacks_on_sigusr1"`
@@ -127,7 +127,7 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 			}
 		}
 	}}
-	pe := &rankWriter{file: stderr, con: errCon, node: p.spec.Node, rank: rank, crash: &p.crash}
+	pe := &logview.RankWriter{File: stderr, Con: errCon, Node: p.spec.Node, Rank: rank, Crash: &p.crash}
 	p.flushes = append(p.flushes, po, pe)
 
 	cmd := exec.Command(j.path, j.args...)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshrun/meshrun/logview"
 	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/natsrv"
 	"github.com/meshrun/meshrun/runlog"
@@ -48,11 +49,11 @@ func (j *job) run(ctx context.Context) (int, error) {
 	}
 
 	show, _ := j.consoleFilter()
-	outCon := newConsole(j.Stdout, collapseWindow, func(r int) bool { return show(r) && j.shown(r, 1) })
-	errCon := newConsole(j.Stderr, collapseWindow, func(r int) bool { return show(r) && j.shown(r, 2) })
-	defer outCon.close()
-	defer errCon.close()
-	say := func(format string, a ...any) { errCon.notice(time.Now(), "launcher: "+fmt.Sprintf(format, a...)) }
+	outCon := logview.NewConsole(j.Stdout, collapseWindow, func(r int) bool { return show(r) && j.shown(r, 1) })
+	errCon := logview.NewConsole(j.Stderr, collapseWindow, func(r int) bool { return show(r) && j.shown(r, 2) })
+	defer outCon.Close()
+	defer errCon.Close()
+	say := func(format string, a ...any) { errCon.Notice(time.Now(), "launcher: "+fmt.Sprintf(format, a...)) }
 
 	conf, pl, stop, err := j.startPlane(say)
 	if err != nil {

@@ -3,10 +3,11 @@
 // `launcher logs why` (the root cause, its error and last lines, the
 // victims) and `launcher trace` (every rank's trace in one file). It holds
 // what the launcher writes there and reads back: the folder's layout,
-// job.json's and summary.json's types, and the reading of a Go runtime's
-// crash report in a rank's stderr. The launcher (package launch) writes the
-// folder with these; this package does not import it, so a view never
-// depends on how the ranks are started and supervised.
+// job.json's and summary.json's types, the ranks' log lines and the console
+// that shows them as they are written (console.go), and the reading of a Go
+// runtime's crash report in a rank's stderr. The launcher (package launch)
+// writes the folder with these; this package does not import it, so a view
+// never depends on how the ranks are started and supervised.
 package logview
 
 import (

@@ -282,34 +282,34 @@ func (o LogsOptions) keep(e Entry, now time.Time) bool {
 // collapser groups identical entries of different ranks within the window.
 type collapser struct {
 	w       io.Writer
-	pending []*LineGroup
+	pending []*lineGroup
 	on      bool
 }
 
 func (c *collapser) add(e Entry) {
 	t := time.UnixMilli(e.TimeMS)
 	if !c.on {
-		c.w.Write(FormatGroup(&LineGroup{First: t, Text: e.Text(), Node: e.Node, Ranks: []int{e.Rank}}))
+		c.w.Write(formatGroup(&lineGroup{first: t, text: e.Text(), node: e.Node, ranks: []int{e.Rank}}))
 		return
 	}
 	c.flushBefore(t.Add(-CollapseWindow))
 	for _, g := range c.pending {
-		if g.Text == e.Text() && !ContainsInt(g.Ranks, e.Rank) {
-			g.Ranks = append(g.Ranks, e.Rank)
+		if g.text == e.Text() && !containsInt(g.ranks, e.Rank) {
+			g.ranks = append(g.ranks, e.Rank)
 			return
 		}
 	}
-	c.pending = append(c.pending, &LineGroup{First: t, Text: e.Text(), Node: e.Node, Ranks: []int{e.Rank}})
+	c.pending = append(c.pending, &lineGroup{first: t, text: e.Text(), node: e.Node, ranks: []int{e.Rank}})
 }
 
 // flushBefore writes the groups that began before limit (all for zero).
 func (c *collapser) flushBefore(limit time.Time) {
 	n := 0
 	for _, g := range c.pending {
-		if !limit.IsZero() && !g.First.Before(limit) {
+		if !limit.IsZero() && !g.first.Before(limit) {
 			break
 		}
-		c.w.Write(FormatGroup(g))
+		c.w.Write(formatGroup(g))
 		n++
 	}
 	c.pending = c.pending[n:]

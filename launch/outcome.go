@@ -30,8 +30,8 @@ func restartable(o Outcome) bool { return o == OutcomeRankFailed || o == Outcome
 // ExitHang is the exit code of a job ended by a hang (OutcomeHang).
 const ExitHang = 125
 
-// exitCode is the launcher's exit code for an attempt that ended so; code is
-// the root-cause rank's own exit code (OutcomeRankFailed).
+// outcomeExitCode is the launcher's exit code for an attempt that ended o;
+// code is the root-cause rank's own exit code (OutcomeRankFailed).
 func outcomeExitCode(o Outcome, code int) int {
 	switch o {
 	case OutcomeRankFailed:

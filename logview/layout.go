@@ -122,7 +122,7 @@ type RootCause struct {
 	// whose collective timed out waiting for it, when one did.
 	Hung       bool `json:"hung,omitempty"`
 	ReportedBy *int `json:"reported_by,omitempty"`
-	// Evidence is how the launcher decided (blame.go): "first failure",
+	// Evidence is how the launcher decided (launch's blame.go): "first failure",
 	// "blamed by the failed ranks' errors (ranks 0,2)", ...; ReportedBy is
 	// then the rank that failed first.
 	Evidence string `json:"evidence,omitempty"`
@@ -218,7 +218,7 @@ func AttemptFolder(jobDir string, n int) (string, int, error) {
 }
 
 // Evidence values of RootCause: how the launcher decided the root cause
-// (its blame.go).
+// (launch's blame.go).
 const (
 	EvidenceFirst   = "first failure"
 	EvidenceHang    = "missing from a collective its peers waited in (heartbeats)"

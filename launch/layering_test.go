@@ -6,12 +6,13 @@ import (
 	"github.com/meshrun/meshrun/internal/deps"
 )
 
-// The launcher and runlog read the control plane through package protocol
-// only: linking collective (and what it may grow to import: transports, CUDA,
-// NCCL) into the launcher is a layering error (docs/architecture.md). The
-// test program testdata/ranktest is a worker and may import collective.
+// The launcher, its views (logview) and runlog read the control plane
+// through package protocol only: linking collective (and what it may grow to
+// import: transports, CUDA, NCCL) into the launcher is a layering error
+// (docs/architecture.md). The test program testdata/ranktest is a worker and
+// may import collective.
 func TestLayering(t *testing.T) {
-	deps.Forbid(t, []string{deps.Module + "/launch", deps.Module + "/runlog"}, deps.Module+"/collective")
+	deps.Forbid(t, []string{deps.Module + "/launch", deps.Module + "/logview", deps.Module + "/runlog"}, deps.Module+"/collective")
 }
 
 // The launcher links no kernels package and no CUDA, in the plain build and

@@ -90,3 +90,31 @@ func TestCheckMode(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckDevice: with MESHRUN_CHECK=device the worker, given no workload,
+// prints the ranks' device the launcher's MESHRUN_DEVICE, MESHRUN_KERNELS and
+// MESHRUN_DTYPE resolve to, or exits 2 with the one line that refuses them.
+func TestCheckDevice(t *testing.T) {
+	for _, tc := range []struct {
+		env        map[string]string
+		code       int
+		out, inErr string
+	}{
+		{nil, 0, "cpu\n", ""},
+		{map[string]string{EnvKernels: "sim"}, 0, "sim\n", ""},
+		{map[string]string{EnvDevice: "cpu", EnvKernels: "cpu,gemm=cpu", providers.EnvDType: "bfloat16"}, 0, "cpu\n", ""},
+		{map[string]string{EnvDevice: "cpu", EnvKernels: "sim"}, ExitUsage, "", "--kernels sim: provider sim runs on sim, the rank's tensors are on cpu (--device)\n"},
+		{map[string]string{EnvKernels: "nosuch"}, ExitUsage, "", `unknown provider "nosuch"`},
+		{map[string]string{providers.EnvDType: "fp8"}, ExitUsage, "", `--dtype "fp8": want float32 or bfloat16` + "\n"},
+	} {
+		env := map[string]string{EnvCheck: CheckDevice}
+		for k, v := range tc.env {
+			env[k] = v
+		}
+		var out, errb bytes.Buffer
+		code := Main(context.Background(), Env{Getenv: func(k string) string { return env[k] }, Stdout: &out, Stderr: &errb})
+		if code != tc.code || out.String() != tc.out || !strings.Contains(errb.String(), tc.inErr) || strings.Count(errb.String(), "\n") > 1 {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d, %q, %q", tc.env, code, out.String(), errb.String(), tc.code, tc.out, tc.inErr)
+		}
+	}
+}

@@ -207,117 +207,175 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		}
 		defer stop()
 	}
-	cfg, m, c, rd, steps := t.cfg, t.m, t.corpus, t.rd, t.steps
 	var report *GPTReport
 	var mu sync.Mutex
-	err := ranks(ctx, env, m.Size(), func(ctx context.Context, w *collective.World) error {
-		dev, err := rd.build()
-		if err != nil {
+	err := ranks(ctx, env, t.m.Size(), func(ctx context.Context, w *collective.World) error {
+		r, err := t.rank(ctx, env, w)
+		if err != nil || r == nil {
 			return err
 		}
-		g, err := linear.NewGPT(cfg, w.Rank(), dev)
-		if err != nil {
-			return err
-		}
-		if t.ck != nil {
-			if err := waitAll(ctx, w); err != nil {
-				return err
-			}
-			if t.autoResumed && w.Rank() == 0 {
-				fmt.Fprintf(env.Stderr, "gpt: restart %s: resuming from %s at step %d\n", env.Getenv(EnvRestartCount), t.ck.Dir, t.startStep)
-			}
-			ps := g.State()
-			if t.cf.init != "" {
-				ps = g.Params()
-			}
-			if err := linear.LoadParams(ctx, w, t.ck, ps); err != nil {
-				return err
-			}
-			g.SetStep(t.startStep)
-		}
-		sv := saves{cf: t.cf, env: env, workload: "gpt"}
-		tr := newTracer(env.Run)
-		rt := tr.runtime(w, dev)
-		comms := stepComms{counts: map[string]int{}}
-		rt.Record = comms.record
-		n := cfg.Tokens()
-		hostIDs, hostTg := tensor.New(tensor.Float32, n), tensor.New(tensor.Float32, n)
-		upload := func() (*tensor.Tensor, *tensor.Tensor, error) {
-			ids, err := tensor.Upload(dev, hostIDs)
-			if err != nil {
-				return nil, nil, err
-			}
-			tg, err := tensor.Upload(dev, hostTg)
-			return ids, tg, err
-		}
-		// Every rank draws the same batches from the same seed.
-		rng := rand.New(rand.NewPCG(cfg.Seed, 0x64617461))
-		var stepMS []float64
-		var first, last float64
-		for s := 1; s <= t.startStep; s++ { // a resumed run draws the batches it skips
-			c.batch(rng, c.train, cfg.Batch, cfg.Context, hostIDs.Float32(), hostTg.Float32())
-		}
-		for s := t.startStep + 1; s <= steps; s++ {
-			comms.reset()
-			c.batch(rng, c.train, cfg.Batch, cfg.Context, hostIDs.Float32(), hostTg.Float32())
-			ids, tg, err := upload()
-			if err != nil {
-				return err
-			}
-			start := time.Now()
-			loss, err := g.Step(ctx, rt, ids, tg)
-			if err != nil {
-				return err
-			}
-			d := time.Since(start)
-			stepMS = append(stepMS, ms(d))
-			if s == t.startStep+1 {
-				first = loss
-			}
-			last = loss
-			if w.Rank() == 0 {
-				env.Run.Progress(s, steps, loss, d)
-				fmt.Fprintf(env.Stdout, "step %d/%d loss %.4f time %.1f ms\n", s, steps, loss, ms(d))
-			}
-			if err := sv.step(ctx, w, g.State(), s, steps); err != nil {
-				return err
-			}
-		}
-		rt.Record = nil // the last step's counts stay
-		// Held-out loss: the same windows on every rank.
-		vrng := rand.New(rand.NewPCG(cfg.Seed, 0x76616c))
-		var held float64
-		for i := 0; i < t.heldOut; i++ {
-			c.batch(vrng, c.valid, cfg.Batch, cfg.Context, hostIDs.Float32(), hostTg.Float32())
-			ids, tg, err := upload()
-			if err != nil {
-				return err
-			}
-			l, err := g.Loss(ctx, rt, ids, tg)
-			if err != nil {
-				return err
-			}
-			held += l / float64(t.heldOut)
-		}
-		text, err := t.generate(ctx, g, rt, dev, rng)
-		if err != nil {
-			return err
-		}
-		if w.Rank() != 0 {
-			return nil
-		}
-		fmt.Fprintf(env.Stdout, "held-out loss %.4f nats/char; unigram entropy of the text %.4f\n", held, c.entropy())
-		fmt.Fprintf(env.Stdout, "sample:\n%s\n", text)
-		r := &GPTReport{Mesh: m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
-			Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, DType: cfg.Compute().String(), Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: steps, FirstStep: t.startStep + 1,
-			LossFirst: first, LossLast: last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(stepMS),
-			CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed}
 		mu.Lock()
 		report = r
 		mu.Unlock()
 		return nil
 	})
 	return finish(env, "gpt", err, report)
+}
+
+// rank is one rank's run: it builds its share of the model (from the
+// checkpoint when resuming), trains it, measures the held-out loss and
+// samples text; rank 0 prints the result and returns the report, the other
+// ranks nil.
+func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTReport, error) {
+	cfg, c := t.cfg, t.corpus
+	dev, err := t.rd.build()
+	if err != nil {
+		return nil, err
+	}
+	g, err := linear.NewGPT(cfg, w.Rank(), dev)
+	if err != nil {
+		return nil, err
+	}
+	if t.ck != nil {
+		if err := t.loadCheckpoint(ctx, env, w, g); err != nil {
+			return nil, err
+		}
+	}
+	sv := &saves{cf: t.cf, env: env, workload: "gpt"}
+	tr := newTracer(env.Run)
+	rt := tr.runtime(w, dev)
+	comms := &stepComms{counts: map[string]int{}}
+	rt.Record = comms.record
+	b := gptBatch{dev: dev, ids: tensor.New(tensor.Float32, cfg.Tokens()), targets: tensor.New(tensor.Float32, cfg.Tokens())}
+	// Every rank draws the same batches from the same seed.
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x64617461))
+	tl, err := t.train(ctx, env, w, g, rt, b, rng, sv, comms)
+	if err != nil {
+		return nil, err
+	}
+	rt.Record = nil // the last step's counts stay
+	held, err := t.heldOutLoss(ctx, g, rt, b)
+	if err != nil {
+		return nil, err
+	}
+	text, err := t.generate(ctx, g, rt, dev, rng)
+	if err != nil {
+		return nil, err
+	}
+	if w.Rank() != 0 {
+		return nil, nil
+	}
+	fmt.Fprintf(env.Stdout, "held-out loss %.4f nats/char; unigram entropy of the text %.4f\n", held, c.entropy())
+	fmt.Fprintf(env.Stdout, "sample:\n%s\n", text)
+	return &GPTReport{Mesh: t.m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
+		Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, DType: cfg.Compute().String(), Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: t.steps, FirstStep: t.startStep + 1,
+		LossFirst: tl.first, LossLast: tl.last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(tl.stepMS),
+		CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed}, nil
+}
+
+// loadCheckpoint loads the checkpoint into g (its parameters alone with
+// --init, else its whole state) and sets its step, on every rank once all
+// are ready.
+func (t *gptTask) loadCheckpoint(ctx context.Context, env Env, w *collective.World, g *linear.GPT) error {
+	if err := waitAll(ctx, w); err != nil {
+		return err
+	}
+	if t.autoResumed && w.Rank() == 0 {
+		fmt.Fprintf(env.Stderr, "gpt: restart %s: resuming from %s at step %d\n", env.Getenv(EnvRestartCount), t.ck.Dir, t.startStep)
+	}
+	ps := g.State()
+	if t.cf.init != "" {
+		ps = g.Params()
+	}
+	if err := linear.LoadParams(ctx, w, t.ck, ps); err != nil {
+		return err
+	}
+	g.SetStep(t.startStep)
+	return nil
+}
+
+// gptBatch is one batch of token ids and their targets on the host, filled
+// by corpus.batch and uploaded to the rank's device for each step.
+type gptBatch struct {
+	dev          tensor.Memory
+	ids, targets *tensor.Tensor
+}
+
+// upload copies the batch to the device.
+func (b gptBatch) upload() (*tensor.Tensor, *tensor.Tensor, error) {
+	ids, err := tensor.Upload(b.dev, b.ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	tg, err := tensor.Upload(b.dev, b.targets)
+	return ids, tg, err
+}
+
+// trainLosses are what the training loop reports: the first and last
+// step's losses and every step's time.
+type trainLosses struct {
+	first, last float64
+	stepMS      []float64
+}
+
+// train runs the steps after t.startStep: each draws a batch from rng (a
+// resumed run first draws the batches it skips, so the batches are those of
+// a run from step 1), steps g, reports progress on rank 0 and saves when a
+// save is due.
+func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *linear.GPT, rt linear.Runtime, b gptBatch, rng *rand.Rand, sv *saves, comms *stepComms) (trainLosses, error) {
+	cfg, c, steps := t.cfg, t.corpus, t.steps
+	var tl trainLosses
+	for s := 1; s <= t.startStep; s++ {
+		c.batch(rng, c.train, cfg.Batch, cfg.Context, b.ids.Float32(), b.targets.Float32())
+	}
+	for s := t.startStep + 1; s <= steps; s++ {
+		comms.reset()
+		c.batch(rng, c.train, cfg.Batch, cfg.Context, b.ids.Float32(), b.targets.Float32())
+		ids, tg, err := b.upload()
+		if err != nil {
+			return tl, err
+		}
+		start := time.Now()
+		loss, err := g.Step(ctx, rt, ids, tg)
+		if err != nil {
+			return tl, err
+		}
+		d := time.Since(start)
+		tl.stepMS = append(tl.stepMS, ms(d))
+		if s == t.startStep+1 {
+			tl.first = loss
+		}
+		tl.last = loss
+		if w.Rank() == 0 {
+			env.Run.Progress(s, steps, loss, d)
+			fmt.Fprintf(env.Stdout, "step %d/%d loss %.4f time %.1f ms\n", s, steps, loss, ms(d))
+		}
+		if err := sv.step(ctx, w, g.State(), s, steps); err != nil {
+			return tl, err
+		}
+	}
+	return tl, nil
+}
+
+// heldOutLoss is the mean loss over t.heldOut batches of held-out text: the
+// same windows on every rank.
+func (t *gptTask) heldOutLoss(ctx context.Context, g *linear.GPT, rt linear.Runtime, b gptBatch) (float64, error) {
+	cfg, c := t.cfg, t.corpus
+	vrng := rand.New(rand.NewPCG(cfg.Seed, 0x76616c))
+	var held float64
+	for i := 0; i < t.heldOut; i++ {
+		c.batch(vrng, c.valid, cfg.Batch, cfg.Context, b.ids.Float32(), b.targets.Float32())
+		ids, tg, err := b.upload()
+		if err != nil {
+			return 0, err
+		}
+		l, err := g.Loss(ctx, rt, ids, tg)
+		if err != nil {
+			return 0, err
+		}
+		held += l / float64(t.heldOut)
+	}
+	return held, nil
 }
 
 // generate samples t.sample characters after a held-out prompt, the same

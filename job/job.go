@@ -67,6 +67,16 @@ const ExitUsage = 2
 // before it starts any rank (launch.EnvCheck mirrors the name).
 const EnvCheck = "MESHRUN_CHECK"
 
+// CheckDevice, as EnvCheck's value, asks the worker for the ranks' device
+// alone, with no workload: Main checks MESHRUN_DEVICE, MESHRUN_KERNELS and
+// MESHRUN_DTYPE as every compute workload would (deviceFlags.resolve, against
+// the providers compiled into this binary) and prints the device the ranks'
+// tensors live on (cpu, sim or cuda), exit 0; or the problem on stderr, exit
+// ExitUsage. The launcher links no provider: it asks this of the worker
+// before it starts any rank, and of a program's job too (launch.checkDevice
+// mirrors the value).
+const CheckDevice = "device"
+
 // EnvRestartCount is the launcher's count of restarts before this attempt
 // (torchrun's name): mlp with --save resumes from its newest checkpoint when
 // it is above 0.
@@ -115,6 +125,9 @@ func workloadUsage(name string, fs *flag.FlagSet) string {
 
 // Main runs the workload named by env.Args[0].
 func Main(ctx context.Context, env Env) int {
+	if env.Getenv(EnvCheck) == CheckDevice {
+		return checkDevice(env)
+	}
 	if len(env.Args) == 0 {
 		fmt.Fprint(env.Stderr, Usage())
 		return ExitUsage
@@ -160,6 +173,18 @@ func Main(ctx context.Context, env Env) int {
 		return 0
 	}
 	return t.run(ctx, env)
+}
+
+// checkDevice is the worker in CheckDevice mode: the ranks' device from the
+// environment the launcher gives its ranks, or the problem with it.
+func checkDevice(env Env) int {
+	d, err := deviceFlags{}.resolve(env)
+	if err != nil {
+		fmt.Fprintln(env.Stderr, err)
+		return ExitUsage
+	}
+	fmt.Fprintln(env.Stdout, d.kind)
+	return 0
 }
 
 // noArgs refuses positional arguments where a workload takes none.

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/meshrun/meshrun/logview"
+	"github.com/meshrun/meshrun/protocol"
 )
 
 // The root cause of a failed attempt is decided from evidence, not from
@@ -24,13 +27,13 @@ import (
 //
 // RootCause.Evidence says which.
 
-// Evidence values of RootCause.
+// Evidence values of RootCause (logview's: logs why reads them).
 const (
-	evidenceFirst   = "first failure"
-	evidenceHang    = "missing from a collective its peers waited in (heartbeats)"
-	evidenceTimeout = "a peer's collective timed out waiting for it"
-	evidenceBlamed  = "blamed by the failed ranks' errors"
-	evidenceEarly   = "exited before joining the job its peers were joining"
+	evidenceFirst   = logview.EvidenceFirst
+	evidenceHang    = logview.EvidenceHang
+	evidenceTimeout = logview.EvidenceTimeout
+	evidenceBlamed  = logview.EvidenceBlamed
+	evidenceEarly   = logview.EvidenceEarly
 )
 
 // votes counts the ranks that the failed ranks of this node blame in their
@@ -42,7 +45,7 @@ func (a *attempt) votes() map[int][]int {
 		if p.out.ExitCode == 0 && p.out.Signal == "" {
 			continue
 		}
-		rec, ok := readErrorFile(filepath.Join(a.dir, RankDir(p.spec.Rank)))
+		rec, ok := logview.ReadErrorFile(filepath.Join(a.dir, RankDir(p.spec.Rank)))
 		if !ok || rec.Culprit == nil || *rec.Culprit == p.spec.Rank || *rec.Culprit < 0 || *rec.Culprit >= a.j.world {
 			continue
 		}
@@ -78,7 +81,7 @@ func (a *attempt) blameByVotes() {
 	rc := RootCause{Rank: winner, Node: a.j.nodeOf(winner), TimeMS: a.root.TimeMS, ReportedBy: &first,
 		Evidence: fmt.Sprintf("%s (%s)", evidenceBlamed, blamers(by[winner]))}
 	p := a.byRank[winner]
-	rec, hasRec := readErrorFile(filepath.Join(a.dir, RankDir(winner)))
+	rec, hasRec := logview.ReadErrorFile(filepath.Join(a.dir, RankDir(winner)))
 	// A victim that recorded a failure of its own before the teardown began
 	// was failing already, and only slow to exit: a SIGTERM from outside,
 	// say, which its peers saw first (its error blames itself), or an error
@@ -168,48 +171,11 @@ func (a *attempt) endedByItself(p *proc) bool {
 
 // exitCodeOf is the launcher's exit code for a root cause: its own, or 1 for
 // a rank that exited 0 but failed the job.
-func (rc *RootCause) exitCodeOf() int {
+func exitCodeOf(rc *RootCause) int {
 	if rc.ExitCode == 0 {
 		return 1
 	}
 	return rc.ExitCode
-}
-
-// how says how the root-cause rank ended: "hung", a crash (crashHow), or
-// as exitHow says.
-func (rc *RootCause) how() string {
-	switch {
-	case rc.Hung:
-		return "hung"
-	case rc.Crash != "":
-		return crashHow(rc.Crash, rc.Signal, rc.ExitCode)
-	}
-	return exitHow(rc.ExitCode, rc.Signal)
-}
-
-// crashHow says how a rank whose Go runtime crashed ended: "crashed: Go
-// panic (exit 126)", "crashed: Go panic (SIGSEGV; exit 139)", "crashed: Go
-// fatal error (exit 126)", "crashed: SIGSEGV in the Go runtime (exit 139)".
-func crashHow(kind, sig string, code int) string {
-	switch {
-	case kind != crashPanic && kind != crashFatal:
-		return fmt.Sprintf("crashed: %s in the Go runtime (exit %d)", kind, code)
-	case sig != "":
-		return fmt.Sprintf("crashed: Go %s (%s; exit %d)", kind, sig, code)
-	}
-	return fmt.Sprintf("crashed: Go %s (exit %d)", kind, code)
-}
-
-// exitHow says how a rank ended: "exited with code 3", "was killed by
-// SIGKILL (exit 137)", "exited with code 143 (after SIGTERM)".
-func exitHow(code int, sig string) string {
-	if sig != "" {
-		return fmt.Sprintf("was killed by %s (exit %d)", sig, code)
-	}
-	if n, ok := signalNames[syscall.Signal(code-128)]; ok && code > 128 {
-		return fmt.Sprintf("exited with code %d (after %s)", code, n)
-	}
-	return fmt.Sprintf("exited with code %d", code)
 }
 
 // earlySettle is how long after a rank's exit 0 the launcher waits for its
@@ -275,4 +241,32 @@ func blamers(ranks []int) string {
 		return fmt.Sprintf("rank %d blames it", ranks[0])
 	}
 	return fmt.Sprintf("ranks %s blame it", FormatRanks(ranks))
+}
+
+// blameStuck makes a rank that never entered a collective the root cause
+// when the first failure is a peer's collective timing out waiting for it:
+// the waiting rank failed only because of it.
+func (a *attempt) blameStuck() {
+	n := a.notice
+	if a.outcome != OutcomeRankFailed || a.root == nil || n == nil || n.Code != protocol.CodeTimeout ||
+		n.Culprit < 0 || n.Culprit == a.root.Rank {
+		return
+	}
+	c := n.Culprit
+	if a.j.nodeOf(c) == a.j.NodeRank && !slices.Contains(a.victims, c) {
+		return // it ended by itself: not stuck
+	}
+	rep := a.root.Rank
+	where := ""
+	if n.Op != "" {
+		where = fmt.Sprintf(" %s seq %d on group %s", n.Op, n.Seq, n.Group)
+	}
+	a.root = &RootCause{Rank: c, Node: a.j.nodeOf(c), ExitCode: ExitHang, TimeMS: a.root.TimeMS, Hung: true, ReportedBy: &rep,
+		Error: fmt.Sprintf("never entered%s; rank %d timed out waiting for it: %s", where, rep, n.Detail), Evidence: evidenceTimeout}
+	a.outcome = OutcomeHang
+	a.victims = slices.DeleteFunc(a.victims, func(r int) bool { return r == c })
+	if a.j.nodeOf(rep) == a.j.NodeRank && !slices.Contains(a.victims, rep) {
+		a.victims = append(a.victims, rep)
+		slices.Sort(a.victims)
+	}
 }

@@ -177,8 +177,8 @@ func chaosJob(t *testing.T, logDir, id string, f chaosFault, tr string, ranks, r
 	if rc == nil {
 		res.named = fmt.Sprintf("none (%s, exit %d)", sum.Reason, code)
 	} else {
-		res.named = fmt.Sprintf("rank %d %s", rc.Rank, rc.how())
-		res.right = rc.Rank == rank && code == f.code && rc.exitCodeOf() == f.code && rc.Hung == f.hung &&
+		res.named = fmt.Sprintf("rank %d %s", rc.Rank, rc.How())
+		res.right = rc.Rank == rank && code == f.code && exitCodeOf(rc) == f.code && rc.Hung == f.hung &&
 			rc.Crash == f.crash && (f.signal == "" || rc.Signal == f.signal) && !slices.Contains(sum.Victims, rank)
 	}
 	if !res.right {

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/meshrun/meshrun/ckpt"
+	"github.com/meshrun/meshrun/internal/flaghelp"
 )
 
 const ckptUsage = `usage: launcher ckpt inspect PATH             tensors, shapes, placements, files, step; verifies every checksum
@@ -57,7 +58,7 @@ func ckptMain(args []string, stdout, stderr io.Writer) int {
 	}
 	name := "launcher ckpt " + args[0]
 	fs, to := ckptFlags(args[0])
-	pos, err := parseInterspersed(fs, args[1:])
+	pos, err := flaghelp.Interspersed(fs, args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, helpText(ckptHelp[args[0]], fs))
 		return 0

@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshrun/meshrun/ckpt"
 	"github.com/meshrun/meshrun/ckpt/ckpttest"
+	"github.com/meshrun/meshrun/logview"
 	"golang.org/x/sys/unix"
 )
 
@@ -86,13 +87,13 @@ func TestCheckpointDiskFullBlame(t *testing.T) {
 		t.Errorf("root cause rank %d, error %q: want the first of three ranks failing with ENOSPC", rc.Rank, rc.Error)
 	}
 	for r := range 4 {
-		rec, ok := readErrorFile(filepath.Join(dir, RankDir(r)))
+		rec, ok := logview.ReadErrorFile(filepath.Join(dir, RankDir(r)))
 		if !ok || !slices.Equal(rec.Culprits, failed) || rec.Culprit == nil || *rec.Culprit != failed[0] {
 			t.Errorf("rank %d's error record: %+v, want culprits %v", r, rec, failed)
 		}
 	}
 	var why bytes.Buffer
-	if err := Why(dir, &why); err != nil {
+	if err := logview.Why(dir, &why); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("logs why:\n%s", why.String())
@@ -133,7 +134,7 @@ func TestCheckpointSpaceCheckBlame(t *testing.T) {
 		t.Fatalf("root cause %+v, want rank 0 and %q\n%s", rc, want, stderr)
 	}
 	var why bytes.Buffer
-	if err := Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 0 ") || !strings.Contains(why.String(), want) {
+	if err := logview.Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 0 ") || !strings.Contains(why.String(), want) {
 		t.Errorf("logs why: %v\n%s", err, why.String())
 	}
 	if ents, _ := os.ReadDir(root); len(ents) != 0 {
@@ -191,7 +192,8 @@ func TestCheckpointDeadRankCleanup(t *testing.T) {
 	}
 	_, statErr := os.Stat(filepath.Join(root, strings.TrimPrefix(killed, ".tmp-")))
 	r0, _ := os.ReadFile(filepath.Join(dir, RankDir(0), "stderr.log"))
-	t.Logf("killed during %s (committed before the kill: %v); rank 0: %s", killed, statErr == nil, lastLine(filepath.Join(dir, RankDir(0), "stderr.log")))
+	r0lines := strings.Split(strings.TrimSpace(string(r0)), "\n")
+	t.Logf("killed during %s (committed before the kill: %v); rank 0: %s", killed, statErr == nil, r0lines[len(r0lines)-1])
 	noTemp(t, root)
 	steps, err := ckpt.Steps(ckpt.OS, root)
 	if err != nil || len(steps) == 0 {

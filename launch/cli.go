@@ -1,5 +1,6 @@
 // Package launch is the launcher: it plans sharded ops (`launcher plan`), and
-// starts and supervises the ranks of a job.
+// starts and supervises the ranks of a job, writing the job's folder that
+// package logview reads (`launcher logs`, `logs why`, `trace`).
 package launch
 
 import (
@@ -35,7 +36,9 @@ commands:
 "launcher COMMAND -h" lists a command's flags; "worker WORKLOAD -h" a workload's.
 `
 
-// Main runs the launcher's command line and returns the process exit code.
+// Main runs the launcher's command line and returns the process exit code:
+// every command but logs and trace, which view a job's folder (package
+// logview: cmd/launcher hands them to it).
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -64,10 +67,6 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "run":
 		return runMain(ctx, args[1:], stdout, stderr)
-	case "logs":
-		return logsMain(ctx, args[1:], stdout, stderr)
-	case "trace":
-		return traceMain(args[1:], stdout, stderr)
 	case "ckpt":
 		return ckptMain(args[1:], stdout, stderr)
 	case "help", "-h", "--help":

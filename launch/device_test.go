@@ -10,10 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/providers/catalog"
 	"github.com/meshrun/meshrun/natsconn"
-	"github.com/meshrun/meshrun/tensor"
 )
 
 // cudaBuild is the command a refusal of --device cuda or --kernels cuda names
@@ -28,15 +26,15 @@ func pretendCUDA(t *testing.T) {
 	if catalog.Compiled("cuda") {
 		return
 	}
-	real := resolveProviders
-	resolveProviders = func(device, spec string) (kernels.Choice, tensor.DeviceKind, error) {
+	real := resolveDevice
+	resolveDevice = func(o RunOptions) (string, error) {
+		device, spec := o.deviceName(), o.Kernels
 		if (device == "cuda" || device == "") && (spec == "" || spec == "cuda") && device+spec != "" {
-			c, err := kernels.ParseChoice("cuda")
-			return c, tensor.CUDA, err
+			return "cuda", nil
 		}
-		return real(device, spec)
+		return real(o)
 	}
-	t.Cleanup(func() { resolveProviders = real })
+	t.Cleanup(func() { resolveDevice = real })
 }
 
 // setCUDAVisible sets CUDA_VISIBLE_DEVICES for the test; "-" unsets it.
@@ -101,6 +99,7 @@ func TestDeviceFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			o.Worker = worker() // asked for the ranks' device with --kernels or --dtype
 			err = o.Validate()
 			msg := ""
 			if err != nil {
@@ -141,17 +140,20 @@ func TestDeviceFlags(t *testing.T) {
 
 // TestRunNotBuiltForCUDA: in a build without CUDA, --device cuda and --kernels
 // cuda (flags or MESHRUN_*) exit 2 naming the build command, and nothing
-// starts: no job folder, no worker.
+// starts: no job folder, no rank (the worker answers the launcher's question
+// for the ranks' device, and nothing else).
 func TestRunNotBuiltForCUDA(t *testing.T) {
 	if catalog.Compiled("cuda") {
 		t.Skip("a cuda build")
 	}
 	setCUDAVisible(t, "-")
-	// A worker that leaves a mark if it ever runs.
+	// A worker that leaves a mark if it ever runs as more than the device
+	// check, which the real worker answers.
 	dir := t.TempDir()
 	mark := filepath.Join(dir, "ran")
 	fake := filepath.Join(dir, "worker")
-	if err := os.WriteFile(fake, []byte("#!/bin/sh\ntouch "+mark+"\n"), 0o755); err != nil {
+	script := "#!/bin/sh\nif [ \"$" + EnvCheck + "\" = " + checkDevice + " ]; then exec " + worker() + "; fi\ntouch " + mark + "\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

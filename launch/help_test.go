@@ -12,15 +12,13 @@ import (
 // TestHelp: -h and --help on the launcher and on every subcommand print the
 // usage and every flag with its default on stdout and exit 0; the text is
 // pinned by testdata/help/*.txt (go test ./launch -run TestHelp -update
-// rewrites them; run.txt is run.go's own usage).
+// rewrites them; run.txt is options.go's own usage). logview's TestHelp pins
+// logs, logs why and trace.
 func TestHelp(t *testing.T) {
 	for _, tc := range []struct{ file, cmd string }{
 		{"launcher.txt", ""},
 		{"plan.txt", "plan"},
 		{"run.txt", "run"},
-		{"logs.txt", "logs"},
-		{"logs-why.txt", "logs why"},
-		{"trace.txt", "trace"},
 		{"ckpt.txt", "ckpt"},
 		{"ckpt-inspect.txt", "ckpt inspect"},
 		{"ckpt-convert.txt", "ckpt convert"},
@@ -59,9 +57,6 @@ func TestFlagErrors(t *testing.T) {
 	}{
 		{[]string{"plan", "--mesh", "4", "--tokns", "5"}, "launcher plan: unknown flag --tokns; did you mean --tokens? (launcher plan -h lists the flags)\n"},
 		{[]string{"plan", "--tokens", "x"}, `launcher plan: invalid value "x" for flag --tokens: parse error (launcher plan -h lists the flags)` + "\n"},
-		{[]string{"logs", "--tial", "3"}, "launcher logs: unknown flag --tial; did you mean --tail? (launcher logs -h lists the flags)\n"},
-		{[]string{"logs", "why", "--log-dri", "x"}, "launcher logs why: unknown flag --log-dri; did you mean --log-dir? (launcher logs why -h lists the flags)\n"},
-		{[]string{"trace", "-o"}, "launcher trace: flag needs an argument: -o (launcher trace -h lists the flags)\n"},
 		{[]string{"ckpt", "inspect", "dir", "--to", "x"}, "launcher ckpt inspect: unknown flag --to (launcher ckpt inspect -h lists the flags)\n"},
 		{[]string{"ckpt", "convert", "dir"}, "launcher ckpt convert: --to FILE is required\n"},
 		{[]string{"ckpt", "convert", "--to", "x"}, "launcher ckpt convert: PATH is required (launcher ckpt convert -h)\n"},

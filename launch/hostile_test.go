@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/internal/testtime"
+	"github.com/meshrun/meshrun/logview"
 )
 
 // TestRootCauseFromEvidence: rank 1 of 3 is SIGTERMed, SIGSTOPped, or exits 0
@@ -85,7 +86,7 @@ func TestRootCauseFromEvidence(t *testing.T) {
 			if rc == nil || rc.Rank != 1 || slices.Contains(sum.Victims, 1) {
 				t.Fatalf("root cause %+v, victims %v\n%s", rc, sum.Victims, stderr)
 			}
-			if l.code != tc.code || rc.exitCodeOf() != tc.code {
+			if l.code != tc.code || exitCodeOf(rc) != tc.code {
 				t.Errorf("exit %d, root cause's exit %d, want %d", l.code, rc.ExitCode, tc.code)
 			}
 			if rc.Hung != tc.hung {
@@ -98,7 +99,7 @@ func TestRootCauseFromEvidence(t *testing.T) {
 				t.Errorf("console's last line: %s", finalLine(stderr))
 			}
 			var why bytes.Buffer
-			if err := Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0") {
+			if err := logview.Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0") {
 				t.Errorf("logs why: %v\n%s", err, why.String())
 			}
 			if took > bound {
@@ -176,7 +177,7 @@ func TestRootCauseByVotes(t *testing.T) {
 		}
 	}
 	var why bytes.Buffer
-	if err := Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0 exited with code 3") ||
+	if err := logview.Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0 exited with code 3") ||
 		!strings.Contains(why.String(), "victims (torn down, not the cause): ranks 0,2") {
 		t.Errorf("logs why: %v\n%s", err, why.String())
 	}
@@ -384,7 +385,7 @@ func TestDiskFull(t *testing.T) {
 		t.Errorf("dropped %d, notes %d", dropped, notes)
 	}
 	var why bytes.Buffer
-	if err := Why(filepath.Join(logDir, "full"), &why); err != nil || !strings.Contains(why.String(), "every rank exited 0") {
+	if err := logview.Why(filepath.Join(logDir, "full"), &why); err != nil || !strings.Contains(why.String(), "every rank exited 0") {
 		t.Errorf("logs why: %v\n%s", err, why.String())
 	}
 	if _, err := os.Stat(filepath.Join(logDir, "full", reserveFile)); !os.IsNotExist(err) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/internal/testtime"
+	"github.com/meshrun/meshrun/logview"
 	"github.com/meshrun/meshrun/natsrv"
 )
 
@@ -66,7 +67,7 @@ func TestRankFailsMidRun(t *testing.T) {
 		}
 	}
 	var out, errb bytes.Buffer
-	if c := Main(context.Background(), []string{"logs", "why", "--log-dir", filepath.Dir(dir), filepath.Base(dir)}, &out, &errb); c != 0 {
+	if c := launcherMain(context.Background(), []string{"logs", "why", "--log-dir", filepath.Dir(dir), filepath.Base(dir)}, &out, &errb); c != 0 {
 		t.Fatalf("logs why: exit %d: %s", c, errb.String())
 	}
 	why := out.String()
@@ -196,7 +197,7 @@ func TestProgressLogsTrace(t *testing.T) {
 	run := func(args ...string) string {
 		t.Helper()
 		var out, errb bytes.Buffer
-		if c := Main(context.Background(), append(args, "--log-dir", logDir), &out, &errb); c != 0 {
+		if c := launcherMain(context.Background(), append(args, "--log-dir", logDir), &out, &errb); c != 0 {
 			t.Fatalf("%v: exit %d: %s", args, c, errb.String())
 		}
 		return out.String()
@@ -216,7 +217,7 @@ func TestProgressLogsTrace(t *testing.T) {
 	sc := bufio.NewScanner(strings.NewReader(js))
 	last := int64(0)
 	for sc.Scan() {
-		var e Entry
+		var e logview.Entry
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil || e.Rank != 0 || e.TimeMS < last {
 			t.Fatalf("logs --json line %q: %v (not in time order?)", sc.Text(), err)
 		}
@@ -317,24 +318,6 @@ func TestTwoNodes(t *testing.T) {
 	}
 }
 
-func TestConsoleCollapse(t *testing.T) {
-	var out bytes.Buffer
-	c := newConsole(&out, time.Hour, func(r int) bool { return r != 5 })
-	t0 := time.Date(2026, 1, 2, 3, 4, 5, 6e6, time.UTC)
-	for _, r := range []int{1, 2, 3, 5, 7, 8} {
-		c.add(rankLine{t: t0.Add(time.Duration(r) * time.Millisecond), node: 0, rank: r, text: "same"})
-	}
-	c.add(rankLine{t: t0.Add(10 * time.Millisecond), node: 1, rank: 4, text: "own"})
-	c.add(rankLine{t: t0.Add(11 * time.Millisecond), node: 0, rank: 1, text: "same"}) // rank 1 again: a new line
-	c.close()
-	want := t0.Add(time.Millisecond).Local().Format(consoleStamp) + " ranks[1-3,7-8]: same\n" +
-		t0.Add(10*time.Millisecond).Local().Format(consoleStamp) + " 1:4| own\n" +
-		t0.Add(11*time.Millisecond).Local().Format(consoleStamp) + " 0:1| same\n"
-	if out.String() != want {
-		t.Errorf("got\n%s\nwant\n%s", out.String(), want)
-	}
-}
-
 func TestConsoleFilter(t *testing.T) {
 	code, _, stdout, stderr := launch(t, "-n", "3", "--console", "1", "hello")
 	if code != 0 {
@@ -342,27 +325,6 @@ func TestConsoleFilter(t *testing.T) {
 	}
 	if !strings.Contains(stdout, "0:1| hello from rank 1") || strings.Contains(stdout, "0:0|") || strings.Contains(stdout, "0:2|") {
 		t.Errorf("--console 1:\n%s", stdout)
-	}
-}
-
-func TestRanks(t *testing.T) {
-	for _, tc := range []struct{ in, out string }{{"0,4-7", "0,4-7"}, {"3,1,2", "1-3"}, {"5", "5"}, {"0-0,2", "0,2"}} {
-		set, err := ParseRanks(tc.in)
-		if err != nil {
-			t.Fatalf("%q: %v", tc.in, err)
-		}
-		var rs []int
-		for r := range set {
-			rs = append(rs, r)
-		}
-		if got := FormatRanks(rs); got != tc.out {
-			t.Errorf("%q -> %q, want %q", tc.in, got, tc.out)
-		}
-	}
-	for _, bad := range []string{"", "a", "3-1", "-1", "1,,2"} {
-		if _, err := ParseRanks(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
 	}
 }
 
@@ -471,7 +433,7 @@ func TestLogsFollow(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var out, errb bytes.Buffer
-	if c := Main(ctx, []string{"logs", "follow", "-f", "--log-dir", logDir, "--rank", "0", "--grep", `^done$|"step":40,`}, &out, &errb); c != 0 {
+	if c := launcherMain(ctx, []string{"logs", "follow", "-f", "--log-dir", logDir, "--rank", "0", "--grep", `^done$|"step":40,`}, &out, &errb); c != 0 {
 		t.Fatalf("logs -f: exit %d: %s", c, errb.String())
 	}
 	if code := <-res; code != 0 {
@@ -484,62 +446,4 @@ func TestLogsFollow(t *testing.T) {
 	if !strings.Contains(got, `0:0| INFO progress {"loss":0.025,"step":40,`) || !strings.Contains(got, "0:0| done\n") {
 		t.Errorf("logs -f:\n%s", got)
 	}
-}
-
-func TestLogsFilters(t *testing.T) {
-	now := time.Now()
-	o := LogsOptions{Level: "warn", Since: time.Minute}
-	for _, tc := range []struct {
-		e    Entry
-		keep bool
-	}{
-		{Entry{TimeMS: now.UnixMilli(), Level: "error", Stream: "log", Msg: "x"}, true},
-		{Entry{TimeMS: now.UnixMilli(), Level: "info", Stream: "stdout", Msg: "x"}, false},
-		{Entry{TimeMS: now.Add(-2 * time.Minute).UnixMilli(), Level: "error", Stream: "log", Msg: "x"}, false},
-	} {
-		if got := o.keep(tc.e, now); got != tc.keep {
-			t.Errorf("%+v: keep %v", tc.e, got)
-		}
-	}
-	tf := &tailFile{stream: "stderr", rank: 1}
-	if e, ok := tf.parse("2026-11-22T13:51:12.291Z WARN careful"); !ok || e.Level != "warn" || e.Msg != "WARN careful" || e.TimeMS != time.Date(2026, 11, 22, 13, 51, 12, 291e6, time.UTC).UnixMilli() {
-		t.Errorf("stderr line: %+v %v", e, ok)
-	}
-	if _, ok := tf.parse("2026-11-22T13:51:12.291Z @meshrun:progress {}"); ok {
-		t.Error("marker line shown")
-	}
-}
-
-func FuzzParseRanks(f *testing.F) {
-	for _, s := range []string{"0,4-7", "3", "1-1", "2,0", "a", "-", "5-3"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		set, err := ParseRanks(s)
-		if err != nil {
-			return
-		}
-		var rs []int
-		for r := range set {
-			rs = append(rs, r)
-		}
-		again, err := ParseRanks(FormatRanks(rs))
-		if err != nil || len(again) != len(set) {
-			t.Fatalf("%q -> %q -> %v, %v", s, FormatRanks(rs), again, err)
-		}
-		for r := range set {
-			if !again[r] {
-				t.Fatalf("%q lost rank %d", s, r)
-			}
-		}
-	})
-}
-
-func FuzzParseTrace(f *testing.F) {
-	f.Add([]byte("[\n{\"name\":\"a\",\"ph\":\"X\",\"ts\":1,\"dur\":2,\"pid\":0,\"tid\":1},\n"))
-	f.Add([]byte(`{"traceEvents":[{"name":"a"}]}`))
-	f.Add([]byte("[\n{\"name\":\"a\"},\n{\"na"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		parseTrace(b) // never panics
-	})
 }

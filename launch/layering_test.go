@@ -6,19 +6,23 @@ import (
 	"github.com/meshrun/meshrun/internal/deps"
 )
 
-// The launcher and runlog read the control plane through package protocol
-// only: linking collective (and what it may grow to import: transports, CUDA,
-// NCCL) into the launcher is a layering error (docs/architecture.md). The
-// test program testdata/ranktest is a worker and may import collective.
+// The launcher, its views (logview) and runlog read the control plane
+// through package protocol only: linking collective (and what it may grow to
+// import: transports, CUDA, NCCL) into the launcher is a layering error
+// (docs/architecture.md). The test program testdata/ranktest is a worker and
+// may import collective.
 func TestLayering(t *testing.T) {
-	deps.Forbid(t, []string{deps.Module + "/launch", deps.Module + "/runlog"}, deps.Module+"/collective")
+	deps.Forbid(t, []string{deps.Module + "/launch", deps.Module + "/logview", deps.Module + "/runlog"}, deps.Module+"/collective")
 }
 
-// The launcher checks --device and --kernels with the providers' catalog and
-// builds no provider: a cuda launcher then links no CUDA library and starts
-// on a machine without the driver (TestCUDALauncherWithoutDriver checks the
-// cuda build's dependencies).
-func TestLayeringNoProviders(t *testing.T) {
-	deps.Forbid(t, []string{deps.Module + "/launch"}, deps.Module+"/kernels/cpu", deps.Module+"/kernels/sim",
-		deps.Module+"/kernels/openblas", deps.Module+"/kernels/cuda", "gorgonia.org/cu")
+// The launcher links no kernels package and no CUDA, in the plain build and
+// the cuda one: the worker checks --kernels and --dtype against the
+// providers it has (job.CheckDevice), and the cuda launcher loads the driver
+// only to count GPUs, so it starts on a machine without one
+// (TestCUDALauncherWithoutDriver runs it there).
+func TestLauncherLinksNoKernels(t *testing.T) {
+	launcher := []string{deps.Module + "/cmd/launcher"}
+	forbidden := []string{deps.Module + "/kernels", "gorgonia.org/cu"}
+	deps.Forbid(t, launcher, forbidden...)
+	deps.ForbidTags(t, "cuda", launcher, forbidden...)
 }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshrun/meshrun/logview"
 	"github.com/meshrun/meshrun/runlog"
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -37,8 +38,8 @@ type proc struct {
 	stacks atomic.Bool
 	// crash watches its stderr for a Go runtime's crash report; crashed is
 	// the report of a rank that exited so (onExit).
-	crash   crashWatch
-	crashed *crashReport
+	crash   logview.CrashWatch
+	crashed *logview.CrashReport
 }
 
 // exitMsg reports a rank's end from its waiting goroutine.
@@ -49,17 +50,8 @@ type exitMsg struct {
 	end   time.Time
 }
 
-var signalNames = map[syscall.Signal]string{
-	syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT",
-	syscall.SIGILL: "SIGILL", syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS",
-	syscall.SIGFPE: "SIGFPE", syscall.SIGKILL: "SIGKILL", syscall.SIGSEGV: "SIGSEGV",
-	syscall.SIGPIPE: "SIGPIPE", syscall.SIGALRM: "SIGALRM", syscall.SIGTERM: "SIGTERM",
-	syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2", syscall.SIGTRAP: "SIGTRAP",
-	syscall.SIGSYS: "SIGSYS", syscall.SIGXCPU: "SIGXCPU", syscall.SIGXFSZ: "SIGXFSZ",
-}
-
 func signalName(s syscall.Signal) string {
-	if n, ok := signalNames[s]; ok {
+	if n, ok := logview.SignalNames[s]; ok {
 		return n
 	}
 	return "signal " + strconv.Itoa(int(s))
@@ -101,19 +93,9 @@ const abortSettle = 350 * time.Millisecond
 // hangCheckEvery is how often --hang-after looks at the heartbeats.
 const hangCheckEvery = 250 * time.Millisecond
 
-// readErrorFile reads a rank's error.json.
-func readErrorFile(dir string) (runlog.ErrorRecord, bool) {
-	var rec runlog.ErrorRecord
-	b, err := os.ReadFile(filepath.Join(dir, runlog.ErrorFile))
-	if err != nil || json.Unmarshal(b, &rec) != nil {
-		return rec, false
-	}
-	return rec, true
-}
-
 // start starts one rank in its own process group, with its output going,
 // stamped, to its log files and, prefixed, to the console.
-func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon, errCon *console, board *progressBoard) error {
+func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon, errCon *logview.Console, board *logview.ProgressBoard) error {
 	dir, err := filepath.Abs(filepath.Join(attemptDir, RankDir(p.spec.Rank)))
 	if err != nil {
 		return err
@@ -132,10 +114,10 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 	}
 	p.files = append(p.files, stderr)
 	rank := p.spec.Rank
-	po := &rankWriter{file: stdout, con: outCon, node: p.spec.Node, rank: rank, onMarker: func(kind string, body []byte) {
+	po := &logview.RankWriter{File: stdout, Con: outCon, Node: p.spec.Node, Rank: rank, OnMarker: func(kind string, body []byte) {
 		switch kind {
 		case "progress":
-			board.report(rank, body)
+			board.Report(rank, body)
 		case "hello":
 			var h struct {
 				Stacks bool `json:"stacks_on_sigusr1"`
@@ -145,7 +127,7 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 			}
 		}
 	}}
-	pe := &rankWriter{file: stderr, con: errCon, node: p.spec.Node, rank: rank, crash: &p.crash}
+	pe := &logview.RankWriter{File: stderr, Con: errCon, Node: p.spec.Node, Rank: rank, Crash: &p.crash}
 	p.flushes = append(p.flushes, po, pe)
 
 	cmd := exec.Command(j.path, j.args...)

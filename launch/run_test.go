@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/internal/testtime"
+	"github.com/meshrun/meshrun/logview"
 )
 
 // bin holds the worker and launcher binaries, built once for the package.
@@ -41,6 +43,20 @@ func TestMain(m *testing.M) {
 }
 
 func worker() string { return filepath.Join(bin, "worker") }
+
+// launcherMain is the launcher's command line as cmd/launcher runs it: logs
+// and trace are package logview's, every other command is Main's.
+func launcherMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "logs":
+			return logview.LogsMain(ctx, args[1:], stdout, stderr)
+		case "trace":
+			return logview.TraceMain(args[1:], stdout, stderr)
+		}
+	}
+	return Main(ctx, args, stdout, stderr)
+}
 
 // launch runs `launcher run` in process with a fresh log dir and job id.
 func launch(t *testing.T, args ...string) (code int, jobDir string, stdout, stderr string) {

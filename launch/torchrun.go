@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/meshrun/meshrun/kernels/providers/catalog"
 )
 
 // torchrun compatibility: the flags torchrun takes (in both its spellings,
@@ -125,7 +123,7 @@ func (o *RunOptions) applyTorchrun() error {
 	}
 	if o.NprocPerNode == "auto" {
 		o.NprocPerNode = "cpu"
-		if catalog.Compiled("cuda") {
+		if launcherCUDA {
 			if n, err := gpuCount(); err == nil && n > 0 {
 				o.NprocPerNode = "gpu"
 			}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/internal/testtime"
+	"github.com/meshrun/meshrun/logview"
 )
 
 // TestTorchrunFlags: torchrun's flags, in its spellings, mean what they mean
@@ -119,12 +120,12 @@ func TestMaxRestarts(t *testing.T) {
 		t.Errorf("console:\n%s", stderr)
 	}
 	var why bytes.Buffer
-	if err := Why(dir, &why); err != nil || !strings.Contains(why.String(), "attempt 0: rank_failed, root cause rank 1, exit 3") ||
+	if err := logview.Why(dir, &why); err != nil || !strings.Contains(why.String(), "attempt 0: rank_failed, root cause rank 1, exit 3") ||
 		!strings.Contains(why.String(), "attempt 1: ok, exit 0") {
 		t.Errorf("logs why: %v\n%s", err, why.String())
 	}
 	why.Reset()
-	if err := WhyAttempt(dir, 0, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0 exited with code 3") ||
+	if err := logview.WhyAttempt(dir, 0, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0 exited with code 3") ||
 		!strings.Contains(why.String(), "failing") {
 		t.Errorf("logs why --attempt 0: %v\n%s", err, why.String())
 	}
@@ -133,7 +134,7 @@ func TestMaxRestarts(t *testing.T) {
 	logDir, job := filepath.Dir(dir), filepath.Base(dir)
 	cli := func(args ...string) (int, string, string) {
 		var out, errb bytes.Buffer
-		code := Main(context.Background(), append(args, "--log-dir", logDir, job), &out, &errb)
+		code := launcherMain(context.Background(), append(args, "--log-dir", logDir, job), &out, &errb)
 		return code, out.String(), errb.String()
 	}
 	if code, out, errs := cli("logs", "--rank", "1"); code != 0 || strings.Contains(out, "failing") || !strings.Contains(out, "rank 1 attempt 1") ||
@@ -201,10 +202,10 @@ func checkStuck(t *testing.T, code int, dir, stderr string, ended time.Time, aft
 	if code != ExitHang {
 		t.Errorf("exit %d, want %d:\n%s", code, ExitHang, stderr)
 	}
-	es, err := ReadLogs(dir, map[int]bool{1: true})
+	es, err := logview.ReadLogs(dir, map[int]bool{1: true})
 	var blocked time.Time
 	for _, e := range es {
-		if strings.Contains(e.text(), "blocking before the barrier") {
+		if strings.Contains(e.Text(), "blocking before the barrier") {
 			blocked = time.UnixMilli(e.TimeMS)
 		}
 	}
@@ -225,7 +226,7 @@ func checkStuck(t *testing.T, code int, dir, stderr string, ended time.Time, aft
 		t.Errorf("summary: reason %s, root cause %+v, victims %v", sum.Reason, rc, sum.Victims)
 	}
 	var why bytes.Buffer
-	if err := Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0 hung") ||
+	if err := logview.Why(dir, &why); err != nil || !strings.Contains(why.String(), "root cause: rank 1 on node 0 hung") ||
 		!strings.Contains(why.String(), "victims (torn down, not the cause): ranks 0,2") {
 		t.Errorf("logs why: %v\n%s", err, why.String())
 	}
@@ -349,7 +350,7 @@ func TestLogsFollowRestart(t *testing.T) {
 	l := startLauncher(t, "--job-id", "follow", "--max-restarts", "1", "-n", "2", "--", "sh", "-c", script)
 	l.waitEvent(t, "follow", "rank_start")
 	var out, errb bytes.Buffer
-	code := Main(context.Background(), []string{"logs", "-f", "--rank", "0", "--log-dir", l.dir, "follow"}, &out, &errb)
+	code := launcherMain(context.Background(), []string{"logs", "-f", "--rank", "0", "--log-dir", l.dir, "follow"}, &out, &errb)
 	l.wait(t, 10*time.Second)
 	if code != 0 || l.code != 0 {
 		t.Fatalf("logs -f: exit %d, job exit %d: %s", code, l.code, errb.String())

@@ -1,4 +1,5 @@
-// Command launcher plans sharded ops and launches the ranks of a job.
+// Command launcher plans sharded ops and launches the ranks of a job, and
+// views a job's logs.
 package main
 
 import (
@@ -8,11 +9,26 @@ import (
 	"syscall"
 
 	"github.com/meshrun/meshrun/launch"
+	"github.com/meshrun/meshrun/logview"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := launch.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
+}
+
+// run is the command line: logs and trace view a job's folder (package
+// logview), every other command is package launch's.
+func run(ctx context.Context, args []string) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "logs":
+			return logview.LogsMain(ctx, args[1:], os.Stdout, os.Stderr)
+		case "trace":
+			return logview.TraceMain(args[1:], os.Stdout, os.Stderr)
+		}
+	}
+	return launch.Main(ctx, args, os.Stdout, os.Stderr)
 }

@@ -23,11 +23,22 @@ type Package struct {
 // found and fails it when go list fails.
 func Of(t testing.TB, pkgs ...string) []Package {
 	t.Helper()
+	return OfTags(t, "", pkgs...)
+}
+
+// OfTags is Of for a build with the comma-separated build tags ("" for
+// none): a tagged build may import what the plain one does not.
+func OfTags(t testing.TB, tags string, pkgs ...string) []Package {
+	t.Helper()
 	gotool, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("no go tool in PATH: ", err)
 	}
-	args := append([]string{"list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}"}, pkgs...)
+	args := []string{"list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}"}
+	if tags != "" {
+		args = append(args, "-tags", tags)
+	}
+	args = append(args, pkgs...)
 	out, err := exec.Command(gotool, args...).Output()
 	if err != nil {
 		msg := err.Error()
@@ -48,10 +59,20 @@ func Of(t testing.TB, pkgs ...string) []Package {
 // under one (a forbidden path's subpackages are forbidden too).
 func Forbid(t testing.TB, pkgs []string, forbidden ...string) {
 	t.Helper()
-	for _, d := range Of(t, pkgs...) {
+	ForbidTags(t, "", pkgs, forbidden...)
+}
+
+// ForbidTags is Forbid for a build with the comma-separated build tags.
+func ForbidTags(t testing.TB, tags string, pkgs []string, forbidden ...string) {
+	t.Helper()
+	build := ""
+	if tags != "" {
+		build = " (-tags " + tags + ")"
+	}
+	for _, d := range OfTags(t, tags, pkgs...) {
 		for _, f := range forbidden {
 			if d.ImportPath == f || strings.HasPrefix(d.ImportPath, f+"/") {
-				t.Errorf("the dependencies of %s include %s (forbidden: %s)", strings.Join(pkgs, ", "), d.ImportPath, f)
+				t.Errorf("the dependencies of %s%s include %s (forbidden: %s)", strings.Join(pkgs, ", "), build, d.ImportPath, f)
 			}
 		}
 	}

@@ -140,3 +140,20 @@ func distance(a, b string) int {
 	}
 	return d[len(a)][len(b)]
 }
+
+// Interspersed parses flags that may come before or after the positional
+// arguments, which it returns.
+func Interspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return pos, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}

@@ -1,11 +1,11 @@
 // Package catalog is what a binary knows of the kernels providers without
 // building one: their names, the device each runs on, the build tag that
 // compiles each in and whether this binary has it, their dtypes, and the
-// checks of --device, --kernels and --dtype. It imports no provider, so the
-// launcher checks a job's flags without linking any provider's code (a cuda
-// launcher links neither kernels/cuda nor gorgonia.org/cu, and starts on a
-// machine without the NVIDIA driver). kernels/providers builds the providers
-// themselves; its tests hold this catalog to what they report.
+// checks of --device, --kernels and --dtype. It imports no provider, so a
+// program checks a job's flags without building any provider's code (the
+// worker answers the launcher's check of them with it: the launcher links no
+// kernels package). kernels/providers builds the providers themselves; its
+// tests hold this catalog to what they report.
 package catalog
 
 import (

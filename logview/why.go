@@ -1,4 +1,4 @@
-package launch
+package logview
 
 import (
 	"bufio"
@@ -7,13 +7,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/meshrun/meshrun/runlog"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/meshrun/meshrun/internal/flaghelp"
+	"github.com/meshrun/meshrun/runlog"
 )
 
 // whyLines is how many of the root-cause rank's last lines `logs why` shows.
@@ -65,56 +67,7 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 	rc := sum.RootCause
 	switch {
 	case rc != nil:
-		fmt.Fprintf(w, "\nroot cause: rank %d on node %d %s at %s (first failure, ms clock)\n",
-			rc.Rank, rc.Node, rc.how(), time.UnixMilli(rc.TimeMS).Format("2006-01-02 15:04:05.000"))
-		if rc.Error != "" {
-			fmt.Fprintf(w, "  error: %s\n", rc.Error)
-		}
-		if len(rc.Stack) > 0 {
-			// The crashing goroutine, where a Go runtime's report has it,
-			// before the other goroutines and the registers; for a signal
-			// no goroutine of the program faulted on (kill -SEGV landing on
-			// an idle thread), the one the report names.
-			label := "crashed in"
-			if (rc.Crash != crashPanic && rc.Crash != crashFatal) && !strings.Contains(rc.Stack[0], "[running") {
-				label = "when it crashed:"
-			}
-			fmt.Fprintf(w, "  %s %s\n", label, rc.Stack[0])
-			for _, l := range rc.Stack[1:] {
-				fmt.Fprintf(w, "    %s\n", strings.ReplaceAll(l, "\t", "    "))
-			}
-		}
-		switch {
-		case rc.ReportedBy != nil && rc.Evidence == evidenceTimeout:
-			fmt.Fprintf(w, "  found by rank %d, whose collective timed out waiting for it\n", *rc.ReportedBy)
-		case rc.ReportedBy != nil:
-			fmt.Fprintf(w, "  evidence: %s; rank %d failed first\n", rc.Evidence, *rc.ReportedBy)
-		case rc.Evidence != "":
-			fmt.Fprintf(w, "  evidence: %s\n", rc.Evidence)
-		}
-		if rc.Culprit != nil && *rc.Culprit != rc.Rank {
-			fmt.Fprintf(w, "  its error blames rank %d\n", *rc.Culprit)
-		}
-		if rc.Node != job.Node {
-			fmt.Fprintf(w, "  (its logs are on node %d)\n", rc.Node)
-		} else {
-			es, err := ReadLogs(jobDir, map[int]bool{rc.Rank: true})
-			what := ""
-			if rc.Crash != "" {
-				// The lines before its crash report: the report (every
-				// goroutine, then the registers) is above.
-				es, what = beforeCrash(es, rc.Crash), " before its crash report"
-			}
-			if err == nil && len(es) > 0 {
-				if len(es) > whyLines {
-					es = es[len(es)-whyLines:]
-				}
-				fmt.Fprintf(w, "  last lines of rank %d%s:\n", rc.Rank, what)
-				for _, e := range es {
-					fmt.Fprintf(w, "    %s %s\n", time.UnixMilli(e.TimeMS).Format(consoleStamp), e.text())
-				}
-			}
-		}
+		whyRootCause(w, jobDir, job.Node, rc)
 	case sum.Reason == OutcomeOK:
 		fmt.Fprintln(w, "\nevery rank exited 0")
 	case sum.Reason == OutcomeFatal:
@@ -144,36 +97,99 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 		fmt.Fprintln(w)
 	}
 	if len(sum.Victims) > 0 {
-		fmt.Fprintf(w, "\nvictims (torn down, not the cause): ranks %s\n", FormatRanks(sum.Victims))
-		out := map[int]RankOutcome{}
-		for _, r := range sum.Ranks {
-			out[r.Rank] = r
+		whyVictims(w, jobDir, sum)
+	}
+	return nil
+}
+
+// whyRootCause writes the root cause of an attempt whose ranks' folders are
+// in jobDir, seen from node: how and when it ended, its error, the frames of
+// a crash, the evidence, and its last lines (when its logs are on this
+// node).
+func whyRootCause(w io.Writer, jobDir string, node int, rc *RootCause) {
+	fmt.Fprintf(w, "\nroot cause: rank %d on node %d %s at %s (first failure, ms clock)\n",
+		rc.Rank, rc.Node, rc.How(), time.UnixMilli(rc.TimeMS).Format("2006-01-02 15:04:05.000"))
+	if rc.Error != "" {
+		fmt.Fprintf(w, "  error: %s\n", rc.Error)
+	}
+	if len(rc.Stack) > 0 {
+		// The crashing goroutine, where a Go runtime's report has it,
+		// before the other goroutines and the registers; for a signal
+		// no goroutine of the program faulted on (kill -SEGV landing on
+		// an idle thread), the one the report names.
+		label := "crashed in"
+		if (rc.Crash != CrashPanic && rc.Crash != CrashFatal) && !strings.Contains(rc.Stack[0], "[running") {
+			label = "when it crashed:"
 		}
-		for _, v := range sum.Victims {
-			o := out[v]
-			how := fmt.Sprintf("exit %d", o.ExitCode)
-			if o.Signal != "" {
-				how = o.Signal
+		fmt.Fprintf(w, "  %s %s\n", label, rc.Stack[0])
+		for _, l := range rc.Stack[1:] {
+			fmt.Fprintf(w, "    %s\n", strings.ReplaceAll(l, "\t", "    "))
+		}
+	}
+	switch {
+	case rc.ReportedBy != nil && rc.Evidence == EvidenceTimeout:
+		fmt.Fprintf(w, "  found by rank %d, whose collective timed out waiting for it\n", *rc.ReportedBy)
+	case rc.ReportedBy != nil:
+		fmt.Fprintf(w, "  evidence: %s; rank %d failed first\n", rc.Evidence, *rc.ReportedBy)
+	case rc.Evidence != "":
+		fmt.Fprintf(w, "  evidence: %s\n", rc.Evidence)
+	}
+	if rc.Culprit != nil && *rc.Culprit != rc.Rank {
+		fmt.Fprintf(w, "  its error blames rank %d\n", *rc.Culprit)
+	}
+	if rc.Node != node {
+		fmt.Fprintf(w, "  (its logs are on node %d)\n", rc.Node)
+	} else {
+		es, err := ReadLogs(jobDir, map[int]bool{rc.Rank: true})
+		what := ""
+		if rc.Crash != "" {
+			// The lines before its crash report: the report (every
+			// goroutine, then the registers) is above.
+			es, what = beforeCrash(es, rc.Crash), " before its crash report"
+		}
+		if err == nil && len(es) > 0 {
+			if len(es) > whyLines {
+				es = es[len(es)-whyLines:]
 			}
-			line := ""
-			if o.Crash != "" {
-				how, line = "crashed: Go "+o.Crash, o.Error
-				if o.Crash != crashPanic && o.Crash != crashFatal {
-					how = "crashed: " + o.Crash + " in the Go runtime"
-				}
-			} else if rec, ok := readErrorFile(filepath.Join(jobDir, RankDir(v))); ok {
-				line = rec.Error
-			} else {
-				line = lastLine(filepath.Join(jobDir, RankDir(v), "stderr.log"))
-			}
-			if line != "" {
-				fmt.Fprintf(w, "  rank %d: %s: %s\n", v, how, line)
-			} else {
-				fmt.Fprintf(w, "  rank %d: %s\n", v, how)
+			fmt.Fprintf(w, "  last lines of rank %d%s:\n", rc.Rank, what)
+			for _, e := range es {
+				fmt.Fprintf(w, "    %s %s\n", time.UnixMilli(e.TimeMS).Format(ConsoleStamp), e.Text())
 			}
 		}
 	}
-	return nil
+}
+
+// whyVictims writes the ranks the root cause took down, each with how it
+// ended and its last word: its crash, error.json, or last line of stderr.
+func whyVictims(w io.Writer, jobDir string, sum AttemptSummary) {
+	fmt.Fprintf(w, "\nvictims (torn down, not the cause): ranks %s\n", FormatRanks(sum.Victims))
+	out := map[int]RankOutcome{}
+	for _, r := range sum.Ranks {
+		out[r.Rank] = r
+	}
+	for _, v := range sum.Victims {
+		o := out[v]
+		how := fmt.Sprintf("exit %d", o.ExitCode)
+		if o.Signal != "" {
+			how = o.Signal
+		}
+		line := ""
+		if o.Crash != "" {
+			how, line = "crashed: Go "+o.Crash, o.Error
+			if o.Crash != CrashPanic && o.Crash != CrashFatal {
+				how = "crashed: " + o.Crash + " in the Go runtime"
+			}
+		} else if rec, ok := ReadErrorFile(filepath.Join(jobDir, RankDir(v))); ok {
+			line = rec.Error
+		} else {
+			line = lastLine(filepath.Join(jobDir, RankDir(v), "stderr.log"))
+		}
+		if line != "" {
+			fmt.Fprintf(w, "  rank %d: %s: %s\n", v, how, line)
+		} else {
+			fmt.Fprintf(w, "  rank %d: %s\n", v, how)
+		}
+	}
 }
 
 // beforeCrash is es up to the start of the last crash report of kind in the
@@ -203,7 +219,7 @@ func lastLine(path string) string {
 		}
 	}
 	if stamp, rest, ok := strings.Cut(last, " "); ok {
-		if _, err := time.Parse(fileStamp, stamp); err == nil {
+		if _, err := time.Parse(FileStamp, stamp); err == nil {
 			return rest
 		}
 	}
@@ -216,7 +232,7 @@ func whyMain(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(io.Discard)
 	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
 	attempt := fs.Int("attempt", -1, "attempt `K` of a job that restarted, from 0 (default: the last)")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := flaghelp.Interspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, helpText(whyUsage, fs))
 		return 0
@@ -356,14 +372,15 @@ func parseTrace(b []byte) ([]json.RawMessage, error) {
 	return evs, nil
 }
 
-// traceMain is `launcher trace`.
-func traceMain(args []string, stdout, stderr io.Writer) int {
+// TraceMain is `launcher trace`, given the arguments after "trace"; it
+// returns the exit code.
+func TraceMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
 	out := fs.String("o", "trace.json", "write the merged trace to `FILE`; - for stdout")
 	attempt := fs.Int("attempt", -1, "the ranks of attempt `K` of a job that restarted, from 0 (default: the last)")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := flaghelp.Interspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, helpText(traceUsage, fs))
 		return 0

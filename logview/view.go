@@ -1,4 +1,4 @@
-package launch
+package logview
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshrun/meshrun/internal/flaghelp"
 	"github.com/meshrun/meshrun/runlog"
 )
 
@@ -38,8 +39,8 @@ type Entry struct {
 	Fields map[string]any `json:"fields,omitempty"`
 }
 
-// text is the entry as one line shows it, without time and rank.
-func (e Entry) text() string {
+// Text is the entry as one line shows it, without time and rank.
+func (e Entry) Text() string {
 	if e.Stream != "log" {
 		return e.Msg
 	}
@@ -191,7 +192,7 @@ func (t *tailFile) parse(l string) (Entry, bool) {
 		return e, true
 	}
 	stamp, text, ok := strings.Cut(l, " ")
-	if ts, err := time.Parse(fileStamp, stamp); ok && err == nil {
+	if ts, err := time.Parse(FileStamp, stamp); ok && err == nil {
 		t.last = ts.UnixMilli()
 	} else {
 		text = l
@@ -272,7 +273,7 @@ func (o LogsOptions) keep(e Entry, now time.Time) bool {
 	if o.Since > 0 && e.TimeMS < now.Add(-o.Since).UnixMilli() {
 		return false
 	}
-	if o.Grep != nil && !o.Grep.MatchString(e.text()) {
+	if o.Grep != nil && !o.Grep.MatchString(e.Text()) {
 		return false
 	}
 	return true
@@ -288,17 +289,17 @@ type collapser struct {
 func (c *collapser) add(e Entry) {
 	t := time.UnixMilli(e.TimeMS)
 	if !c.on {
-		c.w.Write(formatGroup(&lineGroup{first: t, text: e.text(), node: e.Node, ranks: []int{e.Rank}}))
+		c.w.Write(formatGroup(&lineGroup{first: t, text: e.Text(), node: e.Node, ranks: []int{e.Rank}}))
 		return
 	}
-	c.flushBefore(t.Add(-collapseWindow))
+	c.flushBefore(t.Add(-CollapseWindow))
 	for _, g := range c.pending {
-		if g.text == e.text() && !containsInt(g.ranks, e.Rank) {
+		if g.text == e.Text() && !containsInt(g.ranks, e.Rank) {
 			g.ranks = append(g.ranks, e.Rank)
 			return
 		}
 	}
-	c.pending = append(c.pending, &lineGroup{first: t, text: e.text(), node: e.Node, ranks: []int{e.Rank}})
+	c.pending = append(c.pending, &lineGroup{first: t, text: e.Text(), node: e.Node, ranks: []int{e.Rank}})
 }
 
 // flushBefore writes the groups that began before limit (all for zero).
@@ -395,7 +396,7 @@ func (o LogsOptions) Logs(ctx context.Context, w io.Writer) error {
 				return err
 			}
 			emit(es)
-			col.flushBefore(time.Now().Add(-collapseWindow))
+			col.flushBefore(time.Now().Add(-CollapseWindow))
 		}
 	}
 	col.flushBefore(time.Time{})
@@ -420,8 +421,9 @@ func refreshTails(dir string, ranks map[int]bool, have []*tailFile) ([]*tailFile
 	return have, nil
 }
 
-// logsMain is `launcher logs`.
-func logsMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// LogsMain is `launcher logs` (and `launcher logs why`), given the arguments
+// after "logs"; it returns the exit code.
+func LogsMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "why" {
 		return whyMain(args[1:], stdout, stderr)
 	}
@@ -439,7 +441,7 @@ func logsMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.BoolVar(&o.Collapse, "collapse", false, "identical entries of several ranks within 150 ms as one: ranks[1-7]: msg")
 	fs.IntVar(&o.Attempt, "attempt", -1, "the ranks of attempt `K` of a job that restarted, from 0 (default: the last; -f follows restarts)")
 	o.Note = stderr
-	job, err := parseInterspersed(fs, args)
+	job, err := flaghelp.Interspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, helpText(logsUsage, fs))
 		return 0
@@ -485,21 +487,4 @@ func logsMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	return 0
-}
-
-// parseInterspersed parses flags that may come before or after the
-// positional arguments, which it returns.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return pos, err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-	}
 }

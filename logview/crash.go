@@ -1,4 +1,4 @@
-package launch
+package logview
 
 import (
 	"bytes"
@@ -16,9 +16,9 @@ import (
 // C code called through cgo, a SIGSEGV or SIGBUS sent by kill). Exit 2 is
 // also what the launcher says for a job refused before anything started, so
 // the launcher reads each rank's stderr for such a report as it streams
-// (crashWatch) and, for a rank that exited 2 after one, reports the crash:
+// (CrashWatch) and, for a rank that exited 2 after one, reports the crash:
 // its kind, its line, the crashing goroutine's first frames, and an exit code
-// of its own (crashReport.exitCode).
+// of its own (CrashReport.ExitCode).
 
 // ExitCrash is the launcher's exit code when the root cause is a rank whose
 // Go runtime crashed with a panic or a fatal error that no signal caused; a
@@ -28,15 +28,15 @@ const ExitCrash = 126
 
 // Crash kinds (RootCause.Crash, RankOutcome.Crash) besides a signal's name.
 const (
-	crashPanic = "panic"
-	crashFatal = "fatal error"
+	CrashPanic = "panic"
+	CrashFatal = "fatal error"
 )
 
 // crashFrames is how many of the crashing goroutine's frames a report keeps.
 const crashFrames = 8
 
-// crashReport is a Go runtime's crash report, read from a rank's stderr.
-type crashReport struct {
+// CrashReport is a Go runtime's crash report, read from a rank's stderr.
+type CrashReport struct {
 	// Kind: "panic", "fatal error", or the name of the signal the runtime
 	// died of ("SIGSEGV": its report begins "SIGSEGV: segmentation
 	// violation", then "PC=...").
@@ -52,9 +52,9 @@ type crashReport struct {
 	Stack []string
 }
 
-// exitCode is the code the launcher reports for a rank that crashed so:
+// ExitCode is the code the launcher reports for a rank that crashed so:
 // 128+signal when a signal caused the crash, else ExitCrash.
-func (c *crashReport) exitCode() int {
+func (c *CrashReport) ExitCode() int {
 	if s, ok := signalNumber(c.Signal); ok {
 		return 128 + int(s)
 	}
@@ -63,7 +63,7 @@ func (c *crashReport) exitCode() int {
 
 // signalNumber is the signal named name ("SIGSEGV").
 func signalNumber(name string) (syscall.Signal, bool) {
-	for s, n := range signalNames {
+	for s, n := range SignalNames {
 		if n == name {
 			return s, true
 		}
@@ -92,9 +92,9 @@ var (
 func crashHeaderKind(l string) string {
 	switch {
 	case strings.HasPrefix(l, "panic: "):
-		return crashPanic
+		return CrashPanic
 	case strings.HasPrefix(l, "fatal error: "):
-		return crashFatal
+		return CrashFatal
 	}
 	if m := signalHeader.FindStringSubmatch(l); m != nil {
 		return m[1]
@@ -102,7 +102,7 @@ func crashHeaderKind(l string) string {
 	return ""
 }
 
-// Bounds of what crashWatch keeps of a report: its start (the crashing
+// Bounds of what CrashWatch keeps of a report: its start (the crashing
 // goroutine is the first listed, or, for a signal, near the start).
 const (
 	crashMaxLines = 4000
@@ -110,10 +110,10 @@ const (
 	crashContext  = 4 // lines kept before the header
 )
 
-// crashWatch keeps the last crash report seen in a rank's stderr lines: a
+// CrashWatch keeps the last crash report seen in a rank's stderr lines: a
 // Go runtime writes one just before it exits, so the last header wins over
 // any "panic: " a program printed earlier.
-type crashWatch struct {
+type CrashWatch struct {
 	mu     sync.Mutex
 	before []string // the "runtime: " and "unexpected fault address" lines just seen
 	cur    []string // from the last header on
@@ -125,7 +125,8 @@ type crashWatch struct {
 	pending       bool
 }
 
-func (w *crashWatch) line(b []byte) {
+// Line reads one line of the rank's stderr.
+func (w *CrashWatch) Line(b []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.pending {
@@ -143,7 +144,7 @@ func (w *crashWatch) line(b []byte) {
 	if len(b) > 0 && (b[0] == 'p' || b[0] == 'f' || b[0] == 'S') {
 		l := string(b)
 		if k := crashHeaderKind(l); k != "" {
-			if k != crashPanic && k != crashFatal {
+			if k != CrashPanic && k != CrashFatal {
 				w.held, w.heldCtx, w.pending = w.cur, w.ctx, true
 			}
 			w.ctx = append([]string(nil), w.before...)
@@ -168,7 +169,7 @@ func (w *crashWatch) line(b []byte) {
 }
 
 // report is the last crash report seen, nil if none.
-func (w *crashWatch) report() *crashReport {
+func (w *CrashWatch) Report() *CrashReport {
 	if w == nil {
 		return nil
 	}
@@ -183,22 +184,22 @@ func (w *crashWatch) report() *crashReport {
 
 // parseCrash reads a crash report: lines from its header on, and the lines
 // before the header (a fatal error's "unexpected fault address ...").
-func parseCrash(lines, before []string) *crashReport {
+func parseCrash(lines, before []string) *CrashReport {
 	if len(lines) == 0 {
 		return nil
 	}
-	c := &crashReport{Kind: crashHeaderKind(lines[0])}
+	c := &CrashReport{Kind: crashHeaderKind(lines[0])}
 	if c.Kind == "" {
 		return nil
 	}
 	line := lines[0]
-	if c.Kind == crashPanic {
+	if c.Kind == CrashPanic {
 		// A panic that runlog.Recover (or any deferred recover) recorded and
 		// raised again is the same panic.
 		line = strings.TrimSuffix(line, " [recovered, repanicked]")
 	}
 	var notes []string
-	if c.Kind == crashFatal {
+	if c.Kind == CrashFatal {
 		for _, b := range before {
 			if strings.HasPrefix(b, "unexpected fault address ") || strings.HasPrefix(b, "runtime: goroutine stack exceeds") ||
 				strings.HasPrefix(b, "runtime: out of memory") {
@@ -215,7 +216,7 @@ func parseCrash(lines, before []string) *crashReport {
 			line += " " + l
 			continue
 		}
-		if p := pcLine.FindStringSubmatch(l); p != nil && c.Kind != crashPanic && c.Kind != crashFatal {
+		if p := pcLine.FindStringSubmatch(l); p != nil && c.Kind != CrashPanic && c.Kind != CrashFatal {
 			m, _ = strconv.Atoi(p[1])
 			// SI_USER, SI_TKILL: a process sent it (kill), no fault did.
 			if p[2] == "0" || p[2] == "-6" {
@@ -227,7 +228,7 @@ func parseCrash(lines, before []string) *crashReport {
 			notes = append(notes, l)
 		}
 	}
-	if c.Kind != crashPanic && c.Kind != crashFatal {
+	if c.Kind != CrashPanic && c.Kind != CrashFatal {
 		c.Signal = c.Kind
 	}
 	if len(notes) > 0 {
@@ -253,7 +254,7 @@ func parseCrash(lines, before []string) *crashReport {
 	if len(blocks) > 0 {
 		pick = blocks[0]
 	}
-	if c.Kind != crashPanic && c.Kind != crashFatal {
+	if c.Kind != CrashPanic && c.Kind != CrashFatal {
 		// The goroutine on the thread the signal arrived on; when that is
 		// the thread's own scheduler stack (goroutine 0: the thread was
 		// idle, the signal came from outside), a goroutine running, else

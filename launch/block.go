@@ -72,7 +72,7 @@ func (o BlockOptions) plan() ([]layout.Op, error) {
 		if c == 0 {
 			c = o.Tokens
 		}
-		t, err := layout.NewTransformerContext(context.Background(), mesh, o.Tokens, c, o.Heads, o.Hidden, o.FFN, o.SequenceParallel)
+		t, err := layout.NewTransformerWith(context.Background(), nil, mesh, o.Tokens, c, o.Heads, o.Hidden, o.FFN, o.SequenceParallel)
 		return t.Ops, err
 	}
 	l, err := layout.NewMLP(mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)

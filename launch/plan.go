@@ -287,10 +287,10 @@ func RunPlanContext(ctx context.Context, w io.Writer, o PlanOptions) error {
 	if err != nil {
 		return err
 	}
-	ctx = placement.WithModel(placement.WithBudget(ctx, placement.DefaultBudget), m)
+	pl := placement.NewPlanner(m, placement.DefaultBudget)
 	var out bytes.Buffer
 	done := make(chan error, 1)
-	go func() { done <- o.run(ctx, &out) }()
+	go func() { done <- o.run(ctx, pl, &out) }()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -324,22 +324,22 @@ func (o PlanOptions) model() (placement.Model, error) {
 }
 
 // run plans and prints into out.
-func (o PlanOptions) run(ctx context.Context, w io.Writer) error {
+func (o PlanOptions) run(ctx context.Context, pl *placement.Planner, w io.Writer) error {
 	if o.Block != "" {
-		return o.runBlock(ctx, w)
+		return o.runBlock(ctx, pl, w)
 	}
 	p, err := o.build()
 	if err != nil {
 		return err
 	}
 	if p.redistribute {
-		return p.runRedistribute(ctx, w)
+		return p.runRedistribute(ctx, pl, w)
 	}
-	fwd, err := spmd.ForwardContext(ctx, p.req)
+	fwd, err := spmd.ForwardWith(ctx, pl, p.req)
 	if err != nil {
 		return err
 	}
-	bwd, err := spmd.BackwardOfContext(ctx, fwd, p.grads, p.req.Dims)
+	bwd, err := spmd.BackwardOfWith(ctx, pl, fwd, p.grads, p.req.Dims)
 	if err != nil {
 		return err
 	}
@@ -359,7 +359,7 @@ func (o PlanOptions) run(ctx context.Context, w io.Writer) error {
 // runBlock plans the MLP block within ctx, prints its plan (RunBlock) and the
 // memory a rank needs to train it (the worker's mlp refuses to start ranks
 // that the machine cannot hold).
-func (o PlanOptions) runBlock(ctx context.Context, w io.Writer) error {
+func (o PlanOptions) runBlock(ctx context.Context, pl *placement.Planner, w io.Writer) error {
 	mesh, err := o.block()
 	if err != nil {
 		return err
@@ -372,7 +372,7 @@ func (o PlanOptions) runBlock(ctx context.Context, w io.Writer) error {
 	if o.JSON || o.Block == "transformer" {
 		return nil
 	}
-	l, err := layout.NewMLPContext(ctx, mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)
+	l, err := layout.NewMLPWith(ctx, pl, mesh, o.Tokens, o.Hidden, o.FFN, o.SequenceParallel)
 	if err != nil {
 		return err
 	}
@@ -433,14 +433,14 @@ func (o PlanOptions) buildRedistribute(mesh placement.Mesh) (plan, error) {
 }
 
 // runRedistribute plans the move of p.req.Inputs[0] to p.req.Out and prints it.
-func (p plan) runRedistribute(ctx context.Context, w io.Writer) error {
+func (p plan) runRedistribute(ctx context.Context, pl *placement.Planner, w io.Writer) error {
 	from := p.req.Inputs[0].Spec
 	to := from.WithPlacements(p.req.Out...)
-	steps, err := placement.PlanContext(ctx, from, to)
+	steps, err := pl.Plan(ctx, from, to)
 	if err != nil {
 		return err
 	}
-	r := spmd.NewRedistReport("x", from, to, steps, placement.ModelOf(ctx), p.dtype.Size())
+	r := spmd.NewRedistReport("x", from, to, steps, pl.Model(), p.dtype.Size())
 	if p.json {
 		b, err := json.Marshal(r)
 		if err != nil {

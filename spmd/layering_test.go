@@ -54,16 +54,14 @@ func forbid(t *testing.T, pkgs []string, forbidden string) {
 // against them. No other package imports them, so only job and the worker
 // binary that links job (cmd/worker) depend on them; a planner, a layer or
 // the launcher that computed through the reference would be checked against
-// itself. spmd/spmdtest forwards a few of its names to tests and is held to
-// TestLayeringTestSupport.
+// itself.
 func TestLayeringReference(t *testing.T) {
-	pkgs := except(modulePackages(t), "job", "cmd/worker", "spmd/spmdref", "spmd/spmdtest")
+	pkgs := except(modulePackages(t), "job", "cmd/worker", "spmd/spmdref")
 	forbid(t, pkgs, deps.Module+"/spmd/spmdref")
 }
 
-// spmd/spmdtest is test support (cost models for tiny test tensors, forwards
-// to the reference): no package's non-test code depends on it, the verify
-// workload included.
+// spmd/spmdtest is test support (cost models for tiny test tensors): no
+// package's non-test code depends on it, the verify workload included.
 func TestLayeringTestSupport(t *testing.T) {
 	pkgs := except(modulePackages(t), "spmd/spmdtest")
 	forbid(t, pkgs, deps.Module+"/spmd/spmdtest")

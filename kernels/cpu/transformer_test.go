@@ -8,7 +8,7 @@ import (
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/cpu"
 	sim "github.com/meshrun/meshrun/placement/placementref"
-	"github.com/meshrun/meshrun/spmd/spmdtest"
+	"github.com/meshrun/meshrun/spmd/spmdref"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -61,12 +61,12 @@ func TestLayerNorm(t *testing.T) {
 	x, gamma, beta, dy := rnd(rng, 3, 5, 7), rnd(rng, 7), rnd(rng, 7), rnd(rng, 3, 5, 7)
 	y, stats := zeros(3, 5, 7), zeros(15, 2)
 	fwd := func() []float64 {
-		if err := p.LayerNorm(y, stats, x, gamma, beta, spmdtest.LayerNormEps); err != nil {
+		if err := p.LayerNorm(y, stats, x, gamma, beta, spmdref.LayerNormEps); err != nil {
 			t.Fatal(err)
 		}
 		return append([]float64(nil), y.Float64()...)
 	}
-	want, err := spmdtest.Eval("layernorm", "ABd,d,d->ABd", []sim.Tensor{simOf(x), simOf(gamma), simOf(beta)}, nil)
+	want, err := spmdref.Eval("layernorm", "ABd,d,d->ABd", []sim.Tensor{simOf(x), simOf(gamma), simOf(beta)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestAttention(t *testing.T) {
 		}
 		return append([]float64(nil), o.Float64()...)
 	}
-	want, err := spmdtest.Eval("attention", "Ashe,Athe,Athf->Ashf", []sim.Tensor{simOf(q), simOf(k), simOf(v)}, nil)
+	want, err := spmdref.Eval("attention", "Ashe,Athe,Athf->Ashf", []sim.Tensor{simOf(q), simOf(k), simOf(v)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestEmbedding(t *testing.T) {
 	if err := p.Embedding(y, ids, table, offset); err != nil {
 		t.Fatal(err)
 	}
-	want, err := spmdtest.EvalAt("embedding", "AB,vd->ABd", []sim.Tensor{simOf(ids), simOf(table)}, nil, offset)
+	want, err := spmdref.EvalAt("embedding", "AB,vd->ABd", []sim.Tensor{simOf(ids), simOf(table)}, nil, offset)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestEmbedding(t *testing.T) {
 	if err := p.EmbeddingBackward(dt, dy, ids, offset, false); err != nil {
 		t.Fatal(err)
 	}
-	wantD, err := spmdtest.EvalAt("embedding.grad_table", "ABd,AB->vd", []sim.Tensor{simOf(dy), simOf(ids)}, []int{rows, d}, offset)
+	wantD, err := spmdref.EvalAt("embedding.grad_table", "ABd,AB->vd", []sim.Tensor{simOf(dy), simOf(ids)}, []int{rows, d}, offset)
 	if err != nil {
 		t.Fatal(err)
 	}

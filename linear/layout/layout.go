@@ -135,14 +135,6 @@ func NewMLP(mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool)
 	return NewMLPWith(context.Background(), nil, mesh, tokens, hidden, ffn, sequenceParallel)
 }
 
-// NewMLPContext is NewMLPWith(ctx, placement.PlannerOf(ctx), ...), for the
-// callers that still carry their planner in a context.
-//
-// Deprecated: use NewMLPWith.
-func NewMLPContext(ctx context.Context, mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool) (MLP, error) {
-	return NewMLPWith(ctx, placement.PlannerOf(ctx), mesh, tokens, hidden, ffn, sequenceParallel)
-}
-
 // NewMLPWith is NewMLP with pl (nil: a placement.DefaultPlanner): planning
 // stops once ctx is done, and the block's ops share pl's budget and cache.
 func NewMLPWith(ctx context.Context, pl *placement.Planner, mesh placement.Mesh, tokens, hidden, ffn int, sequenceParallel bool) (MLP, error) {
@@ -232,14 +224,6 @@ type Transformer struct {
 	// Ops are the block's ops in order, each planned forward and backward:
 	// ln1, qkv, attention, proj, add1, ln2, up, gelu, down, add2.
 	Ops []Op
-}
-
-// NewTransformerContext is NewTransformerWith(ctx, placement.PlannerOf(ctx),
-// ...), for the callers that still carry their planner in a context.
-//
-// Deprecated: use NewTransformerWith.
-func NewTransformerContext(ctx context.Context, mesh placement.Mesh, tokens, context, heads, hidden, ffn int, sequenceParallel bool) (Transformer, error) {
-	return NewTransformerWith(ctx, placement.PlannerOf(ctx), mesh, tokens, context, heads, hidden, ffn, sequenceParallel)
 }
 
 // NewTransformerWith lays out and plans one block on a 1-D mesh (tp) with pl

@@ -19,19 +19,18 @@ import (
 //   - spmd/spmdref by job only (spmd's TestLayeringReference), and
 //     collective/collectivetest by no package (tests import it);
 //   - hence the packages that depend on placementref are job, the packages
-//     that import job (the worker), the two references, the test helpers
-//     (spmd/spmdtest forwards spmdref's names to tests) and placementref
-//     itself; no other package of the module does.
+//     that import job (the worker), spmdref, the test helper
+//     collectivetest and placementref itself; no other package of the
+//     module does.
 func TestLayering(t *testing.T) {
 	const (
 		ref            = deps.Module + "/placement/placementref"
 		job            = deps.Module + "/job"
 		spmdref        = deps.Module + "/spmd/spmdref"
-		spmdtest       = deps.Module + "/spmd/spmdtest"
 		collectivetest = deps.Module + "/collective/collectivetest"
 	)
 	imports := deps.Imports(t, deps.Module+"/...")
-	importers := map[string][]string{ref: {job, spmdref, collectivetest}, spmdref: {job, spmdtest}, spmdtest: nil, collectivetest: nil}
+	importers := map[string][]string{ref: {job, spmdref, collectivetest}, spmdref: {job}, collectivetest: nil}
 	for pkg, imps := range imports {
 		for _, imp := range imps {
 			if allowed, ok := importers[imp]; ok && !slices.Contains(allowed, pkg) {

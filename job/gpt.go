@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -60,7 +61,7 @@ type GPTReport struct {
 // gptTask is `worker gpt`.
 type gptTask struct {
 	training
-	cfg     linear.GPTConfig
+	cfg     models.GPTConfig
 	data    string
 	sample  int
 	temp    float64
@@ -109,7 +110,7 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 	// that does not fit the model, fails here, before any rank starts.
 	// --resume (or a restart's) restores the optimizer's state too; --init
 	// takes weights only.
-	ps, err := linear.PlanGPT(t.cfg, t.cf.init == "")
+	ps, err := models.PlanGPT(t.cfg, t.cf.init == "")
 	if err != nil {
 		return err
 	}
@@ -215,7 +216,7 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 		if err != nil {
 			return err
 		}
-		g, err := linear.NewGPT(cfg, w.Rank(), dev)
+		g, err := models.NewGPT(cfg, w.Rank(), dev)
 		if err != nil {
 			return err
 		}
@@ -322,7 +323,7 @@ func (t *gptTask) run(ctx context.Context, env Env) int {
 
 // generate samples t.sample characters after a held-out prompt, the same
 // on every rank (the distributions are gathered whole, the rng shared).
-func (t *gptTask) generate(ctx context.Context, g *linear.GPT, rt linear.Runtime, dev tensor.Memory, rng *rand.Rand) (string, error) {
+func (t *gptTask) generate(ctx context.Context, g *models.GPT, rt linear.Runtime, dev tensor.Memory, rng *rand.Rand) (string, error) {
 	c, cfg := t.corpus, t.cfg
 	ctxIDs := slices.Clone(c.valid[:cfg.Context/2])
 	out := []byte{}

@@ -1,4 +1,4 @@
-package linear
+package models
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
@@ -33,7 +34,7 @@ type GPTConfig struct {
 	// decay WeightDecay on the matrices) or "sgd".
 	Optimizer       string
 	LR, WeightDecay float64
-	// Planner plans the model's layers and moves (see Config.Planner), each
+	// Planner plans the model's layers and moves (see linear.Config.Planner), each
 	// within a placement.DefaultBudget of its own, sharing its cache: a
 	// layer repeated is planned once.
 	Planner *placement.Planner
@@ -66,20 +67,20 @@ func (c GPTConfig) Tokens() int { return c.Batch * c.Context }
 func (c GPTConfig) check() error {
 	switch {
 	case c.Mesh.NDim() != 1:
-		return fmt.Errorf("%w: gpt: mesh %s: one dim (tensor parallel)", ErrConfig, c.Mesh)
+		return fmt.Errorf("%w: gpt: mesh %s: one dim (tensor parallel)", linear.ErrConfig, c.Mesh)
 	case c.Vocab < 1 || c.Dim < 1 || c.Heads < 1 || c.Layers < 0 || c.Context < 1 || c.Batch < 1:
 		return fmt.Errorf("%w: gpt: vocab %d, dim %d, heads %d, layers %d, context %d, batch %d: all at least 1 (layers 0)",
-			ErrConfig, c.Vocab, c.Dim, c.Heads, c.Layers, c.Context, c.Batch)
+			linear.ErrConfig, c.Vocab, c.Dim, c.Heads, c.Layers, c.Context, c.Batch)
 	case c.Dim%c.Heads != 0:
-		return fmt.Errorf("%w: gpt: dim %d is not a multiple of heads %d", ErrConfig, c.Dim, c.Heads)
+		return fmt.Errorf("%w: gpt: dim %d is not a multiple of heads %d", linear.ErrConfig, c.Dim, c.Heads)
 	case c.Heads%c.Mesh.Size() != 0:
-		return fmt.Errorf("%w: gpt: %d heads do not split over tp = %d (each rank holds whole heads)", ErrConfig, c.Heads, c.Mesh.Size())
+		return fmt.Errorf("%w: gpt: %d heads do not split over tp = %d (each rank holds whole heads)", linear.ErrConfig, c.Heads, c.Mesh.Size())
 	case c.Vocab < c.Mesh.Size():
-		return fmt.Errorf("%w: gpt: vocabulary %d smaller than tp = %d", ErrConfig, c.Vocab, c.Mesh.Size())
+		return fmt.Errorf("%w: gpt: vocabulary %d smaller than tp = %d", linear.ErrConfig, c.Vocab, c.Mesh.Size())
 	case c.Compute() != tensor.Float32 && c.Compute() != tensor.BFloat16:
-		return fmt.Errorf("%w: gpt: dtype %v (float32 or bfloat16)", ErrConfig, c.Compute())
+		return fmt.Errorf("%w: gpt: dtype %v (float32 or bfloat16)", linear.ErrConfig, c.Compute())
 	case c.Optimizer != "" && c.Optimizer != "adamw" && c.Optimizer != "sgd":
-		return fmt.Errorf("%w: gpt: optimizer %q (adamw or sgd)", ErrConfig, c.Optimizer)
+		return fmt.Errorf("%w: gpt: optimizer %q (adamw or sgd)", linear.ErrConfig, c.Optimizer)
 	}
 	return nil
 }
@@ -89,14 +90,14 @@ type GPT struct {
 	Cfg     GPTConfig
 	rank    int
 	mem     tensor.Memory
-	bufs    scratch
+	bufs    linear.Scratch
 	step    int
 	vocab0  int // the first vocabulary row this rank holds
 	wte     *param
 	wpe     *param
 	blocks  []*gptBlock
 	lnf     lnParams
-	head    *Layer
+	head    *linear.Layer
 	embMove spmd.Move // the embedding's partial sums, all-reduced (reduce-scattered to rows)
 	// Sequence parallel: dxMove gathers the rows of the input's gradient for
 	// the embeddings' backward; lnMove all-reduces a layer norm's parameter
@@ -123,7 +124,7 @@ type param struct {
 	// kernels write (bfloat16 runs; nil: w and g themselves).
 	cw, cg *tensor.Tensor
 	decay  bool
-	layer  *Layer
+	layer  *linear.Layer
 	bias   bool
 }
 
@@ -147,7 +148,7 @@ func (p *param) grad() *tensor.Tensor {
 
 type gptBlock struct {
 	ln1, ln2            lnParams
-	qkv, proj, up, down *Layer
+	qkv, proj, up, down *linear.Layer
 }
 
 // NewGPT plans the model for rank and initializes it from the seed, GPT-2's
@@ -166,8 +167,8 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 		cfg.Optimizer = "adamw"
 	}
 	ctx := context.Background()
-	pl := plannerFor(cfg.Planner, cfg.Compute())
-	g := &GPT{Cfg: cfg, rank: rank, mem: mem, bufs: scratch{}}
+	pl := linear.PlannerFor(cfg.Planner, cfg.Compute())
+	g := &GPT{Cfg: cfg, rank: rank, mem: mem, bufs: linear.Scratch{}}
 	var err error
 	mesh, t, d, v := cfg.Mesh, cfg.Tokens(), cfg.Dim, cfg.Vocab
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x677074))
@@ -211,7 +212,7 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 	// held adds a parameter the model holds itself (not a layer's), laid out
 	// as spec, from its global value x.
 	held := func(name string, x *tensor.Tensor, spec placement.Spec, decay bool) (*param, error) {
-		local, err := Shard(x, spec, rank)
+		local, err := linear.Shard(x, spec, rank)
 		if err != nil {
 			return nil, err
 		}
@@ -262,7 +263,7 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 		}
 		return lnParams{ps[0], ps[1]}, nil
 	}
-	layer := func(name, preset string, n, k int, bias bool, std float64) (*Layer, error) {
+	layer := func(name, preset string, n, k int, bias bool, std float64) (*linear.Layer, error) {
 		if cfg.SequenceParallel {
 			preset = "sequence-" + preset
 		}
@@ -270,7 +271,7 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 		if err != nil {
 			return nil, err
 		}
-		c := layerConfig(name, lo)
+		c := linear.ConfigOf(name, lo)
 		c.Planner, c.DType = pl.WithBudget(placement.DefaultBudget), cfg.DType
 		if preset == "column" || preset == "sequence-column" {
 			// Column parallel: y stays split by output features, as the next
@@ -279,21 +280,21 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 			// model than all-reducing dx backward).
 			c.Out = []placement.Placement{placement.Shard{Dim: 1}}
 		}
-		plans, err := PlanContext(ctx, c)
+		plans, err := linear.PlanContext(ctx, c)
 		if err != nil {
 			return nil, err
 		}
-		l, err := NewPlanned(c, plans, rank, mem)
+		l, err := linear.NewPlanned(c, plans, rank, mem)
 		if err != nil {
 			return nil, err
 		}
-		w, err := Shard(normal([]int{n, k}, std), c.W, rank)
+		w, err := linear.Shard(normal([]int{n, k}, std), c.W, rank)
 		if err != nil {
 			return nil, err
 		}
 		var b *tensor.Tensor
 		if bias {
-			if b, err = Shard(fill(n, 0), *c.B, rank); err != nil {
+			if b, err = linear.Shard(fill(n, 0), *c.B, rank); err != nil {
 				return nil, err
 			}
 		}
@@ -387,10 +388,10 @@ func planMove(ctx context.Context, pl *placement.Planner, name string, from, to 
 
 // Params lists the model's parameters for checkpoints (--init), as this
 // rank holds them.
-func (g *GPT) Params() []Param {
-	var out []Param
+func (g *GPT) Params() []linear.Param {
+	var out []linear.Param
 	for _, p := range g.params {
-		out = append(out, Param{Name: p.name, Spec: p.spec, t: p.w})
+		out = append(out, linear.HeldParam(p.name, p.spec, p.w))
 	}
 	return out
 }
@@ -399,12 +400,12 @@ func (g *GPT) Params() []Param {
 // needs to go on as if never stopped: AdamW's moments under PyTorch's names
 // (NAME.exp_avg, NAME.exp_avg_sq); the step count is the checkpoint's step
 // (SetStep).
-func (g *GPT) State() []Param {
-	var out []Param
+func (g *GPT) State() []linear.Param {
+	var out []linear.Param
 	for _, p := range g.params {
-		out = append(out, Param{Name: p.name, Spec: p.spec, t: p.w})
+		out = append(out, linear.HeldParam(p.name, p.spec, p.w))
 		if p.m != nil {
-			out = append(out, Param{Name: p.name + ".exp_avg", Spec: p.spec, t: p.m}, Param{Name: p.name + ".exp_avg_sq", Spec: p.spec, t: p.v})
+			out = append(out, linear.HeldParam(p.name+".exp_avg", p.spec, p.m), linear.HeldParam(p.name+".exp_avg_sq", p.spec, p.v))
 		}
 	}
 	return out
@@ -416,20 +417,20 @@ func (g *GPT) SetStep(n int) { g.step = n }
 // PlanGPT checks cfg as NewGPT does and lists what a checkpoint of the model
 // holds (State's names and layouts; their tensors nil, nothing allocated);
 // withState false lists the parameters only (Params).
-func PlanGPT(cfg GPTConfig, withState bool) ([]Param, error) {
+func PlanGPT(cfg GPTConfig, withState bool) ([]linear.Param, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
 	mesh, t, d, v := cfg.Mesh, cfg.Tokens(), cfg.Dim, cfg.Vocab
-	var out []Param
+	var out []linear.Param
 	add := func(name string, s placement.Spec) {
-		out = append(out, Param{Name: name, Spec: s})
+		out = append(out, linear.Param{Name: name, Spec: s})
 		if withState && cfg.Optimizer != "sgd" {
-			out = append(out, Param{Name: name + ".exp_avg", Spec: s}, Param{Name: name + ".exp_avg_sq", Spec: s})
+			out = append(out, linear.Param{Name: name + ".exp_avg", Spec: s}, linear.Param{Name: name + ".exp_avg_sq", Spec: s})
 		}
 	}
 	rep := func(shape ...int) placement.Spec { return placement.MustSpec(shape, mesh, placement.Replicate{}) }
-	linear := func(name, preset string, n, k int, bias bool) error {
+	layer := func(name, preset string, n, k int, bias bool) error {
 		l, err := layout.Preset(preset, mesh, t, k, n, bias)
 		if err != nil {
 			return err
@@ -453,7 +454,7 @@ func PlanGPT(cfg GPTConfig, withState bool) ([]Param, error) {
 			name, preset string
 			n, k         int
 		}{{"attn.c_attn", "column", 3 * d, d}, {"attn.c_proj", "row", d, d}} {
-			if err := linear(p+l.name, l.preset, l.n, l.k, true); err != nil {
+			if err := layer(p+l.name, l.preset, l.n, l.k, true); err != nil {
 				return nil, err
 			}
 		}
@@ -462,13 +463,13 @@ func PlanGPT(cfg GPTConfig, withState bool) ([]Param, error) {
 			name, preset string
 			n, k         int
 		}{{"mlp.c_fc", "column", 4 * d, d}, {"mlp.c_proj", "row", d, 4 * d}} {
-			if err := linear(p+l.name, l.preset, l.n, l.k, true); err != nil {
+			if err := layer(p+l.name, l.preset, l.n, l.k, true); err != nil {
 				return nil, err
 			}
 		}
 	}
 	norm("ln_f")
-	if err := linear("lm_head", "column", v, d, false); err != nil {
+	if err := layer("lm_head", "column", v, d, false); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -494,7 +495,7 @@ func (g *GPT) Parameters() []GPTParam {
 // blockActs is what one block's forward keeps for its backward.
 type blockActs struct {
 	x, x2, st1, st2, qkv, o, lse, u *tensor.Tensor
-	qkvS, projS, upS, downS         *Saved
+	qkvS, projS, upS, downS         *linear.Saved
 }
 
 // Step runs one training step on ids and targets (each [Batch·Context]
@@ -502,7 +503,7 @@ type blockActs struct {
 // forward, the cross-entropy loss, backward and the optimizer. It returns the
 // mean loss over the step's tokens, the same on every rank; one float64 comes
 // back to the host.
-func (g *GPT) Step(ctx context.Context, rt Runtime, ids, targets *tensor.Tensor) (float64, error) {
+func (g *GPT) Step(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor) (float64, error) {
 	loss, acts, err := g.forward(ctx, rt, ids, targets)
 	if err != nil {
 		return 0, err
@@ -514,7 +515,7 @@ func (g *GPT) Step(ctx context.Context, rt Runtime, ids, targets *tensor.Tensor)
 }
 
 // Loss runs the forward only and returns the mean loss (held-out text).
-func (g *GPT) Loss(ctx context.Context, rt Runtime, ids, targets *tensor.Tensor) (float64, error) {
+func (g *GPT) Loss(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor) (float64, error) {
 	loss, _, err := g.forward(ctx, rt, ids, targets)
 	return loss, err
 }
@@ -523,18 +524,18 @@ type gptActs struct {
 	blocks      []blockActs
 	xf, stf, hf *tensor.Tensor
 	logits, lse *tensor.Tensor
-	headS       *Saved
+	headS       *linear.Saved
 }
 
 // get is a float32 scratch tensor (statistics, ids, float32 gradients).
-func (g *GPT) get(rt Runtime, name string, shape ...int) (*tensor.Tensor, error) {
-	return g.bufs.getT(rt.Kernels, name, tensor.Float32, shape)
+func (g *GPT) get(rt linear.Runtime, name string, shape ...int) (*tensor.Tensor, error) {
+	return g.bufs.Get(rt.Kernels, name, tensor.Float32, shape)
 }
 
 // act is a scratch tensor in the compute dtype (activations and their
 // gradients).
-func (g *GPT) act(rt Runtime, name string, shape ...int) (*tensor.Tensor, error) {
-	return g.bufs.getT(rt.Kernels, name, g.Cfg.Compute(), shape)
+func (g *GPT) act(rt linear.Runtime, name string, shape ...int) (*tensor.Tensor, error) {
+	return g.bufs.Get(rt.Kernels, name, g.Cfg.Compute(), shape)
 }
 
 // caster casts between dtypes on the rank's device.
@@ -570,7 +571,7 @@ func (g *GPT) refresh(k caster) error {
 }
 
 // layerNorm runs x's layer norm into scratch name (and its stats).
-func (g *GPT) layerNorm(rt Runtime, name string, x *tensor.Tensor, p lnParams) (y, stats *tensor.Tensor, err error) {
+func (g *GPT) layerNorm(rt linear.Runtime, name string, x *tensor.Tensor, p lnParams) (y, stats *tensor.Tensor, err error) {
 	t, d := x.Dim(0), x.Dim(1)
 	if y, err = g.act(rt, name, t, d); err != nil {
 		return nil, nil, err
@@ -578,7 +579,7 @@ func (g *GPT) layerNorm(rt Runtime, name string, x *tensor.Tensor, p lnParams) (
 	if stats, err = g.get(rt, name+".stats", t, 2); err != nil {
 		return nil, nil, err
 	}
-	err = rt.op("layernorm", func() error { return rt.Kernels.LayerNorm(y, stats, x, p.gamma.compute(), p.beta.compute(), gptEps) })
+	err = rt.Op("layernorm", func() error { return rt.Kernels.LayerNorm(y, stats, x, p.gamma.compute(), p.beta.compute(), gptEps) })
 	return y, stats, err
 }
 
@@ -586,15 +587,15 @@ func (g *GPT) layerNorm(rt Runtime, name string, x *tensor.Tensor, p lnParams) (
 const gptEps = 1e-5
 
 // residual returns a copy of x in scratch name with d added.
-func (g *GPT) residual(rt Runtime, name string, x, d *tensor.Tensor) (*tensor.Tensor, error) {
-	y, err := g.bufs.copyOf(name, x)
+func (g *GPT) residual(rt linear.Runtime, name string, x, d *tensor.Tensor) (*tensor.Tensor, error) {
+	y, err := g.bufs.CopyOf(name, x)
 	if err != nil {
 		return nil, err
 	}
 	return y, rt.Kernels.Axpy(1, d, y)
 }
 
-func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tensor) (float64, *gptActs, error) {
+func (g *GPT) forward(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor) (float64, *gptActs, error) {
 	c := g.Cfg
 	t, d := c.Tokens(), c.Dim
 	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
@@ -602,10 +603,10 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := rt.op("embedding", func() error { return rt.Kernels.Embedding(emb, ids, g.wte.compute(), g.vocab0) }); err != nil {
+	if err := rt.Op("embedding", func() error { return rt.Kernels.Embedding(emb, ids, g.wte.compute(), g.vocab0) }); err != nil {
 		return 0, nil, err
 	}
-	x, err := execute(ctx, rt, "gpt", "embedding", g.embMove, emb, g.rank, g.bufs, "forward")
+	x, err := linear.Execute(ctx, rt, "gpt", "embedding", g.embMove, emb, g.rank, g.bufs, "forward")
 	if err != nil {
 		return 0, nil, err
 	}
@@ -642,7 +643,7 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 		if a.lse, err = g.get(rt, name+"lse", c.Batch, hl, c.Context); err != nil {
 			return 0, nil, err
 		}
-		if err := rt.op("attention", func() error { return rt.Kernels.Attention(a.o, a.lse, a.qkv, nil, nil, true) }); err != nil {
+		if err := rt.Op("attention", func() error { return rt.Kernels.Attention(a.o, a.lse, a.qkv, nil, nil, true) }); err != nil {
 			return 0, nil, err
 		}
 		o2, err := a.o.Reshape(t, hl*hd)
@@ -671,7 +672,7 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 		if err != nil {
 			return 0, nil, err
 		}
-		if err := rt.op("gelu", func() error { return rt.Kernels.GeluForward(gl, u) }); err != nil {
+		if err := rt.Op("gelu", func() error { return rt.Kernels.GeluForward(gl, u) }); err != nil {
 			return 0, nil, err
 		}
 		dn, ds, err := b.down.Forward(ctx, rt, gl)
@@ -695,10 +696,10 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := rt.op("cross_entropy", func() error { return rt.Kernels.CrossEntropy(stats, acts.logits, targets, g.vocab0) }); err != nil {
+	if err := rt.Op("cross_entropy", func() error { return rt.Kernels.CrossEntropy(stats, acts.logits, targets, g.vocab0) }); err != nil {
 		return 0, nil, err
 	}
-	all, err := execute(ctx, rt, "gpt", "ce_stats", g.ceMove, stats, g.rank, g.bufs, "forward")
+	all, err := linear.Execute(ctx, rt, "gpt", "ce_stats", g.ceMove, stats, g.rank, g.bufs, "forward")
 	if err != nil {
 		return 0, nil, err
 	}
@@ -708,7 +709,7 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 	if acts.lse, err = g.get(rt, "ce.lse", t); err != nil {
 		return 0, nil, err
 	}
-	sum, err := g.bufs.getT(rt.Kernels, "ce.sum", tensor.Float64, []int{1})
+	sum, err := g.bufs.Get(rt.Kernels, "ce.sum", tensor.Float64, []int{1})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -722,7 +723,7 @@ func (g *GPT) forward(ctx context.Context, rt Runtime, ids, targets *tensor.Tens
 	return host.Float64()[0] / float64(t), acts, nil
 }
 
-func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Tensor, acts *gptActs) error {
+func (g *GPT) backward(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor, acts *gptActs) error {
 	c := g.Cfg
 	t := c.Tokens()
 	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
@@ -730,7 +731,7 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 	if err != nil {
 		return err
 	}
-	if err := rt.op("cross_entropy_backward", func() error {
+	if err := rt.Op("cross_entropy_backward", func() error {
 		return rt.Kernels.CrossEntropyBackward(dl, acts.logits, targets, acts.lse, g.vocab0, 1/float64(t))
 	}); err != nil {
 		return err
@@ -748,7 +749,7 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 		return err
 	}
 	lnBack := func(into *tensor.Tensor, p lnParams, dy, x, stats *tensor.Tensor) error {
-		return rt.op("layernorm_backward", func() error {
+		return rt.Op("layernorm_backward", func() error {
 			return rt.Kernels.LayerNormBackward(into, p.gamma.grad(), p.beta.grad(), dy, x, p.gamma.compute(), stats, false)
 		})
 	}
@@ -765,7 +766,7 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 		if err != nil {
 			return err
 		}
-		if err := rt.op("gelu_backward", func() error { return rt.Kernels.GeluBackward(du, dg, a.u) }); err != nil {
+		if err := rt.Op("gelu_backward", func() error { return rt.Kernels.GeluBackward(du, dg, a.u) }); err != nil {
 			return err
 		}
 		dh2, err := b.up.Backward(ctx, rt, du, a.upS)
@@ -789,7 +790,7 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 		if err != nil {
 			return err
 		}
-		if err := rt.op("attention_backward", func() error {
+		if err := rt.Op("attention_backward", func() error {
 			return rt.Kernels.AttentionBackward(dqkv, nil, nil, do, a.qkv, nil, nil, a.o, a.lse, true)
 		}); err != nil {
 			return err
@@ -812,7 +813,7 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 	if g.Cfg.SequenceParallel {
 		// Each rank's rows of the input's gradient: gathered, every token's
 		// gradient goes into the embeddings (each rank's vocabulary rows).
-		if dx, err = execute(ctx, rt, "gpt", "dx_embedding", g.dxMove, dx, g.rank, g.bufs, "backward"); err != nil {
+		if dx, err = linear.Execute(ctx, rt, "gpt", "dx_embedding", g.dxMove, dx, g.rank, g.bufs, "backward"); err != nil {
 			return err
 		}
 	}
@@ -826,13 +827,13 @@ func (g *GPT) backward(ctx context.Context, rt Runtime, ids, targets *tensor.Ten
 		}
 		dx = d32
 	}
-	if err := rt.op("embedding_backward", func() error {
+	if err := rt.Op("embedding_backward", func() error {
 		return rt.Kernels.EmbeddingBackward(g.wpe.g, dx, g.posIDs, 0, false)
 	}); err != nil {
 		return err
 	}
 	// dx is whole on every rank: each scatters into its own vocabulary rows.
-	return rt.op("embedding_backward", func() error {
+	return rt.Op("embedding_backward", func() error {
 		return rt.Kernels.EmbeddingBackward(g.wte.g, dx, ids, g.vocab0, false)
 	})
 }
@@ -852,7 +853,7 @@ func (g *GPT) norms() []*param {
 // reduceNorms all-reduces every layer norm's parameter gradient, partial
 // over the rows under sequence parallelism, in one collective: packed into
 // one buffer and back.
-func (g *GPT) reduceNorms(ctx context.Context, rt Runtime) error {
+func (g *GPT) reduceNorms(ctx context.Context, rt linear.Runtime) error {
 	ps := g.norms()
 	d := g.Cfg.Dim
 	buf, err := g.get(rt, "ln.grads", len(ps)*d)
@@ -865,7 +866,7 @@ func (g *GPT) reduceNorms(ctx context.Context, rt Runtime) error {
 			return err
 		}
 	}
-	all, err := execute(ctx, rt, "gpt", "ln_grads", g.lnMove, buf, g.rank, g.bufs, "reduce")
+	all, err := linear.Execute(ctx, rt, "gpt", "ln_grads", g.lnMove, buf, g.rank, g.bufs, "reduce")
 	if err != nil {
 		return err
 	}
@@ -878,7 +879,7 @@ func (g *GPT) reduceNorms(ctx context.Context, rt Runtime) error {
 }
 
 // update applies the optimizer to every parameter.
-func (g *GPT) update(ctx context.Context, rt Runtime) error {
+func (g *GPT) update(ctx context.Context, rt linear.Runtime) error {
 	g.step++
 	c := g.Cfg
 	for _, p := range g.norms() {
@@ -893,7 +894,7 @@ func (g *GPT) update(ctx context.Context, rt Runtime) error {
 			return err
 		}
 	}
-	reduced := map[*Layer][2]*tensor.Tensor{}
+	reduced := map[*linear.Layer][2]*tensor.Tensor{}
 	for _, p := range g.params {
 		grad := p.g
 		if p.layer != nil {
@@ -912,7 +913,7 @@ func (g *GPT) update(ctx context.Context, rt Runtime) error {
 			}
 		}
 		if grad == nil {
-			return fmt.Errorf("%w: gpt: %s has no gradient", ErrConfig, p.name)
+			return fmt.Errorf("%w: gpt: %s has no gradient", linear.ErrConfig, p.name)
 		}
 
 		var err error
@@ -923,7 +924,7 @@ func (g *GPT) update(ctx context.Context, rt Runtime) error {
 			if p.decay {
 				wd = c.WeightDecay
 			}
-			err = rt.op("adamw", func() error {
+			err = rt.Op("adamw", func() error {
 				return rt.Kernels.AdamW(kernels.AdamWParams{LR: c.LR, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: wd, Step: g.step}, p.w, grad, p.m, p.v)
 			})
 		}
@@ -938,10 +939,10 @@ func (g *GPT) update(ctx context.Context, rt Runtime) error {
 // the first sequence in ids (the forward of a whole step's batch; the rows
 // after pos do not matter: attention is causal), softmax(logits/temp), the
 // same on every rank: the row's vocabulary shards are all-gathered.
-func (g *GPT) Next(ctx context.Context, rt Runtime, ids *tensor.Tensor, pos int, temp float64) ([]float64, error) {
+func (g *GPT) Next(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor, pos int, temp float64) ([]float64, error) {
 	c := g.Cfg
 	if pos < 0 || pos >= c.Context {
-		return nil, fmt.Errorf("%w: gpt: position %d outside the context of %d", ErrConfig, pos, c.Context)
+		return nil, fmt.Errorf("%w: gpt: position %d outside the context of %d", linear.ErrConfig, pos, c.Context)
 	}
 	zeros, err := g.get(rt, "next.targets", c.Tokens())
 	if err != nil {
@@ -966,7 +967,7 @@ func (g *GPT) Next(ctx context.Context, rt Runtime, ids *tensor.Tensor, pos int,
 			return nil, err
 		}
 	}
-	all, err := execute(ctx, rt, "gpt", "next", g.nextMove, row, g.rank, g.bufs, "sample")
+	all, err := linear.Execute(ctx, rt, "gpt", "next", g.nextMove, row, g.rank, g.bufs, "sample")
 	if err != nil {
 		return nil, err
 	}

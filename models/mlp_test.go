@@ -1,4 +1,4 @@
-package linear_test
+package models_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/meshrun/meshrun/job"
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/redistribute"
 )
@@ -79,9 +80,9 @@ func trainMLP(t *testing.T, mesh string, sp bool, steps int) trainRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := linear.MLPConfig{Mesh: m, Tokens: 12, Hidden: 8, FFN: 24, SequenceParallel: sp, Seed: 5, LR: 0.05}
+	cfg := models.MLPConfig{Mesh: m, Tokens: 12, Hidden: 8, FFN: 24, SequenceParallel: sp, Seed: 5, LR: 0.05}
 	return trainSteps(t, m, steps, func(rank int) (stepper, error) {
-		b, err := linear.NewMLP(cfg, rank, nil)
+		b, err := models.NewMLP(cfg, rank, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -105,7 +105,7 @@ func torchPython(t *testing.T) string {
 	return ""
 }
 
-// TestGPTMatchesPyTorch: the same GPT in PyTorch (linear/testdata/
+// TestGPTMatchesPyTorch: the same GPT in PyTorch (models/testdata/
 // torch_gpt.py), started from the parameters meshrun writes as .npy and
 // trained on the same batches with the same AdamW: meshrun's losses at
 // tp = 1, 2 and 4, and 2 and 4 sequence parallel, are PyTorch's within

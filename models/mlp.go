@@ -26,11 +26,11 @@ type MLPConfig struct {
 	Seed             uint64
 	LR               float32
 	// DType is the compute dtype (0: float32); with bfloat16 the parameters
-	// and SGD stay float32 (see linear.Config.DType). GradDType is the dtype weight
-	// gradients are reduced in (0: DType).
+	// and SGD stay float32 (see linear.Config.DType). GradDType is the dtype
+	// weight gradients are reduced in (0: DType).
 	DType, GradDType tensor.DType
-	// Planner plans the block (see linear.Config.Planner): its layout's ops and its
-	// layers share its budget and cache.
+	// Planner plans the block (see linear.Config.Planner): its layout's ops
+	// and its layers share its budget and cache.
 	Planner *placement.Planner
 }
 

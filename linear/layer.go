@@ -1,6 +1,7 @@
-// Package linear runs sharded linear layers and the Megatron MLP block built from
-// them on one rank: the spmd plans decide the layouts and collectives, the
-// kernels compute locally, the collective layer moves the bytes.
+// Package linear runs sharded linear layers on one rank: the spmd plans decide
+// the layouts and collectives, the kernels compute locally, the collective
+// layer moves the bytes. The models built from layers (the MLP block, the
+// GPT) live above it, in package models.
 //
 // A Layer holds this rank's shards of W[N, K] and b[N]. Forward redistributes x
 // per the plan, runs one GEMM with the bias fused, and leaves y in the layout the
@@ -12,6 +13,13 @@
 // scratch) lives on the rank's device and is allocated by its memory; a step
 // copies nothing between host and device. Parameters come in once (SetParams),
 // results go out only when asked (Gather, a dump, the loss).
+//
+// Besides the layer (layer.go: its config, plans and steps) the package
+// holds what runs it and what a model built on layers shares with it: the
+// runtime, scratch buffers and the execution of a planned move
+// (runtime.go), preset layouts (presets.go), shards (shard.go), checkpoints
+// of sharded parameters (ckpt.go), and a layer's check against a float64
+// reference (check.go).
 package linear
 
 import (

@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -60,7 +61,7 @@ type GPTReport struct {
 // gptTask is `worker gpt`.
 type gptTask struct {
 	training
-	cfg     linear.GPTConfig
+	cfg     models.GPTConfig
 	data    string
 	sample  int
 	temp    float64
@@ -109,7 +110,7 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 	// that does not fit the model, fails here, before any rank starts.
 	// --resume (or a restart's) restores the optimizer's state too; --init
 	// takes weights only.
-	ps, err := linear.PlanGPT(t.cfg, t.cf.init == "")
+	ps, err := models.PlanGPT(t.cfg, t.cf.init == "")
 	if err != nil {
 		return err
 	}
@@ -232,7 +233,7 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 	if err != nil {
 		return nil, err
 	}
-	g, err := linear.NewGPT(cfg, w.Rank(), dev)
+	g, err := models.NewGPT(cfg, w.Rank(), dev)
 	if err != nil {
 		return nil, err
 	}
@@ -276,7 +277,7 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 // loadCheckpoint loads the checkpoint into g (its parameters alone with
 // --init, else its whole state) and sets its step, on every rank once all
 // are ready.
-func (t *gptTask) loadCheckpoint(ctx context.Context, env Env, w *collective.World, g *linear.GPT) error {
+func (t *gptTask) loadCheckpoint(ctx context.Context, env Env, w *collective.World, g *models.GPT) error {
 	if err := waitAll(ctx, w); err != nil {
 		return err
 	}
@@ -322,7 +323,7 @@ type trainLosses struct {
 // resumed run first draws the batches it skips, so the batches are those of
 // a run from step 1), steps g, reports progress on rank 0 and saves when a
 // save is due.
-func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *linear.GPT, rt linear.Runtime, b gptBatch, rng *rand.Rand, sv *saves, comms *stepComms) (trainLosses, error) {
+func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *models.GPT, rt linear.Runtime, b gptBatch, rng *rand.Rand, sv *saves, comms *stepComms) (trainLosses, error) {
 	cfg, c, steps := t.cfg, t.corpus, t.steps
 	var tl trainLosses
 	for s := 1; s <= t.startStep; s++ {
@@ -359,7 +360,7 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *li
 
 // heldOutLoss is the mean loss over t.heldOut batches of held-out text: the
 // same windows on every rank.
-func (t *gptTask) heldOutLoss(ctx context.Context, g *linear.GPT, rt linear.Runtime, b gptBatch) (float64, error) {
+func (t *gptTask) heldOutLoss(ctx context.Context, g *models.GPT, rt linear.Runtime, b gptBatch) (float64, error) {
 	cfg, c := t.cfg, t.corpus
 	vrng := rand.New(rand.NewPCG(cfg.Seed, 0x76616c))
 	var held float64
@@ -380,7 +381,7 @@ func (t *gptTask) heldOutLoss(ctx context.Context, g *linear.GPT, rt linear.Runt
 
 // generate samples t.sample characters after a held-out prompt, the same
 // on every rank (the distributions are gathered whole, the rng shared).
-func (t *gptTask) generate(ctx context.Context, g *linear.GPT, rt linear.Runtime, dev tensor.Memory, rng *rand.Rand) (string, error) {
+func (t *gptTask) generate(ctx context.Context, g *models.GPT, rt linear.Runtime, dev tensor.Memory, rng *rand.Rand) (string, error) {
 	c, cfg := t.corpus, t.cfg
 	ctxIDs := slices.Clone(c.valid[:cfg.Context/2])
 	out := []byte{}

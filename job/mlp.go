@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/tensor"
@@ -60,7 +61,7 @@ type MLPReport struct {
 // mlpTask is `worker mlp`.
 type mlpTask struct {
 	training
-	cfg       linear.MLPConfig
+	cfg       models.MLPConfig
 	lr        float64
 	gradDType string
 	model     string
@@ -109,7 +110,7 @@ func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 	if cfg.Planner, err = readPlanner(t.model); err != nil {
 		return err
 	}
-	params, mem, err := linear.CheckMLP(ctx, *cfg)
+	params, mem, err := models.CheckMLP(ctx, *cfg)
 	if err != nil {
 		return err
 	}
@@ -135,7 +136,7 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 		if err != nil {
 			return err
 		}
-		block, err := linear.NewMLP(cfg, w.Rank(), dev)
+		block, err := models.NewMLP(cfg, w.Rank(), dev)
 		if err != nil {
 			return err
 		}

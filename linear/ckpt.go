@@ -15,13 +15,21 @@ import (
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// Param is one parameter of a model as checkpoints name and lay it out.
+// Param is one parameter of a model as checkpoints name and lay it out: a
+// layer's (LayerParams) or one the model holds itself (HeldParam).
 type Param struct {
 	Name  string         // "up.weight", as PyTorch names a Linear's parameters
 	Spec  placement.Spec // its global shape and layout
 	layer *Layer
 	bias  bool
-	t     *tensor.Tensor // a tensor held outside a layer (the GPT's)
+	t     *tensor.Tensor // a tensor held outside a layer (HeldParam)
+}
+
+// HeldParam is a parameter that a model holds itself, outside any layer (an
+// embedding table, a layer norm's weight), t its shard on this rank laid out
+// as spec: saved and loaded with the layers' parameters.
+func HeldParam(name string, spec placement.Spec, t *tensor.Tensor) Param {
+	return Param{Name: name, Spec: spec, t: t}
 }
 
 // Tensor returns the parameter's shard on this rank (float32, on the device).
@@ -42,12 +50,6 @@ func LayerParams(prefix string, l *Layer) []Param {
 		ps = append(ps, Param{Name: prefix + ".bias", Spec: *l.Config.B, layer: l, bias: true})
 	}
 	return ps
-}
-
-// Params lists the block's parameters: up.weight [ffn, hidden], up.bias [ffn],
-// down.weight [hidden, ffn], down.bias [hidden] (float32).
-func (m *MLP) Params() []Param {
-	return append(LayerParams("up", m.Up), LayerParams("down", m.Down)...)
 }
 
 // Expect checks, before any rank loads, that c holds every parameter with its

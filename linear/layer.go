@@ -1,6 +1,7 @@
-// Package linear runs sharded linear layers and the Megatron MLP block built from
-// them on one rank: the spmd plans decide the layouts and collectives, the
-// kernels compute locally, the collective layer moves the bytes.
+// Package linear runs sharded linear layers on one rank: the spmd plans decide
+// the layouts and collectives, the kernels compute locally, the collective
+// layer moves the bytes. The models built from layers (the MLP block, the
+// GPT) live above it, in package models.
 //
 // A Layer holds this rank's shards of W[N, K] and b[N]. Forward redistributes x
 // per the plan, runs one GEMM with the bias fused, and leaves y in the layout the
@@ -12,6 +13,13 @@
 // scratch) lives on the rank's device and is allocated by its memory; a step
 // copies nothing between host and device. Parameters come in once (SetParams),
 // results go out only when asked (Gather, a dump, the loss).
+//
+// Besides the layer (layer.go: its config, plans and steps) the package
+// holds what runs it and what a model built on layers shares with it: the
+// runtime, scratch buffers and the execution of a planned move
+// (runtime.go), preset layouts (presets.go), shards (shard.go), checkpoints
+// of sharded parameters (ckpt.go), and a layer's check against a float64
+// reference (check.go).
 package linear
 
 import (
@@ -20,42 +28,14 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/placement"
-	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/tensor"
 )
 
 // ErrConfig: a layer configuration that cannot be planned or run.
 var ErrConfig = errors.New("linear: bad configuration")
-
-// Runtime is what a rank computes and communicates with.
-type Runtime struct {
-	World *collective.World
-	// Kernels is the rank's device: its kernels, and the memory every tensor
-	// of a step is allocated in.
-	Kernels kernels.Compute
-	// Record, if set, receives every step the layer executes, with the tensor it
-	// moved ("x", "y", "dw"...).
-	Record func(tensor string, ex redistribute.Executed)
-	// Trace, if set, is called when a redistribution starts (name is the tensor,
-	// cat "collective") and when one of the layer's ops starts (name
-	// "linear_forward", "linear_backward_input"...; cat "op"); the function it
-	// returns is called when it ends.
-	Trace func(name, cat string) (end func())
-}
-
-// op runs one of the layer's ops (a lowered kernel call), in a trace span of
-// category "op" when the runtime traces.
-func (rt Runtime) op(name string, f func() error) error {
-	if rt.Trace == nil {
-		return f()
-	}
-	defer rt.Trace(name, "op")()
-	return f()
-}
 
 // Config describes a layer: how x, W and b are laid out (B nil: no bias), the
 // layout the consumer wants for y (nil: the plan's default), and which gradients
@@ -81,10 +61,11 @@ type Config struct {
 	Planner *placement.Planner
 }
 
-// plannerFor is the planner a layer computing in dt plans with: pl (nil: a
+// PlannerFor is the planner a layer computing in dt plans with: pl (nil: a
 // placement.DefaultPlanner), its model pricing elements of dt's size, its
-// budget and cache shared.
-func plannerFor(pl *placement.Planner, dt tensor.DType) *placement.Planner {
+// budget and cache shared. A model built on layers plans its layers and its
+// own moves with it, so that all of them price the same elements.
+func PlannerFor(pl *placement.Planner, dt tensor.DType) *placement.Planner {
 	if pl == nil {
 		pl = placement.DefaultPlanner()
 	}
@@ -147,43 +128,7 @@ type Layer struct {
 	fwdMoves map[string]spmd.Move
 	fusedLR  float32 // FuseSGD's learning rate, 0 when not fused
 	mem      tensor.Memory
-	bufs     scratch
-}
-
-// scratch keeps the tensors a layer writes from one step to the next, so that a
-// step neither allocates nor zeroes them again.
-type scratch map[string]*tensor.Tensor
-
-// getT returns the tensor of dtype dt kept under name, allocated in m if new or
-// if its shape or dtype changed.
-func (s scratch) getT(m tensor.Memory, name string, dt tensor.DType, shape []int) (*tensor.Tensor, error) {
-	if t, ok := s[name]; ok && t.DType() == dt && slices.Equal(t.Shape(), shape) {
-		return t, nil
-	}
-	if old, ok := s[name]; ok {
-		if err := m.Free(old); err != nil {
-			return nil, err
-		}
-	}
-	t, err := m.Alloc(dt, shape...)
-	if err != nil {
-		return nil, err
-	}
-	s[name] = t
-	return t, nil
-}
-
-// copyOf returns a copy of t in scratch name (on t's device).
-func (s scratch) copyOf(name string, t *tensor.Tensor) (*tensor.Tensor, error) {
-	m := tensor.MemoryOf(t)
-	c, err := s.getT(m, name, t.DType(), t.Shape())
-	if err != nil {
-		return nil, err
-	}
-	if n := t.Bytes(); n > 0 {
-		err = m.Copy2D(c, 0, n, t, 0, n, n, 1)
-	}
-	return c, err
+	bufs     Scratch
 }
 
 // FuseSGD makes Backward apply the SGD update W -= lr·dW inside the weight
@@ -223,7 +168,7 @@ func Plan(cfg Config) (Plans, error) { return PlanContext(context.Background(), 
 // PlanContext is Plan within ctx: planning stops once ctx is done, and the
 // forward and backward share cfg.Planner's budget and cache.
 func PlanContext(ctx context.Context, cfg Config) (Plans, error) {
-	pl := plannerFor(cfg.Planner, cfg.Compute())
+	pl := PlannerFor(cfg.Planner, cfg.Compute())
 	op := "linear"
 	inputs := []spmd.Operand{{Name: "x", Spec: cfg.X}, {Name: "w", Spec: cfg.W}}
 	if cfg.B != nil {
@@ -266,7 +211,7 @@ func NewPlanned(cfg Config, p Plans, rank int, mem tensor.Memory) (*Layer, error
 	if mem == nil {
 		mem = tensor.Host
 	}
-	l := &Layer{Config: cfg, Fwd: fwd, Bwd: bwd, rank: rank, fwdMoves: map[string]spmd.Move{}, mem: mem, bufs: scratch{}}
+	l := &Layer{Config: cfg, Fwd: fwd, Bwd: bwd, rank: rank, fwdMoves: map[string]spmd.Move{}, mem: mem, bufs: Scratch{}}
 	for _, m := range fwd.Moves {
 		l.fwdMoves[m.Tensor] = m
 	}
@@ -336,7 +281,7 @@ func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*ten
 	if b != nil {
 		// The bias may need a private copy: an owner-rank partial zeroes it.
 		if _, ok := l.fwdMoves["b"]; ok && b == l.B {
-			if b, err = l.bufs.copyOf("b-copy", b); err != nil {
+			if b, err = l.bufs.CopyOf("b-copy", b); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -344,11 +289,11 @@ func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*ten
 			return nil, nil, err
 		}
 	}
-	y, err := l.bufs.getT(rt.Kernels, "y", dt, l.Fwd.Output.Spec.LocalShape(l.rank))
+	y, err := l.bufs.Get(rt.Kernels, "y", dt, l.Fwd.Output.Spec.LocalShape(l.rank))
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := rt.op("linear_forward", func() error { return kernels.LinearForward(rt.Kernels, y, xu, wu, bu) }); err != nil {
+	if err := rt.Op("linear_forward", func() error { return kernels.LinearForward(rt.Kernels, y, xu, wu, bu) }); err != nil {
 		return nil, nil, fmt.Errorf("linear %s forward: %w", l.Name, err)
 	}
 	if y, err = l.move(ctx, rt, "y", y); err != nil {
@@ -372,14 +317,14 @@ func (l *Layer) computeParams(rt Runtime) (w, b *tensor.Tensor, err error) {
 	if dt == l.W.DType() {
 		return l.W, l.B, nil
 	}
-	if l.wc, err = l.bufs.getT(rt.Kernels, "w-compute", dt, l.W.Shape()); err != nil {
+	if l.wc, err = l.bufs.Get(rt.Kernels, "w-compute", dt, l.W.Shape()); err != nil {
 		return nil, nil, err
 	}
 	if err := rt.Kernels.Cast(l.wc, l.W); err != nil {
 		return nil, nil, err
 	}
 	if l.B != nil {
-		if l.bc, err = l.bufs.getT(rt.Kernels, "b-compute", dt, l.B.Shape()); err != nil {
+		if l.bc, err = l.bufs.Get(rt.Kernels, "b-compute", dt, l.B.Shape()); err != nil {
 			return nil, nil, err
 		}
 		if err := rt.Kernels.Cast(l.bc, l.B); err != nil {
@@ -395,35 +340,7 @@ func (l *Layer) move(ctx context.Context, rt Runtime, name string, t *tensor.Ten
 	if !ok {
 		return t, nil
 	}
-	return execute(ctx, rt, l.Name, name, m, t, l.rank, l.bufs, "forward")
-}
-
-// execute runs one move's steps on a tensor, on its device. The tensors the
-// move writes come from bufs (nil: fresh ones), keyed by the phase, the tensor
-// and the layout it moves to, so a step reuses the last step's.
-func execute(ctx context.Context, rt Runtime, layer, name string, m spmd.Move, t *tensor.Tensor, rank int, bufs scratch, phase string) (*tensor.Tensor, error) {
-	end := func() {}
-	if rt.Trace != nil {
-		end = rt.Trace(name, "collective")
-	}
-	alloc := redistribute.NewAlloc
-	if bufs != nil {
-		prefix := phase + "/" + name + "/" + placement.FormatList(m.To.Placements) + "/"
-		alloc = func(mem tensor.Memory, key string, dt tensor.DType, n int) (*tensor.Tensor, error) {
-			return bufs.getT(mem, prefix+key, dt, []int{n})
-		}
-	}
-	out, log, err := redistribute.Execute(ctx, rt.World, m.Steps, t, alloc)
-	end()
-	if err != nil {
-		return nil, fmt.Errorf("linear %s: moving %s %s -> %s: %w", layer, name, m.From, m.To, err)
-	}
-	if rt.Record != nil {
-		for _, ex := range log {
-			rt.Record(name, ex)
-		}
-	}
-	return out.Reshape(m.To.LocalShape(rank)...)
+	return Execute(ctx, rt, l.Name, name, m, t, l.rank, l.bufs, "forward")
 }
 
 // Backward computes the gradients the layer needs from dy (laid out as Bwd.DY)
@@ -448,7 +365,7 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 				t, ok := dys[dyKey(local)]
 				if !ok {
 					var err error
-					if t, err = execute(ctx, rt, l.Name, in.Name, moveOf(g.Plan, in.Name), dys[dyKey(in.Spec)], l.rank, l.bufs, "backward"); err != nil {
+					if t, err = Execute(ctx, rt, l.Name, in.Name, moveOf(g.Plan, in.Name), dys[dyKey(in.Spec)], l.rank, l.bufs, "backward"); err != nil {
 						return nil, err
 					}
 					dys[dyKey(local)] = t
@@ -463,11 +380,11 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 					return nil, fmt.Errorf("%w: linear %s: backward needs the saved %s", ErrConfig, l.Name, in.Name)
 				}
 				if m := moveOf(g.Plan, in.Name); m.Steps != nil {
-					c, err := l.bufs.copyOf("saved-"+in.Name, t)
+					c, err := l.bufs.CopyOf("saved-"+in.Name, t)
 					if err != nil {
 						return nil, err
 					}
-					if t, err = execute(ctx, rt, l.Name, in.Name, m, c, l.rank, l.bufs, "backward"); err != nil {
+					if t, err = Execute(ctx, rt, l.Name, in.Name, m, c, l.rank, l.bufs, "backward"); err != nil {
 						return nil, err
 					}
 				}
@@ -476,22 +393,22 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 		}
 		switch g.Input {
 		case "x":
-			d, err := l.bufs.getT(rt.Kernels, "dx", l.Compute(), g.Output.Spec.LocalShape(l.rank))
+			d, err := l.bufs.Get(rt.Kernels, "dx", l.Compute(), g.Output.Spec.LocalShape(l.rank))
 			if err != nil {
 				return nil, err
 			}
-			if err := rt.op("linear_backward_input", func() error { return kernels.LinearBackwardInput(rt.Kernels, d, ins[0], ins[1]) }); err != nil {
+			if err := rt.Op("linear_backward_input", func() error { return kernels.LinearBackwardInput(rt.Kernels, d, ins[0], ins[1]) }); err != nil {
 				return nil, fmt.Errorf("linear %s backward input: %w", l.Name, err)
 			}
 			if m := moveOf(g.Plan, g.Output.Name); m.Steps != nil {
-				if d, err = execute(ctx, rt, l.Name, g.Output.Name, m, d, l.rank, l.bufs, "backward"); err != nil {
+				if d, err = Execute(ctx, rt, l.Name, g.Output.Name, m, d, l.rank, l.bufs, "backward"); err != nil {
 					return nil, err
 				}
 			}
 			dx = d
 		case "w":
 			if l.fusedLR != 0 {
-				if err := rt.op("linear_backward_weight_sgd", func() error { return l.sgdWeight(rt, ins[0], ins[1]) }); err != nil {
+				if err := rt.Op("linear_backward_weight_sgd", func() error { return l.sgdWeight(rt, ins[0], ins[1]) }); err != nil {
 					return nil, fmt.Errorf("linear %s fused weight update: %w", l.Name, err)
 				}
 				continue
@@ -501,7 +418,7 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 					return nil, err
 				}
 			}
-			if err := rt.op("linear_backward_weight", func() error {
+			if err := rt.Op("linear_backward_weight", func() error {
 				return kernels.LinearBackwardWeight(rt.Kernels, l.dw, ins[0], ins[1], l.pending)
 			}); err != nil {
 				return nil, fmt.Errorf("linear %s backward weight: %w", l.Name, err)
@@ -512,7 +429,7 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 					return nil, err
 				}
 			}
-			if err := rt.op("linear_backward_bias", func() error { return kernels.LinearBackwardBias(rt.Kernels, l.db, ins[0], l.pending) }); err != nil {
+			if err := rt.Op("linear_backward_bias", func() error { return kernels.LinearBackwardBias(rt.Kernels, l.db, ins[0], l.pending) }); err != nil {
 				return nil, fmt.Errorf("linear %s backward bias: %w", l.Name, err)
 			}
 		}
@@ -561,20 +478,20 @@ func (l *Layer) Reduce(ctx context.Context, rt Runtime) (dw, db *tensor.Tensor, 
 func (l *Layer) reduceOne(ctx context.Context, rt Runtime, name string, m spmd.Move, t *tensor.Tensor) (*tensor.Tensor, error) {
 	wire := l.Wire()
 	if wire == t.DType() {
-		return execute(ctx, rt, l.Name, name, m, t, l.rank, l.bufs, "reduce")
+		return Execute(ctx, rt, l.Name, name, m, t, l.rank, l.bufs, "reduce")
 	}
-	down, err := l.bufs.getT(rt.Kernels, "wire-"+name, wire, t.Shape())
+	down, err := l.bufs.Get(rt.Kernels, "wire-"+name, wire, t.Shape())
 	if err != nil {
 		return nil, err
 	}
 	if err := rt.Kernels.Cast(down, t); err != nil {
 		return nil, err
 	}
-	moved, err := execute(ctx, rt, l.Name, name, m, down, l.rank, l.bufs, "reduce")
+	moved, err := Execute(ctx, rt, l.Name, name, m, down, l.rank, l.bufs, "reduce")
 	if err != nil {
 		return nil, err
 	}
-	up, err := l.bufs.getT(rt.Kernels, "reduced-"+name, t.DType(), moved.Shape())
+	up, err := l.bufs.Get(rt.Kernels, "reduced-"+name, t.DType(), moved.Shape())
 	if err != nil {
 		return nil, err
 	}

@@ -19,10 +19,12 @@ func Preset(name string, mesh placement.Mesh, m, k, n int, bias bool) (Config, e
 	if err != nil {
 		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	return layerConfig(name, l), nil
+	return ConfigOf(name, l), nil
 }
 
-// layerConfig is the Config of a laid-out layer, every gradient needed.
-func layerConfig(name string, l layout.Layer) Config {
+// ConfigOf is the Config of a laid-out layer (package layout), every
+// gradient needed: what a model builds each of its layers from, its name
+// the layer's.
+func ConfigOf(name string, l layout.Layer) Config {
 	return Config{Name: name, X: l.X, W: l.W, B: l.B, Out: l.Out, Grads: AllGrads}
 }

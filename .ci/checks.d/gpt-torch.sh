@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPT of linear/gpt.go against the same model in PyTorch
-# (linear/testdata/torch_gpt.py, Debian's python3-torch): same initial
+# The GPT of package models against the same model in PyTorch
+# (models/testdata/torch_gpt.py, Debian's python3-torch): same initial
 # parameters (written by meshrun as .npy), same batches, same AdamW; the
 # losses at tp = 1, 2 and 4 within 1e-6 relative for 20 steps. And the
 # launcher running an ordinary torch.distributed program (gloo, env://) as
@@ -16,5 +16,5 @@ if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-torch python3-numpy >/dev/null
 fi
-MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run TestGPTMatchesPyTorch ./linear/
+MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run TestGPTMatchesPyTorch ./models/
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestTorchScript$' ./launch/

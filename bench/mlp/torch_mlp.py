@@ -5,7 +5,7 @@
 
 Starts one process per rank itself (a loopback TCP store, the gloo backend), each
 with torch.set_num_threads(cores // tp) unless --threads is given. The step is
-the one meshrun's linear/mlp.go runs, sharded by hand the Megatron way:
+the one meshrun's models/mlp.go runs, sharded by hand the Megatron way:
 
     x[tokens, hidden]           replicated; its gradient is all-reduced backward
     h = x W1_local^T + b1_local  W1[ffn, hidden] split by rows, b1 split

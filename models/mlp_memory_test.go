@@ -1,4 +1,4 @@
-package linear_test
+package models_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/meshrun/meshrun/job"
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -31,8 +32,8 @@ func TestMLPMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := linear.MLPConfig{Mesh: m, Tokens: 64, Hidden: 256, FFN: 2048, SequenceParallel: tc.sp, Seed: 1, LR: 0.05, DType: tc.dt}
-		ps, mem, err := linear.CheckMLP(context.Background(), cfg)
+		cfg := models.MLPConfig{Mesh: m, Tokens: 64, Hidden: 256, FFN: 2048, SequenceParallel: tc.sp, Seed: 1, LR: 0.05, DType: tc.dt}
+		ps, mem, err := models.CheckMLP(context.Background(), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +56,7 @@ func TestMLPMemory(t *testing.T) {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		err = job.InProcess(context.Background(), m.Size(), func(ctx context.Context, w *collective.World) error {
-			b, err := linear.NewMLP(cfg, w.Rank(), nil)
+			b, err := models.NewMLP(cfg, w.Rank(), nil)
 			if err != nil {
 				return err
 			}

@@ -1,4 +1,4 @@
-package linear_test
+package models_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -48,7 +49,7 @@ func stepTransfers(t *testing.T, mesh string, wrap func(kernels.Compute) kernels
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := linear.MLPConfig{Mesh: m, Tokens: 12, Hidden: 8, FFN: 24, Seed: 5, LR: 0.05}
+	cfg := models.MLPConfig{Mesh: m, Tokens: 12, Hidden: 8, FFN: 24, Seed: 5, LR: 0.05}
 	var mu sync.Mutex
 	var got tensor.Transfers
 	err = job.InProcess(context.Background(), m.Size(), func(ctx context.Context, w *collective.World) error {
@@ -56,7 +57,7 @@ func stepTransfers(t *testing.T, mesh string, wrap func(kernels.Compute) kernels
 		if err != nil {
 			return err
 		}
-		b, err := linear.NewMLP(cfg, w.Rank(), d)
+		b, err := models.NewMLP(cfg, w.Rank(), d)
 		if err != nil {
 			return err
 		}
@@ -103,6 +104,14 @@ func TestStepTransfersCounted(t *testing.T) {
 	}
 }
 
+func spec(t testing.TB, s string, m placement.Mesh) placement.Spec {
+	sp, err := placement.ParseSpec(s, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sp
+}
+
 // oneRank is a world of one rank in this goroutine (panics stay here).
 func oneRank(t *testing.T) *collective.World {
 	w, err := collective.NewWorld(collective.LocalTransports(1)[0], collective.LocalControls(1)[0], collective.Options{})
@@ -118,14 +127,14 @@ func oneRank(t *testing.T) *collective.World {
 // runs.
 func TestHostTouchFailsLoudly(t *testing.T) {
 	m := placement.MustMesh([]int{1}, nil)
-	cfg := linear.MLPConfig{Mesh: m, Tokens: 12, Hidden: 8, FFN: 24, Seed: 5, LR: 0.05}
+	cfg := models.MLPConfig{Mesh: m, Tokens: 12, Hidden: 8, FFN: 24, Seed: 5, LR: 0.05}
 	step := func(provider string) (recovered any, err error) {
 		defer func() { recovered = recover() }()
 		d, err := providers.New(provider, nil)
 		if err != nil {
 			return nil, err
 		}
-		b, err := linear.NewMLP(cfg, 0, d)
+		b, err := models.NewMLP(cfg, 0, d)
 		if err != nil {
 			return nil, err
 		}

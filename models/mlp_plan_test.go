@@ -1,10 +1,11 @@
-package linear_test
+package models_test
 
 import (
 	"errors"
 	"testing"
 
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
 )
 
@@ -17,12 +18,12 @@ func TestPlanMLP(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg := linear.MLPConfig{Mesh: m, Tokens: 12, Hidden: 8, FFN: 22, SequenceParallel: sp, Seed: 1, LR: 0.05}
-			ps, err := linear.PlanMLP(cfg)
+			cfg := models.MLPConfig{Mesh: m, Tokens: 12, Hidden: 8, FFN: 22, SequenceParallel: sp, Seed: 1, LR: 0.05}
+			ps, err := models.PlanMLP(cfg)
 			if err != nil {
 				t.Fatalf("%s sp=%v: %v", mesh, sp, err)
 			}
-			b, err := linear.NewMLP(cfg, 0, nil)
+			b, err := models.NewMLP(cfg, 0, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -37,11 +38,11 @@ func TestPlanMLP(t *testing.T) {
 			}
 		}
 	}
-	cfg := linear.MLPConfig{Mesh: placement.MustMesh([]int{2}, []string{"tp"}), Tokens: 0, Hidden: 8, FFN: 16}
-	if _, err := linear.PlanMLP(cfg); !errors.Is(err, linear.ErrConfig) {
+	cfg := models.MLPConfig{Mesh: placement.MustMesh([]int{2}, []string{"tp"}), Tokens: 0, Hidden: 8, FFN: 16}
+	if _, err := models.PlanMLP(cfg); !errors.Is(err, linear.ErrConfig) {
 		t.Errorf("no tokens: %v", err)
 	}
-	if _, err := linear.NewMLP(cfg, 0, nil); !errors.Is(err, linear.ErrConfig) {
+	if _, err := models.NewMLP(cfg, 0, nil); !errors.Is(err, linear.ErrConfig) {
 		t.Errorf("NewMLP, no tokens: %v", err)
 	}
 }

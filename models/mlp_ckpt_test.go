@@ -1,4 +1,4 @@
-package linear_test
+package models_test
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"github.com/meshrun/meshrun/job"
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -28,7 +29,7 @@ func train(t *testing.T, mesh string, steps int, load, root string, saveAt int) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := linear.MLPConfig{Mesh: m, Tokens: 12, Hidden: 10, FFN: 22, Seed: 5, LR: 0.05}
+	cfg := models.MLPConfig{Mesh: m, Tokens: 12, Hidden: 10, FFN: 22, Seed: 5, LR: 0.05}
 	var c *ckpt.Checkpoint
 	if load != "" {
 		if c, err = ckpt.Open(ckpt.OS, load); err != nil {
@@ -43,7 +44,7 @@ func train(t *testing.T, mesh string, steps int, load, root string, saveAt int) 
 		if err != nil {
 			return err
 		}
-		b, err := linear.NewMLP(cfg, w.Rank(), d)
+		b, err := models.NewMLP(cfg, w.Rank(), d)
 		if err != nil {
 			return err
 		}
@@ -143,12 +144,12 @@ func TestCheckpointCorruptAgreed(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := placement.MustMesh([]int{2}, []string{"tp"})
-	cfg := linear.MLPConfig{Mesh: m, Tokens: 12, Hidden: 10, FFN: 22, Seed: 5, LR: 0.05}
+	cfg := models.MLPConfig{Mesh: m, Tokens: 12, Hidden: 10, FFN: 22, Seed: 5, LR: 0.05}
 	errs := make([]error, 2)
 	untouched := make([]bool, 2)
 	job.InProcess(context.Background(), 2, func(ctx context.Context, w *collective.World) error {
 		d, _ := providers.New("cpu", nil)
-		b, err := linear.NewMLP(cfg, w.Rank(), d)
+		b, err := models.NewMLP(cfg, w.Rank(), d)
 		if err != nil {
 			return err
 		}
@@ -164,7 +165,7 @@ func TestCheckpointCorruptAgreed(t *testing.T) {
 	}
 }
 
-func shard(b *linear.MLP, name string) *tensor.Tensor {
+func shard(b *models.MLP, name string) *tensor.Tensor {
 	for _, p := range b.Params() {
 		if p.Name == name {
 			return p.Tensor()

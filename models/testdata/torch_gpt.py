@@ -1,4 +1,4 @@
-"""The GPT of linear/gpt.go in PyTorch, for TestGPTMatchesPyTorch.
+"""The GPT of package models in PyTorch, for TestGPTMatchesPyTorch.
 
 Reads from DIR the initial parameters meshrun wrote (one NAME.npy each,
 meshrun's names and PyTorch's layouts: Linear weights [out, in]; the fused

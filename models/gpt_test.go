@@ -1,4 +1,4 @@
-package linear_test
+package models_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/meshrun/meshrun/job"
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -35,13 +36,13 @@ func trainGPTAs(t *testing.T, tp, steps int, opt string, sp bool, dt tensor.DTyp
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := linear.GPTConfig{Mesh: m, Vocab: 13, Dim: 16, Heads: 4, Layers: 2, Context: 6, Batch: 3, Seed: 9,
+	cfg := models.GPTConfig{Mesh: m, Vocab: 13, Dim: 16, Heads: 4, Layers: 2, Context: 6, Batch: 3, Seed: 9,
 		Optimizer: opt, LR: 3e-3, WeightDecay: 0.1, SequenceParallel: sp, DType: dt}
 	if opt == "sgd" {
 		cfg.LR = 0.5
 	}
 	return trainSteps(t, m, steps, func(rank int) (stepper, error) {
-		g, err := linear.NewGPT(cfg, rank, nil)
+		g, err := models.NewGPT(cfg, rank, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -104,7 +105,7 @@ func torchPython(t *testing.T) string {
 	return ""
 }
 
-// TestGPTMatchesPyTorch: the same GPT in PyTorch (linear/testdata/
+// TestGPTMatchesPyTorch: the same GPT in PyTorch (models/testdata/
 // torch_gpt.py), started from the parameters meshrun writes as .npy and
 // trained on the same batches with the same AdamW: meshrun's losses at
 // tp = 1, 2 and 4, and 2 and 4 sequence parallel, are PyTorch's within
@@ -124,7 +125,7 @@ func TestGPTMatchesPyTorch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := linear.GPTConfig{Vocab: 29, Dim: 32, Heads: 4, Layers: 2, Context: 16, Batch: 4, Seed: 3, Optimizer: "adamw", LR: 3e-3, WeightDecay: 0.1}
+	cfg := models.GPTConfig{Vocab: 29, Dim: 32, Heads: 4, Layers: 2, Context: 16, Batch: 4, Seed: 3, Optimizer: "adamw", LR: 3e-3, WeightDecay: 0.1}
 	// The batches: text-like (each target the next id of a sequence), the
 	// same for every run.
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -158,7 +159,7 @@ func TestGPTMatchesPyTorch(t *testing.T) {
 		c.Mesh, c.SequenceParallel = m, run.sp
 		var mu sync.Mutex
 		err := job.InProcess(context.Background(), tp, func(ctx context.Context, w *collective.World) error {
-			g, err := linear.NewGPT(c, w.Rank(), nil)
+			g, err := models.NewGPT(c, w.Rank(), nil)
 			if err != nil {
 				return err
 			}

@@ -1,4 +1,4 @@
-package linear
+package models
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 
+	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
@@ -25,24 +26,24 @@ type MLPConfig struct {
 	Seed             uint64
 	LR               float32
 	// DType is the compute dtype (0: float32); with bfloat16 the parameters
-	// and SGD stay float32 (see Config.DType). GradDType is the dtype weight
-	// gradients are reduced in (0: DType).
+	// and SGD stay float32 (see linear.Config.DType). GradDType is the dtype
+	// weight gradients are reduced in (0: DType).
 	DType, GradDType tensor.DType
-	// Planner plans the block (see Config.Planner): its layout's ops and its
-	// layers share its budget and cache.
+	// Planner plans the block (see linear.Config.Planner): its layout's ops
+	// and its layers share its budget and cache.
 	Planner *placement.Planner
 }
 
 // MLP is one rank's share of the block.
 type MLP struct {
 	Cfg       MLPConfig
-	Up, Down  *Layer
+	Up, Down  *linear.Layer
 	gelu      *spmd.Plan
 	geluBack  *spmd.Backward
 	rank      int
 	X, Target *tensor.Tensor // this rank's shards of the (fixed) batch
 	mem       tensor.Memory
-	bufs      scratch
+	bufs      linear.Scratch
 }
 
 // NewMLP plans the block for rank and initializes its parameters from the seed so
@@ -57,11 +58,11 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &MLP{Cfg: cfg, rank: rank, mem: mem, bufs: scratch{}, gelu: p.gelu.Fwd, geluBack: p.gelu.Bwd}
-	if m.Up, err = NewPlanned(p.up, p.upPlans, rank, mem); err != nil {
+	m := &MLP{Cfg: cfg, rank: rank, mem: mem, bufs: linear.Scratch{}, gelu: p.gelu.Fwd, geluBack: p.gelu.Bwd}
+	if m.Up, err = linear.NewPlanned(p.up, p.upPlans, rank, mem); err != nil {
 		return nil, err
 	}
-	if m.Down, err = NewPlanned(p.down, p.downPlans, rank, mem); err != nil {
+	if m.Down, err = linear.NewPlanned(p.down, p.downPlans, rank, mem); err != nil {
 		return nil, err
 	}
 	// Where a weight gradient is complete on its rank, SGD runs inside its GEMM.
@@ -69,12 +70,12 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 	m.Down.FuseSGD(cfg.LR)
 	// Parameters and the batch, whole on every rank from the seed, then sharded.
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6d6c70))
-	w1 := randomTensor(rng, []int{cfg.FFN, cfg.Hidden}, 1/sqrt(cfg.Hidden))
-	b1 := randomTensor(rng, []int{cfg.FFN}, 0.1)
-	w2 := randomTensor(rng, []int{cfg.Hidden, cfg.FFN}, 1/sqrt(cfg.FFN))
-	b2 := randomTensor(rng, []int{cfg.Hidden}, 0.1)
-	x := randomTensor(rng, []int{cfg.Tokens, cfg.Hidden}, 1)
-	target := randomTensor(rng, []int{cfg.Tokens, cfg.Hidden}, 1)
+	w1 := uniform(rng, []int{cfg.FFN, cfg.Hidden}, 1/sqrt(cfg.Hidden))
+	b1 := uniform(rng, []int{cfg.FFN}, 0.1)
+	w2 := uniform(rng, []int{cfg.Hidden, cfg.FFN}, 1/sqrt(cfg.FFN))
+	b2 := uniform(rng, []int{cfg.Hidden}, 0.1)
+	x := uniform(rng, []int{cfg.Tokens, cfg.Hidden}, 1)
+	target := uniform(rng, []int{cfg.Tokens, cfg.Hidden}, 1)
 	shards := make([]*tensor.Tensor, 6)
 	for i, s := range []struct {
 		src  *tensor.Tensor
@@ -83,7 +84,7 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 		{w1, m.Up.Config.W}, {b1, *m.Up.Config.B}, {w2, m.Down.Config.W}, {b2, *m.Down.Config.B},
 		{x, m.Up.X}, {target, m.Down.Fwd.Final.Spec},
 	} {
-		if shards[i], err = Shard(s.src, s.spec, rank); err != nil {
+		if shards[i], err = linear.Shard(s.src, s.spec, rank); err != nil {
 			return nil, err
 		}
 	}
@@ -109,8 +110,8 @@ func NewMLP(cfg MLPConfig, rank int, mem tensor.Memory) (*MLP, error) {
 // and plans, and gelu's plans.
 type mlpPlan struct {
 	layout             layout.MLP
-	up, down           Config
-	upPlans, downPlans Plans
+	up, down           linear.Config
+	upPlans, downPlans linear.Plans
 	gelu               layout.Op
 }
 
@@ -121,26 +122,26 @@ func (c MLPConfig) plan(ctx context.Context) (mlpPlan, error) {
 	if dt == 0 {
 		dt = tensor.Float32
 	}
-	pl := plannerFor(c.Planner, dt)
+	pl := linear.PlannerFor(c.Planner, dt)
 	l, err := c.layout(ctx, pl)
 	if err != nil {
 		return mlpPlan{}, err
 	}
-	p := mlpPlan{layout: l, up: layerConfig("up", l.Up), down: layerConfig("down", l.Down), gelu: l.Ops[1]}
+	p := mlpPlan{layout: l, up: linear.ConfigOf("up", l.Up), down: linear.ConfigOf("down", l.Down), gelu: l.Ops[1]}
 	// Every gradient, the input's too: the block sits inside a network.
 	p.up.DType, p.up.GradDType, p.up.Planner = c.DType, c.GradDType, pl
 	p.down.DType, p.down.GradDType, p.down.Planner = c.DType, c.GradDType, pl
-	if p.upPlans, err = PlanContext(ctx, p.up); err != nil {
+	if p.upPlans, err = linear.PlanContext(ctx, p.up); err != nil {
 		return mlpPlan{}, err
 	}
 	if h, want := p.upPlans.Fwd.Final.Spec, p.gelu.Fwd.Inputs[0].Spec; !h.Equal(want) {
-		return mlpPlan{}, fmt.Errorf("%w: mlp: up's h %s is not the layout's %s", ErrConfig, h, want)
+		return mlpPlan{}, fmt.Errorf("%w: mlp: up's h %s is not the layout's %s", linear.ErrConfig, h, want)
 	}
-	if p.downPlans, err = PlanContext(ctx, p.down); err != nil {
+	if p.downPlans, err = linear.PlanContext(ctx, p.down); err != nil {
 		return mlpPlan{}, err
 	}
 	if dg, want := p.downPlans.Bwd.Grads[0].Final.Spec, p.gelu.Bwd.DY.Spec; !dg.Equal(want) {
-		return mlpPlan{}, fmt.Errorf("%w: mlp: down's dx %s does not meet gelu's dy %s", ErrConfig, dg, want)
+		return mlpPlan{}, fmt.Errorf("%w: mlp: down's dx %s does not meet gelu's dy %s", linear.ErrConfig, dg, want)
 	}
 	return p, nil
 }
@@ -149,7 +150,7 @@ func (c MLPConfig) plan(ctx context.Context) (mlpPlan, error) {
 // anything, and returns the parameters the block would have: their names and
 // layouts, what a checkpoint is checked against before any rank starts (their
 // Tensor is nil).
-func PlanMLP(cfg MLPConfig) ([]Param, error) {
+func PlanMLP(cfg MLPConfig) ([]linear.Param, error) {
 	ps, _, err := CheckMLP(context.Background(), cfg)
 	return ps, err
 }
@@ -157,12 +158,12 @@ func PlanMLP(cfg MLPConfig) ([]Param, error) {
 // CheckMLP is PlanMLP within ctx (planning stops once ctx is done and draws
 // on cfg.Planner's budget), and also estimates one rank's memory for the
 // block in cfg's dtypes (layout.MLP.Memory).
-func CheckMLP(ctx context.Context, cfg MLPConfig) ([]Param, layout.Memory, error) {
+func CheckMLP(ctx context.Context, cfg MLPConfig) ([]linear.Param, layout.Memory, error) {
 	p, err := cfg.plan(ctx)
 	if err != nil {
 		return nil, layout.Memory{}, err
 	}
-	ps := append(LayerParams("up", &Layer{Config: p.up}), LayerParams("down", &Layer{Config: p.down})...)
+	ps := append(linear.LayerParams("up", &linear.Layer{Config: p.up}), linear.LayerParams("down", &linear.Layer{Config: p.down})...)
 	return ps, p.layout.Memory(p.up.Compute(), p.up.Wire()), nil
 }
 
@@ -174,9 +175,19 @@ func (c MLPConfig) Layout() (layout.MLP, error) { return c.layout(context.Backgr
 func (c MLPConfig) layout(ctx context.Context, pl *placement.Planner) (layout.MLP, error) {
 	l, err := layout.NewMLPWith(ctx, pl, c.Mesh, c.Tokens, c.Hidden, c.FFN, c.SequenceParallel)
 	if err != nil {
-		return layout.MLP{}, fmt.Errorf("%w: %w", ErrConfig, err)
+		return layout.MLP{}, fmt.Errorf("%w: %w", linear.ErrConfig, err)
 	}
 	return l, nil
+}
+
+// uniform draws a float32 tensor of shape from rng, each element uniform in
+// [-scale, scale).
+func uniform(rng *rand.Rand, shape []int, scale float64) *tensor.Tensor {
+	t := tensor.New(tensor.Float32, shape...)
+	for i := range t.Float32() {
+		t.Float32()[i] = float32((rng.Float64()*2 - 1) * scale)
+	}
+	return t
 }
 
 func sqrt(n int) float64 { return math.Sqrt(float64(max(n, 1))) }
@@ -191,13 +202,13 @@ func (c MLPConfig) FLOPsPerStep() float64 {
 // It returns the loss (the mean squared error over the whole batch, the same on
 // every rank). Everything stays on the device but the loss: one float64 comes
 // back to the host.
-func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
+func (m *MLP) Step(ctx context.Context, rt linear.Runtime) (float64, error) {
 	h, upSaved, err := m.Up.Forward(ctx, rt, m.X)
 	if err != nil {
 		return 0, err
 	}
 	dt := m.Up.Compute()
-	g, err := m.bufs.getT(rt.Kernels, "g", dt, m.gelu.Final.Spec.LocalShape(m.rank))
+	g, err := m.bufs.Get(rt.Kernels, "g", dt, m.gelu.Final.Spec.LocalShape(m.rank))
 	if err != nil {
 		return 0, err
 	}
@@ -216,7 +227,7 @@ func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	dh, err := m.bufs.getT(rt.Kernels, "dh", dt, h.Shape())
+	dh, err := m.bufs.Get(rt.Kernels, "dh", dt, h.Shape())
 	if err != nil {
 		return 0, err
 	}
@@ -227,7 +238,7 @@ func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
 	if _, err := m.Up.Backward(ctx, rt, dh, upSaved); err != nil {
 		return 0, err
 	}
-	for _, l := range []*Layer{m.Up, m.Down} {
+	for _, l := range []*linear.Layer{m.Up, m.Down} {
 		dw, db, err := l.Reduce(ctx, rt)
 		if err != nil {
 			return 0, err
@@ -248,14 +259,14 @@ func (m *MLP) Step(ctx context.Context, rt Runtime) (float64, error) {
 // laid out as y. The loss sums this rank's squares on the device, adds the sums
 // of the ranks holding other shards (one 1-element all-reduce, recorded as
 // "loss"), and copies that one float64 to the host.
-func (m *MLP) mse(ctx context.Context, rt Runtime, y *tensor.Tensor) (float64, *tensor.Tensor, error) {
+func (m *MLP) mse(ctx context.Context, rt linear.Runtime, y *tensor.Tensor) (float64, *tensor.Tensor, error) {
 	spec := m.Down.Fwd.Final.Spec
 	n := float32(spec.NumElems())
-	dy, err := m.bufs.getT(rt.Kernels, "dy", y.DType(), y.Shape())
+	dy, err := m.bufs.Get(rt.Kernels, "dy", y.DType(), y.Shape())
 	if err != nil {
 		return 0, nil, err
 	}
-	sum, err := m.bufs.getT(rt.Kernels, "loss", tensor.Float64, []int{1})
+	sum, err := m.bufs.Get(rt.Kernels, "loss", tensor.Float64, []int{1})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -276,7 +287,7 @@ func (m *MLP) mse(ctx context.Context, rt Runtime, y *tensor.Tensor) (float64, *
 	if err != nil {
 		return 0, nil, err
 	}
-	total, err := execute(ctx, rt, "mlp", "loss", spmd.Move{Tensor: "loss", From: from, To: to, Steps: steps}, sum, m.rank, m.bufs, "loss")
+	total, err := linear.Execute(ctx, rt, "mlp", "loss", spmd.Move{Tensor: "loss", From: from, To: to, Steps: steps}, sum, m.rank, m.bufs, "loss")
 	if err != nil {
 		return 0, nil, err
 	}
@@ -293,4 +304,10 @@ func replicated(n int) []placement.Placement {
 		ps[i] = placement.Replicate{}
 	}
 	return ps
+}
+
+// Params lists the block's parameters: up.weight [ffn, hidden], up.bias [ffn],
+// down.weight [hidden, ffn], down.bias [hidden] (float32).
+func (m *MLP) Params() []linear.Param {
+	return append(linear.LayerParams("up", m.Up), linear.LayerParams("down", m.Down)...)
 }

@@ -1,0 +1,145 @@
+package models
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// backward runs the model's backward from the loss of the forward that made
+// acts: the layers accumulate their parameters' gradients (reduced by
+// update), the model's own parameters' gradients are written in place.
+func (g *GPT) backward(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor, acts *gptActs) error {
+	t := g.Cfg.Tokens()
+	dl, err := g.act(rt, "ce.dlogits", acts.logits.Shape()...)
+	if err != nil {
+		return err
+	}
+	if err := rt.Op("cross_entropy_backward", func() error {
+		return rt.Kernels.CrossEntropyBackward(dl, acts.logits, targets, acts.lse, g.vocab0, 1/float64(t))
+	}); err != nil {
+		return err
+	}
+	dhf, err := g.head.Backward(ctx, rt, dl, acts.headS)
+	if err != nil {
+		return err
+	}
+	dx, err := g.act(rt, "dx", acts.xf.Shape()...)
+	if err != nil {
+		return err
+	}
+	tmp, err := g.act(rt, "dln", acts.xf.Shape()...)
+	if err != nil {
+		return err
+	}
+	if err := g.layerNormBackward(rt, dx, g.lnf, dhf, acts.xf, acts.stf); err != nil {
+		return err
+	}
+	for i := len(g.blocks) - 1; i >= 0; i-- {
+		if err := g.blockBackward(ctx, rt, i, acts.blocks[i], dx, tmp); err != nil {
+			return err
+		}
+	}
+	return g.embeddingBackward(ctx, rt, ids, dx)
+}
+
+// layerNormBackward writes the gradient of the layer norm's input x into
+// into, and p's gradients (overwritten, not accumulated: each layer norm's
+// parameters are used once a step), from dy.
+func (g *GPT) layerNormBackward(rt linear.Runtime, into *tensor.Tensor, p lnParams, dy, x, stats *tensor.Tensor) error {
+	return rt.Op("layernorm_backward", func() error {
+		return rt.Kernels.LayerNormBackward(into, p.gamma.grad(), p.beta.grad(), dy, x, p.gamma.compute(), stats, false)
+	})
+}
+
+// blockBackward runs block i's backward: dx, the gradient of the block's
+// output, becomes in place the gradient of its input (each residual adds
+// its branch's input gradient, computed into tmp).
+func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, i int, a blockActs, dx, tmp *tensor.Tensor) error {
+	c := g.Cfg
+	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
+	b := g.blocks[i]
+	dg, err := b.down.Backward(ctx, rt, dx, a.downS)
+	if err != nil {
+		return err
+	}
+	du, err := g.act(rt, fmt.Sprintf("h%d.du", i), dg.Shape()...)
+	if err != nil {
+		return err
+	}
+	if err := rt.Op("gelu_backward", func() error { return rt.Kernels.GeluBackward(du, dg, a.u) }); err != nil {
+		return err
+	}
+	dh2, err := b.up.Backward(ctx, rt, du, a.upS)
+	if err != nil {
+		return err
+	}
+	if err := g.layerNormBackward(rt, tmp, b.ln2, dh2, a.x2, a.st2); err != nil {
+		return err
+	}
+	if err := rt.Kernels.Axpy(1, tmp, dx); err != nil {
+		return err
+	}
+	do, err := b.proj.Backward(ctx, rt, dx, a.projS)
+	if err != nil {
+		return err
+	}
+	if do, err = do.Reshape(c.Batch, c.Context, hl, hd); err != nil {
+		return err
+	}
+	dqkv, err := g.act(rt, fmt.Sprintf("h%d.dqkv", i), a.qkv.Shape()...)
+	if err != nil {
+		return err
+	}
+	if err := rt.Op("attention_backward", func() error {
+		return rt.Kernels.AttentionBackward(dqkv, nil, nil, do, a.qkv, nil, nil, a.o, a.lse, true)
+	}); err != nil {
+		return err
+	}
+	flat, err := dqkv.Reshape(c.Tokens(), 3*hl*hd)
+	if err != nil {
+		return err
+	}
+	dh1, err := b.qkv.Backward(ctx, rt, flat, a.qkvS)
+	if err != nil {
+		return err
+	}
+	if err := g.layerNormBackward(rt, tmp, b.ln1, dh1, a.x, a.st1); err != nil {
+		return err
+	}
+	return rt.Kernels.Axpy(1, tmp, dx)
+}
+
+// embeddingBackward writes the embeddings' gradients from dx, the gradient
+// of the residual stream's input.
+func (g *GPT) embeddingBackward(ctx context.Context, rt linear.Runtime, ids, dx *tensor.Tensor) error {
+	var err error
+	if g.Cfg.SequenceParallel {
+		// Each rank's rows of the input's gradient: gathered, every token's
+		// gradient goes into the embeddings (each rank's vocabulary rows).
+		if dx, err = linear.Execute(ctx, rt, "gpt", "dx_embedding", g.dxMove, dx, g.rank, g.bufs, "backward"); err != nil {
+			return err
+		}
+	}
+	if dx.DType() != tensor.Float32 { // the embeddings' gradients are float32
+		d32, err := g.get(rt, "dx32", dx.Shape()...)
+		if err != nil {
+			return err
+		}
+		if err := rt.Kernels.Cast(d32, dx); err != nil {
+			return err
+		}
+		dx = d32
+	}
+	if err := rt.Op("embedding_backward", func() error {
+		return rt.Kernels.EmbeddingBackward(g.wpe.g, dx, g.posIDs, 0, false)
+	}); err != nil {
+		return err
+	}
+	// dx is whole on every rank: each scatters into its own vocabulary rows.
+	return rt.Op("embedding_backward", func() error {
+		return rt.Kernels.EmbeddingBackward(g.wte.g, dx, ids, g.vocab0, false)
+	})
+}

@@ -1,0 +1,291 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// blockActs is what one block's forward keeps for its backward.
+type blockActs struct {
+	x, x2, st1, st2, qkv, o, lse, u *tensor.Tensor
+	qkvS, projS, upS, downS         *linear.Saved
+}
+
+// gptActs is what the forward keeps for the backward: each block's, and
+// the head's and the loss's.
+type gptActs struct {
+	blocks      []blockActs
+	xf, stf, hf *tensor.Tensor
+	logits, lse *tensor.Tensor
+	headS       *linear.Saved
+}
+
+// get is a float32 scratch tensor (statistics, ids, float32 gradients).
+func (g *GPT) get(rt linear.Runtime, name string, shape ...int) (*tensor.Tensor, error) {
+	return g.bufs.Get(rt.Kernels, name, tensor.Float32, shape)
+}
+
+// act is a scratch tensor in the compute dtype (activations and their
+// gradients).
+func (g *GPT) act(rt linear.Runtime, name string, shape ...int) (*tensor.Tensor, error) {
+	return g.bufs.Get(rt.Kernels, name, g.Cfg.Compute(), shape)
+}
+
+// layerNorm runs x's layer norm into scratch name (and its stats).
+func (g *GPT) layerNorm(rt linear.Runtime, name string, x *tensor.Tensor, p lnParams) (y, stats *tensor.Tensor, err error) {
+	t, d := x.Dim(0), x.Dim(1)
+	if y, err = g.act(rt, name, t, d); err != nil {
+		return nil, nil, err
+	}
+	if stats, err = g.get(rt, name+".stats", t, 2); err != nil {
+		return nil, nil, err
+	}
+	err = rt.Op("layernorm", func() error { return rt.Kernels.LayerNorm(y, stats, x, p.gamma.compute(), p.beta.compute(), gptEps) })
+	return y, stats, err
+}
+
+// gptEps is the layer norms' epsilon (PyTorch's default).
+const gptEps = 1e-5
+
+// residual returns a copy of x in scratch name with d added.
+func (g *GPT) residual(rt linear.Runtime, name string, x, d *tensor.Tensor) (*tensor.Tensor, error) {
+	y, err := g.bufs.CopyOf(name, x)
+	if err != nil {
+		return nil, err
+	}
+	return y, rt.Kernels.Axpy(1, d, y)
+}
+
+// forward runs the model on ids and returns the mean cross-entropy loss
+// against targets, with what the backward needs.
+func (g *GPT) forward(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor) (float64, *gptActs, error) {
+	x, err := g.embed(ctx, rt, ids)
+	if err != nil {
+		return 0, nil, err
+	}
+	acts := &gptActs{}
+	for i, b := range g.blocks {
+		a, y, err := g.blockForward(ctx, rt, i, b, x)
+		if err != nil {
+			return 0, nil, err
+		}
+		acts.blocks = append(acts.blocks, a)
+		x = y
+	}
+	acts.xf = x
+	if acts.hf, acts.stf, err = g.layerNorm(rt, "lnf", x, g.lnf); err != nil {
+		return 0, nil, err
+	}
+	if acts.logits, acts.headS, err = g.head.Forward(ctx, rt, acts.hf); err != nil {
+		return 0, nil, err
+	}
+	loss, err := g.crossEntropy(ctx, rt, acts, targets)
+	if err != nil {
+		return 0, nil, err
+	}
+	return loss, acts, nil
+}
+
+// embed returns the residual stream's input: the token embeddings of ids
+// (each rank looks up its vocabulary rows; the partial sums are moved to
+// the stream's layout) plus the position embeddings of the rows it holds.
+func (g *GPT) embed(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor) (*tensor.Tensor, error) {
+	c := g.Cfg
+	emb, err := g.act(rt, "emb", c.Tokens(), c.Dim)
+	if err != nil {
+		return nil, err
+	}
+	if err := rt.Op("embedding", func() error { return rt.Kernels.Embedding(emb, ids, g.wte.compute(), g.vocab0) }); err != nil {
+		return nil, err
+	}
+	x, err := linear.Execute(ctx, rt, "gpt", "embedding", g.embMove, emb, g.rank, g.bufs, "forward")
+	if err != nil {
+		return nil, err
+	}
+	pos, err := g.act(rt, "pos", x.Shape()...)
+	if err != nil {
+		return nil, err
+	}
+	if err := rt.Kernels.Embedding(pos, g.posLocal, g.wpe.compute(), 0); err != nil {
+		return nil, err
+	}
+	if err := rt.Kernels.Axpy(1, pos, x); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// blockForward runs block i (b) on the residual stream x: x2 = x +
+// proj(attention(qkv(ln1(x)))), then x2 + down(gelu(up(ln2(x2)))), which
+// it returns with what the block's backward needs.
+func (g *GPT) blockForward(ctx context.Context, rt linear.Runtime, i int, b *gptBlock, x *tensor.Tensor) (blockActs, *tensor.Tensor, error) {
+	c := g.Cfg
+	t := c.Tokens()
+	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
+	a := blockActs{x: x}
+	name := fmt.Sprintf("h%d.", i)
+	h1, st1, err := g.layerNorm(rt, name+"ln1", x, b.ln1)
+	if err != nil {
+		return blockActs{}, nil, err
+	}
+	a.st1 = st1
+	qkv, qs, err := b.qkv.Forward(ctx, rt, h1)
+	if err != nil {
+		return blockActs{}, nil, err
+	}
+	a.qkvS = qs
+	if a.qkv, err = qkv.Reshape(c.Batch, c.Context, hl, 3, hd); err != nil {
+		return blockActs{}, nil, err
+	}
+	if a.o, err = g.act(rt, name+"o", c.Batch, c.Context, hl, hd); err != nil {
+		return blockActs{}, nil, err
+	}
+	if a.lse, err = g.get(rt, name+"lse", c.Batch, hl, c.Context); err != nil {
+		return blockActs{}, nil, err
+	}
+	if err := rt.Op("attention", func() error { return rt.Kernels.Attention(a.o, a.lse, a.qkv, nil, nil, true) }); err != nil {
+		return blockActs{}, nil, err
+	}
+	o2, err := a.o.Reshape(t, hl*hd)
+	if err != nil {
+		return blockActs{}, nil, err
+	}
+	p, ps, err := b.proj.Forward(ctx, rt, o2)
+	if err != nil {
+		return blockActs{}, nil, err
+	}
+	a.projS = ps
+	if a.x2, err = g.residual(rt, name+"x2", x, p); err != nil {
+		return blockActs{}, nil, err
+	}
+	h2, st2, err := g.layerNorm(rt, name+"ln2", a.x2, b.ln2)
+	if err != nil {
+		return blockActs{}, nil, err
+	}
+	a.st2 = st2
+	u, us, err := b.up.Forward(ctx, rt, h2)
+	if err != nil {
+		return blockActs{}, nil, err
+	}
+	a.u, a.upS = u, us
+	gl, err := g.act(rt, name+"gelu", u.Shape()...)
+	if err != nil {
+		return blockActs{}, nil, err
+	}
+	if err := rt.Op("gelu", func() error { return rt.Kernels.GeluForward(gl, u) }); err != nil {
+		return blockActs{}, nil, err
+	}
+	dn, ds, err := b.down.Forward(ctx, rt, gl)
+	if err != nil {
+		return blockActs{}, nil, err
+	}
+	a.downS = ds
+	y, err := g.residual(rt, name+"x3", a.x2, dn)
+	if err != nil {
+		return blockActs{}, nil, err
+	}
+	return a, y, nil
+}
+
+// crossEntropy returns the mean loss of acts.logits (this rank's
+// vocabulary shard) against targets, the same on every rank: each rank's
+// max, sum of exponentials and target logit per token are all-gathered and
+// combined, never the logits. It keeps each token's log-sum-exp in acts
+// for the backward.
+func (g *GPT) crossEntropy(ctx context.Context, rt linear.Runtime, acts *gptActs, targets *tensor.Tensor) (float64, error) {
+	t := g.Cfg.Tokens()
+	stats, err := g.get(rt, "ce.stats", t, 3)
+	if err != nil {
+		return 0, err
+	}
+	if err := rt.Op("cross_entropy", func() error { return rt.Kernels.CrossEntropy(stats, acts.logits, targets, g.vocab0) }); err != nil {
+		return 0, err
+	}
+	all, err := linear.Execute(ctx, rt, "gpt", "ce_stats", g.ceMove, stats, g.rank, g.bufs, "forward")
+	if err != nil {
+		return 0, err
+	}
+	if all, err = all.Reshape(g.Cfg.Mesh.Size(), t, 3); err != nil {
+		return 0, err
+	}
+	if acts.lse, err = g.get(rt, "ce.lse", t); err != nil {
+		return 0, err
+	}
+	sum, err := g.bufs.Get(rt.Kernels, "ce.sum", tensor.Float64, []int{1})
+	if err != nil {
+		return 0, err
+	}
+	if err := rt.Kernels.CrossEntropyCombine(acts.lse, sum, all); err != nil {
+		return 0, err
+	}
+	host, err := tensor.Download(sum)
+	if err != nil {
+		return 0, err
+	}
+	return host.Float64()[0] / float64(t), nil
+}
+
+// Next returns the model's distribution of the token after position pos of
+// the first sequence in ids (the forward of a whole step's batch; the rows
+// after pos do not matter: attention is causal), softmax(logits/temp), the
+// same on every rank: the row's vocabulary shards are all-gathered.
+func (g *GPT) Next(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor, pos int, temp float64) ([]float64, error) {
+	c := g.Cfg
+	if pos < 0 || pos >= c.Context {
+		return nil, fmt.Errorf("%w: gpt: position %d outside the context of %d", linear.ErrConfig, pos, c.Context)
+	}
+	zeros, err := g.get(rt, "next.targets", c.Tokens())
+	if err != nil {
+		return nil, err
+	}
+	_, acts, err := g.forward(ctx, rt, ids, zeros)
+	if err != nil {
+		return nil, err
+	}
+	vl := acts.logits.Dim(1)
+	row, err := g.act(rt, "next.row", 1, vl)
+	if err != nil {
+		return nil, err
+	}
+	n := vl * acts.logits.DType().Size()
+	if err := rt.Kernels.Copy2D(row, 0, n, acts.logits, pos*n, n, n, 1); err != nil {
+		return nil, err
+	}
+	if g.nextMove.Steps == nil {
+		from := placement.MustSpec([]int{1, c.Vocab}, c.Mesh, placement.Shard{Dim: 1})
+		if g.nextMove, err = planMove(ctx, nil, "next", from, from.WithPlacements(placement.Replicate{})); err != nil {
+			return nil, err
+		}
+	}
+	all, err := linear.Execute(ctx, rt, "gpt", "next", g.nextMove, row, g.rank, g.bufs, "sample")
+	if err != nil {
+		return nil, err
+	}
+	host, err := tensor.Download(all)
+	if err != nil {
+		return nil, err
+	}
+	if host, err = tensor.Convert(host, tensor.Float32); err != nil {
+		return nil, err
+	}
+	logits := host.Float32()
+	top := math.Inf(-1)
+	for _, l := range logits {
+		top = max(top, float64(l))
+	}
+	p := make([]float64, len(logits))
+	var z float64
+	for i, l := range logits {
+		p[i] = math.Exp((float64(l) - top) / temp)
+		z += p[i]
+	}
+	for i := range p {
+		p[i] /= z
+	}
+	return p, nil
+}

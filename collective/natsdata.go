@@ -32,7 +32,7 @@ type natsLink struct {
 	consume int           // messages consumed since the last credit grant
 	buf     []byte        // send buffer (header + payload)
 	abort   chan struct{}
-	st, rt  waitTimer
+	st, rt  WaitTimer
 	once    sync.Once
 	err     error
 }
@@ -128,7 +128,7 @@ func (t *natsTransport) Rank() int     { return t.rank }
 func (t *natsTransport) Size() int     { return t.size }
 func (t *natsTransport) MaxChunk() int { return t.max }
 
-func (t *natsTransport) Send(ctx context.Context, peer int, h *Header, p []byte) error {
+func (t *natsTransport) Send(dl Deadline, peer int, h *Header, p []byte) error {
 	l := t.links[peer]
 	for {
 		l.cmu.Lock()
@@ -142,13 +142,13 @@ func (t *natsTransport) Send(ctx context.Context, peer int, h *Header, p []byte)
 		case <-l.cch:
 		case <-l.abort:
 			return l.err
-		case <-ctx.Done():
-			return ctxErr(ctx, peer, "sending (waiting for the receiver's window)")
-		case <-l.st.until(ctx):
-			l.st.stop()
-			return ctxErr(ctx, peer, "sending (waiting for the receiver's window)")
+		case <-dl.Done:
+			return dl.Err(peer, "sending (waiting for the receiver's window)")
+		case <-l.st.Until(dl):
+			l.st.Stop()
+			return dl.Err(peer, "sending (waiting for the receiver's window)")
 		}
-		l.st.stop()
+		l.st.Stop()
 	}
 	select {
 	case <-l.abort:
@@ -169,7 +169,7 @@ func (t *natsTransport) Send(ctx context.Context, peer int, h *Header, p []byte)
 	return nil
 }
 
-func (t *natsTransport) Recv(ctx context.Context, peer int, want *Header, dst []byte) error {
+func (t *natsTransport) Recv(dl Deadline, peer int, want *Header, dst []byte) error {
 	l := t.links[peer]
 	var m *nats.Msg
 	select {
@@ -179,19 +179,19 @@ func (t *natsTransport) Recv(ctx context.Context, peer int, want *Header, dst []
 		case m = <-l.in:
 		case <-l.abort:
 			return l.err
-		case <-ctx.Done():
-			return ctxErr(ctx, peer, "receiving")
-		case <-l.rt.until(ctx):
-			l.rt.stop()
-			return ctxErr(ctx, peer, "receiving")
+		case <-dl.Done:
+			return dl.Err(peer, "receiving")
+		case <-l.rt.Until(dl):
+			l.rt.Stop()
+			return dl.Err(peer, "receiving")
 		}
-		l.rt.stop()
+		l.rt.Stop()
 	}
 	got, payload, err := DecodeMessage(m.Data, t.max)
 	if err != nil {
 		return err
 	}
-	if err := checkHeader(want, &got); err != nil {
+	if err := CheckHeader(want, &got); err != nil {
 		return err
 	}
 	copy(dst, payload)

@@ -278,7 +278,7 @@ func (c *ncclComm) init(o *opState) error {
 		})
 		ch <- m
 	}()
-	t := time.NewTimer(time.Until(o.octx.deadline))
+	t := time.NewTimer(time.Until(o.dl.At))
 	defer t.Stop()
 	var why error
 	select {
@@ -288,7 +288,7 @@ func (c *ncclComm) init(o *opState) error {
 		}
 		c.comm = m.nc
 		return nil
-	case <-o.ctx.Done():
+	case <-o.dl.Done:
 		if why = c.g.w.Err(); why == nil {
 			why = &Error{Kind: ErrAborted, Rank: -1, Reporter: c.g.w.rank, Detail: "world closed"}
 		}
@@ -321,7 +321,7 @@ func (c *ncclComm) wait(o *opState) error {
 		if done {
 			return nil
 		}
-		if err := o.ctx.Err(); err != nil {
+		if o.dl.Expired() {
 			c.abortLocked()
 			if werr := c.g.w.Err(); werr != nil {
 				return werr

@@ -450,7 +450,7 @@ func (c *fakeComm) exchange(out [][]byte) ([][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	o.ctx = g.w.ctx
+	o.dl = Deadline{Done: g.w.ctx.Done(), cause: g.w.ctx}
 	n, me := g.Size(), g.me
 	in := make([][]byte, n)
 	in[me] = out[me]

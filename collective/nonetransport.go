@@ -1,7 +1,6 @@
 package collective
 
 import (
-	"context"
 	"fmt"
 )
 
@@ -17,11 +16,11 @@ func (t noneTransport) Rank() int     { return t.rank }
 func (t noneTransport) Size() int     { return t.size }
 func (t noneTransport) MaxChunk() int { return 1 << 20 }
 
-func (t noneTransport) Send(context.Context, int, *Header, []byte) error {
+func (t noneTransport) Send(Deadline, int, *Header, []byte) error {
 	return fmt.Errorf("%w: transport \"none\" carries no data (control-plane simulation)", ErrInvalid)
 }
 
-func (t noneTransport) Recv(context.Context, int, *Header, []byte) error {
+func (t noneTransport) Recv(Deadline, int, *Header, []byte) error {
 	return fmt.Errorf("%w: transport \"none\" carries no data (control-plane simulation)", ErrInvalid)
 }
 

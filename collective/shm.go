@@ -354,10 +354,10 @@ func (t *shmTransport) peerArena(rank int) []byte {
 }
 
 // sendCMA publishes a descriptor of p and waits until the consumer has copied it.
-func (t *shmTransport) sendCMA(ctx context.Context, r *shmRing, p []byte) error {
+func (t *shmTransport) sendCMA(dl Deadline, r *shmRing, p []byte) error {
 	binary.LittleEndian.PutUint64(r.desc[0:], uint64(uintptr(unsafe.Pointer(&p[0]))))
 	binary.LittleEndian.PutUint64(r.desc[8:], uint64(len(p)))
-	if err := t.write(ctx, r, r.hb[:], r.desc[:]); err != nil {
+	if err := t.write(dl, r, r.hb[:], r.desc[:]); err != nil {
 		return err
 	}
 	r.acks++
@@ -369,7 +369,7 @@ func (t *shmTransport) sendCMA(ctx context.Context, r *shmRing, p []byte) error 
 			return nil
 		}
 		if checkNow(spins) {
-			if err := t.check(ctx, r, "sending"); err != nil {
+			if err := t.check(dl, r, "sending"); err != nil {
 				return err
 			}
 		}
@@ -378,8 +378,8 @@ func (t *shmTransport) sendCMA(ctx context.Context, r *shmRing, p []byte) error 
 }
 
 // recvCMA copies the producer's buffer described in the ring into dst.
-func (t *shmTransport) recvCMA(ctx context.Context, r *shmRing, dst []byte) error {
-	if err := t.read(ctx, r, r.desc[:]); err != nil {
+func (t *shmTransport) recvCMA(dl Deadline, r *shmRing, dst []byte) error {
+	if err := t.read(dl, r, r.desc[:]); err != nil {
 		return err
 	}
 	addr := uintptr(binary.LittleEndian.Uint64(r.desc[0:]))
@@ -648,12 +648,12 @@ func (t *shmTransport) Size() int     { return t.size }
 func (t *shmTransport) MaxChunk() int { return MaxPayload }
 
 // check returns an error if the wait must end: abort, deadline, peer gone.
-func (t *shmTransport) check(ctx context.Context, r *shmRing, what string) error {
+func (t *shmTransport) check(dl Deadline, r *shmRing, what string) error {
 	if e := t.aborted[r.peer].Load(); e != nil {
 		return *e
 	}
-	if ctx.Err() != nil {
-		return ctxErr(ctx, r.peer, what)
+	if dl.Expired() {
+		return dl.Err(r.peer, what)
 	}
 	now := time.Now().UnixNano()
 	if now-r.dead > int64(20*time.Millisecond) {
@@ -703,7 +703,7 @@ func wait(seq, flag *uint32, seen uint32, spins *int) {
 }
 
 // write appends parts to the ring, publishing as space allows.
-func (t *shmTransport) write(ctx context.Context, r *shmRing, parts ...[]byte) error {
+func (t *shmTransport) write(dl Deadline, r *shmRing, parts ...[]byte) error {
 	head := atomic.LoadUint64(r.u64(offHead))
 	spins := 0
 	for _, p := range parts {
@@ -715,7 +715,7 @@ func (t *shmTransport) write(ctx context.Context, r *shmRing, parts ...[]byte) e
 			}
 			if free == 0 {
 				if checkNow(spins) {
-					if err := t.check(ctx, r, "sending"); err != nil {
+					if err := t.check(dl, r, "sending"); err != nil {
 						return err
 					}
 				}
@@ -748,7 +748,7 @@ func (t *shmTransport) publish(r *shmRing, head uint64) {
 }
 
 // read fills dst from the ring.
-func (t *shmTransport) read(ctx context.Context, r *shmRing, dst []byte) error {
+func (t *shmTransport) read(dl Deadline, r *shmRing, dst []byte) error {
 	tail := atomic.LoadUint64(r.u64(offTail))
 	spins := 0
 	for len(dst) > 0 {
@@ -759,7 +759,7 @@ func (t *shmTransport) read(ctx context.Context, r *shmRing, dst []byte) error {
 		}
 		if avail == 0 {
 			if checkNow(spins) {
-				if err := t.check(ctx, r, "receiving"); err != nil {
+				if err := t.check(dl, r, "receiving"); err != nil {
 					return err
 				}
 			}
@@ -780,7 +780,7 @@ func (t *shmTransport) read(ctx context.Context, r *shmRing, dst []byte) error {
 	return nil
 }
 
-func (t *shmTransport) Send(ctx context.Context, peer int, h *Header, p []byte) error {
+func (t *shmTransport) Send(dl Deadline, peer int, h *Header, p []byte) error {
 	r := t.out[peer]
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -793,9 +793,9 @@ func (t *shmTransport) Send(ctx context.Context, peer int, h *Header, p []byte) 
 	h.Length = uint32(len(p))
 	h.Encode(r.hb[:])
 	if r.cma && len(p) >= cmaMin {
-		return t.sendCMA(ctx, r, p)
+		return t.sendCMA(dl, r, p)
 	}
-	return t.write(ctx, r, r.hb[:], p)
+	return t.write(dl, r, r.hb[:], p)
 }
 
 // trySend writes the message only if the ring has room for all of it now.
@@ -837,7 +837,7 @@ func (t *shmTransport) trySend(peer int, h *Header, p []byte) (bool, error) {
 	return true, nil
 }
 
-func (t *shmTransport) Recv(ctx context.Context, peer int, want *Header, dst []byte) error {
+func (t *shmTransport) Recv(dl Deadline, peer int, want *Header, dst []byte) error {
 	r := t.in[peer]
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -847,20 +847,20 @@ func (t *shmTransport) Recv(ctx context.Context, peer int, want *Header, dst []b
 	if e := t.aborted[peer].Load(); e != nil {
 		return *e
 	}
-	if err := t.read(ctx, r, r.hb[:]); err != nil {
+	if err := t.read(dl, r, r.hb[:]); err != nil {
 		return err
 	}
 	got, err := DecodeHeader(r.hb[:], MaxPayload)
 	if err != nil {
 		return err
 	}
-	if err := checkHeader(want, &got); err != nil {
+	if err := CheckHeader(want, &got); err != nil {
 		return err
 	}
 	if r.cma && len(dst) >= cmaMin {
-		return t.recvCMA(ctx, r, dst)
+		return t.recvCMA(dl, r, dst)
 	}
-	return t.read(ctx, r, dst)
+	return t.read(dl, r, dst)
 }
 
 func (t *shmTransport) Abort(peers []int, err error) {

@@ -345,7 +345,7 @@ func (t *tcpTransport) ioErr(c *tcpConn, err error, what string) error {
 	return &Error{Kind: ErrPeerLost, Rank: c.peer, Reporter: t.rank, Detail: what + ": " + err.Error()}
 }
 
-func (t *tcpTransport) Send(ctx context.Context, peer int, h *Header, p []byte) error {
+func (t *tcpTransport) Send(dl Deadline, peer int, h *Header, p []byte) error {
 	c := t.conns[peer]
 	if c == nil {
 		return &Error{Kind: ErrInvalid, Rank: peer, Reporter: t.rank, Detail: "no connection"}
@@ -355,7 +355,7 @@ func (t *tcpTransport) Send(ctx context.Context, peer int, h *Header, p []byte) 
 	if e := c.abort.Load(); e != nil {
 		return *e
 	}
-	if d, ok := ctx.Deadline(); ok && !d.Equal(c.wdl) {
+	if d := dl.At; !d.IsZero() && !d.Equal(c.wdl) {
 		c.c.SetWriteDeadline(d)
 		c.wdl = d
 	}
@@ -372,7 +372,7 @@ func (t *tcpTransport) Send(ctx context.Context, peer int, h *Header, p []byte) 
 	return nil
 }
 
-func (t *tcpTransport) Recv(ctx context.Context, peer int, want *Header, dst []byte) error {
+func (t *tcpTransport) Recv(dl Deadline, peer int, want *Header, dst []byte) error {
 	c := t.conns[peer]
 	if c == nil {
 		return &Error{Kind: ErrInvalid, Rank: peer, Reporter: t.rank, Detail: "no connection"}
@@ -382,7 +382,7 @@ func (t *tcpTransport) Recv(ctx context.Context, peer int, want *Header, dst []b
 	if e := c.abort.Load(); e != nil {
 		return *e
 	}
-	if d, ok := ctx.Deadline(); ok && !d.Equal(c.rdl) {
+	if d := dl.At; !d.IsZero() && !d.Equal(c.rdl) {
 		c.c.SetReadDeadline(d)
 		c.rdl = d
 	}
@@ -393,7 +393,7 @@ func (t *tcpTransport) Recv(ctx context.Context, peer int, want *Header, dst []b
 	if err != nil {
 		return err
 	}
-	if err := checkHeader(want, &got); err != nil {
+	if err := CheckHeader(want, &got); err != nil {
 		return err
 	}
 	if len(dst) > 0 {

@@ -304,9 +304,9 @@ func (o *opState) send(peer int, step, chunk uint32, off int, p []byte) int {
 		return o.nsent - 1
 	}
 	if o.nsent == o.ndone { // nothing queued: a send that fits goes out inline
-		if ts, ok := o.c.w.t.(trySender); ok {
+		if ts, ok := o.c.w.t.(TrySender); ok {
 			o.sh = h
-			sent, err := ts.trySend(o.c.ranks[peer], &o.sh, p)
+			sent, err := ts.TrySend(o.c.ranks[peer], &o.sh, p)
 			if sent || err != nil {
 				if err != nil && o.err == nil {
 					o.err = err
@@ -325,10 +325,13 @@ func (o *opState) send(peer int, step, chunk uint32, off int, p []byte) int {
 	return o.nsent - 1
 }
 
-// trySender is a Transport that can send without blocking when the message
-// fits (shm: room in the ring), which saves the handoff to the sender goroutine.
-type trySender interface {
-	trySend(peer int, h *Header, p []byte) (bool, error)
+// TrySender is a Transport that can send without blocking when the message
+// fits (shm: room in the ring), which saves the handoff to the sender
+// goroutine. Collective asks a Transport for it with a type assertion.
+type TrySender interface {
+	// TrySend sends h and p to peer if it can without waiting; it reports
+	// whether it did. An error fails the send as Send's would.
+	TrySend(peer int, h *Header, p []byte) (bool, error)
 }
 
 // waitSent waits until send i (and every earlier one) has completed.

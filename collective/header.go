@@ -235,6 +235,10 @@ func CheckHeader(want, got *Header) error {
 }
 
 // hash64 hashes ints (group ranks, counts) for headers.
+// JobHash is the hash of job id job that every header carries (Header.Job),
+// and that a transport's handshake may check to keep jobs apart.
+func JobHash(job string) uint64 { return hash64("job:" + job) }
+
 func hash64(tag string, xs ...[]int) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(tag))

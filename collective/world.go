@@ -11,10 +11,11 @@
 // backend keeps the Group's coordination, so failures look the same on every
 // device.
 //
-// The data plane is a Transport (local, shm, tcp, nats); the coordination plane
-// (rendezvous, heartbeats, failure notices, abort) is a Control, over NATS in a
-// real job (see Join). Every message carries a fixed binary Header that the
-// receiver checks before using a byte. Every wait has a deadline.
+// The data plane is a Transport (local here; shm, tcp and nats in package
+// transport); the coordination plane (rendezvous, heartbeats, failure notices,
+// abort) is a Control, over NATS in a real job (see package bootstrap). Every
+// message carries a fixed binary Header that the receiver checks before using
+// a byte. Every wait has a deadline.
 //
 // Failure model: the first failure anywhere is fatal to the World. The rank that
 // detects it publishes a Notice; every rank's pending and future calls fail with
@@ -118,8 +119,8 @@ type World struct {
 	voteOn  string
 }
 
-// NewWorld builds a World over a transport and a control plane (Join does this
-// for a real job; tests pair LocalTransports with LocalControls).
+// NewWorld builds a World over a transport and a control plane (bootstrap.Join
+// does this for a real job; tests pair LocalTransports with LocalControls).
 func NewWorld(t Transport, ctrl Control, o Options) (*World, error) {
 	o.defaults()
 	if t == nil || ctrl == nil {
@@ -129,7 +130,7 @@ func NewWorld(t Transport, ctrl Control, o Options) (*World, error) {
 	if o.Collectives, err = ParseBackend(o.Collectives); err != nil {
 		return nil, err
 	}
-	w := &World{rank: t.Rank(), size: t.Size(), t: t, ctrl: ctrl, opts: o, job: hash64("job:" + o.Job),
+	w := &World{rank: t.Rank(), size: t.Size(), t: t, ctrl: ctrl, opts: o, job: JobHash(o.Job),
 		log: o.Logger, comms: map[string]*Group{}, seqs: map[string]uint64{}}
 	w.ctx, w.cancel = context.WithCancelCause(context.Background())
 	w.cur = State{Rank: w.rank, Since: time.Now()}

@@ -3,7 +3,7 @@
 # transport (local, shm, tcp, nats), the fault tests and the embedded server.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-.ci/gotest collective-race -race -count=1 -timeout 240s ./collective/... ./natsrv/...
+.ci/gotest collective-race -race -count=1 -timeout 240s ./collective/... ./transport/... ./bootstrap/... ./natsrv/...
 # No shared-memory ring may outlive the tests.
 if ls /dev/shm/meshrun-* >/dev/null 2>&1; then
   echo "collective: shared-memory rings left in /dev/shm:" >&2

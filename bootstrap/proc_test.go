@@ -20,6 +20,7 @@ import (
 	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
+	"github.com/meshrun/meshrun/collective/ncclfake"
 	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/natsrv"
 	"github.com/meshrun/meshrun/tensor"
@@ -63,7 +64,7 @@ func worker() int {
 	cfg.HeartbeatInterval = 250 * time.Millisecond
 	cfg.DataTimeout = 10 * time.Second
 	if os.Getenv("MESHRUN_TEST_NCCL") != "" {
-		cfg.Options = collectivetest.NCCLOptions(cfg.Options, collective.FakeNCCLOptions{})
+		cfg.Options = collectivetest.NCCLOptions(cfg.Options, ncclfake.Options{})
 	}
 	out := bufio.NewWriter(os.Stdout)
 	res := workerResult{Rank: cfg.Rank, Culprit: -1}

@@ -7,9 +7,9 @@
 // memory over the World's Transport. A Communicator takes tensors of one device
 // and is chosen per buffer device: "host" (a Group on host tensors), "staged"
 // (device buffers copied to host memory in chunks, pipelined with a Group's
-// collectives, and back) or "nccl" (registered by builds that have it). Every
-// backend keeps the Group's coordination, so failures look the same on every
-// device.
+// collectives, and back) or "nccl" (where Options.Backends lists it: builds
+// that have it). Every backend keeps the Group's coordination, so failures
+// look the same on every device.
 //
 // The data plane is a Transport (local here; shm, tcp and nats in package
 // transport); the coordination plane (rendezvous, heartbeats, failure notices,
@@ -64,9 +64,11 @@ type Options struct {
 	// Collectives chooses the backend of device buffers: "auto" (default),
 	// "host", "staged" or "nccl" (see Communicator).
 	Collectives string
-	// Backends are device backends this World may use besides the registered
-	// ones (RegisterBackend), looked at first: tests give the nccl backend
-	// over FakeNCCL this way.
+	// Backends are the device backends this World may use, the first that
+	// serves a device first (none: device buffers are staged). A worker
+	// lists what its build and settings have (package job: nccl in cuda
+	// builds, the fake library on sim devices when chosen); tests give the
+	// nccl backend over package ncclfake this way.
 	Backends []DeviceBackend
 	// StageBytes is the staged backend's pipelining unit: device buffers cross
 	// to host memory in chunks of this size; default 4 MiB.

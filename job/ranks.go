@@ -31,6 +31,7 @@ func ranks(ctx context.Context, env Env, n int, fn func(ctx context.Context, w *
 	}
 	cfg := bootstrap.EnvConfig()
 	cfg.Logger = env.Run.Log
+	cfg.Backends = collectiveBackends()
 	w, err := bootstrap.Join(ctx, cfg)
 	if err != nil {
 		return err

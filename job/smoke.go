@@ -95,6 +95,7 @@ func (t *barrierTask) setup(_ context.Context, _ Env, args []string) error {
 func (t *barrierTask) run(ctx context.Context, env Env) int {
 	cfg := bootstrap.EnvConfig()
 	cfg.Logger = env.Run.Log
+	cfg.Backends = collectiveBackends()
 	w, err := bootstrap.Join(ctx, cfg)
 	if err != nil {
 		return failure(env, "barrier", err)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/collective/ncclfake"
 	"github.com/meshrun/meshrun/kernels/sim"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/tensor"
@@ -66,7 +67,7 @@ const (
 	// go to the staged backend.
 	Sim
 	// NCCL buffers are sim buffers (one device per rank, as NCCL needs)
-	// given to the nccl backend over collective.FakeNCCL (Options:
+	// given to the nccl backend over package ncclfake (Options:
 	// NCCLOptions).
 	NCCL
 )
@@ -75,17 +76,17 @@ func (b Buffers) String() string { return [...]string{"host", "sim", "nccl"}[b] 
 
 // NCCLOptions returns o with the nccl backend over the fake library for sim
 // buffers, and fake.Resolve and fake.Current set to sim's.
-func NCCLOptions(o collective.Options, fake collective.FakeNCCLOptions) collective.Options {
+func NCCLOptions(o collective.Options, fake ncclfake.Options) collective.Options {
 	fake.Resolve, fake.Current = sim.Resolve, sim.Current
 	o.Collectives = collective.BackendNCCL
-	o.Backends = append(o.Backends, collective.NCCLBackend(tensor.Sim, collective.FakeNCCL(fake)))
+	o.Backends = append(o.Backends, ncclfake.Backend(tensor.Sim, fake))
 	return o
 }
 
 // Options returns o as buffers b need it (NCCL: the fake library's backend).
 func (b Buffers) Options(o collective.Options) collective.Options {
 	if b == NCCL {
-		return NCCLOptions(o, collective.FakeNCCLOptions{})
+		return NCCLOptions(o, ncclfake.Options{})
 	}
 	return o
 }

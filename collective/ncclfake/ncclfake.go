@@ -1,9 +1,14 @@
-package collective
+// Package ncclfake is a fake NCCL: a library for the nccl collective backend
+// (collective.NCCLBackend) that moves device bytes over the World's
+// transport, so that the CUDA path's collective coordination runs without a
+// GPU. Nothing registers it: a test gives it to a World's Options.Backends,
+// and a worker on sim devices chooses it with MESHRUN_NCCL_LIBRARY=fake
+// (package job).
+package ncclfake
 
 import (
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,11 +18,12 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// FakeNCCLOptions configure FakeNCCL.
-type FakeNCCLOptions struct {
+// Options configure the fake library.
+type Options struct {
 	// Resolve turns a device address and a byte count into the device's bytes
 	// (kernels/sim's Resolve); it fails outside a live buffer, so a count or
 	// offset the backend got wrong is an error, not a silent overrun.
@@ -45,7 +51,7 @@ type FakeNCCLOptions struct {
 	OnAbort func(rank int)
 }
 
-// FakeNCCL returns a library opener for NCCLBackend whose calls move the
+// New returns a library opener for collective.NCCLBackend whose calls move the
 // device memory Resolve reaches over the World's transport: the nccl
 // backend's coordination (the unique id over the control plane, the
 // communicator's bootstrap, grouped sends and receives, completion polled,
@@ -67,21 +73,21 @@ type FakeNCCLOptions struct {
 // communicator on one device (their memories' device identities, compared
 // at InitRank: every member fails), and a call made while another context
 // than the one current at InitRank, or none, is current on the thread.
-func FakeNCCL(o FakeNCCLOptions) func(w *World) (NCCL, error) {
-	return func(w *World) (NCCL, error) {
+func New(o Options) func(w *collective.World) (collective.NCCL, error) {
+	return func(w *collective.World) (collective.NCCL, error) {
 		if o.Missing != "" {
 			return nil, errors.New(o.Missing)
 		}
 		if o.Resolve == nil || o.Current == nil {
-			return nil, fmt.Errorf("%w: FakeNCCL without Resolve or Current", ErrInvalid)
+			return nil, fmt.Errorf("%w: ncclfake.New without Resolve or Current", collective.ErrInvalid)
 		}
 		return &fakeNCCL{w: w, o: o}, nil
 	}
 }
 
 type fakeNCCL struct {
-	w *World
-	o FakeNCCLOptions
+	w *collective.World
+	o Options
 }
 
 func (f *fakeNCCL) Name() string { return "fake NCCL (bytes over the transport)" }
@@ -97,28 +103,28 @@ func (f *fakeNCCL) UniqueID() ([]byte, error) {
 // the members make their Group. It must be called with a context current,
 // which every later call must have current too; members on one device are
 // refused.
-func (f *fakeNCCL) InitRank(mem tensor.Memory, n int, id []byte, rank int) (NCCLComm, error) {
+func (f *fakeNCCL) InitRank(mem tensor.Memory, n int, id []byte, rank int) (collective.NCCLComm, error) {
 	cur := f.o.Current()
 	if cur == "" {
 		return nil, errors.New("invalid usage: ncclCommInitRank with no device context current on the calling thread")
 	}
 	w := f.w
-	ctx, cancel := context.WithTimeout(w.ctx, w.opts.DataTimeout)
+	ctx, cancel := context.WithTimeout(w.Context(), w.Options().DataTimeout)
 	defer cancel()
 	name := func(r int) string { return fmt.Sprintf("%s rank %d", id, r) }
-	if err := w.ctrl.Offer(name(rank), []byte(strconv.Itoa(w.rank)+" "+deviceIdentity(mem))); err != nil {
+	if err := w.Control().Offer(name(rank), []byte(strconv.Itoa(w.Rank())+" "+collective.DeviceIdentity(mem))); err != nil {
 		return nil, err
 	}
 	ranks := make([]int, n)
 	devs := make([]string, n)
 	for r := range ranks {
-		v, err := w.ctrl.Ask(ctx, name(r))
+		v, err := w.Control().Ask(ctx, name(r))
 		if err != nil {
 			return nil, err
 		}
 		wr, dev, _ := strings.Cut(string(v), " ")
 		if ranks[r], err = strconv.Atoi(wr); err != nil || dev == "" {
-			return nil, fmt.Errorf("%w: bootstrap of %s: rank %d sent %q", ErrCorrupt, id, r, v)
+			return nil, fmt.Errorf("%w: bootstrap of %s: rank %d sent %q", collective.ErrCorrupt, id, r, v)
 		}
 		devs[r] = dev
 		for q := range r {
@@ -127,7 +133,7 @@ func (f *fakeNCCL) InitRank(mem tensor.Memory, n int, id []byte, rank int) (NCCL
 			}
 		}
 	}
-	g, err := w.group(ctx, ranks, string(id), true)
+	g, err := w.LibraryGroup(ctx, ranks, string(id))
 	if err != nil {
 		return nil, err
 	}
@@ -140,12 +146,12 @@ type fakeOp struct {
 	send, recv        uintptr
 	count, root, peer int
 	dt                tensor.DType
-	red               ReduceOp
+	red               collective.ReduceOp
 }
 
 type fakeComm struct {
 	f   *fakeNCCL
-	g   *Group
+	g   *collective.Group
 	ctx string // the context current at InitRank
 
 	mu       sync.Mutex
@@ -202,7 +208,7 @@ func (c *fakeComm) startLocked() error {
 	c.err = nil
 	done := make(chan struct{})
 	c.running = done
-	me := c.f.w.rank
+	me := c.f.w.Rank()
 	stall, fail := c.f.o.Stall[me] == c.calls, c.f.o.Fail[me] == c.calls
 	go func() {
 		var err error
@@ -239,7 +245,7 @@ func (c *fakeComm) run(ops []fakeOp) error {
 	if err != nil {
 		return err
 	}
-	in, err := c.exchange(out)
+	in, err := c.g.Exchange(out)
 	if err != nil {
 		return err
 	}
@@ -269,7 +275,7 @@ func (c *fakeComm) plan(ops []fakeOp, out [][]byte, want []int) (finish func(in 
 		}
 	}
 	dt, es := first.dt, first.dt.Size()
-	n, me := c.g.Size(), c.g.me
+	n, me := c.g.Size(), c.g.Index()
 	bytes := func(addr uintptr, count int) ([]byte, error) { return c.f.o.Resolve(addr, count*es) }
 	switch first.kind {
 	case "all_reduce", "broadcast", "all_gather", "reduce_scatter":
@@ -298,7 +304,7 @@ func (c *fakeComm) plan(ops []fakeOp, out [][]byte, want []int) (finish func(in 
 				out[p], want[p] = send, seg
 			}
 			return func(in [][]byte) error {
-				copy(recv, reduceAll(dt, in, first.red))
+				copy(recv, collective.ReduceBytes(dt, in, first.red))
 				return nil
 			}, nil
 		case "broadcast":
@@ -334,7 +340,7 @@ func (c *fakeComm) plan(ops []fakeOp, out [][]byte, want []int) (finish func(in 
 				out[p], want[p] = send[p*seg:(p+1)*seg], seg
 			}
 			return func(in [][]byte) error {
-				copy(recv, reduceAll(dt, in, first.red))
+				copy(recv, collective.ReduceBytes(dt, in, first.red))
 				return nil
 			}, nil
 		}
@@ -367,7 +373,7 @@ func (c *fakeComm) plan(ops []fakeOp, out [][]byte, want []int) (finish func(in 
 			want[p] = mine.count * es
 		}
 		return func(in [][]byte) error {
-			copy(recv, reduceAll(dt, in, first.red))
+			copy(recv, collective.ReduceBytes(dt, in, first.red))
 			return nil
 		}, nil
 	case "send", "recv":
@@ -407,86 +413,7 @@ func (c *fakeComm) plan(ops []fakeOp, out [][]byte, want []int) (finish func(in 
 	return nil, fmt.Errorf("fake nccl: unknown call %s", first.kind)
 }
 
-// reduceAll reduces the members' parts in member order (every member that
-// reduces the same parts computes the same bits), averaged for Avg.
-func reduceAll(dt tensor.DType, parts [][]byte, op ReduceOp) []byte {
-	acc := slices.Clone(parts[0])
-	for _, p := range parts[1:] {
-		switch dt {
-		case tensor.Float64:
-			reduceInto(asElems[float64](acc), asElems[float64](p), op)
-		case tensor.BFloat16:
-			reduceInto(asElems[tensor.BF16](acc), asElems[tensor.BF16](p), op)
-		default:
-			reduceInto(asElems[float32](acc), asElems[float32](p), op)
-		}
-	}
-	if op == Avg {
-		switch dt {
-		case tensor.Float64:
-			scale(asElems[float64](acc), len(parts))
-		case tensor.BFloat16:
-			scale(asElems[tensor.BF16](acc), len(parts))
-		default:
-			scale(asElems[float32](acc), len(parts))
-		}
-	}
-	return acc
-}
-
-// fakeMaxBytes bounds what one member may announce it sends another.
-const fakeMaxBytes = 1 << 40
-
-// exchange sends out[p] to each member p and returns what each sent this
-// one (in[me] is out[me]): per peer, the length in 8 bytes, then the bytes
-// in chunks, over the communicator's Group under one header for every call
-// (no op, dtype, count or root: what the members called is never compared).
-// The Group is the library's own (it leaves the rank's heartbeat state to
-// the backend's collective), and nothing in it has a deadline: the World's
-// failure, which comes with every abort, ends a wait.
-func (c *fakeComm) exchange(out [][]byte) ([][]byte, error) {
-	g := c.g
-	o, err := g.begin(context.Background(), OpAllToAll, dnone, 0, 0, 0)
-	if err != nil {
-		return nil, err
-	}
-	o.dl = Deadline{Done: g.w.ctx.Done(), cause: g.w.ctx}
-	n, me := g.Size(), g.me
-	in := make([][]byte, n)
-	in[me] = out[me]
-	lens := make([]byte, 8*n) // read by the sender until g.end
-	ce := o.chunkElems()      // in bytes: the header's dtype has none
-	err = func() error {
-		for i := 1; i < n; i++ {
-			to, from := (me+i)%n, (me-i+n)%n
-			l := lens[8*to : 8*to+8]
-			binary.LittleEndian.PutUint64(l, uint64(len(out[to])))
-			o.send(to, 0, 0, 0, l)
-			for k, off := 0, 0; off < len(out[to]); k, off = k+1, off+ce {
-				o.send(to, 1, uint32(k), off, out[to][off:min(off+ce, len(out[to]))])
-			}
-			var m [8]byte
-			if err := o.recv(from, 0, 0, 0, m[:]); err != nil {
-				return err
-			}
-			size := binary.LittleEndian.Uint64(m[:])
-			if size > fakeMaxBytes {
-				return &Error{Kind: ErrCorrupt, Rank: g.ranks[from], Reporter: g.w.rank, Detail: fmt.Sprintf("fake nccl: member %d announced %d bytes", from, size)}
-			}
-			b := make([]byte, size)
-			for k, off := 0, 0; off < len(b); k, off = k+1, off+ce {
-				if err := o.recv(from, 1, uint32(k), off, b[off:min(off+ce, len(b))]); err != nil {
-					return err
-				}
-			}
-			in[from] = b
-		}
-		return nil
-	}()
-	return in, g.end(o, err)
-}
-
-func (c *fakeComm) AllReduce(send, recv uintptr, count int, dt tensor.DType, op ReduceOp) error {
+func (c *fakeComm) AllReduce(send, recv uintptr, count int, dt tensor.DType, op collective.ReduceOp) error {
 	return c.enqueue("ncclAllReduce", fakeOp{kind: "all_reduce", send: send, recv: recv, count: count, dt: dt, red: op})
 }
 
@@ -494,7 +421,7 @@ func (c *fakeComm) AllGather(send, recv uintptr, count int, dt tensor.DType) err
 	return c.enqueue("ncclAllGather", fakeOp{kind: "all_gather", send: send, recv: recv, count: count, dt: dt})
 }
 
-func (c *fakeComm) ReduceScatter(send, recv uintptr, count int, dt tensor.DType, op ReduceOp) error {
+func (c *fakeComm) ReduceScatter(send, recv uintptr, count int, dt tensor.DType, op collective.ReduceOp) error {
 	return c.enqueue("ncclReduceScatter", fakeOp{kind: "reduce_scatter", send: send, recv: recv, count: count, dt: dt, red: op})
 }
 
@@ -502,7 +429,7 @@ func (c *fakeComm) Broadcast(send, recv uintptr, count int, dt tensor.DType, roo
 	return c.enqueue("ncclBroadcast", fakeOp{kind: "broadcast", send: send, recv: recv, count: count, dt: dt, root: root})
 }
 
-func (c *fakeComm) Reduce(send, recv uintptr, count int, dt tensor.DType, op ReduceOp, root int) error {
+func (c *fakeComm) Reduce(send, recv uintptr, count int, dt tensor.DType, op collective.ReduceOp, root int) error {
 	return c.enqueue("ncclReduce", fakeOp{kind: "reduce", send: send, recv: recv, count: count, dt: dt, red: op, root: root})
 }
 
@@ -571,7 +498,7 @@ func (c *fakeComm) Abort() error {
 			a.Add(1)
 		}
 		if f := c.f.o.OnAbort; f != nil {
-			f(c.f.w.rank)
+			f(c.f.w.Rank())
 		}
 	}
 	return nil
@@ -588,4 +515,10 @@ func (c *fakeComm) Destroy() error {
 		<-running
 	}
 	return nil
+}
+
+// Backend is the nccl backend for tensors of devices of kind dev over the
+// fake library, for a World's Options.Backends.
+func Backend(dev tensor.DeviceKind, o Options) collective.DeviceBackend {
+	return collective.NCCLBackend(dev, New(o))
 }

@@ -12,7 +12,7 @@ import (
 
 // NCCL is the function table of an NCCL library as the nccl backend calls it:
 // the real one (libnccl.so.2, loaded at run time by package collective/nccl in
-// cuda builds) or FakeNCCL, the same calls over the host collectives, which
+// cuda builds) or package ncclfake's, the same calls over the transport, which
 // the test suite runs without a GPU. Buffers are device addresses (a tensor
 // buffer's Addr) and counts are in elements, as in NCCL's C API.
 //

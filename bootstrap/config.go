@@ -10,6 +10,7 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/transport"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 )
@@ -34,6 +35,9 @@ import (
 //	MESHRUN_RENDEZVOUS_TIMEOUT       deadline of the rendezvous (Go duration)
 //	MESHRUN_CHUNK_BYTES              pipelining chunk of large collectives
 //	MESHRUN_SMALL_BYTES              largest collective using direct algorithms
+//	MESHRUN_SHM_SPIN                 shm: yields before a futex sleep (0: none)
+//	MESHRUN_SHM_SINGLE_COPY          shm: 1 turns on cross-memory attach
+//	MESHRUN_SHM_ARENA                shm: bytes of each rank's arena (0: none)
 type Config struct {
 	Rank, WorldSize           int
 	LocalRank, LocalWorldSize int
@@ -59,6 +63,8 @@ type Config struct {
 	// (bench/control).
 	Transport string
 	TCPHost   string
+	// Shm configures the shm transport (its Logger is the rank's).
+	Shm transport.ShmOptions
 	// RendezvousTimeout bounds the wait for the whole roster; default 30 s.
 	RendezvousTimeout time.Duration
 	// HeartbeatInterval (default 500 ms) and HeartbeatTimeout (default 5 s): a
@@ -115,6 +121,7 @@ func EnvConfig() Config {
 	num("MESHRUN_CHUNK_BYTES", false, &c.ChunkBytes)
 	num("MESHRUN_SMALL_BYTES", false, &c.SmallBytes)
 	num("MESHRUN_STAGE_BYTES", false, &c.StageBytes)
+	c.Shm = envShm()
 	c.Collectives = os.Getenv(collective.EnvBackend)
 	return c
 }
@@ -182,4 +189,24 @@ func (c *Config) defaults() {
 func (c *Config) natsConfig() natsconn.Config {
 	return natsconn.Config{URL: c.NATSURL, CredsFile: c.CredsFile, Creds: c.Creds, CA: c.NATSCA, Cert: c.NATSCert,
 		Key: c.NATSKey, Insecure: c.NATSInsecure, Name: fmt.Sprintf("meshrun-%s-rank-%d", c.Job, c.Rank)}
+}
+
+// envShm reads the shm transport's settings. A value that is not a
+// non-negative integer leaves the default; 0 is none (no yields, no arena).
+func envShm() transport.ShmOptions {
+	var o transport.ShmOptions
+	count := func(name string) int {
+		v, err := strconv.Atoi(os.Getenv(name))
+		switch {
+		case err != nil || v < 0:
+			return 0
+		case v == 0:
+			return -1
+		}
+		return v
+	}
+	o.Spin = count("MESHRUN_SHM_SPIN")
+	o.SingleCopy = os.Getenv("MESHRUN_SHM_SINGLE_COPY") == "1"
+	o.ArenaBytes = count("MESHRUN_SHM_ARENA")
+	return o
 }

@@ -275,7 +275,7 @@ func (j *joining) dataPlane(roster *collective.Roster, ln net.Listener) (collect
 			ln.Close()
 		}
 		ln = nil
-		t, err = transport.NewShmTransport(tctx, cfg.Rank, cfg.WorldSize, roster, transport.ShmOptions{Logger: j.log})
+		t, err = transport.NewShmTransport(tctx, cfg.Rank, cfg.WorldSize, roster, j.shmOptions())
 	case "nats":
 		t, err = transport.NewNatsTransport(tctx, natsData{j.nc}, cfg.Job, cfg.Rank, cfg.WorldSize)
 	case "none":
@@ -320,4 +320,11 @@ func (j *joining) world(t collective.Transport, ctl collective.Control) (*collec
 	nc := j.nc
 	w.OnClose(func() error { nc.Close(); return nil })
 	return w, nil
+}
+
+// shmOptions is the shm transport's configuration, logging as the rank.
+func (j *joining) shmOptions() transport.ShmOptions {
+	o := j.cfg.Shm
+	o.Logger = j.log
+	return o
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/protocol"
@@ -180,6 +181,5 @@ func TestConformanceNATS(t *testing.T) { collectivetest.Run(t, joinedWorlds("nat
 func TestConformanceShm(t *testing.T) { collectivetest.Run(t, joinedWorlds("shm")) }
 
 func TestConformanceShmSingleCopy(t *testing.T) {
-	t.Setenv("MESHRUN_SHM_SINGLE_COPY", "1")
-	collectivetest.Run(t, joinedWorlds("shm"))
+	collectivetest.Run(t, bootstraptest.JoinedWorldsWith("shm", func(c *bootstrap.Config) { c.Shm.SingleCopy = true }))
 }

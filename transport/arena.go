@@ -2,9 +2,7 @@ package transport
 
 import (
 	"fmt"
-	"os"
 	"sort"
-	"strconv"
 	"sync"
 	"unsafe"
 
@@ -30,15 +28,19 @@ import (
 // error where the host's shared memory is full, rather than a SIGBUS on the
 // first write) and given back by FreeShared (MADV_REMOVE).
 
-// shmArenaSize is the default arena of a rank; MESHRUN_SHM_ARENA sets it in
-// bytes (0: no arena).
+// shmArenaSize is the default arena of a rank; ShmOptions.ArenaBytes
+// (MESHRUN_SHM_ARENA) sets it.
 const shmArenaSize = 1 << 30
 
-func arenaSize() int {
-	if v, err := strconv.Atoi(os.Getenv("MESHRUN_SHM_ARENA")); err == nil && v >= 0 {
-		return (v + shmArenaAlign - 1) / shmArenaAlign * shmArenaAlign
+// arenaSize is the arena of ShmOptions.ArenaBytes n, in whole pages (0: none).
+func arenaSize(n int) int {
+	switch {
+	case n < 0:
+		return 0
+	case n == 0:
+		return shmArenaSize
 	}
-	return shmArenaSize
+	return (n + shmArenaAlign - 1) / shmArenaAlign * shmArenaAlign
 }
 
 // shmArenaAlign aligns every buffer of the arena (a page: FreeShared gives whole

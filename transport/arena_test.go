@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/tensor"
@@ -22,7 +24,7 @@ func TestArenaCollectives(t *testing.T) {
 	for _, n := range []int{2, 3} {
 		for _, heapRank := range []int{-1, 1} {
 			t.Run(fmt.Sprintf("ranks=%d/heap-rank=%d", n, heapRank), func(t *testing.T) {
-				ws := shmWorlds(t, n)
+				ws := shmWorlds(t, n, 0)
 				want := "arena"
 				if heapRank >= 0 {
 					want = "ring"
@@ -155,8 +157,7 @@ func arenaOps(w *collective.World, n, heapRank int, wantAlgo string) error {
 // TestArenaAlloc: the arena hands out page-aligned buffers, refuses what
 // does not fit and what it did not hand out, and reuses what is given back.
 func TestArenaAlloc(t *testing.T) {
-	t.Setenv("MESHRUN_SHM_ARENA", fmt.Sprint(1<<20))
-	w := shmWorlds(t, 2)[0]
+	w := shmWorlds(t, 2, 1<<20)[0]
 	a, err := collective.AllocShared[float32](w, 100_000) // 400,000 bytes: 98 pages
 	if err != nil {
 		t.Fatal(err)
@@ -192,8 +193,7 @@ func TestArenaAlloc(t *testing.T) {
 // over them takes the arena path), are zeroed, go back with Free, and come
 // from the heap once the arena is full; without an arena it is host memory.
 func TestSharedHost(t *testing.T) {
-	t.Setenv("MESHRUN_SHM_ARENA", fmt.Sprint(4<<20))
-	ws := shmWorlds(t, 2)
+	ws := shmWorlds(t, 2, 4<<20)
 	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
@@ -253,14 +253,15 @@ func TestSharedHost(t *testing.T) {
 }
 
 // shmWorlds joins n in-process ranks of a fresh job over the shm transport,
-// closed when t ends (skipped without /dev/shm).
-func shmWorlds(t *testing.T, n int) []*collective.World {
+// with arenas of arena bytes (0: the default), closed when t ends (skipped
+// without /dev/shm).
+func shmWorlds(t *testing.T, n, arena int) []*collective.World {
 	t.Helper()
 	if _, err := os.Stat("/dev/shm"); err != nil {
 		t.Skip("no /dev/shm")
 	}
 	job := newJob()
-	ws := joinWorlds(t, startServer(t, job), job, n, "shm", collective.Options{})
+	ws := bootstraptest.JoinWorldsWith(t, startServer(t, job), job, n, "shm", collective.Options{}, func(c *bootstrap.Config) { c.Shm.ArenaBytes = arena })
 	t.Cleanup(func() {
 		for _, w := range ws {
 			w.Close()

@@ -24,7 +24,7 @@ import (
 // mmap by both processes; the producer advances head, the consumer tail (64-bit
 // atomics in a control page), and a waiting side sleeps on a futex in the same
 // page (bounded to a few milliseconds so that deadlines, aborts and peer death
-// are noticed) after yielding its core a while (see spinLimit). The consumer unlinks the file as soon as both ends have mapped
+// are noticed) after yielding its core a while (see defaultSpin). The consumer unlinks the file as soon as both ends have mapped
 // it, so nothing is left in /dev/shm even if a process is killed.
 //
 // Frames are the 80-byte Header followed by the payload; the consumer reads the
@@ -40,6 +40,7 @@ type shmTransport struct {
 	arenaMu    sync.RWMutex // read-held while a collective reads the peers' arenas; Close unmaps them under the write lock
 	aborted    []atomic.Pointer[error]
 	closeOnce  sync.Once
+	spin       int // ShmOptions.Spin, the default applied
 }
 
 // ShmAvailable reports whether this host can hold the shm transport's rings
@@ -49,10 +50,32 @@ func ShmAvailable() bool {
 	return err == nil && st.IsDir() && unix.Access(shmDir, unix.W_OK) == nil
 }
 
-// ShmOptions configure the shm transport.
+// ShmOptions configure the shm transport (bootstrap.EnvConfig reads them
+// from MESHRUN_SHM_SPIN, MESHRUN_SHM_SINGLE_COPY and MESHRUN_SHM_ARENA).
 type ShmOptions struct {
 	// Logger logs the ring names found taken; nil logs nothing.
 	Logger *zap.Logger
+	// Spin is how many times a waiter yields its core before it sleeps on
+	// the futex (see defaultSpin); 0: the default; negative: none.
+	Spin int
+	// SingleCopy turns on the cross-memory-attach path for large payloads
+	// (see cmaMin); it is off by default.
+	SingleCopy bool
+	// ArenaBytes is the size of each rank's shared-memory arena, rounded up
+	// to whole pages (see arena.go); 0: the default, 1 GiB of address
+	// space; negative: no arena.
+	ArenaBytes int
+}
+
+// spin is o's Spin with the default applied.
+func (o ShmOptions) spin() int {
+	switch {
+	case o.Spin < 0:
+		return 0
+	case o.Spin == 0:
+		return defaultSpin
+	}
+	return o.Spin
 }
 
 // NewShmTransport maps the rings between rank and every other rank of a job
@@ -70,7 +93,7 @@ func NewShmTransport(ctx context.Context, rank, size int, roster *collective.Ros
 	if err != nil {
 		return nil, err
 	}
-	t := &shmTransport{rank: rank, size: size, out: make([]*shmRing, size), in: make([]*shmRing, size), aborted: make([]atomic.Pointer[error], size)}
+	t := &shmTransport{spin: o.spin(), rank: rank, size: size, out: make([]*shmRing, size), in: make([]*shmRing, size), aborted: make([]atomic.Pointer[error], size)}
 	t.probe = new(uint64)
 	*t.probe = shmMagic ^ uint64(os.Getpid())
 	// Rings are brought in up front while every ring of the job together
@@ -98,7 +121,7 @@ func NewShmTransport(ctx context.Context, rank, size int, roster *collective.Ros
 		atomic.StoreUint64(r.u64(offProbe), uint64(uintptr(unsafe.Pointer(t.probe))))
 		t.out[p] = r
 	}
-	asize := arenaSize()
+	asize := arenaSize(o.ArenaBytes)
 	if asize > 0 {
 		// The arena is the "ring" from this rank to itself (see arena.go).
 		r, err := createRing(names, rank, rank, log, false, asize)
@@ -133,7 +156,7 @@ func NewShmTransport(ctx context.Context, rank, size int, roster *collective.Ros
 		addr := uintptr(atomic.LoadUint64(r.u64(offProbe)))
 		n, err := unix.ProcessVMReadv(r.pid, []unix.Iovec{{Base: (*byte)(unsafe.Pointer(&word)), Len: 8}},
 			[]unix.RemoteIovec{{Base: addr, Len: 8}}, 0)
-		r.cma = err == nil && n == 8 && word == shmMagic^uint64(r.pid) && singleCopy()
+		r.cma = err == nil && n == 8 && word == shmMagic^uint64(r.pid) && o.SingleCopy
 		if r.cma {
 			atomic.StoreUint32(r.u32(offCMA), 1)
 		} else {
@@ -199,12 +222,12 @@ func (t *shmTransport) sendCMA(dl collective.Deadline, r *shmRing, p []byte) err
 			runtime.KeepAlive(p)
 			return nil
 		}
-		if checkNow(spins) {
+		if checkNow(spins, t.spin) {
 			if err := t.check(dl, r, "sending"); err != nil {
 				return err
 			}
 		}
-		wait(r.u32(offAckSeq), r.u32(offAckWait), seen, &spins)
+		wait(r.u32(offAckSeq), r.u32(offAckWait), seen, &spins, t.spin)
 	}
 }
 

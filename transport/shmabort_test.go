@@ -20,7 +20,7 @@ func TestShmAbortWakesWaiter(t *testing.T) {
 	errAbort := errors.New("test abort")
 	var took []time.Duration
 	for range 16 {
-		ws := shmWorlds(t, 2)
+		ws := shmWorlds(t, 2, 0)
 		tr := ws[0].Transport()
 		done := make(chan error, 1)
 		var want collective.Header

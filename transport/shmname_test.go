@@ -223,7 +223,7 @@ func TestShmRingNames(t *testing.T) {
 // the first collective, so no message pays a page fault in its path (the
 // first thousand 4 KiB all-reduces did, 10 to 20 times their later time).
 func TestShmRingsMappedAtSetup(t *testing.T) {
-	for r, w := range shmWorlds(t, 3) {
+	for r, w := range shmWorlds(t, 3, 0) {
 		resident, total, err := transport.RingPages(w.Transport())
 		if err != nil {
 			t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -59,24 +58,17 @@ const (
 // ack counter, and the producer's Send returns once that ack arrives. Setup
 // probes it per link; where it is refused, bytes go through the ring.
 //
-// It is off unless MESHRUN_SHM_SINGLE_COPY=1: on this project's 2-core test
+// It is off unless ShmOptions.SingleCopy (MESHRUN_SHM_SINGLE_COPY=1): on this project's 2-core test
 // machine it measured slower than the ring (the producer's wait for each ack
 // stalls the pipeline, worst with more ranks than cores).
 const cmaMin = 32 << 10
 
-// spinLimit is how many times a waiter yields its core to other processes
-// (sched_yield) before it sleeps on the futex; MESHRUN_SHM_SPIN overrides it.
-// Yielding rather than spinning in place keeps ranks that outnumber the cores
-// moving: on 2 cores, 256 yields halved 4-rank latencies against a futex sleep
-// after a short in-process spin.
-var spinLimit = func() int {
-	if v, err := strconv.Atoi(os.Getenv("MESHRUN_SHM_SPIN")); err == nil && v >= 0 {
-		return v
-	}
-	return 256
-}()
-
-func singleCopy() bool { return os.Getenv("MESHRUN_SHM_SINGLE_COPY") == "1" }
+// defaultSpin is how many times a waiter yields its core to other processes
+// (sched_yield) before it sleeps on the futex; ShmOptions.Spin
+// (MESHRUN_SHM_SPIN) overrides it. Yielding rather than spinning in place
+// keeps ranks that outnumber the cores moving: on 2 cores, 256 yields halved
+// 4-rank latencies against a futex sleep after a short in-process spin.
+const defaultSpin = 256
 
 type shmRing struct {
 	mem  []byte
@@ -214,16 +206,17 @@ func (t *shmTransport) check(dl collective.Deadline, r *shmRing, what string) er
 // 2 ms before it looked took up to 30 ms to see it (a survivor of a job
 // torn down after one rank's SIGTERM exited 20-40 ms after it over shm,
 // 1-2 ms over tcp).
-func checkNow(spins int) bool { return spins&15 == 15 || spins >= 32+spinLimit }
+func checkNow(spins, limit int) bool { return spins&15 == 15 || spins >= 32+limit }
 
-// wait sleeps until *seq moves from the value seen, spinning briefly first.
-func wait(seq, flag *uint32, seen uint32, spins *int) {
+// wait sleeps until *seq moves from the value seen, spinning briefly first
+// and yielding its core limit times.
+func wait(seq, flag *uint32, seen uint32, spins *int, limit int) {
 	*spins++
 	if *spins < 32 {
 		runtime.Gosched()
 		return
 	}
-	if *spins < 32+spinLimit {
+	if *spins < 32+limit {
 		// Let another process (a peer rank) run on this core, then look again.
 		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		return
@@ -247,12 +240,12 @@ func (t *shmTransport) write(dl collective.Deadline, r *shmRing, parts ...[]byte
 				free = r.cap - (head - r.seen)
 			}
 			if free == 0 {
-				if checkNow(spins) {
+				if checkNow(spins, t.spin) {
 					if err := t.check(dl, r, "sending"); err != nil {
 						return err
 					}
 				}
-				wait(r.u32(offTail), r.u32(offSpaceWait), uint32(r.seen), &spins)
+				wait(r.u32(offTail), r.u32(offSpaceWait), uint32(r.seen), &spins, t.spin)
 				continue
 			}
 			spins = 0
@@ -291,12 +284,12 @@ func (t *shmTransport) read(dl collective.Deadline, r *shmRing, dst []byte) erro
 			avail = r.seen - tail
 		}
 		if avail == 0 {
-			if checkNow(spins) {
+			if checkNow(spins, t.spin) {
 				if err := t.check(dl, r, "receiving"); err != nil {
 					return err
 				}
 			}
-			wait(r.u32(offHead), r.u32(offDataWait), uint32(r.seen), &spins)
+			wait(r.u32(offHead), r.u32(offDataWait), uint32(r.seen), &spins, t.spin)
 			continue
 		}
 		spins = 0

@@ -74,19 +74,32 @@ func JoinAll(cfgs []bootstrap.Config) ([]*collective.World, []error) {
 
 // JoinedWorlds is the factory of worlds of a fresh job (and server) each,
 // over transport.
-func JoinedWorlds(transport string) collectivetest.Factory {
+func JoinedWorlds(transport string) collectivetest.Factory { return JoinedWorldsWith(transport, nil) }
+
+// JoinedWorldsWith is JoinedWorlds with edit, if not nil, applied to every
+// rank's Config.
+func JoinedWorldsWith(transport string, edit func(*bootstrap.Config)) collectivetest.Factory {
 	return func(t testing.TB, n int, o collective.Options) []*collective.World {
 		job := NewJob()
-		return JoinWorlds(t, StartServer(t, job), job, n, transport, o)
+		return JoinWorldsWith(t, StartServer(t, job), job, n, transport, o, edit)
 	}
 }
 
 // JoinWorlds joins n ranks of job on s over transport; it fails t unless
 // every rank joins over that transport.
 func JoinWorlds(t testing.TB, s *natsrv.Server, job string, n int, transport string, o collective.Options) []*collective.World {
+	return JoinWorldsWith(t, s, job, n, transport, o, nil)
+}
+
+// JoinWorldsWith is JoinWorlds with edit, if not nil, applied to every
+// rank's Config.
+func JoinWorldsWith(t testing.TB, s *natsrv.Server, job string, n int, transport string, o collective.Options, edit func(*bootstrap.Config)) []*collective.World {
 	cfgs := make([]bootstrap.Config, n)
 	for i := range cfgs {
 		cfgs[i] = Config(s, job, i, n, transport, o)
+		if edit != nil {
+			edit(&cfgs[i])
+		}
 	}
 	ws, errs := JoinAll(cfgs)
 	for i, err := range errs {

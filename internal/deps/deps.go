@@ -5,6 +5,7 @@ package deps
 
 import (
 	"os/exec"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -23,21 +24,8 @@ type Package struct {
 // found and fails it when go list fails.
 func Of(t testing.TB, pkgs ...string) []Package {
 	t.Helper()
-	gotool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go tool in PATH: ", err)
-	}
-	args := append([]string{"list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}"}, pkgs...)
-	out, err := exec.Command(gotool, args...).Output()
-	if err != nil {
-		msg := err.Error()
-		if ee, ok := err.(*exec.ExitError); ok {
-			msg += ": " + string(ee.Stderr)
-		}
-		t.Fatalf("go list -deps %s: %s", strings.Join(pkgs, " "), msg)
-	}
 	var deps []Package
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range list(t, "{{.ImportPath}} {{.Standard}}", pkgs) {
 		path, std, _ := strings.Cut(line, " ")
 		deps = append(deps, Package{ImportPath: path, Standard: std == "true"})
 	}
@@ -55,4 +43,42 @@ func Forbid(t testing.TB, pkgs []string, forbidden ...string) {
 			}
 		}
 	}
+}
+
+// Importers returns, sorted, every dependency of pkgs (pkgs included, test
+// files not read) that imports target itself, or a package under it.
+func Importers(t testing.TB, target string, pkgs ...string) []string {
+	t.Helper()
+	var importers []string
+	for _, line := range list(t, "{{.ImportPath}} {{.Imports}}", pkgs) {
+		path, imports, _ := strings.Cut(line, " ")
+		for _, imp := range strings.Fields(strings.Trim(imports, "[]")) {
+			if imp == target || strings.HasPrefix(imp, target+"/") {
+				importers = append(importers, path)
+				break
+			}
+		}
+	}
+	sort.Strings(importers)
+	return importers
+}
+
+// list runs `go list -deps -f format pkgs` and returns its lines. It skips t
+// when the go tool is not found and fails it when go list fails.
+func list(t testing.TB, format string, pkgs []string) []string {
+	t.Helper()
+	gotool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool in PATH: ", err)
+	}
+	args := append([]string{"list", "-deps", "-f", format}, pkgs...)
+	out, err := exec.Command(gotool, args...).Output()
+	if err != nil {
+		msg := err.Error()
+		if ee, ok := err.(*exec.ExitError); ok {
+			msg += ": " + string(ee.Stderr)
+		}
+		t.Fatalf("go list -deps %s: %s", strings.Join(pkgs, " "), msg)
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }

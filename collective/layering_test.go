@@ -1,0 +1,23 @@
+package collective_test
+
+import (
+	"testing"
+
+	"github.com/meshrun/meshrun/internal/deps"
+)
+
+// Package collective is the World, the algorithms and the backends over the
+// Transport and Control interfaces: it builds no real data plane (package
+// transport), does not join a job (package bootstrap) and does not speak
+// NATS. Its own tests may use all three, through bootstraptest.
+func TestLayering(t *testing.T) {
+	deps.Forbid(t, []string{deps.Module + "/collective"},
+		deps.Module+"/transport", deps.Module+"/bootstrap", "github.com/nats-io/nats.go")
+}
+
+// Package transport implements collective's interfaces for real jobs; the
+// nats data path takes a connection interface, so that bootstrap alone owns
+// the NATS client.
+func TestLayeringTransport(t *testing.T) {
+	deps.Forbid(t, []string{deps.Module + "/transport"}, deps.Module+"/bootstrap", "github.com/nats-io/nats.go")
+}

@@ -274,143 +274,166 @@ func (c *fakeComm) plan(ops []fakeOp, out [][]byte, want []int) (finish func(in 
 			return nil, fmt.Errorf("fake nccl: a group mixing %s and %s", first.kind, op.kind)
 		}
 	}
-	dt, es := first.dt, first.dt.Size()
-	n, me := c.g.Size(), c.g.Index()
+	es := first.dt.Size()
 	bytes := func(addr uintptr, count int) ([]byte, error) { return c.f.o.Resolve(addr, count*es) }
 	switch first.kind {
 	case "all_reduce", "broadcast", "all_gather", "reduce_scatter":
-		if len(ops) > 1 {
-			return nil, fmt.Errorf("fake nccl: %s grouped with other calls", first.kind)
-		}
-		small, big := first.count, first.count
-		switch first.kind {
-		case "all_gather":
-			big = first.count * n
-		case "reduce_scatter":
-			small = first.count * n
-		}
-		send, err := bytes(first.send, small)
-		if err != nil {
-			return nil, err
-		}
-		recv, err := bytes(first.recv, big)
-		if err != nil {
-			return nil, err
-		}
-		seg := first.count * es
-		switch first.kind {
-		case "all_reduce":
-			for p := range n {
-				out[p], want[p] = send, seg
-			}
-			return func(in [][]byte) error {
-				copy(recv, collective.ReduceBytes(dt, in, first.red))
-				return nil
-			}, nil
-		case "broadcast":
-			if first.root < 0 || first.root >= n {
-				return nil, fmt.Errorf("fake nccl: broadcast root %d of %d", first.root, n)
-			}
-			if me == first.root {
-				for p := range n {
-					out[p] = send
-				}
-			}
-			want[first.root] = seg
-			return func(in [][]byte) error {
-				copy(recv, in[first.root])
-				return nil
-			}, nil
-		case "all_gather":
-			for p := range n {
-				out[p], want[p] = send, seg
-			}
-			return func(in [][]byte) error {
-				mine := slices.Clone(in[me]) // the input may be the output's own segment
-				for p := range n {
-					if p != me {
-						copy(recv[p*seg:], in[p])
-					}
-				}
-				copy(recv[me*seg:], mine)
-				return nil
-			}, nil
-		default: // reduce_scatter
-			for p := range n {
-				out[p], want[p] = send[p*seg:(p+1)*seg], seg
-			}
-			return func(in [][]byte) error {
-				copy(recv, collective.ReduceBytes(dt, in, first.red))
-				return nil
-			}, nil
-		}
+		return c.planCollective(ops, out, want, bytes)
 	case "reduce":
-		// Reduces rooted at distinct members, one op: each member sends
-		// each root its input for that root; a root reduces what came.
-		var mine *fakeOp
-		for i := range ops {
-			op := &ops[i]
-			if op.root < 0 || op.root >= n || out[op.root] != nil || op.red != first.red {
-				return nil, fmt.Errorf("fake nccl: grouped reduces must have distinct roots and one op")
-			}
-			b, err := bytes(op.send, op.count)
-			if err != nil {
-				return nil, err
-			}
-			out[op.root] = b
-			if op.root == me {
-				mine = op
-			}
-		}
-		if mine == nil {
-			return nil, nil
-		}
-		recv, err := bytes(mine.recv, mine.count)
-		if err != nil {
-			return nil, err
-		}
+		return c.planReduce(ops, out, want, bytes)
+	case "send", "recv":
+		return c.planP2P(ops, out, want, bytes)
+	}
+	return nil, fmt.Errorf("fake nccl: unknown call %s", first.kind)
+}
+
+// resolver returns the device bytes of count elements at addr.
+type resolver func(addr uintptr, count int) ([]byte, error)
+
+// planCollective plans one all-reduce, broadcast, all-gather or
+// reduce-scatter (see plan).
+func (c *fakeComm) planCollective(ops []fakeOp, out [][]byte, want []int, bytes resolver) (func(in [][]byte) error, error) {
+	first := ops[0]
+	dt, es, n, me := first.dt, first.dt.Size(), c.g.Size(), c.g.Index()
+	if len(ops) > 1 {
+		return nil, fmt.Errorf("fake nccl: %s grouped with other calls", first.kind)
+	}
+	small, big := first.count, first.count
+	switch first.kind {
+	case "all_gather":
+		big = first.count * n
+	case "reduce_scatter":
+		small = first.count * n
+	}
+	send, err := bytes(first.send, small)
+	if err != nil {
+		return nil, err
+	}
+	recv, err := bytes(first.recv, big)
+	if err != nil {
+		return nil, err
+	}
+	seg := first.count * es
+	switch first.kind {
+	case "all_reduce":
 		for p := range n {
-			want[p] = mine.count * es
+			out[p], want[p] = send, seg
 		}
 		return func(in [][]byte) error {
 			copy(recv, collective.ReduceBytes(dt, in, first.red))
 			return nil
 		}, nil
-	case "send", "recv":
-		// At most one send and one receive per peer: a member's own
-		// segment goes through too.
-		recvs := make([][]byte, n)
-		for _, op := range ops {
-			if op.peer < 0 || op.peer >= n {
-				return nil, fmt.Errorf("fake nccl: peer %d of %d", op.peer, n)
-			}
-			side, addr := out, op.send
-			if op.kind == "recv" {
-				side, addr = recvs, op.recv
-			}
-			if side[op.peer] != nil {
-				return nil, fmt.Errorf("fake nccl: two %ss with peer %d in one group", op.kind, op.peer)
-			}
-			b, err := bytes(addr, op.count)
-			if err != nil {
-				return nil, err
-			}
-			if b == nil {
-				b = []byte{}
-			}
-			side[op.peer] = b
-			if op.kind == "recv" {
-				want[op.peer] = len(b)
+	case "broadcast":
+		if first.root < 0 || first.root >= n {
+			return nil, fmt.Errorf("fake nccl: broadcast root %d of %d", first.root, n)
+		}
+		if me == first.root {
+			for p := range n {
+				out[p] = send
 			}
 		}
+		want[first.root] = seg
 		return func(in [][]byte) error {
-			for p, b := range recvs {
-				copy(b, in[p])
+			copy(recv, in[first.root])
+			return nil
+		}, nil
+	case "all_gather":
+		for p := range n {
+			out[p], want[p] = send, seg
+		}
+		return func(in [][]byte) error {
+			mine := slices.Clone(in[me]) // the input may be the output's own segment
+			for p := range n {
+				if p != me {
+					copy(recv[p*seg:], in[p])
+				}
 			}
+			copy(recv[me*seg:], mine)
+			return nil
+		}, nil
+	default: // reduce_scatter
+		for p := range n {
+			out[p], want[p] = send[p*seg:(p+1)*seg], seg
+		}
+		return func(in [][]byte) error {
+			copy(recv, collective.ReduceBytes(dt, in, first.red))
 			return nil
 		}, nil
 	}
-	return nil, fmt.Errorf("fake nccl: unknown call %s", first.kind)
+}
+
+// planReduce plans reduces rooted at distinct members (see plan).
+func (c *fakeComm) planReduce(ops []fakeOp, out [][]byte, want []int, bytes resolver) (func(in [][]byte) error, error) {
+	first := ops[0]
+	dt, es, n, me := first.dt, first.dt.Size(), c.g.Size(), c.g.Index()
+	// Reduces rooted at distinct members, one op: each member sends
+	// each root its input for that root; a root reduces what came.
+	var mine *fakeOp
+	for i := range ops {
+		op := &ops[i]
+		if op.root < 0 || op.root >= n || out[op.root] != nil || op.red != first.red {
+			return nil, fmt.Errorf("fake nccl: grouped reduces must have distinct roots and one op")
+		}
+		b, err := bytes(op.send, op.count)
+		if err != nil {
+			return nil, err
+		}
+		out[op.root] = b
+		if op.root == me {
+			mine = op
+		}
+	}
+	if mine == nil {
+		return nil, nil
+	}
+	recv, err := bytes(mine.recv, mine.count)
+	if err != nil {
+		return nil, err
+	}
+	for p := range n {
+		want[p] = mine.count * es
+	}
+	return func(in [][]byte) error {
+		copy(recv, collective.ReduceBytes(dt, in, first.red))
+		return nil
+	}, nil
+}
+
+// planP2P plans grouped sends and receives (see plan).
+func (c *fakeComm) planP2P(ops []fakeOp, out [][]byte, want []int, bytes resolver) (func(in [][]byte) error, error) {
+	n := c.g.Size()
+	// At most one send and one receive per peer: a member's own
+	// segment goes through too.
+	recvs := make([][]byte, n)
+	for _, op := range ops {
+		if op.peer < 0 || op.peer >= n {
+			return nil, fmt.Errorf("fake nccl: peer %d of %d", op.peer, n)
+		}
+		side, addr := out, op.send
+		if op.kind == "recv" {
+			side, addr = recvs, op.recv
+		}
+		if side[op.peer] != nil {
+			return nil, fmt.Errorf("fake nccl: two %ss with peer %d in one group", op.kind, op.peer)
+		}
+		b, err := bytes(addr, op.count)
+		if err != nil {
+			return nil, err
+		}
+		if b == nil {
+			b = []byte{}
+		}
+		side[op.peer] = b
+		if op.kind == "recv" {
+			want[op.peer] = len(b)
+		}
+	}
+	return func(in [][]byte) error {
+		for p, b := range recvs {
+			copy(b, in[p])
+		}
+		return nil
+	}, nil
 }
 
 func (c *fakeComm) AllReduce(send, recv uintptr, count int, dt tensor.DType, op collective.ReduceOp) error {

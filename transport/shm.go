@@ -24,8 +24,9 @@ import (
 // mmap by both processes; the producer advances head, the consumer tail (64-bit
 // atomics in a control page), and a waiting side sleeps on a futex in the same
 // page (bounded to a few milliseconds so that deadlines, aborts and peer death
-// are noticed) after yielding its core a while (see defaultSpin). The consumer unlinks the file as soon as both ends have mapped
-// it, so nothing is left in /dev/shm even if a process is killed.
+// are noticed) after yielding its core a while (see defaultSpin). The
+// consumer unlinks the file as soon as both ends have mapped it, so nothing
+// is left in /dev/shm even if a process is killed.
 //
 // Frames are the 80-byte Header followed by the payload; the consumer reads the
 // payload straight from the ring into the caller's buffer (one copy each side).

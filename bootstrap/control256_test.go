@@ -19,6 +19,7 @@ import (
 	"github.com/meshrun/meshrun/natsrv"
 	"github.com/meshrun/meshrun/protocol"
 )
+
 // TestControlPlane256: the control plane's faults at 256 ranks in one process
 // (each rank watches one peer): a rank killed is named by every other rank
 // within the heartbeat timeout + 2 s, an abort reaches every rank, and ranks

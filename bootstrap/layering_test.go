@@ -1,6 +1,10 @@
 package bootstrap_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -34,6 +38,33 @@ func TestLayeringNCCLFake(t *testing.T) {
 	}
 	if got := deps.Importers(t, fake, deps.Module+"/cmd/worker"); !slices.Equal(got, []string{deps.Module + "/job"}) {
 		t.Errorf("in the worker, %s is imported by %v, want job's sim path only", fake, got)
+	}
+}
+
+// Nothing of the collective layer registers itself: the packages that hold
+// the backends, the transports and the fake library, and job, which chooses
+// among them, declare no init function (test files aside).
+func TestNoInit(t *testing.T) {
+	for _, dir := range []string{"../collective", "../collective/nccl", "../collective/ncclfake", "../transport", ".", "../job"} {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fset := token.NewFileSet()
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			af, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range af.Decls {
+				if fd, ok := d.(*ast.FuncDecl); ok && fd.Recv == nil && fd.Name.Name == "init" {
+					t.Errorf("%s: func init: list a backend where a World is made, do not register it", fset.Position(fd.Pos()))
+				}
+			}
+		}
 	}
 }
 

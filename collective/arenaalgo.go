@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// The arena algorithms (see arena.go): when every member's buffer of a
+// The arena algorithms (see ArenaTransport): when every member's buffer of a
 // collective lies in its shared-memory arena, each rank reads the peers'
 // buffers directly. A collective past the thresholds below, on a transport
 // with arenas, first tells every member where its buffer lies (one message
@@ -30,8 +30,7 @@ const arenaStep = 1 << 30
 // and every member's buffer lies in its arena; nil when not (the caller
 // takes its usual algorithm).
 func arenaBuffers(o *opState, size int, allReduce bool, b []byte, lens []int) ([][]byte, error) {
-	at, ok := o.c.w.t.(arenaTransport)
-	if !ok || at.ownArena() == nil {
+	if arenaOf(o.c.w) == nil {
 		return nil, nil
 	}
 	t := tuningOf(o.c.w.t.Name())
@@ -47,11 +46,11 @@ func arenaBuffers(o *opState, size int, allReduce bool, b []byte, lens []int) ([
 
 func arenaPeers(o *opState, b []byte, lens []int) ([][]byte, error) {
 	c := o.c
-	at := c.w.t.(arenaTransport)
+	at := c.w.t.(ArenaTransport)
 	n, k := len(c.ranks), c.me
 	msg := make([]byte, 8*(n+1))
 	mine := int64(-1)
-	if off, ok := at.ownArena().offset(b); ok && len(b) == lens[k] {
+	if off, ok := at.Arena().Offset(b); ok && len(b) == lens[k] {
 		mine = int64(off)
 	}
 	binary.LittleEndian.PutUint64(msg, uint64(mine))
@@ -76,14 +75,14 @@ func arenaPeers(o *opState, b []byte, lens []int) ([][]byte, error) {
 			return nil, nil
 		}
 	}
-	o.release = at.readArenas()
+	o.release = at.ReadArenas()
 	bufs := make([][]byte, n)
 	for j := range bufs {
 		if j == k {
 			bufs[j] = b
 			continue
 		}
-		pa := at.peerArena(c.ranks[j])
+		pa := at.PeerArena(c.ranks[j])
 		if pa == nil || offs[j] > int64(len(pa)-lens[j]) {
 			return nil, &Error{Kind: ErrCorrupt, Rank: c.ranks[j], Reporter: c.w.rank,
 				Detail: fmt.Sprintf("arena buffer of %d bytes at offset %d outside its arena of %d", lens[j], offs[j], len(pa))}

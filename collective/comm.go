@@ -83,7 +83,7 @@ type Group struct {
 }
 
 type sendReq struct {
-	ctx  context.Context
+	dl   Deadline
 	peer int
 	h    Header
 	p    []byte
@@ -108,7 +108,7 @@ func (c *Group) sender() {
 			return
 		case r := <-c.sq:
 			c.sh = r.h // a header owned by the sender goroutine: no allocation per send
-			err := c.w.t.Send(r.ctx, r.peer, &c.sh, r.p)
+			err := c.w.t.Send(r.dl, r.peer, &c.sh, r.p)
 			if err != nil {
 				c.w.fail(toError(err, r.peer, c.w.rank))
 			}
@@ -137,35 +137,16 @@ func (c *Group) String() string { return c.key }
 // World returns the World the communicator belongs to.
 func (c *Group) World() *World { return c.w }
 
-// opCtx is the context of one collective: done when the World fails (which a
-// caller's cancellation also causes), an error past its deadline. Transports
-// read the deadline; it allocates nothing.
-type opCtx struct {
-	w        *World
-	deadline time.Time
-}
-
-func (o *opCtx) Deadline() (time.Time, bool) { return o.deadline, true }
-func (o *opCtx) Done() <-chan struct{}       { return o.w.ctx.Done() }
-func (o *opCtx) Value(k any) any             { return o.w.ctx.Value(k) }
-func (o *opCtx) Err() error {
-	if err := o.w.ctx.Err(); err != nil {
-		return err
-	}
-	if !time.Now().Before(o.deadline) {
-		return context.DeadlineExceeded
-	}
-	return nil
-}
-
 // opState is one collective in flight.
 type opState struct {
-	c     *Group
-	octx  opCtx
-	ctx   context.Context // &octx
-	stop  func() bool     // stops the watch of the caller's ctx
-	want  Header          // the header Recv expects (kept here: no allocation)
-	sh    Header          // the header of a synchronous (p2p) send
+	c *Group
+	// dl bounds every Send and Recv of the collective: the World's failure
+	// (which a caller's cancellation also causes) ends it early, its
+	// deadline with ErrTimeout. It allocates nothing.
+	dl    Deadline
+	stop  func() bool // stops the watch of the caller's ctx
+	want  Header      // the header Recv expects (kept here: no allocation)
+	sh    Header      // the header of a synchronous (p2p) send
 	h     Header
 	esize int
 	nsent int
@@ -232,8 +213,7 @@ func (c *Group) beginOn(ctx context.Context, lock *sync.Mutex, o *opState, op Op
 	}
 	w.mu.Unlock()
 	*o = opState{c: c, esize: max(1, dt.Size()), start: now}
-	o.octx = opCtx{w: w, deadline: now.Add(w.opts.DataTimeout)}
-	o.ctx = &o.octx
+	o.dl = Deadline{At: now.Add(w.opts.DataTimeout), Done: w.ctx.Done(), cause: w.ctx}
 	if ctx.Done() != nil { // a cancelable caller: its cancellation fails the World
 		o.stop = context.AfterFunc(ctx, func() {
 			w.fail(&Error{Kind: ErrAborted, Rank: w.rank, Reporter: w.rank, Group: c.key, Seq: seq, Op: op.String(),
@@ -316,7 +296,7 @@ func (o *opState) send(peer int, step, chunk uint32, off int, p []byte) int {
 	h.Step, h.Chunk, h.Offset, h.Length = step, chunk, uint64(off), uint32(len(p))
 	if o.p2p != nil {
 		o.sh = h
-		if err := o.c.w.t.Send(o.ctx, o.c.ranks[peer], &o.sh, p); err != nil && o.err == nil {
+		if err := o.c.w.t.Send(o.dl, o.c.ranks[peer], &o.sh, p); err != nil && o.err == nil {
 			o.err = err
 		}
 		o.nsent++
@@ -324,9 +304,9 @@ func (o *opState) send(peer int, step, chunk uint32, off int, p []byte) int {
 		return o.nsent - 1
 	}
 	if o.nsent == o.ndone { // nothing queued: a send that fits goes out inline
-		if ts, ok := o.c.w.t.(trySender); ok {
+		if ts, ok := o.c.w.t.(TrySender); ok {
 			o.sh = h
-			sent, err := ts.trySend(o.c.ranks[peer], &o.sh, p)
+			sent, err := ts.TrySend(o.c.ranks[peer], &o.sh, p)
 			if sent || err != nil {
 				if err != nil && o.err == nil {
 					o.err = err
@@ -340,15 +320,18 @@ func (o *opState) send(peer int, step, chunk uint32, off int, p []byte) int {
 	if o.nsent-o.ndone >= sendQueue {
 		o.waitSent(o.nsent - sendQueue)
 	}
-	o.c.sq <- sendReq{ctx: o.ctx, peer: o.c.ranks[peer], h: h, p: p}
+	o.c.sq <- sendReq{dl: o.dl, peer: o.c.ranks[peer], h: h, p: p}
 	o.nsent++
 	return o.nsent - 1
 }
 
-// trySender is a Transport that can send without blocking when the message
-// fits (shm: room in the ring), which saves the handoff to the sender goroutine.
-type trySender interface {
-	trySend(peer int, h *Header, p []byte) (bool, error)
+// TrySender is a Transport that can send without blocking when the message
+// fits (shm: room in the ring), which saves the handoff to the sender
+// goroutine. Collective asks a Transport for it with a type assertion.
+type TrySender interface {
+	// TrySend sends h and p to peer if it can without waiting; it reports
+	// whether it did. An error fails the send as Send's would.
+	TrySend(peer int, h *Header, p []byte) (bool, error)
 }
 
 // waitSent waits until send i (and every earlier one) has completed.
@@ -380,7 +363,7 @@ func (o *opState) recv(peer int, step, chunk uint32, off int, dst []byte) error 
 	*want = o.h
 	want.Src, want.Dst = int32(o.c.ranks[peer]), int32(o.c.w.rank)
 	want.Step, want.Chunk, want.Offset, want.Length = step, chunk, uint64(off), uint32(len(dst))
-	return o.c.w.t.Recv(o.ctx, o.c.ranks[peer], want, dst)
+	return o.c.w.t.Recv(o.dl, o.c.ranks[peer], want, dst)
 }
 
 // chunkElems is the pipelining unit in elements.

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"unsafe"
 
 	"go.uber.org/zap"
@@ -61,7 +59,8 @@ const (
 )
 
 // DeviceBackend is a collective library that moves one kind of device buffer
-// itself (NCCL). It is registered by the build that has it (RegisterBackend).
+// itself (NCCL). A World uses those its Options.Backends lists: nothing
+// registers one behind the caller's back.
 type DeviceBackend interface {
 	// Name is the backend's name ("nccl").
 	Name() string
@@ -73,30 +72,14 @@ type DeviceBackend interface {
 	New(ctx context.Context, g *Group, mem tensor.Memory) (Communicator, error)
 }
 
-var (
-	backendsMu sync.Mutex
-	backends   []DeviceBackend
-)
-
-// RegisterBackend adds a device backend; builds that have one (cuda) call it
-// from an init function.
-func RegisterBackend(b DeviceBackend) {
-	backendsMu.Lock()
-	defer backendsMu.Unlock()
-	backends = append(backends, b)
-}
-
 // probed is a DeviceBackend that can tell, before New, whether it will work
 // here (its library loads).
 type probed interface{ Probe(w *World) error }
 
-// deviceBackend returns the first backend of the World's, then of the
-// registered ones, named name ("" for any) that serves dev.
+// deviceBackend returns the first of the World's backends named name (""
+// for any) that serves dev.
 func (w *World) deviceBackend(name string, dev tensor.Device) DeviceBackend {
-	backendsMu.Lock()
-	all := append(slices.Clone(w.opts.Backends), backends...)
-	backendsMu.Unlock()
-	for _, b := range all {
+	for _, b := range w.opts.Backends {
 		if (name == "" || b.Name() == name) && b.Serves(dev) {
 			return b
 		}
@@ -120,7 +103,7 @@ const EnvBackend = "MESHRUN_COLLECTIVES"
 
 // EnvNCCLLibrary names the NCCL library the nccl backend loads (a path;
 // default libnccl.so.2). "fake" gives sim devices the nccl backend over
-// FakeNCCL (workers register it: package job).
+// the fake library of package ncclfake (a worker's choice: package job).
 const EnvNCCLLibrary = "MESHRUN_NCCL_LIBRARY"
 
 // commKey names a communicator: its group and device.
@@ -223,11 +206,11 @@ func (w *World) newCommunicator(ctx context.Context, g *Group, mem tensor.Memory
 	return newStaged(g, dev, w.opts.StageBytes), "auto: no device collective library for " + dev.String(), nil
 }
 
-// deviceIdentity names the physical device behind mem: its DeviceID where
+// DeviceIdentity names the physical device behind mem: its DeviceID where
 // the memory has one (a GPU's UUID, "GPU-…"; a sim device's), else its
 // device on this host and process, so that separate processes never look
 // shared.
-func deviceIdentity(mem tensor.Memory) string {
+func DeviceIdentity(mem tensor.Memory) string {
 	if d, ok := mem.(interface{ DeviceID() string }); ok {
 		if id := d.DeviceID(); id != "" {
 			return id
@@ -253,7 +236,7 @@ func agree(ctx context.Context, g *Group, ok bool, mem tensor.Memory) (all bool,
 	if ok {
 		mine[0] = 1
 	}
-	got, err := allGatherBytes(ctx, g, append(mine, deviceIdentity(mem)...))
+	got, err := allGatherBytes(ctx, g, append(mine, DeviceIdentity(mem)...))
 	if err != nil {
 		return false, "", err
 	}

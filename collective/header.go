@@ -211,10 +211,10 @@ func (h *Header) Descriptor() string {
 	return fmt.Sprintf("%s%s %s count=%d shape=%016x seq=%d group=%016x", h.Op, red, dtypeName(h.DType), h.Count, h.Shape, h.Seq, h.Group)
 }
 
-// check compares a received header with the one the receiver expects. A
+// CheckHeader compares a received header with the one the receiver expects. A
 // disagreement on the collective is ErrMismatch with both descriptors; on the
 // message's place within it, ErrMismatch as a protocol error.
-func checkHeader(want, got *Header) error {
+func CheckHeader(want, got *Header) error {
 	if got.Job != want.Job {
 		return &Error{Kind: ErrMismatch, Rank: int(got.Src), Reporter: int(want.Dst), Detail: fmt.Sprintf("message from another job (%016x, want %016x)", got.Job, want.Job)}
 	}
@@ -235,6 +235,10 @@ func checkHeader(want, got *Header) error {
 }
 
 // hash64 hashes ints (group ranks, counts) for headers.
+// JobHash is the hash of job id job that every header carries (Header.Job),
+// and that a transport's handshake may check to keep jobs apart.
+func JobHash(job string) uint64 { return hash64("job:" + job) }
+
 func hash64(tag string, xs ...[]int) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(tag))

@@ -36,7 +36,7 @@ func TestCheckHeaderNamesBoth(t *testing.T) {
 	want := Header{Op: OpAllReduce, DType: tensor.Float32, Seq: 3, Src: 1, Dst: 0, Count: 100}
 	got := want
 	got.Op, got.Count = OpAllGather, 50
-	err := checkHeader(&want, &got)
+	err := CheckHeader(&want, &got)
 	var e *Error
 	if !errors.As(err, &e) || !errors.Is(err, ErrMismatch) || e.Rank != 1 {
 		t.Fatalf("%v", err)

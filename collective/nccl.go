@@ -12,7 +12,7 @@ import (
 
 // NCCL is the function table of an NCCL library as the nccl backend calls it:
 // the real one (libnccl.so.2, loaded at run time by package collective/nccl in
-// cuda builds) or FakeNCCL, the same calls over the host collectives, which
+// cuda builds) or package ncclfake's, the same calls over the transport, which
 // the test suite runs without a GPU. Buffers are device addresses (a tensor
 // buffer's Addr) and counts are in elements, as in NCCL's C API.
 //
@@ -278,7 +278,7 @@ func (c *ncclComm) init(o *opState) error {
 		})
 		ch <- m
 	}()
-	t := time.NewTimer(time.Until(o.octx.deadline))
+	t := time.NewTimer(time.Until(o.dl.At))
 	defer t.Stop()
 	var why error
 	select {
@@ -288,7 +288,7 @@ func (c *ncclComm) init(o *opState) error {
 		}
 		c.comm = m.nc
 		return nil
-	case <-o.ctx.Done():
+	case <-o.dl.Done:
 		if why = c.g.w.Err(); why == nil {
 			why = &Error{Kind: ErrAborted, Rank: -1, Reporter: c.g.w.rank, Detail: "world closed"}
 		}
@@ -321,7 +321,7 @@ func (c *ncclComm) wait(o *opState) error {
 		if done {
 			return nil
 		}
-		if err := o.ctx.Err(); err != nil {
+		if o.dl.Expired() {
 			c.abortLocked()
 			if werr := c.g.w.Err(); werr != nil {
 				return werr

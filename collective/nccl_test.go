@@ -9,14 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
-
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
+	"github.com/meshrun/meshrun/collective/ncclfake"
 	"github.com/meshrun/meshrun/internal/testtime"
 	"github.com/meshrun/meshrun/kernels/sim"
 	"github.com/meshrun/meshrun/tensor"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestConformanceNCCL runs the conformance suite through the nccl backend
@@ -30,7 +30,7 @@ func TestConformanceNCCL(t *testing.T) {
 
 // ncclWorlds are n in-process worlds with the nccl backend over the fake
 // library configured by fake, and their sim memories.
-func ncclWorlds(t *testing.T, n int, timeout time.Duration, fake collective.FakeNCCLOptions) ([]*collective.World, []tensor.Memory) {
+func ncclWorlds(t *testing.T, n int, timeout time.Duration, fake ncclfake.Options) ([]*collective.World, []tensor.Memory) {
 	o := collectivetest.SuiteOptions()
 	o.DataTimeout = timeout
 	return localWorlds(t, n, collectivetest.NCCLOptions(o, fake)), collectivetest.NCCL.Memories(n)
@@ -81,7 +81,7 @@ func TestNCCLFaults(t *testing.T) {
 		name    string
 		n       int
 		timeout time.Duration
-		fake    collective.FakeNCCLOptions
+		fake    ncclfake.Options
 		failAt  time.Duration // > 0: rank 0's World is failed from outside then
 		kind    error
 		culprit int
@@ -92,14 +92,14 @@ func TestNCCLFaults(t *testing.T) {
 		// it: from the host, no rank can tell whose GPU hangs (with NCCL
 		// neither), so every rank names none; the first to see the
 		// deadline tells the others.
-		{name: "stalled_work", n: 3, timeout: time.Second, fake: collective.FakeNCCLOptions{Stall: map[int]int{1: 2}},
+		{name: "stalled_work", n: 3, timeout: time.Second, fake: ncclfake.Options{Stall: map[int]int{1: 2}},
 			kind: collective.ErrTimeout, culprit: -1, limit: 4 * time.Second, detail: "the work did not complete in"},
-		{name: "async_error", n: 4, timeout: 30 * time.Second, fake: collective.FakeNCCLOptions{Fail: map[int]int{2: 2}},
+		{name: "async_error", n: 4, timeout: 30 * time.Second, fake: ncclfake.Options{Fail: map[int]int{2: 2}},
 			kind: collective.ErrLibrary, culprit: 2, limit: 3 * time.Second, detail: "unhandled cuda error on rank 2"},
 		// Every rank's work hangs; rank 0's World is failed from outside (as
 		// an abort notice from the launcher does): all ranks abort and fail
 		// at once, long before the 30 s deadline, naming rank 0.
-		{name: "job_aborted", n: 3, timeout: 30 * time.Second, fake: collective.FakeNCCLOptions{Stall: map[int]int{0: 1, 1: 1, 2: 1}},
+		{name: "job_aborted", n: 3, timeout: 30 * time.Second, fake: ncclfake.Options{Stall: map[int]int{0: 1, 1: 1, 2: 1}},
 			failAt: 300 * time.Millisecond, kind: collective.ErrAborted, culprit: 0, limit: 3 * time.Second, detail: "stopped by the launcher"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -187,13 +187,13 @@ func TestNCCLIdleAbort(t *testing.T) {
 			}
 		}
 	}
-	ws, mems := ncclWorlds(t, 2, 30*time.Second, collective.FakeNCCLOptions{Aborted: &aborted})
+	ws, mems := ncclWorlds(t, 2, 30*time.Second, ncclfake.Options{Aborted: &aborted})
 	run(ws, mems)
 	closeWithin(t, ws, 5*time.Second)
 	if a := aborted.Load(); a != 0 {
 		t.Errorf("%d communicators aborted by closing healthy worlds, want 0", a)
 	}
-	ws, mems = ncclWorlds(t, 2, 30*time.Second, collective.FakeNCCLOptions{Aborted: &aborted})
+	ws, mems = ncclWorlds(t, 2, 30*time.Second, ncclfake.Options{Aborted: &aborted})
 	run(ws, mems)
 	ws[0].Fail(errors.New("stopped by the launcher"))
 	for start := time.Now(); aborted.Load() < 2 && time.Since(start) < testtime.Scale(3*time.Second); {
@@ -244,7 +244,7 @@ func stagedSayingWhy(t *testing.T, ws []*collective.World, mems []tensor.Memory,
 // why, and makes nccl (asked for) fail before any data moves.
 func TestNCCLChoice(t *testing.T) {
 	t.Run("world_of_1", func(t *testing.T) {
-		ws, mems := ncclWorlds(t, 1, 5*time.Second, collective.FakeNCCLOptions{})
+		ws, mems := ncclWorlds(t, 1, 5*time.Second, ncclfake.Options{})
 		defer closeAll(ws)
 		c, err := comm(ws[0], mems)
 		if err != nil {
@@ -267,7 +267,7 @@ func TestNCCLChoice(t *testing.T) {
 			t.Errorf("backend %s, algorithm %s, gathered %v", c.Backend(), c.Algorithm(), got)
 		}
 	})
-	missing := collective.FakeNCCLOptions{Missing: "libnccl.so.2: cannot open shared object file: No such file or directory"}
+	missing := ncclfake.Options{Missing: "libnccl.so.2: cannot open shared object file: No such file or directory"}
 	t.Run("missing_auto", func(t *testing.T) {
 		core, logs := observer.New(zap.InfoLevel)
 		o := collectivetest.NCCLOptions(collectivetest.SuiteOptions(), missing)
@@ -283,7 +283,7 @@ func TestNCCLChoice(t *testing.T) {
 		ts, cs := collective.LocalTransports(2), collective.LocalControls(2)
 		ws := make([]*collective.World, 2)
 		for r := range ws {
-			fake := collective.FakeNCCLOptions{}
+			fake := ncclfake.Options{}
 			if r == 1 {
 				fake = missing
 			}
@@ -333,7 +333,7 @@ func sharedMemories(n int) []tensor.Memory {
 func TestNCCLSharedDevice(t *testing.T) {
 	t.Run("auto", func(t *testing.T) {
 		core, logs := observer.New(zap.InfoLevel)
-		o := collectivetest.NCCLOptions(collectivetest.SuiteOptions(), collective.FakeNCCLOptions{})
+		o := collectivetest.NCCLOptions(collectivetest.SuiteOptions(), ncclfake.Options{})
 		o.Collectives, o.Logger = collective.BackendAuto, zap.New(core)
 		ws := localWorlds(t, 3, o)
 		defer closeAll(ws)
@@ -358,7 +358,7 @@ func TestNCCLSharedDevice(t *testing.T) {
 		}
 	})
 	t.Run("asked_for", func(t *testing.T) {
-		ws := localWorlds(t, 2, collectivetest.NCCLOptions(collectivetest.SuiteOptions(), collective.FakeNCCLOptions{}))
+		ws := localWorlds(t, 2, collectivetest.NCCLOptions(collectivetest.SuiteOptions(), ncclfake.Options{}))
 		defer closeAll(ws)
 		mems := sharedMemories(2)
 		errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
@@ -383,11 +383,11 @@ func TestNCCLSharedDevice(t *testing.T) {
 // creation (Query, Abort and Destroy included), and two ranks of one
 // communicator on one device (every member fails at InitRank).
 func TestFakeNCCLRefuses(t *testing.T) {
-	fake := collective.FakeNCCLOptions{Resolve: sim.Resolve, Current: sim.Current}
+	fake := ncclfake.Options{Resolve: sim.Resolve, Current: sim.Current}
 	t.Run("context", func(t *testing.T) {
 		ws := localWorlds(t, 1, collectivetest.SuiteOptions())
 		defer closeAll(ws)
-		lib, err := collective.FakeNCCL(fake)(ws[0])
+		lib, err := ncclfake.New(fake)(ws[0])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -460,7 +460,7 @@ func TestFakeNCCLRefuses(t *testing.T) {
 			libs := make([]collective.NCCL, 2)
 			for r, w := range ws {
 				var err error
-				if libs[r], err = collective.FakeNCCL(fake)(w); err != nil {
+				if libs[r], err = ncclfake.New(fake)(w); err != nil {
 					t.Fatal(err)
 				}
 			}

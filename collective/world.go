@@ -7,14 +7,15 @@
 // memory over the World's Transport. A Communicator takes tensors of one device
 // and is chosen per buffer device: "host" (a Group on host tensors), "staged"
 // (device buffers copied to host memory in chunks, pipelined with a Group's
-// collectives, and back) or "nccl" (registered by builds that have it). Every
-// backend keeps the Group's coordination, so failures look the same on every
-// device.
+// collectives, and back) or "nccl" (where Options.Backends lists it: builds
+// that have it). Every backend keeps the Group's coordination, so failures
+// look the same on every device.
 //
-// The data plane is a Transport (local, shm, tcp, nats); the coordination plane
-// (rendezvous, heartbeats, failure notices, abort) is a Control, over NATS in a
-// real job (see Join). Every message carries a fixed binary Header that the
-// receiver checks before using a byte. Every wait has a deadline.
+// The data plane is a Transport (local here; shm, tcp and nats in package
+// transport); the coordination plane (rendezvous, heartbeats, failure notices,
+// abort) is a Control, over NATS in a real job (see package bootstrap). Every
+// message carries a fixed binary Header that the receiver checks before using
+// a byte. Every wait has a deadline.
 //
 // Failure model: the first failure anywhere is fatal to the World. The rank that
 // detects it publishes a Notice; every rank's pending and future calls fail with
@@ -64,9 +65,11 @@ type Options struct {
 	// Collectives chooses the backend of device buffers: "auto" (default),
 	// "host", "staged" or "nccl" (see Communicator).
 	Collectives string
-	// Backends are device backends this World may use besides the registered
-	// ones (RegisterBackend), looked at first: tests give the nccl backend
-	// over FakeNCCL this way.
+	// Backends are the device backends this World may use, the first that
+	// serves a device first (none: device buffers are staged). A worker
+	// lists what its build and settings have (package job: nccl in cuda
+	// builds, the fake library on sim devices when chosen); tests give the
+	// nccl backend over package ncclfake this way.
 	Backends []DeviceBackend
 	// StageBytes is the staged backend's pipelining unit: device buffers cross
 	// to host memory in chunks of this size; default 4 MiB.
@@ -119,8 +122,8 @@ type World struct {
 	voteOn  string
 }
 
-// NewWorld builds a World over a transport and a control plane (Join does this
-// for a real job; tests pair LocalTransports with LocalControls).
+// NewWorld builds a World over a transport and a control plane (bootstrap.Join
+// does this for a real job; tests pair LocalTransports with LocalControls).
 func NewWorld(t Transport, ctrl Control, o Options) (*World, error) {
 	o.defaults()
 	if t == nil || ctrl == nil {
@@ -130,7 +133,7 @@ func NewWorld(t Transport, ctrl Control, o Options) (*World, error) {
 	if o.Collectives, err = ParseBackend(o.Collectives); err != nil {
 		return nil, err
 	}
-	w := &World{rank: t.Rank(), size: t.Size(), t: t, ctrl: ctrl, opts: o, job: hash64("job:" + o.Job),
+	w := &World{rank: t.Rank(), size: t.Size(), t: t, ctrl: ctrl, opts: o, job: JobHash(o.Job),
 		log: o.Logger, comms: map[string]*Group{}, seqs: map[string]uint64{}}
 	w.ctx, w.cancel = context.WithCancelCause(context.Background())
 	w.cur = State{Rank: w.rank, Since: time.Now()}

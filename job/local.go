@@ -19,7 +19,7 @@ func InProcess(ctx context.Context, n int, fn func(ctx context.Context, w *colle
 	ts, cs := collective.LocalTransports(n), collective.LocalControls(n)
 	ws := make([]*collective.World, n)
 	for i := range ws {
-		w, err := collective.NewWorld(ts[i], cs[i], collective.Options{Job: "in-process", Collectives: os.Getenv(collective.EnvBackend)})
+		w, err := collective.NewWorld(ts[i], cs[i], collective.Options{Job: "in-process", Collectives: os.Getenv(collective.EnvBackend), Backends: collectiveBackends()})
 		if err != nil {
 			return err
 		}

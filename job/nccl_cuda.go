@@ -2,5 +2,11 @@
 
 package job
 
-// CUDA builds carry the nccl collective backend (NCCL loaded at run time).
-import _ "github.com/meshrun/meshrun/collective/nccl"
+import (
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/collective/nccl"
+)
+
+// cudaBackends: CUDA builds carry the nccl collective backend (NCCL loaded
+// at run time).
+func cudaBackends() []collective.DeviceBackend { return []collective.DeviceBackend{nccl.Backend()} }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/meshrun/meshrun/placement"
 	"io"
 	"os"
 	"runtime/pprof"
@@ -14,9 +13,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/protocol"
 	"github.com/meshrun/meshrun/runlog"
 )
@@ -28,9 +29,10 @@ func ranks(ctx context.Context, env Env, n int, fn func(ctx context.Context, w *
 	if env.Getenv("MESHRUN_NATS_URL") == "" {
 		return InProcess(ctx, n, fn)
 	}
-	cfg := collective.EnvConfig()
+	cfg := bootstrap.EnvConfig()
 	cfg.Logger = env.Run.Log
-	w, err := collective.Join(ctx, cfg)
+	cfg.Backends = collectiveBackends()
+	w, err := bootstrap.Join(ctx, cfg)
 	if err != nil {
 		return err
 	}

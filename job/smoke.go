@@ -7,9 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap"
 	"go.uber.org/zap"
-
-	"github.com/meshrun/meshrun/collective"
 )
 
 // helloTask is `worker hello`.
@@ -94,9 +93,10 @@ func (t *barrierTask) setup(_ context.Context, _ Env, args []string) error {
 }
 
 func (t *barrierTask) run(ctx context.Context, env Env) int {
-	cfg := collective.EnvConfig()
+	cfg := bootstrap.EnvConfig()
 	cfg.Logger = env.Run.Log
-	w, err := collective.Join(ctx, cfg)
+	cfg.Backends = collectiveBackends()
+	w, err := bootstrap.Join(ctx, cfg)
 	if err != nil {
 		return failure(env, "barrier", err)
 	}

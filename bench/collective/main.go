@@ -44,6 +44,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/natsrv"
@@ -269,7 +270,7 @@ func worker() error {
 		defer pprof.StopCPUProfile()
 	}
 	ctx := context.Background()
-	w, err := collective.Join(ctx, collective.EnvConfig())
+	w, err := bootstrap.Join(ctx, bootstrap.EnvConfig())
 	if err != nil {
 		return err
 	}

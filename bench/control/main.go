@@ -45,6 +45,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/natsrv"
 	"github.com/meshrun/meshrun/protocol"
@@ -162,7 +163,7 @@ func startJob(ctx context.Context, o options, n int, tag string) (*job, error) {
 	t0 := time.Now()
 	for r := 0; r < n; r++ {
 		j.dialers[r] = &dialer{}
-		cfg := collective.Config{
+		cfg := bootstrap.Config{
 			Rank: r, WorldSize: n,
 			LocalRank: r % o.perNode, LocalWorldSize: o.perNode, NodeRank: r / o.perNode, NNodes: (n + o.perNode - 1) / o.perNode,
 			Job: name, NATSURL: srv.URL(r), Creds: &cr, Transport: "none",
@@ -175,7 +176,7 @@ func startJob(ctx context.Context, o options, n int, tag string) (*job, error) {
 			if o.ramp > 0 {
 				time.Sleep(time.Duration(int64(o.ramp) * int64(cfg.Rank) / int64(n)))
 			}
-			w, err := collective.Join(ctx, cfg)
+			w, err := bootstrap.Join(ctx, cfg)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

@@ -1,7 +1,6 @@
 package collectivetest
 
 import (
-	"context"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -15,7 +14,7 @@ type Fault struct {
 	After int64
 	// Close closes the transport (the rank "exits": its peers see it vanish).
 	Close bool
-	// Stall blocks every later Send until ctx ends (a hung rank).
+	// Stall blocks every later Send until the World fails (a hung rank).
 	Stall bool
 	// Count adds to the count of every later header (a rank that disagrees on
 	// the shape, seen mid-stream).
@@ -29,19 +28,19 @@ type FaultTransport struct {
 	sent atomic.Int64
 }
 
-func (f *FaultTransport) Send(ctx context.Context, peer int, h *collective.Header, p []byte) error {
+func (f *FaultTransport) Send(dl collective.Deadline, peer int, h *collective.Header, p []byte) error {
 	if f.sent.Add(1) > f.F.After {
 		switch {
 		case f.F.Close:
 			f.Transport.Close()
 		case f.F.Stall:
-			<-ctx.Done()
-			return ctx.Err()
+			<-dl.Done
+			return dl.Err(peer, "sending")
 		case f.F.Count != 0:
 			h.Count += f.F.Count
 		}
 	}
-	return f.Transport.Send(ctx, peer, h, p)
+	return f.Transport.Send(dl, peer, h, p)
 }
 
 // Goroutines returns a function that fails t if, within 5 s, the number of

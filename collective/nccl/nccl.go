@@ -131,8 +131,10 @@ import (
 	"github.com/meshrun/meshrun/tensor"
 )
 
-func init() {
-	collective.RegisterBackend(collective.NCCLBackend(tensor.CUDA, func(*collective.World) (collective.NCCL, error) { return Open() }))
+// Backend is the nccl backend for CUDA tensors over the library Open loads,
+// for a World's Options.Backends (a cuda worker lists it: package job).
+func Backend() collective.DeviceBackend {
+	return collective.NCCLBackend(tensor.CUDA, func(*collective.World) (collective.NCCL, error) { return Open() })
 }
 
 var (
@@ -167,7 +169,7 @@ func load() (*library, error) {
 // libnccl.so.2) and returns it as the nccl backend's function table, or
 // why it cannot: a file the loader cannot open, a function missing
 // ("undefined symbol ncclGroupEnd (NCCL 2.10 or later needed)"), a version
-// before 2.10. The backend registered for CUDA tensors uses it; a test can
+// before 2.10. The backend for CUDA tensors (Backend) uses it; a test can
 // give it to collective.NCCLBackend for another device's memory that has a
 // Stream (kernels/sim's).
 func Open() (collective.NCCL, error) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/collective/nccl"
 	"github.com/meshrun/meshrun/kernels/cuda"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -25,7 +26,7 @@ func TestWorldOfOne(t *testing.T) {
 		t.Skipf("no CUDA device: %v", err)
 	}
 	defer p.Close()
-	w, err := collective.NewWorld(collective.LocalTransports(1)[0], collective.LocalControls(1)[0], collective.Options{Collectives: collective.BackendNCCL})
+	w, err := collective.NewWorld(collective.LocalTransports(1)[0], collective.LocalControls(1)[0], collective.Options{Collectives: collective.BackendNCCL, Backends: []collective.DeviceBackend{nccl.Backend()}})
 	if err != nil {
 		t.Fatal(err)
 	}

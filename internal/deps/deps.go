@@ -5,6 +5,7 @@ package deps
 
 import (
 	"os/exec"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -30,25 +31,8 @@ func Of(t testing.TB, pkgs ...string) []Package {
 // none): a tagged build may import what the plain one does not.
 func OfTags(t testing.TB, tags string, pkgs ...string) []Package {
 	t.Helper()
-	gotool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go tool in PATH: ", err)
-	}
-	args := []string{"list", "-deps", "-f", "{{.ImportPath}} {{.Standard}}"}
-	if tags != "" {
-		args = append(args, "-tags", tags)
-	}
-	args = append(args, pkgs...)
-	out, err := exec.Command(gotool, args...).Output()
-	if err != nil {
-		msg := err.Error()
-		if ee, ok := err.(*exec.ExitError); ok {
-			msg += ": " + string(ee.Stderr)
-		}
-		t.Fatalf("go list -deps %s: %s", strings.Join(pkgs, " "), msg)
-	}
 	var deps []Package
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range List(t, tags, true, "{{.ImportPath}} {{.Standard}}", pkgs...) {
 		path, std, _ := strings.Cut(line, " ")
 		deps = append(deps, Package{ImportPath: path, Standard: std == "true"})
 	}
@@ -80,27 +64,59 @@ func ForbidTags(t testing.TB, tags string, pkgs []string, forbidden ...string) {
 
 // Imports returns the packages pkgs match (patterns such as Module+"/...")
 // with the packages each imports directly, as `go list` lists them: test
-// files are not read. It skips t when the go tool is not found and fails it
-// when go list fails.
+// files are not read.
 func Imports(t testing.TB, pkgs ...string) map[string][]string {
+	t.Helper()
+	imports := map[string][]string{}
+	for _, line := range List(t, "", false, "{{.ImportPath}}{{range .Imports}} {{.}}{{end}}", pkgs...) {
+		f := strings.Fields(line)
+		imports[f[0]] = f[1:]
+	}
+	return imports
+}
+
+// Importers returns, sorted, every dependency of pkgs (pkgs included, test
+// files not read) that imports target itself, or a package under it.
+func Importers(t testing.TB, target string, pkgs ...string) []string {
+	t.Helper()
+	var importers []string
+	for _, line := range List(t, "", true, "{{.ImportPath}}{{range .Imports}} {{.}}{{end}}", pkgs...) {
+		f := strings.Fields(line)
+		for _, imp := range f[1:] {
+			if imp == target || strings.HasPrefix(imp, target+"/") {
+				importers = append(importers, f[0])
+				break
+			}
+		}
+	}
+	sort.Strings(importers)
+	return importers
+}
+
+// List runs `go list [-deps] [-tags tags] -f format pkgs` and returns its
+// lines. It skips t when the go tool is not found and fails it when go list
+// fails.
+func List(t testing.TB, tags string, withDeps bool, format string, pkgs ...string) []string {
 	t.Helper()
 	gotool, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("no go tool in PATH: ", err)
 	}
-	args := append([]string{"list", "-f", "{{.ImportPath}}{{range .Imports}} {{.}}{{end}}"}, pkgs...)
+	args := []string{"list", "-f", format}
+	if withDeps {
+		args = append(args, "-deps")
+	}
+	if tags != "" {
+		args = append(args, "-tags", tags)
+	}
+	args = append(args, pkgs...)
 	out, err := exec.Command(gotool, args...).Output()
 	if err != nil {
 		msg := err.Error()
 		if ee, ok := err.(*exec.ExitError); ok {
 			msg += ": " + string(ee.Stderr)
 		}
-		t.Fatalf("go list %s: %s", strings.Join(pkgs, " "), msg)
+		t.Fatalf("go %s: %s", strings.Join(args, " "), msg)
 	}
-	imports := map[string][]string{}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		f := strings.Fields(line)
-		imports[f[0]] = f[1:]
-	}
-	return imports
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }

@@ -20,7 +20,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/bootstrap"
 	"github.com/meshrun/meshrun/runlog"
 )
 
@@ -132,7 +132,7 @@ func run(ctx context.Context, rank int) (code int, own bool) {
 		return 1, false
 	}
 	sp := rl.Span("join", "rendezvous")
-	w, err := collective.Join(ctx, collective.EnvConfig())
+	w, err := bootstrap.Join(ctx, bootstrap.EnvConfig())
 	sp.End()
 	if err != nil {
 		return fail(err)

@@ -1,0 +1,8 @@
+//go:build !cuda
+
+package job
+
+import "github.com/meshrun/meshrun/collective"
+
+// cudaBackends: builds without cuda have no CUDA tensors to give NCCL.
+func cudaBackends() []collective.DeviceBackend { return nil }

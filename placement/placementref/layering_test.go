@@ -11,9 +11,8 @@ import (
 )
 
 // testSupport says whether pkg is test support: a package whose name starts
-// (internal/testtime, internal/testpki) or ends in
-// "test" (collectivetest, spmdtest, bootstraptest...), which only tests import
-// (internal/deps TestTestSupportUnlinked).
+// or ends in "test" (internal/testtime, collectivetest, spmdtest...), which
+// only tests import (internal/deps TestTestSupportUnlinked).
 func testSupport(pkg string) bool {
 	base := path.Base(pkg)
 	return strings.HasSuffix(base, "test") || strings.HasPrefix(base, "test")

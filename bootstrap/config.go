@@ -7,9 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/natsconn"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/collective"
-	"github.com/meshrun/meshrun/natsconn"
-	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/transport"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
@@ -24,7 +24,7 @@ import (
 //	MESHRUN_JOB_ID                   job id (required): subjects are meshrun.<job>.…
 //	MESHRUN_NATS_URL                 NATS server (required)
 //	MESHRUN_NATS_CREDS               path of a 0600 credentials file (format: see
-//	                                 package natsconn/creds: user=… and password=… lines)
+//	                                 package bootstrap/natsconn/creds: user=… and password=… lines)
 //	MESHRUN_TRANSPORT                auto (default) | shm | tcp | nats | none
 //	                                 (none: control plane only, for simulation)
 //	MESHRUN_TCP_HOST                 address the tcp data listener binds and

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/collective"
-	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats-server/v2/server"
 )

@@ -11,8 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/natsconn"
 	"github.com/meshrun/meshrun/collective"
-	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/protocol"
 	"github.com/meshrun/meshrun/transport"
 	"github.com/nats-io/nats.go"

@@ -12,14 +12,22 @@ import (
 	"github.com/meshrun/meshrun/internal/deps"
 )
 
-// In a worker, the NATS client library is bootstrap's (the rendezvous, the
-// control plane, and the connection it gives the nats data path) and
-// natsconn's (the connection settings and the credentials): every other
-// package of the worker reaches NATS through them.
+// The NATS client library is bootstrap's: the rendezvous, the control plane,
+// the connection it gives the nats data path, and the connection settings and
+// credentials (bootstrap/natsconn). Below the launcher every package reaches
+// NATS through it; above, the launcher (launch, which also serves the job's
+// coordination plane) and the benchmarks' drivers may use the client
+// directly. A worker links no other importer of it.
 func TestLayeringNATSClient(t *testing.T) {
-	for _, p := range deps.Importers(t, "github.com/nats-io/nats.go", deps.Module+"/cmd/worker") {
-		if !underAny(p, deps.Module+"/bootstrap", deps.Module+"/natsconn", "github.com/nats-io") {
-			t.Errorf("%s imports github.com/nats-io/nats.go: only bootstrap and natsconn may, in a worker", p)
+	const nats = "github.com/nats-io/nats.go"
+	for _, p := range deps.Importers(t, nats, deps.Module+"/...") {
+		if underAny(p, deps.Module) && !underAny(p, deps.Module+"/bootstrap", deps.Module+"/launch", deps.Module+"/bench") {
+			t.Errorf("%s imports %s: below the launcher only bootstrap may", p, nats)
+		}
+	}
+	for _, p := range deps.Importers(t, nats, deps.Module+"/cmd/worker") {
+		if !underAny(p, deps.Module+"/bootstrap", "github.com/nats-io") {
+			t.Errorf("%s imports %s: in a worker only bootstrap may", p, nats)
 		}
 	}
 }

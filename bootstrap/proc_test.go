@@ -18,10 +18,10 @@ import (
 
 	"github.com/meshrun/meshrun/bootstrap"
 	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/collective/ncclfake"
-	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/natsrv"
 	"github.com/meshrun/meshrun/tensor"
 )

@@ -17,7 +17,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 )
 
 // imageUser is the numeric uid and gid the last stage of a Dockerfile runs
@@ -287,7 +287,7 @@ func readable(spec *corev1.PodSpec, c *corev1.Container, f podFile) bool {
 
 // credsProblem says why the launcher of a pod could not use its --nats-creds
 // file, nil when it can: the file must be readable by the launcher's user and
-// pass the launcher's own check (natsconn/creds.Read: nothing for group or
+// pass the launcher's own check (bootstrap/natsconn/creds.Read: nothing for group or
 // others), run here on a file of the modelled mode.
 func credsProblem(t *testing.T, spec *corev1.PodSpec) error {
 	t.Helper()

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshrun/meshrun/natsconn"
+	"github.com/meshrun/meshrun/bootstrap/natsconn"
 	"github.com/meshrun/meshrun/runlog"
 )
 

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshrun/meshrun/bootstrap/natsconn"
 	"github.com/meshrun/meshrun/kernels/providers/catalog"
-	"github.com/meshrun/meshrun/natsconn"
 )
 
 // cudaBuild is the command a refusal of --device cuda or --kernels cuda names

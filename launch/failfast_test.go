@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/internal/testtime"
-	"github.com/meshrun/meshrun/natsconn/creds"
 )
 
 // failFastBound: how soon a launcher must end once its job cannot run, far

@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/natsconn"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/internal/testpki"
 	"github.com/meshrun/meshrun/internal/testtime"
-	"github.com/meshrun/meshrun/natsconn"
-	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats.go"
 )

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/internal/testpki"
 	"github.com/meshrun/meshrun/internal/testtime"
-	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/protocol"
 )
 

@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/internal/testtime"
-	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/natsrv"
 	"github.com/meshrun/meshrun/runlog"
 )

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/meshrun/meshrun/natsconn"
-	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/bootstrap/natsconn"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 )
 
 // What the launcher writes into a job folder (job.json, summary.json,

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshrun/meshrun/natsconn"
-	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/bootstrap/natsconn"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 )
 
 // TestRedact: the names that hold secrets, and what the launcher records of

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/natsconn"
 	"github.com/meshrun/meshrun/logview"
-	"github.com/meshrun/meshrun/natsconn"
 	"github.com/meshrun/meshrun/natsrv"
 	"github.com/meshrun/meshrun/runlog"
 )

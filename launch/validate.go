@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/meshrun/meshrun/natsconn"
+	"github.com/meshrun/meshrun/bootstrap/natsconn"
 	"github.com/meshrun/meshrun/runlog"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/meshrun/meshrun/natsconn"
+	"github.com/meshrun/meshrun/bootstrap/natsconn"
 	"github.com/meshrun/meshrun/protocol"
 )
 

@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/protocol"
 	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/nats-io/nats.go"
 )
 

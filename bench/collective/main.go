@@ -45,8 +45,8 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/collective"
-	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/meshrun/meshrun/natsrv"
 )
 

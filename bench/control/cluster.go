@@ -24,7 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/natsrv"
 )
 

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/internal/testpki"
-	"github.com/meshrun/meshrun/natsconn/creds"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )

@@ -10,5 +10,5 @@ import (
 // workers read their credentials with) must not depend on natsrv or on
 // nats-server.
 func TestLayering(t *testing.T) {
-	deps.Forbid(t, []string{deps.Module + "/natsconn/..."}, deps.Module+"/natsrv", "github.com/nats-io/nats-server")
+	deps.Forbid(t, []string{deps.Module + "/bootstrap/natsconn/..."}, deps.Module+"/natsrv", "github.com/nats-io/nats-server")
 }

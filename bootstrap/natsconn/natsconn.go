@@ -26,7 +26,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/nats-io/nats.go"
 )
 

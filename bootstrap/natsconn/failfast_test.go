@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshrun/meshrun/natsconn/creds"
+	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )

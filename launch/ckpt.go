@@ -60,11 +60,11 @@ func ckptMain(args []string, stdout, stderr io.Writer) int {
 	fs, to := ckptFlags(args[0])
 	pos, err := flaghelp.Interspersed(fs, args[1:])
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, helpText(ckptHelp[args[0]], fs))
+		fmt.Fprint(stdout, flaghelp.Help(ckptHelp[args[0]], fs))
 		return 0
 	}
 	if err != nil {
-		err = flagError(name, fs, err)
+		err = flaghelp.CommandError(name, fs, err)
 	} else if len(pos) == 0 {
 		err = fmt.Errorf("PATH is required (%s -h)", name)
 	} else if len(pos) > 1 {

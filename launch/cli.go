@@ -1,21 +1,20 @@
-// Package launch is the launcher: it plans sharded ops (`launcher plan`), and
-// starts and supervises the ranks of a job, writing the job's folder that
-// package logview reads (`launcher logs`, `logs why`, `trace`).
+// Package launch is the launcher: it starts and supervises the ranks of a job
+// (`launcher run`), writing the job's folder that package logview reads
+// (`launcher logs`, `logs why`, `trace`), and inspects and converts
+// checkpoints (`launcher ckpt`). Package planview prints the plans a job
+// would run (`launcher plan`).
 package launch
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"strings"
 
-	"github.com/meshrun/meshrun/internal/flaghelp"
+	"github.com/meshrun/meshrun/internal/exitcode"
 )
 
 // ExitUsage is the exit code for bad flags and inputs that cannot be run.
-const ExitUsage = 2
+const ExitUsage = exitcode.Usage
 
 const usage = `usage: launcher COMMAND [flags]
 
@@ -37,34 +36,14 @@ commands:
 `
 
 // Main runs the launcher's command line and returns the process exit code:
-// every command but logs and trace, which view a job's folder (package
-// logview: cmd/launcher hands them to it).
+// every command but plan (package planview) and logs and trace, which view a
+// job's folder (package logview): cmd/launcher hands those to their package.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return ExitUsage
 	}
 	switch args[0] {
-	case "plan":
-		o, err := ParsePlanFlags(args[1:])
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, planHelp())
-			return 0
-		}
-		if err == nil {
-			err = o.Validate()
-		}
-		if err == nil {
-			err = RunPlanContext(ctx, stdout, o)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "launcher plan: %v\n", err)
-			if ctx.Err() != nil {
-				return ExitInterrupted
-			}
-			return ExitUsage
-		}
-		return 0
 	case "run":
 		return runMain(ctx, args[1:], stdout, stderr)
 	case "ckpt":
@@ -75,20 +54,4 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "launcher: unknown command %q\n%s", args[0], usage)
 	return ExitUsage
-}
-
-// helpText is a command's -h: its usage lines, then every flag of fs with its
-// default (from the FlagSet itself, so it cannot drift from the flags).
-func helpText(head string, fs *flag.FlagSet) string {
-	var b strings.Builder
-	b.WriteString(head)
-	b.WriteString("\nflags:\n")
-	flaghelp.Flags(&b, fs)
-	return b.String()
-}
-
-// flagError is a bad flag of command cmd (fs.Parse's error) as one line that
-// names the flag and points at cmd -h.
-func flagError(cmd string, fs *flag.FlagSet, err error) error {
-	return fmt.Errorf("%v (%s -h lists the flags)", flaghelp.Error(fs, err), cmd)
 }

@@ -3,21 +3,22 @@ package launch
 import (
 	"bytes"
 	"context"
-	"flag"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshrun/meshrun/internal/exitcode"
+	"github.com/meshrun/meshrun/logview"
 )
 
 // TestHelp: -h and --help on the launcher and on every subcommand print the
 // usage and every flag with its default on stdout and exit 0; the text is
 // pinned by testdata/help/*.txt (go test ./launch -run TestHelp -update
-// rewrites them; run.txt is options.go's own usage). logview's TestHelp pins
-// logs, logs why and trace.
+// rewrites them; run.txt is options.go's own usage). planview's TestHelp pins
+// plan, logview's logs, logs why and trace.
 func TestHelp(t *testing.T) {
 	for _, tc := range []struct{ file, cmd string }{
 		{"launcher.txt", ""},
-		{"plan.txt", "plan"},
 		{"run.txt", "run"},
 		{"ckpt.txt", "ckpt"},
 		{"ckpt-inspect.txt", "ckpt inspect"},
@@ -39,13 +40,6 @@ func TestHelp(t *testing.T) {
 			golden(t, filepath.Join("testdata", "help", tc.file), texts[0])
 		})
 	}
-	// The plan help lists every flag plan has.
-	fs, _ := planFlags(&PlanOptions{})
-	fs.VisitAll(func(f *flag.Flag) {
-		if !strings.Contains(planHelp(), "-"+f.Name+" ") {
-			t.Errorf("plan help lacks --%s", f.Name)
-		}
-	})
 }
 
 // TestFlagErrors: a bad flag of a subcommand exits 2 with one line naming it
@@ -55,9 +49,8 @@ func TestFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"plan", "--mesh", "4", "--tokns", "5"}, "launcher plan: unknown flag --tokns; did you mean --tokens? (launcher plan -h lists the flags)\n"},
-		{[]string{"plan", "--tokens", "x"}, `launcher plan: invalid value "x" for flag --tokens: parse error (launcher plan -h lists the flags)` + "\n"},
 		{[]string{"ckpt", "inspect", "dir", "--to", "x"}, "launcher ckpt inspect: unknown flag --to (launcher ckpt inspect -h lists the flags)\n"},
+		{[]string{"ckpt", "convert", "dir", "--too", "x"}, "launcher ckpt convert: unknown flag --too; did you mean --to? (launcher ckpt convert -h lists the flags)\n"},
 		{[]string{"ckpt", "convert", "dir"}, "launcher ckpt convert: --to FILE is required\n"},
 		{[]string{"ckpt", "convert", "--to", "x"}, "launcher ckpt convert: PATH is required (launcher ckpt convert -h)\n"},
 	} {
@@ -66,5 +59,15 @@ func TestFlagErrors(t *testing.T) {
 		if code != ExitUsage || out.Len() != 0 || errb.String() != tc.want {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, code, out.String(), errb.String(), tc.want)
 		}
+	}
+}
+
+// TestExitCodesShared: every launcher command exits with the same code for
+// bad flags and when interrupted, whichever package runs it (package
+// internal/exitcode; logview keeps its own ExitUsage).
+func TestExitCodesShared(t *testing.T) {
+	if ExitUsage != exitcode.Usage || logview.ExitUsage != exitcode.Usage || ExitInterrupted != exitcode.Interrupted {
+		t.Errorf("exit codes: launch usage %d, interrupted %d; logview usage %d; want %d and %d",
+			ExitUsage, ExitInterrupted, logview.ExitUsage, exitcode.Usage, exitcode.Interrupted)
 	}
 }

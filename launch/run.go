@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/meshrun/meshrun/internal/exitcode"
 )
 
 // Exit codes of `launcher run` that do not come from a rank.
@@ -22,7 +24,7 @@ const (
 	ExitTimeout = 124
 	// ExitInterrupted is the exit code when the launcher is interrupted
 	// (Ctrl-C or SIGTERM) before the ranks finished.
-	ExitInterrupted = 130
+	ExitInterrupted = exitcode.Interrupted
 	// ExitStartFailed is the exit code of a rank whose process could not start.
 	ExitStartFailed = 127
 )

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshrun/meshrun/launch"
 	"github.com/meshrun/meshrun/logview"
+	"github.com/meshrun/meshrun/planview"
 )
 
 func main() {
@@ -19,11 +20,14 @@ func main() {
 	os.Exit(code)
 }
 
-// run is the command line: logs and trace view a job's folder (package
-// logview), every other command is package launch's.
+// run is the command line: plan prints the plans a job would run (package
+// planview), logs and trace view a job's folder (package logview), every
+// other command is package launch's.
 func run(ctx context.Context, args []string) int {
 	if len(args) > 0 {
 		switch args[0] {
+		case "plan":
+			return planview.Main(ctx, args[1:], os.Stdout, os.Stderr)
 		case "logs":
 			return logview.LogsMain(ctx, args[1:], os.Stdout, os.Stderr)
 		case "trace":

@@ -5,6 +5,7 @@
 //	--name TYPE   description (default X)
 //
 // and turns the flag package's parse errors into one line that names the flag.
+// Help and CommandError are the launcher's commands' -h and bad-flag line.
 package flaghelp
 
 import (
@@ -58,6 +59,22 @@ func Flags(w io.Writer, fs *flag.FlagSet) {
 	for _, r := range rows {
 		fmt.Fprintf(w, "  %-*s  %s\n", width, r.left, r.right)
 	}
+}
+
+// Help is a command's -h: its usage lines head, then "flags:" and every flag
+// of fs (Flags), so that the help cannot drift from the flags.
+func Help(head string, fs *flag.FlagSet) string {
+	var b strings.Builder
+	b.WriteString(head)
+	b.WriteString("\nflags:\n")
+	Flags(&b, fs)
+	return b.String()
+}
+
+// CommandError is a bad flag of command cmd (fs.Parse's error, as Error
+// writes it) as one line that points at cmd -h.
+func CommandError(cmd string, fs *flag.FlagSet, err error) error {
+	return fmt.Errorf("%v (%s -h lists the flags)", Error(fs, err), cmd)
 }
 
 // zero reports whether a default is the zero value of its flag's type: shown

@@ -68,3 +68,18 @@ func TestError(t *testing.T) {
 		}
 	}
 }
+
+// TestHelpAndCommandError: a command's -h is its usage then its flags, and a
+// bad flag one line pointing at the command's -h.
+func TestHelpAndCommandError(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Int("tokens", 512, "tokens per step")
+	if got, want := Help("usage: t [flags]\n", fs), "usage: t [flags]\n\nflags:\n  --tokens INT  tokens per step (default 512)\n"; got != want {
+		t.Errorf("Help: got %q, want %q", got, want)
+	}
+	err := CommandError("launcher t", fs, fs.Parse([]string{"--tokns", "5"}))
+	if want := "unknown flag --tokns; did you mean --tokens? (launcher t -h lists the flags)"; err == nil || err.Error() != want {
+		t.Errorf("CommandError: got %v, want %q", err, want)
+	}
+}

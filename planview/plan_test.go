@@ -1,4 +1,4 @@
-package launch
+package planview
 
 import (
 	"bytes"
@@ -12,7 +12,7 @@ import (
 
 func TestPlanJSON(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := Main(context.Background(), []string{"plan", "--mesh", "dp=2,tp=2", "--op", "linear",
+	code := Main(context.Background(), []string{"--mesh", "dp=2,tp=2", "--op", "linear",
 		"--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]", "--json", "--model", spmdtest.LargeLayersFile(t)}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
@@ -72,27 +72,27 @@ func TestPlanErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"bad flag", []string{"plan", "--mesh", "4", "--bogus"}, "bogus"},
-		{"no mesh", []string{"plan", "--x", "8x16:[R]"}, "--mesh is required"},
-		{"bad mesh", []string{"plan", "--mesh", "dp=0"}, "--mesh"},
-		{"shape does not fit", []string{"plan", "--mesh", "4", "--x", "8x16:[R]", "--w", "32x15:[R]"}, "shape mismatch"},
-		{"placements do not match the mesh", []string{"plan", "--mesh", "dp=2,tp=2", "--x", "8x16:[R]", "--w", "32x16:[R,R]"}, "placements for the 2-D mesh"},
-		{"mesh does not match world", []string{"plan", "--mesh", "dp=2,tp=2", "--world", "3", "--x", "8x16:[R,R]", "--w", "32x16:[R,R]"}, "world size is 3"},
-		{"unknown placement", []string{"plan", "--mesh", "4", "--x", "8x16:[Q]", "--w", "32x16:[R]"}, `"Q"`},
-		{"unknown op", []string{"plan", "--mesh", "4", "--op", "conv"}, "conv"},
-		{"unknown grad", []string{"plan", "--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--grads", "q"}, `no input "q"`},
-		{"input the op lacks", []string{"plan", "--mesh", "4", "--op", "gelu", "--x", "8x16:[R]", "--w", "32x16:[R]"}, "--w: gelu takes --x"},
-		{"shard beyond the tensor", []string{"plan", "--mesh", "4", "--x", "8x16:[S(2)]", "--w", "32x16:[R]"}, "tensor dim 2"},
-		{"unknown dtype", []string{"plan", "--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--dtype", "fp8"}, `--dtype "fp8"`},
-		{"redistribute S -> P", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[S(0)]", "--out", "[P]"}, "no redistribution path"},
-		{"redistribute without --out", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[S(0)]"}, "--out is required"},
-		{"redistribute without --x", []string{"plan", "--mesh", "4", "--op", "redistribute", "--out", "[R]"}, "--x is required"},
-		{"redistribute with --w", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--w", "8x16:[R]", "--out", "[R]"}, "--w: redistribute takes --x"},
-		{"redistribute with --grads", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--out", "[R]", "--grads", "x"}, "--grads, --dims and --explain are for ops"},
-		{"redistribute to a bad layout", []string{"plan", "--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--out", "[S(2)]"}, "--out [S(2)]"},
-		{"explain a block", []string{"plan", "--mesh", "4", "--block", "mlp", "--explain", "2"}, "--explain is for one op"},
-		{"negative explain", []string{"plan", "--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--explain", "-1"}, "--explain -1"},
-		{"unknown dtype, block", []string{"plan", "--mesh", "4", "--block", "mlp", "--dtype", "int8"}, `--dtype "int8"`},
+		{"bad flag", []string{"--mesh", "4", "--bogus"}, "bogus"},
+		{"no mesh", []string{"--x", "8x16:[R]"}, "--mesh is required"},
+		{"bad mesh", []string{"--mesh", "dp=0"}, "--mesh"},
+		{"shape does not fit", []string{"--mesh", "4", "--x", "8x16:[R]", "--w", "32x15:[R]"}, "shape mismatch"},
+		{"placements do not match the mesh", []string{"--mesh", "dp=2,tp=2", "--x", "8x16:[R]", "--w", "32x16:[R,R]"}, "placements for the 2-D mesh"},
+		{"mesh does not match world", []string{"--mesh", "dp=2,tp=2", "--world", "3", "--x", "8x16:[R,R]", "--w", "32x16:[R,R]"}, "world size is 3"},
+		{"unknown placement", []string{"--mesh", "4", "--x", "8x16:[Q]", "--w", "32x16:[R]"}, `"Q"`},
+		{"unknown op", []string{"--mesh", "4", "--op", "conv"}, "conv"},
+		{"unknown grad", []string{"--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--grads", "q"}, `no input "q"`},
+		{"input the op lacks", []string{"--mesh", "4", "--op", "gelu", "--x", "8x16:[R]", "--w", "32x16:[R]"}, "--w: gelu takes --x"},
+		{"shard beyond the tensor", []string{"--mesh", "4", "--x", "8x16:[S(2)]", "--w", "32x16:[R]"}, "tensor dim 2"},
+		{"unknown dtype", []string{"--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--dtype", "fp8"}, `--dtype "fp8"`},
+		{"redistribute S -> P", []string{"--mesh", "4", "--op", "redistribute", "--x", "8x16:[S(0)]", "--out", "[P]"}, "no redistribution path"},
+		{"redistribute without --out", []string{"--mesh", "4", "--op", "redistribute", "--x", "8x16:[S(0)]"}, "--out is required"},
+		{"redistribute without --x", []string{"--mesh", "4", "--op", "redistribute", "--out", "[R]"}, "--x is required"},
+		{"redistribute with --w", []string{"--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--w", "8x16:[R]", "--out", "[R]"}, "--w: redistribute takes --x"},
+		{"redistribute with --grads", []string{"--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--out", "[R]", "--grads", "x"}, "--grads, --dims and --explain are for ops"},
+		{"redistribute to a bad layout", []string{"--mesh", "4", "--op", "redistribute", "--x", "8x16:[R]", "--out", "[S(2)]"}, "--out [S(2)]"},
+		{"explain a block", []string{"--mesh", "4", "--block", "mlp", "--explain", "2"}, "--explain is for one op"},
+		{"negative explain", []string{"--mesh", "4", "--x", "8x16:[R]", "--w", "32x16:[R]", "--explain", "-1"}, "--explain -1"},
+		{"unknown dtype, block", []string{"--mesh", "4", "--block", "mlp", "--dtype", "int8"}, `--dtype "int8"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
@@ -112,7 +112,7 @@ func TestPlanDType(t *testing.T) {
 		bytes string
 	}{{"float32", "4-byte elements"}, {"bfloat16", "2-byte elements"}, {"float64", "8-byte elements"}} {
 		var out, errb bytes.Buffer
-		code := Main(context.Background(), []string{"plan", "--mesh", "4", "--x", "8x16:[S(1)]", "--w", "32x16:[S(1)]", "--dtype", tc.dtype}, &out, &errb)
+		code := Main(context.Background(), []string{"--mesh", "4", "--x", "8x16:[S(1)]", "--w", "32x16:[S(1)]", "--dtype", tc.dtype}, &out, &errb)
 		if code != 0 || !strings.Contains(out.String(), tc.bytes) {
 			t.Fatalf("%s: exit %d %s%s", tc.dtype, code, out.String(), errb.String())
 		}
@@ -122,7 +122,7 @@ func TestPlanDType(t *testing.T) {
 		dt  string
 		out *bytes.Buffer
 	}{{"float32", &f32}, {"bfloat16", &bf16}} {
-		if code := Main(context.Background(), []string{"plan", "--mesh", "tp=2", "--block", "mlp", "--dtype", c.dt}, c.out, &bytes.Buffer{}); code != 0 {
+		if code := Main(context.Background(), []string{"--mesh", "tp=2", "--block", "mlp", "--dtype", c.dt}, c.out, &bytes.Buffer{}); code != 0 {
 			t.Fatalf("block %s: exit %d", c.dt, code)
 		}
 	}
@@ -135,7 +135,7 @@ func TestPlanDType(t *testing.T) {
 // cheapest first, with their costs in bytes, to the JSON; without it the key
 // is absent.
 func TestPlanExplainJSON(t *testing.T) {
-	args := []string{"plan", "--mesh", "dp=2,tp=2", "--op", "linear", "--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]", "--json",
+	args := []string{"--mesh", "dp=2,tp=2", "--op", "linear", "--x", "8x16:[S(0),R]", "--w", "32x16:[R,S(0)]", "--b", "32:[R,S(0)]", "--json",
 		"--model", spmdtest.LargeLayersFile(t)}
 	var out, errb bytes.Buffer
 	if code := Main(context.Background(), append(args, "--explain", "2"), &out, &errb); code != 0 {

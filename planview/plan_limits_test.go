@@ -1,4 +1,4 @@
-package launch
+package planview
 
 import (
 	"bytes"
@@ -40,7 +40,7 @@ func TestPlanAbsurdSizes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
 			start := time.Now()
-			code := Main(context.Background(), append([]string{"plan"}, strings.Fields(tc.args)...), &out, &errb)
+			code := Main(context.Background(), strings.Fields(tc.args), &out, &errb)
 			d := time.Since(start)
 			if code != ExitUsage || out.Len() != 0 || strings.Count(errb.String(), "\n") != 1 || !strings.Contains(errb.String(), tc.want) {
 				t.Errorf("plan %s: exit %d, stdout %q, stderr %q; want exit 2 and one line with %q", tc.args, code, out.String(), errb.String(), tc.want)
@@ -63,7 +63,7 @@ func TestPlanLargeMeshes(t *testing.T) {
 		"--mesh 256x256 --x 8x16:[R,S(0)] --w 32x16:[R,S(0)]",
 	} {
 		var out, errb bytes.Buffer
-		if code := Main(context.Background(), append([]string{"plan"}, strings.Fields(args)...), &out, &errb); code != 0 || !strings.Contains(out.String(), "modelled") {
+		if code := Main(context.Background(), strings.Fields(args), &out, &errb); code != 0 || !strings.Contains(out.String(), "modelled") {
 			t.Errorf("plan %s: exit %d, stderr %q", args, code, errb.String())
 		}
 	}
@@ -73,7 +73,7 @@ func TestPlanLargeMeshes(t *testing.T) {
 // rank needs, the estimate the mlp workload checks before it starts.
 func TestPlanBlockMemory(t *testing.T) {
 	var out, errb bytes.Buffer
-	if code := Main(context.Background(), strings.Fields("plan --block mlp --mesh tp=2 --tokens 20000 --hidden 20000 --ffn 80000"), &out, &errb); code != 0 {
+	if code := Main(context.Background(), strings.Fields("--block mlp --mesh tp=2 --tokens 20000 --hidden 20000 --ffn 80000"), &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	want := "memory per rank: about 49.9 GiB (params 6.0 GiB, gradients 6.0 GiB, activations 23.1 GiB, scratch 14.9 GiB)\n"

@@ -1,4 +1,4 @@
-package launch
+package planview
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/meshrun/meshrun/internal/flaghelp"
 	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
@@ -111,7 +112,7 @@ func ParsePlanFlags(args []string) (PlanOptions, error) {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err
 		}
-		return o, flagError("launcher plan", fs, err)
+		return o, flaghelp.CommandError("launcher plan", fs, err)
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q (launcher plan -h lists the flags)", fs.Arg(0))
@@ -127,7 +128,7 @@ func ParsePlanFlags(args []string) (PlanOptions, error) {
 // planHelp is `launcher plan -h`.
 func planHelp() string {
 	fs, _ := planFlags(&PlanOptions{})
-	return helpText(planUsage, fs)
+	return flaghelp.Help(planUsage, fs)
 }
 
 // plan is a validated PlanOptions.

@@ -1,8 +1,8 @@
 // Package collectivetest is the conformance suite every collective transport
 // passes, through the device-aware Communicator: every op, every reduction,
 // float32 and float64, sizes 0, 1, uneven and larger than a chunk, groups of 1
-// to 5 ranks, the groups of 2-D meshes, and placement plans executed against
-// placement/sim — once on host buffers (the host backend) and once on simulated
+// to 5 ranks, the groups of 2-D meshes, and placement plans executed by
+// package redistribute against placement/placementref — once on host buffers (the host backend) and once on simulated
 // device buffers (the staged backend, its rounds smaller than the sizes).
 package collectivetest
 

@@ -10,6 +10,8 @@ import (
 
 // Sentinel errors. Every error a collective returns wraps one of them; test with
 // errors.Is, and use errors.As with *Error for the culprit rank and descriptors.
+// A sentinel's message starts with "collective: " and a call site wraps it
+// first, adding no prefix of its own: fmt.Errorf("%w: ...", ErrInvalid).
 var (
 	// ErrAborted: the job was aborted (an abort notice on protocol.AbortSubject,
 	// e.g. from the launcher) or the communicator closed.
@@ -52,7 +54,9 @@ var (
 	// communicator on one device. Error.Detail names the ranks and the
 	// device; nothing moved. Under auto such a group takes staged.
 	ErrSharedDevice = errors.New("collective: ranks share a device")
-	// ErrInvalid: bad arguments (lengths, counts, ranks, options).
+	// ErrInvalid: bad arguments (lengths, counts, ranks, options). It is not
+	// placement.ErrInvalid (a layout that cannot hold) nor launch.ErrInvalid
+	// (options a launcher cannot run): it fails a call on a live world.
 	ErrInvalid = errors.New("collective: invalid argument")
 	// ErrClosed: the communicator or world was closed, or failed earlier.
 	ErrClosed = errors.New("collective: closed")

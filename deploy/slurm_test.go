@@ -185,7 +185,7 @@ func TestSlurmLocal(t *testing.T) {
 
 	// rankfail: rank 1 on node 1 exits 3; both launchers name it, and the job
 	// ends with its code.
-	if fail := output("rankfail"); strings.Count(fail, "launcher run: rank failed: root cause rank 1 (node 1") != 2 {
+	if fail := output("rankfail"); strings.Count(fail, "launcher run: launch: rank failed: root cause rank 1 (node 1") != 2 {
 		t.Errorf("rankfail output: want both launchers to name rank 1 as the root cause:\n%s", fail)
 	}
 }

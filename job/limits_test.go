@@ -38,7 +38,7 @@ func TestAbsurdSizes(t *testing.T) {
 			"x 2 ranks on this machine"},
 		{"one rank", []string{"mlp", "--mesh", "1", "--tokens", "20000", "--hidden", "20000"}, map[string]string{"WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"},
 			"x 1 rank on this machine"},
-		{"a mesh of a trillion devices", []string{"mlp", "--mesh", "1000000x1000000"}, two, "--mesh: placement: mesh \"1000000x1000000\": size 1000000 is more than 65536"},
+		{"a mesh of a trillion devices", []string{"mlp", "--mesh", "1000000x1000000"}, two, "--mesh: placement: too large: size 1000000 is more than 65536 in mesh \"1000000x1000000\""},
 		{"a mesh over the device bound", []string{"mlp", "--mesh", "4096x4096"}, two, "mesh 4096x4096 holds more than 65536 devices"},
 		{"a mesh of too many dims", []string{"mlp", "--mesh", "1x1x1x1x1x1x1x1x2"}, two, "has 9 dims, more than the 8"},
 		{"a search over the budget", []string{"mlp", "--mesh", "2x2x2x2x2x2"}, map[string]string{"WORLD_SIZE": "64"}, "planning budget exceeded"},

@@ -186,7 +186,7 @@ func (r *Registry) NewDispatcher(choice Choice, log Logger) (*Dispatcher, error)
 	d.dev = first.Device()
 	def, err := build(d.dev.String())
 	if err != nil {
-		return nil, fmt.Errorf("kernels: %q runs on %v, whose default provider is missing: %w", choice.Default, d.dev, err)
+		return nil, fmt.Errorf("%w (%q runs on %v, whose default provider is missing)", err, choice.Default, d.dev)
 	}
 	mp, ok := def.(MemoryProvider)
 	if !ok {

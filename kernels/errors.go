@@ -1,15 +1,27 @@
 package kernels
 
-import "errors"
+import (
+	"errors"
 
-// Sentinel errors; calls wrap them with the op and shapes (%w), test with errors.Is.
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// Sentinel errors; calls wrap them with the op and shapes (%w), test with
+// errors.Is. A sentinel's message starts with its package's name ("kernels: "
+// here) and a call site wraps it first, adding no prefix of its own:
+// fmt.Errorf("%w: gemm %v x %v", ErrShape, a, b).
 var (
-	// ErrShape reports operands whose shapes or leading dims do not fit the op.
-	ErrShape = errors.New("kernels: shape mismatch")
-	// ErrDType reports an unsupported or mixed element type.
-	ErrDType = errors.New("kernels: unsupported dtype")
+	// ErrShape reports operands whose shapes or leading dims do not fit the
+	// op. It is tensor.ErrShape: an operand that does not fit is the same
+	// error whether a tensor or a kernel finds it, so errors.Is matches
+	// either name ("tensor: bad shape").
+	ErrShape = tensor.ErrShape
+	// ErrDType reports an unsupported or mixed element type. It is
+	// tensor.ErrDType ("tensor: bad dtype"), for the same reason.
+	ErrDType = tensor.ErrDType
 	// ErrDevice reports operands on a device the provider does not run on.
-	ErrDevice = errors.New("kernels: wrong device")
+	// It is tensor.ErrDevice ("tensor: wrong device"), for the same reason.
+	ErrDevice = tensor.ErrDevice
 	// ErrUnknownProvider reports a provider name that is not registered.
 	ErrUnknownProvider = errors.New("kernels: unknown provider")
 	// ErrUnknownOp reports an op name that does not exist.

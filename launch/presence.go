@@ -41,7 +41,7 @@ const kindCannotStart = "cannot_start"
 
 // ErrJobTaken reports a launcher refused because another already runs its
 // node of the job, or runs another node with a different shape.
-var ErrJobTaken = errors.New("job id taken")
+var ErrJobTaken = errors.New("launch: job id taken")
 
 // hello is a launcher's word that it runs one node of the job.
 type hello struct {

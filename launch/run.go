@@ -34,11 +34,15 @@ const (
 const DefaultHangAfter = 30 * time.Second
 
 // ErrRankFailed reports a job that ended because a rank failed; the error names
-// the root-cause rank.
-var ErrRankFailed = errors.New("rank failed")
+// the root-cause rank. Like every sentinel of this package (ErrInvalid,
+// ErrJobTaken, ErrHang), its message starts with "launch: " and a call site
+// wraps it first, adding no prefix of its own.
+var ErrRankFailed = errors.New("launch: rank failed")
 
-// ErrInvalid reports options that cannot be run; Validate wraps it.
-var ErrInvalid = errors.New("invalid options")
+// ErrInvalid reports options that cannot be run; Validate wraps it. It is not
+// placement.ErrInvalid nor collective.ErrInvalid: it means exit code 2
+// (ExitUsage), whatever check found the problem.
+var ErrInvalid = errors.New("launch: invalid options")
 
 // Environment variables the launcher sets on every rank: the resolved --device
 // and, when given, --kernels (the worker's defaults; a workload's own --device

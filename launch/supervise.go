@@ -18,7 +18,7 @@ import (
 
 // ErrHang reports a job that ended because a rank never entered a collective
 // its peers waited in; the error names the rank.
-var ErrHang = errors.New("hang")
+var ErrHang = errors.New("launch: hang")
 
 // hangStacksSettle is how long the launcher lets the ranks write their stacks
 // (asked on a hang) before it tears the job down.

@@ -18,36 +18,36 @@ type Mesh struct {
 // NewMesh builds a mesh. names is nil or holds one distinct, non-empty name per dim.
 func NewMesh(shape []int, names []string) (Mesh, error) {
 	if len(shape) == 0 {
-		return Mesh{}, fmt.Errorf("placement: mesh has no dims: %w", ErrInvalid)
+		return Mesh{}, fmt.Errorf("%w: mesh has no dims", ErrInvalid)
 	}
 	for i, n := range shape {
 		if n < 1 {
-			return Mesh{}, fmt.Errorf("placement: mesh dim %d has size %d: %w", i, n, ErrInvalid)
+			return Mesh{}, fmt.Errorf("%w: mesh dim %d has size %d", ErrInvalid, i, n)
 		}
 	}
 	if len(shape) > MaxMeshDims {
-		return Mesh{}, fmt.Errorf("placement: mesh %s has %d dims, more than the %d a mesh may have: %w",
-			FormatShape(shape), len(shape), MaxMeshDims, ErrTooLarge)
+		return Mesh{}, fmt.Errorf("%w: mesh %s has %d dims, more than the %d a mesh may have",
+			ErrTooLarge, FormatShape(shape), len(shape), MaxMeshDims)
 	}
 	size := 1
 	for _, n := range shape {
 		if n > MaxDevices/size {
-			return Mesh{}, fmt.Errorf("placement: mesh %s holds more than %d devices, the most a mesh may hold: %w",
-				FormatShape(shape), MaxDevices, ErrTooLarge)
+			return Mesh{}, fmt.Errorf("%w: mesh %s holds more than %d devices, the most a mesh may hold",
+				ErrTooLarge, FormatShape(shape), MaxDevices)
 		}
 		size *= n
 	}
 	if names != nil {
 		if len(names) != len(shape) {
-			return Mesh{}, fmt.Errorf("placement: mesh has %d dims but %d names: %w", len(shape), len(names), ErrInvalid)
+			return Mesh{}, fmt.Errorf("%w: mesh has %d dims but %d names", ErrInvalid, len(shape), len(names))
 		}
 		seen := map[string]bool{}
 		for _, nm := range names {
 			if !validName(nm) {
-				return Mesh{}, fmt.Errorf("placement: mesh dim name %q: want letters, digits and _ starting with a letter: %w", nm, ErrInvalid)
+				return Mesh{}, fmt.Errorf("%w: mesh dim name %q: want letters, digits and _ starting with a letter", ErrInvalid, nm)
 			}
 			if seen[nm] {
-				return Mesh{}, fmt.Errorf("placement: mesh dim name %q appears twice: %w", nm, ErrInvalid)
+				return Mesh{}, fmt.Errorf("%w: mesh dim name %q appears twice", ErrInvalid, nm)
 			}
 			seen[nm] = true
 		}
@@ -84,7 +84,7 @@ func validName(s string) bool {
 // of String.
 func ParseMesh(s string) (Mesh, error) {
 	if s == "" {
-		return Mesh{}, fmt.Errorf("placement: empty mesh: %w", ErrSyntax)
+		return Mesh{}, fmt.Errorf("%w: empty mesh", ErrSyntax)
 	}
 	if strings.Contains(s, "=") {
 		var shape []int
@@ -92,11 +92,11 @@ func ParseMesh(s string) (Mesh, error) {
 		for _, part := range strings.Split(s, ",") {
 			name, size, ok := strings.Cut(part, "=")
 			if !ok {
-				return Mesh{}, fmt.Errorf("placement: mesh %q: %q is not name=size: %w", s, part, ErrSyntax)
+				return Mesh{}, fmt.Errorf("%w: mesh %q: %q is not name=size", ErrSyntax, s, part)
 			}
 			n, err := parseSize(size, MaxDevices)
 			if err != nil {
-				return Mesh{}, fmt.Errorf("placement: mesh %q: %w", s, err)
+				return Mesh{}, fmt.Errorf("%w in mesh %q", err, s)
 			}
 			shape = append(shape, n)
 			names = append(names, name)
@@ -107,7 +107,7 @@ func ParseMesh(s string) (Mesh, error) {
 	for _, part := range strings.Split(s, "x") {
 		n, err := parseSize(part, MaxDevices)
 		if err != nil {
-			return Mesh{}, fmt.Errorf("placement: mesh %q: %w", s, err)
+			return Mesh{}, fmt.Errorf("%w in mesh %q", err, s)
 		}
 		shape = append(shape, n)
 	}
@@ -118,16 +118,16 @@ func ParseMesh(s string) (Mesh, error) {
 // at most limit.
 func parseSize(s string, limit int) (int, error) {
 	if s == "" || s[0] == '0' {
-		return 0, fmt.Errorf("size %q: %w", s, ErrSyntax)
+		return 0, fmt.Errorf("%w: size %q", ErrSyntax, s)
 	}
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {
-			return 0, fmt.Errorf("size %q: %w", s, ErrSyntax)
+			return 0, fmt.Errorf("%w: size %q", ErrSyntax, s)
 		}
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n > limit {
-		return 0, fmt.Errorf("size %s is more than %d: %w", s, limit, ErrTooLarge)
+		return 0, fmt.Errorf("%w: size %s is more than %d", ErrTooLarge, s, limit)
 	}
 	return n, nil
 }
@@ -192,7 +192,7 @@ func (m Mesh) DimIndex(name string) (int, error) {
 	if i, err := strconv.Atoi(name); err == nil && i >= 0 && i < len(m.shape) {
 		return i, nil
 	}
-	return -1, fmt.Errorf("placement: mesh %s has no dim %q: %w", m, name, ErrInvalid)
+	return -1, fmt.Errorf("%w: mesh %s has no dim %q", ErrInvalid, m, name)
 }
 
 // Equal reports whether two meshes have the same shape and names.
@@ -201,7 +201,7 @@ func (m Mesh) Equal(o Mesh) bool { return m.String() == o.String() }
 // Validate checks that the mesh holds exactly world ranks.
 func (m Mesh) Validate(world int) error {
 	if m.Size() != world {
-		return fmt.Errorf("placement: mesh %s holds %d ranks, world size is %d: %w", m, m.Size(), world, ErrWorldSize)
+		return fmt.Errorf("%w: mesh %s holds %d ranks, world size is %d", ErrWorldSize, m, m.Size(), world)
 	}
 	return nil
 }

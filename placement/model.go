@@ -50,8 +50,8 @@ func (m Model) Validate() error {
 	ok := func(v float64) bool { return v > 0 && !math.IsInf(v, 0) && !math.IsNaN(v) }
 	nonneg := func(v float64) bool { return v >= 0 && !math.IsInf(v, 0) && !math.IsNaN(v) }
 	if !nonneg(m.Gamma) || !nonneg(m.Alpha) || !ok(m.Beta) || !ok(m.Flops) || m.ElemBytes <= 0 || m.ElemBytes > 64 {
-		return fmt.Errorf("placement: model %q: gamma %g s, alpha %g s, beta %g B/s, flops %g/s, %d bytes per element: want gamma, alpha >= 0 and the others > 0: %w",
-			m.Name, m.Gamma, m.Alpha, m.Beta, m.Flops, m.ElemBytes, ErrInvalid)
+		return fmt.Errorf("%w: model %q: gamma %g s, alpha %g s, beta %g B/s, flops %g/s, %d bytes per element: want gamma, alpha >= 0 and the others > 0",
+			ErrInvalid, m.Name, m.Gamma, m.Alpha, m.Beta, m.Flops, m.ElemBytes)
 	}
 	return nil
 }
@@ -71,10 +71,10 @@ func ReadModel(path string) (Model, error) {
 	dec.DisallowUnknownFields()
 	m := Model{ElemBytes: 4}
 	if err := dec.Decode(&m); err != nil {
-		return Model{}, fmt.Errorf("placement: model %s: %v: %w", path, err, ErrInvalid)
+		return Model{}, fmt.Errorf("%w: model %s: %v", ErrInvalid, path, err)
 	}
 	if err := m.Validate(); err != nil {
-		return Model{}, fmt.Errorf("%s: %w", path, err)
+		return Model{}, fmt.Errorf("%w (in %s)", err, path)
 	}
 	return m, nil
 }

@@ -48,7 +48,7 @@ func ParseReduceOp(s string) (ReduceOp, error) {
 			return op, nil
 		}
 	}
-	return 0, fmt.Errorf("placement: reduce op %q: want sum, avg, max or min: %w", s, ErrSyntax)
+	return 0, fmt.Errorf("%w: reduce op %q: want sum, avg, max or min", ErrSyntax, s)
 }
 
 // Shard splits tensor dim Dim across the ranks of the mesh dim.
@@ -98,10 +98,10 @@ func Parse(s string) (Placement, error) {
 	case strings.HasPrefix(s, "P(") && strings.HasSuffix(s, ")"):
 		op, err := ParseReduceOp(s[2 : len(s)-1])
 		if err != nil {
-			return nil, fmt.Errorf("placement: %q: %w", s, err)
+			return nil, fmt.Errorf("%w in %q", err, s)
 		}
 		if op == Sum {
-			return nil, fmt.Errorf("placement: %q: write P for a sum: %w", s, ErrSyntax)
+			return nil, fmt.Errorf("%w: %q: write P for a sum", ErrSyntax, s)
 		}
 		return Partial{Op: op}, nil
 	case strings.HasPrefix(s, "S(") && strings.HasSuffix(s, ")"):
@@ -109,20 +109,20 @@ func Parse(s string) (Placement, error) {
 		split := Balanced
 		if d, opt, ok := strings.Cut(body, ","); ok {
 			if opt != "chunk" {
-				return nil, fmt.Errorf("placement: %q: split %q: want chunk (balanced is the default): %w", s, opt, ErrSyntax)
+				return nil, fmt.Errorf("%w: %q: split %q: want chunk (balanced is the default)", ErrSyntax, s, opt)
 			}
 			body, split = d, Chunk
 		}
 		if body == "" || (len(body) > 1 && body[0] == '0') || body[0] < '0' || body[0] > '9' {
-			return nil, fmt.Errorf("placement: %q: shard dim must be a non-negative integer: %w", s, ErrSyntax)
+			return nil, fmt.Errorf("%w: %q: shard dim must be a non-negative integer", ErrSyntax, s)
 		}
 		d, err := strconv.Atoi(body)
 		if err != nil || d > 1<<16 {
-			return nil, fmt.Errorf("placement: %q: shard dim must be a non-negative integer: %w", s, ErrSyntax)
+			return nil, fmt.Errorf("%w: %q: shard dim must be a non-negative integer", ErrSyntax, s)
 		}
 		return Shard{Dim: d, Split: split}, nil
 	}
-	return nil, fmt.Errorf("placement: %q: want S(d), S(d,chunk), R, P or P(avg|max|min): %w", s, ErrSyntax)
+	return nil, fmt.Errorf("%w: %q: want S(d), S(d,chunk), R, P or P(avg|max|min)", ErrSyntax, s)
 }
 
 // MustParse is Parse that panics on error, for tests and literals.
@@ -141,7 +141,7 @@ func ParseList(s string) ([]Placement, error) {
 	body := s
 	if strings.HasPrefix(s, "[") {
 		if !strings.HasSuffix(s, "]") {
-			return nil, fmt.Errorf("placement: %q: missing ]: %w", s, ErrSyntax)
+			return nil, fmt.Errorf("%w: %q: missing ]", ErrSyntax, s)
 		}
 		body = s[1 : len(s)-1]
 	}
@@ -149,7 +149,7 @@ func ParseList(s string) ([]Placement, error) {
 		if s == "[]" {
 			return []Placement{}, nil
 		}
-		return nil, fmt.Errorf("placement: empty placement list: %w", ErrSyntax)
+		return nil, fmt.Errorf("%w: empty placement list", ErrSyntax)
 	}
 	// Split on commas outside parentheses.
 	var out []Placement

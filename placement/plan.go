@@ -64,15 +64,14 @@ func planSearch(ctx context.Context, pl *Planner, from, to Spec, weight float64,
 		return nil, 0, err
 	}
 	if !from.Mesh.Equal(to.Mesh) || !slices.Equal(from.Shape, to.Shape) {
-		return nil, 0, fmt.Errorf("placement: plan %s on %s -> %s on %s: shape or mesh differs: %w",
-			from, from.Mesh, to, to.Mesh, ErrInvalid)
+		return nil, 0, fmt.Errorf("%w: plan %s on %s -> %s on %s: shape or mesh differs", ErrInvalid, from, from.Mesh, to, to.Mesh)
 	}
 	for i := range from.Placements {
 		_, fs := from.Placements[i].(Shard)
 		_, tp := to.Placements[i].(Partial)
 		if fs && tp {
-			return nil, 0, fmt.Errorf("placement: plan %s -> %s: mesh dim %s goes from %s to %s (S -> P): %w",
-				from, to, from.Mesh.DimName(i), from.Placements[i], to.Placements[i], ErrNoPath)
+			return nil, 0, fmt.Errorf("%w: plan %s -> %s: mesh dim %s goes from %s to %s (S -> P)",
+				ErrNoPath, from, to, from.Mesh.DimName(i), from.Placements[i], to.Placements[i])
 		}
 	}
 	m := pl.model
@@ -94,7 +93,7 @@ func planSearch(ctx context.Context, pl *Planner, from, to Spec, weight float64,
 		return nil, p.search.expanded, err
 	}
 	if err != nil && !errors.Is(err, ErrNoPath) {
-		return nil, p.search.expanded, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, to, from.Mesh, err)
+		return nil, p.search.expanded, fmt.Errorf("%w (plan %s -> %s on %s)", err, from, to, from.Mesh)
 	}
 	pl.Remember(key, planned{steps: steps, err: err, expanded: p.search.expanded})
 	return steps, p.search.expanded, err

@@ -103,7 +103,8 @@ func (p *Planner) Spend(ctx context.Context, n int64) error {
 		return fmt.Errorf("planning stopped: %w", err)
 	}
 	if p.budget.left.Add(-n) < 0 {
-		return fmt.Errorf("planning needs more than its budget of %d units of work (a mesh of fewer dims or ranks plans within it): %w", p.budget.total, ErrBudget)
+		return fmt.Errorf("%w: planning needs more than its budget of %d units of work (a mesh of fewer dims or ranks plans within it)",
+			ErrBudget, p.budget.total)
 	}
 	return nil
 }

@@ -250,7 +250,7 @@ func (s *search) run(ctx context.Context, pl *Planner, limit Picos) ([]Step, err
 	if s.fallback != nil {
 		return s.fallback, nil // nothing beat it
 	}
-	return nil, fmt.Errorf("placement: plan %s -> %s on %s: %w", from, s.to, from.Mesh, ErrNoPath)
+	return nil, fmt.Errorf("%w: plan %s -> %s on %s", ErrNoPath, from, s.to, from.Mesh)
 }
 
 // MaxExpanded bounds the layouts one search expands. Beyond it (layouts with

@@ -63,47 +63,45 @@ func MustSpec(shape []int, mesh Mesh, ps ...Placement) Spec {
 // Validate reports the first problem with the spec.
 func (s Spec) Validate() error {
 	if s.Mesh.NDim() == 0 {
-		return fmt.Errorf("placement: spec %s has no mesh: %w", s, ErrInvalid)
+		return fmt.Errorf("%w: spec %s has no mesh", ErrInvalid, s)
 	}
 	if len(s.Placements) != s.Mesh.NDim() {
-		return fmt.Errorf("placement: spec %s has %d placements for the %d-D mesh %s: %w",
-			s, len(s.Placements), s.Mesh.NDim(), s.Mesh, ErrInvalid)
+		return fmt.Errorf("%w: spec %s has %d placements for the %d-D mesh %s", ErrInvalid, s, len(s.Placements), s.Mesh.NDim(), s.Mesh)
 	}
 	for i, n := range s.Shape {
 		if n < 0 {
-			return fmt.Errorf("placement: spec %s: dim %d has negative size: %w", s, i, ErrInvalid)
+			return fmt.Errorf("%w: spec %s: dim %d has negative size", ErrInvalid, s, i)
 		}
 	}
 	if len(s.Shape) > MaxTensorDims {
-		return fmt.Errorf("placement: shape %s has %d dims, more than the %d a tensor may have: %w",
-			FormatShape(s.Shape), len(s.Shape), MaxTensorDims, ErrTooLarge)
+		return fmt.Errorf("%w: shape %s has %d dims, more than the %d a tensor may have",
+			ErrTooLarge, FormatShape(s.Shape), len(s.Shape), MaxTensorDims)
 	}
 	if !withinBounds(s.Shape) {
-		return fmt.Errorf("placement: shape %s holds more than %d elements, the most a tensor may hold: %w",
-			FormatShape(s.Shape), int64(MaxElems), ErrTooLarge)
+		return fmt.Errorf("%w: shape %s holds more than %d elements, the most a tensor may hold",
+			ErrTooLarge, FormatShape(s.Shape), int64(MaxElems))
 	}
 	var op *ReduceOp
 	for i, p := range s.Placements {
 		switch p := p.(type) {
 		case Shard:
 			if p.Dim < 0 || p.Dim >= len(s.Shape) {
-				return fmt.Errorf("placement: spec %s: mesh dim %d shards tensor dim %d of a %d-D tensor: %w",
-					s, i, p.Dim, len(s.Shape), ErrInvalid)
+				return fmt.Errorf("%w: spec %s: mesh dim %d shards tensor dim %d of a %d-D tensor", ErrInvalid, s, i, p.Dim, len(s.Shape))
 			}
 			if p.Split > Chunk {
-				return fmt.Errorf("placement: spec %s: unknown split: %w", s, ErrInvalid)
+				return fmt.Errorf("%w: spec %s: unknown split", ErrInvalid, s)
 			}
 		case Partial:
 			if p.Op > Min {
-				return fmt.Errorf("placement: spec %s: unknown reduce op: %w", s, ErrInvalid)
+				return fmt.Errorf("%w: spec %s: unknown reduce op", ErrInvalid, s)
 			}
 			if op != nil && *op != p.Op {
-				return fmt.Errorf("placement: spec %s mixes P(%s) and P(%s): %w", s, *op, p.Op, ErrInvalid)
+				return fmt.Errorf("%w: spec %s mixes P(%s) and P(%s)", ErrInvalid, s, *op, p.Op)
 			}
 			op = &p.Op
 		case Replicate:
 		default:
-			return fmt.Errorf("placement: spec %s: unknown placement %T: %w", s, p, ErrInvalid)
+			return fmt.Errorf("%w: spec %s: unknown placement %T", ErrInvalid, s, p)
 		}
 	}
 	return nil
@@ -155,7 +153,7 @@ func ParseShape(s string) ([]int, error) {
 		}
 		n, err := parseSize(part, MaxElems)
 		if err != nil {
-			return nil, fmt.Errorf("placement: shape %q: %w", s, err)
+			return nil, fmt.Errorf("%w in shape %q", err, s)
 		}
 		out = append(out, n)
 	}
@@ -166,7 +164,7 @@ func ParseShape(s string) ([]int, error) {
 func ParseSpec(s string, mesh Mesh) (Spec, error) {
 	shape, pls, ok := strings.Cut(s, ":")
 	if !ok {
-		return Spec{}, fmt.Errorf("placement: spec %q: want SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R]: %w", s, ErrSyntax)
+		return Spec{}, fmt.Errorf("%w: spec %q: want SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R]", ErrSyntax, s)
 	}
 	sh, err := ParseShape(shape)
 	if err != nil {

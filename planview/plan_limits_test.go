@@ -23,13 +23,13 @@ func TestPlanAbsurdSizes(t *testing.T) {
 		name, args, want string
 	}{
 		{"a trillion devices", "--mesh 1000000x1000000 --op linear --x 8x16:[R,R] --w 32x16:[R,R]",
-			`--mesh: placement: mesh "1000000x1000000": size 1000000 is more than 65536: too large`},
+			`--mesh: placement: too large: size 1000000 is more than 65536 in mesh "1000000x1000000"`},
 		{"16M devices", "--mesh 4096x4096 --op linear --x 8x16:[R,R] --w 32x16:[R,R]",
-			"--mesh: placement: mesh 4096x4096 holds more than 65536 devices, the most a mesh may hold: too large"},
+			"--mesh: placement: too large: mesh 4096x4096 holds more than 65536 devices, the most a mesh may hold"},
 		{"tokens x hidden", "--block mlp --mesh tp=2 --tokens 3000000000 --hidden 1000000000 --ffn 1000000000",
-			"layout: mlp: x [tokens 3000000000, hidden 1000000000] would hold more than 281474976710656 elements"},
+			"placement: too large: layout mlp: x [tokens 3000000000, hidden 1000000000] would hold more than 281474976710656 elements"},
 		{"tokens x ffn", "--block mlp --mesh tp=2 --tokens 4000000000 --hidden 1 --ffn 4000000000",
-			"layout: mlp: h [tokens 4000000000, ffn 4000000000]"},
+			"layout mlp: h [tokens 4000000000, ffn 4000000000]"},
 		{"every size", "--block mlp --mesh tp=2 --tokens 4000000000 --hidden 4000000000 --ffn 4000000000", "too large"},
 		{"a shape", "--mesh 2 --x 16777216x16777216x2:[S(0)] --w 32x2:[R]", "shape 16777216x16777216x2 holds more than"},
 		{"a shape's dim", "--mesh 2 --x 99999999999999999999x2:[S(0)] --w 32x2:[R]", "is more than 281474976710656"},

@@ -17,14 +17,20 @@ package spmd
 
 import "errors"
 
+// Sentinel errors; test with errors.Is. A sentinel's message starts with
+// "spmd: " and a call site wraps it first, adding no prefix of its own:
+// fmt.Errorf("%w: op %q", ErrNoRule, op).
 var (
 	// ErrNoRule: the op is unknown, or no strategy reaches the requested layout.
-	ErrNoRule = errors.New("no sharding rule")
-	// ErrShape: input shapes that do not fit the op.
-	ErrShape = errors.New("shape mismatch")
+	ErrNoRule = errors.New("spmd: no sharding rule")
+	// ErrShape: input shapes that do not fit the op. It is not tensor.ErrShape
+	// (kernels.ErrShape): this one refuses a planned op's global shapes, from
+	// specs, before any tensor exists (a plan or a check of the options that
+	// fails), that one an operand a kernel or a tensor was handed at run time.
+	ErrShape = errors.New("spmd: shape mismatch")
 	// ErrMesh: inputs on different meshes.
-	ErrMesh = errors.New("mesh mismatch")
+	ErrMesh = errors.New("spmd: mesh mismatch")
 	// ErrGrad: a gradient that cannot be planned (unknown name, or the backward
 	// of a P(max) or P(min) tensor, whose gradient depends on the data).
-	ErrGrad = errors.New("no gradient rule")
+	ErrGrad = errors.New("spmd: no gradient rule")
 )

@@ -278,7 +278,7 @@ func ForwardWith(ctx context.Context, pl *placement.Planner, req Request) (*Plan
 			inputs[i].Name = r.inputs[i]
 		}
 		if err := inputs[i].Spec.Validate(); err != nil {
-			return nil, fmt.Errorf("%s: %w", describe(req.Op, inputs), err)
+			return nil, fmt.Errorf("%w (in %s)", err, describe(req.Op, inputs))
 		}
 		if !inputs[i].Spec.Mesh.Equal(inputs[0].Spec.Mesh) {
 			return nil, fmt.Errorf("%w: %s: %s is on mesh %s, %s on %s", ErrMesh, describe(req.Op, inputs),
@@ -315,11 +315,11 @@ func (r rule) einsum(op string, inputs []Operand, dims []int) (einsum, error) {
 	}
 	eq, err := r.equation(ranks, dims)
 	if err != nil {
-		return einsum{}, fmt.Errorf("%s: %w", describe(op, inputs), err)
+		return einsum{}, fmt.Errorf("%w (in %s)", err, describe(op, inputs))
 	}
 	e, err := expand(eq, shapes)
 	if err != nil {
-		return einsum{}, fmt.Errorf("%s: %w", describe(op, inputs), err)
+		return einsum{}, fmt.Errorf("%w (in %s)", err, describe(op, inputs))
 	}
 	return e, nil
 }

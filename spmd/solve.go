@@ -129,7 +129,7 @@ func solveWith(ctx context.Context, pl *placement.Planner, op string, e einsum, 
 	}
 	sv.twin = twins(mesh, given, opts.Out)
 	if err := sv.search(make([]int, 0, mesh.NDim())); err != nil {
-		return nil, sv, fmt.Errorf("%s: %w", describe(op, inputs), err)
+		return nil, sv, fmt.Errorf("%w (in %s)", err, describe(op, inputs))
 	}
 	if len(sv.kept) == 0 {
 		return nil, sv, fmt.Errorf("%w: %s: no strategy reaches the output: %v", ErrNoRule, describe(op, inputs), sv.firstErr)

@@ -51,7 +51,7 @@ type Subscription interface {
 }
 
 // ErrNoResponders is NATS.Request's error when nobody listens on the subject.
-var ErrNoResponders = errors.New("no responders")
+var ErrNoResponders = errors.New("transport: no responders")
 
 type natsLink struct {
 	in      chan []byte

@@ -116,7 +116,7 @@ else
   code=$?
   set -e
   echo "cuda.sh: launcher run --device cuda without the driver: exit $code: $msg"
-  [ "$code" = 2 ] && [[ "$msg" == *"libcuda.so.1: cannot open shared object file"*"no NVIDIA driver on this machine"* ]] ||
+  [ "$code" = 2 ] && [[ "$msg" == *"cudadriver: no NVIDIA driver on this machine: libcuda.so.1: cannot open shared object file"* ]] ||
     fail "prebuilt launcher: --device cuda without the driver: want exit 2 naming libcuda.so.1"
 fi
 echo "cuda.sh: ok"

@@ -16,7 +16,7 @@ import (
 const Library = "libcuda.so.1"
 
 // ErrNoDriver is the error when the driver library cannot be loaded.
-var ErrNoDriver = errors.New("no NVIDIA driver on this machine")
+var ErrNoDriver = errors.New("cudadriver: no NVIDIA driver on this machine")
 
 // errNoDevice is CUDA_ERROR_NO_DEVICE: the driver loaded and sees no GPU
 // (none installed, or CUDA_VISIBLE_DEVICES hides them).
@@ -26,8 +26,8 @@ const errNoDevice = 100
 // lib), initializes it and returns the number of devices it reports; 0 when
 // cuInit says there is no device. A driver that cannot be loaded is an error
 // wrapping ErrNoDriver and naming the loader's reason, e.g.
-// "libcuda.so.1: cannot open shared object file: No such file or directory:
-// no NVIDIA driver on this machine".
+// "cudadriver: no NVIDIA driver on this machine: libcuda.so.1: cannot open
+// shared object file: No such file or directory".
 func Count(lib string) (int, error) {
 	if lib == "" {
 		lib = Library

@@ -31,7 +31,7 @@ func TestNoDriver(t *testing.T) {
 	if err == nil {
 		t.Skipf("this machine has the driver (%d GPUs)", n)
 	}
-	if !errors.Is(err, cudadriver.ErrNoDriver) || !strings.HasPrefix(err.Error(), "libcuda.so.1: ") {
+	if !errors.Is(err, cudadriver.ErrNoDriver) || !strings.HasPrefix(err.Error(), "cudadriver: no NVIDIA driver on this machine: libcuda.so.1: ") {
 		t.Errorf("Count without a driver: %v", err)
 	}
 }

@@ -55,7 +55,7 @@ func count(lib string) (int, error) {
 		if reason == "" {
 			reason = lib + ": cannot be loaded"
 		}
-		return 0, fmt.Errorf("%s: %w", reason, ErrNoDriver)
+		return 0, fmt.Errorf("%w: %s", ErrNoDriver, reason)
 	}
 	// The handle stays open: the driver is not unloaded once initialized.
 	sym := func(s string) unsafe.Pointer {

@@ -206,8 +206,8 @@ func CheckSizes(tokens, hidden, ffn int) error {
 		{"h", "tokens", "ffn", tokens, ffn},
 	} {
 		if n, ok := placement.MulSize(int64(t.na), int64(t.nb)); !ok || n > placement.MaxElems {
-			return fmt.Errorf("layout: mlp: %s [%s %d, %s %d] would hold more than %d elements, the most a tensor may: %w",
-				t.name, t.a, t.na, t.b, t.nb, int64(placement.MaxElems), placement.ErrTooLarge)
+			return fmt.Errorf("%w: layout mlp: %s [%s %d, %s %d] would hold more than %d elements, the most a tensor may",
+				placement.ErrTooLarge, t.name, t.a, t.na, t.b, t.nb, int64(placement.MaxElems))
 		}
 	}
 	return nil

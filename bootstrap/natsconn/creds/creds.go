@@ -51,7 +51,7 @@ func Parse(data []byte) (Credentials, error) {
 		}
 		k, v, ok := strings.Cut(s, "=")
 		if !ok {
-			return Credentials{}, fmt.Errorf("line %d has no '=': %w", line, ErrFormat)
+			return Credentials{}, fmt.Errorf("%w: line %d has no '='", ErrFormat, line)
 		}
 		switch strings.TrimSpace(k) {
 		case "user":
@@ -59,11 +59,11 @@ func Parse(data []byte) (Credentials, error) {
 		case "password":
 			c.Password = strings.TrimSpace(v)
 		default:
-			return Credentials{}, fmt.Errorf("line %d: unknown key %q: %w", line, k, ErrFormat)
+			return Credentials{}, fmt.Errorf("%w: line %d: unknown key %q", ErrFormat, line, k)
 		}
 	}
 	if c.User == "" || c.Password == "" {
-		return Credentials{}, fmt.Errorf("user and password are both required: %w", ErrFormat)
+		return Credentials{}, fmt.Errorf("%w: user and password are both required", ErrFormat)
 	}
 	return c, nil
 }
@@ -100,7 +100,7 @@ func Read(path string) (Credentials, error) {
 		return Credentials{}, err
 	}
 	if st.Mode().Perm()&0o077 != 0 {
-		return Credentials{}, fmt.Errorf("creds: %s has mode %v, want 0600: %w", path, st.Mode().Perm(), ErrFormat)
+		return Credentials{}, fmt.Errorf("%w: %s has mode %v, want 0600", ErrFormat, path, st.Mode().Perm())
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {

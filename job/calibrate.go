@@ -89,7 +89,12 @@ func readPlanner(path string) (*placement.Planner, error) {
 	if path == "" {
 		return placement.DefaultPlanner(), nil
 	}
-	m, err := placement.ReadModel(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("--model: %w", err)
+	}
+	defer f.Close()
+	m, err := placement.DecodeModel(f, path)
 	if err != nil {
 		return nil, fmt.Errorf("--model: %w", err)
 	}

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
+	"io"
 )
 
 // Model prices plans in time: an alpha–beta model of each collective (a fixed
@@ -59,22 +59,18 @@ func (m Model) Validate() error {
 // WithElemBytes is m pricing elements of n bytes.
 func (m Model) WithElemBytes(n int) Model { m.ElemBytes = n; return m }
 
-// ReadModel reads a model from a JSON file as worker calibrate writes it.
-// Unknown fields and bad figures are errors.
-func ReadModel(path string) (Model, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return Model{}, fmt.Errorf("placement: model: %w", err)
-	}
-	defer f.Close()
-	dec := json.NewDecoder(f)
+// DecodeModel reads a model as worker calibrate writes it (JSON) from r;
+// name says where it came from in errors (a file's path). Unknown fields and
+// bad figures are errors. The caller opens the file: placement does no I/O.
+func DecodeModel(r io.Reader, name string) (Model, error) {
+	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
 	m := Model{ElemBytes: 4}
 	if err := dec.Decode(&m); err != nil {
-		return Model{}, fmt.Errorf("%w: model %s: %v", ErrInvalid, path, err)
+		return Model{}, fmt.Errorf("%w: model %s: %v", ErrInvalid, name, err)
 	}
 	if err := m.Validate(); err != nil {
-		return Model{}, fmt.Errorf("%w (in %s)", err, path)
+		return Model{}, fmt.Errorf("%w (in %s)", err, name)
 	}
 	return m, nil
 }

@@ -313,8 +313,12 @@ func RunPlanContext(ctx context.Context, w io.Writer, o PlanOptions) error {
 func (o PlanOptions) model() (placement.Model, error) {
 	m := placement.DefaultModel
 	if o.Model != "" {
-		var err error
-		if m, err = placement.ReadModel(o.Model); err != nil {
+		f, err := os.Open(o.Model)
+		if err != nil {
+			return m, fmt.Errorf("--model: %w", err)
+		}
+		defer f.Close()
+		if m, err = placement.DecodeModel(f, o.Model); err != nil {
 			return m, fmt.Errorf("--model: %w", err)
 		}
 	}

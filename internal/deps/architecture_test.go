@@ -2,6 +2,9 @@ package deps_test
 
 import (
 	"bufio"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -283,3 +286,39 @@ func TestSizes(t *testing.T) {
 }
 
 var generated = regexp.MustCompile(`(?m)^// Code generated .* DO NOT EDIT\.$`)
+
+// The core is pure: placement and spmd take specs and return plans, the same
+// every time. They import nothing that does I/O or reads the clock or
+// randomness (a Planner may be shared, so sync is allowed), and start no
+// goroutine.
+func TestPure(t *testing.T) {
+	impure := []string{"os", "net", "time", "syscall", "io/fs", "log", "math/rand", "math/rand/v2", "os/exec", "os/signal", "net/http", "unsafe"}
+	all := imports(t, "")
+	for _, pkg := range []string{"placement", "spmd"} {
+		for _, imp := range all[pkg] {
+			if slices.Contains(impure, imp) || strings.HasPrefix(imp, "net/") || strings.HasPrefix(imp, "os/") {
+				t.Errorf("%s imports %s: the core does no I/O and reads no clock", pkg, imp)
+			}
+		}
+		files, err := filepath.Glob(filepath.Join("../..", pkg, "*.go"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("%s: no files (%v)", pkg, err)
+		}
+		fset := token.NewFileSet()
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			af, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ast.Inspect(af, func(n ast.Node) bool {
+				if g, ok := n.(*ast.GoStmt); ok {
+					t.Errorf("%s: a go statement: the core starts no goroutine", fset.Position(g.Pos()))
+				}
+				return true
+			})
+		}
+	}
+}

@@ -30,10 +30,7 @@ func TestSentinelMessages(t *testing.T) {
 		}
 		return sp
 	}
-	badModel := filepath.Join(t.TempDir(), "model.json")
-	if err := os.WriteFile(badModel, []byte(`{"alpha": -1}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	badModel := strings.NewReader(`{"alpha": -1}`)
 	openCreds := filepath.Join(t.TempDir(), "open.creds")
 	if err := os.WriteFile(openCreds, []byte("user=a\npassword=b\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -61,7 +58,7 @@ func TestSentinelMessages(t *testing.T) {
 		{"placement: a shard of a missing dim", "placement", first(placement.ParseSpec("8:[S(1)]", mesh4)), placement.ErrInvalid},
 		{"placement: world size", "placement", mesh4.Validate(3), placement.ErrWorldSize},
 		{"placement: S -> P", "placement", first(placement.Plan(spec("8:[S(0)]"), spec("8:[P]"))), placement.ErrNoPath},
-		{"placement: a bad model", "placement", first(placement.ReadModel(badModel)), placement.ErrInvalid},
+		{"placement: a bad model", "placement", first(placement.DecodeModel(badModel, "model.json")), placement.ErrInvalid},
 		{"spmd: an unknown op", "spmd", first(spmd.Forward(spmd.Request{Op: "nope"})), spmd.ErrNoRule},
 		{"spmd: shapes that do not fit", "spmd", first(spmd.Forward(spmd.Request{Op: "linear_nobias", Inputs: []spmd.Operand{
 			{Name: "x", Spec: spec("8x16:[R]")}, {Name: "w", Spec: spec("32x15:[R]")}}})), spmd.ErrShape},

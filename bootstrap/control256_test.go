@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/internal/testtime"
@@ -181,8 +182,8 @@ func TestControlPlane256Faults(t *testing.T) {
 	t.Run("roster-late", func(t *testing.T) {
 		// Rank 255's copy of the roster comes 2.5 s after rank 0 (which
 		// watches it) started watching: it is still joining, not lost.
-		job := newJob()
-		s := startServer(t, job)
+		job := bootstraptest.NewJob()
+		s := bootstraptest.StartServer(t, job)
 		const late = 255
 		sk := &sockets{conns: map[int]*rankConn{}, late: map[int]time.Duration{late: 2500 * time.Millisecond}}
 		j := startJoins(t, s, job, n, "none", collective.Options{}, hbTimeout, sk)
@@ -202,8 +203,8 @@ func TestControlPlane256Faults(t *testing.T) {
 	t.Run("dies-joining", func(t *testing.T) {
 		// Rank 255 dies while its roster is on the way: it has no state
 		// subject any more, so its watcher names it without waiting for it.
-		job := newJob()
-		s := startServer(t, job)
+		job := bootstraptest.NewJob()
+		s := bootstraptest.StartServer(t, job)
 		const victim = 255
 		sk := &sockets{conns: map[int]*rankConn{}, late: map[int]time.Duration{victim: 3 * time.Second}}
 		j := startJoins(t, s, job, n, "none", collective.Options{}, hbTimeout, sk)
@@ -230,8 +231,8 @@ func TestControlPlane256Faults(t *testing.T) {
 	// The collectives: every rank makes the world's group, then calls one.
 	collective256 := func(t *testing.T, o collective.Options, call func(w *collective.World, c *collective.Group) error) ([]*collective.World, time.Duration) {
 		t.Helper()
-		job := newJob()
-		s := startServer(t, job)
+		job := bootstraptest.NewJob()
+		s := bootstraptest.StartServer(t, job)
 		tj := time.Now()
 		// A real job's heartbeat timeout (5 s): 256 nats data paths
 		// starting (65,280 readiness requests) keep both cores busy for
@@ -303,7 +304,7 @@ func TestControlPlane256Faults(t *testing.T) {
 		// As in TestProcessFaults' nats-restart: nothing reconnects, every rank
 		// fails with ErrControlLost naming the server within 2 s.
 		leak := collectivetest.Goroutines(t)
-		job := newJob()
+		job := bootstraptest.NewJob()
 		s, err := natsrv.Start(natsrv.Options{Jobs: []string{job}})
 		if err != nil {
 			t.Fatal(err)
@@ -328,7 +329,7 @@ func TestControlPlane256Faults(t *testing.T) {
 			}
 		}
 		// The restarted server serves, and every rank closes; nothing is left running.
-		nc := adminConn(t, s)
+		nc := bootstraptest.AdminConn(t, s)
 		if err := nc.Flush(); err != nil {
 			t.Fatalf("restarted server: %v", err)
 		}
@@ -351,12 +352,12 @@ func TestControlPlane256Faults(t *testing.T) {
 // rendezvous completes.
 func TestRendezvousLostOpen(t *testing.T) {
 	const n = 3
-	job := newJob()
-	s := startServer(t, job)
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
 	sk := &sockets{conns: map[int]*rankConn{}, dropOpen: map[int]bool{1: true}}
 	cfgs := make([]bootstrap.Config, n)
 	for r := range cfgs {
-		cfgs[r] = config(s, job, r, n, "none", collective.Options{})
+		cfgs[r] = bootstraptest.Config(s, job, r, n, "none", collective.Options{})
 		cfgs[r].RendezvousTimeout = 5 * time.Second
 		cfgs[r].Dialer = rankDialer{sk, r}
 	}

@@ -9,7 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/meshrun/meshrun/internal/flaghelp"
 )
@@ -77,18 +76,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return ExitUsage
 }
 
-// helpText is a command's -h: its usage lines, then every flag of fs with its
-// default (from the FlagSet itself, so it cannot drift from the flags).
-func helpText(head string, fs *flag.FlagSet) string {
-	var b strings.Builder
-	b.WriteString(head)
-	b.WriteString("\nflags:\n")
-	flaghelp.Flags(&b, fs)
-	return b.String()
-}
-
-// flagError is a bad flag of command cmd (fs.Parse's error) as one line that
-// names the flag and points at cmd -h.
-func flagError(cmd string, fs *flag.FlagSet, err error) error {
-	return fmt.Errorf("%v (%s -h lists the flags)", flaghelp.Error(fs, err), cmd)
-}
+// helpText and flagError are a command's -h and its bad flag's line, as
+// every command of the launcher writes them (package flaghelp).
+var (
+	helpText  = flaghelp.Help
+	flagError = flaghelp.CommandError
+)

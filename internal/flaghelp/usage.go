@@ -157,3 +157,19 @@ func Interspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		args = args[1:]
 	}
 }
+
+// Help is a command's -h: its usage lines head, then every flag of fs with
+// its default (from the FlagSet itself, so it cannot drift from the flags).
+func Help(head string, fs *flag.FlagSet) string {
+	var b strings.Builder
+	b.WriteString(head)
+	b.WriteString("\nflags:\n")
+	Flags(&b, fs)
+	return b.String()
+}
+
+// CommandError is a bad flag of command cmd (fs.Parse's error) as one line
+// that names the flag (as Error does) and points at cmd -h.
+func CommandError(cmd string, fs *flag.FlagSet, err error) error {
+	return fmt.Errorf("%v (%s -h lists the flags)", Error(fs, err), cmd)
+}

@@ -31,15 +31,10 @@ func TestControlPlane256(t *testing.T) {
 	}
 	const n = 256
 	t.Run("kill", func(t *testing.T) {
-		ws, sk, _, _ := joinControl(t, n)
-		time.Sleep(300 * time.Millisecond)
 		const victim = 97
-		start := time.Now()
-		sk.conn(victim).kill()
-		if within := testtime.Scale(3 * time.Second); !waitAll(ws, victim, within) {
-			t.Fatalf("not every rank failed within %v (heartbeat timeout 1 s)", within)
-		}
-		t.Logf("every rank failed %v after the kill", time.Since(start).Round(time.Millisecond))
+		// The heartbeat timeout is 1 s.
+		ws, took := faultRank(t, n, victim, victim, testtime.Scale(3*time.Second), "kill", (*rankConn).kill)
+		t.Logf("every rank failed %v after the kill", took.Round(time.Millisecond))
 		for r, w := range ws {
 			var e *collective.Error
 			if r != victim && (!errors.Is(w.Err(), collective.ErrPeerLost) || !errors.As(w.Err(), &e) || e.Rank != victim) {
@@ -124,6 +119,22 @@ func expectAll(t *testing.T, ws []*collective.World, skip int, kind error, culpr
 	}
 }
 
+// faultRank joins n ranks (joinControl), lets every rank hear the rank it
+// watches, does fault to rank victim's connection and fails t unless every
+// rank but skip (-1: none) fails within; it returns the worlds and how long
+// after the fault (what names it) they had all failed.
+func faultRank(t *testing.T, n, victim, skip int, within time.Duration, what string, fault func(*rankConn)) ([]*collective.World, time.Duration) {
+	t.Helper()
+	ws, sk, _, _ := joinControl(t, n)
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	fault(sk.conn(victim))
+	if !waitAll(ws, skip, within) {
+		t.Fatalf("not every rank failed within %v of the %s (the heartbeat timeout + 2 s at most)", within, what)
+	}
+	return ws, time.Since(start)
+}
+
 // TestControlPlane256Faults: the fault tests of TestProcessFaults and
 // TestFault* (SIGSTOP, a different op, a rank that never enters a collective,
 // the NATS server restarted) at 256 ranks in one process, and a rank whose
@@ -148,15 +159,9 @@ func TestControlPlane256Faults(t *testing.T) {
 	t.Run("sigstop", func(t *testing.T) {
 		// The rank's socket stays open but it neither reads nor writes: its
 		// heartbeats stop and only its watcher can tell.
-		ws, sk, _, _ := joinControl(t, n)
-		time.Sleep(300 * time.Millisecond)
 		const victim = 151
-		start := time.Now()
-		sk.conn(victim).freeze()
-		if within := hbTimeout + testtime.Scale(2*time.Second); !waitAll(ws, victim, within) {
-			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", within)
-		}
-		t.Logf("every rank failed %v after the stop: %v", time.Since(start).Round(time.Millisecond), ws[0].Err())
+		ws, took := faultRank(t, n, victim, victim, hbTimeout+testtime.Scale(2*time.Second), "stop", (*rankConn).freeze)
+		t.Logf("every rank failed %v after the stop: %v", took.Round(time.Millisecond), ws[0].Err())
 		expectAll(t, ws, victim, collective.ErrPeerLost, victim)
 		if s := ws[0].Err().Error(); !strings.Contains(s, "no heartbeat") {
 			t.Errorf("rank 0: %s: the error does not say the rank went silent", s)
@@ -165,15 +170,9 @@ func TestControlPlane256Faults(t *testing.T) {
 	t.Run("link-lost", func(t *testing.T) {
 		// The rank runs on but its link drops everything: it must not blame
 		// the rank it watches for the silence; the others name it.
-		ws, sk, _, _ := joinControl(t, n)
-		time.Sleep(300 * time.Millisecond)
 		const victim = 77
-		start := time.Now()
-		sk.conn(victim).cutLink()
-		if within := hbTimeout + testtime.Scale(2*time.Second); !waitAll(ws, -1, within) {
-			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", within)
-		}
-		t.Logf("every rank failed %v after the cut; rank %d: %v", time.Since(start).Round(time.Millisecond), victim, ws[victim].Err())
+		ws, took := faultRank(t, n, victim, -1, hbTimeout+testtime.Scale(2*time.Second), "cut", (*rankConn).cutLink)
+		t.Logf("every rank failed %v after the cut; rank %d: %v", took.Round(time.Millisecond), victim, ws[victim].Err())
 		expectAll(t, ws, victim, collective.ErrPeerLost, victim)
 		if err := ws[victim].Err(); !errors.Is(err, collective.ErrControlLost) || collective.Culprit(err) != -1 || !strings.Contains(err.Error(), "NATS") {
 			t.Fatalf("rank %d (its link cut): %v, want ErrControlLost naming the NATS server", victim, err)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/internal/testtime"
 )
@@ -20,17 +21,17 @@ import (
 // which is what a launcher waited for after one rank of a job was
 // SIGTERMed (one survivor exiting 1.0 s after the others).
 func TestCloseWhileTakingOver(t *testing.T) {
-	job := newJob()
-	s := startServer(t, job)
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
 	sk := &sockets{conns: map[int]*rankConn{}}
 	const n = 3
 	cfgs := make([]bootstrap.Config, n)
 	for r := range cfgs {
-		cfgs[r] = config(s, job, r, n, "none", collective.Options{})
+		cfgs[r] = bootstraptest.Config(s, job, r, n, "none", collective.Options{})
 		cfgs[r].HeartbeatInterval, cfgs[r].HeartbeatTimeout = 500*time.Millisecond, 5*time.Second
 		cfgs[r].Dialer = rankDialer{sk, r}
 	}
-	ws, errs := joinAll(cfgs)
+	ws, errs := bootstraptest.JoinAll(cfgs)
 	t.Cleanup(func() {
 		sk.conn(0).kill() // a frozen rank's Close would wait for its socket
 		for _, w := range ws {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/internal/testtime"
@@ -30,15 +31,10 @@ func TestControlPlane256(t *testing.T) {
 	}
 	const n = 256
 	t.Run("kill", func(t *testing.T) {
-		ws, sk, _, _ := joinControl(t, n)
-		time.Sleep(300 * time.Millisecond)
 		const victim = 97
-		start := time.Now()
-		sk.conn(victim).kill()
-		if within := testtime.Scale(3 * time.Second); !waitAll(ws, victim, within) {
-			t.Fatalf("not every rank failed within %v (heartbeat timeout 1 s)", within)
-		}
-		t.Logf("every rank failed %v after the kill", time.Since(start).Round(time.Millisecond))
+		// The heartbeat timeout is 1 s.
+		ws, took := faultRank(t, n, victim, victim, testtime.Scale(3*time.Second), "kill", (*rankConn).kill)
+		t.Logf("every rank failed %v after the kill", took.Round(time.Millisecond))
 		for r, w := range ws {
 			var e *collective.Error
 			if r != victim && (!errors.Is(w.Err(), collective.ErrPeerLost) || !errors.As(w.Err(), &e) || e.Rank != victim) {
@@ -123,6 +119,22 @@ func expectAll(t *testing.T, ws []*collective.World, skip int, kind error, culpr
 	}
 }
 
+// faultRank joins n ranks (joinControl), lets every rank hear the rank it
+// watches, does fault to rank victim's connection and fails t unless every
+// rank but skip (-1: none) fails within; it returns the worlds and how long
+// after the fault (what names it) they had all failed.
+func faultRank(t *testing.T, n, victim, skip int, within time.Duration, what string, fault func(*rankConn)) ([]*collective.World, time.Duration) {
+	t.Helper()
+	ws, sk, _, _ := joinControl(t, n)
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	fault(sk.conn(victim))
+	if !waitAll(ws, skip, within) {
+		t.Fatalf("not every rank failed within %v of the %s (the heartbeat timeout + 2 s at most)", within, what)
+	}
+	return ws, time.Since(start)
+}
+
 // TestControlPlane256Faults: the fault tests of TestProcessFaults and
 // TestFault* (SIGSTOP, a different op, a rank that never enters a collective,
 // the NATS server restarted) at 256 ranks in one process, and a rank whose
@@ -147,15 +159,9 @@ func TestControlPlane256Faults(t *testing.T) {
 	t.Run("sigstop", func(t *testing.T) {
 		// The rank's socket stays open but it neither reads nor writes: its
 		// heartbeats stop and only its watcher can tell.
-		ws, sk, _, _ := joinControl(t, n)
-		time.Sleep(300 * time.Millisecond)
 		const victim = 151
-		start := time.Now()
-		sk.conn(victim).freeze()
-		if within := hbTimeout + testtime.Scale(2*time.Second); !waitAll(ws, victim, within) {
-			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", within)
-		}
-		t.Logf("every rank failed %v after the stop: %v", time.Since(start).Round(time.Millisecond), ws[0].Err())
+		ws, took := faultRank(t, n, victim, victim, hbTimeout+testtime.Scale(2*time.Second), "stop", (*rankConn).freeze)
+		t.Logf("every rank failed %v after the stop: %v", took.Round(time.Millisecond), ws[0].Err())
 		expectAll(t, ws, victim, collective.ErrPeerLost, victim)
 		if s := ws[0].Err().Error(); !strings.Contains(s, "no heartbeat") {
 			t.Errorf("rank 0: %s: the error does not say the rank went silent", s)
@@ -164,15 +170,9 @@ func TestControlPlane256Faults(t *testing.T) {
 	t.Run("link-lost", func(t *testing.T) {
 		// The rank runs on but its link drops everything: it must not blame
 		// the rank it watches for the silence; the others name it.
-		ws, sk, _, _ := joinControl(t, n)
-		time.Sleep(300 * time.Millisecond)
 		const victim = 77
-		start := time.Now()
-		sk.conn(victim).cutLink()
-		if within := hbTimeout + testtime.Scale(2*time.Second); !waitAll(ws, -1, within) {
-			t.Fatalf("not every rank failed within %v (heartbeat timeout + 2 s)", within)
-		}
-		t.Logf("every rank failed %v after the cut; rank %d: %v", time.Since(start).Round(time.Millisecond), victim, ws[victim].Err())
+		ws, took := faultRank(t, n, victim, -1, hbTimeout+testtime.Scale(2*time.Second), "cut", (*rankConn).cutLink)
+		t.Logf("every rank failed %v after the cut; rank %d: %v", took.Round(time.Millisecond), victim, ws[victim].Err())
 		expectAll(t, ws, victim, collective.ErrPeerLost, victim)
 		if err := ws[victim].Err(); !errors.Is(err, collective.ErrControlLost) || collective.Culprit(err) != -1 || !strings.Contains(err.Error(), "NATS") {
 			t.Fatalf("rank %d (its link cut): %v, want ErrControlLost naming the NATS server", victim, err)
@@ -181,8 +181,8 @@ func TestControlPlane256Faults(t *testing.T) {
 	t.Run("roster-late", func(t *testing.T) {
 		// Rank 255's copy of the roster comes 2.5 s after rank 0 (which
 		// watches it) started watching: it is still joining, not lost.
-		job := newJob()
-		s := startServer(t, job)
+		job := bootstraptest.NewJob()
+		s := bootstraptest.StartServer(t, job)
 		const late = 255
 		sk := &sockets{conns: map[int]*rankConn{}, late: map[int]time.Duration{late: 2500 * time.Millisecond}}
 		j := startJoins(t, s, job, n, "none", collective.Options{}, hbTimeout, sk)
@@ -202,8 +202,8 @@ func TestControlPlane256Faults(t *testing.T) {
 	t.Run("dies-joining", func(t *testing.T) {
 		// Rank 255 dies while its roster is on the way: it has no state
 		// subject any more, so its watcher names it without waiting for it.
-		job := newJob()
-		s := startServer(t, job)
+		job := bootstraptest.NewJob()
+		s := bootstraptest.StartServer(t, job)
 		const victim = 255
 		sk := &sockets{conns: map[int]*rankConn{}, late: map[int]time.Duration{victim: 3 * time.Second}}
 		j := startJoins(t, s, job, n, "none", collective.Options{}, hbTimeout, sk)
@@ -230,8 +230,8 @@ func TestControlPlane256Faults(t *testing.T) {
 	// The collectives: every rank makes the world's group, then calls one.
 	collective256 := func(t *testing.T, o collective.Options, call func(w *collective.World, c *collective.Group) error) ([]*collective.World, time.Duration) {
 		t.Helper()
-		job := newJob()
-		s := startServer(t, job)
+		job := bootstraptest.NewJob()
+		s := bootstraptest.StartServer(t, job)
 		tj := time.Now()
 		// A real job's heartbeat timeout (5 s): 256 nats data paths
 		// starting (65,280 readiness requests) keep both cores busy for
@@ -303,7 +303,7 @@ func TestControlPlane256Faults(t *testing.T) {
 		// As in TestProcessFaults' nats-restart: nothing reconnects, every rank
 		// fails with ErrControlLost naming the server within 2 s.
 		leak := collectivetest.Goroutines(t)
-		job := newJob()
+		job := bootstraptest.NewJob()
 		s, err := natsrv.Start(natsrv.Options{Jobs: []string{job}})
 		if err != nil {
 			t.Fatal(err)
@@ -328,7 +328,7 @@ func TestControlPlane256Faults(t *testing.T) {
 			}
 		}
 		// The restarted server serves, and every rank closes; nothing is left running.
-		nc := adminConn(t, s)
+		nc := bootstraptest.AdminConn(t, s)
 		if err := nc.Flush(); err != nil {
 			t.Fatalf("restarted server: %v", err)
 		}
@@ -351,12 +351,12 @@ func TestControlPlane256Faults(t *testing.T) {
 // rendezvous completes.
 func TestRendezvousLostOpen(t *testing.T) {
 	const n = 3
-	job := newJob()
-	s := startServer(t, job)
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
 	sk := &sockets{conns: map[int]*rankConn{}, dropOpen: map[int]bool{1: true}}
 	cfgs := make([]bootstrap.Config, n)
 	for r := range cfgs {
-		cfgs[r] = config(s, job, r, n, "none", collective.Options{})
+		cfgs[r] = bootstraptest.Config(s, job, r, n, "none", collective.Options{})
 		cfgs[r].RendezvousTimeout = 5 * time.Second
 		cfgs[r].Dialer = rankDialer{sk, r}
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/protocol"
 )
@@ -16,15 +17,15 @@ import (
 // simulated ranks) run the real control plane: a collective fails with
 // ErrInvalid, an abort fails every rank with ErrAborted.
 func TestTransportNone(t *testing.T) {
-	job := newJob()
-	s := startServer(t, job)
-	ws := joinWorlds(t, s, job, 3, "none", collective.Options{})
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
+	ws := bootstraptest.JoinWorlds(t, s, job, 3, "none", collective.Options{})
 	defer func() {
 		for _, w := range ws {
 			w.Close()
 		}
 	}()
-	nc := adminConn(t, s)
+	nc := bootstraptest.AdminConn(t, s)
 	body, _ := json.Marshal(protocol.AbortNotice("test"))
 	nc.Publish(protocol.AbortSubject(job), body)
 	nc.Flush()
@@ -36,9 +37,9 @@ func TestTransportNone(t *testing.T) {
 			t.Errorf("rank %d: %v, want ErrAborted", r, w.Err())
 		}
 	}
-	job2 := newJob()
-	s2 := startServer(t, job2)
-	ws2 := joinWorlds(t, s2, job2, 2, "none", collective.Options{})
+	job2 := bootstraptest.NewJob()
+	s2 := bootstraptest.StartServer(t, job2)
+	ws2 := bootstraptest.JoinWorlds(t, s2, job2, 2, "none", collective.Options{})
 	defer func() {
 		for _, w := range ws2 {
 			w.Close()

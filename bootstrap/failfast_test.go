@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/bootstrap/natsconn/creds"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/protocol"
@@ -44,8 +45,8 @@ func joinFails(t *testing.T, cfg bootstrap.Config) error {
 // rendezvous. Rank 0 (which subscribes to the rendezvous) and any other rank
 // (which publishes its announce) alike.
 func TestJoinPermissionViolation(t *testing.T) {
-	mine, other := newJob(), newJob()
-	s := startServer(t, mine, other)
+	mine, other := bootstraptest.NewJob(), bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, mine, other)
 	otherCreds, _ := s.Credentials(other)
 	for _, rank := range []int{0, 1} {
 		err := joinFails(t, bootstrap.Config{Rank: rank, WorldSize: 2, Job: mine, NATSURL: s.URL(), Creds: &otherCreds, Transport: "tcp"})
@@ -67,7 +68,7 @@ func TestJoinPermissionViolation(t *testing.T) {
 // publish its rendezvous announce: the server says so asynchronously, and the
 // join fails at once naming the subject instead of waiting for a roster.
 func TestJoinPublishViolation(t *testing.T) {
-	job := newJob()
+	job := bootstraptest.NewJob()
 	user := creds.Credentials{User: "reader", Password: "pw-reader"}
 	opts := &server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true, Users: []*server.User{{
 		Username: user.User, Password: user.Password,
@@ -96,8 +97,8 @@ func TestJoinPublishViolation(t *testing.T) {
 // naming the file (and, for a rejection, the server's answer); the connection
 // is tried once per listed server, not retried.
 func TestJoinCredentialsErrors(t *testing.T) {
-	job := newJob()
-	s := startServer(t, job)
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
 	good, _ := s.Credentials(job)
 	dir := t.TempDir()
 	write := func(name, body string, mode os.FileMode) string {

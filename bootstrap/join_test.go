@@ -18,17 +18,17 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-func TestConformanceTCP(t *testing.T) { collectivetest.Run(t, joinedWorlds("tcp")) }
+func TestConformanceTCP(t *testing.T) { collectivetest.Run(t, bootstraptest.JoinedWorlds("tcp")) }
 
 func TestRendezvousMissingRank(t *testing.T) {
-	job := newJob()
-	s := startServer(t, job)
-	cfgs := []bootstrap.Config{config(s, job, 0, 3, "tcp", collective.Options{}), config(s, job, 1, 3, "tcp", collective.Options{})}
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
+	cfgs := []bootstrap.Config{bootstraptest.Config(s, job, 0, 3, "tcp", collective.Options{}), bootstraptest.Config(s, job, 1, 3, "tcp", collective.Options{})}
 	for i := range cfgs {
 		cfgs[i].RendezvousTimeout = time.Second
 	}
 	start := time.Now()
-	_, errs := joinAll(cfgs)
+	_, errs := bootstraptest.JoinAll(cfgs)
 	for r, err := range errs {
 		if !errors.Is(err, collective.ErrRendezvous) || !strings.Contains(err.Error(), "missing ranks [2]") {
 			t.Fatalf("rank %d: %v", r, err)
@@ -40,14 +40,14 @@ func TestRendezvousMissingRank(t *testing.T) {
 }
 
 func TestRendezvousDuplicateRank(t *testing.T) {
-	job := newJob()
-	s := startServer(t, job)
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
 	o := collective.Options{}
-	cfgs := []bootstrap.Config{config(s, job, 0, 3, "tcp", o), config(s, job, 1, 3, "tcp", o), config(s, job, 1, 3, "tcp", o)}
+	cfgs := []bootstrap.Config{bootstraptest.Config(s, job, 0, 3, "tcp", o), bootstraptest.Config(s, job, 1, 3, "tcp", o), bootstraptest.Config(s, job, 1, 3, "tcp", o)}
 	for i := range cfgs {
 		cfgs[i].RendezvousTimeout = 5 * time.Second
 	}
-	_, errs := joinAll(cfgs)
+	_, errs := bootstraptest.JoinAll(cfgs)
 	for r, err := range errs {
 		if !errors.Is(err, collective.ErrRendezvous) || !strings.Contains(err.Error(), "duplicate rank 1") {
 			t.Fatalf("join %d: %v", r, err)
@@ -80,15 +80,15 @@ func TestEnvConfig(t *testing.T) {
 }
 
 func TestAbortAndHeartbeats(t *testing.T) {
-	job := newJob()
-	s := startServer(t, job)
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
 	n := 3
 	cfgs := make([]bootstrap.Config, n)
 	for i := range cfgs {
-		cfgs[i] = config(s, job, i, n, "tcp", collective.Options{})
+		cfgs[i] = bootstraptest.Config(s, job, i, n, "tcp", collective.Options{})
 		cfgs[i].HeartbeatInterval = 100 * time.Millisecond
 	}
-	ws, errs := joinAll(cfgs)
+	ws, errs := bootstraptest.JoinAll(cfgs)
 	for _, err := range errs {
 		if err != nil {
 			t.Fatal(err)
@@ -99,7 +99,7 @@ func TestAbortAndHeartbeats(t *testing.T) {
 			w.Close()
 		}
 	}()
-	nc := adminConn(t, s)
+	nc := bootstraptest.AdminConn(t, s)
 	var mu sync.Mutex
 	latest := map[int]protocol.State{}
 	notices := make(chan protocol.Notice, 16)
@@ -176,9 +176,9 @@ func TestAbortAndHeartbeats(t *testing.T) {
 	}
 }
 
-func TestConformanceNATS(t *testing.T) { collectivetest.Run(t, joinedWorlds("nats")) }
+func TestConformanceNATS(t *testing.T) { collectivetest.Run(t, bootstraptest.JoinedWorlds("nats")) }
 
-func TestConformanceShm(t *testing.T) { collectivetest.Run(t, joinedWorlds("shm")) }
+func TestConformanceShm(t *testing.T) { collectivetest.Run(t, bootstraptest.JoinedWorlds("shm")) }
 
 func TestConformanceShmSingleCopy(t *testing.T) {
 	collectivetest.Run(t, bootstraptest.JoinedWorldsWith("shm", func(c *bootstrap.Config) { c.Shm.SingleCopy = true }))

@@ -266,7 +266,7 @@ func TestProcessFaults(t *testing.T) {
 			if strings.HasSuffix(tc.name, "/nccl") {
 				t.Setenv("MESHRUN_TEST_NCCL", "1")
 			}
-			job := newJob()
+			job := bootstraptest.NewJob()
 			s, err := natsrv.Start(natsrv.Options{Jobs: []string{job}})
 			if err != nil {
 				t.Fatal(err)
@@ -274,7 +274,7 @@ func TestProcessFaults(t *testing.T) {
 			defer func() { s.Shutdown() }()
 			var rdv *bootstraptest.RendezvousWatch
 			if tc.transport == "shm" {
-				rdv = watchRendezvous(t, s)
+				rdv = bootstraptest.WatchRendezvous(t, s)
 			}
 			procs := startJob(t, s, job, n, tc.transport, tc.fault)
 			waitReady(t, procs)
@@ -317,7 +317,7 @@ func TestProcessFaults(t *testing.T) {
 			if rdv != nil {
 				// Rings and arenas are unlinked once setup is over: a rank
 				// killed in the middle of collectives leaves nothing behind.
-				if left := leftRings(rdv.RosterSeen(t), nil); len(left) > 0 {
+				if left := bootstraptest.LeftRings(rdv.RosterSeen(t), nil); len(left) > 0 {
 					t.Errorf("left in /dev/shm after the %s: %v", tc.fault, left)
 				}
 			}
@@ -329,8 +329,8 @@ func TestProcessNeverJoins(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns processes")
 	}
-	job := newJob()
-	s := startServer(t, job)
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
 	// World of 4 but only 3 processes; rendezvous timeout 2 s via the env.
 	t.Setenv("MESHRUN_RENDEZVOUS_TIMEOUT", "2s")
 	procs := startJob(t, s, job, 4, "tcp", "none")

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/natsrv"
 	"github.com/nats-io/nats.go"
@@ -162,10 +163,10 @@ func (d rankDialer) Dial(network, address string) (net.Conn, error) {
 // joinControl joins n control-only ranks (transport "none") with fast heartbeats.
 func joinControl(t *testing.T, n int) ([]*collective.World, *sockets, *nats.Conn, string) {
 	t.Helper()
-	job := newJob()
-	s := startServer(t, job)
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
 	ws, sk := joinRanks(t, s, job, n, "none", collective.Options{}, time.Second)
-	return ws, sk, adminConn(t, s), job
+	return ws, sk, bootstraptest.AdminConn(t, s), job
 }
 
 // joinRanks joins n ranks of job on s over transport with heartbeats every
@@ -205,7 +206,7 @@ func startJoins(t *testing.T, s *natsrv.Server, job string, n int, transport str
 	j := &joins{ws: make([]*collective.World, n), errs: make([]error, n), done: make(chan struct{})}
 	var wg sync.WaitGroup
 	for r := 0; r < n; r++ {
-		cfg := config(s, job, r, n, transport, o)
+		cfg := bootstraptest.Config(s, job, r, n, transport, o)
 		cfg.HeartbeatInterval, cfg.HeartbeatTimeout = 100*time.Millisecond, hbTimeout
 		cfg.RendezvousTimeout = 30 * time.Second
 		cfg.Dialer = rankDialer{sk, r}

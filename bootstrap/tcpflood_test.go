@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/transport"
@@ -175,15 +176,15 @@ func portOf(t *testing.T, addr string) int {
 // the job goes on. (c) Then no socket of a rank's data port is in CLOSE-WAIT,
 // and, after the job, no goroutine is left.
 func TestTCPStrangerFlood(t *testing.T) {
-	job := newJob()
-	s := startServer(t, job)
-	rdv := watchRendezvous(t, s)
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
+	rdv := bootstraptest.WatchRendezvous(t, s)
 	leak := collectivetest.Goroutines(t)
 	core, logs := observer.New(zap.InfoLevel)
 	o := collective.Options{Logger: zap.New(core)}
 	cfgs := make([]bootstrap.Config, 3)
 	for i := range cfgs {
-		cfgs[i] = config(s, job, i, 3, "tcp", o)
+		cfgs[i] = bootstraptest.Config(s, job, i, 3, "tcp", o)
 		cfgs[i].RendezvousTimeout = 20 * time.Second
 	}
 	ws := make([]*collective.World, 3)
@@ -227,7 +228,7 @@ func TestTCPStrangerFlood(t *testing.T) {
 			t.Fatalf("rank %d: join: %v", r, err)
 		}
 	}
-	if err := allReduceOnce(ws); err != nil {
+	if err := bootstraptest.AllReduceOnce(ws); err != nil {
 		t.Fatal(err)
 	}
 	setup.close()
@@ -246,7 +247,7 @@ func TestTCPStrangerFlood(t *testing.T) {
 		for r := 0; r < 3; r++ {
 			mid.flood(roster.Ranks[r].Addr, job, 2, 70, 70)
 		}
-		if err := allReduceOnce(ws); err != nil {
+		if err := bootstraptest.AllReduceOnce(ws); err != nil {
 			t.Fatalf("after mid-job flood %d: %v", round, err)
 		}
 	}
@@ -270,7 +271,7 @@ func TestTCPStrangerFlood(t *testing.T) {
 			t.Errorf("rank %d: %d sockets of its data port %s in CLOSE-WAIT", r, n, a.Addr)
 		}
 	}
-	if err := allReduceOnce(ws); err != nil {
+	if err := bootstraptest.AllReduceOnce(ws); err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range ws {
@@ -339,7 +340,7 @@ func TestTCPSetupFloodInnocentRank(t *testing.T) {
 		}
 		ws[i] = w
 	}
-	err := allReduceOnce(ws)
+	err := bootstraptest.AllReduceOnce(ws)
 	for _, w := range ws {
 		w.Close()
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 )
@@ -20,7 +21,7 @@ func BenchmarkAllReduce(b *testing.B) {
 					if tr == "local" {
 						ws = localWorlds(b, n, collective.Options{})
 					} else {
-						ws = joinedWorlds(tr)(b, n, collective.Options{})
+						ws = bootstraptest.JoinedWorlds(tr)(b, n, collective.Options{})
 					}
 					defer func() {
 						for _, w := range ws {

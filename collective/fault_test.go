@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/internal/testtime"
@@ -60,14 +61,14 @@ func worldComms(ws []*collective.World) error {
 func TestFaultDifferentOp(t *testing.T) {
 	for _, name := range []string{"local", "tcp"} {
 		t.Run(name, func(t *testing.T) {
-			job := newJob()
-			s := startServer(t, job)
+			job := bootstraptest.NewJob()
+			s := bootstraptest.StartServer(t, job)
 			leak := collectivetest.Goroutines(t)
 			var ws []*collective.World
 			if name == "local" {
 				ws = localWorlds(t, 4, collective.Options{})
 			} else {
-				ws = joinWorlds(t, s, job, 4, "tcp", collective.Options{})
+				ws = bootstraptest.JoinWorlds(t, s, job, 4, "tcp", collective.Options{})
 			}
 			start := time.Now()
 			errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
@@ -233,10 +234,10 @@ func TestFaultCallerCancel(t *testing.T) {
 func TestFaultCloseWhileWaiting(t *testing.T) {
 	for _, tr := range []string{"shm", "tcp", "nats"} {
 		t.Run(tr, func(t *testing.T) {
-			job := newJob()
-			s := startServer(t, job)
+			job := bootstraptest.NewJob()
+			s := bootstraptest.StartServer(t, job)
 			leak := collectivetest.Goroutines(t)
-			ws := joinWorlds(t, s, job, 2, tr, collective.Options{})
+			ws := bootstraptest.JoinWorlds(t, s, job, 2, tr, collective.Options{})
 			err := worldComms(ws)
 			c, _ := ws[0].WorldGroup(context.Background())
 			if err == nil {

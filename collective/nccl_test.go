@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/collective/ncclfake"
@@ -25,7 +26,7 @@ import (
 // memory.
 func TestConformanceNCCL(t *testing.T) {
 	t.Run("local", func(t *testing.T) { collectivetest.RunOn(t, localWorlds, collectivetest.NCCL) })
-	t.Run("shm", func(t *testing.T) { collectivetest.RunOn(t, joinedWorlds("shm"), collectivetest.NCCL) })
+	t.Run("shm", func(t *testing.T) { collectivetest.RunOn(t, bootstraptest.JoinedWorlds("shm"), collectivetest.NCCL) })
 }
 
 // ncclWorlds are n in-process worlds with the nccl backend over the fake

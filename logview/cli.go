@@ -11,8 +11,10 @@
 package logview
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/meshrun/meshrun/internal/flaghelp"
@@ -22,20 +24,41 @@ import (
 // its commands).
 const ExitUsage = 2
 
-// helpText is a command's -h: its usage lines, then every flag of fs with its
-// default (from the FlagSet itself, so it cannot drift from the flags).
-func helpText(head string, fs *flag.FlagSet) string {
-	var b strings.Builder
-	b.WriteString(head)
-	b.WriteString("\nflags:\n")
-	flaghelp.Flags(&b, fs)
-	return b.String()
-}
-
-// flagError is a bad flag of command cmd (fs.Parse's error) as one line that
-// names the flag and points at cmd -h.
-func flagError(cmd string, fs *flag.FlagSet, err error) error {
-	return fmt.Errorf("%v (%s -h lists the flags)", flaghelp.Error(fs, err), cmd)
+// jobArgs parses the command line of command cmd (as "launcher trace"),
+// which reads one job's folder: [JOB|latest] with --log-dir, --attempt
+// (attemptUsage its usage) and the flags already on fs, usage its -h's head;
+// it returns the job's folder under --log-dir and the attempt (-1 the
+// last). When ok is false the command is over with exit code code: its -h
+// written to stdout, or its problem to stderr.
+func jobArgs(cmd, usage string, fs *flag.FlagSet, attemptUsage string, args []string, stdout, stderr io.Writer) (dir string, attempt, code int, ok bool) {
+	fs.SetOutput(io.Discard)
+	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
+	att := fs.Int("attempt", -1, attemptUsage)
+	pos, err := flaghelp.Interspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, flaghelp.Help(usage, fs))
+		return "", 0, 0, false
+	}
+	if err != nil {
+		err = flaghelp.CommandError(cmd, fs, err)
+	} else if len(pos) > 1 {
+		err = fmt.Errorf("one job at most, got %q", pos)
+	} else if *att < -1 {
+		err = fmt.Errorf("--attempt %d: want 0 or more", *att)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return "", 0, ExitUsage, false
+	}
+	job := ""
+	if len(pos) == 1 {
+		job = pos[0]
+	}
+	if dir, err = ResolveJob(*logDir, job); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+		return "", 0, 1, false
+	}
+	return dir, *att, 0, true
 }
 
 // problems collects every problem with a command's flags, shown in one line.

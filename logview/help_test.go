@@ -3,32 +3,12 @@ package logview
 import (
 	"bytes"
 	"context"
-	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshrun/meshrun/internal/goldenfile"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
-
-// golden compares got with the file at path (-update writes it instead).
-func golden(t *testing.T, path, got string) {
-	t.Helper()
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (go test -run %s -update writes it)", err, t.Name())
-	}
-	if got != string(want) {
-		t.Errorf("output differs from %s (go test -run %s -update rewrites it after review)\n--- got\n%s\n--- want\n%s", path, t.Name(), got, want)
-	}
-}
 
 // command runs `launcher logs` or `launcher trace` (args[0]) as cmd/launcher
 // does.
@@ -62,7 +42,7 @@ func TestHelp(t *testing.T) {
 			if texts[0] != texts[1] {
 				t.Errorf("--help differs from -h:\n%s", texts[1])
 			}
-			golden(t, filepath.Join("testdata", "help", tc.file), texts[0])
+			goldenfile.Check(t, filepath.Join("testdata", "help", tc.file), texts[0])
 		})
 	}
 }

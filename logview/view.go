@@ -443,11 +443,11 @@ func LogsMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	o.Note = stderr
 	job, err := flaghelp.Interspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, helpText(logsUsage, fs))
+		fmt.Fprint(stdout, flaghelp.Help(logsUsage, fs))
 		return 0
 	}
 	if err != nil {
-		err = flagError("launcher logs", fs, err)
+		err = flaghelp.CommandError("launcher logs", fs, err)
 	}
 	var p problems
 	if err != nil {

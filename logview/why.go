@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/meshrun/meshrun/internal/flaghelp"
 	"github.com/meshrun/meshrun/runlog"
 )
 
@@ -228,36 +227,14 @@ func lastLine(path string) string {
 
 // whyMain is `launcher logs why`.
 func whyMain(args []string, stdout, stderr io.Writer) int {
+	const cmd = "launcher logs why"
 	fs := flag.NewFlagSet("why", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
-	attempt := fs.Int("attempt", -1, "attempt `K` of a job that restarted, from 0 (default: the last)")
-	pos, err := flaghelp.Interspersed(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, helpText(whyUsage, fs))
-		return 0
+	dir, attempt, code, ok := jobArgs(cmd, whyUsage, fs, "attempt `K` of a job that restarted, from 0 (default: the last)", args, stdout, stderr)
+	if !ok {
+		return code
 	}
-	if err != nil {
-		err = flagError("launcher logs why", fs, err)
-	} else if len(pos) > 1 {
-		err = fmt.Errorf("one job at most, got %q", pos)
-	} else if *attempt < -1 {
-		err = fmt.Errorf("--attempt %d: want 0 or more", *attempt)
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "launcher logs why: %v\n", err)
-		return ExitUsage
-	}
-	job := ""
-	if len(pos) == 1 {
-		job = pos[0]
-	}
-	dir, err := ResolveJob(*logDir, job)
-	if err == nil {
-		err = WhyAttempt(dir, *attempt, stdout)
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "launcher logs why: %v\n", err)
+	if err := WhyAttempt(dir, attempt, stdout); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 		return 1
 	}
 	return 0
@@ -376,34 +353,12 @@ func parseTrace(b []byte) ([]json.RawMessage, error) {
 // returns the exit code.
 func TraceMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	logDir := fs.String("log-dir", "runs", "`DIR` holding the jobs' folders")
 	out := fs.String("o", "trace.json", "write the merged trace to `FILE`; - for stdout")
-	attempt := fs.Int("attempt", -1, "the ranks of attempt `K` of a job that restarted, from 0 (default: the last)")
-	pos, err := flaghelp.Interspersed(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, helpText(traceUsage, fs))
-		return 0
+	dir, attempt, code, ok := jobArgs("launcher trace", traceUsage, fs, "the ranks of attempt `K` of a job that restarted, from 0 (default: the last)", args, stdout, stderr)
+	if !ok {
+		return code
 	}
-	if err != nil {
-		err = flagError("launcher trace", fs, err)
-	} else if len(pos) > 1 {
-		err = fmt.Errorf("one job at most, got %q", pos)
-	} else if *attempt < -1 {
-		err = fmt.Errorf("--attempt %d: want 0 or more", *attempt)
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "launcher trace: %v\n", err)
-		return ExitUsage
-	}
-	job := ""
-	if len(pos) == 1 {
-		job = pos[0]
-	}
-	dir, err := ResolveJob(*logDir, job)
-	if err == nil {
-		dir, _, err = AttemptFolder(dir, *attempt)
-	}
+	dir, _, err := AttemptFolder(dir, attempt)
 	if err != nil {
 		fmt.Fprintf(stderr, "launcher trace: %v\n", err)
 		return 1

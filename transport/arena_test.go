@@ -240,8 +240,8 @@ func TestSharedHost(t *testing.T) {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	job2 := newJob()
-	tcp := joinWorlds(t, startServer(t, job2), job2, 2, "tcp", collective.Options{})
+	job2 := bootstraptest.NewJob()
+	tcp := bootstraptest.JoinWorlds(t, bootstraptest.StartServer(t, job2), job2, 2, "tcp", collective.Options{})
 	defer func() {
 		for _, w := range tcp {
 			w.Close()
@@ -260,8 +260,8 @@ func shmWorlds(t *testing.T, n, arena int) []*collective.World {
 	if _, err := os.Stat("/dev/shm"); err != nil {
 		t.Skip("no /dev/shm")
 	}
-	job := newJob()
-	ws := bootstraptest.JoinWorldsWith(t, startServer(t, job), job, n, "shm", collective.Options{}, func(c *bootstrap.Config) { c.Shm.ArenaBytes = arena })
+	job := bootstraptest.NewJob()
+	ws := bootstraptest.JoinWorldsWith(t, bootstraptest.StartServer(t, job), job, n, "shm", collective.Options{}, func(c *bootstrap.Config) { c.Shm.ArenaBytes = arena })
 	t.Cleanup(func() {
 		for _, w := range ws {
 			w.Close()

@@ -267,15 +267,24 @@ func (t *shmTransport) Rank() int     { return t.rank }
 func (t *shmTransport) Size() int     { return t.size }
 func (t *shmTransport) MaxChunk() int { return collective.MaxPayload }
 
-func (t *shmTransport) Send(dl collective.Deadline, peer int, h *collective.Header, p []byte) error {
-	r := t.out[peer]
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// ready returns why r, a ring with peer held under its mu, cannot carry a
+// message: the transport closed it, or peer was aborted; nil if it can.
+func (t *shmTransport) ready(r *shmRing, peer int) error {
 	if r.mem == nil {
 		return errClosedTransport
 	}
 	if e := t.aborted[peer].Load(); e != nil {
 		return *e
+	}
+	return nil
+}
+
+func (t *shmTransport) Send(dl collective.Deadline, peer int, h *collective.Header, p []byte) error {
+	r := t.out[peer]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := t.ready(r, peer); err != nil {
+		return err
 	}
 	h.Length = uint32(len(p))
 	h.Encode(r.hb[:])
@@ -295,11 +304,8 @@ func (t *shmTransport) TrySend(peer int, h *collective.Header, p []byte) (bool, 
 		return false, nil
 	}
 	defer r.mu.Unlock()
-	if r.mem == nil {
-		return false, errClosedTransport
-	}
-	if e := t.aborted[peer].Load(); e != nil {
-		return false, *e
+	if err := t.ready(r, peer); err != nil {
+		return false, err
 	}
 	head := atomic.LoadUint64(r.u64(offHead))
 	need := uint64(collective.HeaderSize + len(p))
@@ -328,11 +334,8 @@ func (t *shmTransport) Recv(dl collective.Deadline, peer int, want *collective.H
 	r := t.in[peer]
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.mem == nil {
-		return errClosedTransport
-	}
-	if e := t.aborted[peer].Load(); e != nil {
-		return *e
+	if err := t.ready(r, peer); err != nil {
+		return err
 	}
 	if err := t.read(dl, r, r.hb[:]); err != nil {
 		return err

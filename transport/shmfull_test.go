@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/transport"
 	"golang.org/x/sys/unix"
@@ -30,14 +31,14 @@ func TestShmFull(t *testing.T) {
 	}
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
 	defer transport.SetShmDir(dir)()
-	job := newJob()
-	s := startServer(t, job)
+	job := bootstraptest.NewJob()
+	s := bootstraptest.StartServer(t, job)
 	cfgs := make([]bootstrap.Config, 2)
 	for r := range cfgs {
-		cfgs[r] = config(s, job, r, 2, "shm", collective.Options{})
+		cfgs[r] = bootstraptest.Config(s, job, r, 2, "shm", collective.Options{})
 		cfgs[r].RendezvousTimeout = 3e9
 	}
-	ws, errs := joinAll(cfgs)
+	ws, errs := bootstraptest.JoinAll(cfgs)
 	for _, w := range ws {
 		if w != nil {
 			w.Close()

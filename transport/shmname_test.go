@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/transport"
 	"go.uber.org/zap"
@@ -51,9 +52,9 @@ func TestShmRingNames(t *testing.T) {
 	// Files at the names the rings of the job had when they were derived from
 	// its id: another user's file, a symbolic link and a file of our own.
 	t.Run("old-names", func(t *testing.T) {
-		job := newJob()
-		s := startServer(t, job)
-		rdv := watchRendezvous(t, s)
+		job := bootstraptest.NewJob()
+		s := bootstraptest.StartServer(t, job)
+		rdv := bootstraptest.WatchRendezvous(t, s)
 		h := fnv.New64a()
 		h.Write([]byte("job:" + job))
 		var planted []string
@@ -74,15 +75,15 @@ func TestShmRingNames(t *testing.T) {
 				}
 			}
 		}
-		ws := joinWorlds(t, s, job, 3, "shm", collective.Options{})
-		err := allReduceOnce(ws)
+		ws := bootstraptest.JoinWorlds(t, s, job, 3, "shm", collective.Options{})
+		err := bootstraptest.AllReduceOnce(ws)
 		for _, w := range ws {
 			w.Close()
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		if left := leftRings(rdv.RosterSeen(t), nil); len(left) > 0 {
+		if left := bootstraptest.LeftRings(rdv.RosterSeen(t), nil); len(left) > 0 {
 			t.Errorf("left in /dev/shm after the job: %v", left)
 		}
 		for _, p := range planted {
@@ -96,9 +97,9 @@ func TestShmRingNames(t *testing.T) {
 	// by another user's file (1->0) and by a file of ours that is no ring
 	// (1->2). Rank 1 takes the next name; its peers pass over the files.
 	t.Run("taken-name", func(t *testing.T) {
-		job := newJob()
-		s := startServer(t, job)
-		rdv := watchRendezvous(t, s)
+		job := bootstraptest.NewJob()
+		s := bootstraptest.StartServer(t, job)
+		rdv := bootstraptest.WatchRendezvous(t, s)
 		planted := map[string]bool{}
 		var mu sync.Mutex
 		defer transport.SetShmCreateHook(func(path string, src, dst, try int) {
@@ -115,8 +116,8 @@ func TestShmRingNames(t *testing.T) {
 			planted[path] = true
 		})()
 		core, logs := observer.New(zap.WarnLevel)
-		ws := joinWorlds(t, s, job, 3, "shm", collective.Options{Logger: zap.New(core)})
-		err := allReduceOnce(ws)
+		ws := bootstraptest.JoinWorlds(t, s, job, 3, "shm", collective.Options{Logger: zap.New(core)})
+		err := bootstraptest.AllReduceOnce(ws)
 		for _, w := range ws {
 			w.Close()
 		}
@@ -129,7 +130,7 @@ func TestShmRingNames(t *testing.T) {
 		if n := logs.FilterMessageSnippet("shm ring name taken").FilterField(zap.Int("rank", 1)).Len(); n != 2 {
 			t.Errorf("rank 1 logged %d taken names, want 2", n)
 		}
-		if left := leftRings(rdv.RosterSeen(t), planted); len(left) > 0 {
+		if left := bootstraptest.LeftRings(rdv.RosterSeen(t), planted); len(left) > 0 {
 			t.Errorf("left in /dev/shm after the job: %v", left)
 		}
 		for p := range planted {
@@ -144,9 +145,9 @@ func TestShmRingNames(t *testing.T) {
 	// with ErrAuth naming the files and their owner's uid, blaming no rank,
 	// not with a peer lost at the deadline.
 	t.Run("all-names-taken", func(t *testing.T) {
-		job := newJob()
-		s := startServer(t, job)
-		rdv := watchRendezvous(t, s)
+		job := bootstraptest.NewJob()
+		s := bootstraptest.StartServer(t, job)
+		rdv := bootstraptest.WatchRendezvous(t, s)
 		planted := map[string]bool{}
 		var first string
 		var mu sync.Mutex
@@ -164,7 +165,7 @@ func TestShmRingNames(t *testing.T) {
 		const timeout = 4 * time.Second
 		cfgs := make([]bootstrap.Config, 3)
 		for i := range cfgs {
-			cfgs[i] = config(s, job, i, 3, "shm", collective.Options{})
+			cfgs[i] = bootstraptest.Config(s, job, i, 3, "shm", collective.Options{})
 			cfgs[i].RendezvousTimeout = timeout
 		}
 		start := time.Now()
@@ -213,7 +214,7 @@ func TestShmRingNames(t *testing.T) {
 		}
 		t.Logf("rank 1: %v (%v)", errs[1], took[1].Round(time.Millisecond))
 		t.Logf("rank 0: %v (%v)", errs[0], took[0].Round(time.Millisecond))
-		if left := leftRings(rdv.RosterSeen(t), planted); len(left) > 0 {
+		if left := bootstraptest.LeftRings(rdv.RosterSeen(t), planted); len(left) > 0 {
 			t.Errorf("left in /dev/shm after the failed setup: %v", left)
 		}
 	})

@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/meshrun/meshrun/bootstrap"
+	"github.com/meshrun/meshrun/bootstrap/bootstraptest"
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/transport"
 	"golang.org/x/sys/unix"
@@ -353,24 +354,24 @@ func TestShmSquatter(t *testing.T) {
 	const runs, n = 10, 4
 	jobs := make([]string, runs)
 	for i := range jobs {
-		jobs[i] = newJob()
+		jobs[i] = bootstraptest.NewJob()
 	}
-	s := startServer(t, jobs...)
+	s := bootstraptest.StartServer(t, jobs...)
 	passed := 0
 	for i, job := range jobs {
 		kind := "shm"
 		if i%2 == 1 {
 			kind = "auto"
 		}
-		rdv := watchRendezvous(t, s)
+		rdv := bootstraptest.WatchRendezvous(t, s)
 		seen0, made0 := g.nseen.Load(), g.nmade.Load()+pmade.Load()
 		cfgs := make([]bootstrap.Config, n)
 		for r := range cfgs {
-			cfgs[r] = config(s, job, r, n, kind, collective.Options{})
+			cfgs[r] = bootstraptest.Config(s, job, r, n, kind, collective.Options{})
 			cfgs[r].RendezvousTimeout = 5 * time.Second
 		}
 		start := time.Now()
-		ws, errs := joinAll(cfgs)
+		ws, errs := bootstraptest.JoinAll(cfgs)
 		err := errors.Join(errs...)
 		if err == nil {
 			for _, w := range ws {
@@ -380,7 +381,7 @@ func TestShmSquatter(t *testing.T) {
 			}
 		}
 		if err == nil {
-			err = allReduceOnce(ws)
+			err = bootstraptest.AllReduceOnce(ws)
 		}
 		for _, w := range ws {
 			if w != nil {

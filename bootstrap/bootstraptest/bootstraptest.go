@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/collectivetest"
 	"github.com/meshrun/meshrun/natsrv"
+	"github.com/meshrun/meshrun/transport"
 	"github.com/nats-io/nats.go"
 )
 
@@ -189,3 +191,15 @@ func AllReduceOnce(ws []*collective.World) error {
 
 // Close ends the watch.
 func (w *RendezvousWatch) Close() { w.nc.Close() }
+
+// LeftRings lists the files under /dev/shm at the names the rings of the
+// job of roster can have, other than those in planted.
+func LeftRings(roster *collective.Roster, planted map[string]bool) []string {
+	var left []string
+	for _, p := range transport.ShmRingPaths(roster) {
+		if _, err := os.Lstat(p); err == nil && !planted[p] {
+			left = append(left, p)
+		}
+	}
+	return left
+}

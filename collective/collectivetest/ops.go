@@ -22,11 +22,7 @@ func testAllReduce[T collective.Float](t *testing.T, e *env, sizes []int) {
 	for _, size := range sizes {
 		for _, op := range ops {
 			out := make([][]T, n)
-			must(t, RunRanks(e.ws, func(w *collective.World) error {
-				c, err := e.comm(w, worldRanks(n))
-				if err != nil {
-					return err
-				}
+			e.onWorld(t, func(w *collective.World, c collective.Communicator) error {
 				buf := make([]T, size)
 				fill(buf, size, w.Rank(), 0)
 				d := put(e, w.Rank(), buf)
@@ -35,7 +31,7 @@ func testAllReduce[T collective.Float](t *testing.T, e *env, sizes []int) {
 				}
 				out[w.Rank()] = get[T](d)
 				return nil
-			}))
+			})
 			vals := make([]float64, n)
 			for i := 0; i < size; i++ {
 				for r := range vals {
@@ -92,11 +88,7 @@ func testAllGatherCounts[T collective.Float](t *testing.T, e *env, size int, cou
 	{
 		total := sum(counts)
 		out := make([][]T, n)
-		must(t, RunRanks(e.ws, func(w *collective.World) error {
-			c, err := e.comm(w, worldRanks(n))
-			if err != nil {
-				return err
-			}
+		e.onWorld(t, func(w *collective.World, c collective.Communicator) error {
 			in := make([]T, counts[w.Rank()])
 			fill(in, size, w.Rank(), 0)
 			o := alloc[T](e, w.Rank(), total)
@@ -105,7 +97,7 @@ func testAllGatherCounts[T collective.Float](t *testing.T, e *env, size int, cou
 			}
 			out[w.Rank()] = get[T](o)
 			return nil
-		}))
+		})
 		for r := 0; r < n; r++ {
 			k := 0
 			for j := 0; j < n; j++ {
@@ -132,11 +124,7 @@ func testReduceScatter[T collective.Float](t *testing.T, e *env, sizes []int) {
 			}
 			total := sum(counts)
 			out := make([][]T, n)
-			must(t, RunRanks(e.ws, func(w *collective.World) error {
-				c, err := e.comm(w, worldRanks(n))
-				if err != nil {
-					return err
-				}
+			e.onWorld(t, func(w *collective.World, c collective.Communicator) error {
 				in := make([]T, total)
 				fill(in, size, w.Rank(), 0)
 				din := put(e, w.Rank(), in)
@@ -152,7 +140,7 @@ func testReduceScatter[T collective.Float](t *testing.T, e *env, sizes []int) {
 				}
 				out[w.Rank()] = get[T](o)
 				return nil
-			}))
+			})
 			off := 0
 			vals := make([]float64, n)
 			for r := 0; r < n; r++ {
@@ -182,11 +170,7 @@ func testAllToAll[T collective.Float](t *testing.T, e *env) {
 				cnt[i][j] = rng.Intn(size + 1)
 			}
 		}
-		must(t, RunRanks(e.ws, func(w *collective.World) error {
-			c, err := e.comm(w, worldRanks(n))
-			if err != nil {
-				return err
-			}
+		e.onWorld(t, func(w *collective.World, c collective.Communicator) error {
 			r := w.Rank()
 			recvCounts := make([]int, n)
 			for j := range recvCounts {
@@ -213,7 +197,7 @@ func testAllToAll[T collective.Float](t *testing.T, e *env) {
 				off += recvCounts[j]
 			}
 			return nil
-		}))
+		})
 	}
 }
 
@@ -221,11 +205,7 @@ func testBroadcast[T collective.Float](t *testing.T, e *env, sizes []int) {
 	n := len(e.ws)
 	for _, size := range sizes {
 		root := size % n
-		must(t, RunRanks(e.ws, func(w *collective.World) error {
-			c, err := e.comm(w, worldRanks(n))
-			if err != nil {
-				return err
-			}
+		e.onWorld(t, func(w *collective.World, c collective.Communicator) error {
 			buf := make([]T, size)
 			if w.Rank() == root {
 				fill(buf, size, root, 0)
@@ -241,7 +221,7 @@ func testBroadcast[T collective.Float](t *testing.T, e *env, sizes []int) {
 				}
 			}
 			return nil
-		}))
+		})
 	}
 }
 
@@ -358,18 +338,14 @@ func testBF16Bound(t *testing.T, e *env) {
 		}
 	}
 	out := make([][]tensor.BF16, n)
-	must(t, RunRanks(e.ws, func(w *collective.World) error {
-		c, err := e.comm(w, worldRanks(n))
-		if err != nil {
-			return err
-		}
+	e.onWorld(t, func(w *collective.World, c collective.Communicator) error {
 		d := put(e, w.Rank(), append([]tensor.BF16(nil), in[w.Rank()]...))
 		if err := c.AllReduce(context.Background(), d, collective.Sum); err != nil {
 			return err
 		}
 		out[w.Rank()] = get[tensor.BF16](d)
 		return nil
-	}))
+	})
 	worst := 0.0
 	for i := 0; i < size; i++ {
 		var exact, abs float64

@@ -119,6 +119,19 @@ func (e *env) comm(w *collective.World, ranks []int) (collective.Communicator, e
 	return c, err
 }
 
+// onWorld runs f on every rank with its communicator of the whole world
+// (comm's) and fails t with the first rank's error.
+func (e *env) onWorld(t testing.TB, f func(w *collective.World, c collective.Communicator) error) {
+	t.Helper()
+	must(t, RunRanks(e.ws, func(w *collective.World) error {
+		c, err := e.comm(w, worldRanks(len(e.ws)))
+		if err != nil {
+			return err
+		}
+		return f(w, c)
+	}))
+}
+
 // put copies x into a new tensor of rank r's memory.
 func put[T collective.Float](e *env, r int, x []T) *tensor.Tensor {
 	var h *tensor.Tensor
@@ -228,18 +241,14 @@ func runOn(t *testing.T, f Factory, b Buffers) {
 				}
 			}
 			t.Run("barrier", func(t *testing.T) {
-				must(t, RunRanks(ws, func(w *collective.World) error {
-					c, err := e.comm(w, worldRanks(n))
-					if err != nil {
-						return err
-					}
+				e.onWorld(t, func(w *collective.World, c collective.Communicator) error {
 					for i := 0; i < 3; i++ {
 						if err := c.Barrier(context.Background()); err != nil {
 							return err
 						}
 					}
 					return nil
-				}))
+				})
 			})
 		})
 	}

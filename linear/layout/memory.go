@@ -2,7 +2,6 @@ package layout
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
@@ -33,7 +32,7 @@ type Memory struct {
 func (m Memory) Total() int64 {
 	t := int64(0)
 	for _, n := range []int64{m.Params, m.Grads, m.Activations, m.Scratch} {
-		t = addBytes(t, n)
+		t = placement.SatAdd(t, n)
 	}
 	return t
 }
@@ -83,20 +82,20 @@ func (l MLP) Memory(compute, grad tensor.DType) Memory {
 		switch {
 		case params[name]:
 			if s.Equal(given[name]) {
-				m.Params = addBytes(m.Params, mulBytes(n, 4))
+				m.Params = placement.SatAdd(m.Params, placement.SatMul(n, 4))
 				if compute != tensor.Float32 {
-					m.Params = addBytes(m.Params, mulBytes(n, int64(compute.Size())))
+					m.Params = placement.SatAdd(m.Params, placement.SatMul(n, int64(compute.Size())))
 				}
 			} else {
-				m.Scratch = addBytes(m.Scratch, mulBytes(n, int64(compute.Size())))
+				m.Scratch = placement.SatAdd(m.Scratch, placement.SatMul(n, int64(compute.Size())))
 			}
 		case len(name) > 1 && name[0] == 'd' && params[name[1:]]:
-			m.Grads = addBytes(m.Grads, mulBytes(n, 4))
+			m.Grads = placement.SatAdd(m.Grads, placement.SatMul(n, 4))
 			if grad != tensor.Float32 {
-				m.Grads = addBytes(m.Grads, mulBytes(n, int64(grad.Size())))
+				m.Grads = placement.SatAdd(m.Grads, placement.SatMul(n, int64(grad.Size())))
 			}
 		default:
-			m.Activations = addBytes(m.Activations, mulBytes(n, int64(compute.Size())))
+			m.Activations = placement.SatAdd(m.Activations, placement.SatMul(n, int64(compute.Size())))
 		}
 	}
 	plan := func(p *spmd.Plan) {
@@ -123,21 +122,7 @@ func (l MLP) Memory(compute, grad tensor.DType) Memory {
 	add("target", l.Ops[len(l.Ops)-1].Fwd.Final.Spec)
 	// Drawn whole on every rank, then sharded.
 	for _, s := range []placement.Spec{l.Up.X, l.Up.W, *l.Up.B, l.Down.W, *l.Down.B, l.Ops[len(l.Ops)-1].Fwd.Final.Spec} {
-		m.Scratch = addBytes(m.Scratch, mulBytes(s.NumElems(), 4))
+		m.Scratch = placement.SatAdd(m.Scratch, placement.SatMul(s.NumElems(), 4))
 	}
 	return m
-}
-
-func mulBytes(n, size int64) int64 {
-	if b, ok := placement.MulSize(n, size); ok {
-		return b
-	}
-	return math.MaxInt64
-}
-
-func addBytes(a, b int64) int64 {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
 }

@@ -26,9 +26,8 @@ func InProcess(ctx context.Context, n int, fn func(ctx context.Context, w *colle
 func inProcess(ctx context.Context, getenv func(string) string, n int, fn func(ctx context.Context, w *collective.World) error) error {
 	ts, cs := collective.LocalTransports(n), collective.LocalControls(n)
 	ws := make([]*collective.World, n)
-	backends := collectiveBackends(getenv)
 	for i := range ws {
-		w, err := collective.NewWorld(ts[i], cs[i], collective.Options{Job: "in-process", Collectives: getenv(collective.EnvBackend), Backends: backends})
+		w, err := collective.NewWorld(ts[i], cs[i], collective.Options{Job: "in-process", Collectives: getenv(collective.EnvBackend), Backends: collectiveBackends(getenv)})
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/kernels/cuda"
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/runlog"
 	"github.com/meshrun/meshrun/tensor"
@@ -34,11 +35,13 @@ type rankDevice struct {
 	kind   tensor.DeviceKind
 	choice kernels.Choice
 	dtype  tensor.DType
+	opts   providers.Options // the providers' switches (MESHRUN_CUDA_SYNC, ...)
 	log    *runlog.Rank
 }
 
 // resolve checks the flags (and the environment behind them) before any rank
-// starts (see providers.Resolve).
+// starts (see providers.Resolve), and reads the providers' options from env
+// (cuda.OptionsFrom: MESHRUN_CUDA_SYNC, MESHRUN_TF32, MESHRUN_CUBLASLT).
 func (d deviceFlags) resolve(env Env) (rankDevice, error) {
 	dev, kern := d.device, d.kernels
 	if dev == "" {
@@ -65,15 +68,17 @@ func (d deviceFlags) resolve(env Env) (rankDevice, error) {
 	if err := providers.CheckDType(choice, dt); err != nil {
 		return rankDevice{}, err
 	}
-	return rankDevice{kind: kind, choice: choice, dtype: dt, log: env.Run}, nil
+	opts := providers.Options{CUDA: cuda.OptionsFrom(env.Getenv)}
+	return rankDevice{kind: kind, choice: choice, dtype: dt, opts: opts, log: env.Run}, nil
 }
 
 // build makes one rank's device: its own dispatcher (and, on sim, its own
-// device memory). The first call of each kernel is logged.
+// device memory), its providers built with the options resolve read. The
+// first call of each kernel is logged.
 func (d rankDevice) build() (*kernels.Dispatcher, error) {
 	var logf kernels.Logger
 	if d.log != nil && d.log.Log != nil {
 		logf = d.log.Log.Sugar().Infow
 	}
-	return providers.Registry().NewDispatcher(d.choice, logf)
+	return providers.RegistryWith(d.opts).NewDispatcher(d.choice, logf)
 }

@@ -59,13 +59,12 @@ func TestMLPOnSim(t *testing.T) {
 // in-process ranks are on sim devices of their own (sim.SeparateDevices), as
 // ranks with a GPU each are: NCCL refuses ranks sharing one.
 func TestMLPOnSimNCCL(t *testing.T) {
-	t.Setenv("MESHRUN_NCCL_LIBRARY", "fake")
-	t.Setenv("MESHRUN_COLLECTIVES", "nccl")
+	env := map[string]string{"MESHRUN_NCCL_LIBRARY": "fake", "MESHRUN_COLLECTIVES": "nccl"}
 	defer sim.SeparateDevices()()
 	for _, mesh := range []string{"tp=2", "dp=2,tp=2", "tp=3"} {
 		var reports [2]MLPReport
 		for i, dev := range []string{"cpu", "sim"} {
-			code, out, errs := run(t, "mlp", "--mesh", mesh, "--tokens", "15", "--hidden", "9", "--steps", "3", "--device", dev)
+			code, out, errs := runEnv(t, env, "mlp", "--mesh", mesh, "--tokens", "15", "--hidden", "9", "--steps", "3", "--device", dev)
 			if code != 0 {
 				t.Fatalf("%s %s: exit %d: %s", mesh, dev, code, errs)
 			}
@@ -83,7 +82,7 @@ func TestMLPOnSimNCCL(t *testing.T) {
 		}
 	}
 	// Every layout of verify, its redistributions on the nccl backend.
-	if code, out, errs := run(t, "verify", "--world", "3", "--device", "sim", "--quick"); code != 0 || !strings.Contains(out, "passed") {
+	if code, out, errs := runEnv(t, env, "verify", "--world", "3", "--device", "sim", "--quick"); code != 0 || !strings.Contains(out, "passed") {
 		t.Fatalf("verify: exit %d\n%s%s", code, out, errs)
 	}
 }
@@ -94,11 +93,10 @@ func TestMLPOnSimNCCL(t *testing.T) {
 // MESHRUN_COLLECTIVES=nccl is refused before any step, naming the ranks and
 // the device.
 func TestSimNCCLSharedDevice(t *testing.T) {
-	t.Setenv("MESHRUN_NCCL_LIBRARY", "fake")
-	t.Setenv("MESHRUN_COLLECTIVES", "auto")
+	env := map[string]string{"MESHRUN_NCCL_LIBRARY": "fake", "MESHRUN_COLLECTIVES": "auto"}
 	var reports [2]MLPReport
 	for i, dev := range []string{"cpu", "sim"} {
-		code, out, errs := run(t, "mlp", "--mesh", "tp=2", "--tokens", "15", "--hidden", "9", "--steps", "2", "--device", dev)
+		code, out, errs := runEnv(t, env, "mlp", "--mesh", "tp=2", "--tokens", "15", "--hidden", "9", "--steps", "2", "--device", dev)
 		if code != 0 {
 			t.Fatalf("auto, %s: exit %d: %s", dev, code, errs)
 		}
@@ -110,8 +108,8 @@ func TestSimNCCLSharedDevice(t *testing.T) {
 	if cpu, staged := reports[0], reports[1]; cpu.LossLast != staged.LossLast || staged.StagedBytesPerStep == 0 {
 		t.Errorf("auto: loss %v (cpu %v), staged %d B per step", staged.LossLast, cpu.LossLast, staged.StagedBytesPerStep)
 	}
-	t.Setenv("MESHRUN_COLLECTIVES", "nccl")
-	code, out, errs := run(t, "mlp", "--mesh", "tp=2", "--tokens", "15", "--hidden", "9", "--steps", "2", "--device", "sim")
+	env["MESHRUN_COLLECTIVES"] = "nccl"
+	code, out, errs := runEnv(t, env, "mlp", "--mesh", "tp=2", "--tokens", "15", "--hidden", "9", "--steps", "2", "--device", "sim")
 	want := "ranks 0 and 1 share device " + sim.NewMemory(0).DeviceID()
 	if code != 1 || strings.Contains(out, "step") || !strings.Contains(errs, "ranks share a device") || !strings.Contains(errs, want) {
 		t.Errorf("nccl: exit %d, stdout %q, stderr %q (want %q)", code, out, errs, want)

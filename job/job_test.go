@@ -15,8 +15,14 @@ import (
 
 func run(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
+	return runEnv(t, nil, args...)
+}
+
+// runEnv is run with the worker's environment env.
+func runEnv(t *testing.T, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
 	var out, errb bytes.Buffer
-	code := Main(context.Background(), Env{Args: args, Getenv: func(string) string { return "" }, Stdout: &out, Stderr: &errb})
+	code := Main(context.Background(), Env{Args: args, Getenv: func(k string) string { return env[k] }, Stdout: &out, Stderr: &errb})
 	return code, out.String(), errb.String()
 }
 

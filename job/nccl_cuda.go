@@ -8,5 +8,7 @@ import (
 )
 
 // cudaBackends: CUDA builds carry the nccl collective backend (NCCL loaded
-// at run time).
-func cudaBackends() []collective.DeviceBackend { return []collective.DeviceBackend{nccl.Backend()} }
+// at run time from library, MESHRUN_NCCL_LIBRARY's value: "" is libnccl.so.2).
+func cudaBackends(library string) []collective.DeviceBackend {
+	return []collective.DeviceBackend{nccl.Backend(library)}
+}

@@ -5,4 +5,4 @@ package job
 import "github.com/meshrun/meshrun/collective"
 
 // cudaBackends: builds without cuda have no CUDA tensors to give NCCL.
-func cudaBackends() []collective.DeviceBackend { return nil }
+func cudaBackends(string) []collective.DeviceBackend { return nil }

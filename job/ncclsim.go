@@ -1,8 +1,6 @@
 package job
 
 import (
-	"os"
-
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/collective/ncclfake"
 	"github.com/meshrun/meshrun/kernels/sim"
@@ -10,8 +8,9 @@ import (
 )
 
 // collectiveBackends lists the device backends of this worker's Worlds
-// (collective.Options.Backends): the nccl backend for CUDA tensors in cuda
-// builds (cudaBackends), and the fake library's when chosen.
+// (collective.Options.Backends), their settings read from getenv: the nccl
+// backend for CUDA tensors in cuda builds (cudaBackends, over the library
+// MESHRUN_NCCL_LIBRARY names), and the fake library's when chosen.
 //
 // With MESHRUN_NCCL_LIBRARY=fake, sim devices have the nccl backend over the
 // fake library (package ncclfake): a job on --device sim then runs the CUDA
@@ -20,9 +19,10 @@ import (
 // without a GPU. Ranks in separate processes are on separate sim devices;
 // in-process ranks share one, as in-process GPU ranks share a GPU, and take
 // staged collectives under auto.
-func collectiveBackends() []collective.DeviceBackend {
-	bs := cudaBackends()
-	if os.Getenv(collective.EnvNCCLLibrary) == "fake" {
+func collectiveBackends(getenv func(string) string) []collective.DeviceBackend {
+	library := getenv(collective.EnvNCCLLibrary)
+	bs := cudaBackends(library)
+	if library == "fake" {
 		bs = append(bs, ncclfake.Backend(tensor.Sim, ncclfake.Options{Resolve: sim.Resolve, Current: sim.Current}))
 	}
 	return bs

@@ -27,11 +27,11 @@ import (
 // process: `worker linear --mesh tp=4 ...` works alone.
 func ranks(ctx context.Context, env Env, n int, fn func(ctx context.Context, w *collective.World) error) error {
 	if env.Getenv("MESHRUN_NATS_URL") == "" {
-		return InProcess(ctx, n, fn)
+		return inProcess(ctx, env.Getenv, n, fn)
 	}
 	cfg := bootstrap.EnvConfig()
 	cfg.Logger = env.Run.Log
-	cfg.Backends = collectiveBackends()
+	cfg.Backends = collectiveBackends(env.Getenv)
 	w, err := bootstrap.Join(ctx, cfg)
 	if err != nil {
 		return err

@@ -95,7 +95,7 @@ func (t *barrierTask) setup(_ context.Context, _ Env, args []string) error {
 func (t *barrierTask) run(ctx context.Context, env Env) int {
 	cfg := bootstrap.EnvConfig()
 	cfg.Logger = env.Run.Log
-	cfg.Backends = collectiveBackends()
+	cfg.Backends = collectiveBackends(env.Getenv)
 	w, err := bootstrap.Join(ctx, cfg)
 	if err != nil {
 		return failure(env, "barrier", err)

@@ -9,7 +9,8 @@
 // buffers then take the staged backend, and the log line choosing it says
 // why.
 //
-// The library is looked for as MESHRUN_NCCL_LIBRARY names it (a path), else
-// as libnccl.so.2 on the loader's path. PyTorch's wheels carry one under
+// The library is looked for at the path Backend and Open are given (the
+// worker passes MESHRUN_NCCL_LIBRARY's value, read where it starts: package
+// job), else as libnccl.so.2 on the loader's path. PyTorch's wheels carry one under
 // site-packages/nvidia/nccl/lib.
 package nccl

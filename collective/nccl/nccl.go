@@ -123,7 +123,6 @@ import "C"
 
 import (
 	"fmt"
-	"os"
 	"sync"
 	"unsafe"
 
@@ -131,25 +130,28 @@ import (
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// Backend is the nccl backend for CUDA tensors over the library Open loads,
-// for a World's Options.Backends (a cuda worker lists it: package job).
-func Backend() collective.DeviceBackend {
-	return collective.NCCLBackend(tensor.CUDA, func(*collective.World) (collective.NCCL, error) { return Open() })
+// Backend is the nccl backend for CUDA tensors over the library Open loads
+// from path (MESHRUN_NCCL_LIBRARY's value, read by the worker: package job;
+// "" is libnccl.so.2), for a World's Options.Backends.
+func Backend(path string) collective.DeviceBackend {
+	return collective.NCCLBackend(tensor.CUDA, func(*collective.World) (collective.NCCL, error) { return Open(path) })
 }
 
 var (
-	once    sync.Once
-	loaded  *library
-	loadErr error
+	once     sync.Once
+	loadPath string // what the process loads (the first Open's path)
+	loaded   *library
+	loadErr  error
 )
 
-// load opens the library once per process.
-func load() (*library, error) {
+// load opens the library once per process: the first call's path; a later
+// call naming another is refused.
+func load(path string) (*library, error) {
+	if path == "" {
+		path = "libnccl.so.2"
+	}
 	once.Do(func() {
-		path := os.Getenv(collective.EnvNCCLLibrary)
-		if path == "" {
-			path = "libnccl.so.2"
-		}
+		loadPath = path
 		cpath := C.CString(path)
 		defer C.free(unsafe.Pointer(cpath))
 		if msg := C.mr_load(cpath); msg != nil {
@@ -162,18 +164,22 @@ func load() (*library, error) {
 			loaded, loadErr = nil, fmt.Errorf("%s: NCCL %d is older than 2.10", path, v)
 		}
 	})
+	if path != loadPath {
+		return nil, fmt.Errorf("nccl: %s: this process loads %s (one library per process)", path, loadPath)
+	}
 	return loaded, loadErr
 }
 
-// Open loads the library (once per process: MESHRUN_NCCL_LIBRARY, else
-// libnccl.so.2) and returns it as the nccl backend's function table, or
-// why it cannot: a file the loader cannot open, a function missing
-// ("undefined symbol ncclGroupEnd (NCCL 2.10 or later needed)"), a version
-// before 2.10. The backend for CUDA tensors (Backend) uses it; a test can
-// give it to collective.NCCLBackend for another device's memory that has a
+// Open loads the library at path (once per process; "" is libnccl.so.2:
+// the worker passes MESHRUN_NCCL_LIBRARY's value) and returns it as the
+// nccl backend's function table, or why it cannot: a file the loader cannot
+// open, a function missing ("undefined symbol ncclGroupEnd (NCCL 2.10 or
+// later needed)"), a version before 2.10, another path than the process
+// loaded. The backend for CUDA tensors (Backend) uses it; a test can give
+// it to collective.NCCLBackend for another device's memory that has a
 // Stream (kernels/sim's).
-func Open() (collective.NCCL, error) {
-	l, err := load()
+func Open(path string) (collective.NCCL, error) {
+	l, err := load(path)
 	if err != nil {
 		return nil, err
 	}

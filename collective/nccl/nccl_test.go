@@ -5,6 +5,7 @@ package nccl_test
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 
 	"github.com/meshrun/meshrun/collective"
@@ -21,12 +22,12 @@ import (
 // fails; the in-place ones (all-reduce, broadcast) must leave their input's
 // values. Nothing is staged through host memory.
 func TestWorldOfOne(t *testing.T) {
-	p, err := cuda.New(0)
+	p, err := cuda.New(0, cuda.OptionsFrom(os.Getenv))
 	if err != nil {
 		t.Skipf("no CUDA device: %v", err)
 	}
 	defer p.Close()
-	w, err := collective.NewWorld(collective.LocalTransports(1)[0], collective.LocalControls(1)[0], collective.Options{Collectives: collective.BackendNCCL, Backends: []collective.DeviceBackend{nccl.Backend()}})
+	w, err := collective.NewWorld(collective.LocalTransports(1)[0], collective.LocalControls(1)[0], collective.Options{Collectives: collective.BackendNCCL, Backends: []collective.DeviceBackend{nccl.Backend(os.Getenv(collective.EnvNCCLLibrary))}})
 	if err != nil {
 		t.Fatal(err)
 	}

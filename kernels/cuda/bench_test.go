@@ -5,6 +5,7 @@ package cuda_test
 import (
 	"fmt"
 	"math/rand"
+	"os"
 	"testing"
 	"time"
 
@@ -39,7 +40,7 @@ func randomOn(b *testing.B, p *cuda.Provider, dt tensor.DType, shape ...int) *te
 // TFLOP/s (2·M·N·K forward, 4·M·N·K backward), float32 (TF32 off unless
 // MESHRUN_TF32=1) and bfloat16. bench/gpu/run.sh runs it beside PyTorch.
 func BenchmarkLinear(b *testing.B) {
-	p, err := cuda.New(0)
+	p, err := cuda.New(0, cuda.OptionsFrom(os.Getenv))
 	if err != nil {
 		b.Skipf("no CUDA device: %v", err)
 	}

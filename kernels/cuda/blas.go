@@ -60,7 +60,6 @@ import "C"
 import (
 	"fmt"
 	"math"
-	"os"
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/tensor"
@@ -109,7 +108,7 @@ func int32s(vs ...int) error {
 // (inside do): A and B of g.DType at addresses a and b, C of g.Out() at c.
 // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: the
 // operands swap. Float32 and bfloat16 accumulate in float32 (TF32 only
-// with MESHRUN_TF32=1), float64 in float64.
+// with Options.TF32), float64 in float64.
 func (p *Provider) gemm(g kernels.GemmParams, a, b, c uint64) error {
 	if g.M == 0 || g.N == 0 || g.K == 0 {
 		return fmt.Errorf("cuda: internal: an empty GEMM %dx%dx%d reached cuBLAS", g.M, g.N, g.K)
@@ -121,7 +120,7 @@ func (p *Provider) gemm(g kernels.GemmParams, a, b, c uint64) error {
 	switch {
 	case g.DType == tensor.Float64:
 		compute = C.CUBLAS_COMPUTE_64F
-	case g.DType == tensor.Float32 && g.Out() == tensor.Float32 && os.Getenv(EnvTF32) == "1":
+	case g.DType == tensor.Float32 && g.Out() == tensor.Float32 && p.opts.TF32:
 		compute = C.CUBLAS_COMPUTE_32F_FAST_TF32
 	}
 	st := C.mr_gemm(p.blas.h, tr(g.TransB), tr(g.TransA), C.int(g.N), C.int(g.M), C.int(g.K), C.double(g.Alpha),

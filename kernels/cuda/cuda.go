@@ -5,7 +5,6 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -60,6 +59,7 @@ func (b *Buffer) Addr() uintptr { return uintptr(b.ptr) }
 type Provider struct {
 	mu      sync.Mutex
 	ordinal int
+	opts    Options
 	device  cu.Device
 	ctx     cu.CUContext
 	stream  cu.Stream
@@ -76,8 +76,9 @@ type Provider struct {
 
 var _ kernels.MemoryProvider = (*Provider)(nil)
 
-// New opens device ordinal (as numbered under CUDA_VISIBLE_DEVICES).
-func New(ordinal int) (p *Provider, err error) {
+// New opens device ordinal (as numbered under CUDA_VISIBLE_DEVICES), its
+// ops run as o says.
+func New(ordinal int, o Options) (p *Provider, err error) {
 	n, err := cu.NumDevices()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoDevice, err)
@@ -98,7 +99,7 @@ func New(ordinal int) (p *Provider, err error) {
 		dev.ReleasePrimaryCtx()
 		return nil, err
 	}
-	p = &Provider{ordinal: ordinal, device: dev, ctx: ctx, host: host, ones: map[tensor.DType]*Buffer{}}
+	p = &Provider{ordinal: ordinal, opts: o, device: dev, ctx: ctx, host: host, ones: map[tensor.DType]*Buffer{}}
 	p.mem = &Memory{p: p}
 	err = p.on(func() error {
 		uuid, err := dev.UUID()
@@ -150,9 +151,9 @@ func (p *Provider) Close() error {
 // the provider's other calls. The work f enqueues runs on the provider's
 // stream, in order with everything before and after it (kernels, cuBLAS,
 // NCCL, copies); do does not wait for it: a copy to the host does, as a
-// step's loss does. With MESHRUN_CUDA_SYNC=1 every op waits for its work,
-// so that an error surfaces at the op that caused it.
-func (p *Provider) do(f func() error) error { return p.on(f, syncEach) }
+// step's loss does. With Options.Sync (MESHRUN_CUDA_SYNC=1) every op waits
+// for its work, so that an error surfaces at the op that caused it.
+func (p *Provider) do(f func() error) error { return p.on(f, p.opts.Sync) }
 
 // on runs f with the context current, waiting for the stream if wait.
 func (p *Provider) on(f func() error, wait bool) error {
@@ -183,11 +184,6 @@ func (p *Provider) Synchronize() error { return p.on(p.sync, false) }
 
 // Stream is the provider's CUstream as a number (what NCCL and cuBLASLt take).
 func (p *Provider) Stream() uintptr { return *(*uintptr)(unsafe.Pointer(&p.stream)) }
-
-// EnvSync makes every op wait for its work when "1" (see do).
-const EnvSync = "MESHRUN_CUDA_SYNC"
-
-var syncEach = os.Getenv(EnvSync) == "1"
 
 // Run is do for a library that enqueues work on the provider's stream and
 // polls for it (NCCL): f runs with the context current on a locked OS

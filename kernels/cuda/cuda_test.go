@@ -3,15 +3,18 @@
 package cuda
 
 import (
+	"os"
 	"testing"
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/kerneltest"
 )
 
-// open opens GPU 0 or skips.
+// open opens GPU 0 or skips, with the options of the test's environment
+// (MESHRUN_CUDA_SYNC, MESHRUN_TF32, MESHRUN_CUBLASLT: bench/gpu/check.sh sets
+// them).
 func open(t *testing.T) *Provider {
-	p, err := New(0)
+	p, err := New(0, OptionsFrom(os.Getenv))
 	if err != nil {
 		t.Skipf("no CUDA device: %v", err)
 	}

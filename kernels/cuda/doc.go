@@ -4,5 +4,6 @@
 // the driver and libcublas). Row-major operands are handled by the operand swap:
 // a row-major C = op(A)·op(B) is the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ.
 //
-// Without the tag this package is empty.
+// Without the tag this package holds only what needs no GPU: the plans
+// (plan.go) and the provider's Options.
 package cuda

@@ -83,7 +83,6 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"gorgonia.org/cu"
 
@@ -120,17 +119,6 @@ type ltAlgo struct {
 	used    bool // a matmul has run with it
 	refused bool
 }
-
-// EnvLt set to "0" keeps every GEMM off cuBLASLt: each runs its fallback
-// plan (cuBLAS and the kernels), as when cuBLASLt refuses it; for checking
-// those plans on a GPU.
-const EnvLt = "MESHRUN_CUBLASLT"
-
-var ltOn = os.Getenv(EnvLt) != "0"
-
-// EnvTF32 allows TF32 tensor cores for float32 GEMMs when "1" (off by default:
-// float32 results then match the cpu provider's to float32 rounding).
-const EnvTF32 = "MESHRUN_TF32"
 
 func (p *Provider) ltHandle() (*lt, error) {
 	if p.lt != nil {
@@ -200,7 +188,7 @@ func (p *Provider) gemmLt(g kernels.GemmParams, o kernels.GemmOperands) error {
 		}
 		return C.uint64_t(dev(t))
 	}
-	tf32 := os.Getenv(EnvTF32) == "1"
+	tf32 := p.opts.TF32
 	var bias, aux C.uint64_t
 	ldaux := 0
 	if g.Epilogue.UsesBias() {

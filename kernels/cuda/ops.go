@@ -31,7 +31,7 @@ func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if pl.refused() {
 		return fmt.Errorf("%w: cuda %v -> %v %v", kernels.ErrUnsupported, g.DType, g.Out(), g.Epilogue.Op())
 	}
-	pl.lt = pl.lt && ltOn
+	pl.lt = pl.lt && !p.opts.NoLt
 	return p.do(func() error {
 		if pl.lt {
 			err := p.gemmLt(g, o)

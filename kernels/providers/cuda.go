@@ -8,7 +8,7 @@ import (
 )
 
 func init() {
-	tagged = append(tagged, func(r *kernels.Registry) error {
-		return r.Register(cuda.Name, func() (kernels.Provider, error) { return cuda.New(0) })
+	tagged = append(tagged, func(r *kernels.Registry, o Options) error {
+		return r.Register(cuda.Name, func() (kernels.Provider, error) { return cuda.New(0, o.CUDA) })
 	})
 }

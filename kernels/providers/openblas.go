@@ -8,7 +8,7 @@ import (
 )
 
 func init() {
-	tagged = append(tagged, func(r *kernels.Registry) error {
+	tagged = append(tagged, func(r *kernels.Registry, _ Options) error {
 		return r.Register(openblas.Name, func() (kernels.Provider, error) { return openblas.New(0) })
 	})
 }

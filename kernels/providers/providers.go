@@ -9,6 +9,7 @@ package providers
 import (
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/kernels/cpu"
+	"github.com/meshrun/meshrun/kernels/cuda"
 	"github.com/meshrun/meshrun/kernels/providers/catalog"
 	"github.com/meshrun/meshrun/kernels/sim"
 	"github.com/meshrun/meshrun/tensor"
@@ -16,17 +17,30 @@ import (
 
 // tagged holds the registrations of providers behind build tags (see the
 // tagged files of this package); it is filled by init functions only.
-var tagged []func(*kernels.Registry) error
+var tagged []func(*kernels.Registry, Options) error
 
-// Registry returns a new registry holding every compiled-in provider. cpu and
-// sim use the default options (GOMAXPROCS threads, best micro-kernel); each
-// dispatcher built from it gets its own sim device memory.
-func Registry() *kernels.Registry {
+// Options are the settings of the providers a registry builds, given by
+// whoever builds them (the worker reads them from its environment: package
+// job). The zero value is every provider's default.
+type Options struct {
+	// CUDA is the cuda provider's (a build without the cuda tag ignores it).
+	CUDA cuda.Options
+}
+
+// Registry returns a new registry holding every compiled-in provider, each
+// with its default options (RegistryWith).
+func Registry() *kernels.Registry { return RegistryWith(Options{}) }
+
+// RegistryWith returns a new registry holding every compiled-in provider,
+// built with o. cpu and sim use their default options (GOMAXPROCS threads,
+// best micro-kernel); each dispatcher built from it gets its own sim device
+// memory.
+func RegistryWith(o Options) *kernels.Registry {
 	r := kernels.NewRegistry()
 	must(r.Register(cpu.Name, func() (kernels.Provider, error) { return cpu.New(cpu.Options{}) }))
 	must(r.Register(sim.Name, func() (kernels.Provider, error) { return sim.New(sim.Options{}) }))
 	for _, reg := range tagged {
-		must(reg(r))
+		must(reg(r, o))
 	}
 	return r
 }
@@ -40,7 +54,7 @@ func must(err error) {
 }
 
 // New is a shortcut: parse a --kernels value and build a dispatcher from the
-// default registry.
+// default registry (every provider with its default options).
 // A provider this binary lacks is an error naming the build command.
 func New(choice string, log kernels.Logger) (*kernels.Dispatcher, error) {
 	c, err := kernels.ParseChoice(choice)

@@ -82,7 +82,9 @@ func readLog(t *testing.T, path string) []call {
 func worlds(t *testing.T, n int) ([]*collective.World, []*sim.Memory) {
 	restore := sim.SeparateDevices()
 	defer restore()
-	b := collective.NCCLBackend(tensor.Sim, func(*collective.World) (collective.NCCL, error) { return nccl.Open() })
+	b := collective.NCCLBackend(tensor.Sim, func(*collective.World) (collective.NCCL, error) {
+		return nccl.Open(os.Getenv(collective.EnvNCCLLibrary))
+	})
 	ts, cs := collective.LocalTransports(n), collective.LocalControls(n)
 	ws := make([]*collective.World, n)
 	mems := make([]*sim.Memory, n)
@@ -127,7 +129,7 @@ type want struct {
 // each communicator destroyed at Close.
 func TestBindingCalls(t *testing.T) {
 	log := stubbed(t)
-	lib, err := nccl.Open()
+	lib, err := nccl.Open(os.Getenv(collective.EnvNCCLLibrary))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,7 +498,7 @@ func TestBindingRefused(t *testing.T) {
 	if why == "" {
 		t.Fatal("MESHRUN_NCCL_STUB_REFUSAL: what the refusal says")
 	}
-	_, err := nccl.Open()
+	_, err := nccl.Open(os.Getenv(collective.EnvNCCLLibrary))
 	if err == nil || !strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), os.Getenv(collective.EnvNCCLLibrary)) {
 		t.Errorf("nccl.Open: %v, want the library's path and %q", err, why)
 	}

@@ -1,0 +1,39 @@
+package cuda
+
+// Options are a provider's switches, given to New (the worker reads them from
+// its environment: package job). The zero value is the default: ops do not
+// wait for their work, TF32 is off, GEMMs take cuBLASLt where it serves them.
+type Options struct {
+	// Sync makes every op wait for its work, so that an error surfaces at
+	// the op that caused it (EnvSync).
+	Sync bool
+	// TF32 allows TF32 tensor cores for float32 GEMMs (EnvTF32); off, float32
+	// results match the cpu provider's to float32 rounding.
+	TF32 bool
+	// NoLt keeps every GEMM off cuBLASLt: each runs its fallback plan
+	// (cuBLAS and the kernels), as when cuBLASLt refuses it; for checking
+	// those plans on a GPU (EnvLt).
+	NoLt bool
+}
+
+// The environment variables behind Options, as OptionsFrom reads them.
+const (
+	// EnvSync makes every op wait for its work when "1" (Options.Sync).
+	EnvSync = "MESHRUN_CUDA_SYNC"
+	// EnvTF32 allows TF32 tensor cores for float32 GEMMs when "1"
+	// (Options.TF32).
+	EnvTF32 = "MESHRUN_TF32"
+	// EnvLt set to "0" keeps every GEMM off cuBLASLt (Options.NoLt).
+	EnvLt = "MESHRUN_CUBLASLT"
+)
+
+// OptionsFrom reads the options from getenv: MESHRUN_CUDA_SYNC=1,
+// MESHRUN_TF32=1, MESHRUN_CUBLASLT=0 (any other value, or none, leaves the
+// default).
+func OptionsFrom(getenv func(string) string) Options {
+	return Options{
+		Sync: getenv(EnvSync) == "1",
+		TF32: getenv(EnvTF32) == "1",
+		NoLt: getenv(EnvLt) == "0",
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -79,7 +80,7 @@ const moeTorchTol = 1e-10
 // in PyTorch (testdata/torch_moe.py, float64, autograd), on T = 10 tokens
 // and E = 6 experts with k = 2, the last expert receiving no token:
 // dropless, at capacity factor 1 (slots dropped), and with two experts whose
-// probabilities tie for every token (the lower index chosen).
+// probabilities tie for every token (the lower index chosen: TestMoERouting).
 func TestMoEMatchesPyTorch(t *testing.T) {
 	py := torchPython(t)
 	worst := 0.0
@@ -100,24 +101,8 @@ func TestMoEMatchesPyTorch(t *testing.T) {
 		if out.Routed[e-1] != 0 {
 			t.Fatalf("%s: the last expert got %d slots, want none", c.name, out.Routed[e-1])
 		}
-		switch c.name {
-		case "capacity":
-			if out.Dropped == 0 {
-				t.Fatalf("%s: no slot dropped (tokens %v, capacity %d)", c.name, out.Tokens, out.Cap)
-			}
-		case "tie":
-			decided := 0
-			for s, ex := range out.Expert {
-				if ex == 1 && out.Expert[s^1] != 2 {
-					decided++
-				}
-				if ex == 2 && out.Expert[s^1] != 1 {
-					t.Fatalf("%s: slot %d chose expert 2 over its tie, expert 1", c.name, s)
-				}
-			}
-			if decided == 0 {
-				t.Fatalf("%s: no token where the tie decided the choice", c.name)
-			}
+		if c.name == "capacity" && out.Dropped == 0 {
+			t.Fatalf("%s: no slot dropped (tokens %v, capacity %d)", c.name, out.Tokens, out.Cap)
 		}
 		dir := t.TempDir()
 		for name, v := range map[string]sim.Tensor{"x": c.x, "dy": c.dy, "router": c.p.Router,
@@ -267,6 +252,60 @@ func TestMoETopOneIsTheExpert(t *testing.T) {
 		if s := out.Gate[2*tok] + out.Gate[2*tok+1]; math.Abs(s-1) > 1e-15 {
 			t.Fatalf("token %d: gates sum to %.17g", tok, s)
 		}
+	}
+}
+
+// TestMoERouting: the routing rules without PyTorch. Ties go to the lower
+// expert; capacity is ceil(T·k·c / E) and each expert keeps its first slots
+// in slot order; a token that lost a slot keeps its other gates as computed
+// from all k choices (not renormalized over the kept ones).
+func TestMoERouting(t *testing.T) {
+	c := newMoECase("tie", 3, 14, 8, 12, 6, MoE{K: 2}, true)
+	out, err := MoEForward(c.m, c.x, c.p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decided := 0
+	for s, e := range out.Expert {
+		other := out.Expert[s^1]
+		if e == 2 && other != 1 {
+			t.Fatalf("slot %d chose expert 2 over expert 1, whose probability is the same", s)
+		}
+		if e == 1 && other != 2 {
+			decided++
+		}
+	}
+	if decided == 0 {
+		t.Fatal("no token where the tie decided the choice")
+	}
+
+	c = newMoECase("capacity", 2, 10, 8, 12, 6, MoE{K: 2, Capacity: 1}, false)
+	out, err = MoEForward(c.m, c.x, c.p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Cap != 4 { // ceil(10·2·1 / 6)
+		t.Fatalf("capacity %d, want 4", out.Cap)
+	}
+	seen := make([]int, 6)
+	lost := 0
+	for s, e := range out.Expert {
+		if want := seen[e] < out.Cap; out.Kept[s] != want {
+			t.Fatalf("slot %d (expert %d, its slot %d): kept %v, want %v", s, e, seen[e], out.Kept[s], want)
+		}
+		seen[e]++
+		tok := s / 2
+		p := out.Probs.Data[tok*6 : tok*6+6]
+		sum := p[out.Expert[2*tok]] + p[out.Expert[2*tok+1]]
+		if g := p[e] / sum; out.Gate[s] != g {
+			t.Fatalf("slot %d: gate %.17g, want %.17g (over both choices, kept or not)", s, out.Gate[s], g)
+		}
+		if !out.Kept[s^1] && out.Kept[s] {
+			lost++
+		}
+	}
+	if out.Dropped == 0 || lost == 0 || !slices.Equal(seen, out.Routed) {
+		t.Fatalf("dropped %d, tokens with one slot lost %d, routed %v (counted %v)", out.Dropped, lost, out.Routed, seen)
 	}
 }
 

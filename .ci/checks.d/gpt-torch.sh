@@ -4,9 +4,11 @@
 # parameters (written by meshrun as .npy), same batches, same AdamW; the
 # losses at tp = 1, 2 and 4 within 1e-6 relative for 20 steps. And the
 # launcher running an ordinary torch.distributed program (gloo, env://) as
-# torchrun does (launch TestTorchScript). Installs python3-torch when
-# /usr/bin/python3 lacks it, then runs both tests with torch required (no
-# skip): the unit run before it may have skipped them.
+# torchrun does (launch TestTorchScript). The mixture-of-experts reference
+# against the same layer in PyTorch, forward and every gradient in float64
+# (spmd/spmdref TestMoEMatchesPyTorch, testdata/torch_moe.py). Installs
+# python3-torch when /usr/bin/python3 lacks it, then runs the tests with
+# torch required (no skip): the unit run before it may have skipped them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
@@ -18,3 +20,4 @@ if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
 fi
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run TestGPTMatchesPyTorch ./models/
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestTorchScript$' ./launch/
+MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestMoEMatchesPyTorch$' ./spmd/spmdref/

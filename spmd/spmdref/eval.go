@@ -1,8 +1,10 @@
 // Package spmdref holds the reference implementations of the local ops the
 // sharding rules plan, forward and backward, in float64: the worker's verify
 // workload (package job) checks the distributed ops against them, and package
-// spmd's tests check the rules. It is production code for that one workload:
-// no other package but the worker's links it (spmd's TestLayeringReference).
+// spmd's tests check the rules. It also holds the mixture-of-experts layer's
+// reference, forward and backward (moe.go, docs/moe.md). It is production
+// code for that one workload: no other package but the worker's links it
+// (spmd's TestLayeringReference).
 package spmdref
 
 import (

@@ -1,6 +1,11 @@
 package kernels
 
-import "github.com/meshrun/meshrun/tensor"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/meshrun/meshrun/tensor"
+)
 
 // The grouped linear layer's ops (a mixture of experts), each one GroupedGemm:
 // expert e owns rows Σ rows[:e] .. Σ rows[:e+1] of the packed x, y, dx, dy and
@@ -13,9 +18,10 @@ import "github.com/meshrun/meshrun/tensor"
 //	                             of dx_e when db is not nil
 //	GroupedLinearBackwardWeight  dw[E,N,K] (+)= dy_eᵀ·x_e; db[E,N] = Σ rows of
 //	                             dy_e (overwritten) when db is not nil
+//	GroupedLinearBackwardBias    db[E,N] (+)= Σ rows of dy_e
 //
 // An expert with no rows gets zero weight and bias gradients (written), or
-// keeps its dw exactly when accumulating.
+// keeps them exactly when accumulating.
 
 func groupedParams(kind GroupedKind, rows []int, n, k int, in, out *tensor.Tensor) GroupedParams {
 	p := GroupedParams{Kind: kind, Rows: rows, N: n, K: k, DType: in.DType()}
@@ -81,4 +87,34 @@ func GroupedLinearBackwardWeight(k Kernels, rows []int, dw, db, dy, x *tensor.Te
 		p.Epilogue = EpilogueBGrad
 	}
 	return k.GroupedGemm(p, GemmOperands{A: dy, B: x, C: dw, Bias: db})
+}
+
+// GroupedLinearBackwardBias computes db_e (+)= Σ rows of dy_e, the bias
+// gradient alone: the grouped weight GEMM dw_e[N,1] (+)= dy_eᵀ·ones_e, with
+// db viewed as [E,N,1] and a column of ones[R,1] in dy's memory (written
+// there, a counted transfer).
+func GroupedLinearBackwardBias(k Kernels, rows []int, db, dy *tensor.Tensor, accumulate bool) (err error) {
+	if db == nil || dy == nil || db.Rank() != 2 || dy.Rank() != 2 {
+		return fmt.Errorf("%w: grouped bias gradient db=%v dy=%v: want db[E,N], dy[R,N]", ErrShape, db, dy)
+	}
+	mem := tensor.Host
+	if !dy.OnHost() {
+		mem = dy.Buffer().Memory()
+	}
+	ones, err := tensor.Upload(mem, Ones(dy.DType(), dy.Dim(0)))
+	if err != nil {
+		return err
+	}
+	if !dy.OnHost() {
+		defer func() { err = errors.Join(err, mem.Free(ones)) }()
+	}
+	col, err := ones.Reshape(dy.Dim(0), 1)
+	if err != nil {
+		return err
+	}
+	dw, err := db.Reshape(db.Dim(0), db.Dim(1), 1)
+	if err != nil {
+		return err
+	}
+	return GroupedLinearBackwardWeight(k, rows, dw, nil, dy, col, accumulate)
 }

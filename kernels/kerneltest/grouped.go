@@ -44,6 +44,7 @@ func testGrouped(e *env, dt tensor.DType) {
 				g.forward()
 				g.input()
 				g.weight()
+				g.bias()
 			}
 		}
 	}

@@ -141,6 +141,54 @@ func (g *groupedCase) weight() {
 	}
 }
 
+// bias checks db_e (+)= Σ rows of dy_e alone against the dense bias
+// gradient: an empty expert's db_e zero, or kept exactly when accumulating.
+func (g *groupedCase) bias() {
+	n, ee := g.n, len(g.rows)
+	r := g.x.t.Dim(0)
+	for _, acc := range []bool{false, true} {
+		var old *buf
+		if acc {
+			old = newBuf(g.rng, g.od, "rand", ee, n)
+		}
+		db := g.out(g.od, old, ee, n)
+		g.run("backward bias", []*buf{db}, func(ts []*tensor.Tensor) error {
+			return kernels.GroupedLinearBackwardBias(g.e.k, g.rows, ts[0], ts[1], acc)
+		}, db, g.dy)
+		want, mag := make([]float64, ee*n), make([]float64, ee*n)
+		off := 0
+		for ex, m := range g.rows {
+			var olde *buf
+			if old != nil {
+				olde = part(old, g.od, ex*n, n)
+			}
+			dbe := g.out(g.od, olde, n)
+			g.run("dense backward bias", []*buf{dbe}, func(ts []*tensor.Tensor) error {
+				return kernels.LinearBackwardBias(g.e.k, ts[0], ts[1], acc)
+			}, dbe, part(g.dy, g.dt, off*n, m, n))
+			place(want, ex*n, dbe)
+			for j := 0; j < n; j++ {
+				mag[ex*n+j] = absSum(g.dy.all, off*n+j, n, ones(m), 0, 1, m)
+				if olde != nil {
+					mag[ex*n+j] += math.Abs(olde.all[j])
+				}
+				if m == 0 { // written exactly: zero, or the old value
+					want[ex*n+j] = 0
+					if olde != nil {
+						want[ex*n+j] = olde.all[j]
+					}
+				}
+			}
+			off += m
+		}
+		what := g.name + "_backward_bias"
+		if acc {
+			what += "_acc"
+		}
+		near(g.e, what, db, want, mag, r)
+	}
+}
+
 // testGroupedErrors checks that bad grouped operands are refused with
 // errors wrapping tensor's ErrShape or ErrDType.
 func testGroupedErrors(e *env, dt tensor.DType) {

@@ -49,6 +49,9 @@ func testGrouped(e *env, dt tensor.DType) {
 		}
 	}
 	testGroupedErrors(e, dt)
+	if e.cfg.Deterministic {
+		testGroupedDeterminism(e, dt)
+	}
 }
 
 // groupedCase is one grouped problem: its packed operands on the host.
@@ -218,6 +221,39 @@ func (g *groupedCase) forward() {
 		near(g.e, g.name+"_forward_"+epi.String(), y, wantY, magY, k)
 		if aux != nil {
 			near(g.e, g.name+"_forward_aux", aux, wantAux, magY, k)
+		}
+	}
+}
+
+// testGroupedDeterminism checks that a grouped GEMM whose experts are large
+// (run alone on every core) and small (run side by side) gives bit-identical
+// results on 1 and 4 threads.
+func testGroupedDeterminism(e *env, dt tensor.DType) {
+	rng := rand.New(rand.NewPCG(14, uint64(dt)))
+	rows := []int{5, 200, 0, 3, 7, 1, 150, 9}
+	const n, k = 100, 300
+	r := 375
+	x, w := newBuf(rng, dt, "rand", r, k), newBuf(rng, dt, "rand", len(rows), n, k)
+	b := newBuf(rng, dt, "rand", len(rows), n)
+	var results [2][]float64
+	for i, threads := range []int{1, 4} {
+		kk, err := e.cfg.New(threads)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		y := newBuf(rng, dt, "nan", r, n)
+		dy := e.dev(y)
+		if err := kernels.GroupedLinearForward(kk, rows, dy, e.dev(x), e.dev(w), e.dev(b)); err != nil {
+			e.t.Fatal(err)
+		}
+		e.back(y, dy)
+		for j := 0; j < r*n; j++ {
+			results[i] = append(results[i], y.value(j))
+		}
+	}
+	for j := range results[0] {
+		if math.Float64bits(results[0][j]) != math.Float64bits(results[1][j]) {
+			e.t.Fatalf("grouped %v: element %d differs between 1 and 4 threads: %v vs %v", dt, j, results[0][j], results[1][j])
 		}
 	}
 }

@@ -280,6 +280,15 @@ func (d *Dispatcher) Gemm(p GemmParams, o GemmOperands) error {
 	return k.Gemm(p, o)
 }
 
+// GroupedGemm implements Kernels.
+func (d *Dispatcher) GroupedGemm(p GroupedParams, o GemmOperands) error {
+	k, err := d.route(OpGroupedGemm, o.C)
+	if err != nil {
+		return err
+	}
+	return k.GroupedGemm(p, o)
+}
+
 // Gemv implements Kernels.
 func (d *Dispatcher) Gemv(p GemvParams, a, x, y *tensor.Tensor) error {
 	k, err := d.route(OpGemv, y)

@@ -36,6 +36,7 @@ const (
 	OpCrossEntropyBackward
 	OpCrossEntropyCombine
 	OpAdamW
+	OpGroupedGemm
 	numOps
 )
 
@@ -43,7 +44,7 @@ var opNames = [numOps]string{
 	"gemm", "gemm_bias", "gemm_bias_gelu", "gemm_dgelu", "gemm_dgelu_bgrad", "gemm_bgrad",
 	"gemv", "gelu_forward", "gelu_backward", "bias_grad", "axpy", "mse", "cast",
 	"layernorm", "layernorm_backward", "attention", "attention_backward", "embedding", "embedding_backward",
-	"cross_entropy", "cross_entropy_backward", "cross_entropy_combine", "adamw",
+	"cross_entropy", "cross_entropy_backward", "cross_entropy_combine", "adamw", "grouped_gemm",
 }
 
 func (o Op) String() string {
@@ -85,6 +86,7 @@ type GemmOperands struct {
 // not once per provider.
 //
 //	Gemm          see GemmParams and Epilogue
+//	GroupedGemm   one linear GEMM per expert on a packed buffer: see GroupedParams
 //	Gemv          see GemvParams
 //	GeluForward   y = gelu(x), tanh approximation (PyTorch approximate="tanh")
 //	GeluBackward  dx = dy * gelu'(x)
@@ -104,6 +106,7 @@ type GemmOperands struct {
 // overwrites it (without reading it) otherwise.
 type Kernels interface {
 	Gemm(p GemmParams, o GemmOperands) error
+	GroupedGemm(p GroupedParams, o GemmOperands) error
 	Gemv(p GemvParams, a, x, y *tensor.Tensor) error
 	GeluForward(y, x *tensor.Tensor) error
 	GeluBackward(dx, dy, x *tensor.Tensor) error

@@ -29,8 +29,8 @@ var scratchPool freeList[scratch32]
 // results: with a float32 C in C itself (as for float32 GEMMs), with a
 // bfloat16 C in a float32 scratch, from which C, Aux and Bias are each rounded
 // once.
-func (p *Provider) gemm16(g kernels.GemmParams, o kernels.GemmOperands) {
-	e, t := &p.e16, p.nthreads()
+func (p *Provider) gemm16(g kernels.GemmParams, o kernels.GemmOperands, t int) {
+	e := &p.e16
 	m, n := g.M, g.N
 	c := matOf(o.C, g.LDC)
 	args := gemmArgs16{transA: g.TransA, transB: g.TransB, m: m, n: n, k: g.K,

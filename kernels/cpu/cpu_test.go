@@ -35,3 +35,27 @@ func TestConformance(t *testing.T) {
 		})
 	}
 }
+
+// loopProvider is the cpu provider with the generic grouped GEMM
+// (kernels.GroupedLoop, one Gemm per expert on host windows).
+type loopProvider struct{ *cpu.Provider }
+
+func (p loopProvider) GroupedGemm(g kernels.GroupedParams, o kernels.GemmOperands) error {
+	if err := kernels.CheckGrouped(g, o); err != nil {
+		return err
+	}
+	return kernels.GroupedLoop(p.Provider, g, o, kernels.HostWindow)
+}
+
+// TestGroupedLoopConforms runs the suite on kernels.GroupedLoop, the grouped
+// GEMM a provider without its own gets.
+func TestGroupedLoopConforms(t *testing.T) {
+	kerneltest.Run(t, kerneltest.Config{
+		New: func(threads int) (kernels.Kernels, error) {
+			p, err := cpu.New(cpu.Options{Threads: threads})
+			return loopProvider{p}, err
+		},
+		DTypes: []tensor.DType{tensor.Float32, tensor.BFloat16},
+		Short:  true,
+	})
+}

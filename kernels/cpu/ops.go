@@ -23,15 +23,19 @@ func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if empty, err := kernels.EmptyGemm(p, tensor.Host, g, o); empty {
 		return err
 	}
-	t := p.nthreads()
+	p.gemm(g, o, p.nthreads())
+	return nil
+}
+
+// gemm runs a checked GEMM with no empty dimension on up to t goroutines.
+func (p *Provider) gemm(g kernels.GemmParams, o kernels.GemmOperands, t int) {
 	if g.DType == tensor.BFloat16 {
-		p.gemm16(g, o)
+		p.gemm16(g, o, t)
 	} else if g.DType == tensor.Float32 {
 		gemmEpilogue(&p.e32, t, g, o.A.Float32(), o.B.Float32(), o.C.Float32(), f32(o.Bias), f32(o.Aux))
 	} else {
 		gemmEpilogue(&p.e64, t, g, o.A.Float64(), o.B.Float64(), o.C.Float64(), f64(o.Bias), f64(o.Aux))
 	}
-	return nil
 }
 
 func f32(t *tensor.Tensor) []float32 {

@@ -17,6 +17,11 @@ import (
 // float64 and batches on cuBLAS, the epilogue after it as kernels and
 // cuBLAS calls. Empty dimensions never reach a library (kernels.EmptyGemm).
 func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
+	return p.gemmPlanned(g, o, p.opts.NoLt)
+}
+
+// gemmPlanned is Gemm, cuBLASLt not tried when noLt.
+func (p *Provider) gemmPlanned(g kernels.GemmParams, o kernels.GemmOperands, noLt bool) error {
 	if err := p.onDevice(o.A, o.B, o.C, o.Bias, o.Aux); err != nil {
 		return err
 	}
@@ -31,7 +36,7 @@ func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if pl.refused() {
 		return fmt.Errorf("%w: cuda %v -> %v %v", kernels.ErrUnsupported, g.DType, g.Out(), g.Epilogue.Op())
 	}
-	pl.lt = pl.lt && !p.opts.NoLt
+	pl.lt = pl.lt && !noLt
 	return p.do(func() error {
 		if pl.lt {
 			err := p.gemmLt(g, o)

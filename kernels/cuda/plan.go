@@ -26,10 +26,11 @@ const (
 	Kernel                  // a kernel of ptx/kernels.h
 	Copy                    // device copies and sets (cuMemcpy2D, cuMemsetD8)
 	Host                    // the cpu provider on host copies (counted)
+	Experts                 // one GEMM per expert, each by its plan (planGemm)
 	Refused                 // nothing here serves it
 )
 
-var pathNames = [...]string{"", "cuBLASLt", "cuBLAS", "PTX kernel", "device copy", "host", "REFUSED"}
+var pathNames = [...]string{"", "cuBLASLt", "cuBLAS", "PTX kernel", "device copy", "host", "per-expert GEMM plans", "REFUSED"}
 
 func (p Path) String() string {
 	if int(p) < len(pathNames) && p > 0 {
@@ -435,6 +436,8 @@ func opPath(op kernels.Op, dt, out tensor.DType, wideHeads bool) Path {
 			return Kernel
 		}
 		return Host
+	case kernels.OpGroupedGemm:
+		return Experts // each expert's GEMM has its plan (planGemm)
 	case kernels.OpAdamW:
 		if dt == tensor.Float32 {
 			return Kernel

@@ -66,6 +66,21 @@ func (r *recorder) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	return err
 }
 
+// GroupedGemm records each expert's GEMM as the cuda provider runs it: by
+// its plan (an expert whose windows are not 256-byte aligned skips cuBLASLt).
+func (r *recorder) GroupedGemm(g kernels.GroupedParams, o kernels.GemmOperands) error {
+	err := r.k.GroupedGemm(g, o)
+	if kernels.CheckGrouped(g, o) != nil {
+		return err // the suite's error cases: refused before any plan
+	}
+	for _, x := range g.Experts() {
+		c, _ := gemmCall(x.Gemm)
+		c.op = kernels.OpGroupedGemm.String() + " " + c.op
+		r.add(c)
+	}
+	return err
+}
+
 func empty(g kernels.GemmParams) bool { return g.M == 0 || g.N == 0 || g.K == 0 }
 
 // gemmCall describes GEMM g: its op, dtypes and the layout its plan
@@ -290,6 +305,23 @@ func TestPlansServeEveryClaim(t *testing.T) {
 			g := kernels.GemmParams{M: 5, N: 6, K: 7, Alpha: 1, BatchCount: 3, DType: in, OutDType: out}.Normalized()
 			if pl := planGemm(g); pl.refused() || pl.lt {
 				t.Errorf("batched %v→%v: %s", in, out, pl.describe(g, true))
+			}
+		}
+	}
+	for kind := kernels.GroupedForward; kind <= kernels.GroupedBackwardWeight; kind++ {
+		for e := kernels.EpilogueNone; e <= kernels.EpilogueBGrad; e++ {
+			for _, in := range providerDTypes {
+				for _, out := range providerDTypes {
+					g := kernels.GroupedParams{Kind: kind, Rows: []int{3, 0, 5}, N: 6, K: 7, DType: in, OutDType: out, Epilogue: e}
+					if g.Validate() != nil {
+						continue
+					}
+					for _, x := range g.Experts() {
+						if pl := planGemm(x.Gemm); !empty(x.Gemm) && (pl.refused() || len(pl.steps) == 0) {
+							t.Errorf("grouped %v %v %v→%v: no plan serves an expert: %s", kind, e, in, out, pl.describe(x.Gemm, true))
+						}
+					}
+				}
 			}
 		}
 	}

@@ -237,6 +237,7 @@ func Run(t *testing.T, cfg Config) {
 			}
 			t.Run("Linear", func(t *testing.T) { e.t = t; testLinear(e, dt) })
 			t.Run("Matmul", func(t *testing.T) { e.t = t; testMatmul(e, dt) })
+			t.Run("Grouped", func(t *testing.T) { e.t = t; testGrouped(e, dt) })
 			t.Run("Gelu", func(t *testing.T) { e.t = t; testGelu(e, dt) })
 			t.Run("Epilogues", func(t *testing.T) { e.t = t; testEpilogues(e, dt) })
 			t.Run("Elementwise", func(t *testing.T) { e.t = t; testElementwise(e, dt) })

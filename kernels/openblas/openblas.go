@@ -107,6 +107,12 @@ func gemm(g kernels.GemmParams, a, b, c *tensor.Tensor) {
 	}
 }
 
+// GroupedGemm implements kernels.Kernels: not here (Has is false); the
+// Dispatcher sends it to the cpu provider.
+func (p *Provider) GroupedGemm(kernels.GroupedParams, kernels.GemmOperands) error {
+	return unsupported(kernels.OpGroupedGemm)
+}
+
 func host(ts ...*tensor.Tensor) error { return kernels.SameDevice(tensor.CPU, ts...) }
 
 // Gemm implements kernels.Kernels for no epilogue and the bias epilogue (the

@@ -85,6 +85,16 @@ func (p *Provider) Gemm(g kernels.GemmParams, o kernels.GemmOperands) error {
 	return p.cpu.Gemm(g, kernels.GemmOperands{A: v[0], B: v[1], C: v[2], Bias: v[3], Aux: v[4]})
 }
 
+// GroupedGemm implements kernels.Kernels: the cpu provider's grouped GEMM on
+// host views of the operands.
+func (p *Provider) GroupedGemm(g kernels.GroupedParams, o kernels.GemmOperands) error {
+	v, err := p.views(o.A, o.B, o.C, o.Bias, o.Aux)
+	if err != nil {
+		return err
+	}
+	return p.cpu.GroupedGemm(g, kernels.GemmOperands{A: v[0], B: v[1], C: v[2], Bias: v[3], Aux: v[4]})
+}
+
 // Gemv implements kernels.Kernels.
 func (p *Provider) Gemv(g kernels.GemvParams, a, x, y *tensor.Tensor) error {
 	v, err := p.views(a, x, y)

@@ -3,34 +3,15 @@ package ckpt_test
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/meshrun/meshrun/ckpt"
+	"github.com/meshrun/meshrun/internal/pythontest"
 	"github.com/meshrun/meshrun/tensor"
 )
-
-// python returns an interpreter with numpy: $MESHRUN_PYTHON, else
-// /usr/bin/python3, else python3. It skips the test when none has numpy,
-// unless MESHRUN_REQUIRE_PYTHON is set (CI sets it, after installing numpy).
-func python(t *testing.T) string {
-	for _, p := range []string{os.Getenv("MESHRUN_PYTHON"), "/usr/bin/python3", "python3"} {
-		if p == "" {
-			continue
-		}
-		if err := exec.Command(p, "-c", "import numpy").Run(); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("MESHRUN_REQUIRE_PYTHON") != "" {
-		t.Fatal("no python3 with numpy, and MESHRUN_REQUIRE_PYTHON is set")
-	}
-	t.Skip("no python3 with numpy")
-	return ""
-}
 
 // writeMixed saves one checkpoint of step 1 under root in two files: "h"
 // bfloat16 [4, 3, 5] and "d" float64 [2, 7] split by rows between them, "v"
@@ -101,7 +82,7 @@ var safetensorsDType = map[tensor.DType]string{tensor.Float32: "F32", tensor.Flo
 // saved in four column boxes and a vector; bfloat16, float64 and float32
 // tensors of one to three dims saved in row boxes.
 func TestConvertReadByPython(t *testing.T) {
-	py := python(t)
+	py := pythontest.Python(t, "numpy", "MESHRUN_REQUIRE_PYTHON")
 	root1, root2 := t.TempDir(), t.TempDir()
 	w, b := write(t, root1, 3, 30, 50, 4)
 	for _, tc := range []struct {

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/internal/pythontest"
 	"github.com/meshrun/meshrun/job"
 	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
@@ -90,21 +91,6 @@ func TestGPTMatchesSingleRank(t *testing.T) {
 	}
 }
 
-// torchPython is a python3 with torch: $MESHRUN_PYTHON, /usr/bin/python3 or
-// python3; the test skips without one unless MESHRUN_REQUIRE_TORCH is set.
-func torchPython(t *testing.T) string {
-	for _, p := range []string{os.Getenv("MESHRUN_PYTHON"), "/usr/bin/python3", "python3"} {
-		if p != "" && exec.Command(p, "-c", "import torch, numpy").Run() == nil {
-			return p
-		}
-	}
-	if os.Getenv("MESHRUN_REQUIRE_TORCH") != "" {
-		t.Fatal("no python3 with torch and numpy, and MESHRUN_REQUIRE_TORCH is set")
-	}
-	t.Skip("no python3 with torch and numpy")
-	return ""
-}
-
 // TestGPTMatchesPyTorch: the same GPT in PyTorch (models/testdata/
 // torch_gpt.py), started from the parameters meshrun writes as .npy and
 // trained on the same batches with the same AdamW: meshrun's losses at
@@ -118,7 +104,7 @@ func torchPython(t *testing.T) string {
 const gptTorchTol = 1e-6
 
 func TestGPTMatchesPyTorch(t *testing.T) {
-	py := torchPython(t)
+	py := pythontest.Python(t, "torch, numpy", "MESHRUN_REQUIRE_TORCH")
 	const steps = 20
 	dir := t.TempDir()
 	k, err := providers.New("cpu", nil)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshrun/meshrun/internal/pythontest"
 	sim "github.com/meshrun/meshrun/placement/placementref"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -54,22 +55,6 @@ func newMoECase(name string, seed uint64, t, h, f, e int, m MoE, tie bool) moeCa
 	return c
 }
 
-// torchPython is a python3 with torch and numpy: $MESHRUN_PYTHON,
-// /usr/bin/python3 or python3; the test skips without one unless
-// MESHRUN_REQUIRE_TORCH is set (.ci/checks.d/gpt-torch.sh sets it).
-func torchPython(t *testing.T) string {
-	for _, p := range []string{os.Getenv("MESHRUN_PYTHON"), "/usr/bin/python3", "python3"} {
-		if p != "" && exec.Command(p, "-c", "import torch, numpy").Run() == nil {
-			return p
-		}
-	}
-	if os.Getenv("MESHRUN_REQUIRE_TORCH") != "" {
-		t.Fatal("no python3 with torch and numpy, and MESHRUN_REQUIRE_TORCH is set")
-	}
-	t.Skip("no python3 with torch and numpy")
-	return ""
-}
-
 // moeTorchTol bounds every output's and gradient's difference from
 // PyTorch's, relative to max(|value|, 1e-3·the largest |value| of that
 // output): float64 sums in another order differ by a few ulps.
@@ -82,7 +67,7 @@ const moeTorchTol = 1e-10
 // dropless, at capacity factor 1 (slots dropped), and with two experts whose
 // probabilities tie for every token (the lower index chosen: TestMoERouting).
 func TestMoEMatchesPyTorch(t *testing.T) {
-	py := torchPython(t)
+	py := pythontest.Python(t, "torch, numpy", "MESHRUN_REQUIRE_TORCH")
 	worst := 0.0
 	for _, c := range []moeCase{
 		newMoECase("dropless", 1, 10, 8, 12, 6, MoE{K: 2}, false),

@@ -3,8 +3,8 @@ package placement
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"io"
+	"math"
 )
 
 // Model prices plans in time: an alpha–beta model of each collective (a fixed

@@ -101,6 +101,13 @@ func run(t *testing.T, c *layerCase, mesh, device string) result {
 		if err != nil {
 			return err
 		}
+		// Gradient buffers full of NaN: whatever the backward leaves
+		// unwritten (an idle expert's) shows.
+		for _, g := range []*tensor.Tensor{l.DRouter, l.DW1, l.DB1, l.DW2, l.DB2} {
+			if err := fillNaN(g); err != nil {
+				return err
+			}
+		}
 		first, n := l.Tokens()
 		x, err := rows(k, c.x, first, n)
 		if err != nil {
@@ -146,6 +153,31 @@ func run(t *testing.T, c *layerCase, mesh, device string) result {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// fillNaN writes NaN into every element of device tensor g.
+func fillNaN(g *tensor.Tensor) error {
+	h := tensor.New(tensor.Float32, g.Shape()...)
+	for i := range h.Float32() {
+		h.Float32()[i] = float32(math.NaN())
+	}
+	if g.Len() == 0 {
+		return nil
+	}
+	return tensor.MemoryOf(g).Write(g, 0, tensor.HostBytes(h), tensor.Transfer)
+}
+
+// idleZero checks that the idle last expert's gradients are exactly zero.
+func idleZero(t *testing.T, r result) {
+	t.Helper()
+	for _, g := range []*tensor.Tensor{r.dw1, r.db1, r.dw2, r.db2} {
+		n := g.Len() / g.Dim(0)
+		for i, v := range g.Float32()[g.Len()-n:] {
+			if v != 0 {
+				t.Fatalf("the idle expert's gradient %v holds %v at %d, want exactly 0", g.Shape(), v, i)
+			}
+		}
+	}
 }
 
 // rows uploads rows [first, first+n) of whole.
@@ -210,18 +242,24 @@ func TestLayerMatchesReference(t *testing.T) {
 			if c.ref.Tokens[5] != 0 {
 				t.Fatalf("expert 5 got %d tokens; the case wants it idle", c.ref.Tokens[5])
 			}
-			check(t, c, run(t, c, tc.mesh, "cpu"))
+			r := run(t, c, tc.mesh, "cpu")
+			check(t, c, r)
+			idleZero(t, r)
 		})
 	}
 }
 
 // TestLayerOnSim runs the layer's tensors on the simulated device: every
-// copy and collective goes through device memory.
+// copy and collective goes through device memory. Both tests start from
+// gradient buffers full of NaN and check that the expert no token picks
+// gets gradients of exactly zero, written.
 func TestLayerOnSim(t *testing.T) {
 	for _, mesh := range []string{"ep=2,tp=2", "dp=2,ep=3"} {
 		t.Run(mesh, func(t *testing.T) {
 			c := newCase(t, spmd.MoEShape{T: 11, H: 8, F: 6, E: 6, K: 2}, 9)
-			check(t, c, run(t, c, mesh, "sim"))
+			r := run(t, c, mesh, "sim")
+			check(t, c, r)
+			idleZero(t, r)
 		})
 	}
 }

@@ -6,7 +6,9 @@
 # launcher running an ordinary torch.distributed program (gloo, env://) as
 # torchrun does (launch TestTorchScript). The mixture-of-experts reference
 # against the same layer in PyTorch, forward and every gradient in float64
-# (spmd/spmdref TestMoEMatchesPyTorch, testdata/torch_moe.py). Installs
+# (spmd/spmdref TestMoEMatchesPyTorch, testdata/torch_moe.py), and the
+distributed layer (`worker moe --load --dump` on ep=4, ep=2,tp=2, dp=2,ep=2
+and ep=3) against it (job TestMoEMatchesPyTorch). Installs
 # python3-torch when /usr/bin/python3 lacks it, then runs the tests with
 # torch required (no skip): the unit run before it may have skipped them.
 set -euo pipefail
@@ -21,3 +23,4 @@ fi
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run TestGPTMatchesPyTorch ./models/
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestTorchScript$' ./launch/
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestMoEMatchesPyTorch$' ./spmd/spmdref/
+MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestMoEMatchesPyTorch$' ./job/

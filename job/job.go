@@ -101,8 +101,8 @@ func Usage() string {
 		fmt.Fprintf(&b, "  %-8s %s\n", n, line)
 	}
 	b.WriteString("\n\"worker WORKLOAD -h\" lists a workload's flags. The launcher starts one worker per rank\n" +
-		"(launcher run -n N WORKLOAD ...) with RANK, WORLD_SIZE and MESHRUN_* set; linear, verify and\n" +
-		"mlp also run alone, their ranks in one process.\n")
+		"(launcher run -n N WORKLOAD ...) with RANK, WORLD_SIZE and MESHRUN_* set; linear, verify,\n" +
+		"mlp and moe also run alone, their ranks in one process.\n")
 	return b.String()
 }
 

@@ -26,7 +26,11 @@ type BlockOptions struct {
 	// length (Context 0: one sequence of Tokens).
 	Heads, Context   int
 	SequenceParallel bool
-	DType            string // element type the bytes count ("": float32)
+	// Experts, TopK and Capacity: block moe's experts, experts per token and
+	// capacity factor.
+	Experts, TopK int
+	Capacity      float64
+	DType         string // element type the bytes count ("": float32)
 	JSON             bool
 }
 

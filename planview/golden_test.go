@@ -110,3 +110,39 @@ func TestPlanRedistributeGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanMoEBlock pins `launcher plan --block moe`: the layouts and one
+// step's collectives with their bytes, balanced and worst, on meshes of the
+// dims ep, tp and dp (uneven experts on ep=3, capacity bounding the worst
+// case), checks the worst case's bytes by hand on one, and refuses a mesh
+// dim the layer does not know and k > E with one line each.
+func TestPlanMoEBlock(t *testing.T) {
+	for _, tc := range []struct{ file, args, want string }{
+		// ep=2: rank 0 holds 2048 tokens; all 4096 slots of the other rank
+		// to its experts: 4096·1024·4 B = 16 MiB; balanced, half of its own
+		// 4096 slots leave: 8 MiB.
+		{"moe-ep2-tp2.txt", "--mesh ep=2,tp=2 --tokens 4096 --hidden 1024 --ffn 4096 --experts 8 --top-k 2",
+			"forward   dispatch  all_to_all  x           ep                8.0 MiB       16.0 MiB"},
+		{"moe-dp2-ep3-capacity.txt", "--mesh dp=2,ep=3 --tokens 13 --hidden 8 --ffn 6 --experts 6 --top-k 2 --capacity-factor 1",
+			"capacity 5 slots per expert"},
+		{"moe-ep4-json.txt", "--mesh ep=4 --tokens 64 --hidden 16 --ffn 32 --experts 6 --top-k 2 --json", `"capacity_per_expert":0`},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			args := append([]string{"--block", "moe"}, strings.Fields(tc.args)...)
+			if code := Main(context.Background(), args, &out, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			if !strings.Contains(out.String(), tc.want) {
+				t.Errorf("no %q in:\n%s", tc.want, out.String())
+			}
+			golden(t, filepath.Join("testdata", "block", tc.file), "$ launcher plan "+strings.Join(args, " ")+"\n"+out.String())
+		})
+	}
+	for _, bad := range [][]string{{"--mesh", "ep=2,zz=2"}, {"--mesh", "ep=2", "--experts", "2", "--top-k", "3"}, {"--mesh", "ep=2", "--experts", "0"}} {
+		var out, errb bytes.Buffer
+		if code := Main(context.Background(), append([]string{"--block", "moe"}, bad...), &out, &errb); code != 2 || out.Len() > 0 || strings.Count(errb.String(), "\n") != 1 {
+			t.Errorf("%v: exit %d, %q %q", bad, code, out.String(), errb.String())
+		}
+	}
+}

@@ -67,7 +67,7 @@ var planInputHelp = map[string]string{
 
 const planUsage = `usage: launcher plan --mesh MESH [--op OP] --x SPEC --w SPEC [--b SPEC] [FLAGS]
        launcher plan --mesh MESH --op redistribute --x SPEC --out PLACEMENTS [--json]
-       launcher plan --mesh MESH --block mlp|transformer [--tokens N] [--hidden N] [--ffn N] [--heads N] [--context N] [--sequence-parallel] [--json]
+       launcher plan --mesh MESH --block mlp|transformer|moe [--tokens N] [--hidden N] [--ffn N] [--heads N] [--context N] [--sequence-parallel] [--experts E --top-k K --capacity-factor C] [--json]
   how an op (or the Megatron MLP block) is sharded: the layouts, collectives and bytes
   of its forward and backward; SPEC is SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R];
   --op redistribute plans moving the tensor --x to the layout --out: its steps
@@ -93,7 +93,10 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 	fs.IntVar(&o.Explain, "explain", 0, "also list the chosen strategy and the next `N` cheapest with their modelled costs")
 	fs.StringVar(&o.Model, "model", "", "price plans with the cost model in `FILE` (written by worker calibrate; default: the built-in cpu model)")
 	fs.StringVar(&o.DType, "dtype", "float32", "element type the bytes count, `DTYPE`: float32, bfloat16 or float64")
-	fs.StringVar(&o.Block, "block", "", "plan a `BLOCK` instead of one op: mlp or transformer")
+	fs.StringVar(&o.Block, "block", "", "plan a `BLOCK` instead of one op: mlp, transformer or moe")
+	fs.IntVar(&o.Experts, "experts", 8, "block moe: experts")
+	fs.IntVar(&o.TopK, "top-k", 2, "block moe: experts per token")
+	fs.Float64Var(&o.Capacity, "capacity-factor", 0, "block moe: capacity factor (0: dropless)")
 	fs.IntVar(&o.Heads, "heads", 4, "block transformer: attention heads")
 	fs.IntVar(&o.Context, "context", 0, "block transformer: tokens per sequence (default: --tokens, one sequence)")
 	fs.IntVar(&o.Tokens, "tokens", 64, "block: tokens")
@@ -158,8 +161,8 @@ func (o PlanOptions) Validate() error {
 
 // block checks the flags of --block and returns the mesh.
 func (o PlanOptions) block() (placement.Mesh, error) {
-	if o.Block != "mlp" && o.Block != "transformer" {
-		return placement.Mesh{}, fmt.Errorf("--block %q: want mlp or transformer", o.Block)
+	if o.Block != "mlp" && o.Block != "transformer" && o.Block != "moe" {
+		return placement.Mesh{}, fmt.Errorf("--block %q: want mlp, transformer or moe", o.Block)
 	}
 	if o.Explain != 0 {
 		return placement.Mesh{}, errors.New("--explain is for one op, not a --block")
@@ -184,6 +187,11 @@ func (o PlanOptions) block() (placement.Mesh, error) {
 	}
 	if err := layout.CheckSizes(o.Tokens, o.Hidden, o.FFN); err != nil {
 		return placement.Mesh{}, err
+	}
+	if o.Block == "moe" {
+		if _, err := o.moePlan(mesh); err != nil {
+			return placement.Mesh{}, err
+		}
 	}
 	return mesh, nil
 }
@@ -368,6 +376,9 @@ func (o PlanOptions) runBlock(ctx context.Context, pl *placement.Planner, w io.W
 	mesh, err := o.block()
 	if err != nil {
 		return err
+	}
+	if o.Block == "moe" {
+		return o.runMoE(w, mesh)
 	}
 	b := o.BlockOptions
 	b.Name, b.Mesh, b.DType, b.JSON = o.Block, o.Mesh, o.DType, o.JSON

@@ -220,7 +220,7 @@ func (p *MoEPlan) comms(elem int) {
 	stats := int64(2*s.E+1) * 8 * int64(p.groupSize(tok)-1)
 	add("forward", "top-k", "all_gather", "routing", tok, stats, stats, true)
 	counts := int64(s.E-el) * 8
-	add("forward", "dispatch", "all_to_all", "counts", present(p.EP), counts, int64(s.E)*8, true)
+	add("forward", "dispatch", "all_to_all", "counts", present(p.EP), counts, counts, true)
 	rows := func(n int64) int64 { return n * h * int64(elem) }
 	add("forward", "dispatch", "all_to_all", "x", present(p.EP), rows(send), rows(worstRows), false)
 	ar := func(n int64) int64 { return 2 * rows(n) * int64(tp-1) / int64(tp) } // a ring all-reduce

@@ -31,7 +31,7 @@ type BlockOptions struct {
 	Experts, TopK int
 	Capacity      float64
 	DType         string // element type the bytes count ("": float32)
-	JSON             bool
+	JSON          bool
 }
 
 // elemSize is the size of an element of dtype s ("" is float32).

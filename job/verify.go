@@ -150,7 +150,7 @@ type verifyTask struct {
 
 func (t *verifyTask) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.ops, "ops", strings.Join(verifyOps, ","), "`OPS` to verify, some of: "+strings.Join(verifyOps, ", ")+
-		" (linear through the layer in --dtype; the others through their plans in float64)")
+		" (linear through the layer in --dtype; moe through the mixture-of-experts layer in float32 on meshes of dp, ep and tp; the others through their plans in float64)")
 	fs.BoolVar(&t.quick, "quick", false, "uneven sizes only, no partial inputs to linear, one shape per op, fewer sampled layouts")
 	fs.IntVar(&t.world, "world", 0, "world size when run alone (default $WORLD_SIZE, else 4)")
 	t.df.register(fs)
@@ -201,7 +201,7 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 	// others are the ops besides linear, in verifyOps' order.
 	var others []string
 	for _, op := range verifyOps {
-		if op != "linear" && slices.Contains(ops, op) {
+		if op != "linear" && op != "moe" && slices.Contains(ops, op) {
 			others = append(others, op)
 		}
 	}
@@ -222,6 +222,18 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 		}
 	}
 	parallel(plan)
+	var moeMeshList []placement.Mesh
+	var moeCasesOf [][]moeCase
+	if slices.Contains(ops, "moe") {
+		moeMeshList = moeMeshes(n)
+		for _, m := range moeMeshList {
+			cs, err := moeCases(m, t.quick)
+			if err != nil {
+				return failure(env, "verify", err)
+			}
+			moeCasesOf = append(moeCasesOf, cs)
+		}
+	}
 	for i := range cases {
 		for j := range cases[i] {
 			cases[i][j].cfg.DType = rd.dtype
@@ -267,6 +279,21 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 					rows = append(rows, row)
 					mu.Unlock()
 				}
+			}
+		}
+		for i, m := range moeMeshList {
+			row := verifyRow{op: "moe", mesh: m.String()}
+			for _, c := range moeCasesOf[i] {
+				ok, why, err := runMoECase(ctx, w, k, c)
+				if err != nil {
+					return fmt.Errorf("moe on %s, %s: %w", m, c.command, err)
+				}
+				row.add(ok, why, fmt.Sprintf("moe on %s, %s (worker verify --ops moe --world %d runs it)", m, c.command, n))
+			}
+			if w.Rank() == 0 {
+				mu.Lock()
+				rows = append(rows, row)
+				mu.Unlock()
 			}
 		}
 		return nil

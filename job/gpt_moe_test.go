@@ -2,6 +2,8 @@ package job
 
 import (
 	"encoding/json"
+	"fmt"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -65,5 +67,53 @@ func TestGPTExpertsUsage(t *testing.T) {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d, one line naming %q", tc.args, code, out, errs, ExitUsage, tc.want)
 		}
 		t.Logf("%v: %s", tc.args, lines[0])
+	}
+}
+
+// TestGPTExpertsResume: a mixture-of-experts run saved at step 4 on
+// ep=2,tp=2 and resumed (the experts' parameters and AdamW's moments among
+// the rest) gives the losses of a run never stopped, on ep=2,tp=2 and on one
+// rank.
+func TestGPTExpertsResume(t *testing.T) {
+	if _, err := os.Stat(DefaultCorpus); err != nil {
+		t.Skipf("no %s on this machine", DefaultCorpus)
+	}
+	dir := t.TempDir()
+	args := func(extra ...string) []string {
+		return append([]string{"gpt", "--experts", "4", "--top-k", "2", "--dim", "32", "--heads", "2", "--context", "16", "--batch", "4", "--sample", "0"}, extra...)
+	}
+	losses := func(out string) map[int]float64 {
+		m := map[int]float64{}
+		for _, l := range strings.Split(out, "\n") {
+			var s, n int
+			var loss, ms float64
+			if k, _ := fmt.Sscanf(l, "step %d/%d loss %f time %f ms", &s, &n, &loss, &ms); k == 4 {
+				m[s] = loss
+			}
+		}
+		return m
+	}
+	code, straight, errs := run(t, args("--mesh", "ep=2,tp=2", "--steps", "6")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if code, out, errs := run(t, args("--mesh", "ep=2,tp=2", "--steps", "4", "--save", dir)...); code != 0 || !strings.Contains(out, "saved step 4") {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	want := losses(straight)
+	for _, mesh := range []string{"ep=2,tp=2", "ep=1,tp=1"} {
+		code, out, errs := run(t, args("--mesh", mesh, "--steps", "6", "--resume", dir)...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", mesh, code, errs)
+		}
+		got := losses(out)
+		if len(got) != 2 {
+			t.Fatalf("%s: resumed run trained steps %v, want 5 and 6", mesh, got)
+		}
+		for _, s := range []int{5, 6} {
+			if d := math.Abs(got[s]-want[s]) / want[s]; d > 1e-5 {
+				t.Errorf("%s: step %d loss %.6f, the run never stopped %.6f", mesh, s, got[s], want[s])
+			}
+		}
 	}
 }

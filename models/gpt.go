@@ -235,7 +235,7 @@ func (b *gptBuilder) block(i int, resid float64) (*gptBlock, error) {
 		return nil, err
 	}
 	if b.g.Cfg.Experts > 0 {
-		blk.moe, err = b.experts(i, p+"moe.", resid)
+		blk.moe, err = b.experts(i, p, resid)
 		return blk, err
 	}
 	if blk.up, err = b.layer(p+"mlp.c_fc", "column", 4*d, d, true, 0.02); err != nil {

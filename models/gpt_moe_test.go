@@ -162,4 +162,22 @@ func TestGPTExpertsPlan(t *testing.T) {
 		t.Errorf("the dense MLP's parameters are listed too")
 	}
 	t.Logf("w1 %s, wte %s", got["h.0.moe.w1"], got["wte"])
+	// The model built lists the same parameters, in the same layouts.
+	k, err := providers.New("cpu", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := models.NewGPT(moeGPT(t, "ep=2,tp=2", 4, 2), 3, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	params := g.Params()
+	for _, p := range params {
+		if s, ok := got[p.Name]; !ok || s != p.Spec.String() {
+			t.Errorf("the model holds %s %s; the plan lists %q", p.Name, p.Spec, s)
+		}
+	}
+	if want, _ := models.PlanGPT(moeGPT(t, "ep=2,tp=2", 4, 2), false); len(params) != len(want) {
+		t.Errorf("the model holds %d parameters, the plan lists %d", len(params), len(want))
+	}
 }

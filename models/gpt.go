@@ -445,6 +445,7 @@ func (g *GPT) Step(ctx context.Context, rt linear.Runtime, ids, targets *tensor.
 	if err := g.backward(ctx, rt, ids, targets, acts); err != nil {
 		return 0, err
 	}
+	g.recordExperts(rt)
 	return loss, g.update(ctx, rt)
 }
 

@@ -98,8 +98,8 @@ func (g *GPT) expertsForward(ctx context.Context, rt linear.Runtime, i int, b *g
 func (g *GPT) AuxLoss() float64 { return g.Cfg.AuxCoef * g.aux }
 
 // Balance is the last forward's mean over the blocks of each layer's aux:
-// 1 when every expert gets its share of the tokens, up to Experts when all
-// go to the same; 0 without experts.
+// 1 when the router spreads the tokens evenly (a little under or over when
+// nearly so), up to Experts when all go to the same; 0 without experts.
 func (g *GPT) Balance() float64 {
 	if g.Cfg.Experts == 0 || len(g.blocks) == 0 {
 		return 0
@@ -207,4 +207,27 @@ func (g *GPT) reduceOverEP(ctx context.Context, rt linear.Runtime) error {
 			InputElems: int64(n), Bytes: 4 * int64(n), Algorithm: c.Algorithm()})
 	}
 	return copyAll(false)
+}
+
+// recordExperts hands the runtime's Record the collectives the layers ran
+// in the step (forward and backward), named moe_ and the tensor they moved
+// ("all_to_all moe_x"): they run outside the planned moves.
+func (g *GPT) recordExperts(rt linear.Runtime) {
+	if rt.Record == nil {
+		return
+	}
+	kinds := map[string]placement.StepKind{"all_gather": placement.AllGather, "all_reduce": placement.AllReduce, "all_to_all": placement.AllToAll}
+	for _, b := range g.blocks {
+		if b.moe == nil {
+			continue
+		}
+		for _, c := range b.moe.Executed {
+			k, ok := kinds[c.Kind]
+			if !ok {
+				continue
+			}
+			rt.Record("moe_"+c.Tensor, redistribute.Executed{Kind: k, MeshDims: c.MeshDims, Group: g.Cfg.Mesh.Group(g.rank, c.MeshDims...),
+				Bytes: c.Bytes, Algorithm: "moe"})
+		}
+	}
 }

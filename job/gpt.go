@@ -56,6 +56,16 @@ type GPTReport struct {
 	// SaveFailures counts the saves that failed and were skipped
 	// (--save-errors continue).
 	SaveFailures int `json:"save_failures,omitempty"`
+	// With --experts: the mixture of experts, and the last training step's
+	// load-balancing loss as the objective adds it (aux_coef × the sum over
+	// the blocks of each layer's aux) and the mean aux per layer (1:
+	// balanced); the losses above stay the cross-entropy.
+	Experts        int     `json:"experts,omitempty"`
+	TopK           int     `json:"top_k,omitempty"`
+	AuxCoef        float64 `json:"aux_coef,omitempty"`
+	CapacityFactor float64 `json:"capacity_factor,omitempty"`
+	AuxLossLast    float64 `json:"aux_loss_last,omitempty"`
+	BalanceLast    float64 `json:"aux_balance_last,omitempty"`
 }
 
 // gptTask is `worker gpt`.
@@ -70,7 +80,7 @@ type gptTask struct {
 }
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
-	t.register(fs, "device `MESH`, one dim, tensor parallel (default tp=$WORLD_SIZE)")
+	t.register(fs, "device `MESH`: tp=N, tensor parallel (default tp=$WORLD_SIZE); with --experts also ep=E,tp=N, the experts split over ep and the batch too (data parallel)")
 	fs.BoolVar(&t.cfg.SequenceParallel, "sequence-parallel", false, "split tokens over tp outside the linear layers (Megatron's sequence parallelism)")
 	fs.IntVar(&t.cfg.Layers, "layers", 2, "transformer blocks")
 	fs.IntVar(&t.cfg.Heads, "heads", 4, "attention heads (a multiple of tp)")
@@ -82,6 +92,10 @@ func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&t.cfg.LR, "lr", 3e-3, "learning rate")
 	fs.Float64Var(&t.cfg.WeightDecay, "weight-decay", 0.1, "AdamW's weight decay on matrices and embeddings")
 	fs.Uint64Var(&t.cfg.Seed, "seed", 1, "seed of the parameters and of the batches")
+	fs.IntVar(&t.cfg.Experts, "experts", 0, "replace each block's MLP with a mixture of `E` experts (0: the dense MLP; float32 only)")
+	fs.IntVar(&t.cfg.TopK, "top-k", 2, "experts per token, 1 to --experts (with --experts)")
+	fs.Float64Var(&t.cfg.AuxCoef, "aux-coef", 0.01, "weight of the experts' load-balancing loss in the objective (with --experts)")
+	fs.Float64Var(&t.cfg.CapacityFactor, "capacity-factor", 0, "each expert keeps at most ceil(tokens·top-k·`C`/experts) slots (0: dropless; with --experts)")
 	fs.StringVar(&t.data, "data", DefaultCorpus, "text `PATH` (a file, or a directory whose files are read in name order), read as characters (bytes)")
 	fs.IntVar(&t.sample, "sample", 200, "characters to sample at the end")
 	fs.Float64Var(&t.temp, "temperature", 0.8, "sampling temperature")
@@ -271,7 +285,9 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 	return &GPTReport{Mesh: t.m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
 		Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, DType: cfg.Compute().String(), Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: t.steps, FirstStep: t.startStep + 1,
 		LossFirst: tl.first, LossLast: tl.last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(tl.stepMS),
-		CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed}, nil
+		CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed,
+		Experts: cfg.Experts, TopK: experts(cfg, cfg.TopK), AuxCoef: experts(cfg, cfg.AuxCoef), CapacityFactor: experts(cfg, cfg.CapacityFactor),
+		AuxLossLast: tl.aux, BalanceLast: tl.balance}, nil
 }
 
 // loadCheckpoint loads the checkpoint into g (its parameters alone with
@@ -317,6 +333,17 @@ func (b gptBatch) upload() (*tensor.Tensor, *tensor.Tensor, error) {
 type trainLosses struct {
 	first, last float64
 	stepMS      []float64
+	// aux and balance: the last step's (GPT.AuxLoss, GPT.Balance).
+	aux, balance float64
+}
+
+// experts is v with --experts, else the zero value (the report leaves it
+// out).
+func experts[T int | float64](cfg models.GPTConfig, v T) T {
+	if cfg.Experts == 0 {
+		return 0
+	}
+	return v
 }
 
 // train runs the steps after t.startStep: each draws a batch from rng (a
@@ -347,9 +374,14 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *mo
 			tl.first = loss
 		}
 		tl.last = loss
+		tl.aux, tl.balance = g.AuxLoss(), g.Balance()
 		if w.Rank() == 0 {
 			env.Run.Progress(s, steps, loss, d)
-			fmt.Fprintf(env.Stdout, "step %d/%d loss %.4f time %.1f ms\n", s, steps, loss, ms(d))
+			if cfg.Experts > 0 {
+				fmt.Fprintf(env.Stdout, "step %d/%d loss %.4f time %.1f ms aux %.5f balance %.4f\n", s, steps, loss, ms(d), tl.aux, tl.balance)
+			} else {
+				fmt.Fprintf(env.Stdout, "step %d/%d loss %.4f time %.1f ms\n", s, steps, loss, ms(d))
+			}
 		}
 		if err := sv.step(ctx, w, g.State(), s, steps); err != nil {
 			return tl, err

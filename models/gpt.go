@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/linear/layout"
+	"github.com/meshrun/meshrun/moe"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/tensor"
@@ -38,6 +39,7 @@ type GPT struct {
 	params   []*param
 	posIDs   *tensor.Tensor // every token's position
 	posLocal *tensor.Tensor // this rank's rows' positions (posIDs unless sequence parallel)
+	aux      float64        // the last forward's sum of the layers' aux losses (experts)
 }
 
 // param is one parameter as this rank holds it (whole, or a shard laid out
@@ -54,6 +56,9 @@ type param struct {
 	decay  bool
 	layer  *linear.Layer
 	bias   bool
+	// expert: a mixture-of-experts layer's parameter, whose gradient the
+	// layer writes already reduced.
+	expert bool
 }
 
 type lnParams struct{ gamma, beta *param }
@@ -77,6 +82,7 @@ func (p *param) grad() *tensor.Tensor {
 type gptBlock struct {
 	ln1, ln2            lnParams
 	qkv, proj, up, down *linear.Layer
+	moe                 *moe.Layer // instead of up and down, with experts
 }
 
 // NewGPT plans the model for rank and initializes it from the seed, GPT-2's
@@ -124,6 +130,9 @@ type gptBuilder struct {
 	g   *GPT
 	pl  *placement.Planner
 	rng *rand.Rand
+	// moePlan is the mixture-of-experts layer's plan (with experts), the
+	// same for every block.
+	moePlan *spmd.MoEPlan
 }
 
 // planMoves plans the moves the model runs itself, outside its layers: the
@@ -136,11 +145,17 @@ func (b *gptBuilder) planMoves() (placement.Spec, error) {
 	g, cfg := b.g, b.g.Cfg
 	mesh, t, d := cfg.Mesh, cfg.Tokens(), cfg.Dim
 	var err error
+	// With ep, the tokens are split over it as the batch (the dense layers
+	// are data parallel over ep).
+	tokens := placement.Placement(placement.Replicate{})
+	if cfg.Mesh.NDim() == 2 {
+		tokens = placement.Shard{Dim: 0}
+	}
 	// The embedding, vocabulary-parallel (Megatron's layout, whatever the
 	// sizes): rows split over tp, each rank's lookup a partial sum of the
 	// output, all-reduced.
-	partial := placement.MustSpec([]int{t, d}, mesh, placement.Partial{Op: placement.Sum})
-	rowSpec := partial.WithPlacements(placement.Replicate{})
+	partial := cfg.specOver([]int{t, d}, tokens, placement.Partial{Op: placement.Sum})
+	rowSpec := cfg.specOver([]int{t, d}, tokens, placement.Replicate{})
 	if cfg.SequenceParallel {
 		rowSpec = partial.WithPlacements(placement.Shard{Dim: 0})
 		if g.dxMove, err = planMove(b.ctx, b.pl, "dx_embedding", rowSpec, rowSpec.WithPlacements(placement.Replicate{})); err != nil {
@@ -156,9 +171,11 @@ func (b *gptBuilder) planMoves() (placement.Spec, error) {
 	if g.embMove, err = planMove(b.ctx, b.pl, "embedding", partial, rowSpec); err != nil {
 		return placement.Spec{}, err
 	}
-	// The cross-entropy stats: each rank's [T, 3], gathered into [tp, T, 3].
-	stats := placement.MustSpec([]int{mesh.Size() * t, 3}, mesh, placement.Shard{Dim: 0})
-	if g.ceMove, err = planMove(b.ctx, b.pl, "ce_stats", stats, stats.WithPlacements(placement.Replicate{})); err != nil {
+	// The cross-entropy stats: each rank's [T, 3], gathered into [tp, T, 3]
+	// (with ep, T the rank's tokens, gathered over tp only).
+	stats := cfg.specOver([]int{mesh.Size() * cfg.localTokens(), 3}, placement.Shard{Dim: 0}, placement.Shard{Dim: 0})
+	all := cfg.specOver(stats.Shape, placement.Shard{Dim: 0}, placement.Replicate{})
+	if g.ceMove, err = planMove(b.ctx, b.pl, "ce_stats", stats, all); err != nil {
 		return placement.Spec{}, err
 	}
 	return rowSpec, nil
@@ -171,7 +188,7 @@ func (b *gptBuilder) parameters() error {
 	g, cfg := b.g, b.g.Cfg
 	d, v := cfg.Dim, cfg.Vocab
 	var err error
-	tableSpec := placement.MustSpec([]int{v, d}, cfg.Mesh, placement.Shard{Dim: 0})
+	tableSpec := cfg.spec([]int{v, d}, placement.Shard{Dim: 0})
 	_, off := tableSpec.Local(g.rank)
 	g.vocab0 = off[0]
 	if g.wte, err = b.held("wte", b.normal([]int{v, d}, 0.02), tableSpec, true); err != nil {
@@ -217,6 +234,10 @@ func (b *gptBuilder) block(i int, resid float64) (*gptBlock, error) {
 	if blk.ln2, err = b.norm(p + "ln_2"); err != nil {
 		return nil, err
 	}
+	if b.g.Cfg.Experts > 0 {
+		blk.moe, err = b.experts(i, p, resid)
+		return blk, err
+	}
 	if blk.up, err = b.layer(p+"mlp.c_fc", "column", 4*d, d, true, 0.02); err != nil {
 		return nil, err
 	}
@@ -246,7 +267,7 @@ func filled(n int, val float32) *tensor.Tensor {
 
 // replicated is the layout of a parameter every rank holds whole.
 func (b *gptBuilder) replicated(shape ...int) placement.Spec {
-	return placement.MustSpec(shape, b.g.Cfg.Mesh, placement.Replicate{})
+	return b.g.Cfg.spec(shape, placement.Replicate{})
 }
 
 // held adds a parameter the model holds itself (not a layer's), laid out
@@ -320,6 +341,9 @@ func (b *gptBuilder) layer(name, preset string, n, k int, bias bool, std float64
 		// head may split tokens and gather its weight: cheaper under its
 		// model than all-reducing dx backward).
 		c.Out = []placement.Placement{placement.Shard{Dim: 1}}
+		if cfg.Mesh.NDim() == 2 { // the tokens split over ep
+			c.Out = []placement.Placement{placement.Shard{Dim: 0}, placement.Shard{Dim: 1}}
+		}
 	}
 	plans, err := linear.PlanContext(b.ctx, c)
 	if err != nil {
@@ -355,7 +379,7 @@ func (b *gptBuilder) layer(name, preset string, n, k int, bias bool, std float64
 // sequence parallel).
 func (g *GPT) positions(rows placement.Spec) error {
 	cfg := g.Cfg
-	pos := tensor.New(tensor.Float32, cfg.Tokens())
+	pos := tensor.New(tensor.Float32, cfg.localTokens())
 	for i := range pos.Float32() {
 		pos.Float32()[i] = float32(i % cfg.Context)
 	}
@@ -404,11 +428,16 @@ func planMove(ctx context.Context, pl *placement.Planner, name string, from, to 
 }
 
 // Step runs one training step on ids and targets (each [Batch·Context]
-// token ids held as float32, on the rank's device, the same on every rank):
+// token ids held as float32, on the rank's device, the same on every rank;
+// with ep, each rank trains on its ep coordinate's Batch/ep sequences):
 // forward, the cross-entropy loss, backward and the optimizer. It returns the
 // mean loss over the step's tokens, the same on every rank; one float64 comes
 // back to the host.
 func (g *GPT) Step(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor) (float64, error) {
+	ids, targets, err := g.local(rt, ids, targets)
+	if err != nil {
+		return 0, err
+	}
 	loss, acts, err := g.forward(ctx, rt, ids, targets)
 	if err != nil {
 		return 0, err
@@ -416,11 +445,16 @@ func (g *GPT) Step(ctx context.Context, rt linear.Runtime, ids, targets *tensor.
 	if err := g.backward(ctx, rt, ids, targets, acts); err != nil {
 		return 0, err
 	}
+	g.recordExperts(rt)
 	return loss, g.update(ctx, rt)
 }
 
 // Loss runs the forward only and returns the mean loss (held-out text).
 func (g *GPT) Loss(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor) (float64, error) {
+	ids, targets, err := g.local(rt, ids, targets)
+	if err != nil {
+		return 0, err
+	}
 	loss, _, err := g.forward(ctx, rt, ids, targets)
 	return loss, err
 }

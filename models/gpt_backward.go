@@ -59,20 +59,9 @@ func (g *GPT) layerNormBackward(rt linear.Runtime, into *tensor.Tensor, p lnPara
 // its branch's input gradient, computed into tmp).
 func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, i int, a blockActs, dx, tmp *tensor.Tensor) error {
 	c := g.Cfg
-	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
+	hl, hd := c.Heads/c.TP(), c.Dim/c.Heads
 	b := g.blocks[i]
-	dg, err := b.down.Backward(ctx, rt, dx, a.downS)
-	if err != nil {
-		return err
-	}
-	du, err := g.act(rt, fmt.Sprintf("h%d.du", i), dg.Shape()...)
-	if err != nil {
-		return err
-	}
-	if err := rt.Op("gelu_backward", func() error { return rt.Kernels.GeluBackward(du, dg, a.u) }); err != nil {
-		return err
-	}
-	dh2, err := b.up.Backward(ctx, rt, du, a.upS)
+	dh2, err := g.mlpBackward(ctx, rt, i, b, a, dx)
 	if err != nil {
 		return err
 	}
@@ -86,7 +75,7 @@ func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, i int, a blo
 	if err != nil {
 		return err
 	}
-	if do, err = do.Reshape(c.Batch, c.Context, hl, hd); err != nil {
+	if do, err = do.Reshape(c.localBatch(), c.Context, hl, hd); err != nil {
 		return err
 	}
 	dqkv, err := g.act(rt, fmt.Sprintf("h%d.dqkv", i), a.qkv.Shape()...)
@@ -98,7 +87,7 @@ func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, i int, a blo
 	}); err != nil {
 		return err
 	}
-	flat, err := dqkv.Reshape(c.Tokens(), 3*hl*hd)
+	flat, err := dqkv.Reshape(c.localTokens(), 3*hl*hd)
 	if err != nil {
 		return err
 	}
@@ -110,6 +99,27 @@ func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, i int, a blo
 		return err
 	}
 	return rt.Kernels.Axpy(1, tmp, dx)
+}
+
+// mlpBackward runs the backward of block i's MLP (or mixture of experts)
+// from dx, the gradient of the block's output, and returns the gradient of
+// its input, ln2's output.
+func (g *GPT) mlpBackward(ctx context.Context, rt linear.Runtime, i int, b *gptBlock, a blockActs, dx *tensor.Tensor) (*tensor.Tensor, error) {
+	if b.moe != nil {
+		return b.moe.Backward(ctx, rt.World, dx)
+	}
+	dg, err := b.down.Backward(ctx, rt, dx, a.downS)
+	if err != nil {
+		return nil, err
+	}
+	du, err := g.act(rt, fmt.Sprintf("h%d.du", i), dg.Shape()...)
+	if err != nil {
+		return nil, err
+	}
+	if err := rt.Op("gelu_backward", func() error { return rt.Kernels.GeluBackward(du, dg, a.u) }); err != nil {
+		return nil, err
+	}
+	return b.up.Backward(ctx, rt, du, a.upS)
 }
 
 // embeddingBackward writes the embeddings' gradients from dx, the gradient

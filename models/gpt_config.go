@@ -2,10 +2,12 @@ package models
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -46,6 +48,21 @@ type GPTConfig struct {
 	// moments stay float32 (bfloat16 copies of the parameters are refreshed
 	// after each update), as mlp's mixed precision.
 	DType tensor.DType
+	// Experts > 0 replaces each block's MLP with a mixture-of-experts layer
+	// (package moe, docs/moe.md) of Experts experts, each an MLP of inner
+	// size 4·Dim, every token routed to TopK of them (1 ≤ TopK ≤ Experts),
+	// Mixtral's layout. The mesh may then be tp=N or ep=E,tp=N: attention,
+	// the embeddings, the norms and the head keep their tensor parallelism
+	// over tp and are data parallel over ep (each ep rank holds Batch/ep
+	// whole sequences; their gradients summed over ep); the experts are
+	// split over ep and their inner dim over tp (spmd.PlanMoE). The layer
+	// computes in float32 only and does not combine with sequence
+	// parallelism.
+	Experts, TopK int
+	// AuxCoef weighs the layers' load-balancing losses added to the
+	// objective (the layer computes their gradient); CapacityFactor is each
+	// expert's capacity factor (0: dropless).
+	AuxCoef, CapacityFactor float64
 }
 
 // Compute is the compute dtype (DType, float32 by default).
@@ -59,25 +76,95 @@ func (c GPTConfig) Compute() tensor.DType {
 // Tokens is the tokens of one step, Batch × Context.
 func (c GPTConfig) Tokens() int { return c.Batch * c.Context }
 
+// EP is the ep dim's size: 1 without experts or on a 1-D mesh.
+func (c GPTConfig) EP() int {
+	if c.Mesh.NDim() == 2 {
+		return c.Mesh.Dim(0)
+	}
+	return 1
+}
+
+// TP is the tp dim's size (the mesh's last dim).
+func (c GPTConfig) TP() int { return c.Mesh.Dim(c.Mesh.NDim() - 1) }
+
+// localBatch is the sequences each ep rank holds; localTokens their tokens.
+func (c GPTConfig) localBatch() int  { return c.Batch / c.EP() }
+func (c GPTConfig) localTokens() int { return c.localBatch() * c.Context }
+
 func (c GPTConfig) check() error {
+	if c.Experts != 0 || c.Mesh.NDim() != 1 {
+		if err := c.checkExperts(); err != nil {
+			return err
+		}
+	}
 	switch {
-	case c.Mesh.NDim() != 1:
-		return fmt.Errorf("%w: gpt: mesh %s: one dim (tensor parallel)", linear.ErrConfig, c.Mesh)
 	case c.Vocab < 1 || c.Dim < 1 || c.Heads < 1 || c.Layers < 0 || c.Context < 1 || c.Batch < 1:
 		return fmt.Errorf("%w: gpt: vocab %d, dim %d, heads %d, layers %d, context %d, batch %d: all at least 1 (layers 0)",
 			linear.ErrConfig, c.Vocab, c.Dim, c.Heads, c.Layers, c.Context, c.Batch)
 	case c.Dim%c.Heads != 0:
 		return fmt.Errorf("%w: gpt: dim %d is not a multiple of heads %d", linear.ErrConfig, c.Dim, c.Heads)
-	case c.Heads%c.Mesh.Size() != 0:
-		return fmt.Errorf("%w: gpt: %d heads do not split over tp = %d (each rank holds whole heads)", linear.ErrConfig, c.Heads, c.Mesh.Size())
-	case c.Vocab < c.Mesh.Size():
-		return fmt.Errorf("%w: gpt: vocabulary %d smaller than tp = %d", linear.ErrConfig, c.Vocab, c.Mesh.Size())
+	case c.Heads%c.TP() != 0:
+		return fmt.Errorf("%w: gpt: %d heads do not split over tp = %d (each rank holds whole heads)", linear.ErrConfig, c.Heads, c.TP())
+	case c.Vocab < c.TP():
+		return fmt.Errorf("%w: gpt: vocabulary %d smaller than tp = %d", linear.ErrConfig, c.Vocab, c.TP())
 	case c.Compute() != tensor.Float32 && c.Compute() != tensor.BFloat16:
 		return fmt.Errorf("%w: gpt: dtype %v (float32 or bfloat16)", linear.ErrConfig, c.Compute())
 	case c.Optimizer != "" && c.Optimizer != "adamw" && c.Optimizer != "sgd":
 		return fmt.Errorf("%w: gpt: optimizer %q (adamw or sgd)", linear.ErrConfig, c.Optimizer)
 	}
 	return nil
+}
+
+// checkExperts checks the mesh and the mixture-of-experts settings of a
+// model with experts (or a mesh that is not 1-D).
+func (c GPTConfig) checkExperts() error {
+	names := c.Mesh.Names()
+	switch {
+	case c.Experts < 0:
+		return fmt.Errorf("%w: gpt: experts %d (0: no mixture of experts)", linear.ErrConfig, c.Experts)
+	case c.Experts == 0:
+		return fmt.Errorf("%w: gpt: mesh %s: one dim (tensor parallel); a 2-D mesh ep=E,tp=N needs --experts", linear.ErrConfig, c.Mesh)
+	case !(len(names) == 1 && names[0] == "tp") && !(len(names) == 2 && names[0] == "ep" && names[1] == "tp"):
+		return fmt.Errorf("%w: gpt: mesh %s: with experts, tp=N or ep=E,tp=N (in that order)", linear.ErrConfig, c.Mesh)
+	case c.TopK < 1 || c.TopK > c.Experts:
+		return fmt.Errorf("%w: gpt: top-k %d with %d experts: each token goes to between 1 and --experts experts", linear.ErrConfig, c.TopK, c.Experts)
+	case c.Compute() != tensor.Float32:
+		return fmt.Errorf("%w: gpt: dtype %v with experts: the mixture-of-experts layer computes in float32 only", linear.ErrConfig, c.Compute())
+	case c.SequenceParallel:
+		return fmt.Errorf("%w: gpt: sequence parallelism does not combine with experts", linear.ErrConfig)
+	case c.Batch%c.EP() != 0:
+		return fmt.Errorf("%w: gpt: batch %d is not a multiple of ep = %d (each ep rank holds whole sequences)", linear.ErrConfig, c.Batch, c.EP())
+	case !(c.AuxCoef >= 0) || math.IsInf(c.AuxCoef, 0):
+		return fmt.Errorf("%w: gpt: aux-coef %v (finite, at least 0)", linear.ErrConfig, c.AuxCoef)
+	case !(c.CapacityFactor >= 0) || math.IsInf(c.CapacityFactor, 0):
+		return fmt.Errorf("%w: gpt: capacity factor %v (0: dropless, else positive)", linear.ErrConfig, c.CapacityFactor)
+	}
+	return nil
+}
+
+// moePlan plans the mixture-of-experts layer on the model's mesh: the
+// tokens of a step, split over ep as the batch.
+func (c GPTConfig) moePlan() (*spmd.MoEPlan, error) {
+	p, err := spmd.PlanMoE(c.Mesh, spmd.MoEShape{T: c.Tokens(), H: c.Dim, F: 4 * c.Dim, E: c.Experts, K: c.TopK, Capacity: c.CapacityFactor}, 4)
+	if err != nil {
+		return nil, fmt.Errorf("%w: gpt: %w", linear.ErrConfig, err)
+	}
+	return p, nil
+}
+
+// spec lays out a tensor of the dense model: replicated over ep (when the
+// mesh has it), as tpp says over tp.
+func (c GPTConfig) spec(shape []int, tpp placement.Placement) placement.Spec {
+	return c.specOver(shape, placement.Replicate{}, tpp)
+}
+
+// specOver lays out a tensor as epp says over ep (when the mesh has it) and
+// tpp over tp.
+func (c GPTConfig) specOver(shape []int, epp, tpp placement.Placement) placement.Spec {
+	if c.Mesh.NDim() == 2 {
+		return placement.MustSpec(shape, c.Mesh, epp, tpp)
+	}
+	return placement.MustSpec(shape, c.Mesh, tpp)
 }
 
 // PlanGPT checks cfg as NewGPT does and lists what a checkpoint of the model
@@ -95,7 +182,7 @@ func PlanGPT(cfg GPTConfig, withState bool) ([]linear.Param, error) {
 			out = append(out, linear.Param{Name: name + ".exp_avg", Spec: s}, linear.Param{Name: name + ".exp_avg_sq", Spec: s})
 		}
 	}
-	rep := func(shape ...int) placement.Spec { return placement.MustSpec(shape, mesh, placement.Replicate{}) }
+	rep := func(shape ...int) placement.Spec { return cfg.spec(shape, placement.Replicate{}) }
 	layer := func(name, preset string, n, k int, bias bool) error {
 		l, err := layout.Preset(preset, mesh, t, k, n, bias)
 		if err != nil {
@@ -107,7 +194,7 @@ func PlanGPT(cfg GPTConfig, withState bool) ([]linear.Param, error) {
 		}
 		return nil
 	}
-	add("wte", placement.MustSpec([]int{v, d}, mesh, placement.Shard{Dim: 0}))
+	add("wte", cfg.spec([]int{v, d}, placement.Shard{Dim: 0}))
 	add("wpe", rep(cfg.Context, d))
 	norm := func(name string) {
 		add(name+".weight", rep(d))
@@ -125,6 +212,16 @@ func PlanGPT(cfg GPTConfig, withState bool) ([]linear.Param, error) {
 			}
 		}
 		norm(p + "ln_2")
+		if cfg.Experts > 0 {
+			pl, err := cfg.moePlan()
+			if err != nil {
+				return nil, err
+			}
+			for _, m := range moeParams(pl) {
+				add(p+m.name, m.spec)
+			}
+			continue
+		}
 		for _, l := range []struct {
 			name, preset string
 			n, k         int

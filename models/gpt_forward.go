@@ -96,7 +96,7 @@ func (g *GPT) forward(ctx context.Context, rt linear.Runtime, ids, targets *tens
 // the stream's layout) plus the position embeddings of the rows it holds.
 func (g *GPT) embed(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor) (*tensor.Tensor, error) {
 	c := g.Cfg
-	emb, err := g.act(rt, "emb", c.Tokens(), c.Dim)
+	emb, err := g.act(rt, "emb", c.localTokens(), c.Dim)
 	if err != nil {
 		return nil, err
 	}
@@ -125,8 +125,8 @@ func (g *GPT) embed(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor) 
 // it returns with what the block's backward needs.
 func (g *GPT) blockForward(ctx context.Context, rt linear.Runtime, i int, b *gptBlock, x *tensor.Tensor) (blockActs, *tensor.Tensor, error) {
 	c := g.Cfg
-	t := c.Tokens()
-	hl, hd := c.Heads/c.Mesh.Size(), c.Dim/c.Heads
+	t := c.localTokens()
+	hl, hd := c.Heads/c.TP(), c.Dim/c.Heads
 	a := blockActs{x: x}
 	name := fmt.Sprintf("h%d.", i)
 	h1, st1, err := g.layerNorm(rt, name+"ln1", x, b.ln1)
@@ -139,13 +139,13 @@ func (g *GPT) blockForward(ctx context.Context, rt linear.Runtime, i int, b *gpt
 		return blockActs{}, nil, err
 	}
 	a.qkvS = qs
-	if a.qkv, err = qkv.Reshape(c.Batch, c.Context, hl, 3, hd); err != nil {
+	if a.qkv, err = qkv.Reshape(c.localBatch(), c.Context, hl, 3, hd); err != nil {
 		return blockActs{}, nil, err
 	}
-	if a.o, err = g.act(rt, name+"o", c.Batch, c.Context, hl, hd); err != nil {
+	if a.o, err = g.act(rt, name+"o", c.localBatch(), c.Context, hl, hd); err != nil {
 		return blockActs{}, nil, err
 	}
-	if a.lse, err = g.get(rt, name+"lse", c.Batch, hl, c.Context); err != nil {
+	if a.lse, err = g.get(rt, name+"lse", c.localBatch(), hl, c.Context); err != nil {
 		return blockActs{}, nil, err
 	}
 	if err := rt.Op("attention", func() error { return rt.Kernels.Attention(a.o, a.lse, a.qkv, nil, nil, true) }); err != nil {
@@ -168,6 +168,10 @@ func (g *GPT) blockForward(ctx context.Context, rt linear.Runtime, i int, b *gpt
 		return blockActs{}, nil, err
 	}
 	a.st2 = st2
+	if b.moe != nil {
+		y, err := g.expertsForward(ctx, rt, i, b, a.x2, h2)
+		return a, y, err
+	}
 	u, us, err := b.up.Forward(ctx, rt, h2)
 	if err != nil {
 		return blockActs{}, nil, err
@@ -198,7 +202,7 @@ func (g *GPT) blockForward(ctx context.Context, rt linear.Runtime, i int, b *gpt
 // combined, never the logits. It keeps each token's log-sum-exp in acts
 // for the backward.
 func (g *GPT) crossEntropy(ctx context.Context, rt linear.Runtime, acts *gptActs, targets *tensor.Tensor) (float64, error) {
-	t := g.Cfg.Tokens()
+	t := g.Cfg.localTokens()
 	stats, err := g.get(rt, "ce.stats", t, 3)
 	if err != nil {
 		return 0, err
@@ -210,7 +214,7 @@ func (g *GPT) crossEntropy(ctx context.Context, rt linear.Runtime, acts *gptActs
 	if err != nil {
 		return 0, err
 	}
-	if all, err = all.Reshape(g.Cfg.Mesh.Size(), t, 3); err != nil {
+	if all, err = all.Reshape(g.Cfg.TP(), t, 3); err != nil {
 		return 0, err
 	}
 	if acts.lse, err = g.get(rt, "ce.lse", t); err != nil {
@@ -227,7 +231,14 @@ func (g *GPT) crossEntropy(ctx context.Context, rt linear.Runtime, acts *gptActs
 	if err != nil {
 		return 0, err
 	}
-	return host.Float64()[0] / float64(t), nil
+	total := host.Float64()[0]
+	if g.Cfg.EP() > 1 {
+		// Each ep rank's tokens' sum: the loss is the mean over the batch.
+		if total, err = g.sumOverEP(ctx, rt, total); err != nil {
+			return 0, err
+		}
+	}
+	return total / float64(g.Cfg.Tokens()), nil
 }
 
 // Next returns the model's distribution of the token after position pos of
@@ -239,8 +250,11 @@ func (g *GPT) Next(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor, p
 	if pos < 0 || pos >= c.Context {
 		return nil, fmt.Errorf("%w: gpt: position %d outside the context of %d", linear.ErrConfig, pos, c.Context)
 	}
-	zeros, err := g.get(rt, "next.targets", c.Tokens())
+	zeros, err := g.get(rt, "next.targets", c.localTokens())
 	if err != nil {
+		return nil, err
+	}
+	if ids, err = g.localRows(rt, "next.ids", ids); err != nil {
 		return nil, err
 	}
 	_, acts, err := g.forward(ctx, rt, ids, zeros)
@@ -257,8 +271,16 @@ func (g *GPT) Next(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor, p
 		return nil, err
 	}
 	if g.nextMove.Steps == nil {
-		from := placement.MustSpec([]int{1, c.Vocab}, c.Mesh, placement.Shard{Dim: 1})
-		if g.nextMove, err = planMove(ctx, nil, "next", from, from.WithPlacements(placement.Replicate{})); err != nil {
+		// With ep, the first sequence's row is ep rank 0's: the others add
+		// zeros.
+		from := c.specOver([]int{1, c.Vocab}, placement.Partial{Op: placement.Sum}, placement.Shard{Dim: 1})
+		to := c.spec([]int{1, c.Vocab}, placement.Replicate{})
+		if g.nextMove, err = planMove(ctx, nil, "next", from, to); err != nil {
+			return nil, err
+		}
+	}
+	if c.EP() > 1 && c.Mesh.Coords(g.rank)[0] != 0 {
+		if err := rt.Kernels.Zero(row, 0, row.Bytes()); err != nil {
 			return nil, err
 		}
 	}

@@ -92,7 +92,7 @@ func (g *GPT) refresh(k caster) error {
 func (g *GPT) norms() []*param {
 	var out []*param
 	for _, p := range g.params {
-		if p.layer == nil && p != g.wte && p != g.wpe {
+		if p.layer == nil && !p.expert && p != g.wte && p != g.wpe {
 			out = append(out, p)
 		}
 	}
@@ -140,6 +140,11 @@ func (g *GPT) update(ctx context.Context, rt linear.Runtime) error {
 	}
 	if c.SequenceParallel {
 		if err := g.reduceNorms(ctx, rt); err != nil {
+			return err
+		}
+	}
+	if c.EP() > 1 {
+		if err := g.reduceOverEP(ctx, rt); err != nil {
 			return err
 		}
 	}

@@ -132,9 +132,10 @@ func (l *Layer) group(ctx context.Context, w *collective.World, dims []int) (*co
 	return w.Group(ctx, l.Plan.Mesh.Group(w.Rank(), dims...))
 }
 
-// comm is the device communicator of this rank along dims.
+// comm is the device communicator of this rank along dims, for the memory
+// the layer's tensors live in (the device's own, which names the device).
 func (l *Layer) comm(ctx context.Context, w *collective.World, dims []int) (collective.Communicator, error) {
-	return w.Communicator(ctx, l.Plan.Mesh.Group(w.Rank(), dims...), l.k)
+	return w.Communicator(ctx, l.Plan.Mesh.Group(w.Rank(), dims...), tensor.MemoryOf(l.Router))
 }
 
 // record notes a collective the layer ran.

@@ -17,7 +17,8 @@ func bgemmDP8x48(depth int, a, b *float32, mr int, mask uint64, e *epi16)
 //go:noescape
 func bgemmDPD8x32(depth int, a *float32, b *bf16, mr int, mask uint64, e *epi16, ldb int, odd int)
 
-// transpose16x16b is transpose16x16 with leading dims in bytes.
+// transpose16x16b is transpose16x16pf without the prefetch, with leading dims
+// in bytes.
 //
 //go:noescape
 func transpose16x16b(dst *float32, ldd int, src *float32, lds int)

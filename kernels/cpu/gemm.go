@@ -151,6 +151,16 @@ func (j *gemmJob[T]) block(buf *packBuf[T], i0, i1, j0, j1 int) {
 	ncb := balance(j1-j0, uk.nc, nr)
 	kcb := balance(j.k, uk.kc, 1)
 	mcb := balance(i1-i0, uk.mc, mr)
+	if i1-i0 <= 2*uk.mc && !j.directB {
+		// Up to two blocks' worth of rows (a grouped GEMM's expert) are one
+		// block: B is then packed into one micro-panel slot, rewritten for
+		// every micro-panel and kept in L2, instead of a whole kc×nc panel
+		// written out to L3 for a second row block to read back.
+		mcb = (i1 - i0 + mr - 1) / mr * mr
+	}
+	// With one row block, each B micro-panel is used once, right after its
+	// packing.
+	oneSlot := mcb >= i1-i0
 	buf.b = growPanel(buf.b, kcb*ncb)
 	buf.a = growPanel(buf.a, kcb*mcb)
 	buf.tile = grow(buf.tile, mr*nr)
@@ -172,16 +182,21 @@ func (j *gemmJob[T]) block(buf *packBuf[T], i0, i1, j0, j1 int) {
 			}
 			// Without directB, each B micro-panel is packed just before its first
 			// use (ic == i0), while its source is in flight and the packed copy is
-			// still in L1/L2 for the kernel; later row blocks reuse it from L3.
+			// still in L1/L2 for the kernel; later row blocks reuse it from L3
+			// (with one row block there are none, and one slot serves).
 			for ic := i0; ic < i1; ic += mcb {
 				mc := min(mcb, i1-ic)
 				packA(buf.a, j.a, j.lda, j.transA, ic, mc, pc, kc, mr)
 				for jr := 0; jr < nc; jr += nr {
 					cols := min(nr, nc-jr)
-					if ic == i0 && !j.directB {
-						packB(buf.b[(jr/nr)*kc*nr:], j.b, j.ldb, j.transB, pc, kc, jc+jr, cols, nr)
+					slot := (jr / nr) * kc * nr
+					if oneSlot {
+						slot = 0
 					}
-					bp, ldb := &buf.b[(jr/nr)*kc*nr], nr
+					if ic == i0 && !j.directB {
+						packB(buf.b[slot:], j.b, j.ldb, j.transB, pc, kc, jc+jr, cols, nr)
+					}
+					bp, ldb := &buf.b[slot], nr
 					if j.directB && jr < fullNC {
 						bp, ldb = &j.b[pc*j.ldb+jc+jr], j.ldb
 					} else if j.directB {

@@ -16,10 +16,12 @@ func sgemmAVX512(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, ma
 //go:noescape
 func sgemmAVX512x12(kc int, a, b *float32, ldb int, c *float32, ldc int, mr int, mask uint64, alpha, beta float32)
 
-// transpose16x16 sets dst[k*ldd+j] = src[j*lds+k] for j, k < 16 (AVX-512F).
+// transpose16x16pf sets dst[k*ldd+j] = src[j*lds+k] for j, k < 16 (AVX-512F),
+// and prefetches (PREFETCHT1) one cache line in each of 16 rows of pf, lds
+// apart.
 //
 //go:noescape
-func transpose16x16(dst *float32, ldd int, src *float32, lds int)
+func transpose16x16pf(dst *float32, ldd int, src *float32, lds int, pf *float32)
 
 // The Bias variants store c = alpha·acc + bias[j] for every row (c is not read).
 //
@@ -62,7 +64,7 @@ func init() {
 }
 
 // packBTransAVX512 packs a transposed float32 B panel with 16×16 register
-// transposes; see packBTrans.
+// transposes, prefetching the source pfDist values ahead; see packBTrans32.
 func packBTransAVX512(d, b []float32, ldb, k0, kc, j0, cols, nr int) bool {
 	if cols%16 != 0 || nr%16 != 0 {
 		return false
@@ -72,7 +74,15 @@ func packBTransAVX512(d, b []float32, ldb, k0, kc, j0, cols, nr int) bool {
 		src := b[(j0+j)*ldb+k0:]
 		_ = src[15*ldb+kc-1]
 		for k := 0; k < k16; k += 16 {
-			transpose16x16(&d[k*nr+j], nr, &src[k], ldb)
+			// pf: the same 16 rows pfDist values further along K or, near the
+			// end of K, the next 16 rows' first values (else src again).
+			pf := &src[k]
+			if n := k + pfDist; n < kc {
+				pf = &src[n]
+			} else if n-kc < kc && j+16 < cols {
+				pf = &src[16*ldb+n-kc]
+			}
+			transpose16x16pf(&d[k*nr+j], nr, &src[k], ldb, pf)
 		}
 		for k := k16; k < kc; k++ {
 			for r := 0; r < 16; r++ {
@@ -82,3 +92,9 @@ func packBTransAVX512(d, b []float32, ldb, k0, kc, j0, cols, nr int) bool {
 	}
 	return true
 }
+
+// pfDist is how far ahead along K (floats) packBTransAVX512 prefetches its
+// source rows: the rows of a transposed B are read 16 at a time, one cache line
+// each, a pattern the hardware prefetchers follow poorly when B comes from
+// memory (a grouped GEMM's expert weights).
+var pfDist = 128

@@ -53,9 +53,9 @@ func main() {
 	for _, k := range ks {
 		gen(&b, k)
 	}
-	genTranspose(&b, "transpose16x16", 2, false)
-	genTranspose(&b, "transpose16x16b", 0, false)
-	genTranspose(&b, "transpose16x16s", 0, true)
+	genTranspose(&b, "transpose16x16pf", 2, false, true)
+	genTranspose(&b, "transpose16x16b", 0, false, false)
+	genTranspose(&b, "transpose16x16s", 0, true, false)
 	for _, k := range bf16Kernels {
 		genBF16(&b, k)
 	}
@@ -278,10 +278,16 @@ func log2(n int) int {
 // elements; 0: bytes, for rows of bfloat16 pairs at any offset). With split,
 // the function takes a fifth argument dst2 and stores columns j >= 8 there
 // (dst2[k*ldd+j-8]): two 8-row panels at once.
-func genTranspose(w *bytes.Buffer, name string, shift int, split bool) {
+func genTranspose(w *bytes.Buffer, name string, shift int, split, pf bool) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
 	z := func(i int) string { return fmt.Sprintf("Z%d", i) }
-	if split {
+	if pf {
+		// pf: PREFETCHT1 of one cache line in each of 16 rows of pf, lds apart,
+		// after the loads.
+		fmt.Fprintf(w, "\n// func %s(dst *float32, ldd int, src *float32, lds int, pf *float32)\n", name)
+		fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-40\n", name)
+		p("MOVQ pf+32(FP), R8")
+	} else if split {
 		fmt.Fprintf(w, "\n// func %s(dst *float32, ldd int, src *float32, lds int, dst2 *float32)\n", name)
 		fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-40\n", name)
 		p("MOVQ dst2+32(FP), R8")
@@ -302,6 +308,12 @@ func genTranspose(w *bytes.Buffer, name string, shift int, split bool) {
 	for r := 0; r < 16; r++ {
 		p("VMOVUPS (SI), %s", z(r))
 		p("ADDQ CX, SI")
+	}
+	if pf {
+		for r := 0; r < 16; r++ {
+			p("PREFETCHT1 (R8)")
+			p("ADDQ CX, R8")
+		}
 	}
 	// Stage 1: interleave row pairs: t[2q] = unpcklps(r[2q], r[2q+1]), t[2q+1] = unpckhps.
 	for q := 0; q < 8; q++ {

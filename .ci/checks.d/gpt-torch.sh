@@ -4,11 +4,13 @@
 # parameters (written by meshrun as .npy), same batches, same AdamW; the
 # losses at tp = 1, 2 and 4 within 1e-6 relative for 20 steps. And the
 # launcher running an ordinary torch.distributed program (gloo, env://) as
-# torchrun does (launch TestTorchScript). The mixture-of-experts reference
-# against the same layer in PyTorch, forward and every gradient in float64
+# torchrun does (launch TestTorchScript), and its ranks explained: a hang's
+# stacks and odd one out, the first exception, launcher stacks on a running
+# job (TestPythonHang, TestPythonException, TestStacksRunningJob). The
+# mixture-of-experts reference against the same layer in PyTorch, forward and every gradient in float64
 # (spmd/spmdref TestMoEMatchesPyTorch, testdata/torch_moe.py), and the
-distributed layer (`worker moe --load --dump` on ep=4, ep=2,tp=2, dp=2,ep=2
-and ep=3) against it (job TestMoEMatchesPyTorch). Installs
+# distributed layer (`worker moe --load --dump` on ep=4, ep=2,tp=2, dp=2,ep=2
+# and ep=3) against it (job TestMoEMatchesPyTorch). Installs
 # python3-torch when /usr/bin/python3 lacks it, then runs the tests with
 # torch required (no skip): the unit run before it may have skipped them.
 set -euo pipefail
@@ -21,6 +23,6 @@ if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-torch python3-numpy >/dev/null
 fi
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run TestGPTMatchesPyTorch ./models/
-MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestTorchScript$' ./launch/
+MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^(TestTorchScript|TestPythonHang|TestPythonException|TestStacksRunningJob)$' ./launch/
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestMoEMatchesPyTorch$' ./spmd/spmdref/
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestMoEMatchesPyTorch$' ./job/

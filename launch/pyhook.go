@@ -14,6 +14,13 @@ import (
 // workers announce theirs), records its uncaught exception in exception.json,
 // and runs whatever sitecustomize the hook hides. Programs that are not
 // Python never read it. MESHRUN_PYTHON_HOOK=0 turns it off.
+//
+// SIGUSR1 kills a Python process that has not yet registered the handler
+// (its default action), so a rank is sent it only once its hello line said
+// "stacks_on_sigusr1". faulthandler walks every thread's frames from the
+// signal handler without the GIL: a thread that is exiting at that moment
+// can crash the process (CPython 3.11 segfaults when signaled in a loop while
+// threads come and go), so a rank is sent it once per hang, not polled.
 
 //go:embed pyhook/sitecustomize.py
 var pythonHook []byte

@@ -82,14 +82,26 @@ func (t *sleepTask) run(ctx context.Context, env Env) int {
 	return 0
 }
 
-// barrierTask joins the job and passes one barrier: the launch-overhead probe.
-type barrierTask struct{ start time.Time }
+// barrierTask joins the job and passes one barrier: the launch-overhead
+// probe. With --stall-rank R, rank R stalls (in stall) instead of entering
+// the barrier, until the job is torn down: a hang to diagnose.
+type barrierTask struct {
+	start time.Time
+	stall int
+}
 
-func (*barrierTask) flags(*flag.FlagSet) {}
+func (t *barrierTask) flags(fs *flag.FlagSet) {
+	fs.IntVar(&t.stall, "stall-rank", -1, "this `RANK` stalls before the barrier, never entering it (a hang to diagnose)")
+}
 
 func (t *barrierTask) setup(_ context.Context, _ Env, args []string) error {
 	t.start = time.Now()
 	return noArgs(args)
+}
+
+// stall waits until ctx ends: a rank stuck in code of its own.
+func stall(ctx context.Context) {
+	<-ctx.Done()
 }
 
 func (t *barrierTask) run(ctx context.Context, env Env) int {
@@ -102,6 +114,9 @@ func (t *barrierTask) run(ctx context.Context, env Env) int {
 	}
 	defer w.Close()
 	c, err := w.WorldGroup(ctx)
+	if err == nil && w.Rank() == t.stall {
+		stall(ctx)
+	}
 	if err == nil {
 		err = c.Barrier(ctx)
 	}

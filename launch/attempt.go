@@ -3,11 +3,13 @@ package launch
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/meshrun/meshrun/launch/probe"
 	"github.com/meshrun/meshrun/logview"
 )
 
@@ -39,6 +41,10 @@ type attempt struct {
 	killC    <-chan time.Time
 	hangC    <-chan time.Time // a hang was found: tear down once stacks are written
 	hangWhy  string
+	idleDone bool      // a foreign program's job was found idle (foreign.go)
+	idleAt   time.Time // its last idle check
+	stacksAt time.Time // when a hang's stacks were asked for
+	hookDir  string    // the Python site hook's folder, removed at the end
 	notice   *NoticeReport
 	hangs    []HangReport
 	reported map[string]bool
@@ -72,6 +78,20 @@ func (a *attempt) prepare(common map[string]string) error {
 		return err
 	}
 	a.env["MASTER_ADDR"], a.env["MASTER_PORT"] = addr, strconv.Itoa(port)
+	if _, _, workload := a.j.command(); !workload && os.Getenv(probe.EnvPythonHook) != "0" {
+		// Python ranks load the launcher's site hook (foreign.go), from a
+		// folder of its own that goes with the attempt.
+		dir, err := os.MkdirTemp("", "meshrun-python-hook-")
+		if err != nil {
+			return fmt.Errorf("python site hook: %w", err)
+		}
+		a.hookDir = dir
+		hook, err := probe.WritePythonHook(dir)
+		if err != nil {
+			return fmt.Errorf("python site hook: %w", err)
+		}
+		a.env["PYTHONPATH"] = probe.PythonPathWith(hook, os.Getenv("PYTHONPATH"))
+	}
 	a.board = logview.NewProgressBoard(a.outCon, len(a.j.ranks))
 	if a.n > 0 {
 		a.say("attempt %d: logs in %s", a.n, a.dir)
@@ -117,6 +137,8 @@ func (a *attempt) run(ctx context.Context, timeoutC <-chan time.Time) {
 	j.writeJobRecord(a.dir, a.procs, a.url, a.env, a.began, a.ev)
 
 	var checkC <-chan time.Time
+	_, _, workload := j.command()
+	foreign := !workload && j.nnodes == 1
 	if j.HangAfter > 0 && j.NodeRank == 0 {
 		t := time.NewTicker(hangCheckEvery)
 		defer t.Stop()
@@ -133,8 +155,12 @@ func (a *attempt) run(ctx context.Context, timeoutC <-chan time.Time) {
 			a.onNotice(n)
 		case now := <-checkC:
 			a.onHangCheck(now)
+			if foreign {
+				a.onIdleCheck(now)
+			}
 		case <-a.hangC:
 			a.hangC = nil
+			a.describeHang(a.stacksAt)
 			a.teardown(OutcomeHang, a.hangWhy)
 		case err := <-a.pl.fatal:
 			a.onFatal(err)
@@ -167,6 +193,9 @@ func (a *attempt) run(ctx context.Context, timeoutC <-chan time.Time) {
 	}
 	// No orphans: whatever a rank left behind goes too, in its group or not.
 	a.signalAll(syscall.SIGKILL)
+	if a.hookDir != "" {
+		os.RemoveAll(a.hookDir)
+	}
 	if n := killTagged(j.tag); n > 0 {
 		a.ev.emit("orphans_killed", "attempt", a.n, "processes", n)
 	}
@@ -228,7 +257,7 @@ func (a *attempt) teardown(o Outcome, detail string) {
 	for _, p := range a.procs {
 		if !p.done && (a.root == nil || p.spec.Rank != a.root.Rank || a.root.Node != a.j.NodeRank) {
 			a.victims = append(a.victims, p.spec.Rank)
-			if st := processState(p.pid); strings.HasPrefix(st, "T") {
+			if st := probe.ProcessState(p.pid); strings.HasPrefix(st, "T") {
 				a.stoppedStates[p.spec.Rank] = st
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"io"
 
 	"github.com/meshrun/meshrun/internal/exitcode"
+	"github.com/meshrun/meshrun/launch/probe"
 )
 
 // ExitUsage is the exit code for bad flags and inputs that cannot be run.
@@ -27,6 +28,8 @@ commands:
   logs   the ranks' logs merged by time; "logs why" names the root cause (launcher logs -h)
          launcher logs [JOB|latest] [--rank 0,4-7] [--level warn] [--grep RE] [--tail N] [-f] [--collapse]
          launcher logs why [JOB|latest]
+  stacks every running rank's stacks, grouped, the odd one out first (the job goes on)
+         launcher stacks [JOB|latest]
   trace  every rank's trace merged into one Chrome/Perfetto file
          launcher trace [JOB|latest] -o trace.json
   ckpt   inspect a checkpoint, or gather it into one safetensors file
@@ -48,6 +51,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runMain(ctx, args[1:], stdout, stderr)
 	case "ckpt":
 		return ckptMain(args[1:], stdout, stderr)
+	case "stacks":
+		return probe.StacksMain(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/meshrun/meshrun/launch/probe"
 )
 
 // No process outlives its job. Each rank runs in its own process group, and
@@ -180,6 +182,6 @@ func processAlive(pid int) bool {
 	if syscall.Kill(pid, 0) != nil {
 		return false
 	}
-	st := processState(pid)
+	st := probe.ProcessState(pid)
 	return st == "" || st[0] != 'Z'
 }

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/meshrun/meshrun/launch/probe"
 	"github.com/meshrun/meshrun/protocol"
 	"github.com/meshrun/meshrun/runlog"
 )
@@ -85,6 +87,15 @@ func (a *attempt) onExit(m exitMsg) {
 // launcher's code for it.
 func (a *attempt) causeOf(p *proc) RootCause {
 	rc := RootCause{Rank: p.spec.Rank, Node: a.j.NodeRank, ExitCode: p.out.ExitCode, Signal: p.out.Signal, TimeMS: p.out.EndMS}
+	if e := probe.PythonException(p.dir); e != nil && p.crashed == nil {
+		rc.Exception = e.Type
+		if e.Message != "" {
+			rc.Exception += ": " + e.Message
+		}
+		if e.User != nil {
+			rc.Where = fmt.Sprintf("%s (%s:%d)", e.User.Func, filepath.Base(e.User.File), e.User.Line)
+		}
+	}
 	if c := p.crashed; c != nil {
 		rc.Crash, rc.Error, rc.Stack = c.Kind, c.Line, c.Stack
 		if rc.Signal == "" { // the runtime exited 2 itself
@@ -164,7 +175,7 @@ func (a *attempt) onHangCheck(now time.Time) {
 		for _, r := range h.Missing {
 			what := fmt.Sprintf("rank %d", r)
 			if p := a.byRank[r]; p != nil && !p.done {
-				if st := processState(p.pid); st != "" {
+				if st := probe.ProcessState(p.pid); st != "" {
 					hr.States[strconv.Itoa(r)] = st
 					what += " (pid " + strconv.Itoa(p.pid) + ", " + st + ")"
 				}
@@ -187,6 +198,7 @@ func (a *attempt) onHangCheck(now time.Time) {
 			}
 		}
 		if len(asked) > 0 {
+			a.stacksAt = now
 			a.ev.emit("stacks_requested", "ranks", asked)
 			a.say("goroutine stacks requested from ranks %s (rank-NNNNN/%s*.txt; a stopped rank writes its own when it resumes)",
 				FormatRanks(asked), runlog.StacksPrefix)

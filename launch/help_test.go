@@ -23,6 +23,7 @@ func TestHelp(t *testing.T) {
 		{"ckpt.txt", "ckpt"},
 		{"ckpt-inspect.txt", "ckpt inspect"},
 		{"ckpt-convert.txt", "ckpt convert"},
+		{"stacks.txt", "stacks"},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			var texts []string
@@ -53,6 +54,8 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"ckpt", "convert", "dir", "--too", "x"}, "launcher ckpt convert: unknown flag --too; did you mean --to? (launcher ckpt convert -h lists the flags)\n"},
 		{[]string{"ckpt", "convert", "dir"}, "launcher ckpt convert: --to FILE is required\n"},
 		{[]string{"ckpt", "convert", "--to", "x"}, "launcher ckpt convert: PATH is required (launcher ckpt convert -h)\n"},
+		{[]string{"stacks", "--wiat", "1s"}, "launcher stacks: unknown flag --wiat; did you mean --wait? (launcher stacks -h lists the flags)\n"},
+		{[]string{"stacks", "a", "b"}, "launcher stacks: one job at most, got [\"a\" \"b\"]\n"},
 	} {
 		var out, errb bytes.Buffer
 		code := Main(context.Background(), tc.args, &out, &errb)

@@ -50,6 +50,7 @@ func outcomeExitCode(o Outcome, code int) int {
 
 // summary is how the attempt ended.
 func (a *attempt) summary() AttemptSummary {
+	a.blameFirstException()
 	if a.root != nil && a.root.Node == a.j.NodeRank && !a.root.Hung {
 		// A crash's own line (a.root.Error) is what ended the rank, whatever
 		// it recorded before.

@@ -1,7 +1,6 @@
 package launch
 
 import (
-	"encoding/json"
 	"io"
 	"os"
 	"os/exec"
@@ -15,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshrun/meshrun/launch/probe"
 	"github.com/meshrun/meshrun/logview"
 	"github.com/meshrun/meshrun/runlog"
 	"github.com/nats-io/nats-server/v2/server"
@@ -40,6 +40,11 @@ type proc struct {
 	// the report of a rank that exited so (onExit).
 	crash   logview.CrashWatch
 	crashed *logview.CrashReport
+	// dir is its folder; runtime what its hello marker said it is ("python",
+	// "go"); act its progress as the launcher sees it (foreign.go).
+	dir     string
+	runtime atomic.Value
+	act     activity
 }
 
 // exitMsg reports a rank's end from its waiting goroutine.
@@ -119,15 +124,15 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 		case "progress":
 			board.Report(rank, body)
 		case "hello":
-			var h struct {
-				Stacks bool `json:"stacks_on_sigusr1"`
-			}
-			if json.Unmarshal(body, &h) == nil && h.Stacks {
+			if rt := probe.RuntimeOf(body); rt != "" {
+				p.runtime.Store(rt)
 				p.stacks.Store(true)
 			}
 		}
 	}}
-	pe := &logview.RankWriter{File: stderr, Con: errCon, Node: p.spec.Node, Rank: rank, Crash: &p.crash}
+	po.OnLine = func(t time.Time) { p.act.line.Store(t.UnixNano()) }
+	pe := &logview.RankWriter{File: stderr, Con: errCon, Node: p.spec.Node, Rank: rank, Crash: &p.crash, OnLine: po.OnLine}
+	p.dir = dir
 	p.flushes = append(p.flushes, po, pe)
 
 	cmd := exec.Command(j.path, j.args...)

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/meshrun/meshrun/logview"
 )
 
 // torchrun compatibility: the flags torchrun takes (in both its spellings,
@@ -344,8 +346,24 @@ func (j *job) torchRankEnv(s rankSpec, dir string) []string {
 	if _, ok := os.LookupEnv("OMP_NUM_THREADS"); !ok {
 		env = append(env, "OMP_NUM_THREADS="+strconv.Itoa(s.GOMAXPROCS))
 	}
+	// PyTorch's flight recorder for NCCL jobs: the last collectives of each
+	// rank, dumped into its folder when a collective times out (the user's
+	// own settings win).
+	for _, kv := range [][2]string{
+		{"TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"},
+		{"TORCH_NCCL_DUMP_ON_TIMEOUT", "1"},
+		{"TORCH_NCCL_DEBUG_INFO_TEMP_FILE", filepath.Join(dir, FlightRecorderPrefix)},
+	} {
+		if _, ok := os.LookupEnv(kv[0]); !ok {
+			env = append(env, kv[0]+"="+kv[1])
+		}
+	}
 	return env
 }
+
+// FlightRecorderPrefix starts the names of the flight recorder's dumps in a
+// rank's folder (PyTorch appends the rank).
+const FlightRecorderPrefix = logview.FlightRecorderPrefix
 
 // torchError is the message of the error file a Python rank's @record wrote
 // ({"message": {"message": ..., "extraInfo": ...}}), "" when none.

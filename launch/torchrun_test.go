@@ -269,23 +269,7 @@ dist.destroy_process_group()
 // with torch, unless MESHRUN_REQUIRE_TORCH is set (.ci/checks.d/gpt-torch.sh,
 // once it has installed torch).
 func TestTorchScript(t *testing.T) {
-	py := torchPython()
-	if py == "" {
-		if os.Getenv("MESHRUN_REQUIRE_TORCH") != "" {
-			t.Fatal("no Python with torch here, and MESHRUN_REQUIRE_TORCH is set")
-		}
-		t.Skip("no Python with torch here (Debian: apt install python3-torch)")
-	}
-	// python3 on the PATH is the one with torch, as for a torchrun user.
-	bindir := t.TempDir()
-	abs, err := exec.LookPath(py)
-	if err == nil {
-		err = os.Symlink(abs, filepath.Join(bindir, "python3"))
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("PATH", bindir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	torchOnPath(t)
 	script := filepath.Join(t.TempDir(), "script.py")
 	if err := os.WriteFile(script, []byte(torchScript), 0o644); err != nil {
 		t.Fatal(err)

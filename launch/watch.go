@@ -3,9 +3,7 @@ package launch
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -256,24 +254,4 @@ func (p *plane) close() {
 		s.Unsubscribe()
 	}
 	p.nc.Close()
-}
-
-// processState reads a process's state from /proc: "T (stopped)", "S
-// (sleeping)", ...; "" when unknown.
-func processState(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return ""
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 >= len(s) {
-		return ""
-	}
-	c := s[i+2]
-	names := map[byte]string{'R': "running", 'S': "sleeping", 'D': "disk sleep", 'T': "stopped", 't': "tracing stop", 'Z': "zombie", 'X': "dead"}
-	if n, ok := names[c]; ok {
-		return string(c) + " (" + n + ")"
-	}
-	return string(c)
 }

@@ -223,6 +223,9 @@ type RankWriter struct {
 	Con        *Console
 	Node, Rank int
 	OnMarker   func(kind string, body []byte)
+	// OnLine, if set, hears the time of every line, markers included (the
+	// launcher's sign of a foreign program's progress).
+	OnLine func(t time.Time)
 	// Crash, on stderr, keeps a Go runtime's crash report (crash.go).
 	Crash *CrashWatch
 	buf   []byte
@@ -261,6 +264,9 @@ func (p *RankWriter) line(t time.Time, l []byte) {
 	}
 	if p.Crash != nil {
 		p.Crash.Line(l)
+	}
+	if p.OnLine != nil {
+		p.OnLine(t)
 	}
 	if p.OnMarker != nil && bytes.HasPrefix(l, []byte(runlog.Marker)) {
 		kind, body, _ := bytes.Cut(l[len(runlog.Marker):], []byte{' '})

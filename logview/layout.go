@@ -133,6 +133,12 @@ type RootCause struct {
 	// 128+signal), and Stack the crashing goroutine's first frames.
 	Crash string   `json:"crash,omitempty"`
 	Stack []string `json:"stack,omitempty"`
+	// Exception is a Python rank's uncaught exception ("ValueError: bad
+	// batch 7") and Where the user's innermost frame it was raised in
+	// ("load_batch (train.py:57)"); for a hung rank, Where is its stack's
+	// innermost frame of the user's and Stack its folded stack.
+	Exception string `json:"exception,omitempty"`
+	Where     string `json:"where,omitempty"`
 }
 
 // NoticeReport is a collective failure as the ranks announced it.
@@ -159,6 +165,11 @@ type HangReport struct {
 	WaitingMS int64 `json:"waiting_ms"`
 	// States are the missing local ranks' process states ("T (stopped)").
 	States map[string]string `json:"process_states,omitempty"`
+	// Groups are the ranks grouped by stack, each described ("rank 1 in
+	// load_batch (train.py:57)"), when the launcher dumped them; Stacks is
+	// the file holding them all.
+	Groups []string `json:"groups,omitempty"`
+	Stacks string   `json:"stacks,omitempty"`
 }
 
 // RankOutcome is how one rank ended.
@@ -225,6 +236,12 @@ const (
 	EvidenceTimeout = "a peer's collective timed out waiting for it"
 	EvidenceBlamed  = "blamed by the failed ranks' errors"
 	EvidenceEarly   = "exited before joining the job its peers were joining"
+	// EvidenceException: a Python rank's uncaught exception came before
+	// every other failed rank's (their exception records' times).
+	EvidenceException = "raised the first uncaught exception"
+	// EvidenceStacks: no rank of a program made progress, and this one's
+	// stack differs from every other's (launch's foreign.go).
+	EvidenceStacks = "the odd one out of the ranks' stacks, when no rank made progress"
 )
 
 // How says how the root-cause rank ended: "hung", a crash (crashHow), or
@@ -235,6 +252,10 @@ func (rc *RootCause) How() string {
 		return "hung"
 	case rc.Crash != "":
 		return crashHow(rc.Crash, rc.Signal, rc.ExitCode)
+	case rc.Exception != "" && rc.Where != "":
+		return fmt.Sprintf("raised %s in %s, then %s", rc.Exception, rc.Where, exitHow(rc.ExitCode, rc.Signal))
+	case rc.Exception != "":
+		return fmt.Sprintf("raised %s, then %s", rc.Exception, exitHow(rc.ExitCode, rc.Signal))
 	}
 	return exitHow(rc.ExitCode, rc.Signal)
 }

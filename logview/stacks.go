@@ -479,12 +479,31 @@ func (g Group) Describe() string {
 		return who + ": " + g.Proc
 	case g.Kind == StacksProc:
 		return who + ": no stacks"
-	case g.Where != nil:
-		return who + " in " + frameWhere(*g.Where)
-	case len(g.Frames) > 0:
-		return who + " in " + frameWhere(g.Frames[0])
+	case g.Place() != "":
+		return who + " in " + g.Place()
 	}
 	return who + ": no stack"
+}
+
+// Place is where the group's main thread is, as a user reads it: the
+// function it is in and the line of the user's code it was called from.
+// For Python the function is the innermost frame's, a library's included
+// ("all_reduce (train.py:41)": the script's line 41 called all_reduce and
+// waits in it); for Go the innermost frame of the user's code (the
+// runtime's and the standard library's frames are how it waits). With no
+// user frame, the innermost frame; "" with no frame.
+func (g Group) Place() string {
+	switch {
+	case len(g.Frames) == 0:
+		return ""
+	case g.Where == nil:
+		return frameWhere(g.Frames[0])
+	case g.Kind == StacksPython:
+		w := *g.Where
+		w.Func = g.Frames[0].Func
+		return frameWhere(w)
+	}
+	return frameWhere(*g.Where)
 }
 
 // libraryPackages is how many package names a folded run of library

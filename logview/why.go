@@ -83,8 +83,22 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 			n.Reporter, n.Code, where, n.Culprit, n.Detail)
 	}
 	for _, h := range sum.Hangs {
+		if h.Op == "" {
+			// A program's job: no rank made progress (launch's foreign.go).
+			fmt.Fprintf(w, "\nhang: no rank made progress for %.1f s; by stack:\n", float64(h.WaitingMS)/1000)
+			for _, g := range h.Groups {
+				fmt.Fprintf(w, "  %s\n", g)
+			}
+			if h.Stacks != "" {
+				fmt.Fprintf(w, "  every rank's stacks: %s\n", h.Stacks)
+			}
+			continue
+		}
 		fmt.Fprintf(w, "\nhang: %s seq %d on group %s: ranks %s waited %.1f s for ranks %s",
 			h.Op, h.Seq, h.Group, FormatRanks(h.Waiting), float64(h.WaitingMS)/1000, FormatRanks(h.Missing))
+		if len(h.Groups) > 0 {
+			fmt.Fprintf(w, "; by stack: %s", strings.Join(h.Groups, "; "))
+		}
 		var keys []string
 		for k := range h.States {
 			keys = append(keys, k)
@@ -95,11 +109,22 @@ func WhyAttempt(jobDir string, attempt int, w io.Writer) error {
 		}
 		fmt.Fprintln(w)
 	}
+	if dumps, _ := filepath.Glob(filepath.Join(jobDir, "rank-*", FlightRecorderPrefix+"*")); len(dumps) > 0 {
+		fmt.Fprintf(w, "\nNCCL flight recorder dumps (PyTorch's format):\n")
+		for _, d := range dumps {
+			fmt.Fprintf(w, "  %s\n", d)
+		}
+	}
 	if len(sum.Victims) > 0 {
 		whyVictims(w, jobDir, sum)
 	}
 	return nil
 }
+
+// FlightRecorderPrefix starts the names of PyTorch's flight recorder dumps
+// in a rank's folder (the launcher points TORCH_NCCL_DEBUG_INFO_TEMP_FILE
+// there; PyTorch appends the rank).
+const FlightRecorderPrefix = "nccl_trace_rank_"
 
 // whyRootCause writes the root cause of an attempt whose ranks' folders are
 // in jobDir, seen from node: how and when it ended, its error, the frames of
@@ -111,7 +136,13 @@ func whyRootCause(w io.Writer, jobDir string, node int, rc *RootCause) {
 	if rc.Error != "" {
 		fmt.Fprintf(w, "  error: %s\n", rc.Error)
 	}
-	if len(rc.Stack) > 0 {
+	if len(rc.Stack) > 0 && rc.Crash == "" {
+		// A hung rank's stack, as the launcher grouped it.
+		fmt.Fprintln(w, "  its stack (the user's frames; library frames folded):")
+		for _, l := range rc.Stack {
+			fmt.Fprintf(w, "    %s\n", strings.TrimLeft(l, " "))
+		}
+	} else if len(rc.Stack) > 0 {
 		// The crashing goroutine, where a Go runtime's report has it,
 		// before the other goroutines and the registers; for a signal
 		// no goroutine of the program faulted on (kill -SEGV landing on

@@ -1,4 +1,4 @@
-package launch
+package probe
 
 import (
 	_ "embed"
@@ -36,9 +36,9 @@ const (
 	EnvPythonHook = "MESHRUN_PYTHON_HOOK"
 )
 
-// writePythonHook writes the hook's sitecustomize.py into dir (made 0700 if
+// WritePythonHook writes the hook's sitecustomize.py into dir (made 0700 if
 // missing) and returns dir, the PYTHONPATH entry.
-func writePythonHook(dir string) (string, error) {
+func WritePythonHook(dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}
@@ -62,9 +62,9 @@ func writePythonHook(dir string) (string, error) {
 	return dir, nil
 }
 
-// pythonPathWith is the PYTHONPATH value with hookDir first, then the
+// PythonPathWith is the PYTHONPATH value with hookDir first, then the
 // entries of existing (empty entries dropped).
-func pythonPathWith(hookDir, existing string) string {
+func PythonPathWith(hookDir, existing string) string {
 	parts := []string{hookDir}
 	for _, p := range strings.Split(existing, string(os.PathListSeparator)) {
 		if p != "" && p != hookDir {

@@ -1,4 +1,4 @@
-package launch
+package probe
 
 import (
 	"bufio"
@@ -23,7 +23,7 @@ func pyHookCmd(t *testing.T, script string, extra string, env ...string) (*exec.
 		t.Skip("no " + testPython)
 	}
 	work := t.TempDir()
-	hook, err := writePythonHook(filepath.Join(work, "hook"))
+	hook, err := WritePythonHook(filepath.Join(work, "hook"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func pyHookCmd(t *testing.T, script string, extra string, env ...string) (*exec.
 	}
 	cmd := exec.Command(testPython, "-u", path)
 	cmd.Dir = work
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+pythonPathWith(hook, extra), "MESHRUN_RANK_DIR="+rankDir,
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+PythonPathWith(hook, extra), "MESHRUN_RANK_DIR="+rankDir,
 		"PYTHONDONTWRITEBYTECODE=1", "MESHRUN_PYTHON_HOOK_PID=")
 	cmd.Env = append(cmd.Env, env...)
 	return cmd, rankDir
@@ -234,8 +234,8 @@ func TestPythonPathWith(t *testing.T) {
 		{"/a::/b:", "/h:/a:/b"},
 		{"/h:/a", "/h:/a"},
 	} {
-		if got := pythonPathWith("/h", c.existing); got != c.want {
-			t.Errorf("pythonPathWith(/h, %q) = %q, want %q", c.existing, got, c.want)
+		if got := PythonPathWith("/h", c.existing); got != c.want {
+			t.Errorf("PythonPathWith(/h, %q) = %q, want %q", c.existing, got, c.want)
 		}
 	}
 }

@@ -26,6 +26,13 @@ import (
 // ranks by stack, names the odd one out as the root cause and tears the job
 // down.
 
+// DefaultProgramHangAfter is how long no rank of a program may make progress
+// before the launcher calls its job hung, when --hang-after is not given:
+// longer than the collectives' 30 s, since a program may wait without
+// output and nearly without CPU for good reasons (a download, a slow
+// filesystem), as long as NCCL's own default timeout.
+const DefaultProgramHangAfter = 10 * time.Minute
+
 // busyShare is the share of one core a rank's processes must use over a
 // check to count as progress without output: waiting in a collective or on
 // a socket costs less, a computing rank far more.
@@ -77,7 +84,11 @@ func (a *attempt) onIdleCheck(now time.Time) {
 			idleSince = act.lastBusy
 		}
 	}
-	if running == 0 || now.Sub(idleSince) < a.j.HangAfter {
+	after := DefaultProgramHangAfter
+	if a.j.HangAfterSet {
+		after = a.j.HangAfter
+	}
+	if running == 0 || now.Sub(idleSince) < after {
 		return
 	}
 	a.idleDone = true

@@ -54,7 +54,9 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
   --hang-after DUR             name the ranks missing from a collective the others have
                                waited in for DUR, dump every rank's stacks, and end the job
                                with the missing rank as root cause, exit 125 (default 30s;
-                               0 turns it off)
+                               0 turns it off); for a program (a PyTorch script), the time
+                               no rank makes progress (output, or 5% of a core) before its
+                               stacks are dumped and the odd rank out named (default 10m)
   --trace-max SIZE             bound each rank's trace on disk, keeping the newest spans,
                                e.g. 64M, 0 for none (default 32M; MESHRUN_TRACE_MAX)
   --worker PATH                worker binary (default: "worker" next to the launcher)
@@ -122,6 +124,10 @@ type RunOptions struct {
 	// names its missing ranks; 0 disables it. ParseRunFlags defaults it to
 	// DefaultHangAfter.
 	HangAfter time.Duration
+	// HangAfterSet: --hang-after (or its variable) was given. A program's
+	// job (not meshrun's workers) is judged idle after HangAfter only then,
+	// else after DefaultProgramHangAfter.
+	HangAfterSet bool
 	// TraceMax bounds each rank's trace files on disk (runlog.EnvTraceMax);
 	// "" leaves runlog's default, 32 MiB.
 	TraceMax string
@@ -222,6 +228,7 @@ func ParseRunFlags(args []string, getenv func(string) string) (RunOptions, error
 	if err := fs.Parse(args); err != nil {
 		return o, err // flag.ErrHelp for -h
 	}
+	fs.Visit(func(f *flag.Flag) { o.HangAfterSet = o.HangAfterSet || f.Name == "hang-after" })
 	rest := fs.Args()
 	consumed := len(args) - len(rest)
 	o.Program = consumed > 0 && args[consumed-1] == "--"

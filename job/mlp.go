@@ -89,6 +89,9 @@ func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	m := t.m
+	if _, err := m.DimIndex("cp"); err == nil {
+		return fmt.Errorf("--mesh %s: the MLP block has no sequence dim to split over cp (context parallelism is attention's: gpt, attention)", m)
+	}
 	if cfg.FFN == 0 && cfg.Hidden > 0 {
 		ffn, ok := placement.MulSize(4, int64(cfg.Hidden))
 		if !ok || ffn > placement.MaxElems {

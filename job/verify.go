@@ -150,7 +150,7 @@ type verifyTask struct {
 
 func (t *verifyTask) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.ops, "ops", strings.Join(verifyOps, ","), "`OPS` to verify, some of: "+strings.Join(verifyOps, ", ")+
-		" (linear through the layer in --dtype; moe through the mixture-of-experts layer in float32 on meshes of dp, ep and tp; the others through their plans in float64)")
+		" (linear through the layer in --dtype; moe through the mixture-of-experts layer in float32 on meshes of dp, ep and tp; ring: ring attention in float32 on meshes of dp, cp and tp (cpu); the others through their plans in float64)")
 	fs.BoolVar(&t.quick, "quick", false, "uneven sizes only, no partial inputs to linear, one shape per op, fewer sampled layouts")
 	fs.IntVar(&t.world, "world", 0, "world size when run alone (default $WORLD_SIZE, else 4)")
 	t.df.register(fs)
@@ -201,7 +201,7 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 	// others are the ops besides linear, in verifyOps' order.
 	var others []string
 	for _, op := range verifyOps {
-		if op != "linear" && op != "moe" && slices.Contains(ops, op) {
+		if op != "linear" && op != "moe" && op != "ring" && slices.Contains(ops, op) {
 			others = append(others, op)
 		}
 	}
@@ -222,6 +222,15 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 		}
 	}
 	parallel(plan)
+	// Ring attention runs on host tensors: verify's cpu ranks check it.
+	var ringMeshList []placement.Mesh
+	var ringCasesOf [][]ringCase
+	if slices.Contains(ops, "ring") && rd.kind == tensor.CPU {
+		ringMeshList = ringMeshes(n)
+		for _, m := range ringMeshList {
+			ringCasesOf = append(ringCasesOf, ringCases(m, t.quick))
+		}
+	}
 	var moeMeshList []placement.Mesh
 	var moeCasesOf [][]moeCase
 	if slices.Contains(ops, "moe") {
@@ -279,6 +288,21 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 					rows = append(rows, row)
 					mu.Unlock()
 				}
+			}
+		}
+		for i, m := range ringMeshList {
+			row := verifyRow{op: "ring", mesh: m.String()}
+			for _, c := range ringCasesOf[i] {
+				ok, why, err := runRingCase(ctx, w, k, c)
+				if err != nil {
+					return fmt.Errorf("ring on %s, %s: %w", m, c.command, err)
+				}
+				row.add(ok, why, fmt.Sprintf("%s on %s (worker verify --ops ring --world %d runs it)", c.command, m, n))
+			}
+			if w.Rank() == 0 {
+				mu.Lock()
+				rows = append(rows, row)
+				mu.Unlock()
 			}
 		}
 		for i, m := range moeMeshList {

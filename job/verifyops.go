@@ -21,7 +21,7 @@ import (
 // verifyOps are the ops `worker verify --ops` knows: linear runs through the
 // layer (its kernels, its dtype); the others run their spmd plans through real
 // collectives with the float64 reference ops as the local ops.
-var verifyOps = []string{"linear", "moe", "matmul", "add", "gelu", "relu", "sum", "layernorm", "softmax", "attention", "embedding", "amax", "sumexp", "pick"}
+var verifyOps = []string{"linear", "moe", "ring", "matmul", "add", "gelu", "relu", "sum", "layernorm", "softmax", "attention", "embedding", "amax", "sumexp", "pick"}
 
 // opCase is one op, its input layouts and sizes, planned forward and backward.
 type opCase struct {

@@ -160,7 +160,17 @@ func rankTargets(procs []*proc) []probe.Target {
 		if rt == "" && p.stacks.Load() {
 			rt = "go"
 		}
-		out = append(out, probe.Target{Rank: p.spec.Rank, PID: p.pid, Dir: p.dir, Runtime: rt})
+		pid := p.pid
+		if h := int(p.helloPID.Load()); h > 0 && h != p.pid {
+			// A Python the rank's program started (a shell script's):
+			// signalled itself, only while it is the rank's.
+			if !probe.IsRankProcess(h, p.dir) {
+				rt = ""
+			} else {
+				pid = h
+			}
+		}
+		out = append(out, probe.Target{Rank: p.spec.Rank, PID: pid, Dir: p.dir, Runtime: rt})
 	}
 	return out
 }

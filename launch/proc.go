@@ -42,9 +42,10 @@ type proc struct {
 	crashed *logview.CrashReport
 	// dir is its folder; runtime what its hello marker said it is ("python",
 	// "go"); act its progress as the launcher sees it (foreign.go).
-	dir     string
-	runtime atomic.Value
-	act     activity
+	dir      string
+	runtime  atomic.Value
+	helloPID atomic.Int64 // the process that dumps its stacks, when not the rank's own
+	act      activity
 }
 
 // exitMsg reports a rank's end from its waiting goroutine.
@@ -124,9 +125,12 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 		case "progress":
 			board.Report(rank, body)
 		case "hello":
-			if rt := probe.RuntimeOf(body); rt != "" {
-				p.runtime.Store(rt)
-				p.stacks.Store(true)
+			if h := probe.ReadHello(body); h.Runtime != "" {
+				p.runtime.Store(h.Runtime)
+				p.helloPID.Store(int64(h.PID))
+				// The heartbeats' hang check signals the rank's own
+				// process: a Go worker's.
+				p.stacks.Store(h.Runtime == "go")
 			}
 		}
 	}}

@@ -329,12 +329,16 @@ func TestStacksRunningJob(t *testing.T) {
 func TestHangWithoutDumps(t *testing.T) {
 	plainPython(t)
 	ignore := script(t, "ignore.py", "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_IGN)\ntime.sleep(600)\n")
+	// A shell that starts Python: the Python announces itself and is the
+	// one signalled (the shell would die of SIGUSR1).
+	sleeper := script(t, "sleeper.py", "import time\n\ndef block_here():\n    time.sleep(600)\n\nblock_here()\n")
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"-n", "2", "--hang-after", "2s", "--", "sleep", "600"}, "ranks 0-1: S (sleeping)"},
 		{[]string{"-n", "2", "--hang-after", "2s", "--", "python3", ignore}, "wrote no stacks within"},
+		{[]string{"-n", "2", "--hang-after", "2s", "--", "sh", "-c", "python3 " + sleeper}, "ranks 0-1 in block_here (sleeper.py:4)"},
 	} {
 		start := time.Now()
 		code, dir, stdout, stderr := launch(t, tc.args...)

@@ -138,16 +138,24 @@ func liveRanks(dir string) ([]Target, string, error) {
 	var out []Target
 	for _, r := range ranks {
 		rd, err := filepath.Abs(filepath.Join(attemptDir, logview.RankDir(r)))
-		if err != nil || !isRankProcess(pids[r], rd) {
+		if err != nil || !IsRankProcess(pids[r], rd) {
 			continue
 		}
-		out = append(out, Target{Rank: r, PID: pids[r], Dir: rd, Runtime: helloRuntime(filepath.Join(rd, "stdout.log"))})
+		t := Target{Rank: r, PID: pids[r], Dir: rd}
+		if h := helloOf(filepath.Join(rd, "stdout.log")); h.Runtime != "" && (h.PID <= 0 || IsRankProcess(h.PID, rd)) {
+			t.Runtime = h.Runtime
+			if h.PID > 0 {
+				t.PID = h.PID
+			}
+		}
+		out = append(out, t)
 	}
 	return out, attemptDir, nil
 }
 
-// isRankProcess reports whether pid is still the rank whose folder is dir.
-func isRankProcess(pid int, dir string) bool {
+// IsRankProcess reports whether pid is still a process of the rank whose
+// folder is dir (it has the rank's MESHRUN_RANK_DIR).
+func IsRankProcess(pid int, dir string) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 	if err != nil {
 		return false
@@ -161,12 +169,11 @@ func isRankProcess(pid int, dir string) bool {
 	return false
 }
 
-// helloRuntime is what a rank's hello marker (in its stdout.log) says it
-// dumps: "python", "go", or "" when it said nothing.
-func helloRuntime(stdoutLog string) string {
+// helloOf is what a rank's hello marker (in its stdout.log) says.
+func helloOf(stdoutLog string) Hello {
 	f, err := os.Open(stdoutLog)
 	if err != nil {
-		return ""
+		return Hello{}
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
@@ -176,23 +183,32 @@ func helloRuntime(stdoutLog string) string {
 		if !ok {
 			continue
 		}
-		return RuntimeOf([]byte(l))
+		return ReadHello([]byte(l))
 	}
-	return ""
+	return Hello{}
 }
 
-// RuntimeOf reads a hello marker's body: "python" or "go" when the rank
-// dumps its stacks on SIGUSR1, else "".
-func RuntimeOf(body []byte) string {
+// Hello is what a rank's hello marker says: the runtime that dumps its
+// stacks on SIGUSR1 ("python", "go"; "" when none does) and the process
+// that does (0: the rank's own; a Python started by a shell script that is
+// the rank names itself, and the launcher signals it, not the shell).
+type Hello struct {
+	Runtime string
+	PID     int
+}
+
+// ReadHello reads a hello marker's body.
+func ReadHello(body []byte) Hello {
 	var h struct {
 		Stacks  bool   `json:"stacks_on_sigusr1"`
 		Runtime string `json:"runtime"`
+		PID     int    `json:"pid"`
 	}
 	if json.Unmarshal(body, &h) != nil || !h.Stacks {
-		return ""
+		return Hello{}
 	}
 	if h.Runtime == "python" {
-		return "python"
+		return Hello{Runtime: "python", PID: h.PID}
 	}
-	return "go"
+	return Hello{Runtime: "go", PID: h.PID}
 }

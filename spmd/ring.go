@@ -251,9 +251,13 @@ func (s *strategy) priceRing(k kind, inputs []Operand, opts Options) error {
 	}
 	s.ring = r
 	s.costs.Comm = placement.SatPicos(placement.SatPicos(s.costs.Comm, r.ForwardComm), r.BackwardComm)
-	for _, c := range r.collectives(r.Forward) {
+	// Every rank sends its blocks: the forward's, and (as a moved input's
+	// gradient is counted) the backward's.
+	for i, c := range r.collectives(append(slices.Clone(r.Forward), r.Backward...)) {
 		s.cost = placement.SatAdd(s.cost, placement.SatMul(c.Elems(), int64(mesh.Size())))
-		s.moving += c.Count()
+		if i < len(r.Forward) {
+			s.moving += c.Count()
+		}
 	}
 	return nil
 }

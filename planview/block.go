@@ -17,7 +17,8 @@ import (
 // BlockOptions describe a block to plan: the Megatron MLP block
 // (column-parallel linear -> gelu -> row-parallel linear, tokens split over
 // the first mesh dims, the ffn dim over the last), or the transformer block
-// of worker gpt (Name "transformer", a 1-D mesh).
+// of worker gpt (Name "transformer", a mesh of dims dp, cp and tp: see
+// layout.Transformer; over cp attention may run as a ring).
 type BlockOptions struct {
 	Name                string // "mlp" ("": mlp) or "transformer"
 	Mesh                string
@@ -137,6 +138,8 @@ func RunBlock(w io.Writer, o BlockOptions) error {
 			r.Context = o.Tokens
 		}
 	}
+	// note tallies collectives; a ring's transfer counts its steps (one
+	// send_recv each).
 	note := func(phase string, cs []spmd.Collective) {
 		for _, c := range cs {
 			var dims []string
@@ -144,19 +147,27 @@ func RunBlock(w io.Writer, o BlockOptions) error {
 				dims = append(dims, c.Step.From.Mesh.DimName(d))
 			}
 			i := slices.IndexFunc(r.Collectives[phase], func(t blockTally) bool {
-				return t.Kind == c.Step.Kind.String() && slices.Equal(t.MeshDims, dims)
+				return t.Kind == c.Kind() && slices.Equal(t.MeshDims, dims)
 			})
 			if i < 0 {
-				r.Collectives[phase] = append(r.Collectives[phase], blockTally{Kind: c.Step.Kind.String(), MeshDims: dims})
+				r.Collectives[phase] = append(r.Collectives[phase], blockTally{Kind: c.Kind(), MeshDims: dims})
 				i = len(r.Collectives[phase]) - 1
 			}
-			r.Collectives[phase][i].Count++
+			r.Collectives[phase][i].Count += int64(c.Count())
 			r.Collectives[phase][i].Bytes += c.Elems() * int64(elemSize)
 		}
 	}
+	var rings []string
 	for i, s := range stages {
+		title := blockTitles[s.Name]
+		if rg := s.Fwd.Ring; rg != nil {
+			title = "causal ring attention on this rank's heads and sequence block"
+			rep := spmd.NewReport(s.Fwd, s.Bwd, elemSize)
+			rings = append(rings, fmt.Sprintf("%s: ring attention over %s (%d ranks, zigzag %v): send_recv per rank, forward %d B, backward %d B",
+				s.Name, rep.Ring.MeshDim, rg.Size, rg.Zigzag, rep.Ring.ForwardBytes, rep.Ring.BackwardBytes))
+		}
 		if !o.JSON {
-			fmt.Fprintf(w, "== %d. %s\n%s\n", i+1, blockTitles[s.Name], spmd.Text(s.Fwd, s.Bwd, elemSize))
+			fmt.Fprintf(w, "== %d. %s\n%s\n", i+1, title, spmd.Text(s.Fwd, s.Bwd, elemSize))
 		}
 		rep := spmd.NewReport(s.Fwd, s.Bwd, elemSize)
 		r.Ops = append(r.Ops, blockOp{Name: s.Name, Plan: &rep})
@@ -190,6 +201,9 @@ func RunBlock(w io.Writer, o BlockOptions) error {
 			fmt.Fprintf(w, "%s %d %s on %s (%d B)", sep, t.Count, t.Kind, strings.Join(t.MeshDims, " "), t.Bytes)
 		}
 		fmt.Fprintln(w)
+	}
+	for _, l := range rings {
+		fmt.Fprintln(w, l)
 	}
 	return nil
 }

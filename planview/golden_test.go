@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -83,6 +84,90 @@ func TestPlanTransformerBlock(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := Main(context.Background(), []string{"--block", "transformer", "--mesh", "tp=3", "--heads", "4"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "heads") {
 		t.Errorf("4 heads on tp=3: exit %d, %s", code, errb.String())
+	}
+}
+
+// TestPlanTransformerContextParallel: `launcher plan --block transformer`
+// on a mesh with cp runs attention as a ring over cp at a long context (its
+// send_recv bytes per rank: (cp−1)·(|K|+|V|) forward, (cp−1)·(|K|+|V|) +
+// cp·(|dK|+|dV|) backward), the linear layers token-wise with their weight
+// gradients all-reduced over cp; at a short context the planner gathers
+// the keys instead, and says so. --json carries the ring. A cp dim on a
+// block without a sequence, and a context shorter than 2·cp (zigzag), are
+// refused with one line.
+func TestPlanTransformerContextParallel(t *testing.T) {
+	// K_loc: 8192/2 positions × 8 heads × 64 × 4 B = 8 MiB.
+	const blk = 8 << 20
+	for _, tc := range []struct{ file, args, want string }{
+		{"transformer-cp2-tp2.txt", "--mesh cp=2,tp=2 --tokens 8192 --context 8192 --hidden 1024 --heads 16 --ffn 4096",
+			fmt.Sprintf("forward: 2 send_recv on cp (%d B), 2 all_reduce on tp", 2*blk)},
+		{"transformer-cp2-tp2-short.txt", "--mesh cp=2,tp=2 --tokens 8192 --context 64 --hidden 1024 --heads 16 --ffn 4096",
+			"forward: 2 all_gather on cp (16777216 B), 2 all_reduce on tp"},
+		// Tiny: the model prefers gathering rows to reducing weight
+		// gradients in the linear layers too.
+		{"transformer-cp4-tiny.txt", "--mesh cp=4 --tokens 64 --context 32 --hidden 64 --heads 4 --ffn 128",
+			"cp: split the queries' sequence, gather the keys and values"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			args := append([]string{"--block", "transformer"}, strings.Fields(tc.args)...)
+			if code := Main(context.Background(), args, &out, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			if !strings.Contains(out.String(), tc.want) {
+				t.Errorf("no %q in:\n%s", tc.want, out.String())
+			}
+			golden(t, filepath.Join("testdata", "block", tc.file), "$ launcher plan "+strings.Join(args, " ")+"\n"+out.String())
+		})
+	}
+	var out, errb bytes.Buffer
+	args := strings.Fields("--block transformer --mesh cp=2,tp=2 --tokens 8192 --context 8192 --hidden 1024 --heads 16 --ffn 4096 --json")
+	if code := Main(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var r struct {
+		Ops []struct {
+			Name string
+			Plan struct {
+				Ring *struct {
+					MeshDim       string `json:"mesh_dim"`
+					Zigzag        bool
+					ForwardBytes  int64 `json:"forward_bytes_per_rank"`
+					BackwardBytes int64 `json:"backward_bytes_per_rank"`
+				}
+			}
+		}
+		Collectives map[string][]struct {
+			Kind     string
+			MeshDims []string `json:"mesh_dims"`
+			Count    int
+			Bytes    int64
+		}
+	}
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	ring := r.Ops[2].Plan.Ring
+	if r.Ops[2].Name != "attention" || ring == nil || ring.MeshDim != "cp" || !ring.Zigzag || ring.ForwardBytes != 2*blk || ring.BackwardBytes != 2*blk+4*blk {
+		t.Errorf("attention's ring: %+v", ring)
+	}
+	for phase, want := range map[string][2]int64{"forward": {2, 2 * blk}, "backward": {6, 6 * blk}} {
+		found := false
+		for _, c := range r.Collectives[phase] {
+			if c.Kind == "send_recv" {
+				found = c.Count == int(want[0]) && c.Bytes == want[1] && len(c.MeshDims) == 1 && c.MeshDims[0] == "cp"
+			}
+		}
+		if !found {
+			t.Errorf("%s: no send_recv on cp, %d steps, %d B: %+v", phase, want[0], want[1], r.Collectives[phase])
+		}
+	}
+	for _, bad := range []string{"--block mlp --mesh cp=2", "--block moe --mesh cp=2,ep=2", "--block transformer --mesh cp=4 --tokens 64 --context 6 --heads 2 --hidden 8 --ffn 8"} {
+		var out, errb bytes.Buffer
+		if code := Main(context.Background(), strings.Fields(bad), &out, &errb); code != 2 || out.Len() > 0 || strings.Count(errb.String(), "\n") != 1 ||
+			!strings.Contains(errb.String(), "cp") {
+			t.Errorf("%s: exit %d, %q %q", bad, code, out.String(), errb.String())
+		}
 	}
 }
 

@@ -188,6 +188,19 @@ func (o PlanOptions) block() (placement.Mesh, error) {
 	if err := layout.CheckSizes(o.Tokens, o.Hidden, o.FFN); err != nil {
 		return placement.Mesh{}, err
 	}
+	if cp, err := mesh.DimIndex("cp"); err == nil {
+		// Context parallel splits a sequence: only the transformer has one.
+		if o.Block != "transformer" {
+			return placement.Mesh{}, fmt.Errorf("--mesh %s: cp splits the sequence, and block %s has none (context parallelism is for --block transformer)", o.Mesh, o.Block)
+		}
+		if c := o.Context; c < 2*mesh.Dim(cp) && (c > 0 || o.Tokens < 2*mesh.Dim(cp)) {
+			if c == 0 {
+				c = o.Tokens
+			}
+			return placement.Mesh{}, fmt.Errorf("--context %d on cp=%d: zigzag ring attention splits a sequence into 2·cp = %d chunks; give a context of %d at least",
+				c, mesh.Dim(cp), 2*mesh.Dim(cp), 2*mesh.Dim(cp))
+		}
+	}
 	if o.Block == "moe" {
 		if _, err := o.moePlan(mesh); err != nil {
 			return placement.Mesh{}, err

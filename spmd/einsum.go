@@ -164,6 +164,11 @@ type kind struct {
 	// reduce is what splitting a contracted letter leaves in the output:
 	// partial sums (Sum, the zero value), or partial maxima (amax).
 	reduce placement.ReduceOp
+	// seq: the letters of an attention's query and key sequences, which
+	// ring attention may keep split (ring.go); causal: the keys after a
+	// query are masked, so a split sequence is laid out in zigzag.
+	seq    string
+	causal bool
 }
 
 // counts says whether letter l multiplies the op's work.
@@ -174,8 +179,10 @@ func (k kind) factor() int64 { return max(k.times, 1) }
 
 // choice is what one mesh dim does in a strategy.
 type choice struct {
-	what   byte // 'R' replicate, 'S' shard letter, 'P' pass a partial input, 'A' all inputs partial
+	what byte // 'R' replicate, 'S' shard letter, 'P' pass a partial input, 'A' all inputs partial,
+	// 'C' ring attention, 'G' split queries with keys gathered (ring.go)
 	letter byte
+	key    byte // 'C', 'G': the keys' letter (letter is the queries')
 	input  int
 	op     placement.ReduceOp
 }
@@ -195,6 +202,10 @@ func (c choice) label(e einsum) string {
 		return fmt.Sprintf("pass partial input %d through", c.input)
 	case 'A':
 		return "add partials"
+	case 'C':
+		return "ring attention (queries, keys and values keep the sequence split)"
+	case 'G':
+		return "split the queries' sequence, gather the keys and values"
 	}
 	return "replicate"
 }
@@ -256,6 +267,17 @@ func place(e einsum, given []placement.Spec, i int, c choice, term string, isOut
 		}
 	case 'A':
 		return placement.Partial{Op: c.op}
+	case 'C', 'G':
+		if d := strings.IndexByte(term, c.letter); d >= 0 {
+			return placement.Shard{Dim: d, Split: split(e, given, i, c.letter)}
+		}
+		if d := strings.IndexByte(term, c.key); d >= 0 && c.what == 'C' {
+			return placement.Shard{Dim: d, Split: split(e, given, i, c.key)}
+		}
+		if isOut && c.what == 'G' {
+			// A gradient of the keys or values sums over split queries.
+			return placement.Partial{Op: placement.Sum}
+		}
 	}
 	return placement.Replicate{}
 }

@@ -26,7 +26,7 @@ func memoKey(op string, e einsum, k kind, inputs []Operand, opts Options, m plac
 		}
 		b.WriteByte(';')
 	}
-	fmt.Fprintf(&b, "|%s|%t|%q|%d|%t", opts.Output, opts.Grads == nil, opts.Grads, opts.Explain, opts.backward)
+	fmt.Fprintf(&b, "|%s|%t|%q|%d|%t|%q|%q", opts.Output, opts.Grads == nil, opts.Grads, opts.Explain, opts.backward, opts.Ring, opts.force)
 	return b.String()
 }
 

@@ -29,10 +29,21 @@ type Move struct {
 type Collective struct {
 	Tensor string
 	Step   placement.Step
+	// Ring, when set, is a transfer of ring attention (Plan.Ring), no
+	// redistribution step: Step then names only the mesh dim and the
+	// tensor's layout, and its Kind is one no placement step has (Kind()
+	// says "send_recv").
+	Ring *RingTransfer
 }
 
-// Elems is the number of elements rank 0 passes into the collective.
-func (c Collective) Elems() int64 { return c.Step.InputElems(0) }
+// Elems is the number of elements rank 0 passes into the collective: a ring
+// transfer's block times its steps.
+func (c Collective) Elems() int64 {
+	if c.Ring != nil {
+		return placement.SatMul(int64(c.Ring.Steps), c.Ring.Spec.LocalElems(0))
+	}
+	return c.Step.InputElems(0)
+}
 
 // Plan is how one op runs on the mesh: the layouts the local op consumes and
 // produces, and every redistribution around it.
@@ -55,6 +66,14 @@ type Plan struct {
 	// Model priced the plan; Costs are its modelled times.
 	Model placement.Model
 	Costs Costs
+	// Ring is ring attention over a mesh dim (context parallel), nil for
+	// every other strategy: its transfers are listed by Collectives (the
+	// forward's) and by the Backward planned from this plan. They are not
+	// Moves: no redistribution runs them.
+	Ring *Ring
+	// seq: per mesh dim, the sequence strategy chosen ('C', 'G'; nil: none),
+	// which the gradients take too.
+	seq []byte
 	// Chosen and RunnersUp are the chosen strategy and the next cheapest ones,
 	// in order, with their modelled costs: filled when Options.Explain asks.
 	Chosen    *Candidate
@@ -124,6 +143,9 @@ type Candidate struct {
 // Collectives lists, in order, every step of the plan that moves bytes.
 func (p *Plan) Collectives() []Collective {
 	var out []Collective
+	if p.Ring != nil {
+		out = p.Ring.collectives(p.Ring.Forward)
+	}
 	for _, m := range p.Moves {
 		for _, s := range m.Steps {
 			if s.Moves() {
@@ -159,7 +181,16 @@ type Options struct {
 	Grads []string
 	// Explain keeps this many runners-up to the chosen strategy in the plan
 	// (Plan.RunnersUp), for a person to compare; 0 keeps none.
-	Explain  int
+	Explain int
+	// Ring names the mesh dims over which an op with a sequence (attention)
+	// may keep it split: run ring attention, or split the queries and
+	// gather the keys and values, whichever the model prices cheaper (see
+	// ring.go). Empty (the default) moves a split sequence whole first.
+	// Only callers whose runtime runs ring attention set it.
+	Ring []string
+	// force: per mesh dim, the sequence strategy a gradient must take (the
+	// forward's), 0 for none.
+	force    []byte
 	backward bool
 	// stats, if set, receives the search's counts.
 	stats *SearchStats

@@ -25,6 +25,8 @@ type Report struct {
 	Modelled ReportCosts     `json:"modelled"`
 	// Backward's gradients, each priced by its own strategy search.
 	BackwardModelled *ReportCosts `json:"backward_modelled,omitempty"`
+	// Ring is the plan's ring attention, if it runs one.
+	Ring *ReportRing `json:"ring,omitempty"`
 	// Explain is the chosen forward strategy and its runners-up (Options.Explain).
 	Explain *ReportExplain `json:"explain,omitempty"`
 }
@@ -84,6 +86,23 @@ type ReportCollective struct {
 	Tensor   string `json:"tensor"`
 	MeshDims []int  `json:"mesh_dims"`
 	Bytes    int64  `json:"bytes"`
+	// Steps is a ring transfer's (kind send_recv) number of ring steps;
+	// Bytes counts them all.
+	Steps int `json:"steps,omitempty"`
+}
+
+// ReportRing is Plan.Ring: ring attention over one mesh dim, its bytes per
+// rank (send_recv collectives) and modelled times.
+type ReportRing struct {
+	MeshDim       string  `json:"mesh_dim"`
+	Size          int     `json:"size"`
+	Zigzag        bool    `json:"zigzag"`
+	ForwardBytes  int64   `json:"forward_bytes_per_rank"`
+	BackwardBytes int64   `json:"backward_bytes_per_rank"`
+	ForwardS      float64 `json:"forward_s"`
+	BackwardS     float64 `json:"backward_s"`
+	StepComputeS  float64 `json:"step_compute_s"`
+	StepTransferS float64 `json:"step_transfer_s"`
 }
 
 type ReportForward struct {
@@ -143,7 +162,11 @@ func reportCollectives(cs []Collective, elemSize int) ([]ReportCollective, int64
 	for _, c := range cs {
 		b := c.Elems() * int64(elemSize)
 		total += b
-		out = append(out, ReportCollective{Kind: c.Step.Kind.String(), Tensor: c.Tensor, MeshDims: c.Step.MeshDims, Bytes: b})
+		rc := ReportCollective{Kind: c.Kind(), Tensor: c.Tensor, MeshDims: c.Step.MeshDims, Bytes: b}
+		if c.Ring != nil {
+			rc.Steps = c.Ring.Steps
+		}
+		out = append(out, rc)
 	}
 	return out, total
 }
@@ -175,6 +198,12 @@ func NewReport(fwd *Plan, bwd *Backward, elemSize int) Report {
 		bc := reportCosts(bwd.Costs(), elemSize)
 		r.BackwardModelled = &bc
 	}
+	if rg := fwd.Ring; rg != nil {
+		r.Ring = &ReportRing{MeshDim: mesh.DimName(rg.MeshDim), Size: rg.Size, Zigzag: rg.Zigzag, ForwardS: rg.ForwardTime.Seconds(),
+			BackwardS: rg.BackwardTime.Seconds(), StepComputeS: rg.StepCompute.Seconds(), StepTransferS: rg.StepTransfer.Seconds()}
+		r.Ring.ForwardBytes = placement.SatMul(commElems(rg.collectives(rg.Forward)), int64(elemSize))
+		r.Ring.BackwardBytes = placement.SatMul(commElems(rg.collectives(rg.Backward)), int64(elemSize))
+	}
 	if fwd.Chosen != nil {
 		r.Explain = &ReportExplain{Chosen: reportCandidate(*fwd.Chosen, elemSize), RunnersUp: []ReportCandidate{}}
 		for _, c := range fwd.RunnersUp {
@@ -200,6 +229,9 @@ func Text(fwd *Plan, bwd *Backward, elemSize int) string {
 	f := fwd.Final.Spec
 	fmt.Fprintf(&b, "  %-6s %-12s %-20s %-20s %s\n", fwd.Final.Name, placement.FormatShape(f.Shape),
 		"-> "+placement.FormatList(f.Placements), placement.FormatList(fwd.Output.Spec.Placements), placement.FormatShape(f.LocalShape(0)))
+	if fwd.Ring != nil {
+		fmt.Fprintf(&b, "%s\n", fwd.Ring.Describe())
+	}
 	fb := writeCollectives(&b, "forward", fwd.Collectives(), elemSize)
 	var bb int64
 	if bwd != nil {
@@ -256,7 +288,7 @@ func writeCollectives(b *strings.Builder, phase string, cs []Collective, elemSiz
 	for i, c := range cs {
 		n := c.Elems() * int64(elemSize)
 		total += n
-		fmt.Fprintf(b, "  %d. %-4s %s, %d B\n", i+1, c.Tensor, c.Step, n)
+		fmt.Fprintf(b, "  %d. %-4s %s, %d B\n", i+1, c.Tensor, c, n)
 	}
 	return total
 }

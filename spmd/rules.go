@@ -114,13 +114,14 @@ var rules = map[string]rule{
 	// key position t > query position s)·v, per batch and head. q[..., s, h,
 	// e], k[..., t, h, e], v[..., t, h, f] (the layout the projections give:
 	// tokens, then heads), o[..., s, h, f]; batch dims and heads (h) shard,
-	// the sequence and head dims stay whole (sequence sharding would need
-	// ring attention).
+	// the sequence and head dims stay whole, unless Options.Ring lets a mesh
+	// dim keep the sequence split (ring attention, or the queries split:
+	// ring.go).
 	"attention": {
 		equation: fixed("...she,...the,...thf->...shf"),
 		inputs:   []string{"q", "k", "v"},
 		// Work: q·kᵀ and p·v, s·t·e multiply-adds each when e = f.
-		kind:  kind{linear: []bool{false, false, false}, free: "f", times: 2},
+		kind:  kind{linear: []bool{false, false, false}, free: "f", times: 2, seq: "st", causal: true},
 		form:  fused,
 		whole: lettersOf("stef"),
 		reads: [][]int{{0, 1, 2}, {0, 1, 2}, {0, 1, 2}},
@@ -343,11 +344,18 @@ type Backward struct {
 	// by 1/m), laid out as the dual of the output's final layout.
 	DY    Operand
 	Grads []Grad // one per requested gradient, in input order
+	// Ring is the forward's ring attention (Plan.Ring): the gradients run
+	// on its ring, which passes the blocks Ring.Backward lists.
+	Ring *Ring
 }
 
-// Collectives lists every step of the backward pass that moves bytes.
+// Collectives lists every step of the backward pass that moves bytes: a
+// ring's transfers first.
 func (b *Backward) Collectives() []Collective {
 	var out []Collective
+	if b.Ring != nil {
+		out = b.Ring.collectives(b.Ring.Backward)
+	}
 	for _, g := range b.Grads {
 		out = append(out, g.Collectives()...)
 	}
@@ -355,9 +363,13 @@ func (b *Backward) Collectives() []Collective {
 }
 
 // Costs sums the gradients' modelled costs (each gradient's own Costs.Forward
-// is its compute, summed into Forward; Backward stays 0).
+// is its compute, summed into Forward; Backward stays 0), and a ring's
+// transfers beyond its compute (Ring.BackwardComm).
 func (b *Backward) Costs() Costs {
 	var c Costs
+	if b.Ring != nil {
+		c.Comm, c.Time = b.Ring.BackwardComm, b.Ring.BackwardComm
+	}
 	for _, g := range b.Grads {
 		gc := g.Plan.Costs
 		c.Time = placement.SatPicos(c.Time, gc.Time)
@@ -455,7 +467,7 @@ func BackwardOfWith(ctx context.Context, pl *placement.Planner, fwd *Plan, grads
 	if err != nil {
 		return nil, err
 	}
-	b := &Backward{DY: dy}
+	b := &Backward{DY: dy, Ring: fwd.Ring}
 	for i, in := range fwd.Inputs {
 		if !slices.Contains(grads, in.Name) {
 			continue
@@ -466,7 +478,7 @@ func BackwardOfWith(ctx context.Context, pl *placement.Planner, fwd *Plan, grads
 		}
 		op, ge, gk, operands := gradOf(fwd.Op, r, e, i)
 		fk := r.kindOf(e, dims)
-		gk.whole, gk.free, gk.times = fk.whole, fk.free, fk.times
+		gk.whole, gk.free, gk.times, gk.seq, gk.causal = fk.whole, fk.free, fk.times, fk.seq, fk.causal
 		ins := make([]Operand, len(operands))
 		for j, o := range operands {
 			if o < 0 {
@@ -475,7 +487,7 @@ func BackwardOfWith(ctx context.Context, pl *placement.Planner, fwd *Plan, grads
 				ins[j] = fwd.Local[o]
 			}
 		}
-		p, err := solve(ctx, pl, op, ge, gk, ins, Options{Out: target.Placements, Output: "d" + in.Name, backward: true})
+		p, err := solve(ctx, pl, op, ge, gk, ins, Options{Out: target.Placements, Output: "d" + in.Name, backward: true, force: fwd.seq})
 		if err != nil {
 			return nil, err
 		}

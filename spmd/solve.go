@@ -111,6 +111,7 @@ func solveWith(ctx context.Context, pl *placement.Planner, op string, e einsum, 
 		if mesh.Dim(i) == 1 {
 			sv.cands[i] = oneRank(e, k, given, i, sv.cands[i])
 		}
+		sv.cands[i] = seqChoices(e, k, mesh, i, opts, sv.cands[i])
 	}
 	for _, l := range e.letters() {
 		if k.counts(l) {
@@ -128,6 +129,10 @@ func solveWith(ctx context.Context, pl *placement.Planner, op string, e einsum, 
 		}
 	}
 	sv.twin = twins(mesh, given, opts.Out)
+	for i := 1; i < len(sv.twin); i++ {
+		// A dim that may ring is not interchangeable with one that may not.
+		sv.twin[i] = sv.twin[i] && opts.ringAllowed(mesh, i) == opts.ringAllowed(mesh, i-1)
+	}
 	if err := sv.search(make([]int, 0, mesh.NDim())); err != nil {
 		return nil, sv, fmt.Errorf("%w (in %s)", err, describe(op, inputs))
 	}
@@ -141,8 +146,15 @@ func solveWith(ctx context.Context, pl *placement.Planner, op string, e einsum, 
 	}
 	p := &Plan{Op: op, Equation: e.String(), Inputs: inputs, Moves: best.moves, Cost: best.cost, Model: best.model, Costs: best.costs,
 		Output: Operand{Name: outName, Spec: best.out}, Final: Operand{Name: outName, Spec: best.final}}
+	p.Ring = best.ring
 	for i, c := range best.choices {
 		p.Strategy = append(p.Strategy, mesh.DimName(i)+": "+c.label(e))
+		if c.what == 'C' || c.what == 'G' {
+			if p.seq == nil {
+				p.seq = make([]byte, mesh.NDim())
+			}
+			p.seq[i] = c.what
+		}
 	}
 	for i, in := range inputs {
 		p.Local = append(p.Local, Operand{Name: in.Name, Spec: best.local[i]})
@@ -319,7 +331,7 @@ func (sv *solver) bound(idx []int) placement.Picos {
 	cs := make([]choice, n)
 	for i, c := range idx {
 		cs[i] = sv.cands[i][c]
-		if cs[i].what == 'S' && sv.k.counts(cs[i].letter) {
+		if cs[i].splits(cs[i].letter) && sv.k.counts(cs[i].letter) {
 			split *= float64(sv.sizes[i])
 		}
 	}

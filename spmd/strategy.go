@@ -26,6 +26,7 @@ type strategy struct {
 	model   placement.Model
 	plans   moveCache
 	index   []int // the choices' indices, for ties
+	ring    *Ring // ring attention's transfers, nil without
 }
 
 // moveCache plans the redistributions of a solve's strategies, with their
@@ -205,6 +206,9 @@ func price(ctx context.Context, e einsum, k kind, given []placement.Spec, inputs
 	if err := s.planMoves(ctx, pending, limit); err != nil {
 		return nil, err
 	}
+	if err := s.priceRing(k, inputs, opts); err != nil {
+		return nil, err
+	}
 	s.costs.Time = placement.SatPicos(placement.SatPicos(s.costs.Comm, s.costs.Forward), s.costs.Backward)
 	return s, nil
 }
@@ -308,7 +312,7 @@ func work(e einsum, k kind, cs []choice, mesh placement.Mesh) int64 {
 		}
 		q := int64(1)
 		for i, c := range cs {
-			if c.what == 'S' && c.letter == l {
+			if c.splits(l) {
 				q *= int64(mesh.Dim(i))
 			}
 		}

@@ -220,24 +220,76 @@ func CheckSizes(tokens, hidden, ffn int) error {
 // down row-parallel, and, sequence parallel, tokens split over tp outside
 // the linear layers (layer norms and residual adds on split rows; x
 // all-gathered before qkv and up, the outputs reduce-scattered).
+//
+// The mesh's dims are named dp, cp and tp (each at most once, tp last; a
+// 1-D mesh of another name is tp):
+//
+//   - dp splits the batch: every tensor's rows, attention's batch dim;
+//     the parameters' gradients are partial over dp and reduced.
+//   - cp splits every sequence (context parallel): each cp rank holds its
+//     positions of every sequence of its batch, in zigzag chunks (of 2·cp
+//     chunks, rank i holds chunks i and 2·cp−1−i; the runtime permutes the
+//     token positions at the embedding and back at the loss, and orders a
+//     rank's rows batch by batch, so x[tokens, hidden] split by rows over
+//     cp is q[batch, context, heads, head dim] split by context). The
+//     linear layers, layer norms, gelu and adds are token-wise: nothing
+//     moves over cp forward, and their parameters' gradients are partial
+//     over cp and reduced. Attention is planned with ring attention allowed
+//     over cp (spmd.Options.Ring): the planner runs it as a ring, or splits
+//     the queries and gathers the keys and values, whichever its model
+//     prices cheaper.
+//   - tp: Megatron's tensor parallelism, as above.
 type Transformer struct {
 	// Ops are the block's ops in order, each planned forward and backward:
 	// ln1, qkv, attention, proj, add1, ln2, up, gelu, down, add2.
 	Ops []Op
 }
 
-// NewTransformerWith lays out and plans one block on a 1-D mesh (tp) with pl
-// (nil: a placement.DefaultPlanner): planning stops once ctx is done, and
-// the block's ops share pl's budget and cache.
+// transformerRoles reads the mesh's dims as dp, cp and tp.
+func transformerRoles(mesh placement.Mesh) (dp, cp, tp int, err error) {
+	dp, cp, tp = -1, -1, -1
+	if mesh.NDim() == 1 && mesh.DimName(0) != "dp" && mesh.DimName(0) != "cp" {
+		return -1, -1, 0, nil
+	}
+	for i := 0; i < mesh.NDim(); i++ {
+		at := map[string]*int{"dp": &dp, "cp": &cp, "tp": &tp}[mesh.DimName(i)]
+		if at == nil || *at >= 0 {
+			return 0, 0, 0, fmt.Errorf("layout: transformer: mesh %s: its dims must be named dp, cp and tp, each at most once", mesh)
+		}
+		*at = i
+	}
+	if tp >= 0 && tp != mesh.NDim()-1 {
+		return 0, 0, 0, fmt.Errorf("layout: transformer: mesh %s: tp must be the last dim", mesh)
+	}
+	return dp, cp, tp, nil
+}
+
+// NewTransformerWith lays out and plans one block on a mesh of dims dp, cp
+// and tp (see Transformer) with pl (nil: a placement.DefaultPlanner):
+// planning stops once ctx is done, and the block's ops share pl's budget
+// and cache.
 func NewTransformerWith(ctx context.Context, pl *placement.Planner, mesh placement.Mesh, tokens, context, heads, hidden, ffn int, sequenceParallel bool) (Transformer, error) {
+	dp, cp, tp, err := transformerRoles(mesh)
+	if err != nil {
+		return Transformer{}, err
+	}
+	size := func(i int) int {
+		if i < 0 {
+			return 1
+		}
+		return mesh.Dim(i)
+	}
 	switch {
-	case mesh.NDim() != 1:
-		return Transformer{}, fmt.Errorf("layout: transformer: mesh %s: one dim (tensor parallel)", mesh)
 	case tokens < 1 || context < 1 || heads < 1 || hidden < 1 || ffn < 1:
 		return Transformer{}, fmt.Errorf("layout: transformer: tokens %d, context %d, heads %d, hidden %d, ffn %d: each must be positive", tokens, context, heads, hidden, ffn)
-	case tokens%context != 0 || hidden%heads != 0 || heads%mesh.Size() != 0:
+	case tokens%context != 0 || hidden%heads != 0 || heads%size(tp) != 0:
 		return Transformer{}, fmt.Errorf("layout: transformer: tokens %d must be a multiple of context %d, hidden %d of heads %d, heads of tp = %d",
-			tokens, context, hidden, heads, mesh.Size())
+			tokens, context, hidden, heads, size(tp))
+	case (tokens/context)%size(dp) != 0:
+		return Transformer{}, fmt.Errorf("layout: transformer: batch %d (tokens %d / context %d) must be a multiple of dp = %d", tokens/context, tokens, context, size(dp))
+	case cp >= 0 && context < 2*size(cp):
+		return Transformer{}, fmt.Errorf("layout: transformer: context %d on cp = %d: zigzag ring attention splits a sequence into 2·cp = %d chunks, so it needs %d positions at least",
+			context, size(cp), 2*size(cp), 2*size(cp))
 	}
 	if err := CheckSizes(tokens, hidden, ffn); err != nil {
 		return Transformer{}, err
@@ -245,18 +297,33 @@ func NewTransformerWith(ctx context.Context, pl *placement.Planner, mesh placeme
 	if pl == nil {
 		pl = placement.DefaultPlanner()
 	}
-	rows := placement.Placement(placement.Replicate{})
+	// per lays out a tensor: its placement on dp, on cp and on tp.
+	per := func(onDP, onCP, onTP placement.Placement) []placement.Placement {
+		ps := make([]placement.Placement, mesh.NDim())
+		for i, at := range []int{dp, cp, tp} {
+			if at >= 0 {
+				ps[at] = []placement.Placement{onDP, onCP, onTP}[i]
+			}
+		}
+		return ps
+	}
+	row, repl := placement.Shard{Dim: 0}, placement.Replicate{}
+	tpRows := placement.Placement(repl)
 	up, down := "column", "row"
 	if sequenceParallel {
-		rows, up, down = placement.Shard{Dim: 0}, "sequence-column", "sequence-row"
+		tpRows, up, down = row, "sequence-column", "sequence-row"
 	}
-	spec := func(shape []int, p placement.Placement) placement.Spec { return placement.MustSpec(shape, mesh, p) }
+	if tp < 0 {
+		// No tensor parallelism: every dim splits tokens.
+		up, down = "data-parallel", "data-parallel"
+	}
+	rows := per(row, row, tpRows)
+	spec := func(shape []int, ps []placement.Placement) placement.Spec {
+		return placement.MustSpec(shape, mesh, ps...)
+	}
 	var t Transformer
-	plan := func(name, op string, ins []spmd.Operand, out string, want placement.Placement) (placement.Spec, error) {
-		req := spmd.Request{Op: op, Inputs: ins, Options: spmd.Options{Output: out}}
-		if want != nil {
-			req.Out = []placement.Placement{want}
-		}
+	plan := func(name, op string, ins []spmd.Operand, out string, want []placement.Placement, ring []string) (placement.Spec, error) {
+		req := spmd.Request{Op: op, Inputs: ins, Options: spmd.Options{Output: out, Out: want, Ring: ring}}
 		fwd, err := spmd.ForwardWith(ctx, pl, req)
 		if err != nil {
 			return placement.Spec{}, fmt.Errorf("layout: transformer: %s: %w", name, err)
@@ -274,14 +341,18 @@ func NewTransformerWith(ctx context.Context, pl *placement.Planner, mesh placeme
 			return placement.Spec{}, err
 		}
 		out := l.Out
-		if out == nil {
-			out = []placement.Placement{placement.Shard{Dim: 1}}
+		switch {
+		case out != nil:
+		case tp >= 0: // column parallel: y split by columns
+			out = per(row, row, placement.Shard{Dim: 1})
+		default: // token-wise: y keeps the rows of x
+			out = per(row, row, nil)
 		}
-		return plan(name, "linear", []spmd.Operand{{Name: "x", Spec: l.X}, {Name: w, Spec: l.W}, {Name: b, Spec: *l.B}}, y, out[0])
+		return plan(name, "linear", []spmd.Operand{{Name: "x", Spec: l.X}, {Name: w, Spec: l.W}, {Name: b, Spec: *l.B}}, y, out, nil)
 	}
 	norm := func(name string, x placement.Spec, y string) (placement.Spec, error) {
-		return plan(name, "layernorm", []spmd.Operand{{Name: "x", Spec: x}, {Name: "gamma", Spec: spec([]int{hidden}, placement.Replicate{})},
-			{Name: "beta", Spec: spec([]int{hidden}, placement.Replicate{})}}, y, rows)
+		r := spec([]int{hidden}, per(repl, repl, repl))
+		return plan(name, "layernorm", []spmd.Operand{{Name: "x", Spec: x}, {Name: "gamma", Spec: r}, {Name: "beta", Spec: r}}, y, rows, nil)
 	}
 	x := spec([]int{tokens, hidden}, rows)
 	h1, err := norm("ln1", x, "h1")
@@ -292,17 +363,22 @@ func NewTransformerWith(ctx context.Context, pl *placement.Planner, mesh placeme
 		return Transformer{}, err
 	}
 	// Attention on the heads of this rank: q, k, v [batch, context, heads,
-	// head dim] split by heads, as the column-parallel qkv leaves them.
-	qs := spec([]int{tokens / context, context, heads, hidden / heads}, placement.Shard{Dim: 2})
-	if _, err := plan("attention", "attention", []spmd.Operand{{Name: "q", Spec: qs}, {Name: "k", Spec: qs}, {Name: "v", Spec: qs}}, "o", placement.Shard{Dim: 2}); err != nil {
+	// head dim] split by heads over tp, as the column-parallel qkv leaves
+	// them, by batch over dp and by context over cp (ring attention allowed).
+	qs := spec([]int{tokens / context, context, heads, hidden / heads}, per(row, placement.Shard{Dim: 1}, placement.Shard{Dim: 2}))
+	var ring []string
+	if cp >= 0 {
+		ring = []string{"cp"}
+	}
+	if _, err := plan("attention", "attention", []spmd.Operand{{Name: "q", Spec: qs}, {Name: "k", Spec: qs}, {Name: "v", Spec: qs}}, "o", qs.Placements, ring); err != nil {
 		return Transformer{}, err
 	}
-	o := spec([]int{tokens, hidden}, placement.Shard{Dim: 1})
+	o := spec([]int{tokens, hidden}, per(row, row, placement.Shard{Dim: 1}))
 	p, err := linear("proj", down, o, hidden, "w_proj", "b_proj", "a")
 	if err != nil {
 		return Transformer{}, err
 	}
-	x2, err := plan("add1", "add", []spmd.Operand{{Name: "x", Spec: x}, {Name: "a", Spec: p}}, "x2", rows)
+	x2, err := plan("add1", "add", []spmd.Operand{{Name: "x", Spec: x}, {Name: "a", Spec: p}}, "x2", rows, nil)
 	if err != nil {
 		return Transformer{}, err
 	}
@@ -314,7 +390,7 @@ func NewTransformerWith(ctx context.Context, pl *placement.Planner, mesh placeme
 	if err != nil {
 		return Transformer{}, err
 	}
-	g, err := plan("gelu", "gelu", []spmd.Operand{{Name: "u", Spec: u}}, "g", nil)
+	g, err := plan("gelu", "gelu", []spmd.Operand{{Name: "u", Spec: u}}, "g", nil, nil)
 	if err != nil {
 		return Transformer{}, err
 	}
@@ -322,7 +398,7 @@ func NewTransformerWith(ctx context.Context, pl *placement.Planner, mesh placeme
 	if err != nil {
 		return Transformer{}, err
 	}
-	if _, err := plan("add2", "add", []spmd.Operand{{Name: "x2", Spec: x2}, {Name: "m", Spec: d}}, "y", rows); err != nil {
+	if _, err := plan("add2", "add", []spmd.Operand{{Name: "x2", Spec: x2}, {Name: "m", Spec: d}}, "y", rows, nil); err != nil {
 		return Transformer{}, err
 	}
 	return t, nil

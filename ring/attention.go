@@ -16,6 +16,7 @@ import (
 // [B, H, Sl] come out the same way. Tensors are float32 on the host.
 type Attention struct {
 	group   *collective.Group // nil: one rank
+	gather  bool
 	k       kernels.Kernels
 	causal  bool
 	b, h    int
@@ -42,6 +43,11 @@ type Config struct {
 	S, B, H    int
 	E, F       int
 	Rank, Size int // this rank's index in the cp group and the group's size (1 without a group)
+	// Gather, instead of the ring, all-gathers every rank's keys and values
+	// once and reduce-scatters their gradients back: what the planner picks
+	// at short contexts, where a ring step's transfer costs more than its
+	// compute hides. The rank holds the whole sequence's keys and values.
+	Gather bool
 }
 
 // New builds the rank's ring attention.
@@ -57,7 +63,7 @@ func New(c Config) (*Attention, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Attention{group: c.Group, k: c.Kernels, causal: c.Causal, b: c.B, h: c.H, e: c.E, f: c.F, me: c.Rank, cp: cp,
+	a := &Attention{group: c.Group, gather: c.Gather, k: c.Kernels, causal: c.Causal, b: c.B, h: c.H, e: c.E, f: c.F, me: c.Rank, cp: cp,
 		chunks: chunks, scratch: map[string][]float32{}}
 	if cp == 1 {
 		a.group = nil
@@ -184,6 +190,9 @@ func (a *Attention) block(owner int, grads bool) int {
 // gradients, which step adds to, and the last step sends them home. It
 // returns the rank's own block as it came back (with grads: its gradients).
 func (a *Attention) ring(ctx context.Context, own []float32, grads bool, step func(owner int, blk []float32) error) ([]float32, error) {
+	if a.gather && a.cp > 1 {
+		return a.gathered(ctx, own, grads, step)
+	}
 	size := 0
 	for r := range a.cp {
 		size = max(size, a.block(r, grads))
@@ -380,4 +389,53 @@ func (a *Attention) Backward(ctx context.Context, do *tensor.Tensor) (dq, dk, dv
 	copy(dk.Float32(), back[:b*sl*h*e])
 	copy(dv.Float32(), back[b*sl*h*e:kv])
 	return dq, dk, dv, nil
+}
+
+// gathered is ring's work without the ring: every rank's block all-gathered
+// at once, step run on each, and with grads the blocks' gradients
+// reduce-scattered back to their owners.
+func (a *Attention) gathered(ctx context.Context, own []float32, grads bool, step func(owner int, blk []float32) error) ([]float32, error) {
+	counts, offs := make([]int, a.cp), make([]int, a.cp+1)
+	for r := range a.cp {
+		counts[r] = a.block(r, false)
+		offs[r+1] = offs[r] + counts[r]
+	}
+	kv := a.get("gathered", offs[a.cp])
+	if err := collective.AllGather(ctx, a.group, own[:counts[a.me]], kv, counts); err != nil {
+		return nil, err
+	}
+	a.sent += int64(4 * counts[a.me] * (a.cp - 1))
+	held := int64(4 * len(kv))
+	var grad []float32
+	if grads {
+		grad = a.get("gathered grads", offs[a.cp])
+		clear(grad)
+		held *= 2
+	}
+	a.peakKV = max(a.peakKV, held)
+	blk := a.get("gathered block", 2*a.block(a.me, false)+2*offs[a.cp])
+	for r := range a.cp {
+		n := counts[r]
+		b := blk[:n]
+		if grads {
+			b = blk[:2*n]
+			clear(b[n:])
+		}
+		copy(b, kv[offs[r]:offs[r+1]])
+		if err := step(r, b); err != nil {
+			return nil, err
+		}
+		if grads {
+			copy(grad[offs[r]:offs[r+1]], b[n:])
+		}
+	}
+	if !grads {
+		return own, nil
+	}
+	mine := make([]float32, counts[a.me])
+	if err := collective.ReduceScatter(ctx, a.group, grad, mine, counts, collective.Sum); err != nil {
+		return nil, err
+	}
+	a.sent += int64(4 * (offs[a.cp] - counts[a.me]))
+	return mine, nil
 }

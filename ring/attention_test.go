@@ -98,6 +98,11 @@ type rankResult struct {
 
 // runRing runs the case on cp in-process ranks.
 func runRing(t *testing.T, c *whole, cp int, l ring.Layout) []rankResult {
+	return runMode(t, c, cp, l, false)
+}
+
+// runMode runs the case as a ring, or gathering the keys and values.
+func runMode(t *testing.T, c *whole, cp int, l ring.Layout, gather bool) []rankResult {
 	t.Helper()
 	out := make([]rankResult, cp)
 	var mu sync.Mutex
@@ -110,7 +115,7 @@ func runRing(t *testing.T, c *whole, cp int, l ring.Layout) []rankResult {
 		if err != nil {
 			return err
 		}
-		a, err := ring.New(ring.Config{Group: g, Kernels: k, Causal: c.causal, Layout: l, S: c.s, B: c.b, H: c.h, E: c.e, F: c.f, Rank: w.Rank(), Size: cp})
+		a, err := ring.New(ring.Config{Group: g, Kernels: k, Causal: c.causal, Layout: l, S: c.s, B: c.b, H: c.h, E: c.e, F: c.f, Rank: w.Rank(), Size: cp, Gather: gather})
 		if err != nil {
 			return err
 		}
@@ -140,8 +145,9 @@ func runRing(t *testing.T, c *whole, cp int, l ring.Layout) []rankResult {
 }
 
 // TestRingMatchesWhole runs ring attention on 1 to 4 ranks, causal and
-// not, contiguous and zigzag, at lengths no split divides, against the
-// whole sequence's attention in float64: o, lse and the three gradients.
+// not, contiguous and zigzag, at lengths no split divides, as a ring and
+// gathering the keys and values, against the whole sequence's attention in
+// float64: o, lse and the three gradients.
 func TestRingMatchesWhole(t *testing.T) {
 	for _, tc := range []struct {
 		s, cp  int
@@ -152,16 +158,18 @@ func TestRingMatchesWhole(t *testing.T) {
 		{13, 2, true, ring.Contiguous}, {13, 2, true, ring.Zigzag}, {13, 2, false, ring.Contiguous},
 		{23, 3, true, ring.Zigzag}, {23, 3, false, ring.Zigzag}, {22, 4, true, ring.Zigzag}, {9, 4, true, ring.Contiguous},
 	} {
-		t.Run(fmt.Sprintf("S=%d/cp=%d/causal=%v/%s", tc.s, tc.cp, tc.causal, tc.l), func(t *testing.T) {
-			c := newWhole(t, tc.s, 2, 3, 8, 6, tc.causal)
-			for r, res := range runRing(t, c, tc.cp, tc.l) {
-				for name, e := range res.errs {
-					if e > 2e-6 {
-						t.Errorf("rank %d: %s relative error %.3g", r, name, e)
+		for _, gather := range []bool{false, true} {
+			t.Run(fmt.Sprintf("S=%d/cp=%d/causal=%v/%s/gather=%v", tc.s, tc.cp, tc.causal, tc.l, gather), func(t *testing.T) {
+				c := newWhole(t, tc.s, 2, 3, 8, 6, tc.causal)
+				for r, res := range runMode(t, c, tc.cp, tc.l, gather) {
+					for name, e := range res.errs {
+						if e > 2e-6 {
+							t.Errorf("rank %d: %s relative error %.3g", r, name, e)
+						}
 					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -183,6 +191,24 @@ func TestRingMovesBlocks(t *testing.T) {
 		if res.peakKV > 4*block {
 			t.Errorf("rank %d held %d B of keys, values and their gradients at once, more than two blocks (%d B); the whole sequence's K and V are %d B",
 				r, res.peakKV, 4*block, 4*b*s*h*(e+f))
+		}
+	}
+}
+
+// TestGatherHoldsTheSequence: the gather mode (what the planner picks at
+// short contexts) holds every rank's keys and values, and their gradients,
+// at once: the memory the ring saves.
+func TestGatherHoldsTheSequence(t *testing.T) {
+	const s, b, h, e, f, cp = 40, 1, 2, 8, 8, 4
+	c := newWhole(t, s, b, h, e, f, true)
+	whole := int64(4 * b * s * h * (e + f))
+	for r, res := range runMode(t, c, cp, ring.Zigzag, true) {
+		if res.peakKV != 2*whole {
+			t.Errorf("rank %d held %d B of keys, values and gradients, want the whole sequence's twice, %d B", r, res.peakKV, 2*whole)
+		}
+		block := whole / cp
+		if res.fwdSent != (cp-1)*block {
+			t.Errorf("rank %d sent %d B forward, want %d B", r, res.fwdSent, (cp-1)*block)
 		}
 	}
 }

@@ -63,6 +63,17 @@ func TestGPTContextParallel(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("tp=2: exit %d\n%s", code, errs)
 	}
+	var rr GPTReport
+	refLines := strings.Split(strings.TrimSpace(ref), "\n")
+	if err := json.Unmarshal([]byte(refLines[len(refLines)-1]), &rr); err != nil {
+		t.Fatalf("tp=2: last line is not the report: %v", err)
+	}
+	// Sampling under cp takes the row from the cp rank holding the
+	// position: the same distributions (to float32 rounding) and the same
+	// draws give tp=2's text.
+	if r.Sample != rr.Sample {
+		t.Errorf("cp=2,tp=2 sampled %q, tp=2 %q", r.Sample, rr.Sample)
+	}
 	got, want := gptStepLosses(out), gptStepLosses(ref)
 	var worst float64
 	for s := 1; s <= 8; s++ {
@@ -71,6 +82,11 @@ func TestGPTContextParallel(t *testing.T) {
 		if d > 1e-4 {
 			t.Errorf("step %d: cp=2,tp=2 loss %.6f, tp=2 %.6f", s, got[s], want[s])
 		}
+	}
+	// Mixed precision: q, k and v go to the host and back as bfloat16.
+	code, bf, errs := run(t, "gpt", "--mesh", "cp=2,tp=2", "--dtype", "bfloat16", "--steps", "3", "--dim", "32", "--heads", "2", "--context", "64", "--batch", "4", "--sample", "10")
+	if code != 0 || !strings.Contains(bf, `"dtype":"bfloat16"`) {
+		t.Fatalf("bfloat16: exit %d\n%s%s", code, bf, errs)
 	}
 	t.Logf("cp=2,tp=2 %s: losses %.4f → %.4f, worst relative difference from tp=2 %.2g, ring %d B/step, %v; sample %q",
 		took.Round(time.Millisecond), r.LossFirst, r.LossLast, worst, r.RingBytesPerStep, r.Collectives, r.Sample)

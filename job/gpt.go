@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
@@ -66,6 +67,10 @@ type GPTReport struct {
 	CapacityFactor float64 `json:"capacity_factor,omitempty"`
 	AuxLossLast    float64 `json:"aux_loss_last,omitempty"`
 	BalanceLast    float64 `json:"aux_balance_last,omitempty"`
+	// RingBytesPerStep: with cp, the bytes rank 0 sent around the cp ring
+	// in the last training step's ring attention (keys, values and their
+	// gradients, point to point: not among the collectives above).
+	RingBytesPerStep int64 `json:"ring_bytes_per_step,omitempty"`
 }
 
 // gptTask is `worker gpt`.
@@ -80,7 +85,7 @@ type gptTask struct {
 }
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
-	t.register(fs, "device `MESH`: tp=N, tensor parallel (default tp=$WORLD_SIZE); with --experts also ep=E,tp=N, the experts split over ep and the batch too (data parallel)")
+	t.register(fs, "device `MESH`: tp=N, tensor parallel (default tp=$WORLD_SIZE); cp=C or cp=C,tp=N, each sequence split over cp in the zigzag layout (ring attention; --context a multiple of 2·cp); with --experts also ep=E,tp=N, the experts split over ep and the batch too (data parallel)")
 	fs.BoolVar(&t.cfg.SequenceParallel, "sequence-parallel", false, "split tokens over tp outside the linear layers (Megatron's sequence parallelism)")
 	fs.IntVar(&t.cfg.Layers, "layers", 2, "transformer blocks")
 	fs.IntVar(&t.cfg.Heads, "heads", 4, "attention heads (a multiple of tp)")
@@ -247,6 +252,13 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 	if err != nil {
 		return nil, err
 	}
+	if cfg.CP() > 1 && t.rd.kind != tensor.CPU {
+		// Ring attention runs on the host (the rank's q, k and v copied
+		// there): on another device it takes the cpu kernels.
+		if cfg.RingKernels, err = providers.New("cpu", nil); err != nil {
+			return nil, err
+		}
+	}
 	g, err := models.NewGPT(cfg, w.Rank(), dev)
 	if err != nil {
 		return nil, err
@@ -287,7 +299,7 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 		LossFirst: tl.first, LossLast: tl.last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(tl.stepMS),
 		CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed,
 		Experts: cfg.Experts, TopK: experts(cfg, cfg.TopK), AuxCoef: experts(cfg, cfg.AuxCoef), CapacityFactor: experts(cfg, cfg.CapacityFactor),
-		AuxLossLast: tl.aux, BalanceLast: tl.balance}, nil
+		AuxLossLast: tl.aux, BalanceLast: tl.balance, RingBytesPerStep: tl.ringBytes}, nil
 }
 
 // loadCheckpoint loads the checkpoint into g (its parameters alone with
@@ -335,6 +347,7 @@ type trainLosses struct {
 	stepMS      []float64
 	// aux and balance: the last step's (GPT.AuxLoss, GPT.Balance).
 	aux, balance float64
+	ringBytes    int64 // the last step's GPT.RingBytes
 }
 
 // experts is v with --experts, else the zero value (the report leaves it
@@ -374,7 +387,7 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *mo
 			tl.first = loss
 		}
 		tl.last = loss
-		tl.aux, tl.balance = g.AuxLoss(), g.Balance()
+		tl.aux, tl.balance, tl.ringBytes = g.AuxLoss(), g.Balance(), g.RingBytes()
 		if w.Rank() == 0 {
 			env.Run.Progress(s, steps, loss, d)
 			if cfg.Experts > 0 {

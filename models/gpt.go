@@ -6,10 +6,12 @@ import (
 	"math"
 	"math/rand/v2"
 
+	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/moe"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/ring"
 	"github.com/meshrun/meshrun/spmd"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -37,9 +39,10 @@ type GPT struct {
 	// nextMove gathers one row of logits (sampling), planned on first use.
 	nextMove spmd.Move
 	params   []*param
-	posIDs   *tensor.Tensor // every token's position
-	posLocal *tensor.Tensor // this rank's rows' positions (posIDs unless sequence parallel)
-	aux      float64        // the last forward's sum of the layers' aux losses (experts)
+	posIDs   *tensor.Tensor    // every token's position
+	posLocal *tensor.Tensor    // this rank's rows' positions (posIDs unless sequence parallel)
+	aux      float64           // the last forward's sum of the layers' aux losses (experts)
+	cpGroup  *collective.Group // the rank's group along cp, joined on the first forward
 }
 
 // param is one parameter as this rank holds it (whole, or a shard laid out
@@ -82,7 +85,8 @@ func (p *param) grad() *tensor.Tensor {
 type gptBlock struct {
 	ln1, ln2            lnParams
 	qkv, proj, up, down *linear.Layer
-	moe                 *moe.Layer // instead of up and down, with experts
+	moe                 *moe.Layer      // instead of up and down, with experts
+	ring                *ring.Attention // attention under cp, built on the first forward
 }
 
 // NewGPT plans the model for rank and initializes it from the seed, GPT-2's
@@ -91,6 +95,7 @@ type gptBlock struct {
 // every rank in one order and keeping the rank's shards: every tp holds the
 // same global model.
 func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
+	cfg = cfg.normalized()
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
@@ -146,7 +151,8 @@ func (b *gptBuilder) planMoves() (placement.Spec, error) {
 	mesh, t, d := cfg.Mesh, cfg.Tokens(), cfg.Dim
 	var err error
 	// With ep, the tokens are split over it as the batch (the dense layers
-	// are data parallel over ep).
+	// are data parallel over ep); with cp, each rank's positions of every
+	// sequence (gpt_cp.go), split alike.
 	tokens := placement.Placement(placement.Replicate{})
 	if cfg.Mesh.NDim() == 2 {
 		tokens = placement.Shard{Dim: 0}
@@ -170,6 +176,9 @@ func (b *gptBuilder) planMoves() (placement.Spec, error) {
 	}
 	if g.embMove, err = planMove(b.ctx, b.pl, "embedding", partial, rowSpec); err != nil {
 		return placement.Spec{}, err
+	}
+	if n := rowSpec.LocalShape(g.rank)[0]; !cfg.SequenceParallel && n != cfg.localTokens() {
+		return placement.Spec{}, fmt.Errorf("%w: gpt: rank %d holds %d token rows of the plan, want %d", linear.ErrConfig, g.rank, n, cfg.localTokens())
 	}
 	// The cross-entropy stats: each rank's [T, 3], gathered into [tp, T, 3]
 	// (with ep, T the rank's tokens, gathered over tp only).
@@ -374,14 +383,16 @@ func (b *gptBuilder) layer(name, preset string, n, k int, bias bool, std float64
 }
 
 // positions uploads every token's position (posIDs, what the position
-// embedding's gradient scatters by) and those of the rows of the residual
+// embedding's gradient scatters by; under cp, the positions of the rank's
+// chunks in each sequence) and those of the rows of the residual
 // stream this rank holds, laid out as rows (posLocal: posIDs unless
 // sequence parallel).
 func (g *GPT) positions(rows placement.Spec) error {
 	cfg := g.Cfg
 	pos := tensor.New(tensor.Float32, cfg.localTokens())
+	order := g.cpPositions()
 	for i := range pos.Float32() {
-		pos.Float32()[i] = float32(i % cfg.Context)
+		pos.Float32()[i] = float32(order[i%len(order)])
 	}
 	var err error
 	if g.posIDs, err = tensor.Upload(g.mem, pos); err != nil {

@@ -75,14 +75,18 @@ func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, i int, a blo
 	if err != nil {
 		return err
 	}
-	if do, err = do.Reshape(c.localBatch(), c.Context, hl, hd); err != nil {
+	if do, err = do.Reshape(c.localBatch(), c.localContext(), hl, hd); err != nil {
 		return err
 	}
 	dqkv, err := g.act(rt, fmt.Sprintf("h%d.dqkv", i), a.qkv.Shape()...)
 	if err != nil {
 		return err
 	}
-	if err := rt.Op("attention_backward", func() error {
+	if c.CP() > 1 {
+		if err := g.ringBackward(ctx, rt, b, dqkv, do); err != nil {
+			return fmt.Errorf("gpt: block %d: %w", i, err)
+		}
+	} else if err := rt.Op("attention_backward", func() error {
 		return rt.Kernels.AttentionBackward(dqkv, nil, nil, do, a.qkv, nil, nil, a.o, a.lse, true)
 	}); err != nil {
 		return err

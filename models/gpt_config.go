@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/placement"
@@ -23,6 +24,13 @@ import (
 //   - a final layer norm and an untied head split by vocabulary, whose
 //     cross-entropy combines each shard's max, sum of exponentials and target
 //     logit (one all-gather of 3 numbers per token) and never gathers logits.
+//
+// On a mesh cp=C or cp=C,tp=N the model is context parallel as well: each
+// sequence is split over cp in the zigzag layout, attention is ring
+// attention over cp, everything else runs on the rank's tokens, and the
+// parameters are replicated over cp (gpt_cp.go). The context must be a
+// multiple of 2·cp; cp does not combine with experts or sequence
+// parallelism.
 type GPTConfig struct {
 	Mesh                                      placement.Mesh
 	Vocab, Dim, Heads, Layers, Context, Batch int
@@ -63,6 +71,10 @@ type GPTConfig struct {
 	// objective (the layer computes their gradient); CapacityFactor is each
 	// expert's capacity factor (0: dropless).
 	AuxCoef, CapacityFactor float64
+	// RingKernels run ring attention on host float32 tensors under context
+	// parallelism (a mesh cp=C or cp=C,tp=N; see gpt_cp.go); nil: the
+	// rank's own kernels, which must then work on the host.
+	RingKernels kernels.Kernels
 }
 
 // Compute is the compute dtype (DType, float32 by default).
@@ -77,22 +89,53 @@ func (c GPTConfig) Compute() tensor.DType {
 func (c GPTConfig) Tokens() int { return c.Batch * c.Context }
 
 // EP is the ep dim's size: 1 without experts or on a 1-D mesh.
-func (c GPTConfig) EP() int {
+func (c GPTConfig) EP() int { return c.outer("ep") }
+
+// CP is the cp dim's size: 1 without context parallelism.
+func (c GPTConfig) CP() int { return c.outer("cp") }
+
+// outer is the size of the mesh's first dim when it is named name (the dim
+// the tokens are split over outside tp), else 1.
+func (c GPTConfig) outer(name string) int {
+	if c.Mesh.NDim() > 0 && c.Mesh.Names()[0] == name {
+		return c.Mesh.Dim(0)
+	}
+	return 1
+}
+
+// split is the size of the dim the tokens are split over outside tp (ep or
+// cp): the ranks whose gradients of the replicated parameters are summed.
+func (c GPTConfig) split() int {
 	if c.Mesh.NDim() == 2 {
 		return c.Mesh.Dim(0)
 	}
 	return 1
 }
 
+// normalized is c with a mesh cp=C written cp=C,tp=1 (the token dim first,
+// tp last, as every 2-D mesh of the model).
+func (c GPTConfig) normalized() GPTConfig {
+	if names := c.Mesh.Names(); len(names) == 1 && names[0] == "cp" {
+		c.Mesh = placement.MustMesh([]int{c.Mesh.Dim(0), 1}, []string{"cp", "tp"})
+	}
+	return c
+}
+
 // TP is the tp dim's size (the mesh's last dim).
 func (c GPTConfig) TP() int { return c.Mesh.Dim(c.Mesh.NDim() - 1) }
 
-// localBatch is the sequences each ep rank holds; localTokens their tokens.
-func (c GPTConfig) localBatch() int  { return c.Batch / c.EP() }
-func (c GPTConfig) localTokens() int { return c.localBatch() * c.Context }
+// localBatch is the sequences each ep rank holds, localContext the
+// positions of each that a cp rank holds; localTokens their tokens.
+func (c GPTConfig) localBatch() int   { return c.Batch / c.EP() }
+func (c GPTConfig) localContext() int { return c.Context / c.CP() }
+func (c GPTConfig) localTokens() int  { return c.localBatch() * c.localContext() }
 
 func (c GPTConfig) check() error {
-	if c.Experts != 0 || c.Mesh.NDim() != 1 {
+	if c.Mesh.NDim() > 0 && c.Mesh.Names()[0] == "cp" {
+		if err := c.checkCP(); err != nil {
+			return err
+		}
+	} else if c.Experts != 0 || c.Mesh.NDim() != 1 {
 		if err := c.checkExperts(); err != nil {
 			return err
 		}
@@ -123,7 +166,7 @@ func (c GPTConfig) checkExperts() error {
 	case c.Experts < 0:
 		return fmt.Errorf("%w: gpt: experts %d (0: no mixture of experts)", linear.ErrConfig, c.Experts)
 	case c.Experts == 0:
-		return fmt.Errorf("%w: gpt: mesh %s: one dim (tensor parallel); a 2-D mesh ep=E,tp=N needs --experts", linear.ErrConfig, c.Mesh)
+		return fmt.Errorf("%w: gpt: mesh %s: one dim (tensor parallel) or cp=C,tp=N (context parallel); a 2-D mesh ep=E,tp=N needs --experts", linear.ErrConfig, c.Mesh)
 	case !(len(names) == 1 && names[0] == "tp") && !(len(names) == 2 && names[0] == "ep" && names[1] == "tp"):
 		return fmt.Errorf("%w: gpt: mesh %s: with experts, tp=N or ep=E,tp=N (in that order)", linear.ErrConfig, c.Mesh)
 	case c.TopK < 1 || c.TopK > c.Experts:
@@ -138,6 +181,24 @@ func (c GPTConfig) checkExperts() error {
 		return fmt.Errorf("%w: gpt: aux-coef %v (finite, at least 0)", linear.ErrConfig, c.AuxCoef)
 	case !(c.CapacityFactor >= 0) || math.IsInf(c.CapacityFactor, 0):
 		return fmt.Errorf("%w: gpt: capacity factor %v (0: dropless, else positive)", linear.ErrConfig, c.CapacityFactor)
+	}
+	return nil
+}
+
+// checkCP checks a context-parallel model's mesh (cp=C,tp=N, normalized)
+// and settings: the zigzag layout splits each sequence into 2·cp chunks.
+func (c GPTConfig) checkCP() error {
+	names := c.Mesh.Names()
+	switch {
+	case len(names) != 2 || names[1] != "tp":
+		return fmt.Errorf("%w: gpt: mesh %s: with context parallelism, cp=C or cp=C,tp=N (in that order)", linear.ErrConfig, c.Mesh)
+	case c.Experts != 0:
+		return fmt.Errorf("%w: gpt: context parallelism (cp) does not combine with experts", linear.ErrConfig)
+	case c.SequenceParallel:
+		return fmt.Errorf("%w: gpt: context parallelism (cp) does not combine with sequence parallelism", linear.ErrConfig)
+	case c.Context%(2*c.CP()) != 0:
+		return fmt.Errorf("%w: gpt: context %d is not a multiple of 2·cp = %d (the zigzag layout splits each sequence into 2·cp equal chunks)",
+			linear.ErrConfig, c.Context, 2*c.CP())
 	}
 	return nil
 }
@@ -171,6 +232,7 @@ func (c GPTConfig) specOver(shape []int, epp, tpp placement.Placement) placement
 // holds (State's names and layouts; their tensors nil, nothing allocated);
 // withState false lists the parameters only (Params).
 func PlanGPT(cfg GPTConfig, withState bool) ([]linear.Param, error) {
+	cfg = cfg.normalized()
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}

@@ -139,17 +139,25 @@ func (g *GPT) blockForward(ctx context.Context, rt linear.Runtime, i int, b *gpt
 		return blockActs{}, nil, err
 	}
 	a.qkvS = qs
-	if a.qkv, err = qkv.Reshape(c.localBatch(), c.Context, hl, 3, hd); err != nil {
+	sl := c.localContext()
+	if a.qkv, err = qkv.Reshape(c.localBatch(), sl, hl, 3, hd); err != nil {
 		return blockActs{}, nil, err
 	}
-	if a.o, err = g.act(rt, name+"o", c.localBatch(), c.Context, hl, hd); err != nil {
+	if a.o, err = g.act(rt, name+"o", c.localBatch(), sl, hl, hd); err != nil {
 		return blockActs{}, nil, err
 	}
-	if a.lse, err = g.get(rt, name+"lse", c.localBatch(), hl, c.Context); err != nil {
-		return blockActs{}, nil, err
-	}
-	if err := rt.Op("attention", func() error { return rt.Kernels.Attention(a.o, a.lse, a.qkv, nil, nil, true) }); err != nil {
-		return blockActs{}, nil, err
+	if c.CP() > 1 {
+		// The rank's positions of every sequence: ring attention over cp.
+		if err := g.ringForward(ctx, rt, b, a.qkv, a.o); err != nil {
+			return blockActs{}, nil, fmt.Errorf("gpt: block %d: %w", i, err)
+		}
+	} else {
+		if a.lse, err = g.get(rt, name+"lse", c.localBatch(), hl, c.Context); err != nil {
+			return blockActs{}, nil, err
+		}
+		if err := rt.Op("attention", func() error { return rt.Kernels.Attention(a.o, a.lse, a.qkv, nil, nil, true) }); err != nil {
+			return blockActs{}, nil, err
+		}
 	}
 	o2, err := a.o.Reshape(t, hl*hd)
 	if err != nil {
@@ -232,9 +240,9 @@ func (g *GPT) crossEntropy(ctx context.Context, rt linear.Runtime, acts *gptActs
 		return 0, err
 	}
 	total := host.Float64()[0]
-	if g.Cfg.EP() > 1 {
-		// Each ep rank's tokens' sum: the loss is the mean over the batch.
-		if total, err = g.sumOverEP(ctx, rt, total); err != nil {
+	if g.Cfg.split() > 1 {
+		// Each ep (cp) rank's tokens' sum: the loss is the mean over the batch.
+		if total, err = g.sumOverSplit(ctx, rt, total); err != nil {
 			return 0, err
 		}
 	}
@@ -244,7 +252,8 @@ func (g *GPT) crossEntropy(ctx context.Context, rt linear.Runtime, acts *gptActs
 // Next returns the model's distribution of the token after position pos of
 // the first sequence in ids (the forward of a whole step's batch; the rows
 // after pos do not matter: attention is causal), softmax(logits/temp), the
-// same on every rank: the row's vocabulary shards are all-gathered.
+// same on every rank: the row's vocabulary shards are all-gathered (under cp
+// from the cp rank that holds pos).
 func (g *GPT) Next(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor, pos int, temp float64) ([]float64, error) {
 	c := g.Cfg
 	if pos < 0 || pos >= c.Context {
@@ -266,20 +275,22 @@ func (g *GPT) Next(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor, p
 	if err != nil {
 		return nil, err
 	}
+	// With ep, the first sequence's row is ep rank 0's; with cp, the cp
+	// rank's that holds position pos (at its index there): the others add
+	// zeros.
+	owner, at := c.cpOwner(pos)
 	n := vl * acts.logits.DType().Size()
-	if err := rt.Kernels.Copy2D(row, 0, n, acts.logits, pos*n, n, n, 1); err != nil {
+	if err := rt.Kernels.Copy2D(row, 0, n, acts.logits, at*n, n, n, 1); err != nil {
 		return nil, err
 	}
 	if g.nextMove.Steps == nil {
-		// With ep, the first sequence's row is ep rank 0's: the others add
-		// zeros.
 		from := c.specOver([]int{1, c.Vocab}, placement.Partial{Op: placement.Sum}, placement.Shard{Dim: 1})
 		to := c.spec([]int{1, c.Vocab}, placement.Replicate{})
 		if g.nextMove, err = planMove(ctx, nil, "next", from, to); err != nil {
 			return nil, err
 		}
 	}
-	if c.EP() > 1 && c.Mesh.Coords(g.rank)[0] != 0 {
+	if c.split() > 1 && c.Mesh.Coords(g.rank)[0] != owner {
 		if err := rt.Kernels.Zero(row, 0, row.Bytes()); err != nil {
 			return nil, err
 		}

@@ -108,7 +108,8 @@ func (g *GPT) Balance() float64 {
 }
 
 // local returns this rank's rows of ids and targets (the whole batch's):
-// its ep coordinate's sequences, or ids and targets themselves without ep.
+// its ep coordinate's sequences, its cp coordinate's positions of every
+// sequence, or ids and targets themselves without either.
 func (g *GPT) local(rt linear.Runtime, ids, targets *tensor.Tensor) (*tensor.Tensor, *tensor.Tensor, error) {
 	ids, err := g.localRows(rt, "local.ids", ids)
 	if err != nil {
@@ -119,9 +120,13 @@ func (g *GPT) local(rt linear.Runtime, ids, targets *tensor.Tensor) (*tensor.Ten
 }
 
 // localRows copies this rank's ep share of the batch's token vector t into
-// scratch name (t itself without ep).
+// scratch name (under cp its positions of every sequence, cpRows; t itself
+// without either).
 func (g *GPT) localRows(rt linear.Runtime, name string, t *tensor.Tensor) (*tensor.Tensor, error) {
 	c := g.Cfg
+	if c.CP() > 1 {
+		return g.cpRows(rt, name, t)
+	}
 	if c.EP() == 1 {
 		return t, nil
 	}
@@ -137,26 +142,15 @@ func (g *GPT) localRows(rt linear.Runtime, name string, t *tensor.Tensor) (*tens
 	return out, rt.Kernels.Copy2D(out, 0, 4*n, t, 4*first, 4*n, 4*n, 1)
 }
 
-// epGroup is this rank's group along ep.
-func (g *GPT) epGroup() []int { return g.Cfg.Mesh.Group(g.rank, 0) }
+// splitGroup is this rank's group along the mesh's first dim (ep or cp).
+func (g *GPT) splitGroup() []int { return g.Cfg.Mesh.Group(g.rank, 0) }
 
-// sumOverEP sums a host number over the ranks of this rank's ep group.
-func (g *GPT) sumOverEP(ctx context.Context, rt linear.Runtime, x float64) (float64, error) {
-	grp, err := rt.World.Group(ctx, g.epGroup())
-	if err != nil {
-		return 0, err
-	}
-	buf := []float64{x}
-	if err := collective.AllReduce(ctx, grp, buf, collective.Sum); err != nil {
-		return 0, fmt.Errorf("gpt: loss over ep: %w", err)
-	}
-	return buf[0], nil
-}
-
-// reduceOverEP sums over ep the gradients of the parameters the model holds
-// itself (the embeddings and layer norms: each ep rank's are its tokens'),
-// packed into one buffer, in one all-reduce.
-func (g *GPT) reduceOverEP(ctx context.Context, rt linear.Runtime) error {
+// reduceOverSplit sums over the mesh's first dim (ep or cp) the gradients of
+// the parameters the model holds itself (the embeddings and layer norms:
+// each rank's are its tokens'), packed into one buffer, in one all-reduce
+// recorded as ep_grads or cp_grads.
+func (g *GPT) reduceOverSplit(ctx context.Context, rt linear.Runtime) error {
+	dim := g.Cfg.Mesh.Names()[0]
 	var ps []*param
 	n := 0
 	for _, p := range g.params {
@@ -191,19 +185,19 @@ func (g *GPT) reduceOverEP(ctx context.Context, rt linear.Runtime) error {
 	}
 	end := func() {}
 	if rt.Trace != nil {
-		end = rt.Trace("ep_grads", "collective")
+		end = rt.Trace(dim+"_grads", "collective")
 	}
-	group := g.epGroup()
+	group := g.splitGroup()
 	c, err := rt.World.Communicator(ctx, group, rt.Kernels)
 	if err == nil {
 		err = c.AllReduce(ctx, buf, collective.Sum)
 	}
 	end()
 	if err != nil {
-		return fmt.Errorf("gpt: gradients over ep: %w", err)
+		return fmt.Errorf("gpt: gradients over %s: %w", dim, err)
 	}
 	if rt.Record != nil {
-		rt.Record("ep_grads", redistribute.Executed{Kind: placement.AllReduce, MeshDims: []int{0}, Group: group,
+		rt.Record(dim+"_grads", redistribute.Executed{Kind: placement.AllReduce, MeshDims: []int{0}, Group: group,
 			InputElems: int64(n), Bytes: 4 * int64(n), Algorithm: c.Algorithm()})
 	}
 	return copyAll(false)

@@ -143,8 +143,8 @@ func (g *GPT) update(ctx context.Context, rt linear.Runtime) error {
 			return err
 		}
 	}
-	if c.EP() > 1 {
-		if err := g.reduceOverEP(ctx, rt); err != nil {
+	if c.split() > 1 {
+		if err := g.reduceOverSplit(ctx, rt); err != nil {
 			return err
 		}
 	}

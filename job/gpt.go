@@ -71,6 +71,9 @@ type GPTReport struct {
 	// in the last training step's ring attention (keys, values and their
 	// gradients, point to point: not among the collectives above).
 	RingBytesPerStep int64 `json:"ring_bytes_per_step,omitempty"`
+	// CPAttention is how attention ran over cp, as the planner chose it:
+	// "ring", or "gather" (keys and values all-gathered; short contexts).
+	CPAttention string `json:"cp_attention,omitempty"`
 }
 
 // gptTask is `worker gpt`.
@@ -299,7 +302,7 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 		LossFirst: tl.first, LossLast: tl.last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(tl.stepMS),
 		CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed,
 		Experts: cfg.Experts, TopK: experts(cfg, cfg.TopK), AuxCoef: experts(cfg, cfg.AuxCoef), CapacityFactor: experts(cfg, cfg.CapacityFactor),
-		AuxLossLast: tl.aux, BalanceLast: tl.balance, RingBytesPerStep: tl.ringBytes}, nil
+		AuxLossLast: tl.aux, BalanceLast: tl.balance, RingBytesPerStep: tl.ringBytes, CPAttention: tl.cpAttention}, nil
 }
 
 // loadCheckpoint loads the checkpoint into g (its parameters alone with
@@ -347,7 +350,8 @@ type trainLosses struct {
 	stepMS      []float64
 	// aux and balance: the last step's (GPT.AuxLoss, GPT.Balance).
 	aux, balance float64
-	ringBytes    int64 // the last step's GPT.RingBytes
+	ringBytes    int64  // the last step's GPT.RingBytes
+	cpAttention  string // GPT.CPAttention
 }
 
 // experts is v with --experts, else the zero value (the report leaves it
@@ -387,7 +391,7 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *mo
 			tl.first = loss
 		}
 		tl.last = loss
-		tl.aux, tl.balance, tl.ringBytes = g.AuxLoss(), g.Balance(), g.RingBytes()
+		tl.aux, tl.balance, tl.ringBytes, tl.cpAttention = g.AuxLoss(), g.Balance(), g.RingBytes(), g.CPAttention
 		if w.Rank() == 0 {
 			env.Run.Progress(s, steps, loss, d)
 			if cfg.Experts > 0 {

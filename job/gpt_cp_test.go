@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,12 +50,15 @@ func TestGPTContextParallel(t *testing.T) {
 	if r.Mesh != "cp=2,tp=2" || !(r.LossLast < r.LossFirst) || len([]rune(r.Sample)) < 20 || r.HeldOutLoss <= 0 {
 		t.Errorf("report %+v", r)
 	}
-	// Per block, each rank's keys and values go around the ring once
+	// Per block, as a ring: each rank's keys and values go around once
 	// forward, with their gradients once backward, and the gradients home:
 	// 4·(cp−1)·|K,V| bytes, |K,V| = batch·context/cp·heads/tp·(2·dim/heads)
-	// float32s.
-	if kv := int64(4 * 4 * 32 * 1 * 32); r.RingBytesPerStep != 2*4*kv {
-		t.Errorf("ring bytes per step %d, want 2 blocks × 4 × %d", r.RingBytesPerStep, kv)
+	// float32s. Gathered (the planner's choice at this short context): the
+	// keys and values all-gathered forward and again backward, their
+	// gradients reduce-scattered: 3·(cp−1)·|K,V|.
+	units := map[string]int64{"ring": 4, "gather": 3}[r.CPAttention]
+	if kv := int64(4 * 4 * 32 * 1 * 32); units == 0 || r.RingBytesPerStep != 2*units*kv {
+		t.Errorf("attention over cp %q: %d B per step, want 2 blocks × %d × %d", r.CPAttention, r.RingBytesPerStep, units, kv)
 	}
 	if r.Collectives["all_reduce cp_grads"] != 1 || r.Collectives["all_reduce y"] != 4 || r.Collectives["all_reduce embedding"] != 1 {
 		t.Errorf("collectives per step %v", r.Collectives)
@@ -147,6 +151,32 @@ func TestGPTContextParallelResume(t *testing.T) {
 			if d := math.Abs(got[s]-want[s]) / want[s]; d > 1e-5 {
 				t.Errorf("%s: step %d loss %.6f, the run never stopped %.6f", mesh, s, got[s], want[s])
 			}
+		}
+	}
+}
+
+// TestGPTContextParallelFollowsThePlan: attention over cp runs what the
+// planner chose for the block: the keys and values gathered at a short
+// context, the ring at a long one, with the bytes of each.
+func TestGPTContextParallelFollowsThePlan(t *testing.T) {
+	for _, tc := range []struct {
+		context int
+		mode    string
+		units   int64 // |K,V| per block sent by rank 0 in a step
+	}{{64, "gather", 3}, {512, "ring", 4}} {
+		code, out, errs := run(t, "gpt", "--mesh", "cp=2", "--context", strconv.Itoa(tc.context), "--batch", "2", "--dim", "64", "--heads", "4",
+			"--layers", "1", "--steps", "1", "--sample", "0")
+		if code != 0 {
+			t.Fatalf("context %d: exit %d\n%s", tc.context, code, errs)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var r GPTReport
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+			t.Fatal(err)
+		}
+		kv := int64(4 * 2 * tc.context / 2 * 4 * 2 * 16) // batch·context/cp rows, 4 heads, k and v of 16
+		if r.CPAttention != tc.mode || r.RingBytesPerStep != tc.units*kv {
+			t.Errorf("context %d: attention %q, %d B per step; want %q and %d B", tc.context, r.CPAttention, r.RingBytesPerStep, tc.mode, tc.units*kv)
 		}
 	}
 }

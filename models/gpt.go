@@ -18,18 +18,22 @@ import (
 
 // GPT is one rank's share of the model and its optimizer state.
 type GPT struct {
-	Cfg     GPTConfig
-	rank    int
-	mem     tensor.Memory
-	bufs    linear.Scratch
-	step    int
-	vocab0  int // the first vocabulary row this rank holds
-	wte     *param
-	wpe     *param
-	blocks  []*gptBlock
-	lnf     lnParams
-	head    *linear.Layer
-	embMove spmd.Move // the embedding's partial sums, all-reduced (reduce-scattered to rows)
+	Cfg GPTConfig
+	// CPAttention is how attention runs over cp, as the planner chose for
+	// the model's block: "ring", or "gather" (keys and values all-gathered,
+	// at short contexts); "" before the first step or without cp.
+	CPAttention string
+	rank        int
+	mem         tensor.Memory
+	bufs        linear.Scratch
+	step        int
+	vocab0      int // the first vocabulary row this rank holds
+	wte         *param
+	wpe         *param
+	blocks      []*gptBlock
+	lnf         lnParams
+	head        *linear.Layer
+	embMove     spmd.Move // the embedding's partial sums, all-reduced (reduce-scattered to rows)
 	// Sequence parallel: dxMove gathers the rows of the input's gradient for
 	// the embeddings' backward; lnMove all-reduces a layer norm's parameter
 	// gradient. rows is the first row this rank holds.

@@ -7,6 +7,7 @@ import (
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/linear/layout"
 	"github.com/meshrun/meshrun/redistribute"
 	"github.com/meshrun/meshrun/ring"
 	"github.com/meshrun/meshrun/tensor"
@@ -111,8 +112,22 @@ func (g *GPT) ringFor(ctx context.Context, rt linear.Runtime, b *gptBlock) (*rin
 		k = c.RingKernels
 	}
 	hl, hd := c.Heads/c.TP(), c.Dim/c.Heads
+	if g.CPAttention == "" {
+		// Run what the planner chose for the block's attention: the ring,
+		// or (short contexts) the keys and values gathered.
+		t, err := layout.NewTransformerWith(ctx, c.Planner, c.Mesh, c.Tokens(), c.Context, c.Heads, c.Dim, 4*c.Dim, false)
+		if err != nil {
+			return nil, fmt.Errorf("gpt: planning attention over cp: %w", err)
+		}
+		g.CPAttention = "gather"
+		for _, op := range t.Ops {
+			if op.Name == "attention" && op.Fwd.Ring != nil {
+				g.CPAttention = "ring"
+			}
+		}
+	}
 	a, err := ring.New(ring.Config{Group: g.cpGroup, Kernels: k, Causal: true, Layout: ring.Zigzag,
-		S: c.Context, B: c.localBatch(), H: hl, E: hd, F: hd, Rank: g.cpRank(), Size: c.CP()})
+		S: c.Context, B: c.localBatch(), H: hl, E: hd, F: hd, Rank: g.cpRank(), Size: c.CP(), Gather: g.CPAttention == "gather"})
 	if err != nil {
 		return nil, fmt.Errorf("gpt: ring attention: %w", err)
 	}

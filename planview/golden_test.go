@@ -101,6 +101,10 @@ func TestPlanTransformerContextParallel(t *testing.T) {
 	for _, tc := range []struct{ file, args, want string }{
 		{"transformer-cp2-tp2.txt", "--mesh cp=2,tp=2 --tokens 8192 --context 8192 --hidden 1024 --heads 16 --ffn 4096",
 			fmt.Sprintf("forward: 2 send_recv on cp (%d B), 2 all_reduce on tp", 2*blk)},
+		// Sequence parallel composes: the ring over cp, the tokens' rows
+		// over tp gathered and reduce-scattered around the linear layers.
+		{"transformer-cp2-tp2-sp.txt", "--mesh cp=2,tp=2 --tokens 8192 --context 8192 --hidden 1024 --heads 16 --ffn 4096 --sequence-parallel",
+			fmt.Sprintf("2 send_recv on cp (%d B), 1 all_to_all on tp", 2*blk)},
 		{"transformer-cp2-tp2-short.txt", "--mesh cp=2,tp=2 --tokens 8192 --context 64 --hidden 1024 --heads 16 --ffn 4096",
 			"forward: 2 all_gather on cp (16777216 B), 2 all_reduce on tp"},
 		// Tiny: the model prefers gathering rows to reducing weight

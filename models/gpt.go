@@ -448,7 +448,8 @@ func planMove(ctx context.Context, pl *placement.Planner, name string, from, to 
 
 // Step runs one training step on ids and targets (each [Batch·Context]
 // token ids held as float32, on the rank's device, the same on every rank;
-// with ep, each rank trains on its ep coordinate's Batch/ep sequences):
+// with ep or dp, each rank trains on its coordinate's Batch/ep (Batch/dp)
+// sequences, under cp on its positions of each):
 // forward, the cross-entropy loss, backward and the optimizer. It returns the
 // mean loss over the step's tokens, the same on every rank; one float64 comes
 // back to the host.

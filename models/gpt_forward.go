@@ -241,7 +241,8 @@ func (g *GPT) crossEntropy(ctx context.Context, rt linear.Runtime, acts *gptActs
 	}
 	total := host.Float64()[0]
 	if g.Cfg.split() > 1 {
-		// Each ep (cp) rank's tokens' sum: the loss is the mean over the batch.
+		// Each ep (dp, cp) rank's tokens' sum: the loss is the mean over the
+		// batch.
 		if total, err = g.sumOverSplit(ctx, rt, total); err != nil {
 			return 0, err
 		}

@@ -120,13 +120,14 @@ func TestGPTContextParallelUsage(t *testing.T) {
 }
 
 // TestGPTContextParallelResume: a run saved at step 4 on cp=2,tp=2 and
-// resumed on cp=2,tp=2, on tp=2 and on cp=4 (the parameters are the same
-// tensors, replicated over cp) gives the losses of a run never stopped.
+// resumed on cp=2,tp=2, on tp=2, on cp=4, on dp=2,cp=2 and on dp=2,tp=2,
+// and one saved on dp=2,cp=2,tp=2 and resumed on tp=2, cp=4 and dp=2 (the
+// parameters are the same tensors, replicated over dp and cp), give the
+// losses of a run never stopped.
 func TestGPTContextParallelResume(t *testing.T) {
 	if _, err := os.Stat(DefaultCorpus); err != nil {
 		t.Skipf("no %s on this machine", DefaultCorpus)
 	}
-	dir := t.TempDir()
 	args := func(extra ...string) []string {
 		return append([]string{"gpt", "--dim", "32", "--heads", "2", "--context", "32", "--batch", "4", "--sample", "0"}, extra...)
 	}
@@ -134,22 +135,31 @@ func TestGPTContextParallelResume(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	if code, out, errs := run(t, args("--mesh", "cp=2,tp=2", "--steps", "4", "--save", dir)...); code != 0 || !strings.Contains(out, "saved step 4") {
-		t.Fatalf("exit %d: %s%s", code, out, errs)
-	}
 	want := gptStepLosses(straight)
-	for _, mesh := range []string{"cp=2,tp=2", "tp=2", "cp=4"} {
-		code, out, errs := run(t, args("--mesh", mesh, "--steps", "6", "--resume", dir)...)
-		if code != 0 {
-			t.Fatalf("%s: exit %d: %s", mesh, code, errs)
+	for _, tc := range []struct {
+		saved  string
+		meshes []string
+	}{
+		{"cp=2,tp=2", []string{"cp=2,tp=2", "tp=2", "cp=4", "dp=2,cp=2", "dp=2,tp=2"}},
+		{"dp=2,cp=2,tp=2", []string{"tp=2", "cp=4", "dp=2"}},
+	} {
+		dir := t.TempDir()
+		if code, out, errs := run(t, args("--mesh", tc.saved, "--steps", "4", "--save", dir)...); code != 0 || !strings.Contains(out, "saved step 4") {
+			t.Fatalf("%s: exit %d: %s%s", tc.saved, code, out, errs)
 		}
-		got := gptStepLosses(out)
-		if len(got) != 2 {
-			t.Fatalf("%s: resumed run trained steps %v, want 5 and 6", mesh, got)
-		}
-		for _, s := range []int{5, 6} {
-			if d := math.Abs(got[s]-want[s]) / want[s]; d > 1e-5 {
-				t.Errorf("%s: step %d loss %.6f, the run never stopped %.6f", mesh, s, got[s], want[s])
+		for _, mesh := range tc.meshes {
+			code, out, errs := run(t, args("--mesh", mesh, "--steps", "6", "--resume", dir)...)
+			if code != 0 {
+				t.Fatalf("%s from %s: exit %d: %s", mesh, tc.saved, code, errs)
+			}
+			got := gptStepLosses(out)
+			if len(got) != 2 {
+				t.Fatalf("%s from %s: resumed run trained steps %v, want 5 and 6", mesh, tc.saved, got)
+			}
+			for _, s := range []int{5, 6} {
+				if d := math.Abs(got[s]-want[s]) / want[s]; d > 1e-5 {
+					t.Errorf("%s from %s: step %d loss %.6f, the run never stopped %.6f", mesh, tc.saved, s, got[s], want[s])
+				}
 			}
 		}
 	}

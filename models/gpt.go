@@ -154,11 +154,11 @@ func (b *gptBuilder) planMoves() (placement.Spec, error) {
 	g, cfg := b.g, b.g.Cfg
 	mesh, t, d := cfg.Mesh, cfg.Tokens(), cfg.Dim
 	var err error
-	// With ep, the tokens are split over it as the batch (the dense layers
-	// are data parallel over ep); with cp, each rank's positions of every
-	// sequence (gpt_cp.go), split alike.
+	// With ep or dp, the tokens are split over it as the batch (the dense
+	// layers are data parallel over ep); with cp, each rank's positions of
+	// every sequence (gpt_cp.go), split alike: over every dim before tp.
 	tokens := placement.Placement(placement.Replicate{})
-	if cfg.Mesh.NDim() == 2 {
+	if cfg.Mesh.NDim() > 1 {
 		tokens = placement.Shard{Dim: 0}
 	}
 	// The embedding, vocabulary-parallel (Megatron's layout, whatever the
@@ -354,8 +354,12 @@ func (b *gptBuilder) layer(name, preset string, n, k int, bias bool, std float64
 		// head may split tokens and gather its weight: cheaper under its
 		// model than all-reducing dx backward).
 		c.Out = []placement.Placement{placement.Shard{Dim: 1}}
-		if cfg.Mesh.NDim() == 2 { // the tokens split over ep
-			c.Out = []placement.Placement{placement.Shard{Dim: 0}, placement.Shard{Dim: 1}}
+		if nd := cfg.Mesh.NDim(); nd > 1 { // the tokens split over ep, dp, cp
+			c.Out = make([]placement.Placement, nd)
+			for i := range c.Out {
+				c.Out[i] = placement.Shard{Dim: 0}
+			}
+			c.Out[nd-1] = placement.Shard{Dim: 1}
 		}
 	}
 	plans, err := linear.PlanContext(b.ctx, c)
@@ -444,7 +448,8 @@ func planMove(ctx context.Context, pl *placement.Planner, name string, from, to 
 
 // Step runs one training step on ids and targets (each [Batch·Context]
 // token ids held as float32, on the rank's device, the same on every rank;
-// with ep, each rank trains on its ep coordinate's Batch/ep sequences):
+// with ep or dp, each rank trains on its coordinate's Batch/ep (Batch/dp)
+// sequences, under cp on its positions of each):
 // forward, the cross-entropy loss, backward and the optimizer. It returns the
 // mean loss over the step's tokens, the same on every rank; one float64 comes
 // back to the host.

@@ -3,6 +3,7 @@ package models
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/linear"
@@ -31,6 +32,14 @@ import (
 // parameters are replicated over cp (gpt_cp.go). The context must be a
 // multiple of 2·cp; cp does not combine with experts or sequence
 // parallelism.
+//
+// On a mesh dp=D, dp=D,tp=N, dp=D,cp=C or dp=D,cp=C,tp=N the model is data
+// parallel as well: each dp rank takes Batch/dp whole sequences of every
+// step's batch (under cp, split over cp as above), the parameters are
+// replicated over dp and their gradients summed over dp (with cp, over dp
+// and cp in one all-reduce), and the loss is the mean over the whole
+// batch. Batch must be a multiple of dp; dp does not combine with experts
+// (ep=E,tp=N splits the batch then) or sequence parallelism.
 type GPTConfig struct {
 	Mesh                                      placement.Mesh
 	Vocab, Dim, Heads, Layers, Context, Batch int
@@ -89,49 +98,74 @@ func (c GPTConfig) Compute() tensor.DType {
 func (c GPTConfig) Tokens() int { return c.Batch * c.Context }
 
 // EP is the ep dim's size: 1 without experts or on a 1-D mesh.
-func (c GPTConfig) EP() int { return c.outer("ep") }
+func (c GPTConfig) EP() int { return c.size("ep") }
 
 // CP is the cp dim's size: 1 without context parallelism.
-func (c GPTConfig) CP() int { return c.outer("cp") }
+func (c GPTConfig) CP() int { return c.size("cp") }
 
-// outer is the size of the mesh's first dim when it is named name (the dim
-// the tokens are split over outside tp), else 1.
-func (c GPTConfig) outer(name string) int {
-	if c.Mesh.NDim() > 0 && c.Mesh.Names()[0] == name {
-		return c.Mesh.Dim(0)
+// DP is the dp dim's size: 1 without data parallelism.
+func (c GPTConfig) DP() int { return c.size("dp") }
+
+// dimOf is the index of the mesh's dim named name, or −1.
+func (c GPTConfig) dimOf(name string) int {
+	for i, n := range c.Mesh.Names() {
+		if n == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// size is the size of the mesh's dim named name, 1 without it.
+func (c GPTConfig) size(name string) int {
+	if i := c.dimOf(name); i >= 0 {
+		return c.Mesh.Dim(i)
 	}
 	return 1
 }
 
-// split is the size of the dim the tokens are split over outside tp (ep or
-// cp): the ranks whose gradients of the replicated parameters are summed.
-func (c GPTConfig) split() int {
-	if c.Mesh.NDim() == 2 {
-		return c.Mesh.Dim(0)
+// splitDims are the dims the tokens are split over outside tp (ep, or dp
+// and cp): every dim but the last. The ranks along them sum the gradients
+// of the replicated parameters.
+func (c GPTConfig) splitDims() []int {
+	var dims []int
+	for i := 0; i < c.Mesh.NDim()-1; i++ {
+		dims = append(dims, i)
 	}
-	return 1
+	return dims
 }
 
-// normalized is c with a mesh cp=C written cp=C,tp=1 (the token dim first,
-// tp last, as every 2-D mesh of the model).
+// split is the number of ranks the tokens are split over outside tp.
+func (c GPTConfig) split() int { return c.Mesh.Size() / c.TP() }
+
+// normalized is c with a mesh of dp and cp only (dp=D, cp=C, dp=D,cp=C)
+// given a last dim tp=1: tp last, as every mesh of the model.
 func (c GPTConfig) normalized() GPTConfig {
-	if names := c.Mesh.Names(); len(names) == 1 && names[0] == "cp" {
-		c.Mesh = placement.MustMesh([]int{c.Mesh.Dim(0), 1}, []string{"cp", "tp"})
+	names := c.Mesh.Names()
+	if len(names) == 0 || names[len(names)-1] == "tp" {
+		return c
 	}
+	for _, n := range names {
+		if n != "dp" && n != "cp" {
+			return c
+		}
+	}
+	shape := append(c.Mesh.Shape(), 1)
+	c.Mesh = placement.MustMesh(shape, append(names, "tp"))
 	return c
 }
 
 // TP is the tp dim's size (the mesh's last dim).
 func (c GPTConfig) TP() int { return c.Mesh.Dim(c.Mesh.NDim() - 1) }
 
-// localBatch is the sequences each ep rank holds, localContext the
+// localBatch is the sequences each ep (dp) rank holds, localContext the
 // positions of each that a cp rank holds; localTokens their tokens.
-func (c GPTConfig) localBatch() int   { return c.Batch / c.EP() }
+func (c GPTConfig) localBatch() int   { return c.Batch / (c.EP() * c.DP()) }
 func (c GPTConfig) localContext() int { return c.Context / c.CP() }
 func (c GPTConfig) localTokens() int  { return c.localBatch() * c.localContext() }
 
 func (c GPTConfig) check() error {
-	if c.Mesh.NDim() > 0 && c.Mesh.Names()[0] == "cp" {
+	if n := c.Mesh.Names(); len(n) > 0 && (n[0] == "cp" || n[0] == "dp") {
 		if err := c.checkCP(); err != nil {
 			return err
 		}
@@ -166,7 +200,7 @@ func (c GPTConfig) checkExperts() error {
 	case c.Experts < 0:
 		return fmt.Errorf("%w: gpt: experts %d (0: no mixture of experts)", linear.ErrConfig, c.Experts)
 	case c.Experts == 0:
-		return fmt.Errorf("%w: gpt: mesh %s: one dim (tensor parallel) or cp=C,tp=N (context parallel); a 2-D mesh ep=E,tp=N needs --experts", linear.ErrConfig, c.Mesh)
+		return fmt.Errorf("%w: gpt: mesh %s: one dim (tensor parallel), dp=D,tp=N (data parallel) or cp=C,tp=N (context parallel); a 2-D mesh ep=E,tp=N needs --experts", linear.ErrConfig, c.Mesh)
 	case !(len(names) == 1 && names[0] == "tp") && !(len(names) == 2 && names[0] == "ep" && names[1] == "tp"):
 		return fmt.Errorf("%w: gpt: mesh %s: with experts, tp=N or ep=E,tp=N (in that order)", linear.ErrConfig, c.Mesh)
 	case c.TopK < 1 || c.TopK > c.Experts:
@@ -185,18 +219,26 @@ func (c GPTConfig) checkExperts() error {
 	return nil
 }
 
-// checkCP checks a context-parallel model's mesh (cp=C,tp=N, normalized)
-// and settings: the zigzag layout splits each sequence into 2·cp chunks.
+// checkCP checks a data- or context-parallel model's mesh (dp=D,tp=N,
+// cp=C,tp=N or dp=D,cp=C,tp=N, normalized) and settings: each dp rank
+// holds whole sequences, and the zigzag layout splits each sequence into
+// 2·cp chunks.
 func (c GPTConfig) checkCP() error {
-	names := c.Mesh.Names()
+	names := strings.Join(c.Mesh.Names(), ",")
+	what := "context parallelism (cp)"
+	if c.dimOf("dp") >= 0 {
+		what = "data parallelism (dp)"
+	}
 	switch {
-	case len(names) != 2 || names[1] != "tp":
-		return fmt.Errorf("%w: gpt: mesh %s: with context parallelism, cp=C or cp=C,tp=N (in that order)", linear.ErrConfig, c.Mesh)
+	case names != "cp,tp" && names != "dp,tp" && names != "dp,cp,tp":
+		return fmt.Errorf("%w: gpt: mesh %s: with data or context parallelism, dp=D, cp=C or dp=D,cp=C, each optionally followed by tp=N (in that order)", linear.ErrConfig, c.Mesh)
 	case c.Experts != 0:
-		return fmt.Errorf("%w: gpt: context parallelism (cp) does not combine with experts", linear.ErrConfig)
+		return fmt.Errorf("%w: gpt: %s does not combine with experts", linear.ErrConfig, what)
 	case c.SequenceParallel:
-		return fmt.Errorf("%w: gpt: context parallelism (cp) does not combine with sequence parallelism", linear.ErrConfig)
-	case c.Context%(2*c.CP()) != 0:
+		return fmt.Errorf("%w: gpt: %s does not combine with sequence parallelism", linear.ErrConfig, what)
+	case c.Batch%c.DP() != 0:
+		return fmt.Errorf("%w: gpt: batch %d is not a multiple of dp = %d (each dp rank holds whole sequences)", linear.ErrConfig, c.Batch, c.DP())
+	case c.dimOf("cp") >= 0 && c.Context%(2*c.CP()) != 0:
 		return fmt.Errorf("%w: gpt: context %d is not a multiple of 2·cp = %d (the zigzag layout splits each sequence into 2·cp equal chunks)",
 			linear.ErrConfig, c.Context, 2*c.CP())
 	}
@@ -213,19 +255,21 @@ func (c GPTConfig) moePlan() (*spmd.MoEPlan, error) {
 	return p, nil
 }
 
-// spec lays out a tensor of the dense model: replicated over ep (when the
-// mesh has it), as tpp says over tp.
+// spec lays out a tensor of the dense model: replicated over the dims
+// before tp (ep, dp, cp), as tpp says over tp.
 func (c GPTConfig) spec(shape []int, tpp placement.Placement) placement.Spec {
 	return c.specOver(shape, placement.Replicate{}, tpp)
 }
 
-// specOver lays out a tensor as epp says over ep (when the mesh has it) and
-// tpp over tp.
+// specOver lays out a tensor as epp says over each dim before tp (ep, or
+// dp and cp) and tpp over tp.
 func (c GPTConfig) specOver(shape []int, epp, tpp placement.Placement) placement.Spec {
-	if c.Mesh.NDim() == 2 {
-		return placement.MustSpec(shape, c.Mesh, epp, tpp)
+	ps := make([]placement.Placement, c.Mesh.NDim())
+	for i := range ps {
+		ps[i] = epp
 	}
-	return placement.MustSpec(shape, c.Mesh, tpp)
+	ps[len(ps)-1] = tpp
+	return placement.MustSpec(shape, c.Mesh, ps...)
 }
 
 // PlanGPT checks cfg as NewGPT does and lists what a checkpoint of the model

@@ -34,7 +34,19 @@ func (g *GPT) cpRank() int {
 	if g.Cfg.CP() == 1 {
 		return 0
 	}
-	return g.Cfg.Mesh.Coords(g.rank)[0]
+	return g.Cfg.Mesh.Coords(g.rank)[g.Cfg.dimOf("cp")]
+}
+
+// batchRank is this rank's coordinate along the dim that splits the batch
+// (ep or dp; 0 without either).
+func (g *GPT) batchRank() int {
+	c := g.Cfg
+	for _, name := range []string{"ep", "dp"} {
+		if i := c.dimOf(name); i >= 0 && c.Mesh.NDim() > 1 {
+			return c.Mesh.Coords(g.rank)[i]
+		}
+	}
+	return 0
 }
 
 // cpChunks is every cp rank's chunks of a sequence (one chunk, the whole
@@ -69,23 +81,25 @@ func (c GPTConfig) cpOwner(pos int) (owner, index int) {
 	return 0, pos
 }
 
-// cpRows copies this rank's positions of every sequence of the batch's
-// token vector t ([Batch·Context], the sequences one after the other) into
-// scratch name: [Batch·Context/cp], each sequence's positions in the
-// rank's order. One 2-D copy per chunk.
+// cpRows copies this rank's positions of each of its dp coordinate's
+// sequences of the batch's token vector t ([Batch·Context], the sequences
+// one after the other) into scratch name: [Batch/dp·Context/cp], each
+// sequence's positions in the rank's order. One 2-D copy per chunk.
 func (g *GPT) cpRows(rt linear.Runtime, name string, t *tensor.Tensor) (*tensor.Tensor, error) {
 	c := g.Cfg
 	if t.Len() != c.Tokens() {
 		return nil, fmt.Errorf("%w: gpt: %d token ids, want batch × context = %d", linear.ErrConfig, t.Len(), c.Tokens())
 	}
 	sl := c.localContext()
-	out, err := g.get(rt, name, c.Batch*sl)
+	lb := c.localBatch()
+	out, err := g.get(rt, name, lb*sl)
 	if err != nil {
 		return nil, err
 	}
+	first := g.batchRank() * lb * c.Context
 	at := 0
 	for _, ch := range c.cpChunks()[g.cpRank()] {
-		if err := rt.Kernels.Copy2D(out, 4*at, 4*sl, t, 4*ch.Start, 4*c.Context, 4*ch.Len, c.Batch); err != nil {
+		if err := rt.Kernels.Copy2D(out, 4*at, 4*sl, t, 4*(first+ch.Start), 4*c.Context, 4*ch.Len, lb); err != nil {
 			return nil, err
 		}
 		at += ch.Len
@@ -101,7 +115,7 @@ func (g *GPT) ringFor(ctx context.Context, rt linear.Runtime, b *gptBlock) (*rin
 	}
 	c := g.Cfg
 	if g.cpGroup == nil {
-		grp, err := redistribute.MeshGroup(ctx, rt.World, c.Mesh, 0)
+		grp, err := redistribute.MeshGroup(ctx, rt.World, c.Mesh, c.dimOf("cp"))
 		if err != nil {
 			return nil, fmt.Errorf("gpt: the cp group: %w", err)
 		}
@@ -217,7 +231,7 @@ func (g *GPT) ringBackward(ctx context.Context, rt linear.Runtime, b *gptBlock, 
 }
 
 // sumOverSplit sums a host number over the ranks of this rank's group
-// along the mesh's first dim (ep or cp).
+// along the dims before tp (ep, or dp and cp).
 func (g *GPT) sumOverSplit(ctx context.Context, rt linear.Runtime, x float64) (float64, error) {
 	grp, err := rt.World.Group(ctx, g.splitGroup())
 	if err != nil {
@@ -225,7 +239,7 @@ func (g *GPT) sumOverSplit(ctx context.Context, rt linear.Runtime, x float64) (f
 	}
 	buf := []float64{x}
 	if err := collective.AllReduce(ctx, grp, buf, collective.Sum); err != nil {
-		return 0, fmt.Errorf("gpt: loss over %s: %w", g.Cfg.Mesh.Names()[0], err)
+		return 0, fmt.Errorf("gpt: loss over %s: %w", g.Cfg.splitName(), err)
 	}
 	return buf[0], nil
 }

@@ -53,7 +53,7 @@ func TestGPTContextParallelRefused(t *testing.T) {
 		{"sequence parallel", "cp=2,tp=2", func(c *models.GPTConfig) { c.SequenceParallel = true }, "does not combine with sequence parallelism"},
 		{"experts", "cp=2,tp=2", func(c *models.GPTConfig) { c.Experts, c.TopK = 2, 1 }, "does not combine with experts"},
 		{"mesh order", "tp=2,cp=2", func(*models.GPTConfig) {}, "cp=C,tp=N"},
-		{"other dim", "cp=2,ep=2", func(*models.GPTConfig) {}, "cp=C or cp=C,tp=N"},
+		{"other dim", "cp=2,ep=2", func(*models.GPTConfig) {}, "dp=D,cp=C"},
 	} {
 		cfg := cpGPT(t, tc.mesh)
 		tc.edit(&cfg)

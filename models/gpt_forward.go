@@ -241,7 +241,8 @@ func (g *GPT) crossEntropy(ctx context.Context, rt linear.Runtime, acts *gptActs
 	}
 	total := host.Float64()[0]
 	if g.Cfg.split() > 1 {
-		// Each ep (cp) rank's tokens' sum: the loss is the mean over the batch.
+		// Each ep (dp, cp) rank's tokens' sum: the loss is the mean over the
+		// batch.
 		if total, err = g.sumOverSplit(ctx, rt, total); err != nil {
 			return 0, err
 		}
@@ -275,9 +276,9 @@ func (g *GPT) Next(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor, p
 	if err != nil {
 		return nil, err
 	}
-	// With ep, the first sequence's row is ep rank 0's; with cp, the cp
-	// rank's that holds position pos (at its index there): the others add
-	// zeros.
+	// With ep or dp, the first sequence's row is ep (dp) rank 0's; with
+	// cp, the cp rank's that holds position pos (at its index there): the
+	// others add zeros.
 	owner, at := c.cpOwner(pos)
 	n := vl * acts.logits.DType().Size()
 	if err := rt.Kernels.Copy2D(row, 0, n, acts.logits, at*n, n, n, 1); err != nil {
@@ -290,7 +291,7 @@ func (g *GPT) Next(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor, p
 			return nil, err
 		}
 	}
-	if c.split() > 1 && c.Mesh.Coords(g.rank)[0] != owner {
+	if c.split() > 1 && (g.batchRank() != 0 || g.cpRank() != owner) {
 		if err := rt.Kernels.Zero(row, 0, row.Bytes()); err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/kernels"
@@ -119,15 +120,15 @@ func (g *GPT) local(rt linear.Runtime, ids, targets *tensor.Tensor) (*tensor.Ten
 	return ids, targets, err
 }
 
-// localRows copies this rank's ep share of the batch's token vector t into
-// scratch name (under cp its positions of every sequence, cpRows; t itself
-// without either).
+// localRows copies this rank's share of the batch's token vector t into
+// scratch name: its ep (dp) coordinate's sequences, under cp its positions
+// of each (cpRows); t itself when the batch is not split.
 func (g *GPT) localRows(rt linear.Runtime, name string, t *tensor.Tensor) (*tensor.Tensor, error) {
 	c := g.Cfg
 	if c.CP() > 1 {
 		return g.cpRows(rt, name, t)
 	}
-	if c.EP() == 1 {
+	if c.localBatch() == c.Batch {
 		return t, nil
 	}
 	if t.Len() != c.Tokens() {
@@ -138,19 +139,27 @@ func (g *GPT) localRows(rt linear.Runtime, name string, t *tensor.Tensor) (*tens
 	if err != nil {
 		return nil, err
 	}
-	first := c.Mesh.Coords(g.rank)[0] * n
+	first := g.batchRank() * n
 	return out, rt.Kernels.Copy2D(out, 0, 4*n, t, 4*first, 4*n, 4*n, 1)
 }
 
-// splitGroup is this rank's group along the mesh's first dim (ep or cp).
-func (g *GPT) splitGroup() []int { return g.Cfg.Mesh.Group(g.rank, 0) }
+// splitGroup is this rank's group along the dims before tp (ep, or dp and
+// cp).
+func (g *GPT) splitGroup() []int { return g.Cfg.Mesh.Group(g.rank, g.Cfg.splitDims()...) }
 
-// reduceOverSplit sums over the mesh's first dim (ep or cp) the gradients of
-// the parameters the model holds itself (the embeddings and layer norms:
-// each rank's are its tokens'), packed into one buffer, in one all-reduce
-// recorded as ep_grads or cp_grads.
+// splitName names the dims before tp as the collectives over them are
+// recorded: ep, dp, cp or dp_cp.
+func (c GPTConfig) splitName() string {
+	names := c.Mesh.Names()
+	return strings.Join(names[:len(names)-1], "_")
+}
+
+// reduceOverSplit sums over the dims before tp (ep, or dp and cp) the
+// gradients of the parameters the model holds itself (the embeddings and
+// layer norms: each rank's are its tokens'), packed into one buffer, in one
+// all-reduce recorded as ep_grads, dp_grads, cp_grads or dp_cp_grads.
 func (g *GPT) reduceOverSplit(ctx context.Context, rt linear.Runtime) error {
-	dim := g.Cfg.Mesh.Names()[0]
+	dim := g.Cfg.splitName()
 	var ps []*param
 	n := 0
 	for _, p := range g.params {
@@ -197,7 +206,7 @@ func (g *GPT) reduceOverSplit(ctx context.Context, rt linear.Runtime) error {
 		return fmt.Errorf("gpt: gradients over %s: %w", dim, err)
 	}
 	if rt.Record != nil {
-		rt.Record(dim+"_grads", redistribute.Executed{Kind: placement.AllReduce, MeshDims: []int{0}, Group: group,
+		rt.Record(dim+"_grads", redistribute.Executed{Kind: placement.AllReduce, MeshDims: g.Cfg.splitDims(), Group: group,
 			InputElems: int64(n), Bytes: 4 * int64(n), Algorithm: c.Algorithm()})
 	}
 	return copyAll(false)

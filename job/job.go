@@ -53,7 +53,7 @@ var workloads = map[string]struct {
 	"verify":    {func() task { return &verifyTask{} }, "", "every op with a rule on every mesh (1-, 2- and 3-D) and placement, at even and uneven sizes, checked against float64 and the plans"},
 	"calibrate": {func() task { return &calibrateTask{} }, "", "measure the planners' cost model (latency, bandwidth, GEMM rate) on this job's transport and ranks; launcher plan --model reads it"},
 	"mlp":       {func() task { return &mlpTask{} }, "", "train the Megatron MLP block (SGD, mean squared error), optionally sequence parallel, with checkpoints"},
-	"gpt":       {func() task { return &gptTask{} }, "", "train a small GPT on the characters of a text, tensor parallel in Megatron's layout, with experts over ep or ring attention over cp (AdamW or SGD), and sample from it"},
+	"gpt":       {func() task { return &gptTask{} }, "", "train a small GPT on the characters of a text, tensor parallel in Megatron's layout, data parallel over dp, with experts over ep or ring attention over cp (AdamW or SGD), and sample from it"},
 	"attention": {func() task { return &attentionTask{} }, "", "ring attention with the sequence split over a cp mesh dim (contiguous or zigzag), forward and backward timed, with the bytes it sent and the memory it held"},
 	"moe":       {func() task { return &moeTask{} }, "", "a mixture-of-experts layer's forward and backward on a mesh of dp, ep and tp (tokens dispatched by all-to-all), timed, or on given tensors with its results written"},
 }

@@ -373,3 +373,25 @@ func TestWorkerStall(t *testing.T) {
 		t.Errorf("logs why:\n%s", w)
 	}
 }
+
+// TestFlightRecorder: a program's ranks get PyTorch's flight recorder for
+// NCCL (unless set), dumping into their folders, and logs why lists the
+// dumps a failed job left there.
+func TestFlightRecorder(t *testing.T) {
+	prog := `echo "$TORCH_NCCL_TRACE_BUFFER_SIZE $TORCH_NCCL_DUMP_ON_TIMEOUT $TORCH_NCCL_DEBUG_INFO_TEMP_FILE"; ` +
+		`echo trace > "${TORCH_NCCL_DEBUG_INFO_TEMP_FILE}${RANK}"; exit 3`
+	code, dir, stdout, stderr := launch(t, "-n", "2", "--", "sh", "-c", prog)
+	if code != 3 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, RankDir(1), "stdout.log"))
+	if want := "2000 1 " + filepath.Join(dir, RankDir(1), FlightRecorderPrefix); !strings.Contains(string(b), want) {
+		t.Errorf("rank 1's environment: %q, want %q", b, want)
+	}
+	w := why(t, dir)
+	for r := range 2 {
+		if f := filepath.Join(RankDir(r), FlightRecorderPrefix+strconv.Itoa(r)); !strings.Contains(w, f) {
+			t.Errorf("logs why does not list %s:\n%s", f, w)
+		}
+	}
+}

@@ -235,9 +235,18 @@ func (t Timeline) Text() string {
 		if t.Makespan > 0 {
 			idle = t.Idle[s] / t.Makespan
 		}
-		fmt.Fprintf(&sb, "stage %*d |%s| idle %.4g (%.1f%%), peak activations %d (%d to B)\n", w, s, row, t.Idle[s], 100*idle, t.Peak[s], t.PeakInput[s])
+		fmt.Fprintf(&sb, "stage %*d |%s| idle %s (%.1f%%), peak activations %d (%d to B)\n", w, s, row, num(t.Idle[s]), 100*idle, t.Peak[s], t.PeakInput[s])
 	}
-	fmt.Fprintf(&sb, "step %.4g, bubble %.1f%% (idle / (%d stages × step)); one column = %.4g; F: the micro-batch's last digit, B: input gradient, W: weight gradient, '.': idle\n",
-		t.Makespan, 100*t.Bubble, t.P, u)
+	fmt.Fprintf(&sb, "step %s, bubble %.1f%% (idle / (%d stages × step)); one column = %s; F: the micro-batch's last digit, B: input gradient, W: weight gradient, '.': idle\n",
+		num(t.Makespan), 100*t.Bubble, t.P, num(u))
 	return sb.String()
+}
+
+// num prints a time with 4 significant digits, without an exponent up to
+// 10¹⁵.
+func num(v float64) string {
+	if v >= 1e4 && v < 1e15 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.4g", v)
 }

@@ -44,6 +44,34 @@ func TestCheckEveryKind(t *testing.T) {
 	}
 }
 
+// TestLargerPipelines: every kind passes Check up to p=16, m=64, and
+// ZB-H1 keeps its bound (step 3m+p−1 at unit costs for m ≥ p, at most p
+// micro-batches held).
+func TestLargerPipelines(t *testing.T) {
+	for _, p := range []int{7, 8, 13, 16} {
+		for _, m := range []int{1, p - 1, p, p + 3, 2 * p, 64} {
+			for _, k := range []Kind{GPipe, OneF1B, ZBH1} {
+				s, err := Schedule(k, p, m)
+				if err == nil {
+					err = Check(s, p, m)
+				}
+				if err != nil {
+					t.Fatalf("%v p=%d m=%d: %v", k, p, m, err)
+				}
+			}
+			z := run(t, ZBH1, p, m, unit)
+			if m >= p && !near(z.Makespan, float64(3*m+p-1)) {
+				t.Errorf("zb p=%d m=%d: step %g, want %d", p, m, z.Makespan, 3*m+p-1)
+			}
+			for s, n := range z.Peak {
+				if n > p {
+					t.Errorf("zb p=%d m=%d stage %d: peak %d", p, m, s, n)
+				}
+			}
+		}
+	}
+}
+
 // TestOneF1BBubble: the classic 1F1B bubble. With B and W fused (one
 // backward of cost B+W = 2, the gradient sent at its end) and no send time,
 // stage s starts its first F at s·F (the activation comes down s stages) and

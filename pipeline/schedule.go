@@ -173,6 +173,12 @@ func zbH1(p, m int) [][]Action {
 	waitW := make([][]int, p)
 	held, busy := make([]int, p), make([]int, p)
 	for left, t := 3*p*m, 0; left > 0; t++ {
+		if t > 3*p*m+2*p {
+			// The orders finish by 1F1B's step, 3(m+p−1), at the latest
+			// (a W never blocks 1F1B's order of F and B): running past it
+			// is a bug, not an input.
+			panic(fmt.Sprintf("pipeline: zb-h1 at p=%d, m=%d made no progress", p, m))
+		}
 		for s := 0; s < p; s++ {
 			if busy[s] > t {
 				continue

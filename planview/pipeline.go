@@ -183,7 +183,6 @@ type pipelineReport struct {
 	Peak         []int     `json:"peak_activations"`
 	PeakInput    []int     `json:"peak_activations_to_b"`
 	timeline     pipeline.Timeline
-	ms           float64 // the chart's times per second
 }
 
 // runPipeline times the pipeline of ops (one transformer block on a stage's
@@ -228,7 +227,7 @@ func runPipeline(o BlockOptions, ops []layout.Op, m placement.Model, elemSize in
 	if unit > 0 {
 		tl.Unit = unit
 	}
-	r.timeline, r.ms = tl, ms
+	r.timeline = tl
 	r.Step, r.Bubble, r.Peak, r.PeakInput = tl.Makespan/ms, tl.Bubble, tl.Peak, tl.PeakInput
 	for _, v := range tl.Idle {
 		r.Idle = append(r.Idle, v/ms)

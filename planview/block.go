@@ -33,6 +33,13 @@ type BlockOptions struct {
 	Capacity      float64
 	DType         string // element type the bytes count ("": float32)
 	JSON          bool
+	// PP, when above 0, is the stages of a pipeline of Name "transformer"
+	// over the dim pp of PipelineMesh: Mesh is then one stage's mesh (without
+	// pp), Tokens one micro-batch's, and the plan ends with the pipeline's
+	// timeline (docs/pipeline.md).
+	PP           int
+	PipelineMesh string
+	Pipeline     PipelineOptions
 }
 
 // elemSize is the size of an element of dtype s ("" is float32).
@@ -108,6 +115,7 @@ type blockReport struct {
 	SequenceParallel bool                    `json:"sequence_parallel"`
 	Ops              []blockOp               `json:"ops"`
 	Collectives      map[string][]blockTally `json:"collectives"` // "forward", "backward"
+	Pipeline         *pipelineReport         `json:"pipeline,omitempty"`
 }
 
 type blockOp struct {
@@ -174,6 +182,12 @@ func RunBlock(w io.Writer, o BlockOptions) error {
 		note("forward", s.Fwd.Collectives())
 		note("backward", s.Bwd.Collectives())
 	}
+	if o.PP > 0 {
+		if r.Pipeline, err = runPipeline(o, stages, stages[0].Fwd.Model, elemSize); err != nil {
+			return err
+		}
+		r.Mesh = o.PipelineMesh
+	}
 	if o.JSON {
 		b, err := json.Marshal(r)
 		if err != nil {
@@ -204,6 +218,9 @@ func RunBlock(w io.Writer, o BlockOptions) error {
 	}
 	for _, l := range rings {
 		fmt.Fprintln(w, l)
+	}
+	if r.Pipeline != nil {
+		r.Pipeline.text(w, o.PipelineMesh, o.Tokens)
 	}
 	return nil
 }

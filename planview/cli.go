@@ -2,7 +2,9 @@
 // `launcher plan`. For one op (--op) or a whole block (--block mlp,
 // transformer) it prints the layouts, collectives and bytes of the forward
 // and the backward as packages spmd, placement and linear/layout plan them,
-// and for the MLP block the memory a rank needs; --op redistribute prints the
+// for the MLP block the memory a rank needs, and for the transformer on a mesh
+// with a pp dim the pipeline's modelled timeline (package pipeline,
+// docs/pipeline.md); --op redistribute prints the
 // steps that move a tensor from one layout to another. It starts no rank and
 // does not import package launch, which runs jobs; cmd/launcher hands it the
 // plan command.

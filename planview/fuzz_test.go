@@ -27,6 +27,7 @@ func FuzzPlanFlags(f *testing.F) {
 		{"--block", "mlp", "--mesh", "tp=2", "--tokens", "4000000000", "--hidden", "1000000000", "--ffn", "1000000000"},
 		{"--mesh", "2x2x2", "--op", "gelu", "--x", "2x3x4:[S(0),S(1),S(2,chunk)]"},
 		{"--mesh", "2x1x2x1x2x1x1x1", "--block", "mlp"},
+		{"--block", "transformer", "--mesh", "pp=4,tp=2", "--micro-batches", "1024", "--schedule", "zb", "--pp-layers", "1,2,3,4"},
 		{"--mesh", "2x2x2", "--x", "2x2x2x2x2x2x2x2x2x2x2x2x2x2x2x16:[S(0),S(1),S(2)]", "--w", "32x16:[R,R,S(0)]"},
 	} {
 		f.Add(strings.Join(args, "\n"))

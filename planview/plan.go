@@ -43,6 +43,8 @@ type PlanOptions struct {
 	// Block plans a whole block instead of one op ("mlp").
 	Block string
 	BlockOptions
+	// set holds the flags the command line gave.
+	set map[string]bool
 }
 
 // planInputs are the input flags `launcher plan` knows, by op.
@@ -68,10 +70,13 @@ var planInputHelp = map[string]string{
 const planUsage = `usage: launcher plan --mesh MESH [--op OP] --x SPEC --w SPEC [--b SPEC] [FLAGS]
        launcher plan --mesh MESH --op redistribute --x SPEC --out PLACEMENTS [--json]
        launcher plan --mesh MESH --block mlp|transformer|moe [--tokens N] [--hidden N] [--ffn N] [--heads N] [--context N] [--sequence-parallel] [--experts E --top-k K --capacity-factor C] [--json]
+       launcher plan --mesh pp=P,... --block transformer [--schedule gpipe|1f1b|zb] [--micro-batches M] [--layers L | --pp-layers N,N,...] [BLOCK FLAGS]
   how an op (or the Megatron MLP block) is sharded: the layouts, collectives and bytes
   of its forward and backward; SPEC is SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R];
   --op redistribute plans moving the tensor --x to the layout --out: its steps
-  and the bytes each moves
+  and the bytes each moves; a transformer on a mesh with a pp dim is planned on
+  the mesh without it (one pipeline stage's) and followed by the pipeline's
+  modelled timeline under the schedule (docs/pipeline.md)
 `
 
 // planFlags registers the flags of `launcher plan` into o; inputs are the
@@ -103,6 +108,10 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 	fs.IntVar(&o.Hidden, "hidden", 32, "block: hidden size")
 	fs.IntVar(&o.FFN, "ffn", 128, "block: ffn size")
 	fs.BoolVar(&o.SequenceParallel, "sequence-parallel", false, "block: shard tokens over tp outside the MLP")
+	fs.StringVar(&o.Pipeline.Schedule, "schedule", "1f1b", "block transformer on a mesh with a pp dim: the pipeline's `SCHEDULE`, gpipe, 1f1b or zb")
+	fs.IntVar(&o.Pipeline.MicroBatches, "micro-batches", 8, "block transformer with pp: micro-batches per step (--tokens each)")
+	fs.IntVar(&o.Pipeline.Layers, "layers", 0, "block transformer with pp: the model's blocks, split evenly over the stages (default: one per stage)")
+	fs.StringVar(&o.Pipeline.StageLayers, "pp-layers", "", "block transformer with pp: each stage's blocks, `LAYERS` such as 3,3,1,1 (default: --layers split evenly)")
 	return fs, inputs
 }
 
@@ -120,6 +129,8 @@ func ParsePlanFlags(args []string) (PlanOptions, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q (launcher plan -h lists the flags)", fs.Arg(0))
 	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	for n, v := range in {
 		if *v != "" {
 			o.Inputs[n] = *v
@@ -205,6 +216,9 @@ func (o PlanOptions) block() (placement.Mesh, error) {
 		if _, err := o.moePlan(mesh); err != nil {
 			return placement.Mesh{}, err
 		}
+	}
+	if err := o.checkPipeline(mesh); err != nil {
+		return placement.Mesh{}, err
 	}
 	return mesh, nil
 }
@@ -395,6 +409,11 @@ func (o PlanOptions) runBlock(ctx context.Context, pl *placement.Planner, w io.W
 	}
 	b := o.BlockOptions
 	b.Name, b.Mesh, b.DType, b.JSON = o.Block, o.Mesh, o.DType, o.JSON
+	if pp, stage, ok, _ := stageMesh(mesh); ok && o.Block == "transformer" {
+		// The transformer's layout knows dp, cp and tp: each stage plans
+		// its blocks on the mesh without pp.
+		b.PP, b.Mesh, b.PipelineMesh = pp, stage.String(), o.Mesh
+	}
 	if err := RunBlock(w, b); err != nil {
 		return err
 	}

@@ -288,13 +288,13 @@ func TestSizes(t *testing.T) {
 var generated = regexp.MustCompile(`(?m)^// Code generated .* DO NOT EDIT\.$`)
 
 // The core is pure: placement and spmd take specs and return plans, the same
-// every time. They import nothing that does I/O or reads the clock or
+// every time, and pipeline takes orders and returns timelines. They import nothing that does I/O or reads the clock or
 // randomness (a Planner may be shared, so sync is allowed), and start no
 // goroutine.
 func TestPure(t *testing.T) {
 	impure := []string{"os", "net", "time", "syscall", "io/fs", "log", "math/rand", "math/rand/v2", "os/exec", "os/signal", "net/http", "unsafe"}
 	all := imports(t, "")
-	for _, pkg := range []string{"placement", "spmd"} {
+	for _, pkg := range []string{"placement", "spmd", "pipeline"} {
 		for _, imp := range all[pkg] {
 			if slices.Contains(impure, imp) || strings.HasPrefix(imp, "net/") || strings.HasPrefix(imp, "os/") {
 				t.Errorf("%s imports %s: the core does no I/O and reads no clock", pkg, imp)

@@ -1,0 +1,299 @@
+package pipeline
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+)
+
+var unit = Cost{F: 1, B: 1, W: 1}
+
+func run(t *testing.T, k Kind, p, m int, c Cost) Timeline {
+	t.Helper()
+	tl, err := Run(k, p, m, c)
+	if err != nil {
+		t.Fatalf("%v p=%d m=%d: %v", k, p, m, err)
+	}
+	return tl
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+// TestCheckEveryKind: every kind's orders pass Check on p in 1..6 and m in
+// 1..12 (every kind takes m < p), and Simulate runs them to the end.
+func TestCheckEveryKind(t *testing.T) {
+	for _, k := range []Kind{GPipe, OneF1B, ZBH1} {
+		for p := 1; p <= 6; p++ {
+			for m := 1; m <= 12; m++ {
+				s, err := Schedule(k, p, m)
+				if err != nil {
+					t.Fatalf("%v p=%d m=%d: %v", k, p, m, err)
+				}
+				if err := Check(s, p, m); err != nil {
+					t.Errorf("%v p=%d m=%d: %v", k, p, m, err)
+				}
+				tl := run(t, k, p, m, unit)
+				for st := range tl.Stages {
+					if len(tl.Stages[st]) != 3*m || !near(tl.Busy[st], float64(3*m)) {
+						t.Errorf("%v p=%d m=%d stage %d: %d actions, busy %g", k, p, m, st, len(tl.Stages[st]), tl.Busy[st])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestLargerPipelines: every kind passes Check up to p=16, m=64, and
+// ZB-H1 keeps its bound (step 3m+p−1 at unit costs for m ≥ p, at most p
+// micro-batches held).
+func TestLargerPipelines(t *testing.T) {
+	for _, p := range []int{7, 8, 13, 16} {
+		for _, m := range []int{1, p - 1, p, p + 3, 2 * p, 64} {
+			for _, k := range []Kind{GPipe, OneF1B, ZBH1} {
+				s, err := Schedule(k, p, m)
+				if err == nil {
+					err = Check(s, p, m)
+				}
+				if err != nil {
+					t.Fatalf("%v p=%d m=%d: %v", k, p, m, err)
+				}
+			}
+			z := run(t, ZBH1, p, m, unit)
+			if m >= p && !near(z.Makespan, float64(3*m+p-1)) {
+				t.Errorf("zb p=%d m=%d: step %g, want %d", p, m, z.Makespan, 3*m+p-1)
+			}
+			for s, n := range z.Peak {
+				if n > p {
+					t.Errorf("zb p=%d m=%d stage %d: peak %d", p, m, s, n)
+				}
+			}
+		}
+	}
+}
+
+// TestOneF1BBubble: the classic 1F1B bubble. With B and W fused (one
+// backward of cost B+W = 2, the gradient sent at its end) and no send time,
+// stage s starts its first F at s·F (the activation comes down s stages) and
+// its last backward ends (p−1−s)·(B+W) before the step's end (the gradient
+// goes up p−1−s stages): every stage waits (p−1)·(F+B+W) and works
+// m·(F+B+W), so the step is (m+p−1)·(F+B+W) and the bubble
+// (p−1)/(m+p−1). It holds for every m ≥ 1.
+func TestOneF1BBubble(t *testing.T) {
+	for p := 1; p <= 6; p++ {
+		for m := 1; m <= 12; m++ {
+			want := float64(p-1) / float64(m+p-1)
+			for _, c := range []Cost{unit, {F: 1, B: 2, W: 0}} {
+				tl := run(t, OneF1B, p, m, c)
+				if !near(tl.Makespan, float64(3*(m+p-1))) || !near(tl.Bubble, want) {
+					t.Errorf("p=%d m=%d %+v: step %g, bubble %g; want %d, (p−1)/(m+p−1) = %g", p, m, c, tl.Makespan, tl.Bubble, 3*(m+p-1), want)
+				}
+				for s := range tl.Idle {
+					if !near(tl.Idle[s], float64(3*(p-1))) {
+						t.Errorf("p=%d m=%d stage %d: idle %g, want (p−1)(F+B+W) = %d", p, m, s, tl.Idle[s], 3*(p-1))
+					}
+				}
+			}
+		}
+	}
+	tl := run(t, OneF1B, 4, 8, unit)
+	if !near(tl.Bubble, 3.0/11) {
+		t.Errorf("p=4 m=8: bubble %g, want 3/11", tl.Bubble)
+	}
+}
+
+// TestZBH1Bubble: ZB-H1 sends the gradient at the end of B and runs W where
+// 1F1B waits. At F = B = W = 1 and m ≥ p its step is 3m + p − 1 (a stage
+// waits (p−1)·(F+B−W) = p−1: the paper's bound), against 1F1B's 3(m+p−1):
+// at p=4, m=8, bubble 3/27 = 0.111 against 9/33 = 0.273, a ratio of 0.41.
+// For m < p its step is longer than 3m + p − 1 (the last micro-batch's F and
+// B cross the whole pipeline), yet shorter than 1F1B's.
+func TestZBH1Bubble(t *testing.T) {
+	zb, f1 := run(t, ZBH1, 4, 8, unit), run(t, OneF1B, 4, 8, unit)
+	if !near(zb.Makespan, 27) || !near(zb.Bubble, 1.0/9) {
+		t.Errorf("zb p=4 m=8: step %g, bubble %g; want 27, 1/9", zb.Makespan, zb.Bubble)
+	}
+	if zb.Bubble > 0.5*f1.Bubble {
+		t.Errorf("zb bubble %g > half of 1f1b's %g", zb.Bubble, f1.Bubble)
+	}
+	for p := 2; p <= 6; p++ {
+		for m := 1; m <= 12; m++ {
+			zb, f1 := run(t, ZBH1, p, m, unit), run(t, OneF1B, p, m, unit)
+			if m >= p && !near(zb.Makespan, float64(3*m+p-1)) {
+				t.Errorf("zb p=%d m=%d: step %g, want 3m+p−1 = %d", p, m, zb.Makespan, 3*m+p-1)
+			}
+			if zb.Makespan >= f1.Makespan {
+				t.Errorf("p=%d m=%d: zb's step %g, 1f1b's %g", p, m, zb.Makespan, f1.Makespan)
+			}
+		}
+	}
+}
+
+// TestPeakActivations: GPipe holds all m micro-batches on every stage;
+// 1F1B holds p−s on stage s (its warm-up's p−s−1 and one more), p on stage
+// 0; ZB-H1 holds at most p on any stage (later stages hold more than in
+// 1F1B, since their Ws wait), so its peak over stages equals 1F1B's.
+func TestPeakActivations(t *testing.T) {
+	for p := 1; p <= 6; p++ {
+		for m := 1; m <= 12; m++ {
+			g, o, z := run(t, GPipe, p, m, unit), run(t, OneF1B, p, m, unit), run(t, ZBH1, p, m, unit)
+			for s := 0; s < p; s++ {
+				if g.Peak[s] != m {
+					t.Errorf("gpipe p=%d m=%d stage %d: peak %d, want m", p, m, s, g.Peak[s])
+				}
+				if want := min(p-s, m); o.Peak[s] != want || o.PeakInput[s] != want {
+					t.Errorf("1f1b p=%d m=%d stage %d: peak %d (%d to B), want %d", p, m, s, o.Peak[s], o.PeakInput[s], want)
+				}
+				if z.Peak[s] > min(p, m) || z.PeakInput[s] > z.Peak[s] {
+					t.Errorf("zb p=%d m=%d stage %d: peak %d (%d to B), want at most %d", p, m, s, z.Peak[s], z.PeakInput[s], min(p, m))
+				}
+			}
+			if z.Peak[0] != o.Peak[0] {
+				t.Errorf("p=%d m=%d: stage 0 peaks zb %d, 1f1b %d", p, m, z.Peak[0], o.Peak[0])
+			}
+		}
+	}
+}
+
+// TestStepTimes: at F = B = W = 1 with no send time GPipe's step equals
+// 1F1B's ((m+p−1)·3: both wait (p−1)·3 per stage, GPipe at the switch from
+// forwards to backwards, 1F1B at warm-up and cool-down; they differ in
+// memory), and ZB-H1's is shorter. With a send time, GPipe pays it 2(p−1)
+// times per step (once per hop of its first F and of its first B), 1F1B on
+// every round trip of its steady state, so GPipe is faster there; ZB-H1
+// still beats both at p=4, m=8.
+func TestStepTimes(t *testing.T) {
+	g, o, z := run(t, GPipe, 4, 8, unit), run(t, OneF1B, 4, 8, unit), run(t, ZBH1, 4, 8, unit)
+	if !(z.Makespan < o.Makespan && near(o.Makespan, g.Makespan)) {
+		t.Errorf("steps gpipe %g, 1f1b %g, zb %g: want zb < 1f1b = gpipe", g.Makespan, o.Makespan, z.Makespan)
+	}
+	c := Cost{F: 1, B: 1, W: 1, Send: 0.5}
+	g, o, z = run(t, GPipe, 4, 8, c), run(t, OneF1B, 4, 8, c), run(t, ZBH1, 4, 8, c)
+	if !near(g.Makespan, 33+2*3*0.5) {
+		t.Errorf("gpipe with send 0.5: step %g, want 33 + 2(p−1)·0.5 = 36", g.Makespan)
+	}
+	if !(z.Makespan < g.Makespan && g.Makespan < o.Makespan) {
+		t.Errorf("steps with send 0.5: gpipe %g, 1f1b %g, zb %g: want zb < gpipe < 1f1b", g.Makespan, o.Makespan, z.Makespan)
+	}
+}
+
+// TestStageCosts: stages of different sizes (--pp-layers 3,3,1,1): the
+// slowest stage sets the steady state's pace.
+func TestStageCosts(t *testing.T) {
+	c := Cost{Stages: []StageCost{{3, 3, 3}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}}}
+	even := run(t, OneF1B, 4, 8, Cost{F: 2, B: 2, W: 2})
+	uneven := run(t, OneF1B, 4, 8, c)
+	if !(uneven.Makespan > even.Makespan) || uneven.Idle[3] <= uneven.Idle[0] {
+		t.Errorf("uneven step %g (idle %v), even %g", uneven.Makespan, uneven.Idle, even.Makespan)
+	}
+	if _, err := Run(OneF1B, 4, 8, Cost{Stages: c.Stages[:3]}); !errors.Is(err, ErrSchedule) {
+		t.Errorf("3 stage costs for 4 stages: %v", err)
+	}
+	if _, err := Run(OneF1B, 2, 2, Cost{F: 1, B: -1, W: 1}); !errors.Is(err, ErrSchedule) {
+		t.Errorf("a negative cost: %v", err)
+	}
+	if _, err := Run(OneF1B, 2, 2, Cost{F: 1, B: 1, W: math.NaN()}); !errors.Is(err, ErrSchedule) {
+		t.Errorf("a NaN cost: %v", err)
+	}
+}
+
+// TestCheckRefuses: hand-broken orders.
+func TestCheckRefuses(t *testing.T) {
+	ok := func() [][]Action { s, _ := Schedule(OneF1B, 2, 2); return s }
+	for _, tc := range []struct {
+		name  string
+		sched func() [][]Action
+		want  string
+	}{
+		{"B before its F", func() [][]Action {
+			return [][]Action{{{'F', 0}, {'F', 1}, {'B', 0}, {'W', 0}, {'B', 1}, {'W', 1}}, {{'B', 0}, {'F', 0}, {'W', 0}, {'F', 1}, {'B', 1}, {'W', 1}}}
+		}, "stage 1, action 0: B0 before F0"},
+		{"W before its B", func() [][]Action {
+			s := ok()
+			s[0][2], s[0][3] = s[0][3], s[0][2]
+			return s
+		}, "W0 before B0"},
+		{"a missing W", func() [][]Action {
+			s := ok()
+			s[1] = s[1][:len(s[1])-1]
+			return s
+		}, "stage 1 has no W1"},
+		{"a second F", func() [][]Action {
+			s := ok()
+			s[0] = append(s[0], Action{'F', 0})
+			return s
+		}, "a second F0"},
+		{"a deadlock", func() [][]Action {
+			// Stage 0 waits for B0 before F1; stage 1 runs F1 first.
+			return [][]Action{{{'F', 0}, {'B', 0}, {'W', 0}, {'F', 1}, {'B', 1}, {'W', 1}}, {{'F', 1}, {'B', 1}, {'W', 1}, {'F', 0}, {'B', 0}, {'W', 0}}}
+		}, "deadlock: stage 0 at B0 (waits for B0 of stage 1); stage 1 at F1 (waits for F1 of stage 0)"},
+		{"an unknown op", func() [][]Action {
+			s := ok()
+			s[0][0].Op = 'X'
+			return s
+		}, `op 'X'`},
+		{"a micro-batch out of range", func() [][]Action {
+			s := ok()
+			s[0][0].MB = 2
+			return s
+		}, "micro-batch out of 0..1"},
+		{"a stage short", func() [][]Action { return ok()[:1] }, "1 orders for 2 stages"},
+	} {
+		err := Check(tc.sched(), 2, 2)
+		if !errors.Is(err, ErrSchedule) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+		if _, err := Simulate(tc.sched(), unit); err == nil && tc.name != "a stage short" {
+			t.Errorf("%s: Simulate ran it", tc.name)
+		}
+	}
+	zb, _ := Schedule(ZBH1, 4, 8)
+	if _, err := Simulate(zb, Cost{F: 1, B: 1, W: 1, Fused: true}); err == nil || !strings.Contains(err.Error(), "fused backward") {
+		t.Errorf("ZB-H1's order with a fused backward: %v", err)
+	}
+}
+
+// TestRefusals: what Schedule and ParseSchedule refuse.
+func TestRefusals(t *testing.T) {
+	for _, pm := range [][2]int{{0, 1}, {1, 0}, {-1, 4}} {
+		if _, err := Schedule(OneF1B, pm[0], pm[1]); !errors.Is(err, ErrSchedule) {
+			t.Errorf("p=%d m=%d: %v", pm[0], pm[1], err)
+		}
+	}
+	for _, s := range []string{"gpipe", "1f1b", "zb"} {
+		k, err := ParseSchedule(s)
+		if err != nil || k.String() != s {
+			t.Errorf("%q: %v, %v", s, k, err)
+		}
+	}
+	if _, err := ParseSchedule("bogus"); err == nil || err.Error() != `pipeline: schedule "bogus": want gpipe, 1f1b or zb` {
+		t.Errorf("bogus: %v", err)
+	}
+}
+
+// TestText pins the chart of 1F1B and ZB-H1 at p=2, m=3.
+func TestText(t *testing.T) {
+	for _, tc := range []struct {
+		k    Kind
+		want string
+	}{
+		{OneF1B, `stage 0 |01..BW2BW.BW| idle 3 (25.0%), peak activations 2 (2 to B)
+stage 1 |.0BW1BW2BW..| idle 3 (25.0%), peak activations 1 (1 to B)
+step 12, bubble 25.0% (idle / (2 stages × step)); one column = 1; F: the micro-batch's last digit, B: input gradient, W: weight gradient, '.': idle
+`},
+		{ZBH1, `stage 0 |01.BW2BWBW| idle 1 (10.0%), peak activations 2 (2 to B)
+stage 1 |.0B1BW2BWW| idle 1 (10.0%), peak activations 2 (1 to B)
+step 10, bubble 10.0% (idle / (2 stages × step)); one column = 1; F: the micro-batch's last digit, B: input gradient, W: weight gradient, '.': idle
+`},
+	} {
+		got := run(t, tc.k, 2, 3, unit).Text()
+		if got != tc.want {
+			t.Errorf("%v:\n%s\nwant\n%s", tc.k, got, tc.want)
+		}
+	}
+	tl := run(t, OneF1B, 4, 8, unit)
+	tl.Unit = 3
+	if rows := strings.Split(tl.Text(), "\n"); !strings.HasPrefix(rows[0], "stage 0 |1..BBBBBBBB| idle 9") {
+		t.Errorf("one column per 3 units:\n%s", tl.Text())
+	}
+}

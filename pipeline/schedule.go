@@ -1,0 +1,325 @@
+// Package pipeline decides the order of work of pipeline parallelism and
+// models it: a model's blocks split into p stages over a mesh dim pp, a step's
+// batch into m micro-batches. Per stage s and micro-batch i there are three
+// actions:
+//
+//   - F: the forward; its activation goes to stage s+1.
+//   - B: the backward for the input, the activation gradient sent at once to
+//     stage s−1.
+//   - W: the backward for the weights (dW, db), which nothing downstream waits
+//     for.
+//
+// F(s,i) needs F(s−1,i); B(s,i) needs F(s,i) and B(s+1,i) (the last stage's B
+// needs only its F: the loss); W(s,i) needs B(s,i).
+//
+// Schedule gives each stage's order for GPipe, 1F1B and ZB-H1; Check holds an
+// order to those rules and proves it free of deadlock; Simulate times it
+// under a Cost and Timeline.Text draws it. The package is pure: orders in,
+// timelines out, no I/O, no clock and no goroutines. docs/pipeline.md has the
+// schedules, the model and the chart.
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Kind is a pipeline schedule.
+type Kind int
+
+const (
+	// GPipe runs every micro-batch's F, then every B, each followed by its W:
+	// a stage holds the activations of all m micro-batches at once.
+	GPipe Kind = iota
+	// OneF1B (PipeDream-flush, Megatron's default) runs p−s−1 forwards of
+	// warm-up on stage s, then alternates one F and one B (its W right after
+	// it), then the cool-down's Bs: a stage holds at most p−s micro-batches.
+	OneF1B
+	// ZBH1 is the H1 schedule of "Zero Bubble Pipeline Parallelism" (Qi et
+	// al.): 1F1B's memory (at most p−s micro-batches on stage s), with W split
+	// from B and deferred into the slots where the stage would wait.
+	ZBH1
+)
+
+// ErrSchedule is wrapped by every refusal of this package: a schedule that
+// cannot be built, an order Check refuses, a Cost that does not fit.
+var ErrSchedule = errors.New("pipeline")
+
+// ParseSchedule reads a schedule's name: gpipe, 1f1b or zb.
+func ParseSchedule(s string) (Kind, error) {
+	switch strings.ToLower(s) {
+	case "gpipe":
+		return GPipe, nil
+	case "1f1b":
+		return OneF1B, nil
+	case "zb", "zb-h1", "zbh1":
+		return ZBH1, nil
+	}
+	return 0, fmt.Errorf("%w: schedule %q: want gpipe, 1f1b or zb", ErrSchedule, s)
+}
+
+// String is the name ParseSchedule reads.
+func (k Kind) String() string {
+	switch k {
+	case GPipe:
+		return "gpipe"
+	case OneF1B:
+		return "1f1b"
+	case ZBH1:
+		return "zb"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Fused says whether the kind runs each B and its W as one backward (see
+// Cost.Fused): GPipe and 1F1B do, ZB-H1 does not.
+func (k Kind) Fused() bool { return k != ZBH1 }
+
+// Run is Schedule and Simulate: the kind's orders timed under cost, with
+// cost.Fused set by the kind.
+func Run(kind Kind, p, m int, cost Cost) (Timeline, error) {
+	sched, err := Schedule(kind, p, m)
+	if err != nil {
+		return Timeline{}, err
+	}
+	cost.Fused = kind.Fused()
+	return Simulate(sched, cost)
+}
+
+// Action is one piece of a stage's work: Op 'F', 'B' or 'W' on micro-batch MB.
+type Action struct {
+	Op byte
+	MB int
+}
+
+func (a Action) String() string { return fmt.Sprintf("%c%d", a.Op, a.MB) }
+
+// Schedule returns each stage's order of actions (stage 0 first) for p stages
+// and m micro-batches. Every kind takes any p ≥ 1 and m ≥ 1: with m < p,
+// 1F1B's and ZB-H1's warm-up is cut to the m micro-batches there are and
+// their steady state is empty, which is legal but leaves most of the step
+// idle (a bubble above a half); Check passes either way.
+//
+// Each stage's B and W are separate actions in every kind; GPipe and 1F1B
+// place every W right after its B, so they run as one backward whose
+// activation gradient leaves at the end of its B part.
+func Schedule(kind Kind, p, m int) ([][]Action, error) {
+	if p < 1 || m < 1 {
+		return nil, fmt.Errorf("%w: %d stages and %d micro-batches: each must be at least 1", ErrSchedule, p, m)
+	}
+	switch kind {
+	case GPipe:
+		return gpipe(p, m), nil
+	case OneF1B:
+		return oneF1B(p, m), nil
+	case ZBH1:
+		return zbH1(p, m), nil
+	}
+	return nil, fmt.Errorf("%w: unknown schedule %v", ErrSchedule, kind)
+}
+
+func gpipe(p, m int) [][]Action {
+	out := make([][]Action, p)
+	for s := range out {
+		for i := 0; i < m; i++ {
+			out[s] = append(out[s], Action{'F', i})
+		}
+		for i := 0; i < m; i++ {
+			out[s] = append(out[s], Action{'B', i}, Action{'W', i})
+		}
+	}
+	return out
+}
+
+func oneF1B(p, m int) [][]Action {
+	out := make([][]Action, p)
+	for s := range out {
+		warm := min(p-s-1, m)
+		for i := 0; i < warm; i++ {
+			out[s] = append(out[s], Action{'F', i})
+		}
+		for i := 0; i < m; i++ {
+			if f := warm + i; f < m {
+				out[s] = append(out[s], Action{'F', f})
+			}
+			out[s] = append(out[s], Action{'B', i}, Action{'W', i})
+		}
+	}
+	return out
+}
+
+// zbH1 builds ZB-H1's orders by running the stages at unit costs (F = B = W
+// = 1, no send time). Each stage takes its F and B in 1F1B's order (p−s−1
+// forwards of warm-up, then one F one B), but its Ws apart: whenever the
+// next F or B cannot start (its input has not arrived, or an F would make
+// the stage hold more than p micro-batches: 1F1B's peak, that of its stage
+// 0; a micro-batch is held from its F to its W), the stage runs its oldest
+// waiting W instead, and the Ws left after its last B close its order. So
+// the Ws fill the slots where 1F1B waits, the later stages hold more
+// micro-batches than in 1F1B but none more than p, and the activation
+// gradients run down the pipeline without waiting for a W.
+func zbH1(p, m int) [][]Action {
+	fb := oneF1B(p, m)
+	out := make([][]Action, p)
+	// end[s][k][i]: the unit time stage s's F (k 0) or B (k 1) of micro-batch
+	// i ends; 0 before it runs (no action ends at 0).
+	end := make([][2][]int, p)
+	for s := range end {
+		end[s] = [2][]int{make([]int, m), make([]int, m)}
+	}
+	done := func(s, k, i, t int) bool { return end[s][k][i] > 0 && end[s][k][i] <= t }
+	pos := make([]int, p)
+	waitW := make([][]int, p)
+	held, busy := make([]int, p), make([]int, p)
+	for left, t := 3*p*m, 0; left > 0; t++ {
+		if t > 3*p*m+2*p {
+			// The orders finish by 1F1B's step, 3(m+p−1), at the latest
+			// (a W never blocks 1F1B's order of F and B): running past it
+			// is a bug, not an input.
+			panic(fmt.Sprintf("pipeline: zb-h1 at p=%d, m=%d made no progress", p, m))
+		}
+		for s := 0; s < p; s++ {
+			if busy[s] > t {
+				continue
+			}
+			var a Action
+			for pos[s] < len(fb[s]) && fb[s][pos[s]].Op == 'W' {
+				pos[s]++ // 1F1B's Ws: this order places its own
+			}
+			next, ok := Action{}, pos[s] < len(fb[s])
+			if ok {
+				next = fb[s][pos[s]]
+				if next.Op == 'F' {
+					ok = (s == 0 || done(s-1, 0, next.MB, t)) && held[s] < p
+				} else {
+					ok = done(s, 0, next.MB, t) && (s == p-1 || done(s+1, 1, next.MB, t))
+				}
+			}
+			switch {
+			case ok:
+				a = next
+				pos[s]++
+				if a.Op == 'F' {
+					held[s]++
+					end[s][0][a.MB] = t + 1
+				} else {
+					waitW[s] = append(waitW[s], a.MB)
+					end[s][1][a.MB] = t + 1
+				}
+			case len(waitW[s]) > 0:
+				a = Action{'W', waitW[s][0]}
+				waitW[s] = waitW[s][1:]
+				held[s]-- // freed at t+1, before the stage's next action
+			default:
+				continue
+			}
+			out[s] = append(out[s], a)
+			busy[s] = t + 1
+			left--
+		}
+	}
+	return out
+}
+
+// Check holds sched to the rules of a pipeline of p stages and m
+// micro-batches: one order per stage; every (stage, micro-batch) has exactly
+// one F, one B and one W; within a stage F comes before B and B before W of
+// the same micro-batch; and the stages can run their orders to the end given
+// the dependencies across stages (F(s,i) after F(s−1,i), B(s,i) after
+// B(s+1,i)): Check runs them, each stage taking its next action once what it
+// needs is done, and names where they stop if they deadlock.
+func Check(sched [][]Action, p, m int) error {
+	if p < 1 || m < 1 {
+		return fmt.Errorf("%w: %d stages and %d micro-batches: each must be at least 1", ErrSchedule, p, m)
+	}
+	if len(sched) != p {
+		return fmt.Errorf("%w: %d orders for %d stages", ErrSchedule, len(sched), p)
+	}
+	for s, order := range sched {
+		var seen [3][]bool
+		for k := range seen {
+			seen[k] = make([]bool, m)
+		}
+		for n, a := range order {
+			k := opIndex(a.Op)
+			if k < 0 {
+				return fmt.Errorf("%w: stage %d, action %d: op %q: want F, B or W", ErrSchedule, s, n, a.Op)
+			}
+			if a.MB < 0 || a.MB >= m {
+				return fmt.Errorf("%w: stage %d, action %d: %v: micro-batch out of 0..%d", ErrSchedule, s, n, a, m-1)
+			}
+			if seen[k][a.MB] {
+				return fmt.Errorf("%w: stage %d, action %d: a second %v", ErrSchedule, s, n, a)
+			}
+			if k > 0 && !seen[k-1][a.MB] {
+				return fmt.Errorf("%w: stage %d, action %d: %v before %c%d", ErrSchedule, s, n, a, "FBW"[k-1], a.MB)
+			}
+			seen[k][a.MB] = true
+		}
+		for k := range seen {
+			for i, ok := range seen[k] {
+				if !ok {
+					return fmt.Errorf("%w: stage %d has no %c%d", ErrSchedule, s, "FBW"[k], i)
+				}
+			}
+		}
+	}
+	// Run the orders: a stage takes its next action once its dependencies
+	// across stages are done (its own order covers those within the stage).
+	pos := make([]int, p)
+	did := make([][2][]bool, p) // F and B done, per stage
+	for s := range did {
+		did[s] = [2][]bool{make([]bool, m), make([]bool, m)}
+	}
+	for moved := true; moved; {
+		moved = false
+		for s := 0; s < p; s++ {
+			for pos[s] < len(sched[s]) {
+				a := sched[s][pos[s]]
+				if !crossReady(a, s, p, func(s, k, i int) bool { return did[s][k][i] }) {
+					break
+				}
+				if k := opIndex(a.Op); k < 2 {
+					did[s][k][a.MB] = true
+				}
+				pos[s]++
+				moved = true
+			}
+		}
+	}
+	var stuck []string
+	for s := range sched {
+		if pos[s] < len(sched[s]) {
+			a := sched[s][pos[s]]
+			stuck = append(stuck, fmt.Sprintf("stage %d at %v (waits for %s)", s, a, needs(a, s)))
+		}
+	}
+	if stuck != nil {
+		return fmt.Errorf("%w: deadlock: %s", ErrSchedule, strings.Join(stuck, "; "))
+	}
+	return nil
+}
+
+// opIndex is 0, 1, 2 for F, B, W; -1 otherwise.
+func opIndex(op byte) int { return strings.IndexByte("FBW", op) }
+
+// crossReady says whether a's dependencies on other stages are done (done(s,
+// k, i): stage s's F (k 0) or B (k 1) of micro-batch i).
+func crossReady(a Action, s, p int, done func(s, k, i int) bool) bool {
+	switch a.Op {
+	case 'F':
+		return s == 0 || done(s-1, 0, a.MB)
+	case 'B':
+		return s == p-1 || done(s+1, 1, a.MB)
+	}
+	return true
+}
+
+// needs names what a waits for on another stage.
+func needs(a Action, s int) string {
+	if a.Op == 'F' {
+		return fmt.Sprintf("F%d of stage %d", a.MB, s-1)
+	}
+	return fmt.Sprintf("B%d of stage %d", a.MB, s+1)
+}

@@ -1,0 +1,280 @@
+package planview
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/meshrun/meshrun/linear/layout"
+	"github.com/meshrun/meshrun/pipeline"
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/spmd"
+)
+
+// Limits of --block transformer's pipeline: what one plan may simulate.
+const (
+	maxMicroBatches = 1024
+	maxLayers       = 1 << 16
+	maxPipeActions  = 1 << 18 // stages × micro-batches × 3
+)
+
+// PipelineOptions are the pipeline of --block transformer on a mesh with a
+// pp dim: the blocks split into stages over pp, the step into micro-batches.
+type PipelineOptions struct {
+	Schedule     string // gpipe, 1f1b ("": 1f1b) or zb
+	MicroBatches int
+	// Layers is the blocks of the model (0: one per stage, or the sum of
+	// StageLayers); StageLayers, if set, each stage's (else balanced).
+	Layers      int
+	StageLayers string // "3,3,1,1"
+}
+
+// pipelineFlags are the flags only a pipeline takes.
+var pipelineFlags = []string{"schedule", "micro-batches", "layers", "pp-layers"}
+
+// stageMesh splits mesh into pp's size and the mesh of one stage (mesh
+// without pp; a mesh of pp alone leaves one rank, tp=1). ok is false when
+// mesh has no dim pp.
+func stageMesh(mesh placement.Mesh) (pp int, stage placement.Mesh, ok bool, err error) {
+	i, err := mesh.DimIndex("pp")
+	if err != nil || mesh.Names() == nil {
+		return 0, mesh, false, nil
+	}
+	var shape []int
+	var names []string
+	for d := 0; d < mesh.NDim(); d++ {
+		if d != i {
+			shape, names = append(shape, mesh.Dim(d)), append(names, mesh.DimName(d))
+		}
+	}
+	if shape == nil {
+		shape, names = []int{1}, []string{"tp"}
+	}
+	stage, err = placement.NewMesh(shape, names)
+	return mesh.Dim(i), stage, true, err
+}
+
+// stageLayers checks the pipeline's flags for pp stages and returns each
+// stage's layers and the schedule.
+func (o PipelineOptions) stageLayers(pp int) ([]int, pipeline.Kind, error) {
+	name := o.Schedule
+	if name == "" {
+		name = "1f1b"
+	}
+	kind, err := pipeline.ParseSchedule(name)
+	if err != nil {
+		return nil, 0, fmt.Errorf("--schedule %q: want gpipe, 1f1b or zb", o.Schedule)
+	}
+	if o.MicroBatches < 1 || o.MicroBatches > maxMicroBatches {
+		return nil, 0, fmt.Errorf("--micro-batches %d: want 1 to %d micro-batches per step", o.MicroBatches, maxMicroBatches)
+	}
+	if pp*o.MicroBatches*3 > maxPipeActions {
+		return nil, 0, fmt.Errorf("pp=%d with --micro-batches %d: more than %d actions to simulate", pp, o.MicroBatches, maxPipeActions)
+	}
+	if o.Layers < 0 || o.Layers > maxLayers {
+		return nil, 0, fmt.Errorf("--layers %d: want 0 (one per stage) to %d", o.Layers, maxLayers)
+	}
+	var per []int
+	if o.StageLayers != "" {
+		sum := 0
+		for _, f := range strings.Split(o.StageLayers, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 || n > maxLayers {
+				return nil, 0, fmt.Errorf("--pp-layers %s: %q is not a number of layers", o.StageLayers, f)
+			}
+			if n == 0 {
+				return nil, 0, fmt.Errorf("--pp-layers %s: stage %d has no layer", o.StageLayers, len(per))
+			}
+			per, sum = append(per, n), sum+n
+		}
+		if len(per) != pp {
+			return nil, 0, fmt.Errorf("--pp-layers %s: %d stages, want pp = %d", o.StageLayers, len(per), pp)
+		}
+		if o.Layers != 0 && sum != o.Layers {
+			return nil, 0, fmt.Errorf("--pp-layers %s: %d layers, want --layers %d", o.StageLayers, sum, o.Layers)
+		}
+		return per, kind, nil
+	}
+	layers := o.Layers
+	if layers == 0 {
+		layers = pp
+	}
+	if layers < pp {
+		return nil, 0, fmt.Errorf("--layers %d on pp=%d: a stage would have no layer", layers, pp)
+	}
+	// Balanced; the last layers mod pp stages take one more (stage 0 holds
+	// the most micro-batches at once under 1F1B).
+	for s := 0; s < pp; s++ {
+		n := layers / pp
+		if s >= pp-layers%pp {
+			n++
+		}
+		per = append(per, n)
+	}
+	return per, kind, nil
+}
+
+// layerCosts are one layer's modelled times of one micro-batch, in seconds:
+// F the forward (its compute and collectives), B the gradients of the
+// activations (x, q, k, v, ...: what the stage before waits for), W those of
+// the parameters (weights, biases, layer norms' scale and shift), each
+// gradient as the backward plans it (its compute and collectives); a ring's
+// transfers beyond its compute go to F and B.
+type layerCosts struct{ F, B, W float64 }
+
+func blockCosts(ops []layout.Op, m placement.Model) layerCosts {
+	var c layerCosts
+	for _, op := range ops {
+		f := op.Fwd.Costs.Forward
+		for _, col := range op.Fwd.Collectives() {
+			if col.Ring == nil {
+				f = placement.SatPicos(f, m.Time(col.Step))
+			}
+		}
+		if op.Fwd.Ring != nil {
+			f = placement.SatPicos(f, op.Fwd.Ring.ForwardComm)
+		}
+		c.F += f.Seconds()
+		if op.Bwd == nil {
+			continue
+		}
+		if op.Bwd.Ring != nil {
+			c.B += op.Bwd.Ring.BackwardComm.Seconds()
+		}
+		for _, g := range op.Bwd.Grads {
+			if isParam(op.Fwd, g.Input) {
+				c.W += g.Plan.Costs.Time.Seconds()
+			} else {
+				c.B += g.Plan.Costs.Time.Seconds()
+			}
+		}
+	}
+	return c
+}
+
+// isParam says whether input of fwd is a parameter: a linear's weight and
+// bias, a layer norm's scale and shift (every input but the first).
+func isParam(fwd *spmd.Plan, input string) bool {
+	switch fwd.Op {
+	case "linear", "linear_nobias", "layernorm":
+		return input != fwd.Inputs[0].Name
+	}
+	return false
+}
+
+// pipelineReport is the pipeline in --json.
+type pipelineReport struct {
+	MeshDim      string    `json:"mesh_dim"`
+	Stages       int       `json:"stages"`
+	StageMesh    string    `json:"stage_mesh"`
+	Schedule     string    `json:"schedule"`
+	MicroBatches int       `json:"micro_batches"`
+	StageLayers  []int     `json:"stage_layers"`
+	LayerF       float64   `json:"layer_forward_s"`
+	LayerB       float64   `json:"layer_input_grad_s"`
+	LayerW       float64   `json:"layer_weight_grad_s"`
+	SendBytes    int64     `json:"send_bytes"`
+	Send         float64   `json:"send_s"`
+	Step         float64   `json:"step_s"`
+	Bubble       float64   `json:"bubble"`
+	Idle         []float64 `json:"idle_s"`
+	Peak         []int     `json:"peak_activations"`
+	PeakInput    []int     `json:"peak_activations_to_b"`
+	timeline     pipeline.Timeline
+}
+
+// runPipeline times the pipeline of ops (one transformer block on a stage's
+// mesh, planned for one micro-batch of tokens) over pp stages.
+func runPipeline(o BlockOptions, ops []layout.Op, m placement.Model, elemSize int) (*pipelineReport, error) {
+	per, kind, err := o.Pipeline.stageLayers(o.PP)
+	if err != nil {
+		return nil, err
+	}
+	c := blockCosts(ops, m)
+	// The activation sent between stages: the block's output [tokens,
+	// hidden] as each rank of a stage holds it, one message.
+	out := ops[len(ops)-1].Fwd.Final.Spec
+	bytes := placement.SatMul(out.MaxLocalElems(), int64(elemSize))
+	send := m.Alpha + float64(bytes)/m.Beta
+	r := &pipelineReport{MeshDim: "pp", Stages: o.PP, StageMesh: o.Mesh, Schedule: kind.String(), MicroBatches: o.Pipeline.MicroBatches,
+		StageLayers: per, LayerF: c.F, LayerB: c.B, LayerW: c.W, SendBytes: bytes, Send: send}
+	// The chart counts milliseconds.
+	const ms = 1e3
+	cost := pipeline.Cost{Send: send * ms}
+	for _, n := range per {
+		k := float64(n) * ms
+		cost.Stages = append(cost.Stages, pipeline.StageCost{F: c.F * k, B: c.B * k, W: c.W * k})
+	}
+	tl, err := pipeline.Run(kind, o.PP, o.Pipeline.MicroBatches, cost)
+	if err != nil {
+		return nil, err
+	}
+	// A third of the shortest action per column, at most 120 columns.
+	unit := math.Inf(1)
+	for _, sc := range cost.Stages {
+		for _, v := range []float64{sc.F, sc.B, sc.W} {
+			if v > 0 {
+				unit = min(unit, v)
+			}
+		}
+	}
+	unit /= 3
+	if math.IsInf(unit, 1) || tl.Makespan/unit > 120 {
+		unit = tl.Makespan / 120
+	}
+	if unit > 0 {
+		tl.Unit = unit
+	}
+	r.timeline = tl
+	r.Step, r.Bubble, r.Peak, r.PeakInput = tl.Makespan/ms, tl.Bubble, tl.Peak, tl.PeakInput
+	for _, v := range tl.Idle {
+		r.Idle = append(r.Idle, v/ms)
+	}
+	return r, nil
+}
+
+// text prints the pipeline after the block's plan.
+func (r *pipelineReport) text(w io.Writer, mesh string, tokens int) {
+	fmt.Fprintf(w, "== pipeline over pp=%d (mesh %s; each stage runs its blocks on %s): schedule %s, %d micro-batches of %d tokens\n",
+		r.Stages, mesh, r.StageMesh, r.Schedule, r.MicroBatches, tokens)
+	layers := make([]string, len(r.StageLayers))
+	for i, n := range r.StageLayers {
+		layers[i] = strconv.Itoa(n)
+	}
+	fmt.Fprintf(w, "layers per stage: %s\n", strings.Join(layers, ", "))
+	fmt.Fprintf(w, "modelled per layer and micro-batch: F %s (forward), B %s (activations' gradients), W %s (parameters' gradients); send %s (%d B to the next stage)\n",
+		seconds(r.LayerF), seconds(r.LayerB), seconds(r.LayerW), seconds(r.Send), r.SendBytes)
+	fmt.Fprintf(w, "timeline in ms (a stage's F, B, W: the per-layer times × its layers):\n%s", r.timeline.Text())
+}
+
+// seconds prints a time in s, ms or µs.
+func seconds(s float64) string {
+	switch {
+	case s >= 1:
+		return fmt.Sprintf("%.3g s", s)
+	case s >= 1e-3:
+		return fmt.Sprintf("%.3g ms", s*1e3)
+	}
+	return fmt.Sprintf("%.3g µs", s*1e6)
+}
+
+// checkPipeline checks the pipeline's flags against the mesh and the block:
+// they need --block transformer and a mesh with a pp dim.
+func (o PlanOptions) checkPipeline(mesh placement.Mesh) error {
+	pp, _, ok, err := stageMesh(mesh)
+	if err != nil {
+		return fmt.Errorf("--mesh %s: %w", o.Mesh, err)
+	}
+	if !ok || o.Block != "transformer" {
+		for _, f := range pipelineFlags {
+			if o.set[f] {
+				return fmt.Errorf("--%s is for --block transformer on a mesh with a pp dim, e.g. --mesh pp=4,tp=2", f)
+			}
+		}
+		return nil
+	}
+	_, _, err = o.Pipeline.stageLayers(pp)
+	return err
+}

@@ -1,0 +1,272 @@
+package stage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/pipeline"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// Run executes this stage's order (sched[s] of pipeline.Schedule(kind, p, m))
+// on the pp group g, this stage being g's index s, and returns what it
+// measured.
+//
+// After each F the activation goes to stage s+1; the gradient goes to stage
+// s−1 after each B, or, for a fused kind (kind.Fused: GPipe and 1F1B), after
+// the micro-batch's W, as a backward that runs B and W as one would send it.
+// The activation and the gradient of micro-batch mb are host float32 tensors
+// of shape(mb) both ways; shape is called from several goroutines and must
+// give the same answer each time. The tensors Forward and BackwardInput
+// return are sent as they are: the stage must not change them afterwards.
+//
+// Sends never hold the compute back: a goroutine per neighbour direction
+// posts them in order. One goroutine receives, ahead of the compute, in the
+// order the stage's F and B will consume, so that a stage never waits for
+// its own receive of something it does not need yet; the schedule is free of
+// deadlock with sends that do not wait (pipeline.Check), and Run checks that
+// each stage sends in the order its neighbour receives in. A transport that
+// holds a send until its receive (shared memory or TCP past their buffers)
+// breaks that assumption: the group runs one send at a time.
+//
+// The first error ends the run: a Stage method's (wrapped, naming the stage
+// and the action), or a send's or receive's, the collective layer's error
+// naming the peer that died or timed out. Run then fails the group's World
+// with it, if the collective layer has not already, so that the neighbours,
+// waiting on this stage, fail too instead of waiting for their deadline; it
+// stops its goroutines and returns the error with the trace so far.
+func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action, st Stage, shape func(mb int) []int) (Trace, error) {
+	if err := validate(g, kind, sched, st, shape); err != nil {
+		return Trace{}, err
+	}
+	p, s, m := len(sched), g.Index(), len(sched[0])/3
+	r := &runner{g: g, s: s, p: p, fused: kind.Fused(), order: sched[s], st: st, shape: shape,
+		acts: slots(m), grads: slots(m)}
+	r.ctx, r.cancel = context.WithCancelCause(ctx)
+	defer r.cancel(nil)
+
+	start := time.Now()
+	toNext, toPrev := make(chan *tensor.Tensor, m), make(chan *tensor.Tensor, m)
+	r.wg.Add(3)
+	go r.receive()
+	go r.send(toNext, s+1)
+	go r.send(toPrev, s-1)
+
+	tr := Trace{Stage: s, Kind: kind}
+	if err := r.compute(start, toNext, toPrev, &tr); err != nil {
+		r.fail(err)
+	}
+	close(toNext)
+	close(toPrev)
+	r.wg.Wait()
+	tr.Total = time.Since(start)
+	tr.Sent, tr.Received = int(r.sent.Load()), int(r.received.Load())
+	tr.finish()
+	return tr, r.err()
+}
+
+// runner is one Run in flight.
+type runner struct {
+	g        *collective.Group
+	s, p     int
+	fused    bool
+	order    []pipeline.Action
+	st       Stage
+	shape    func(int) []int
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	first    error
+	failed   bool
+	acts     []chan *tensor.Tensor // per micro-batch, from stage s−1
+	grads    []chan *tensor.Tensor // per micro-batch, from stage s+1
+	sent     atomic.Int64
+	received atomic.Int64
+}
+
+func slots(m int) []chan *tensor.Tensor {
+	c := make([]chan *tensor.Tensor, m)
+	for i := range c {
+		c[i] = make(chan *tensor.Tensor, 1)
+	}
+	return c
+}
+
+// fail records the run's first error, fails the World with it unless the
+// collective layer already did (its errors are *collective.Error), and
+// cancels the run's context.
+func (r *runner) fail(err error) {
+	r.mu.Lock()
+	if r.failed {
+		r.mu.Unlock()
+		return
+	}
+	r.failed, r.first = true, err
+	r.mu.Unlock()
+	if ce := (*collective.Error)(nil); !errors.As(err, &ce) {
+		r.g.World().Fail(err)
+	}
+	r.cancel(err)
+}
+
+func (r *runner) err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.first
+}
+
+// receive receives every activation and gradient the stage needs, in the
+// order its actions consume them.
+func (r *runner) receive() {
+	defer r.wg.Done()
+	for _, a := range r.order {
+		peer, into := -1, r.acts
+		switch {
+		case a.Op == 'F' && r.s > 0:
+			peer = r.s - 1
+		case a.Op == 'B' && r.s+1 < r.p:
+			peer, into = r.s+1, r.grads
+		default:
+			continue
+		}
+		if r.ctx.Err() != nil {
+			return
+		}
+		t := tensor.New(tensor.Float32, r.shape(a.MB)...)
+		if err := collective.Recv(r.ctx, r.g, t.Float32(), peer); err != nil {
+			r.fail(err)
+			return
+		}
+		r.received.Add(1)
+		into[a.MB] <- t
+	}
+}
+
+// send sends what q carries to peer, in order, until q is closed; after a
+// failure it only drains q.
+func (r *runner) send(q <-chan *tensor.Tensor, peer int) {
+	defer r.wg.Done()
+	for t := range q {
+		if r.ctx.Err() != nil {
+			continue
+		}
+		if err := collective.Send(r.ctx, r.g, t.Float32(), peer); err != nil {
+			r.fail(err)
+			continue
+		}
+		r.sent.Add(1)
+	}
+}
+
+// input waits for micro-batch mb's tensor in from, or for the run's end.
+func (r *runner) input(from []chan *tensor.Tensor, mb int) (*tensor.Tensor, error) {
+	select {
+	case t := <-from[mb]:
+		return t, nil
+	case <-r.ctx.Done():
+		return nil, context.Cause(r.ctx)
+	}
+}
+
+// compute runs the stage's actions in order, queueing the sends.
+func (r *runner) compute(start time.Time, toNext, toPrev chan<- *tensor.Tensor, tr *Trace) error {
+	first, last := r.s == 0, r.s+1 == r.p
+	held := 0
+	pending := map[int]*tensor.Tensor{} // fused: gradients sent after their W
+	for _, a := range r.order {
+		if r.ctx.Err() != nil {
+			return context.Cause(r.ctx)
+		}
+		ready := time.Since(start)
+		var in *tensor.Tensor
+		var err error
+		switch {
+		case a.Op == 'F' && !first:
+			in, err = r.input(r.acts, a.MB)
+		case a.Op == 'B' && !last:
+			in, err = r.input(r.grads, a.MB)
+		}
+		if err != nil {
+			return err
+		}
+		begin := time.Since(start)
+		switch a.Op {
+		case 'F':
+			out, err := r.st.Forward(r.ctx, a.MB, in)
+			if err != nil {
+				return fmt.Errorf("stage %d: %v: %w", r.s, a, err)
+			}
+			if !last {
+				if err := r.check(out, a); err != nil {
+					return err
+				}
+				toNext <- out
+			}
+			held++
+			tr.Peak = max(tr.Peak, held)
+		case 'B':
+			out, err := r.st.BackwardInput(r.ctx, a.MB, in)
+			if err != nil {
+				return fmt.Errorf("stage %d: %v: %w", r.s, a, err)
+			}
+			if !first {
+				if err := r.check(out, a); err != nil {
+					return err
+				}
+				if r.fused {
+					pending[a.MB] = out
+				} else {
+					toPrev <- out
+				}
+			}
+		case 'W':
+			if err := r.st.BackwardWeight(r.ctx, a.MB); err != nil {
+				return fmt.Errorf("stage %d: %v: %w", r.s, a, err)
+			}
+			if out, ok := pending[a.MB]; ok {
+				toPrev <- out
+				delete(pending, a.MB)
+			}
+			held--
+		}
+		tr.Events = append(tr.Events, Event{Action: a, Start: begin, End: time.Since(start), Wait: begin - ready})
+	}
+	return nil
+}
+
+// check holds what the stage returned for a to the neighbour's shape.
+func (r *runner) check(t *tensor.Tensor, a pipeline.Action) error {
+	what := "an activation"
+	if a.Op == 'B' {
+		what = "a gradient"
+	}
+	want := r.shape(a.MB)
+	switch {
+	case t == nil:
+		return fmt.Errorf("%w: stage %d: %v returned no tensor for %s", ErrInvalid, r.s, a, what)
+	case !t.OnHost() || t.DType() != tensor.Float32:
+		return fmt.Errorf("%w: stage %d: %v returned %s of %v on %v, want host float32", ErrInvalid, r.s, a, what, t.DType(), t.Device())
+	case !slices.Equal(t.Shape(), want):
+		return fmt.Errorf("%w: stage %d: %v returned %s of shape %v, want %v", ErrInvalid, r.s, a, what, t.Shape(), want)
+	}
+	return nil
+}
+
+// finish derives the totals from the events.
+func (t *Trace) finish() {
+	for _, e := range t.Events {
+		t.Busy += e.End - e.Start
+		t.Makespan = max(t.Makespan, e.End)
+	}
+	t.Idle = t.Makespan - t.Busy
+	if t.Makespan > 0 {
+		t.Bubble = float64(t.Idle) / float64(t.Makespan)
+	}
+}

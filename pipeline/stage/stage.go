@@ -1,0 +1,146 @@
+// Package stage runs one stage of a pipeline schedule: the stage's order of
+// forwards and backwards (package pipeline decides it) executed on a model
+// part, with the activations and gradients passed to the neighbouring stages
+// by point-to-point sends on the pp group (collective.Send and Recv).
+//
+// Run computes on the calling goroutine, in the schedule's order. A goroutine
+// per neighbour direction sends what the stage produced, in order, so a send
+// never holds the compute back; one goroutine receives what the stage will
+// need, in the order it will need it, ahead of the compute. Run measures what
+// ran: each action's start and end, the stage's busy and idle time, its
+// bubble and the peak number of micro-batches it held (Trace).
+// docs/pipeline.md has the whole of it.
+package stage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/pipeline"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// ErrInvalid is wrapped by Run's refusals of its arguments and of what the
+// Stage returns: a group that does not fit the schedule, a missing shape, an
+// activation or gradient of the wrong shape or dtype.
+var ErrInvalid = errors.New("stage: invalid")
+
+// Stage is one pipeline stage's model part, computing on host float32
+// tensors. Run calls its methods from one goroutine, in the schedule's order.
+type Stage interface {
+	// Forward runs micro-batch mb: in is the previous stage's activation (nil
+	// on the first stage); it returns the activation for the next stage
+	// (ignored on the last).
+	Forward(ctx context.Context, mb int, in *tensor.Tensor) (*tensor.Tensor, error)
+	// BackwardInput runs mb's input-gradient backward: dout is the next
+	// stage's gradient (nil on the last stage: its loss); it returns the
+	// gradient for the previous stage (ignored on the first).
+	BackwardInput(ctx context.Context, mb int, dout *tensor.Tensor) (*tensor.Tensor, error)
+	// BackwardWeight runs mb's parameter-gradient backward (accumulating over
+	// micro-batches).
+	BackwardWeight(ctx context.Context, mb int) error
+}
+
+// Event is one action as it ran: Start and End are durations from Run's
+// start; Wait is how long the stage waited for the action's input (the
+// activation before an F, the gradient before a B) before Start.
+type Event struct {
+	pipeline.Action
+	Start, End, Wait time.Duration
+}
+
+// Trace is what Run measured on its stage.
+type Trace struct {
+	// Stage is the stage's index (its index in the group), Kind the schedule.
+	Stage int
+	Kind  pipeline.Kind
+	// Events are the actions in the order they ran: the schedule's.
+	Events []Event
+	// Makespan is from Run's start to the end of the stage's last action;
+	// Total to Run's return (the last sends drained).
+	Makespan, Total time.Duration
+	// Busy is the sum of the actions' durations, Idle the makespan less it
+	// (the waits at the start and the end included), Bubble Idle / Makespan.
+	Busy, Idle time.Duration
+	Bubble     float64
+	// Peak is the most micro-batches whose activations the stage held at
+	// once: each from the end of its F to the end of its W.
+	Peak int
+	// Sent and Received count the messages to and from the neighbours.
+	Sent, Received int
+}
+
+// Actions is the order the events ran in.
+func (t Trace) Actions() []pipeline.Action {
+	a := make([]pipeline.Action, len(t.Events))
+	for i, e := range t.Events {
+		a[i] = e.Action
+	}
+	return a
+}
+
+// String is one line: the stage, its step, busy, idle, bubble and peak.
+func (t Trace) String() string {
+	return fmt.Sprintf("stage %d (%v): %d actions, step %v, busy %v, idle %v, bubble %.1f%%, peak activations %d",
+		t.Stage, t.Kind, len(t.Events), t.Makespan, t.Busy, t.Idle, 100*t.Bubble, t.Peak)
+}
+
+// order is one stage's F, B and W micro-batches, each in the stage's order.
+type order struct{ f, b, w []int }
+
+func ordersOf(a []pipeline.Action) order {
+	var o order
+	for _, x := range a {
+		switch x.Op {
+		case 'F':
+			o.f = append(o.f, x.MB)
+		case 'B':
+			o.b = append(o.b, x.MB)
+		case 'W':
+			o.w = append(o.w, x.MB)
+		}
+	}
+	return o
+}
+
+// validate checks the schedule, the group and the shapes before anything
+// runs: sends and receives are matched in order per peer, so the order one
+// stage sends in must be the order its neighbour receives in.
+func validate(g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action, st Stage, shape func(int) []int) error {
+	p := len(sched)
+	switch {
+	case g == nil || st == nil || shape == nil:
+		return fmt.Errorf("%w: a nil group, stage or shape", ErrInvalid)
+	case p == 0 || len(sched[0])%3 != 0:
+		return fmt.Errorf("%w: a schedule of %d stages", ErrInvalid, p)
+	case g.Size() != p:
+		return fmt.Errorf("%w: a group of %d for %d stages", ErrInvalid, g.Size(), p)
+	}
+	m := len(sched[0]) / 3
+	if err := pipeline.Check(sched, p, m); err != nil {
+		return err
+	}
+	for mb := 0; mb < m; mb++ {
+		if sh := shape(mb); len(sh) == 0 || slices.ContainsFunc(sh, func(d int) bool { return d < 0 }) {
+			return fmt.Errorf("%w: micro-batch %d: shape %v", ErrInvalid, mb, sh)
+		}
+	}
+	for s := 0; s+1 < p; s++ {
+		a, b := ordersOf(sched[s]), ordersOf(sched[s+1])
+		if !slices.Equal(a.f, b.f) {
+			return fmt.Errorf("%w: stage %d sends activations in the order %v, stage %d receives them in %v", pipeline.ErrSchedule, s, a.f, s+1, b.f)
+		}
+		sent := b.b
+		if kind.Fused() {
+			sent = b.w
+		}
+		if !slices.Equal(sent, a.b) {
+			return fmt.Errorf("%w: stage %d sends gradients in the order %v, stage %d receives them in %v", pipeline.ErrSchedule, s+1, sent, s, a.b)
+		}
+	}
+	return nil
+}

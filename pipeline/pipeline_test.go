@@ -266,7 +266,7 @@ func TestRefusals(t *testing.T) {
 			t.Errorf("%q: %v, %v", s, k, err)
 		}
 	}
-	if _, err := ParseSchedule("bogus"); err == nil || err.Error() != `pipeline: schedule "bogus": want gpipe, 1f1b or zb` {
+	if _, err := ParseSchedule("bogus"); err == nil || err.Error() != `pipeline: bad schedule: schedule "bogus": want gpipe, 1f1b or zb` {
 		t.Errorf("bogus: %v", err)
 	}
 }

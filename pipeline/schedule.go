@@ -44,7 +44,7 @@ const (
 
 // ErrSchedule is wrapped by every refusal of this package: a schedule that
 // cannot be built, an order Check refuses, a Cost that does not fit.
-var ErrSchedule = errors.New("pipeline")
+var ErrSchedule = errors.New("pipeline: bad schedule")
 
 // ParseSchedule reads a schedule's name: gpipe, 1f1b or zb.
 func ParseSchedule(s string) (Kind, error) {

@@ -26,14 +26,13 @@ import (
 // give the same answer each time. The tensors Forward and BackwardInput
 // return are sent as they are: the stage must not change them afterwards.
 //
-// Sends never hold the compute back: a goroutine per neighbour direction
-// posts them in order. One goroutine receives, ahead of the compute, in the
-// order the stage's F and B will consume, so that a stage never waits for
-// its own receive of something it does not need yet; the schedule is free of
-// deadlock with sends that do not wait (pipeline.Check), and Run checks that
-// each stage sends in the order its neighbour receives in. A transport that
-// holds a send until its receive (shared memory or TCP past their buffers)
-// breaks that assumption: the group runs one send at a time.
+// Sends never hold the compute back: a goroutine per neighbour posts them in
+// order. A goroutine per neighbour receives, ahead of the compute, in the
+// order the stage's F (from s−1) and B (from s+1) will consume. Each
+// neighbour has a two-rank group of its own, so traffic with one never waits
+// behind traffic with the other, even on a transport that holds a send until
+// it is received (shared memory or TCP past their buffers); Run checks that
+// each stage sends in the order its neighbour receives in.
 //
 // The first error ends the run: a Stage method's (wrapped, naming the stage
 // and the action), or a send's or receive's, the collective layer's error
@@ -48,15 +47,33 @@ func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][
 	p, s, m := len(sched), g.Index(), len(sched[0])/3
 	r := &runner{g: g, s: s, p: p, fused: kind.Fused(), order: sched[s], st: st, shape: shape,
 		acts: slots(m), grads: slots(m)}
+	// One two-rank group per neighbour: a send to one neighbour never
+	// waits behind a send to, or a receive from, the other (a group runs
+	// one send and one receive at a time, and a transport may hold a send
+	// until it is received). Stage s makes the group with s−1 first, then
+	// the one with s+1, so the handshakes chain from stage 0 on.
+	ranks := g.Ranks()
+	var err error
+	if s > 0 {
+		if r.prev, err = g.World().Group(ctx, []int{ranks[s-1], ranks[s]}); err != nil {
+			return Trace{}, err
+		}
+	}
+	if s+1 < p {
+		if r.next, err = g.World().Group(ctx, []int{ranks[s], ranks[s+1]}); err != nil {
+			return Trace{}, err
+		}
+	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	defer r.cancel(nil)
 
 	start := time.Now()
 	toNext, toPrev := make(chan *tensor.Tensor, m), make(chan *tensor.Tensor, m)
-	r.wg.Add(3)
-	go r.receive()
-	go r.send(toNext, s+1)
-	go r.send(toPrev, s-1)
+	r.wg.Add(4)
+	go r.receive('F', r.prev, 0, r.acts)
+	go r.receive('B', r.next, 1, r.grads)
+	go r.send(toNext, r.next, 1)
+	go r.send(toPrev, r.prev, 0)
 
 	tr := Trace{Stage: s, Kind: kind}
 	if err := r.compute(start, toNext, toPrev, &tr); err != nil {
@@ -74,6 +91,8 @@ func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][
 // runner is one Run in flight.
 type runner struct {
 	g        *collective.Group
+	prev     *collective.Group // with stage s−1 (its index 0, this stage 1); nil on the first
+	next     *collective.Group // with stage s+1 (this stage 0, it 1); nil on the last
 	s, p     int
 	fused    bool
 	order    []pipeline.Action
@@ -122,25 +141,23 @@ func (r *runner) err() error {
 	return r.first
 }
 
-// receive receives every activation and gradient the stage needs, in the
-// order its actions consume them.
-func (r *runner) receive() {
+// receive receives, from the neighbour at index peer of group pg, every
+// tensor the stage's op actions consume (F: activations from s−1; B:
+// gradients from s+1), in their order; nothing without the neighbour.
+func (r *runner) receive(op byte, pg *collective.Group, peer int, into []chan *tensor.Tensor) {
 	defer r.wg.Done()
+	if pg == nil {
+		return
+	}
 	for _, a := range r.order {
-		peer, into := -1, r.acts
-		switch {
-		case a.Op == 'F' && r.s > 0:
-			peer = r.s - 1
-		case a.Op == 'B' && r.s+1 < r.p:
-			peer, into = r.s+1, r.grads
-		default:
+		if a.Op != op {
 			continue
 		}
 		if r.ctx.Err() != nil {
 			return
 		}
 		t := tensor.New(tensor.Float32, r.shape(a.MB)...)
-		if err := collective.Recv(r.ctx, r.g, t.Float32(), peer); err != nil {
+		if err := collective.Recv(r.ctx, pg, t.Float32(), peer); err != nil {
 			r.fail(err)
 			return
 		}
@@ -149,15 +166,16 @@ func (r *runner) receive() {
 	}
 }
 
-// send sends what q carries to peer, in order, until q is closed; after a
-// failure it only drains q.
-func (r *runner) send(q <-chan *tensor.Tensor, peer int) {
+// send sends what q carries to the neighbour at index peer of group pg, in
+// order, until q is closed; after a failure, or without the neighbour, it
+// only drains q.
+func (r *runner) send(q <-chan *tensor.Tensor, pg *collective.Group, peer int) {
 	defer r.wg.Done()
 	for t := range q {
-		if r.ctx.Err() != nil {
+		if r.ctx.Err() != nil || pg == nil {
 			continue
 		}
-		if err := collective.Send(r.ctx, r.g, t.Float32(), peer); err != nil {
+		if err := collective.Send(r.ctx, pg, t.Float32(), peer); err != nil {
 			r.fail(err)
 			continue
 		}

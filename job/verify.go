@@ -31,16 +31,26 @@ type verifyCase struct {
 // Meshes lists every 1-D, 2-D and 3-D mesh of world ranks (each dim of at
 // least 2): tp=W, then dp=a,tp=b, then dp=a,cp=b,tp=c.
 func Meshes(world int) []placement.Mesh {
-	out := []placement.Mesh{placement.MustMesh([]int{world}, []string{"tp"})}
+	return meshesOf(world, "tp", [][2]string{{"dp", "tp"}}, [3]string{"dp", "cp", "tp"})
+}
+
+// meshesOf lists the meshes of world ranks a verify row runs on, each dim
+// of at least 2: the 1-D mesh named one, then for every factorization a·b
+// the 2-D meshes named by each pair of two, then for every a·b·c the 3-D
+// mesh named three.
+func meshesOf(world int, one string, two [][2]string, three [3]string) []placement.Mesh {
+	out := []placement.Mesh{placement.MustMesh([]int{world}, []string{one})}
 	for a := 2; a <= world/2; a++ {
 		if world%a == 0 {
-			out = append(out, placement.MustMesh([]int{a, world / a}, []string{"dp", "tp"}))
+			for _, n := range two {
+				out = append(out, placement.MustMesh([]int{a, world / a}, n[:]))
+			}
 		}
 	}
 	for a := 2; a <= world/4; a++ {
 		for b := 2; a*b <= world/2; b++ {
 			if world%(a*b) == 0 {
-				out = append(out, placement.MustMesh([]int{a, b, world / (a * b)}, []string{"dp", "cp", "tp"}))
+				out = append(out, placement.MustMesh([]int{a, b, world / (a * b)}, three[:]))
 			}
 		}
 	}
@@ -120,6 +130,21 @@ func linearSample(quick bool) int {
 		return 512
 	}
 	return 1024
+}
+
+// layerRow is a layer checked whole (ring attention, the mixture of
+// experts) on one mesh: its cases, each run on every rank.
+type layerRow struct {
+	op    string
+	mesh  placement.Mesh
+	cases []layerCase
+}
+
+// layerCase is one case of a layerRow: what reproduces it, and its run on
+// this rank (rank 0 judges it).
+type layerCase struct {
+	command string
+	run     func(ctx context.Context, w *collective.World, k kernels.Compute) (bool, string, error)
 }
 
 // verifyRow is one line of the table.
@@ -222,25 +247,33 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 		}
 	}
 	parallel(plan)
-	// Ring attention runs on host tensors: verify's cpu ranks check it.
-	var ringMeshList []placement.Mesh
-	var ringCasesOf [][]ringCase
+	// The layers checked whole, a row per mesh: ring attention (on host
+	// tensors: verify's cpu ranks), then the mixture of experts.
+	var layerRows []layerRow
 	if slices.Contains(ops, "ring") && rd.kind == tensor.CPU {
-		ringMeshList = ringMeshes(n)
-		for _, m := range ringMeshList {
-			ringCasesOf = append(ringCasesOf, ringCases(m, t.quick))
+		for _, m := range ringMeshes(n) {
+			lr := layerRow{op: "ring", mesh: m}
+			for _, c := range ringCases(m, t.quick) {
+				lr.cases = append(lr.cases, layerCase{c.command, func(ctx context.Context, w *collective.World, k kernels.Compute) (bool, string, error) {
+					return runRingCase(ctx, w, k, c)
+				}})
+			}
+			layerRows = append(layerRows, lr)
 		}
 	}
-	var moeMeshList []placement.Mesh
-	var moeCasesOf [][]moeCase
 	if slices.Contains(ops, "moe") {
-		moeMeshList = moeMeshes(n)
-		for _, m := range moeMeshList {
+		for _, m := range moeMeshes(n) {
 			cs, err := moeCases(m, t.quick)
 			if err != nil {
 				return failure(env, "verify", err)
 			}
-			moeCasesOf = append(moeCasesOf, cs)
+			lr := layerRow{op: "moe", mesh: m}
+			for _, c := range cs {
+				lr.cases = append(lr.cases, layerCase{c.command, func(ctx context.Context, w *collective.World, k kernels.Compute) (bool, string, error) {
+					return runMoECase(ctx, w, k, c)
+				}})
+			}
+			layerRows = append(layerRows, lr)
 		}
 	}
 	for i := range cases {
@@ -290,29 +323,14 @@ func (t *verifyTask) run(ctx context.Context, env Env) int {
 				}
 			}
 		}
-		for i, m := range ringMeshList {
-			row := verifyRow{op: "ring", mesh: m.String()}
-			for _, c := range ringCasesOf[i] {
-				ok, why, err := runRingCase(ctx, w, k, c)
+		for _, lr := range layerRows {
+			row := verifyRow{op: lr.op, mesh: lr.mesh.String()}
+			for _, c := range lr.cases {
+				ok, why, err := c.run(ctx, w, k)
 				if err != nil {
-					return fmt.Errorf("ring on %s, %s: %w", m, c.command, err)
+					return fmt.Errorf("%s on %s, %s: %w", lr.op, lr.mesh, c.command, err)
 				}
-				row.add(ok, why, fmt.Sprintf("%s on %s (worker verify --ops ring --world %d runs it)", c.command, m, n))
-			}
-			if w.Rank() == 0 {
-				mu.Lock()
-				rows = append(rows, row)
-				mu.Unlock()
-			}
-		}
-		for i, m := range moeMeshList {
-			row := verifyRow{op: "moe", mesh: m.String()}
-			for _, c := range moeCasesOf[i] {
-				ok, why, err := runMoECase(ctx, w, k, c)
-				if err != nil {
-					return fmt.Errorf("moe on %s, %s: %w", m, c.command, err)
-				}
-				row.add(ok, why, fmt.Sprintf("moe on %s, %s (worker verify --ops moe --world %d runs it)", m, c.command, n))
+				row.add(ok, why, fmt.Sprintf("%s on %s, %s (worker verify --ops %s --world %d runs it)", lr.op, lr.mesh, c.command, lr.op, n))
 			}
 			if w.Rank() == 0 {
 				mu.Lock()

@@ -28,21 +28,7 @@ type moeCase struct {
 // over all of them, then every 2-D mesh of ep with tp or dp, then every 3-D
 // mesh of dp, ep and tp (each dim at least 2).
 func moeMeshes(world int) []placement.Mesh {
-	out := []placement.Mesh{placement.MustMesh([]int{world}, []string{"ep"})}
-	for a := 2; a <= world/2; a++ {
-		if world%a == 0 {
-			out = append(out, placement.MustMesh([]int{a, world / a}, []string{"ep", "tp"}),
-				placement.MustMesh([]int{a, world / a}, []string{"dp", "ep"}))
-		}
-	}
-	for a := 2; a <= world/4; a++ {
-		for b := 2; a*b <= world/2; b++ {
-			if world%(a*b) == 0 {
-				out = append(out, placement.MustMesh([]int{a, b, world / (a * b)}, []string{"dp", "ep", "tp"}))
-			}
-		}
-	}
-	return out
+	return meshesOf(world, "ep", [][2]string{{"ep", "tp"}, {"dp", "ep"}}, [3]string{"dp", "ep", "tp"})
 }
 
 // moeCases are the layers verify runs on mesh: T = 2P+1 tokens (P ranks:

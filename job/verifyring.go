@@ -28,21 +28,7 @@ type ringCase struct {
 // cp over all of them, then every 2-D mesh of cp with dp or tp, then every
 // 3-D mesh of dp, cp and tp (each dim at least 2).
 func ringMeshes(world int) []placement.Mesh {
-	out := []placement.Mesh{placement.MustMesh([]int{world}, []string{"cp"})}
-	for a := 2; a <= world/2; a++ {
-		if world%a == 0 {
-			out = append(out, placement.MustMesh([]int{a, world / a}, []string{"dp", "cp"}),
-				placement.MustMesh([]int{a, world / a}, []string{"cp", "tp"}))
-		}
-	}
-	for a := 2; a <= world/4; a++ {
-		for b := 2; a*b <= world/2; b++ {
-			if world%(a*b) == 0 {
-				out = append(out, placement.MustMesh([]int{a, b, world / (a * b)}, []string{"dp", "cp", "tp"}))
-			}
-		}
-	}
-	return out
+	return meshesOf(world, "cp", [][2]string{{"dp", "cp"}, {"cp", "tp"}}, [3]string{"dp", "cp", "tp"})
 }
 
 // ringCases: causal zigzag and contiguous, and full attention, at a length

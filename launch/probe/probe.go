@@ -8,6 +8,7 @@
 package probe
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -211,49 +212,33 @@ func PythonException(dir string) *logview.PyException {
 	return logview.ParsePythonTraceback(lines)
 }
 
-// readTail is the last n bytes of a file (from a line's start).
+// readTail is the last n bytes of a file, from a line's start.
 func readTail(path string, n int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
+	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, err
 	}
 	off := max(fi.Size()-n, 0)
-	b := make([]byte, fi.Size()-off)
-	if _, err := f.ReadAt(b, off); err != nil && err != io.EOF {
-		return nil, err
-	}
-	if off > 0 {
-		if i := strings.IndexByte(string(b), '\n'); i >= 0 {
+	b, err := readFrom(path, off)
+	if err == nil && off > 0 {
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
 			b = b[i+1:]
 		}
 	}
-	return b, nil
+	return b, err
 }
 
+// readFrom is a file's bytes from offset off on.
 func readFrom(path string, off int64) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	if _, err := f.Seek(off, 0); err != nil {
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
 		return nil, err
 	}
-	var b strings.Builder
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := f.Read(buf)
-		b.Write(buf[:n])
-		if err != nil || n == 0 {
-			break
-		}
-	}
-	return []byte(b.String()), nil
+	return io.ReadAll(f)
 }
 
 // GoDumps lists a Go rank's dumps (runlog's stacks-<ms>.txt).

@@ -98,7 +98,6 @@ func liveRanks(dir string) ([]Target, string, error) {
 		Dir     string `json:"dir"`
 		Rank    int    `json:"rank"`
 		PID     int    `json:"pid"`
-		Code    *int   `json:"exit_code"`
 	}
 	pids := map[int]int{}
 	attempt, attemptDir, ended := -1, dir, false

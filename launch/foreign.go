@@ -214,7 +214,7 @@ func (a *attempt) describeHang(askedAt time.Time) {
 	groups, odd := logview.GroupStacks(stacks)
 	path := a.writeStacks(now, stacks, groups, odd)
 	for _, g := range groups {
-		if !containsInt(g.Ranks, a.root.Rank) {
+		if !slices.Contains(g.Ranks, a.root.Rank) {
 			continue
 		}
 		if g.Where != nil {
@@ -230,15 +230,6 @@ func (a *attempt) describeHang(askedAt time.Time) {
 			a.hangs[n-1].Groups, a.hangs[n-1].Stacks = describeAll(groups), path
 		}
 	}
-}
-
-func containsInt(xs []int, x int) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 // blameFirstException makes the rank of this node that raised the first

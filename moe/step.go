@@ -79,7 +79,7 @@ func (l *Layer) statistics(ctx context.Context, w *collective.World, fw *forward
 	}
 	mine[2*s.E], mine[2*s.E+1] = float64(l.tok0), float64(l.tl)
 	all := mine
-	if dims := l.Plan.TokenDims(); sizeOf(l, dims) > 1 {
+	if dims := l.Plan.TokenDims(); l.Plan.GroupSize(dims) > 1 {
 		g, err := l.group(ctx, w, dims)
 		if err != nil {
 			return nil, err
@@ -121,14 +121,6 @@ func (l *Layer) statistics(ctx context.Context, w *collective.World, fw *forward
 	st.Aux *= float64(s.E)
 	fw.stats = st
 	return before, nil
-}
-
-func sizeOf(l *Layer, dims []int) int {
-	n := 1
-	for _, d := range dims {
-		n *= l.Plan.Size(d)
-	}
-	return n
 }
 
 // exchangeCounts is the dispatch's first phase: every rank tells each ep
@@ -527,7 +519,7 @@ func (l *Layer) routerBackward(ctx context.Context, w *collective.World, fw *for
 	if err := store(dx, dxh); err != nil {
 		return nil, err
 	}
-	if dims := pl.TokenDims(); len(dims) > 0 && sizeOf(l, dims) > 1 {
+	if dims := pl.TokenDims(); len(dims) > 0 && l.Plan.GroupSize(dims) > 1 {
 		c, err := l.comm(ctx, w, dims)
 		if err != nil {
 			return nil, err
@@ -535,7 +527,7 @@ func (l *Layer) routerBackward(ctx context.Context, w *collective.World, fw *for
 		if err := c.AllReduce(ctx, l.DRouter, collective.Sum); err != nil {
 			return nil, err
 		}
-		n := sizeOf(l, dims)
+		n := l.Plan.GroupSize(dims)
 		l.record("backward", "router", "all_reduce", "drouter", dims, int64(2*l.DRouter.Bytes()*(n-1)/n))
 	}
 	return dx, nil

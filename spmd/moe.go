@@ -211,13 +211,13 @@ func (p *MoEPlan) comms(elem int) {
 		worstRows = min(worstRows, c*int64(el))
 	}
 	add := func(phase, op, kind, tensor string, dims []int, bytes, worst int64, host bool) {
-		if len(dims) == 0 || p.groupSize(dims) == 1 {
+		if len(dims) == 0 || p.GroupSize(dims) == 1 {
 			return
 		}
 		p.Comms = append(p.Comms, MoEComm{phase, op, kind, tensor, dims, bytes, worst, host})
 	}
 	tok := p.TokenDims()
-	stats := int64(2*s.E+1) * 8 * int64(p.groupSize(tok)-1)
+	stats := int64(2*s.E+1) * 8 * int64(p.GroupSize(tok)-1)
 	add("forward", "top-k", "all_gather", "routing", tok, stats, stats, true)
 	counts := int64(s.E-el) * 8
 	add("forward", "dispatch", "all_to_all", "counts", present(p.EP), counts, counts, true)
@@ -229,7 +229,7 @@ func (p *MoEPlan) comms(elem int) {
 	add("backward", "combine", "all_to_all", "dy", present(p.EP), rows(send), rows(worstRows), false)
 	add("backward", "experts", "all_reduce", "dx_experts", present(p.TP), ar(recv), ar(worstRows+tl*k), false)
 	add("backward", "dispatch", "all_to_all", "dx", present(p.EP), rows(send), rows(worstRows), false)
-	rb := 2 * int64(s.E) * h * int64(elem) * int64(p.groupSize(tok)-1) / int64(p.groupSize(tok))
+	rb := 2 * int64(s.E) * h * int64(elem) * int64(p.GroupSize(tok)-1) / int64(p.GroupSize(tok))
 	add("backward", "router", "all_reduce", "drouter", tok, rb, rb, false)
 	for _, w := range []struct {
 		name string
@@ -241,8 +241,8 @@ func (p *MoEPlan) comms(elem int) {
 	}
 }
 
-// groupSize is the ranks of a group along dims.
-func (p *MoEPlan) groupSize(dims []int) int {
+// GroupSize is the ranks of a group along dims.
+func (p *MoEPlan) GroupSize(dims []int) int {
 	n := 1
 	for _, d := range dims {
 		n *= p.Mesh.Dim(d)

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -251,20 +252,11 @@ func GoDumps(dir string) []string {
 // newDump is a dump in dir that is not in seen, "" when none.
 func newDump(dir string, seen []string) string {
 	for _, f := range GoDumps(dir) {
-		if !containsString(seen, f) {
+		if !slices.Contains(seen, f) {
 			return f
 		}
 	}
 	return ""
-}
-
-func containsString(xs []string, s string) bool {
-	for _, x := range xs {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Format is the text of a stacks file and of `launcher stacks`: the

@@ -79,12 +79,13 @@ type GPTReport struct {
 // gptTask is `worker gpt`.
 type gptTask struct {
 	training
-	cfg     models.GPTConfig
-	data    string
-	sample  int
-	temp    float64
-	corpus  *corpus
-	heldOut int // batches of held-out text the final loss averages
+	cfg       models.GPTConfig
+	data      string
+	sample    int
+	temp      float64
+	corpus    *corpus
+	heldOut   int // batches of held-out text the final loss averages
+	opProfile bool
 }
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
@@ -107,6 +108,7 @@ func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.data, "data", DefaultCorpus, "text `PATH` (a file, or a directory whose files are read in name order), read as characters (bytes)")
 	fs.IntVar(&t.sample, "sample", 200, "characters to sample at the end")
 	fs.Float64Var(&t.temp, "temperature", 0.8, "sampling temperature")
+	fs.BoolVar(&t.opProfile, "op-profile", false, "print each kernel's and collective's calls and time per step (after the first step) on rank 0's stderr; on cuda with MESHRUN_CUDA_SYNC=1 each kernel's time is its own")
 }
 
 func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
@@ -279,7 +281,7 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 	b := gptBatch{dev: dev, ids: tensor.New(tensor.Float32, cfg.Tokens()), targets: tensor.New(tensor.Float32, cfg.Tokens())}
 	// Every rank draws the same batches from the same seed.
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x64617461))
-	tl, err := t.train(ctx, env, w, g, rt, b, rng, sv, comms)
+	tl, err := t.train(ctx, env, w, g, rt, tr, b, rng, sv, comms)
 	if err != nil {
 		return nil, err
 	}
@@ -367,9 +369,13 @@ func experts[T int | float64](cfg models.GPTConfig, v T) T {
 // resumed run first draws the batches it skips, so the batches are those of
 // a run from step 1), steps g, reports progress on rank 0 and saves when a
 // save is due.
-func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *models.GPT, rt linear.Runtime, b gptBatch, rng *rand.Rand, sv *saves, comms *stepComms) (trainLosses, error) {
+func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *models.GPT, rt linear.Runtime, tr *tracer, b gptBatch, rng *rand.Rand, sv *saves, comms *stepComms) (trainLosses, error) {
 	cfg, c, steps := t.cfg, t.corpus, t.steps
 	var tl trainLosses
+	var profiled time.Duration // the steps after the first, with --op-profile
+	if t.opProfile && w.Rank() == 0 {
+		defer func() { tr.profileTable(env.Stderr, steps-t.startStep-1, profiled) }()
+	}
 	for s := 1; s <= t.startStep; s++ {
 		c.batch(rng, c.train, cfg.Batch, cfg.Context, b.ids.Float32(), b.targets.Float32())
 	}
@@ -389,6 +395,11 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *mo
 		tl.stepMS = append(tl.stepMS, ms(d))
 		if s == t.startStep+1 {
 			tl.first = loss
+			if t.opProfile {
+				tr.profile() // from the second step: the first loads modules and picks algorithms
+			}
+		} else {
+			profiled += d
 		}
 		tl.last = loss
 		tl.aux, tl.balance, tl.ringBytes, tl.cpAttention = g.AuxLoss(), g.Balance(), g.RingBytes(), g.CPAttention

@@ -1,14 +1,17 @@
 package job
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -104,6 +107,16 @@ type tracer struct {
 	run   *runlog.Rank
 	mu    sync.Mutex
 	total map[string]time.Duration
+	ops   map[opKey]*opTime // per kernel and collective, while profiling (--op-profile)
+}
+
+// opKey names a span: its category and name.
+type opKey struct{ cat, name string }
+
+// opTime is a span's calls and time.
+type opTime struct {
+	calls int
+	d     time.Duration
 }
 
 func newTracer(run *runlog.Rank) *tracer { return &tracer{run: run, total: map[string]time.Duration{}} }
@@ -116,6 +129,15 @@ func (t *tracer) trace(name, cat string) func() {
 		sp.End()
 		t.mu.Lock()
 		t.total[cat] += d
+		if t.ops != nil && (cat == "kernel" || cat == "collective") {
+			o := t.ops[opKey{cat, name}]
+			if o == nil {
+				o = &opTime{}
+				t.ops[opKey{cat, name}] = o
+			}
+			o.calls++
+			o.d += d
+		}
 		t.mu.Unlock()
 	}
 }
@@ -127,6 +149,38 @@ func (t *tracer) take(cat string) time.Duration {
 	d := t.total[cat]
 	delete(t.total, cat)
 	return d
+}
+
+// profile starts (or restarts) counting each kernel's and collective's calls
+// and time.
+func (t *tracer) profile() {
+	t.mu.Lock()
+	t.ops = map[opKey]*opTime{}
+	t.mu.Unlock()
+}
+
+// profileTable writes the kernels and collectives counted since profile, per
+// step of the steps that took wall in all, slowest first, and the rest of the
+// step (host work, launches, copies) as "other". On a GPU, time the kernels
+// with MESHRUN_CUDA_SYNC=1: otherwise a span ends when its launch returns.
+func (t *tracer) profileTable(w io.Writer, steps int, wall time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if steps < 1 || t.ops == nil {
+		return
+	}
+	keys := slices.Collect(maps.Keys(t.ops))
+	slices.SortFunc(keys, func(a, b opKey) int { return cmp.Or(cmp.Compare(t.ops[b].d, t.ops[a].d), cmp.Compare(a.name, b.name)) })
+	per := func(d time.Duration) float64 { return ms(d) / float64(steps) }
+	fmt.Fprintf(w, "op profile: %d steps, %.3f ms a step\n", steps, per(wall))
+	fmt.Fprintf(w, "%-24s %-10s %9s %10s %6s\n", "op", "kind", "calls", "ms/step", "%")
+	var sum time.Duration
+	for _, k := range keys {
+		o := t.ops[k]
+		sum += o.d
+		fmt.Fprintf(w, "%-24s %-10s %9.1f %10.3f %6.1f\n", k.name, k.cat, float64(o.calls)/float64(steps), per(o.d), 100*float64(o.d)/float64(wall))
+	}
+	fmt.Fprintf(w, "%-24s %-10s %9s %10.3f %6.1f\n", "other", "host", "", per(wall-sum), 100*float64(wall-sum)/float64(wall))
 }
 
 // runtime is the linear runtime of a workload: kernels and moves traced.

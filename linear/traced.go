@@ -51,3 +51,63 @@ func (t traced) MSE(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	defer t.Trace("mse", "kernel")()
 	return t.Compute.MSE(dy, sum, y, target, scale)
 }
+
+func (t traced) GroupedGemm(p kernels.GroupedParams, o kernels.GemmOperands) error {
+	defer t.Trace("grouped_gemm", "kernel")()
+	return t.Compute.GroupedGemm(p, o)
+}
+
+func (t traced) Cast(dst, src *tensor.Tensor) error {
+	defer t.Trace("cast", "kernel")()
+	return t.Compute.Cast(dst, src)
+}
+
+func (t traced) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error {
+	defer t.Trace("layer_norm", "kernel")()
+	return t.Compute.LayerNorm(y, stats, x, gamma, beta, eps)
+}
+
+func (t traced) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, acc bool) error {
+	defer t.Trace("layer_norm_backward", "kernel")()
+	return t.Compute.LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats, acc)
+}
+
+func (t traced) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error {
+	defer t.Trace("attention", "kernel")()
+	return t.Compute.Attention(o, lse, q, k, v, causal)
+}
+
+func (t traced) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool) error {
+	defer t.Trace("attention_backward", "kernel")()
+	return t.Compute.AttentionBackward(dq, dk, dv, do, q, k, v, o, lse, causal)
+}
+
+func (t traced) Embedding(y, ids, table *tensor.Tensor, offset int) error {
+	defer t.Trace("embedding", "kernel")()
+	return t.Compute.Embedding(y, ids, table, offset)
+}
+
+func (t traced) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int, acc bool) error {
+	defer t.Trace("embedding_backward", "kernel")()
+	return t.Compute.EmbeddingBackward(dtable, dy, ids, offset, acc)
+}
+
+func (t traced) CrossEntropy(stats, logits, targets *tensor.Tensor, offset int) error {
+	defer t.Trace("cross_entropy", "kernel")()
+	return t.Compute.CrossEntropy(stats, logits, targets, offset)
+}
+
+func (t traced) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Tensor, offset int, scale float64) error {
+	defer t.Trace("cross_entropy_backward", "kernel")()
+	return t.Compute.CrossEntropyBackward(dlogits, logits, targets, lse, offset, scale)
+}
+
+func (t traced) CrossEntropyCombine(lse, loss, stats *tensor.Tensor) error {
+	defer t.Trace("cross_entropy_combine", "kernel")()
+	return t.Compute.CrossEntropyCombine(lse, loss, stats)
+}
+
+func (t traced) AdamW(p kernels.AdamWParams, param, grad, m, v *tensor.Tensor) error {
+	defer t.Trace("adamw", "kernel")()
+	return t.Compute.AdamW(p, param, grad, m, v)
+}

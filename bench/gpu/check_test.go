@@ -25,7 +25,7 @@ import (
 
 // steps are check.sh's steps, in order.
 var steps = []string{"probe", "ptxas", "build", "dispatch", "conformance-float32", "conformance-float64",
-	"conformance-bfloat16", "conformance-fallback", "nccl", "mlp-1", "mlp-2", "verify", "gpt", "bench"}
+	"conformance-bfloat16", "conformance-fallback", "nccl", "mlp-1", "mlp-2", "verify", "gpt", "gpt-2", "gpt-bf16", "bench"}
 
 // run is one dry run of check.sh.
 type run struct {
@@ -253,7 +253,9 @@ func TestCheckDry(t *testing.T) {
 			"mlp-1":               "largest relative loss difference 0 over 5 losses (tolerance 1e-4); sim per step: h2d 0 B, d2h 8 B, staged 0 B,",
 			"mlp-2":               "largest relative loss difference 0 over 5 losses (tolerance 1e-4); sim per step: h2d 0 B, d2h 8 B, staged 65536 B,",
 			"verify":              "failed",
-			"gpt":                 "largest relative loss difference 0 over 6 losses",
+			"gpt":                 "largest relative loss difference 0 over 6 losses (tolerance 1e-4)",
+			"gpt-2":               "largest relative loss difference 0 over 6 losses (tolerance 1e-4)",
+			"gpt-bf16":            "largest relative loss difference 0 over 6 losses (tolerance 1e-2)",
 		} {
 			if !strings.Contains(r.figures[name], figs) {
 				t.Errorf("%s: figures %q, want %q in them", name, r.figures[name], figs)
@@ -298,7 +300,7 @@ func TestCheckDry(t *testing.T) {
 	// missing; steps listed in MESHRUN_CHECK_SKIP are skipped.
 	t.Run("bench", func(t *testing.T) {
 		t.Parallel()
-		skip := "ptxas dispatch conformance-float32 conformance-float64 conformance-bfloat16 conformance-fallback nccl mlp-1 mlp-2 verify gpt"
+		skip := "ptxas dispatch conformance-float32 conformance-float64 conformance-bfloat16 conformance-fallback nccl mlp-1 mlp-2 verify gpt gpt-2 gpt-bf16"
 		r := check(t, []string{"MESHRUN_CHECK_SKIP=" + skip})
 		want := map[string]string{"probe": "ok", "build": "ok", "bench": "ok"}
 		for _, s := range strings.Fields(skip) {
@@ -308,7 +310,7 @@ func TestCheckDry(t *testing.T) {
 		if !strings.HasPrefix(r.figures["build"], "built by go build") {
 			t.Errorf("build: figures %q, want the build", r.figures["build"])
 		}
-		if f := r.figures["bench"]; !strings.Contains(f, "linear meshrun/PyTorch over 24 rows: min 1.00, median 1.00, max 1.00") || strings.Contains(f, "failed") {
+		if f := r.figures["bench"]; !strings.Contains(f, "linear meshrun/PyTorch over 28 rows: min 1.00, median 1.00, max 1.00") || strings.Contains(f, "failed") {
 			t.Errorf("bench: figures %q", f)
 		}
 	})

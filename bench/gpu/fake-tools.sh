@@ -25,7 +25,7 @@ for s in ${MESHRUN_FAKE_FAIL:-}; do
   fi
 done
 
-shapes="1x4096x4096 8x4096x4096 512x4096x4096 2048x4096x4096 4096x4096x4096 4096x1024x4096"
+shapes="1x4096x4096 8x4096x4096 512x4096x4096 2048x4096x4096 4096x4096x4096 8192x4096x4096 4096x1024x4096"
 version() { printf 'Cuda compilation tools, release 0.0, V0.0.0 (fake: check.sh --dry)\n'; }
 
 case $tool in
@@ -52,6 +52,9 @@ python3)
         for s in $shapes; do printf 'torch\t%s\t%s\tforward\t1.000\ntorch\t%s\t%s\tbackward\t1.000\n' "$dt" "$s" "$dt" "$s"; done
       done ;;
     *torch_mlp.py) printf '{"impl": "torch", "dtype": "%s", "step_ms_median": 1.0, "torch": "0.0.0+fake"}\n' "${5:-float32}" ;;
+    *torch_gpt.py)
+      printf '{"impl": "torch", "dtype": "%s", "step_ms_median": 1.0}\n' "${9:-float32}"
+      [ -n "${10:-}" ] && printf 'torch profile: %s steps, %s (fake)\n' "${10}" "${9:-float32}" >&2 ;;
     -c)
       case "${2:-}" in
         *"import torch"*) printf 'torch=0.0.0+fake\ntorch_cuda=0.0\nnccl=0.0.0\ncublas=0.0.0 (fake)\n' ;;

@@ -17,6 +17,14 @@
 # cuda) and MESHRUN_BENCH_MLP_SHAPES (default "512 1024 4096,4096 4096 16384":
 # tokens hidden ffn, comma-separated) set the MLP part; check.sh --dry runs it
 # on sim.
+#
+# Last the GPT step: `worker gpt --device cuda` against torch_gpt.py (the same
+# model, eager, scaled_dot_product_attention), float32 and bfloat16, at
+# MESHRUN_BENCH_GPT_SHAPES (default "2 4 128 64 16,12 12 768 256 16": layers
+# heads dim context batch), on the text MESHRUN_BENCH_GPT_DATA (default docs/).
+# Then each side's profile of the larger shape on stderr: meshrun's
+# --op-profile with MESHRUN_CUDA_SYNC=1 (each kernel's own time) and
+# torch.profiler's kernel table.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit
 bin=${1:-bin/cuda.test}
@@ -24,6 +32,8 @@ secs=${2:-0.5}
 worker=${MESHRUN_BENCH_WORKER:-bin/worker}
 device=${MESHRUN_BENCH_DEVICE:-cuda}
 shapes=${MESHRUN_BENCH_MLP_SHAPES:-512 1024 4096,4096 4096 16384}
+gpt_shapes=${MESHRUN_BENCH_GPT_SHAPES:-2 4 128 64 16,12 12 768 256 16}
+gpt_data=${MESHRUN_BENCH_GPT_DATA:-docs}
 # median: step_ms_median of the last JSON line read (meshrun's or PyTorch's).
 median() { sed -n 's/.*"step_ms_median": *\([0-9.eE+-]*\).*/\1/p' | tail -n1; }
 fail=0
@@ -58,5 +68,35 @@ for shape in "${list[@]}"; do
       fail=1
     fi
   done
+done
+
+echo
+echo "| GPT step (layers, heads, dim, context×batch) | dtype | meshrun ms | PyTorch ms | ratio (PyTorch / meshrun) |"
+echo "|---|---|---|---|---|"
+IFS=, read -ra list <<<"$gpt_shapes"
+for shape in "${list[@]}"; do
+  # shellcheck disable=SC2086 # layers heads dim context batch
+  set -- $shape
+  for dt in float32 bfloat16; do
+    line=$("$worker" gpt --device "$device" --layers "$1" --heads "$2" --dim "$3" --context "$4" --batch "$5" \
+      --steps 20 --sample 0 --data "$gpt_data" --dtype "$dt" | tail -n1)
+    m=$(median <<<"$line")
+    vocab=$(sed -n 's/.*"vocab": *\([0-9]*\).*/\1/p' <<<"$line")
+    p=
+    [ -n "$vocab" ] && p=$(python3 bench/gpu/torch_gpt.py "$1" "$2" "$3" "$4" "$5" "$vocab" 20 "$dt" | median)
+    if [ -n "$m" ] && [ -n "$p" ]; then
+      awk -v s="$1, $2, $3, $4×$5" -v d="$dt" -v m="$m" -v p="$p" 'BEGIN {printf "| %s | %s | %.3f | %.3f | %.2f× |\n", s, d, m, p, p / m}'
+    else
+      echo "| $1, $2, $3, $4×$5 | $dt | ${m:-failed} | ${p:-failed} | failed |"
+      fail=1
+    fi
+  done
+done
+# The profiles, of the last shape (stderr): each side, float32 and bfloat16.
+for dt in float32 bfloat16; do
+  echo "== meshrun op profile: gpt $shape, $dt (MESHRUN_CUDA_SYNC=1)" >&2
+  MESHRUN_CUDA_SYNC=1 "$worker" gpt --device "$device" --layers "$1" --heads "$2" --dim "$3" --context "$4" --batch "$5" \
+    --steps 6 --sample 0 --data "$gpt_data" --dtype "$dt" --op-profile 2>&1 >/dev/null | sed -n '/^op profile/,$p' >&2
+  [ -n "${vocab:-}" ] && python3 bench/gpu/torch_gpt.py "$1" "$2" "$3" "$4" "$5" "$vocab" 4 "$dt" 5 >/dev/null
 done
 exit $fail

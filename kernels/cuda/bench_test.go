@@ -15,7 +15,7 @@ import (
 )
 
 // linearShapes are the seeds' linear layers: tokens × in × out.
-var linearShapes = [][3]int{{1, 4096, 4096}, {8, 4096, 4096}, {512, 4096, 4096}, {2048, 4096, 4096}, {4096, 4096, 4096}, {4096, 1024, 4096}}
+var linearShapes = [][3]int{{1, 4096, 4096}, {8, 4096, 4096}, {512, 4096, 4096}, {2048, 4096, 4096}, {4096, 4096, 4096}, {8192, 4096, 4096}, {4096, 1024, 4096}}
 
 func randomOn(b *testing.B, p *cuda.Provider, dt tensor.DType, shape ...int) *tensor.Tensor {
 	n := tensor.NumElements(shape)

@@ -320,19 +320,6 @@ func (m *Memory) Copy2D(dst *tensor.Tensor, dstOff, dstPitch int, src *tensor.Te
 	})
 }
 
-// copy2D queues a copy of rows rows of width bytes between device
-// addresses at the given pitches (inside do).
-func (p *Provider) copy2D(dst uint64, dstPitch int, src uint64, srcPitch, width, rows int) error {
-	if rows == 1 || width == dstPitch && width == srcPitch {
-		return cu.MemcpyDtoDAsync(cu.DevicePtr(dst), cu.DevicePtr(src), int64(width*rows), p.stream)
-	}
-	return cu.Memcpy2DAsync(cu.Memcpy2dParam{
-		Height: int64(rows), WidthInBytes: int64(width),
-		DstDevice: cu.DevicePtr(dst), DstMemoryType: cu.DeviceMemory, DstPitch: int64(dstPitch),
-		SrcDevice: cu.DevicePtr(src), SrcMemoryType: cu.DeviceMemory, SrcPitch: int64(srcPitch),
-	}, p.stream)
-}
-
 // memset queues zeroing n bytes at device address a (inside do).
 func (p *Provider) memset(a uint64, n int) error {
 	if n == 0 {

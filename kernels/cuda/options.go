@@ -14,6 +14,9 @@ type Options struct {
 	// (cuBLAS and the kernels), as when cuBLASLt refuses it; for checking
 	// those plans on a GPU (EnvLt).
 	NoLt bool
+	// AttnKernels runs attention on the one-row-per-thread kernels rather
+	// than through cuBLAS (EnvAttention); for checking them on a GPU.
+	AttnKernels bool
 }
 
 // The environment variables behind Options, as OptionsFrom reads them.
@@ -25,15 +28,19 @@ const (
 	EnvTF32 = "MESHRUN_TF32"
 	// EnvLt set to "0" keeps every GEMM off cuBLASLt (Options.NoLt).
 	EnvLt = "MESHRUN_CUBLASLT"
+	// EnvAttention set to "kernels" runs attention on the one-row-per-thread
+	// kernels (Options.AttnKernels); by default it goes through cuBLAS.
+	EnvAttention = "MESHRUN_CUDA_ATTENTION"
 )
 
 // OptionsFrom reads the options from getenv: MESHRUN_CUDA_SYNC=1,
-// MESHRUN_TF32=1, MESHRUN_CUBLASLT=0 (any other value, or none, leaves the
-// default).
+// MESHRUN_TF32=1, MESHRUN_CUBLASLT=0, MESHRUN_CUDA_ATTENTION=kernels (any
+// other value, or none, leaves the default).
 func OptionsFrom(getenv func(string) string) Options {
 	return Options{
-		Sync: getenv(EnvSync) == "1",
-		TF32: getenv(EnvTF32) == "1",
-		NoLt: getenv(EnvLt) == "0",
+		Sync:        getenv(EnvSync) == "1",
+		TF32:        getenv(EnvTF32) == "1",
+		NoLt:        getenv(EnvLt) == "0",
+		AttnKernels: getenv(EnvAttention) == "kernels",
 	}
 }

@@ -26,7 +26,7 @@ func devOr0(t *tensor.Tensor) uint64 {
 // signed passes an int64 kernel argument.
 func signed(v int) uint64 { return uint64(int64(v)) }
 
-// LayerNorm implements kernels.Kernels: one thread per row.
+// LayerNorm implements kernels.Kernels.
 func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float64) error {
 	if err := p.onDevice(y, stats, x, gamma, beta); err != nil {
 		return err
@@ -43,14 +43,36 @@ func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float6
 	if rows == 0 {
 		return nil
 	}
+	// In stages (ptx's ln_*): the rows' sums by segments of lnSeg columns,
+	// the means, the centred squares likewise, the statistics, then y one
+	// thread per element.
+	ns := (d + lnSeg - 1) / lnSeg
+	part, err := p.mem.Alloc(tensor.Float64, rows*ns+rows)
+	if err != nil {
+		return err
+	}
+	defer p.freeAfter(part)
+	mean := dev(part) + uint64(8*rows*ns)
+	sfx := suffix(x.DType())
 	return p.do(func() error {
-		return p.launch("layer_norm"+suffix(x.DType()), rows, 0, ptx.BlockThreads,
-			dev(y), dev(stats), dev(x), dev(gamma), devOr0(beta), uint64(rows), uint64(d), math.Float64bits(eps))
+		for _, pass := range []uint64{0, mean} {
+			if err := p.launch("ln_part"+sfx, rows*ns, 0, ptx.BlockThreads, dev(part), dev(x), pass, uint64(rows), uint64(d), lnSeg); err != nil {
+				return err
+			}
+			if err := p.launch("ln_row", rows, 0, ptx.BlockThreads, mean, dev(stats), dev(part), uint64(rows), uint64(d), uint64(ns),
+				uint64(int(betaIf(pass != 0))), math.Float64bits(eps)); err != nil {
+				return err
+			}
+		}
+		return p.launch("ln_apply"+sfx, rows*d, 0, ptx.BlockThreads, dev(y), dev(stats), dev(x), dev(gamma), devOr0(beta), uint64(rows), uint64(d))
 	})
 }
 
-// LayerNormBackward implements kernels.Kernels: dx one thread per row,
-// dgamma and dbeta one thread per column.
+// lnSeg and lnChunk are the layer norm's slices: columns per partial sum
+// of a row, rows per partial sum of a column.
+const lnSeg, lnChunk = 64, 64
+
+// LayerNormBackward implements kernels.Kernels.
 func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, accumulate bool) error {
 	if err := p.onDevice(dx, dgamma, dbeta, dy, x, gamma, stats); err != nil {
 		return err
@@ -64,19 +86,35 @@ func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *ten
 			return p.host.LayerNormBackward(h[0], h[1], h[2], h[3], h[4], h[5], h[6], accumulate)
 		})
 	}
+	// In stages (ptx's ln_*): dx from each row's sums by segments of lnSeg
+	// columns, dgamma and dbeta from each column's by chunks of lnChunk rows.
 	sfx := suffix(x.DType())
+	ns, nc := (d+lnSeg-1)/lnSeg, (rows+lnChunk-1)/lnChunk
+	part, err := p.mem.Alloc(tensor.Float64, max(2*rows*ns, 2*nc*d, 1))
+	if err != nil {
+		return err
+	}
+	defer p.freeAfter(part)
 	return p.do(func() error {
-		if dx != nil && rows > 0 {
-			if err := p.launch("layer_norm_dx"+sfx, rows, 0, ptx.BlockThreads,
-				dev(dx), dev(dy), dev(x), dev(gamma), dev(stats), uint64(rows), uint64(d)); err != nil {
+		if dx != nil && rows > 0 && d > 0 {
+			if err := p.launch("ln_dx_part"+sfx, rows*ns, 0, ptx.BlockThreads,
+				dev(part), dev(dy), dev(x), dev(gamma), dev(stats), uint64(rows), uint64(d), lnSeg); err != nil {
+				return err
+			}
+			if err := p.launch("ln_dx_apply"+sfx, rows*d, 0, ptx.BlockThreads,
+				dev(dx), dev(dy), dev(x), dev(gamma), dev(stats), dev(part), uint64(rows), uint64(d), uint64(ns)); err != nil {
 				return err
 			}
 		}
 		if dgamma == nil && dbeta == nil || d == 0 {
 			return nil
 		}
-		return p.launch("layer_norm_dgb"+sfx, d, 0, ptx.BlockThreads,
-			devOr0(dgamma), devOr0(dbeta), dev(dy), dev(x), dev(stats), uint64(rows), uint64(d), uint64(int(betaIf(accumulate))))
+		if err := p.launch("ln_dgb_part"+sfx, nc*d, 0, ptx.BlockThreads,
+			dev(part), dev(dy), dev(x), dev(stats), uint64(rows), uint64(d), lnChunk); err != nil {
+			return err
+		}
+		return p.launch("ln_dgb_sum"+sfx, d, 0, ptx.BlockThreads,
+			devOr0(dgamma), devOr0(dbeta), dev(part), uint64(nc), uint64(d), uint64(int(betaIf(accumulate))))
 	})
 }
 
@@ -277,6 +315,9 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 	if rows == 0 {
 		return nil
 	}
+	if p.attnGEMM(a, false) {
+		return p.attentionGEMM(a, o, lse, q, k, v, causal)
+	}
 	qp, kp, vp := attnViews(a, q, k, v)
 	args := append([]uint64{dev(o), dev(lse), qp, kp, vp}, a.Args()...)
 	args = append(args, uint64(int(betaIf(causal))))
@@ -305,6 +346,9 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	rows := a.B * a.H * a.S
 	if rows == 0 || a.T == 0 {
 		return nil
+	}
+	if p.attnGEMM(a, true) {
+		return p.attentionBackwardGEMM(a, dq, dk, dv, do, q, k, v, o, lse, causal)
 	}
 	delta, err := p.mem.Alloc(tensor.Float64, rows)
 	if err != nil {

@@ -494,3 +494,190 @@ MR_KERNEL void attn_dkv_bf16(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q
 		const double *delta, u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
 	attn_dkv(dk, dv, dout, q, k, v, lse, delta, B, H, S, Tn, E, F, qs, ks, vs, causal);
 }
+
+// ---- Attention through GEMMs (the provider's cuBLAS path): the scores of
+// one batch's heads, rows × Tn floats (row r is query r % S of its head),
+// made probabilities here, in float32 whatever the data's dtype.
+
+// attn_softmax: each row of scaled scores becomes its probabilities in
+// place, keys past the causal limit 0. given 0: the row's log-sum-exp is
+// computed (in double, as attn_fwd) and written to lse[r]; given 1: lse[r]
+// is read (the backward's recompute).
+MR_KERNEL void attn_softmax_f32(float *sc, float *lse, u64 rows, u64 S, u64 Tn, int causal, int given) {
+	for (u64 r = MR_TID; r < rows; r += MR_NTHREADS) {
+		u64 i = r % S;
+		u64 nk = causal ? (i + 1 < Tn ? i + 1 : Tn) : Tn;
+		float *row = sc + r * Tn;
+		double m;
+		if (given) {
+			m = (double)lse[r];
+		} else {
+			double top = -1.0 / 0.0, z = 0;
+			for (u64 t = 0; t < nk; t++) top = (double)row[t] > top ? (double)row[t] : top;
+			for (u64 t = 0; t < nk; t++) z += mr_exp((double)row[t] - top);
+			m = top + mr_log(z);
+			lse[r] = (float)m;
+		}
+		for (u64 t = 0; t < nk; t++) row[t] = (float)mr_exp((double)row[t] - m);
+		for (u64 t = nk; t < Tn; t++) row[t] = 0;
+	}
+}
+
+// attn_ds: ds = P ⊙ (dP − delta[row])·scale in place of dP, one thread per
+// element of rows × Tn.
+MR_KERNEL void attn_ds_f32(float *ds, const float *p, const double *delta, u64 rows, u64 Tn, float scale) {
+	for (u64 e = MR_TID; e < rows * Tn; e += MR_NTHREADS) {
+		ds[e] = (float)((double)p[e] * ((double)ds[e] - delta[e / Tn]) * (double)scale);
+	}
+}
+
+// ---- Layer norm in stages, every thread on a slice (no row or column
+// loops over a whole dimension): rows split into segments of seg columns,
+// columns into chunks of chunk rows, the partial sums (double) kept in a
+// scratch and combined in a fixed order. The provider runs these; the
+// one-thread-per-row kernels above are the emulation's reference.
+
+// ln_part: part[r·ns + s] = Σ x over segment s of row r, or with mean
+// given, Σ (x − mean[r])².
+template <class T>
+__device__ static void ln_part(double *part, const T *x, const double *mean, u64 rows, u64 d, u64 seg) {
+	u64 ns = (d + seg - 1) / seg;
+	for (u64 e = MR_TID; e < rows * ns; e += MR_NTHREADS) {
+		u64 r = e / ns, lo = (e % ns) * seg, hi = lo + seg < d ? lo + seg : d;
+		double a = 0;
+		if (mean) {
+			double m = mean[r];
+			for (u64 i = lo; i < hi; i++) {
+				double c = ld(x, r * d + i) - m;
+				a += c * c;
+			}
+		} else {
+			for (u64 i = lo; i < hi; i++) a += ld(x, r * d + i);
+		}
+		part[e] = a;
+	}
+}
+MR_KERNEL void ln_part_f32(double *part, const float *x, const double *mean, u64 rows, u64 d, u64 seg) { ln_part(part, x, mean, rows, d, seg); }
+MR_KERNEL void ln_part_bf16(double *part, const bf16 *x, const double *mean, u64 rows, u64 d, u64 seg) { ln_part(part, x, mean, rows, d, seg); }
+
+// ln_row: per row, from its ns partial sums: given no mean, mean[r] = Σ/d;
+// else stats[2r], stats[2r+1] = mean, 1/√(Σ/d + eps).
+MR_KERNEL void ln_row(double *mean, float *stats, const double *part, u64 rows, u64 d, u64 ns, int rstd, double eps) {
+	for (u64 r = MR_TID; r < rows; r += MR_NTHREADS) {
+		double a = 0;
+		for (u64 s = 0; s < ns; s++) a += part[r * ns + s];
+		if (rstd) {
+			stats[2 * r] = (float)mean[r];
+			stats[2 * r + 1] = (float)(1 / MR_SQRT(a / (double)d + eps));
+		} else {
+			mean[r] = a / (double)d;
+		}
+	}
+}
+
+// ln_apply: y = (x − mean)·rstd·gamma + beta, one thread per element.
+template <class T>
+__device__ static void ln_apply(T *y, const float *stats, const T *x, const T *gamma, const T *beta, u64 rows, u64 d) {
+	for (u64 e = MR_TID; e < rows * d; e += MR_NTHREADS) {
+		u64 r = e / d, i = e % d;
+		st(y, e, (ld(x, e) - stats[2 * r]) * stats[2 * r + 1] * ld(gamma, i) + (beta ? ld(beta, i) : 0.0f));
+	}
+}
+MR_KERNEL void ln_apply_f32(float *y, const float *stats, const float *x, const float *gamma, const float *beta, u64 rows, u64 d) {
+	ln_apply(y, stats, x, gamma, beta, rows, d);
+}
+MR_KERNEL void ln_apply_bf16(bf16 *y, const float *stats, const bf16 *x, const bf16 *gamma, const bf16 *beta, u64 rows, u64 d) {
+	ln_apply(y, stats, x, gamma, beta, rows, d);
+}
+
+// ln_dx_part: part[2(r·ns + s)], part[2(r·ns + s) + 1] = Σ g, Σ g·x̂ over
+// segment s of row r, g = dy·gamma (as layer_norm_dx).
+template <class T>
+__device__ static void ln_dx_part(double *part, const T *dy, const T *x, const T *gamma, const float *stats, u64 rows, u64 d, u64 seg) {
+	u64 ns = (d + seg - 1) / seg;
+	for (u64 e = MR_TID; e < rows * ns; e += MR_NTHREADS) {
+		u64 r = e / ns, lo = (e % ns) * seg, hi = lo + seg < d ? lo + seg : d;
+		float m = stats[2 * r], s = stats[2 * r + 1];
+		double m1 = 0, m2 = 0;
+		for (u64 i = lo; i < hi; i++) {
+			float g = ld(dy, r * d + i) * ld(gamma, i);
+			m1 += g;
+			m2 += (double)g * (double)((ld(x, r * d + i) - m) * s);
+		}
+		part[2 * e] = m1;
+		part[2 * e + 1] = m2;
+	}
+}
+MR_KERNEL void ln_dx_part_f32(double *part, const float *dy, const float *x, const float *gamma, const float *stats, u64 rows, u64 d, u64 seg) {
+	ln_dx_part(part, dy, x, gamma, stats, rows, d, seg);
+}
+MR_KERNEL void ln_dx_part_bf16(double *part, const bf16 *dy, const bf16 *x, const bf16 *gamma, const float *stats, u64 rows, u64 d, u64 seg) {
+	ln_dx_part(part, dy, x, gamma, stats, rows, d, seg);
+}
+
+// ln_dx_apply: dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), one thread per
+// element, the row's means from its ns partial sums.
+template <class T>
+__device__ static void ln_dx_apply(T *dx, const T *dy, const T *x, const T *gamma, const float *stats, const double *part,
+		u64 rows, u64 d, u64 ns) {
+	for (u64 e = MR_TID; e < rows * d; e += MR_NTHREADS) {
+		u64 r = e / d, i = e % d;
+		double m1 = 0, m2 = 0;
+		for (u64 s = 0; s < ns; s++) {
+			m1 += part[2 * (r * ns + s)];
+			m2 += part[2 * (r * ns + s) + 1];
+		}
+		float m = stats[2 * r], s = stats[2 * r + 1];
+		float a = (float)(m1 / (double)d), b = (float)(m2 / (double)d);
+		st(dx, e, s * (ld(dy, e) * ld(gamma, i) - a - (ld(x, e) - m) * s * b));
+	}
+}
+MR_KERNEL void ln_dx_apply_f32(float *dx, const float *dy, const float *x, const float *gamma, const float *stats, const double *part,
+		u64 rows, u64 d, u64 ns) { ln_dx_apply(dx, dy, x, gamma, stats, part, rows, d, ns); }
+MR_KERNEL void ln_dx_apply_bf16(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *gamma, const float *stats, const double *part,
+		u64 rows, u64 d, u64 ns) { ln_dx_apply(dx, dy, x, gamma, stats, part, rows, d, ns); }
+
+// ln_dgb_part: part[2(c·d + i)], part[2(c·d + i) + 1] = Σ dy·x̂, Σ dy over
+// chunk c of rows, column i.
+template <class T>
+__device__ static void ln_dgb_part(double *part, const T *dy, const T *x, const float *stats, u64 rows, u64 d, u64 chunk) {
+	u64 nc = (rows + chunk - 1) / chunk;
+	for (u64 e = MR_TID; e < nc * d; e += MR_NTHREADS) {
+		u64 c = e / d, i = e % d, lo = c * chunk, hi = lo + chunk < rows ? lo + chunk : rows;
+		double g = 0, b = 0;
+		for (u64 r = lo; r < hi; r++) {
+			double v = ld(dy, r * d + i);
+			g += v * (double)((ld(x, r * d + i) - stats[2 * r]) * stats[2 * r + 1]);
+			b += v;
+		}
+		part[2 * e] = g;
+		part[2 * e + 1] = b;
+	}
+}
+MR_KERNEL void ln_dgb_part_f32(double *part, const float *dy, const float *x, const float *stats, u64 rows, u64 d, u64 chunk) {
+	ln_dgb_part(part, dy, x, stats, rows, d, chunk);
+}
+MR_KERNEL void ln_dgb_part_bf16(double *part, const bf16 *dy, const bf16 *x, const float *stats, u64 rows, u64 d, u64 chunk) {
+	ln_dgb_part(part, dy, x, stats, rows, d, chunk);
+}
+
+// ln_dgb_sum: dgamma (+)= Σ_chunks, dbeta (+)= Σ_chunks, per column (either
+// may be null).
+template <class T>
+__device__ static void ln_dgb_sum(T *dgamma, T *dbeta, const double *part, u64 nc, u64 d, int accumulate) {
+	for (u64 i = MR_TID; i < d; i += MR_NTHREADS) {
+		double g = 0, b = 0;
+		for (u64 c = 0; c < nc; c++) {
+			g += part[2 * (c * d + i)];
+			b += part[2 * (c * d + i) + 1];
+		}
+		if (dgamma) st(dgamma, i, (accumulate ? ld(dgamma, i) : 0.0f) + (float)g);
+		if (dbeta) st(dbeta, i, (accumulate ? ld(dbeta, i) : 0.0f) + (float)b);
+	}
+}
+MR_KERNEL void ln_dgb_sum_f32(float *dgamma, float *dbeta, const double *part, u64 nc, u64 d, int accumulate) {
+	ln_dgb_sum(dgamma, dbeta, part, nc, d, accumulate);
+}
+MR_KERNEL void ln_dgb_sum_bf16(bf16 *dgamma, bf16 *dbeta, const double *part, u64 nc, u64 d, int accumulate) {
+	ln_dgb_sum(dgamma, dbeta, part, nc, d, accumulate);
+}

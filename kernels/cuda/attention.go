@@ -1,0 +1,242 @@
+//go:build cuda
+
+package cuda
+
+import (
+	"math"
+
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/kernels/cuda/ptx"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// Attention through cuBLAS: per batch, the heads' scores S = q·kᵀ/√E in one
+// strided-batched GEMM (a batch per head), the softmax in place
+// (attn_softmax), then o = P·v in another; the backward recomputes P from
+// lse and runs dP = do·vᵀ, dv = Pᵀ·do, ds = P ⊙ (dP − Σ do·o)/√E (attn_ds),
+// dq = ds·k and dk = dsᵀ·q. Everything is float32 (the GEMMs accumulate in
+// float32, TF32 only with Options.TF32); bfloat16 operands are widened
+// first and the results rounded once. The scores of one batch (heads × S ×
+// T floats, twice in the backward) are scratch: when they would pass
+// maxAttnScratch bytes the kernels' one-row-per-thread path runs instead.
+
+// maxAttnScratch bounds the scores scratch of the GEMM path, in bytes.
+const maxAttnScratch = 1 << 30
+
+// attnGEMM reports whether attention of shape a takes the GEMM path.
+func (p *Provider) attnGEMM(a ptx.Attn, backward bool) bool {
+	n := a.H * a.S * a.T * 4
+	if backward {
+		n *= 2
+	}
+	return !p.opts.AttnKernels && a.T > 0 && n <= maxAttnScratch
+}
+
+// attnF32 holds float32 views of an attention's operands: the tensors
+// themselves when they are float32, else widened copies (packed: one copy
+// of the packed tensor).
+type attnF32 struct {
+	p    *Provider
+	tmp  []*tensor.Tensor
+	fail error
+}
+
+// in returns t as float32 (nil stays nil).
+func (w *attnF32) in(t *tensor.Tensor) *tensor.Tensor {
+	if t == nil || t.DType() == tensor.Float32 || w.fail != nil {
+		return t
+	}
+	c, err := w.p.mem.Alloc(tensor.Float32, t.Shape()...)
+	if err == nil {
+		err = w.p.Cast(c, t)
+	}
+	if err != nil {
+		w.fail = err
+		return t
+	}
+	w.tmp = append(w.tmp, c)
+	return c
+}
+
+// out returns a float32 tensor to write t's values into (t itself when it
+// is float32; nil stays nil).
+func (w *attnF32) out(t *tensor.Tensor) *tensor.Tensor {
+	if t == nil || t.DType() == tensor.Float32 || w.fail != nil {
+		return t
+	}
+	c, err := w.p.mem.Alloc(tensor.Float32, t.Shape()...)
+	if err != nil {
+		w.fail = err
+		return t
+	}
+	w.tmp = append(w.tmp, c)
+	return c
+}
+
+// back rounds the float32 results into the outputs (pairs of out, its
+// float32 tensor) and frees the copies.
+func (w *attnF32) back(pairs ...*tensor.Tensor) error {
+	defer func() {
+		for _, t := range w.tmp {
+			w.p.freeAfter(t)
+		}
+	}()
+	if w.fail != nil {
+		return w.fail
+	}
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if pairs[i] != nil && pairs[i] != pairs[i+1] {
+			if err := w.p.Cast(pairs[i], pairs[i+1]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// headGEMM is a row-major GEMM batched over the H heads of batch b.
+type headGEMM struct {
+	m, n, k       int
+	ta, tb        bool
+	alpha         float64
+	a, b, c       uint64 // addresses of head 0 of batch 0
+	lda, ldb, ldc int
+	sa, sb, sc    int // element strides between heads
+	ba, bb, bc    int // element strides between batches
+}
+
+func (p *Provider) headGEMM(g headGEMM, heads, b int) error {
+	return p.gemm(kernels.GemmParams{M: g.m, N: g.n, K: g.k, TransA: g.ta, TransB: g.tb, Alpha: g.alpha, DType: tensor.Float32,
+		LDA: g.lda, LDB: g.ldb, LDC: g.ldc, StrideA: g.sa, StrideB: g.sb, StrideC: g.sc, BatchCount: heads},
+		g.a+uint64(4*b*g.ba), g.b+uint64(4*b*g.bb), g.c+uint64(4*b*g.bc))
+}
+
+// scores is S = q·kᵀ/√E of batch b's heads into sc (H × S × T).
+func (p *Provider) scores(a ptx.Attn, qp, kp, sc uint64, b int) error {
+	return p.headGEMM(headGEMM{m: a.S, n: a.T, k: a.E, tb: true, alpha: 1 / math.Sqrt(float64(a.E)),
+		a: qp, lda: a.H * a.QS, sa: a.QS, ba: a.S * a.H * a.QS,
+		b: kp, ldb: a.H * a.KS, sb: a.KS, bb: a.T * a.H * a.KS,
+		c: sc, ldc: a.T, sc: a.S * a.T}, a.H, b)
+}
+
+// attentionGEMM is Attention on the GEMM path.
+func (p *Provider) attentionGEMM(a ptx.Attn, o, lse, q, k, v *tensor.Tensor, causal bool) error {
+	w := &attnF32{p: p}
+	q32, k32, v32, o32 := w.in(q), w.in(k), w.in(v), w.out(o)
+	if w.fail != nil {
+		return w.back()
+	}
+	sc, err := p.mem.Alloc(tensor.Float32, a.H*a.S*a.T)
+	if err != nil {
+		w.back()
+		return err
+	}
+	defer p.freeAfter(sc)
+	qp, kp, vp := attnViews(a, q32, k32, v32)
+	rows := uint64(a.H * a.S)
+	err = p.do(func() error {
+		for b := range a.B {
+			if err := p.scores(a, qp, kp, dev(sc), b); err != nil {
+				return err
+			}
+			if err := p.launch("attn_softmax_f32", int(rows), 0, ptx.BlockThreads, dev(sc), dev(lse)+uint64(4*b)*rows,
+				rows, uint64(a.S), uint64(a.T), uint64(int(betaIf(causal))), 0); err != nil {
+				return err
+			}
+			// o = P·v: o is [B, S, H, F] (row stride H·F, head stride F).
+			if err := p.headGEMM(headGEMM{m: a.S, n: a.F, k: a.T, alpha: 1,
+				a: dev(sc), lda: a.T, sa: a.S * a.T,
+				b: vp, ldb: a.H * a.VS, sb: a.VS, bb: a.T * a.H * a.VS,
+				c: dev(o32), ldc: a.H * a.F, sc: a.F, bc: a.S * a.H * a.F}, a.H, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		w.back()
+		return err
+	}
+	return w.back(o, o32)
+}
+
+// attentionBackwardGEMM is AttentionBackward on the GEMM path.
+func (p *Provider) attentionBackwardGEMM(a ptx.Attn, dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool) error {
+	rows := a.B * a.H * a.S
+	delta, err := p.mem.Alloc(tensor.Float64, rows)
+	if err != nil {
+		return err
+	}
+	defer p.freeAfter(delta)
+	if err := p.do(func() error {
+		return p.launch("attn_delta"+suffix(q.DType()), rows, 0, ptx.BlockThreads,
+			dev(delta), dev(do), dev(o), uint64(a.B), uint64(a.H), uint64(a.S), uint64(a.F))
+	}); err != nil {
+		return err
+	}
+	w := &attnF32{p: p}
+	q32, k32, v32, do32 := w.in(q), w.in(k), w.in(v), w.in(do)
+	dq32, dk32, dv32 := w.out(dq), w.out(dk), w.out(dv)
+	if w.fail != nil {
+		return w.back()
+	}
+	sc, err := p.mem.Alloc(tensor.Float32, 2*a.H*a.S*a.T)
+	if err != nil {
+		w.back()
+		return err
+	}
+	defer p.freeAfter(sc)
+	pp, ds := dev(sc), dev(sc)+uint64(4*a.H*a.S*a.T)
+	qp, kp, vp := attnViews(a, q32, k32, v32)
+	gq, gk, gv := attnViews(a, dq32, dk32, dv32)
+	hr := uint64(a.H * a.S)
+	scale := float32(1 / math.Sqrt(float64(a.E)))
+	err = p.do(func() error {
+		for b := range a.B {
+			if err := p.scores(a, qp, kp, pp, b); err != nil {
+				return err
+			}
+			if err := p.launch("attn_softmax_f32", int(hr), 0, ptx.BlockThreads, pp, dev(lse)+uint64(4*b)*hr,
+				hr, uint64(a.S), uint64(a.T), uint64(int(betaIf(causal))), 1); err != nil {
+				return err
+			}
+			// dP = do·vᵀ (do is [B, S, H, F]).
+			if err := p.headGEMM(headGEMM{m: a.S, n: a.T, k: a.F, tb: true, alpha: 1,
+				a: dev(do32), lda: a.H * a.F, sa: a.F, ba: a.S * a.H * a.F,
+				b: vp, ldb: a.H * a.VS, sb: a.VS, bb: a.T * a.H * a.VS,
+				c: ds, ldc: a.T, sc: a.S * a.T}, a.H, b); err != nil {
+				return err
+			}
+			// dv = Pᵀ·do.
+			if err := p.headGEMM(headGEMM{m: a.T, n: a.F, k: a.S, ta: true, alpha: 1,
+				a: pp, lda: a.T, sa: a.S * a.T,
+				b: dev(do32), ldb: a.H * a.F, sb: a.F, bb: a.S * a.H * a.F,
+				c: gv, ldc: a.H * a.VS, sc: a.VS, bc: a.T * a.H * a.VS}, a.H, b); err != nil {
+				return err
+			}
+			if err := p.launch("attn_ds_f32", int(hr)*a.T, 0, ptx.BlockThreads, ds, pp, dev(delta)+uint64(8*b)*hr,
+				hr, uint64(a.T), uint64(math.Float32bits(scale))); err != nil {
+				return err
+			}
+			// dq = ds·k, dk = dsᵀ·q.
+			if err := p.headGEMM(headGEMM{m: a.S, n: a.E, k: a.T, alpha: 1,
+				a: ds, lda: a.T, sa: a.S * a.T,
+				b: kp, ldb: a.H * a.KS, sb: a.KS, bb: a.T * a.H * a.KS,
+				c: gq, ldc: a.H * a.QS, sc: a.QS, bc: a.S * a.H * a.QS}, a.H, b); err != nil {
+				return err
+			}
+			if err := p.headGEMM(headGEMM{m: a.T, n: a.E, k: a.S, ta: true, alpha: 1,
+				a: ds, lda: a.T, sa: a.S * a.T,
+				b: qp, ldb: a.H * a.QS, sb: a.QS, bb: a.S * a.H * a.QS,
+				c: gk, ldc: a.H * a.KS, sc: a.KS, bc: a.T * a.H * a.KS}, a.H, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		w.back()
+		return err
+	}
+	return w.back(dq, dq32, dk, dk32, dv, dv32)
+}

@@ -24,7 +24,8 @@
 # heads dim context batch), on the text MESHRUN_BENCH_GPT_DATA (default docs/).
 # Then each side's profile of the larger shape on stderr: meshrun's
 # --op-profile with MESHRUN_CUDA_SYNC=1 (each kernel's own time) and
-# torch.profiler's kernel table.
+# torch.profiler's kernel table. MESHRUN_BENCH_PARTS (default "linear mlp
+# gpt") picks the tables.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit
 bin=${1:-bin/cuda.test}
@@ -34,12 +35,15 @@ device=${MESHRUN_BENCH_DEVICE:-cuda}
 shapes=${MESHRUN_BENCH_MLP_SHAPES:-512 1024 4096,4096 4096 16384}
 gpt_shapes=${MESHRUN_BENCH_GPT_SHAPES:-2 4 128 64 16,12 12 768 256 16}
 gpt_data=${MESHRUN_BENCH_GPT_DATA:-docs}
+parts=" ${MESHRUN_BENCH_PARTS:-linear mlp gpt} " # which tables to make
+part() { [[ $parts == *" $1 "* ]]; }
 # median: step_ms_median of the last JSON line read (meshrun's or PyTorch's).
 median() { sed -n 's/.*"step_ms_median": *\([0-9.eE+-]*\).*/\1/p' | tail -n1; }
 fail=0
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader >&2 || true
+if part linear; then
 "$bin" -test.run='^$' -test.bench='^BenchmarkLinear$' -test.benchtime="${secs}s" | tee "$out/meshrun.txt" |
   awk '/^BenchmarkLinear\// {split($1, p, "/"); for (i = 2; i <= NF; i++) if ($(i+1) == "TFLOP/s") v = $i;
        sub(/-[0-9]+$/, "", p[4]); printf "meshrun\t%s\t%s\t%s\t%s\n", p[2], p[3], p[4], v}' >"$out/meshrun"
@@ -51,6 +55,8 @@ join -t $'\t' <(awk -F'\t' '{print $2"/"$3"/"$4"\t"$5}' "$out/meshrun" | sort) \
               <(awk -F'\t' '{print $2"/"$3"/"$4"\t"$5}' "$out/torch" | sort) |
   awk -F'\t' '{split($1, k, "/"); printf "| %s | %s | %s | %.2f | %.2f | %.2f× |\n", k[1], k[2], k[3], $2, $3, $2 / $3}'
 
+fi
+if part mlp; then
 echo
 echo "| MLP step (tokens, hidden, ffn) | dtype | meshrun ms | PyTorch ms | ratio (PyTorch / meshrun) |"
 echo "|---|---|---|---|---|"
@@ -70,6 +76,8 @@ for shape in "${list[@]}"; do
   done
 done
 
+fi
+if part gpt; then
 echo
 echo "| GPT step (layers, heads, dim, context×batch) | dtype | meshrun ms | PyTorch ms | ratio (PyTorch / meshrun) |"
 echo "|---|---|---|---|---|"
@@ -99,4 +107,5 @@ for dt in float32 bfloat16; do
     --steps 6 --sample 0 --data "$gpt_data" --dtype "$dt" --op-profile 2>&1 >/dev/null | sed -n '/^op profile/,$p' >&2
   [ -n "${vocab:-}" ] && python3 bench/gpu/torch_gpt.py "$1" "$2" "$3" "$4" "$5" "$vocab" 4 "$dt" 5 >/dev/null
 done
+fi
 exit $fail

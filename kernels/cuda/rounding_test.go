@@ -19,7 +19,13 @@ import (
 // fails on any element rounded neither way, and on a path that rounds
 // twice.
 func TestBF16EpilogueRounding(t *testing.T) {
-	const m, n, k = 64, 64, 64
+	for _, s := range [][3]int{{64, 64, 64}, {5, 33, 47}, {1, 17, 9}} {
+		t.Run(fmt.Sprintf("%dx%dx%d", s[0], s[1], s[2]), func(t *testing.T) { epilogueRounding(t, s[0], s[1], s[2]) })
+	}
+}
+
+// epilogueRounding is TestBF16EpilogueRounding at one shape.
+func epilogueRounding(t *testing.T, m, n, k int) {
 	rng := rand.New(rand.NewSource(7))
 	host := func(rows, cols int) (*tensor.Tensor, []float64) {
 		x := make([]float32, rows*cols)

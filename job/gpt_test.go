@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -110,5 +111,46 @@ func TestGPTResume(t *testing.T) {
 	// A checkpoint of another model is refused before any work.
 	if code, _, errs := run(t, "gpt", "--dim", "64", "--heads", "2", "--steps", "6", "--resume", dir); code != ExitUsage || !strings.Contains(errs, "--resume") {
 		t.Errorf("resume into another width: exit %d, %s", code, errs)
+	}
+}
+
+// TestGPTOpProfile: --op-profile prints, on rank 0's stderr, every kernel
+// and collective of the steps after the first, per step, slowest first,
+// and the rest of the step as "other", none of them negative.
+func TestGPTOpProfile(t *testing.T) {
+	if _, err := os.Stat(DefaultCorpus); err != nil {
+		t.Skipf("no %s on this machine", DefaultCorpus)
+	}
+	code, out, errs := run(t, "gpt", "--mesh", "tp=2", "--steps", "4", "--dim", "32", "--heads", "2", "--context", "16", "--batch", "4", "--sample", "0", "--op-profile")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errs)
+	}
+	_, table, ok := strings.Cut(errs, "op profile: 3 steps, ")
+	if !ok || strings.Count(errs, "op profile:") != 1 {
+		t.Fatalf("no single profile of 3 steps on stderr:\n%s", errs)
+	}
+	var step float64
+	fmt.Sscanf(table, "%f ms a step", &step)
+	rows := map[string]bool{}
+	prev := math.Inf(1)
+	for _, l := range strings.Split(table, "\n")[2:] {
+		f := strings.Fields(l)
+		if len(f) < 4 {
+			continue
+		}
+		ms, _ := strconv.ParseFloat(f[len(f)-2], 64)
+		rows[f[0]+" "+f[1]] = true
+		if f[0] != "other" && ms > prev {
+			t.Errorf("row %q out of order (after %.3f ms)", l, prev)
+		}
+		prev = ms
+	}
+	for _, want := range []string{"attention kernel", "attention_backward kernel", "layer_norm kernel", "adamw kernel", "gemm kernel", "y collective", "other host"} {
+		if !rows[want] {
+			t.Errorf("no %q row in\n%s", want, table)
+		}
+	}
+	if step <= 0 || prev < 0 {
+		t.Errorf("a step of %.3f ms, the rest of it %.3f ms:\n%s", step, prev, table)
 	}
 }

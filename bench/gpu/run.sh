@@ -37,6 +37,16 @@ gpt_shapes=${MESHRUN_BENCH_GPT_SHAPES:-2 4 128 64 16,12 12 768 256 16}
 gpt_data=${MESHRUN_BENCH_GPT_DATA:-docs}
 parts=" ${MESHRUN_BENCH_PARTS:-linear mlp gpt} " # which tables to make
 part() { [[ $parts == *" $1 "* ]]; }
+# row LABEL DTYPE MESHRUN_MS PYTORCH_MS: a step table's row, the ratio
+# PyTorch / meshrun, or "failed" (and the exit status 1) when one is missing.
+row() {
+  if [ -n "$3" ] && [ -n "$4" ]; then
+    awk -v s="$1" -v d="$2" -v m="$3" -v p="$4" 'BEGIN {printf "| %s | %s | %.3f | %.3f | %.2f× |\n", s, d, m, p, p / m}'
+  else
+    echo "| $1 | $2 | ${3:-failed} | ${4:-failed} | failed |"
+    fail=1
+  fi
+}
 # median: step_ms_median of the last JSON line read (meshrun's or PyTorch's).
 median() { sed -n 's/.*"step_ms_median": *\([0-9.eE+-]*\).*/\1/p' | tail -n1; }
 fail=0
@@ -67,12 +77,7 @@ for shape in "${list[@]}"; do
   for dt in float32 bfloat16; do
     m=$("$worker" mlp --device "$device" --tokens "$1" --hidden "$2" --ffn "$3" --steps 30 --dtype "$dt" | median)
     p=$(python3 bench/gpu/torch_mlp.py "$1" "$2" "$3" 30 "$dt" | median)
-    if [ -n "$m" ] && [ -n "$p" ]; then
-      awk -v s="$1, $2, $3" -v d="$dt" -v m="$m" -v p="$p" 'BEGIN {printf "| %s | %s | %.3f | %.3f | %.2f× |\n", s, d, m, p, p / m}'
-    else
-      echo "| $1, $2, $3 | $dt | ${m:-failed} | ${p:-failed} | failed |"
-      fail=1
-    fi
+    row "$1, $2, $3" "$dt" "$m" "$p"
   done
 done
 
@@ -92,12 +97,7 @@ for shape in "${list[@]}"; do
     vocab=$(sed -n 's/.*"vocab": *\([0-9]*\).*/\1/p' <<<"$line")
     p=
     [ -n "$vocab" ] && p=$(python3 bench/gpu/torch_gpt.py "$1" "$2" "$3" "$4" "$5" "$vocab" 20 "$dt" | median)
-    if [ -n "$m" ] && [ -n "$p" ]; then
-      awk -v s="$1, $2, $3, $4×$5" -v d="$dt" -v m="$m" -v p="$p" 'BEGIN {printf "| %s | %s | %.3f | %.3f | %.2f× |\n", s, d, m, p, p / m}'
-    else
-      echo "| $1, $2, $3, $4×$5 | $dt | ${m:-failed} | ${p:-failed} | failed |"
-      fail=1
-    fi
+    row "$1, $2, $3, $4×$5" "$dt" "$m" "$p"
   done
 done
 # The profiles, of the last shape (stderr): each side, float32 and bfloat16.

@@ -94,29 +94,12 @@ func (w *attnF32) back(pairs ...*tensor.Tensor) error {
 	return nil
 }
 
-// headGEMM is a row-major GEMM batched over the H heads of batch b.
-type headGEMM struct {
-	m, n, k       int
-	ta, tb        bool
-	alpha         float64
-	a, b, c       uint64 // addresses of head 0 of batch 0
-	lda, ldb, ldc int
-	sa, sb, sc    int // element strides between heads
-	ba, bb, bc    int // element strides between batches
-}
-
-func (p *Provider) headGEMM(g headGEMM, heads, b int) error {
-	return p.gemm(kernels.GemmParams{M: g.m, N: g.n, K: g.k, TransA: g.ta, TransB: g.tb, Alpha: g.alpha, DType: tensor.Float32,
-		LDA: g.lda, LDB: g.ldb, LDC: g.ldc, StrideA: g.sa, StrideB: g.sb, StrideC: g.sc, BatchCount: heads},
-		g.a+uint64(4*b*g.ba), g.b+uint64(4*b*g.bb), g.c+uint64(4*b*g.bc))
-}
-
-// scores is S = q·kᵀ/√E of batch b's heads into sc (H × S × T).
-func (p *Provider) scores(a ptx.Attn, qp, kp, sc uint64, b int) error {
-	return p.headGEMM(headGEMM{m: a.S, n: a.T, k: a.E, tb: true, alpha: 1 / math.Sqrt(float64(a.E)),
-		a: qp, lda: a.H * a.QS, sa: a.QS, ba: a.S * a.H * a.QS,
-		b: kp, ldb: a.H * a.KS, sb: a.KS, bb: a.T * a.H * a.KS,
-		c: sc, ldc: a.T, sc: a.S * a.T}, a.H, b)
+// headGEMM runs g (one of ptx.Attn's GEMMs) over the heads of batch b, its
+// operands at the addresses ops gives.
+func (p *Provider) headGEMM(g ptx.HeadGEMM, ops map[ptx.Operand]uint64, heads, b int) error {
+	return p.gemm(kernels.GemmParams{M: g.M, N: g.N, K: g.K, TransA: g.TransA, TransB: g.TransB, Alpha: g.Alpha, DType: tensor.Float32,
+		LDA: g.LDA, LDB: g.LDB, LDC: g.LDC, StrideA: g.SA, StrideB: g.SB, StrideC: g.SC, BatchCount: heads},
+		ops[g.A]+uint64(4*b*g.BA), ops[g.B]+uint64(4*b*g.BB), ops[g.C]+uint64(4*b*g.BC))
 }
 
 // attentionGEMM is Attention on the GEMM path.
@@ -133,21 +116,18 @@ func (p *Provider) attentionGEMM(a ptx.Attn, o, lse, q, k, v *tensor.Tensor, cau
 	}
 	defer p.freeAfter(sc)
 	qp, kp, vp := attnViews(a, q32, k32, v32)
+	ops := map[ptx.Operand]uint64{ptx.OpQ: qp, ptx.OpK: kp, ptx.OpV: vp, ptx.OpO: dev(o32), ptx.OpP: dev(sc)}
 	rows := uint64(a.H * a.S)
 	err = p.do(func() error {
 		for b := range a.B {
-			if err := p.scores(a, qp, kp, dev(sc), b); err != nil {
+			if err := p.headGEMM(a.Scores(), ops, a.H, b); err != nil {
 				return err
 			}
 			if err := p.launch("attn_softmax_f32", int(rows), 0, ptx.BlockThreads, dev(sc), dev(lse)+uint64(4*b)*rows,
 				rows, uint64(a.S), uint64(a.T), uint64(int(betaIf(causal))), 0); err != nil {
 				return err
 			}
-			// o = P·v: o is [B, S, H, F] (row stride H·F, head stride F).
-			if err := p.headGEMM(headGEMM{m: a.S, n: a.F, k: a.T, alpha: 1,
-				a: dev(sc), lda: a.T, sa: a.S * a.T,
-				b: vp, ldb: a.H * a.VS, sb: a.VS, bb: a.T * a.H * a.VS,
-				c: dev(o32), ldc: a.H * a.F, sc: a.F, bc: a.S * a.H * a.F}, a.H, b); err != nil {
+			if err := p.headGEMM(a.Out(), ops, a.H, b); err != nil {
 				return err
 			}
 		}
@@ -189,47 +169,33 @@ func (p *Provider) attentionBackwardGEMM(a ptx.Attn, dq, dk, dv, do, q, k, v, o,
 	pp, ds := dev(sc), dev(sc)+uint64(4*a.H*a.S*a.T)
 	qp, kp, vp := attnViews(a, q32, k32, v32)
 	gq, gk, gv := attnViews(a, dq32, dk32, dv32)
+	ops := map[ptx.Operand]uint64{ptx.OpQ: qp, ptx.OpK: kp, ptx.OpV: vp, ptx.OpDO: dev(do32), ptx.OpP: pp, ptx.OpDS: ds,
+		ptx.OpDQ: gq, ptx.OpDK: gk, ptx.OpDV: gv}
+	dpG, dvG, dqG, dkG := a.Backward()
 	hr := uint64(a.H * a.S)
 	scale := float32(1 / math.Sqrt(float64(a.E)))
 	err = p.do(func() error {
 		for b := range a.B {
-			if err := p.scores(a, qp, kp, pp, b); err != nil {
+			if err := p.headGEMM(a.Scores(), ops, a.H, b); err != nil {
 				return err
 			}
 			if err := p.launch("attn_softmax_f32", int(hr), 0, ptx.BlockThreads, pp, dev(lse)+uint64(4*b)*hr,
 				hr, uint64(a.S), uint64(a.T), uint64(int(betaIf(causal))), 1); err != nil {
 				return err
 			}
-			// dP = do·vᵀ (do is [B, S, H, F]).
-			if err := p.headGEMM(headGEMM{m: a.S, n: a.T, k: a.F, tb: true, alpha: 1,
-				a: dev(do32), lda: a.H * a.F, sa: a.F, ba: a.S * a.H * a.F,
-				b: vp, ldb: a.H * a.VS, sb: a.VS, bb: a.T * a.H * a.VS,
-				c: ds, ldc: a.T, sc: a.S * a.T}, a.H, b); err != nil {
-				return err
-			}
-			// dv = Pᵀ·do.
-			if err := p.headGEMM(headGEMM{m: a.T, n: a.F, k: a.S, ta: true, alpha: 1,
-				a: pp, lda: a.T, sa: a.S * a.T,
-				b: dev(do32), ldb: a.H * a.F, sb: a.F, bb: a.S * a.H * a.F,
-				c: gv, ldc: a.H * a.VS, sc: a.VS, bc: a.T * a.H * a.VS}, a.H, b); err != nil {
-				return err
+			for _, g := range []ptx.HeadGEMM{dpG, dvG} {
+				if err := p.headGEMM(g, ops, a.H, b); err != nil {
+					return err
+				}
 			}
 			if err := p.launch("attn_ds_f32", int(hr)*a.T, 0, ptx.BlockThreads, ds, pp, dev(delta)+uint64(8*b)*hr,
 				hr, uint64(a.T), uint64(math.Float32bits(scale))); err != nil {
 				return err
 			}
-			// dq = ds·k, dk = dsᵀ·q.
-			if err := p.headGEMM(headGEMM{m: a.S, n: a.E, k: a.T, alpha: 1,
-				a: ds, lda: a.T, sa: a.S * a.T,
-				b: kp, ldb: a.H * a.KS, sb: a.KS, bb: a.T * a.H * a.KS,
-				c: gq, ldc: a.H * a.QS, sc: a.QS, bc: a.S * a.H * a.QS}, a.H, b); err != nil {
-				return err
-			}
-			if err := p.headGEMM(headGEMM{m: a.T, n: a.E, k: a.S, ta: true, alpha: 1,
-				a: ds, lda: a.T, sa: a.S * a.T,
-				b: qp, ldb: a.H * a.QS, sb: a.QS, bb: a.S * a.H * a.QS,
-				c: gk, ldc: a.H * a.KS, sc: a.KS, bc: a.T * a.H * a.KS}, a.H, b); err != nil {
-				return err
+			for _, g := range []ptx.HeadGEMM{dqG, dkG} {
+				if err := p.headGEMM(g, ops, a.H, b); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

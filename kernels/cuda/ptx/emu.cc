@@ -2,6 +2,8 @@
 
 // Host emulation of the provider's CUDA kernels (build tag cudaemu): each
 // kernel's threads run one after another on the CPU.
+#include <vector>
+
 #include "kernels.h"
 #include "emu.h"
 
@@ -47,27 +49,50 @@ void emu_bias_grad_bf16(void *db, int db32, const void *dy, unsigned long long m
 	grid(threads, [&] { db32 ? bias_grad_bf16_f32((float *)db, (const bf16 *)dy, m, n, accumulate) : bias_grad_bf16((bf16 *)db, (const bf16 *)dy, m, n, accumulate); });
 }
 
+// The layer norm's stages, as the provider launches them: rows in segments
+// of seg columns, columns in chunks of chunk rows.
 void emu_layer_norm(int bf, void *y, float *stats, const void *x, const void *gamma, const void *beta,
-		unsigned long long rows, unsigned long long d, double eps, unsigned threads) {
+		unsigned long long rows, unsigned long long d, double eps, unsigned long long seg, unsigned threads) {
+	unsigned long long ns = (d + seg - 1) / seg;
+	std::vector<double> part(rows * ns + 1), mean(rows + 1);
+	for (int pass = 0; pass < 2; pass++) {
+		const double *m = pass ? mean.data() : nullptr;
+		grid(threads, [&] {
+			bf ? ln_part_bf16(part.data(), (const bf16 *)x, m, rows, d, seg) : ln_part_f32(part.data(), (const float *)x, m, rows, d, seg);
+		});
+		grid(threads, [&] { ln_row(mean.data(), stats, part.data(), rows, d, ns, pass, eps); });
+	}
 	grid(threads, [&] {
-		bf ? layer_norm_bf16((bf16 *)y, stats, (const bf16 *)x, (const bf16 *)gamma, (const bf16 *)beta, rows, d, eps)
-		   : layer_norm_f32((float *)y, stats, (const float *)x, (const float *)gamma, (const float *)beta, rows, d, eps);
+		bf ? ln_apply_bf16((bf16 *)y, stats, (const bf16 *)x, (const bf16 *)gamma, (const bf16 *)beta, rows, d)
+		   : ln_apply_f32((float *)y, stats, (const float *)x, (const float *)gamma, (const float *)beta, rows, d);
 	});
 }
 
 void emu_layer_norm_dx(int bf, void *dx, const void *dy, const void *x, const void *gamma, const float *stats,
-		unsigned long long rows, unsigned long long d, unsigned threads) {
+		unsigned long long rows, unsigned long long d, unsigned long long seg, unsigned threads) {
+	unsigned long long ns = (d + seg - 1) / seg;
+	std::vector<double> part(2 * rows * ns + 1);
 	grid(threads, [&] {
-		bf ? layer_norm_dx_bf16((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)gamma, stats, rows, d)
-		   : layer_norm_dx_f32((float *)dx, (const float *)dy, (const float *)x, (const float *)gamma, stats, rows, d);
+		bf ? ln_dx_part_bf16(part.data(), (const bf16 *)dy, (const bf16 *)x, (const bf16 *)gamma, stats, rows, d, seg)
+		   : ln_dx_part_f32(part.data(), (const float *)dy, (const float *)x, (const float *)gamma, stats, rows, d, seg);
+	});
+	grid(threads, [&] {
+		bf ? ln_dx_apply_bf16((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)gamma, stats, part.data(), rows, d, ns)
+		   : ln_dx_apply_f32((float *)dx, (const float *)dy, (const float *)x, (const float *)gamma, stats, part.data(), rows, d, ns);
 	});
 }
 
 void emu_layer_norm_dgb(int bf, void *dgamma, void *dbeta, const void *dy, const void *x, const float *stats,
-		unsigned long long rows, unsigned long long d, int accumulate, unsigned threads) {
+		unsigned long long rows, unsigned long long d, int accumulate, unsigned long long chunk, unsigned threads) {
+	unsigned long long nc = (rows + chunk - 1) / chunk;
+	std::vector<double> part(2 * nc * d + 1);
 	grid(threads, [&] {
-		bf ? layer_norm_dgb_bf16((bf16 *)dgamma, (bf16 *)dbeta, (const bf16 *)dy, (const bf16 *)x, stats, rows, d, accumulate)
-		   : layer_norm_dgb_f32((float *)dgamma, (float *)dbeta, (const float *)dy, (const float *)x, stats, rows, d, accumulate);
+		bf ? ln_dgb_part_bf16(part.data(), (const bf16 *)dy, (const bf16 *)x, stats, rows, d, chunk)
+		   : ln_dgb_part_f32(part.data(), (const float *)dy, (const float *)x, stats, rows, d, chunk);
+	});
+	grid(threads, [&] {
+		bf ? ln_dgb_sum_bf16((bf16 *)dgamma, (bf16 *)dbeta, part.data(), nc, d, accumulate)
+		   : ln_dgb_sum_f32((float *)dgamma, (float *)dbeta, part.data(), nc, d, accumulate);
 	});
 }
 
@@ -136,4 +161,18 @@ void emu_attn_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const 
 		bf ? attn_dkv_bf16((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal)
 		   : attn_dkv_f32((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal);
 	});
+}
+
+void emu_attn_softmax(float *sc, float *lse, unsigned long long rows, unsigned long long s, unsigned long long t, int causal, int given,
+		unsigned threads) {
+	grid(threads, [&] { attn_softmax_f32(sc, lse, rows, s, t, causal, given); });
+}
+
+void emu_attn_ds(float *ds, const float *p, const double *delta, unsigned long long rows, unsigned long long t, float scale, unsigned threads) {
+	grid(threads, [&] { attn_ds_f32(ds, p, delta, rows, t, scale); });
+}
+
+void emu_attn_delta(double *delta, const float *dout, const float *o, unsigned long long b, unsigned long long h, unsigned long long s,
+		unsigned long long f, unsigned threads) {
+	grid(threads, [&] { attn_delta_f32(delta, dout, o, b, h, s, f); });
 }

@@ -13,6 +13,7 @@ package ptx
 import "C"
 
 import (
+	"math"
 	"unsafe"
 
 	"github.com/meshrun/meshrun/kernels"
@@ -110,19 +111,24 @@ func flag(b bool) C.int {
 	return 0
 }
 
-// LayerNorm runs layer_norm_* (stats float32).
-func LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, rows, d int, eps float64, threads int) {
-	C.emu_layer_norm(isBF(x), bytesOf(y), f32(stats), bytesOf(x), bytesOf(gamma), bytesOf(beta), C.ulonglong(rows), C.ulonglong(d), C.double(eps), C.uint(threads))
+// LayerNorm runs the layer norm's stages (ln_part, ln_row, ln_apply; stats
+// float32), rows in segments of seg columns.
+func LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, rows, d int, eps float64, seg, threads int) {
+	C.emu_layer_norm(isBF(x), bytesOf(y), f32(stats), bytesOf(x), bytesOf(gamma), bytesOf(beta), C.ulonglong(rows), C.ulonglong(d), C.double(eps),
+		C.ulonglong(seg), C.uint(threads))
 }
 
-// LayerNormBackward runs layer_norm_dx_* (dx not nil) and layer_norm_dgb_*
-// (dgamma or dbeta not nil).
-func LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, rows, d int, accumulate bool, threads int) {
+// LayerNormBackward runs ln_dx_part and ln_dx_apply (dx not nil), rows in
+// segments of seg columns, and ln_dgb_part and ln_dgb_sum (dgamma or dbeta
+// not nil), columns in chunks of chunk rows.
+func LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *tensor.Tensor, rows, d int, accumulate bool, seg, chunk, threads int) {
 	if dx != nil {
-		C.emu_layer_norm_dx(isBF(x), bytesOf(dx), bytesOf(dy), bytesOf(x), bytesOf(gamma), f32(stats), C.ulonglong(rows), C.ulonglong(d), C.uint(threads))
+		C.emu_layer_norm_dx(isBF(x), bytesOf(dx), bytesOf(dy), bytesOf(x), bytesOf(gamma), f32(stats), C.ulonglong(rows), C.ulonglong(d),
+			C.ulonglong(seg), C.uint(threads))
 	}
 	if dgamma != nil || dbeta != nil {
-		C.emu_layer_norm_dgb(isBF(x), bytesOf(dgamma), bytesOf(dbeta), bytesOf(dy), bytesOf(x), f32(stats), C.ulonglong(rows), C.ulonglong(d), flag(accumulate), C.uint(threads))
+		C.emu_layer_norm_dgb(isBF(x), bytesOf(dgamma), bytesOf(dbeta), bytesOf(dy), bytesOf(x), f32(stats), C.ulonglong(rows), C.ulonglong(d),
+			flag(accumulate), C.ulonglong(chunk), C.uint(threads))
 	}
 }
 
@@ -200,5 +206,111 @@ func AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bo
 	args := a.Args()
 	C.emu_attn_bwd(isBF(q), gq, gk, gv, bytesOf(do), qp, kp, vp, bytesOf(o), f32(lse), (*C.double)(ptr(delta)),
 		(*C.ulonglong)(unsafe.Pointer(&args[0])), flag(causal), C.uint(threads))
+	return nil
+}
+
+// operand is a float32 tensor's elements from an offset: an attention
+// GEMM's operand on the host.
+type operand struct {
+	x   []float32
+	off int
+}
+
+// hostGEMM runs g over the heads of batch b on the host, in float64 sums
+// rounded to float32 (the provider runs it on cuBLAS).
+func hostGEMM(g HeadGEMM, ops map[Operand]operand, heads, b int) {
+	A, B, out := ops[g.A], ops[g.B], ops[g.C]
+	for h := range heads {
+		ao, bo, co := A.off+b*g.BA+h*g.SA, B.off+b*g.BB+h*g.SB, out.off+b*g.BC+h*g.SC
+		for i := range g.M {
+			for j := range g.N {
+				s := 0.0
+				for kk := range g.K {
+					ai, bi := ao+i*g.LDA+kk, bo+kk*g.LDB+j
+					if g.TransA {
+						ai = ao + kk*g.LDA + i
+					}
+					if g.TransB {
+						bi = bo + j*g.LDB + kk
+					}
+					av, bv := A.x[ai], B.x[bi]
+					s += float64(av) * float64(bv)
+				}
+				out.x[co+i*g.LDC+j] = float32(g.Alpha * s)
+			}
+		}
+	}
+}
+
+// attnOps are the operands of a float32 attention: q, k and v (views of a
+// packed q), o, and their gradients where given.
+func attnOps(a Attn, q, k, v, o, do, dq, dk, dv *tensor.Tensor) map[Operand]operand {
+	ops := map[Operand]operand{}
+	put := func(qo, ko, vo Operand, q, k, v *tensor.Tensor) {
+		if q == nil {
+			return
+		}
+		if a.Packed {
+			ops[qo], ops[ko], ops[vo] = operand{q.Float32(), 0}, operand{q.Float32(), a.KOff}, operand{q.Float32(), a.VOff}
+			return
+		}
+		ops[qo], ops[ko], ops[vo] = operand{q.Float32(), 0}, operand{k.Float32(), 0}, operand{v.Float32(), 0}
+	}
+	put(OpQ, OpK, OpV, q, k, v)
+	put(OpDQ, OpDK, OpDV, dq, dk, dv)
+	for op, t := range map[Operand]*tensor.Tensor{OpO: o, OpDO: do} {
+		if t != nil {
+			ops[op] = operand{t.Float32(), 0}
+		}
+	}
+	return ops
+}
+
+// AttentionGEMM runs the provider's attention through GEMMs (float32): per
+// batch the Scores GEMM, attn_softmax_f32, the Out GEMM, the GEMMs on the
+// host.
+func AttentionGEMM(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) error {
+	a, err := AttnShape(o, lse, q, k, v)
+	if err != nil {
+		return err
+	}
+	ops := attnOps(a, q, k, v, o, nil, nil, nil, nil)
+	sc := make([]float32, a.H*a.S*a.T)
+	ops[OpP] = operand{sc, 0}
+	rows := a.H * a.S
+	for b := range a.B {
+		hostGEMM(a.Scores(), ops, a.H, b)
+		C.emu_attn_softmax((*C.float)(ptr(sc)), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 0, C.uint(threads))
+		hostGEMM(a.Out(), ops, a.H, b)
+	}
+	return nil
+}
+
+// AttentionBackwardGEMM runs the provider's attention backward through
+// GEMMs (float32): attn_delta_f32, then per batch the Scores GEMM,
+// attn_softmax_f32 from lse, the dP and dv GEMMs, attn_ds_f32, the dq and
+// dk GEMMs.
+func AttentionBackwardGEMM(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) error {
+	a, err := AttnShape(o, lse, q, k, v)
+	if err != nil {
+		return err
+	}
+	ops := attnOps(a, q, k, v, o, do, dq, dk, dv)
+	delta := make([]float64, max(a.B*a.H*a.S, 1))
+	C.emu_attn_delta((*C.double)(ptr(delta)), f32(do), f32(o), C.ulonglong(a.B), C.ulonglong(a.H), C.ulonglong(a.S), C.ulonglong(a.F), C.uint(threads))
+	p, ds := make([]float32, a.H*a.S*a.T), make([]float32, a.H*a.S*a.T)
+	ops[OpP], ops[OpDS] = operand{p, 0}, operand{ds, 0}
+	dpG, dvG, dqG, dkG := a.Backward()
+	rows := a.H * a.S
+	scale := float32(1 / math.Sqrt(float64(a.E)))
+	for b := range a.B {
+		hostGEMM(a.Scores(), ops, a.H, b)
+		C.emu_attn_softmax((*C.float)(ptr(p)), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 1, C.uint(threads))
+		hostGEMM(dpG, ops, a.H, b)
+		hostGEMM(dvG, ops, a.H, b)
+		C.emu_attn_ds((*C.float)(ptr(ds)), (*C.float)(ptr(p)), (*C.double)(ptr(delta[b*rows:])), C.ulonglong(rows), C.ulonglong(a.T), C.float(scale), C.uint(threads))
+		hostGEMM(dqG, ops, a.H, b)
+		hostGEMM(dkG, ops, a.H, b)
+	}
 	return nil
 }

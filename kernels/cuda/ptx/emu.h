@@ -8,11 +8,11 @@ void emu_axpy_bf16(void *y, const void *x, float alpha, unsigned long long n, un
 void emu_bias_grad_bf16(void *db, int db32, const void *dy, unsigned long long m, unsigned long long n, int accumulate, unsigned threads);
 void emu_cast(int to16, void *y, const void *x, unsigned long long n, unsigned threads);
 void emu_layer_norm(int bf, void *y, float *stats, const void *x, const void *gamma, const void *beta,
-		unsigned long long rows, unsigned long long d, double eps, unsigned threads);
+		unsigned long long rows, unsigned long long d, double eps, unsigned long long seg, unsigned threads);
 void emu_layer_norm_dx(int bf, void *dx, const void *dy, const void *x, const void *gamma, const float *stats,
-		unsigned long long rows, unsigned long long d, unsigned threads);
+		unsigned long long rows, unsigned long long d, unsigned long long seg, unsigned threads);
 void emu_layer_norm_dgb(int bf, void *dgamma, void *dbeta, const void *dy, const void *x, const float *stats,
-		unsigned long long rows, unsigned long long d, int accumulate, unsigned threads);
+		unsigned long long rows, unsigned long long d, int accumulate, unsigned long long chunk, unsigned threads);
 void emu_embedding(int bf, void *y, const float *ids, const void *table, long long offset, unsigned long long rows,
 		unsigned long long d, unsigned long long n, unsigned threads);
 void emu_embedding_grad(int bf, float *dtable, const void *dy, const float *ids, long long offset, unsigned long long rows,
@@ -27,6 +27,11 @@ void emu_adamw(float *param, const float *grad, float *m, float *v, unsigned lon
 void emu_attn_fwd(int bf, void *o, float *lse, const void *q, const void *k, const void *v, const unsigned long long *a, int causal, unsigned threads);
 void emu_attn_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *o,
 		const float *lse, double *delta, const unsigned long long *a, int causal, unsigned threads);
+void emu_attn_softmax(float *sc, float *lse, unsigned long long rows, unsigned long long s, unsigned long long t, int causal, int given,
+		unsigned threads);
+void emu_attn_ds(float *ds, const float *p, const double *delta, unsigned long long rows, unsigned long long t, float scale, unsigned threads);
+void emu_attn_delta(double *delta, const float *dout, const float *o, unsigned long long b, unsigned long long h, unsigned long long s,
+		unsigned long long f, unsigned threads);
 #ifdef __cplusplus
 }
 #endif

@@ -179,76 +179,6 @@ __device__ static inline long long mr_row(float id, long long offset, long long 
 	return r >= 0 && r < rows ? r : -1;
 }
 
-// y = (x − mean)·rstd·gamma + beta per row of d; stats[2r], stats[2r+1] =
-// mean, rstd (sums in double).
-template <class T>
-__device__ static void layer_norm(T *y, float *stats, const T *x, const T *gamma, const T *beta,
-		unsigned long long rows, unsigned long long d, double eps) {
-	for (unsigned long long r = MR_TID; r < rows; r += MR_NTHREADS) {
-		unsigned long long o = r * d;
-		double sum = 0, sq = 0;
-		for (unsigned long long i = 0; i < d; i++) sum += ld(x, o + i);
-		double mean = sum / (double)d;
-		for (unsigned long long i = 0; i < d; i++) {
-			double c = ld(x, o + i) - mean;
-			sq += c * c;
-		}
-		float m = (float)mean, s = (float)(1 / MR_SQRT(sq / (double)d + eps));
-		for (unsigned long long i = 0; i < d; i++)
-			st(y, o + i, (ld(x, o + i) - m) * s * ld(gamma, i) + (beta ? ld(beta, i) : 0.0f));
-		stats[2 * r] = m;
-		stats[2 * r + 1] = s;
-	}
-}
-MR_KERNEL void layer_norm_f32(float *y, float *stats, const float *x, const float *gamma, const float *beta,
-		unsigned long long rows, unsigned long long d, double eps) { layer_norm(y, stats, x, gamma, beta, rows, d, eps); }
-MR_KERNEL void layer_norm_bf16(bf16 *y, float *stats, const bf16 *x, const bf16 *gamma, const bf16 *beta,
-		unsigned long long rows, unsigned long long d, double eps) { layer_norm(y, stats, x, gamma, beta, rows, d, eps); }
-
-// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·gamma, per row.
-template <class T>
-__device__ static void layer_norm_dx(T *dx, const T *dy, const T *x, const T *gamma, const float *stats,
-		unsigned long long rows, unsigned long long d) {
-	for (unsigned long long r = MR_TID; r < rows; r += MR_NTHREADS) {
-		unsigned long long o = r * d;
-		float m = stats[2 * r], s = stats[2 * r + 1];
-		double m1 = 0, m2 = 0;
-		for (unsigned long long i = 0; i < d; i++) {
-			float g = ld(dy, o + i) * ld(gamma, i);
-			m1 += g;
-			m2 += (double)g * (double)((ld(x, o + i) - m) * s);
-		}
-		float a = (float)(m1 / (double)d), b = (float)(m2 / (double)d);
-		for (unsigned long long i = 0; i < d; i++)
-			st(dx, o + i, s * (ld(dy, o + i) * ld(gamma, i) - a - (ld(x, o + i) - m) * s * b));
-	}
-}
-MR_KERNEL void layer_norm_dx_f32(float *dx, const float *dy, const float *x, const float *gamma, const float *stats,
-		unsigned long long rows, unsigned long long d) { layer_norm_dx(dx, dy, x, gamma, stats, rows, d); }
-MR_KERNEL void layer_norm_dx_bf16(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *gamma, const float *stats,
-		unsigned long long rows, unsigned long long d) { layer_norm_dx(dx, dy, x, gamma, stats, rows, d); }
-
-// dgamma (+)= Σ_rows dy·x̂, dbeta (+)= Σ_rows dy, per column, in double;
-// either may be null.
-template <class T>
-__device__ static void layer_norm_dgb(T *dgamma, T *dbeta, const T *dy, const T *x, const float *stats,
-		unsigned long long rows, unsigned long long d, int accumulate) {
-	for (unsigned long long i = MR_TID; i < d; i += MR_NTHREADS) {
-		double g = 0, b = 0;
-		for (unsigned long long r = 0; r < rows; r++) {
-			double v = ld(dy, r * d + i);
-			g += v * (double)((ld(x, r * d + i) - stats[2 * r]) * stats[2 * r + 1]);
-			b += v;
-		}
-		if (dgamma) st(dgamma, i, (accumulate ? ld(dgamma, i) : 0.0f) + (float)g);
-		if (dbeta) st(dbeta, i, (accumulate ? ld(dbeta, i) : 0.0f) + (float)b);
-	}
-}
-MR_KERNEL void layer_norm_dgb_f32(float *dgamma, float *dbeta, const float *dy, const float *x, const float *stats,
-		unsigned long long rows, unsigned long long d, int accumulate) { layer_norm_dgb(dgamma, dbeta, dy, x, stats, rows, d, accumulate); }
-MR_KERNEL void layer_norm_dgb_bf16(bf16 *dgamma, bf16 *dbeta, const bf16 *dy, const bf16 *x, const float *stats,
-		unsigned long long rows, unsigned long long d, int accumulate) { layer_norm_dgb(dgamma, dbeta, dy, x, stats, rows, d, accumulate); }
-
 // y[i, c] = table[row(ids[i]), c], zeros for ids outside the shard.
 template <class T>
 __device__ static void embedding(T *y, const float *ids, const T *table, long long offset, unsigned long long rows,
@@ -532,10 +462,12 @@ MR_KERNEL void attn_ds_f32(float *ds, const float *p, const double *delta, u64 r
 }
 
 // ---- Layer norm in stages, every thread on a slice (no row or column
-// loops over a whole dimension): rows split into segments of seg columns,
+// loop over a whole dimension): rows split into segments of seg columns,
 // columns into chunks of chunk rows, the partial sums (double) kept in a
-// scratch and combined in a fixed order. The provider runs these; the
-// one-thread-per-row kernels above are the emulation's reference.
+// scratch and combined in a fixed order. y = (x − mean)·rstd·gamma + beta
+// per row (stats[2r], stats[2r+1] = mean, rstd; the variance of the
+// centred values); dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·gamma;
+// dgamma (+)= Σ_rows dy·x̂, dbeta (+)= Σ_rows dy.
 
 // ln_part: part[r·ns + s] = Σ x over segment s of row r, or with mean
 // given, Σ (x − mean[r])².

@@ -71,11 +71,12 @@ func TestTransformerKernelsMatchCPU(t *testing.T) {
 		tol := tolOf(dt)
 		for _, rd := range [][2]int{{0, 4}, {1, 1}, {5, 7}, {9, 64}} {
 			rows, d := rd[0], rd[1]
-			for _, threads := range []int{3, 256} {
+			for _, run := range [][3]int{{3, 3, 2}, {256, 64, 64}} { // threads, columns per segment, rows per chunk
+				threads, seg, chunk := run[0], run[1], run[2]
 				x, gamma, beta := randn(rng, dt, 2, rows, d), randn(rng, dt, 1, d), randn(rng, dt, 1, d)
 				y, stats := tensor.New(dt, rows, d), tensor.New(st, rows, 2)
 				wy, wstats := tensor.New(dt, rows, d), tensor.New(st, rows, 2)
-				LayerNorm(y, stats, x, gamma, beta, rows, d, 1e-5, threads)
+				LayerNorm(y, stats, x, gamma, beta, rows, d, 1e-5, seg, threads)
 				if err := p.LayerNorm(wy, wstats, x, gamma, beta, 1e-5); err != nil {
 					t.Fatal(err)
 				}
@@ -86,7 +87,7 @@ func TestTransformerKernelsMatchCPU(t *testing.T) {
 				for _, accumulate := range []bool{false, true} {
 					dx, dg, db := tensor.New(dt, rows, d), randn(rng, dt, 1, d), randn(rng, dt, 1, d)
 					wdx, wdg, wdb := tensor.New(dt, rows, d), clone(dg), clone(db)
-					LayerNormBackward(dx, dg, db, dy, x, gamma, wstats, rows, d, accumulate, threads)
+					LayerNormBackward(dx, dg, db, dy, x, gamma, wstats, rows, d, accumulate, seg, chunk, threads)
 					if err := p.LayerNormBackward(wdx, wdg, wdb, dy, x, gamma, wstats, accumulate); err != nil {
 						t.Fatal(err)
 					}

@@ -118,6 +118,9 @@ type commKey struct {
 // choice and why are logged once per communicator. It is cached per group and
 // device: later calls with another memory of the device get the same one.
 func (w *World) Communicator(ctx context.Context, ranks []int, mem tensor.Memory) (Communicator, error) {
+	if w.parent != nil {
+		return w.parent.Communicator(ctx, w.global(ranks), mem)
+	}
 	dev := mem.Device()
 	k := commKey{fmt.Sprint(ranks), dev}
 	w.mu.Lock()

@@ -21,7 +21,7 @@ import (
 // numbers) to the rank's collective the library works for, and their
 // errors fail the World as the transport reported them.
 func (w *World) LibraryGroup(ctx context.Context, ranks []int, tag string) (*Group, error) {
-	return w.group(ctx, ranks, tag, true)
+	return w.root().group(ctx, w.global(ranks), tag, true)
 }
 
 // Context returns a context canceled when the World fails or closes, the

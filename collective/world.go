@@ -120,6 +120,11 @@ type World struct {
 	gone    map[int]bool // ranks that closed their World
 	votes   map[string]map[int]string
 	voteOn  string
+
+	// parent and view: a view's World and the world ranks of its ranks
+	// (View); nil on a World.
+	parent *World
+	view   []int
 }
 
 // NewWorld builds a World over a transport and a control plane (bootstrap.Join
@@ -155,6 +160,9 @@ func (w *World) Control() Control { return w.ctrl }
 
 // Err returns the World's first failure, or nil.
 func (w *World) Err() error {
+	if w.parent != nil {
+		return w.parent.Err()
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err == nil {
@@ -165,6 +173,9 @@ func (w *World) Err() error {
 
 // State reports what this rank is doing (heartbeats carry it).
 func (w *World) State() State {
+	if w.parent != nil {
+		return w.parent.State()
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.cur
@@ -363,6 +374,10 @@ func (w *World) vote(e *Error) {
 // Fail makes the World fail with err (a *Error or any error, wrapped as
 // ErrAborted), as if a collective had failed: the job is told.
 func (w *World) Fail(err error) {
+	if w.parent != nil {
+		w.parent.Fail(err)
+		return
+	}
 	var e *Error
 	if !errors.As(err, &e) {
 		e = &Error{Kind: ErrAborted, Rank: w.rank, Reporter: w.rank, Detail: err.Error()}
@@ -489,7 +504,7 @@ func culprit(me int, key string, seq uint64, ranks []int, peer func(int) (State,
 // order), creating it on first use. Every member must call Comm with the same
 // ranks; creation is a handshake among them that fails on disagreement.
 func (w *World) Group(ctx context.Context, ranks []int) (*Group, error) {
-	return w.group(ctx, ranks, "", false)
+	return w.root().group(ctx, w.global(ranks), "", false)
 }
 
 // group is Group for the group of ranks told apart by tag from others of the
@@ -532,7 +547,7 @@ func (w *World) group(ctx context.Context, ranks []int, tag string, lib bool) (*
 
 // WorldComm is the communicator of all ranks.
 func (w *World) WorldGroup(ctx context.Context) (*Group, error) {
-	r := make([]int, w.size)
+	r := make([]int, w.Size())
 	for i := range r {
 		r[i] = i
 	}
@@ -541,6 +556,10 @@ func (w *World) WorldGroup(ctx context.Context) (*Group, error) {
 
 // OnClose registers f to run at Close (after the communicators stop).
 func (w *World) OnClose(f func() error) {
+	if w.parent != nil {
+		w.parent.OnClose(f)
+		return
+	}
 	w.mu.Lock()
 	w.closers = append(w.closers, f)
 	w.mu.Unlock()
@@ -549,6 +568,9 @@ func (w *World) OnClose(f func() error) {
 // Close stops the communicators and releases the transport and control plane.
 // Pending calls fail with ErrClosed.
 func (w *World) Close() error {
+	if w.parent != nil {
+		return nil
+	}
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()

@@ -131,6 +131,16 @@ type Layer struct {
 	bufs     Scratch
 }
 
+// SetScratch makes the layer take its activations, saved operands and moved
+// tensors from s, and returns the scratch it used before. A pipeline stage
+// holding several micro-batches in flight gives each its own (the layer's
+// Saved refers into it until the micro-batch's backward).
+func (l *Layer) SetScratch(s Scratch) Scratch {
+	old := l.bufs
+	l.bufs = s
+	return old
+}
+
 // FuseSGD makes Backward apply the SGD update W -= lr·dW inside the weight
 // gradient's GEMM (alpha = -lr, beta = 1) instead of producing dW: no dW buffer,
 // no separate pass over W. It applies only when dW needs no collective (its

@@ -47,6 +47,9 @@ type GPT struct {
 	posLocal *tensor.Tensor    // this rank's rows' positions (posIDs unless sequence parallel)
 	aux      float64           // the last forward's sum of the layers' aux losses (experts)
 	cpGroup  *collective.Group // the rank's group along cp, joined on the first forward
+	// accum: the backward adds to the model's own parameters' gradients
+	// (a step's micro-batches after the first) rather than overwriting them.
+	accum bool
 }
 
 // param is one parameter as this rank holds it (whole, or a shard laid out
@@ -87,6 +90,7 @@ func (p *param) grad() *tensor.Tensor {
 }
 
 type gptBlock struct {
+	index               int // the block's place in the model (h.index)
 	ln1, ln2            lnParams
 	qkv, proj, up, down *linear.Layer
 	moe                 *moe.Layer      // instead of up and down, with experts
@@ -204,19 +208,36 @@ func (b *gptBuilder) parameters() error {
 	tableSpec := cfg.spec([]int{v, d}, placement.Shard{Dim: 0})
 	_, off := tableSpec.Local(g.rank)
 	g.vocab0 = off[0]
-	if g.wte, err = b.held("wte", b.normal([]int{v, d}, 0.02), tableSpec, true); err != nil {
-		return err
-	}
-	if g.wpe, err = b.held("wpe", b.normal([]int{cfg.Context, d}, 0.01), b.replicated(cfg.Context, d), true); err != nil {
-		return err
+	// A pipeline stage draws the whole model as every rank does and keeps
+	// its part.
+	wte, wpe := b.normal([]int{v, d}, 0.02), b.normal([]int{cfg.Context, d}, 0.01)
+	if cfg.first() {
+		if g.wte, err = b.held("wte", wte, tableSpec, true); err != nil {
+			return err
+		}
+		if g.wpe, err = b.held("wpe", wpe, b.replicated(cfg.Context, d), true); err != nil {
+			return err
+		}
 	}
 	resid := 0.02 / math.Sqrt(float64(2*max(cfg.Layers, 1)))
 	for i := 0; i < cfg.Layers; i++ {
+		if !cfg.owns(i) {
+			// Its weights drawn and dropped: qkv, proj, up, down.
+			for _, n := range []int{3 * d * d, d * d, 4 * d * d, 4 * d * d} {
+				for range n {
+					b.rng.NormFloat64()
+				}
+			}
+			continue
+		}
 		blk, err := b.block(i, resid)
 		if err != nil {
 			return err
 		}
 		g.blocks = append(g.blocks, blk)
+	}
+	if !cfg.last() {
+		return nil
 	}
 	if g.lnf, err = b.norm("ln_f"); err != nil {
 		return err
@@ -232,7 +253,7 @@ func (b *gptBuilder) parameters() error {
 // the standard deviation of the projections into the residual stream.
 func (b *gptBuilder) block(i int, resid float64) (*gptBlock, error) {
 	d := b.g.Cfg.Dim
-	blk := &gptBlock{}
+	blk := &gptBlock{index: i}
 	p := fmt.Sprintf("h.%d.", i)
 	var err error
 	if blk.ln1, err = b.norm(p + "ln_1"); err != nil {

@@ -12,37 +12,57 @@ import (
 // acts: the layers accumulate their parameters' gradients (reduced by
 // update), the model's own parameters' gradients are written in place.
 func (g *GPT) backward(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor, acts *gptActs) error {
-	t := g.Cfg.Tokens()
-	dl, err := g.act(rt, "ce.dlogits", acts.logits.Shape()...)
-	if err != nil {
-		return err
-	}
-	if err := rt.Op("cross_entropy_backward", func() error {
-		return rt.Kernels.CrossEntropyBackward(dl, acts.logits, targets, acts.lse, g.vocab0, 1/float64(t))
-	}); err != nil {
-		return err
-	}
-	dhf, err := g.head.Backward(ctx, rt, dl, acts.headS)
-	if err != nil {
-		return err
-	}
+	_, err := g.backwardPart(ctx, rt, ids, targets, acts, nil)
+	return err
+}
+
+// backwardPart runs the backward of the model's part from the forward that
+// made acts: from the loss on the last stage, else from dout, the gradient
+// of the residual stream the part returned; through its blocks; into the
+// embeddings on the first stage, else to the gradient of the stream it
+// started from, which it returns. The model's own parameters' gradients are
+// overwritten, or added to with g.accum (the micro-batches after a step's
+// first).
+func (g *GPT) backwardPart(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor, acts *gptActs, dout *tensor.Tensor) (*tensor.Tensor, error) {
 	dx, err := g.act(rt, "dx", acts.xf.Shape()...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	tmp, err := g.act(rt, "dln", acts.xf.Shape()...)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := g.layerNormBackward(rt, dx, g.lnf, dhf, acts.xf, acts.stf); err != nil {
-		return err
-	}
-	for i := len(g.blocks) - 1; i >= 0; i-- {
-		if err := g.blockBackward(ctx, rt, i, acts.blocks[i], dx, tmp); err != nil {
-			return err
+	if g.Cfg.last() {
+		dl, err := g.act(rt, "ce.dlogits", acts.logits.Shape()...)
+		if err != nil {
+			return nil, err
+		}
+		if err := rt.Op("cross_entropy_backward", func() error {
+			return rt.Kernels.CrossEntropyBackward(dl, acts.logits, targets, acts.lse, g.vocab0, 1/float64(g.Cfg.lossTokens()))
+		}); err != nil {
+			return nil, err
+		}
+		dhf, err := g.head.Backward(ctx, rt, dl, acts.headS)
+		if err != nil {
+			return nil, err
+		}
+		if err := g.layerNormBackward(rt, dx, g.lnf, dhf, acts.xf, acts.stf); err != nil {
+			return nil, err
+		}
+	} else if n := dout.Bytes(); n > 0 {
+		if err := rt.Kernels.Copy2D(dx, 0, n, dout, 0, n, n, 1); err != nil {
+			return nil, err
 		}
 	}
-	return g.embeddingBackward(ctx, rt, ids, dx)
+	for j := len(g.blocks) - 1; j >= 0; j-- {
+		if err := g.blockBackward(ctx, rt, j, acts.blocks[j], dx, tmp); err != nil {
+			return nil, err
+		}
+	}
+	if !g.Cfg.first() {
+		return dx, nil
+	}
+	return nil, g.embeddingBackward(ctx, rt, ids, dx)
 }
 
 // layerNormBackward writes the gradient of the layer norm's input x into
@@ -50,17 +70,18 @@ func (g *GPT) backward(ctx context.Context, rt linear.Runtime, ids, targets *ten
 // parameters are used once a step), from dy.
 func (g *GPT) layerNormBackward(rt linear.Runtime, into *tensor.Tensor, p lnParams, dy, x, stats *tensor.Tensor) error {
 	return rt.Op("layernorm_backward", func() error {
-		return rt.Kernels.LayerNormBackward(into, p.gamma.grad(), p.beta.grad(), dy, x, p.gamma.compute(), stats, false)
+		return rt.Kernels.LayerNormBackward(into, p.gamma.grad(), p.beta.grad(), dy, x, p.gamma.compute(), stats, g.accum)
 	})
 }
 
-// blockBackward runs block i's backward: dx, the gradient of the block's
-// output, becomes in place the gradient of its input (each residual adds
-// its branch's input gradient, computed into tmp).
-func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, i int, a blockActs, dx, tmp *tensor.Tensor) error {
+// blockBackward runs the backward of the part's block j: dx, the gradient
+// of the block's output, becomes in place the gradient of its input (each
+// residual adds its branch's input gradient, computed into tmp).
+func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, j int, a blockActs, dx, tmp *tensor.Tensor) error {
 	c := g.Cfg
 	hl, hd := c.Heads/c.TP(), c.Dim/c.Heads
-	b := g.blocks[i]
+	b := g.blocks[j]
+	i := b.index
 	dh2, err := g.mlpBackward(ctx, rt, i, b, a, dx)
 	if err != nil {
 		return err
@@ -148,12 +169,12 @@ func (g *GPT) embeddingBackward(ctx context.Context, rt linear.Runtime, ids, dx 
 		dx = d32
 	}
 	if err := rt.Op("embedding_backward", func() error {
-		return rt.Kernels.EmbeddingBackward(g.wpe.g, dx, g.posIDs, 0, false)
+		return rt.Kernels.EmbeddingBackward(g.wpe.g, dx, g.posIDs, 0, g.accum)
 	}); err != nil {
 		return err
 	}
 	// dx is whole on every rank: each scatters into its own vocabulary rows.
 	return rt.Op("embedding_backward", func() error {
-		return rt.Kernels.EmbeddingBackward(g.wte.g, dx, ids, g.vocab0, false)
+		return rt.Kernels.EmbeddingBackward(g.wte.g, dx, ids, g.vocab0, g.accum)
 	})
 }

@@ -84,6 +84,56 @@ type GPTConfig struct {
 	// parallelism (a mesh cp=C or cp=C,tp=N; see gpt_cp.go); nil: the
 	// rank's own kernels, which must then work on the host.
 	RingKernels kernels.Kernels
+	// Part is a pipeline stage's share of the model (gpt_stage.go); nil:
+	// all of it. Batch is then one micro-batch's sequences.
+	Part *GPTPart
+	// LossTokens is what the loss is the mean over (0: Tokens()): a
+	// micro-batch's loss is its share of the step's mean, Batch × Context ×
+	// the micro-batches.
+	LossTokens int
+}
+
+// GPTPart is a pipeline stage's share of a GPT: blocks [Lo, Hi), the
+// embeddings on the first stage, the final layer norm, the head and the loss
+// on the last.
+type GPTPart struct {
+	Lo, Hi      int
+	First, Last bool
+}
+
+// owns reports whether the part holds block i.
+func (c GPTConfig) owns(i int) bool { return c.Part == nil || i >= c.Part.Lo && i < c.Part.Hi }
+
+// first and last report whether the part holds the embeddings (the first
+// stage's) and the head and loss (the last's).
+func (c GPTConfig) first() bool { return c.Part == nil || c.Part.First }
+func (c GPTConfig) last() bool  { return c.Part == nil || c.Part.Last }
+
+// lossTokens is what the loss is the mean over.
+func (c GPTConfig) lossTokens() int {
+	if c.LossTokens > 0 {
+		return c.LossTokens
+	}
+	return c.Tokens()
+}
+
+// checkPart checks a pipeline stage's share and what the stages do not
+// combine with yet.
+func (c GPTConfig) checkPart() error {
+	p := c.Part
+	switch {
+	case p == nil:
+		return nil
+	case p.Lo < 0 || p.Hi < p.Lo || p.Hi > c.Layers:
+		return fmt.Errorf("%w: gpt: pipeline stage of blocks [%d, %d) in a model of %d", linear.ErrConfig, p.Lo, p.Hi, c.Layers)
+	case c.Mesh.NDim() != 1:
+		return fmt.Errorf("%w: gpt: a pipeline stage's mesh is %s: pp combines with tp only, so far", linear.ErrConfig, c.Mesh)
+	case c.Experts != 0 || c.SequenceParallel:
+		return fmt.Errorf("%w: gpt: pipeline stages do not combine with experts or sequence parallelism, so far", linear.ErrConfig)
+	case c.Compute() != tensor.Float32:
+		return fmt.Errorf("%w: gpt: pipeline stages compute in float32 only, so far", linear.ErrConfig)
+	}
+	return nil
 }
 
 // Compute is the compute dtype (DType, float32 by default).
@@ -189,7 +239,7 @@ func (c GPTConfig) check() error {
 	case c.Optimizer != "" && c.Optimizer != "adamw" && c.Optimizer != "sgd":
 		return fmt.Errorf("%w: gpt: optimizer %q (adamw or sgd)", linear.ErrConfig, c.Optimizer)
 	}
-	return nil
+	return c.checkPart()
 }
 
 // checkExperts checks the mesh and the mixture-of-experts settings of a

@@ -64,31 +64,47 @@ func (g *GPT) residual(rt linear.Runtime, name string, x, d *tensor.Tensor) (*te
 // forward runs the model on ids and returns the mean cross-entropy loss
 // against targets, with what the backward needs.
 func (g *GPT) forward(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor) (float64, *gptActs, error) {
-	x, err := g.embed(ctx, rt, ids)
-	if err != nil {
-		return 0, nil, err
+	loss, _, acts, err := g.forwardPart(ctx, rt, ids, targets, nil)
+	return loss, acts, err
+}
+
+// forwardPart runs the model's part (all of it without a pipeline): from
+// the embeddings of ids on the first stage, else from in, the previous
+// stage's residual stream, through its blocks, to the loss against targets
+// on the last stage (its share of the step's mean, lossTokens), else to the
+// residual stream it returns for the next stage.
+func (g *GPT) forwardPart(ctx context.Context, rt linear.Runtime, ids, targets, in *tensor.Tensor) (float64, *tensor.Tensor, *gptActs, error) {
+	x := in
+	var err error
+	if g.Cfg.first() {
+		if x, err = g.embed(ctx, rt, ids); err != nil {
+			return 0, nil, nil, err
+		}
 	}
 	acts := &gptActs{}
-	for i, b := range g.blocks {
-		a, y, err := g.blockForward(ctx, rt, i, b, x)
+	for _, b := range g.blocks {
+		a, y, err := g.blockForward(ctx, rt, b.index, b, x)
 		if err != nil {
-			return 0, nil, err
+			return 0, nil, nil, err
 		}
 		acts.blocks = append(acts.blocks, a)
 		x = y
 	}
 	acts.xf = x
+	if !g.Cfg.last() {
+		return 0, x, acts, nil
+	}
 	if acts.hf, acts.stf, err = g.layerNorm(rt, "lnf", x, g.lnf); err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	if acts.logits, acts.headS, err = g.head.Forward(ctx, rt, acts.hf); err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	loss, err := g.crossEntropy(ctx, rt, acts, targets)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
-	return loss, acts, nil
+	return loss, nil, acts, nil
 }
 
 // embed returns the residual stream's input: the token embeddings of ids
@@ -247,7 +263,7 @@ func (g *GPT) crossEntropy(ctx context.Context, rt linear.Runtime, acts *gptActs
 			return 0, err
 		}
 	}
-	return total / float64(g.Cfg.Tokens()), nil
+	return total / float64(g.Cfg.lossTokens()), nil
 }
 
 // Next returns the model's distribution of the token after position pos of

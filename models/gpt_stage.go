@@ -1,0 +1,180 @@
+package models
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// GPTStage runs a GPT's part (GPTConfig.Part) as one stage of a pipeline:
+// Forward, BackwardInput and BackwardWeight per micro-batch, the methods
+// package pipeline/stage's Run calls in the schedule's order. Each
+// micro-batch in flight has a scratch of its own (the model's and each of
+// its layers'), taken at its forward and given back after its weight
+// gradients, so a micro-batch's saved activations survive the forwards and
+// backwards of the others; the scratches made are the most micro-batches
+// the stage held at once (Held). The gradients accumulate over a step's
+// micro-batches (the layers' until Reduce, the model's own parameters'
+// after the step's first backward), and Finish runs the optimizer once.
+//
+// The weight gradients are computed with the input gradients, in
+// BackwardInput; BackwardWeight gives the micro-batch's scratch back.
+type GPTStage struct {
+	g        *GPT
+	rt       linear.Runtime
+	layers   []*linear.Layer
+	home     stageSlot // the scratches the model had before the step
+	free     []*stageSlot
+	made     int
+	inflight map[int]*microBatch
+	ids      []*tensor.Tensor
+	targets  []*tensor.Tensor
+	loss     float64
+	started  bool
+}
+
+// stageSlot is one micro-batch's scratch: the model's and its layers'.
+type stageSlot struct {
+	model  linear.Scratch
+	layers []linear.Scratch
+}
+
+// microBatch is a micro-batch in flight: its scratch and what its forward
+// kept for its backward.
+type microBatch struct {
+	slot *stageSlot
+	acts *gptActs
+}
+
+// Stage returns the model's part as a pipeline stage computing on rt.
+func (g *GPT) Stage(rt linear.Runtime) *GPTStage {
+	s := &GPTStage{g: g, rt: rt, inflight: map[int]*microBatch{}}
+	for _, b := range g.blocks {
+		s.layers = append(s.layers, b.qkv, b.proj, b.up, b.down)
+	}
+	if g.head != nil {
+		s.layers = append(s.layers, g.head)
+	}
+	return s
+}
+
+// Begin starts a step of len(targets) micro-batches: ids[mb] and
+// targets[mb] are micro-batch mb's token ids and targets (each Batch ×
+// Context, float32, on the rank's device; the first stage reads the ids,
+// the last the targets).
+func (s *GPTStage) Begin(ids, targets []*tensor.Tensor) error {
+	if len(ids) != len(targets) || len(ids) == 0 {
+		return fmt.Errorf("%w: gpt stage: %d micro-batches of ids, %d of targets", linear.ErrConfig, len(ids), len(targets))
+	}
+	if len(s.inflight) > 0 {
+		return fmt.Errorf("%w: gpt stage: a step begun with %d micro-batches of the last still in flight", linear.ErrConfig, len(s.inflight))
+	}
+	s.ids, s.targets, s.loss, s.started = ids, targets, 0, false
+	s.home = stageSlot{model: s.g.bufs}
+	for _, l := range s.layers {
+		s.home.layers = append(s.home.layers, l.SetScratch(nil))
+	}
+	s.use(&s.home)
+	return nil
+}
+
+// use points the model and its layers at sl's scratch.
+func (s *GPTStage) use(sl *stageSlot) {
+	s.g.bufs = sl.model
+	for i, l := range s.layers {
+		l.SetScratch(sl.layers[i])
+	}
+}
+
+// take returns a free scratch, or a new one.
+func (s *GPTStage) take() *stageSlot {
+	if n := len(s.free); n > 0 {
+		sl := s.free[n-1]
+		s.free = s.free[:n-1]
+		return sl
+	}
+	s.made++
+	sl := &stageSlot{model: linear.Scratch{}}
+	for range s.layers {
+		sl.layers = append(sl.layers, linear.Scratch{})
+	}
+	return sl
+}
+
+// sent is a copy of t for a neighbour (nil stays nil): what Run sends must
+// not change afterwards, and t is scratch.
+func sent(t *tensor.Tensor) (*tensor.Tensor, error) {
+	if t == nil {
+		return nil, nil
+	}
+	return t.Clone()
+}
+
+// Forward runs micro-batch mb's forward: from its ids on the first stage,
+// else from in; it returns the residual stream for the next stage (nil on
+// the last, which adds the micro-batch's loss to the step's).
+func (s *GPTStage) Forward(ctx context.Context, mb int, in *tensor.Tensor) (*tensor.Tensor, error) {
+	if mb < 0 || mb >= len(s.targets) || s.inflight[mb] != nil {
+		return nil, fmt.Errorf("%w: gpt stage: forward of micro-batch %d (of %d; in flight: %v)", linear.ErrConfig, mb, len(s.targets), s.inflight[mb] != nil)
+	}
+	sl := s.take()
+	s.use(sl)
+	loss, out, acts, err := s.g.forwardPart(ctx, s.rt, s.ids[mb], s.targets[mb], in)
+	if err != nil {
+		return nil, err
+	}
+	s.inflight[mb] = &microBatch{slot: sl, acts: acts}
+	s.loss += loss
+	return sent(out)
+}
+
+// BackwardInput runs micro-batch mb's backward, from its loss on the last
+// stage, else from dout; it returns the gradient of the stage's input for
+// the previous stage (nil on the first).
+func (s *GPTStage) BackwardInput(ctx context.Context, mb int, dout *tensor.Tensor) (*tensor.Tensor, error) {
+	m := s.inflight[mb]
+	if m == nil {
+		return nil, fmt.Errorf("%w: gpt stage: backward of micro-batch %d before its forward", linear.ErrConfig, mb)
+	}
+	s.use(m.slot)
+	s.g.accum = s.started
+	din, err := s.g.backwardPart(ctx, s.rt, s.ids[mb], s.targets[mb], m.acts, dout)
+	if err != nil {
+		return nil, err
+	}
+	s.started = true
+	return sent(din)
+}
+
+// BackwardWeight ends micro-batch mb: its weight gradients were computed
+// with its input gradients; its scratch is given back.
+func (s *GPTStage) BackwardWeight(ctx context.Context, mb int) error {
+	m := s.inflight[mb]
+	if m == nil {
+		return fmt.Errorf("%w: gpt stage: weight gradients of micro-batch %d before its forward", linear.ErrConfig, mb)
+	}
+	delete(s.inflight, mb)
+	s.free = append(s.free, m.slot)
+	return nil
+}
+
+// Loss is the sum of the step's micro-batches' losses on the last stage
+// (the step's mean loss), 0 elsewhere.
+func (s *GPTStage) Loss() float64 { return s.loss }
+
+// Held is the most micro-batches the stage has held at once (the scratches
+// it made).
+func (s *GPTStage) Held() int { return s.made }
+
+// Finish ends the step: the model gets its own scratch back and the
+// optimizer runs on the accumulated gradients (their collectives once).
+func (s *GPTStage) Finish(ctx context.Context) error {
+	if len(s.inflight) > 0 {
+		return fmt.Errorf("%w: gpt stage: step finished with %d micro-batches in flight", linear.ErrConfig, len(s.inflight))
+	}
+	s.use(&s.home)
+	s.g.accum = false
+	return s.g.update(ctx, s.rt)
+}

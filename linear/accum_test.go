@@ -17,7 +17,16 @@ import (
 
 // TestAccumulation: two micro-batches accumulate their weight and bias gradient
 // terms and reduce them once; the result equals the sum of both references.
+// Split, each micro-batch's backward runs as BackwardInput, both in flight
+// (each in a scratch of its own), then BackwardWeight for each: dx and
+// the gradients are the same.
 func TestAccumulation(t *testing.T) {
+	for _, split := range []bool{false, true} {
+		t.Run(map[bool]string{false: "whole", true: "split"}[split], func(t *testing.T) { accumulation(t, split) })
+	}
+}
+
+func accumulation(t *testing.T, split bool) {
 	m := placement.MustMesh([]int{2, 2}, []string{"dp", "tp"})
 	k, err := providers.New("cpu", nil)
 	if err != nil {
@@ -56,14 +65,38 @@ func TestAccumulation(t *testing.T) {
 				reductions++
 			}
 		}}
-		for _, d := range []*linear.Data{d1, d2} {
+		var saves []*linear.Saved
+		scratch := []linear.Scratch{{}, {}}
+		for i, d := range []*linear.Data{d1, d2} {
 			x, _ := linear.Shard(d.X, cfg.X, w.Rank())
 			dy, _ := linear.Shard(d.DY, l.Bwd.DY.Spec, w.Rank())
+			l.SetScratch(scratch[i])
 			_, saved, err := l.Forward(ctx, rt, x)
 			if err != nil {
 				return err
 			}
-			if _, err := l.Backward(ctx, rt, dy, saved); err != nil {
+			var dx *tensor.Tensor
+			if split {
+				dx, err = l.BackwardInput(ctx, rt, dy, saved)
+				saves = append(saves, saved)
+			} else {
+				dx, err = l.Backward(ctx, rt, dy, saved)
+			}
+			if err != nil {
+				return err
+			}
+			_, want, _, _ := linear.Reference(d)
+			full, err := linear.Gather(ctx, w, cfg.X, dx)
+			if err != nil {
+				return err
+			}
+			if e := linear.RelErr(full, want); e > 1e-5 {
+				t.Errorf("micro-batch %d: dx relative error %.3g", i, e)
+			}
+		}
+		for i, saved := range saves {
+			l.SetScratch(scratch[i])
+			if err := l.BackwardWeight(ctx, rt, saved); err != nil {
 				return err
 			}
 		}

@@ -265,6 +265,9 @@ func (l *Layer) SetParams(w, b *tensor.Tensor) error {
 // is needed) and W as the GEMM used it (only when dx is needed).
 type Saved struct {
 	X, W *tensor.Tensor
+	// dy is BackwardInput's dy, copied into the layer's scratch for
+	// BackwardWeight.
+	dy *tensor.Tensor
 }
 
 // Forward computes this rank's share of y = x·Wᵀ + b. x is this rank's shard laid
@@ -357,6 +360,45 @@ func (l *Layer) move(ctx context.Context, rt Runtime, name string, t *tensor.Ten
 // and returns dx (laid out as Config.X), or nil when dx is not needed. Weight
 // and bias gradient terms accumulate across calls (micro-batches) until Reduce.
 func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *Saved) (*tensor.Tensor, error) {
+	return l.backward(ctx, rt, dy, s, backwardAll)
+}
+
+// BackwardInput is the first half of Backward: dx alone (nil when not
+// needed). It keeps a copy of dy, in the layer's scratch, for
+// BackwardWeight with the same Saved, which must follow before the
+// scratch's next BackwardInput: a pipeline schedule defers the weight
+// gradients into its bubbles (ZB-H1).
+func (l *Layer) BackwardInput(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *Saved) (*tensor.Tensor, error) {
+	dx, err := l.backward(ctx, rt, dy, s, backwardInput)
+	if err != nil || !(l.Grads.W || l.Grads.B) {
+		return dx, err
+	}
+	s.dy, err = l.bufs.CopyOf("kept-dy", dy)
+	return dx, err
+}
+
+// BackwardWeight is the second half of Backward: the weight and bias
+// gradient terms (accumulating until Reduce) from the dy BackwardInput kept
+// in s.
+func (l *Layer) BackwardWeight(ctx context.Context, rt Runtime, s *Saved) error {
+	if !(l.Grads.W || l.Grads.B) {
+		return nil
+	}
+	if s == nil || s.dy == nil {
+		return fmt.Errorf("%w: linear %s: weight gradients without BackwardInput's dy", ErrConfig, l.Name)
+	}
+	_, err := l.backward(ctx, rt, s.dy, s, backwardWeight)
+	return err
+}
+
+// The halves of a backward: every gradient, dx alone, or dW and db alone.
+const (
+	backwardAll = iota
+	backwardInput
+	backwardWeight
+)
+
+func (l *Layer) backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *Saved, half int) (*tensor.Tensor, error) {
 	if err := checkShape("dy", dy, l.Bwd.DY.Spec, l.rank, l.Compute()); err != nil {
 		return nil, err
 	}
@@ -365,6 +407,9 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 	var dx *tensor.Tensor
 	var err error
 	for _, g := range l.Bwd.Grads {
+		if half == backwardInput && g.Input != "x" || half == backwardWeight && g.Input == "x" {
+			continue
+		}
 		// The local operands: dy in the layout this gradient uses, then the saved
 		// forward operand.
 		ins := make([]*tensor.Tensor, len(g.Inputs))
@@ -444,7 +489,9 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 			}
 		}
 	}
-	l.pending = l.pending || l.Grads.W || l.Grads.B
+	if half != backwardInput {
+		l.pending = l.pending || l.Grads.W || l.Grads.B
+	}
 	return dx, nil
 }
 

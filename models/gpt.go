@@ -50,6 +50,9 @@ type GPT struct {
 	// accum: the backward adds to the model's own parameters' gradients
 	// (a step's micro-batches after the first) rather than overwriting them.
 	accum bool
+	// splitB: the backward computes the input gradients alone, weightPart
+	// the parameters' (a pipeline stage under ZB-H1).
+	splitB bool
 }
 
 // param is one parameter as this rank holds it (whole, or a shard laid out

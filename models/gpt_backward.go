@@ -42,10 +42,11 @@ func (g *GPT) backwardPart(ctx context.Context, rt linear.Runtime, ids, targets 
 		}); err != nil {
 			return nil, err
 		}
-		dhf, err := g.head.Backward(ctx, rt, dl, acts.headS)
+		dhf, err := g.linearBackward(ctx, rt, g.head, dl, acts.headS)
 		if err != nil {
 			return nil, err
 		}
+		acts.dhf = dhf
 		if err := g.layerNormBackward(rt, dx, g.lnf, dhf, acts.xf, acts.stf); err != nil {
 			return nil, err
 		}
@@ -55,44 +56,103 @@ func (g *GPT) backwardPart(ctx context.Context, rt linear.Runtime, ids, targets 
 		}
 	}
 	for j := len(g.blocks) - 1; j >= 0; j-- {
-		if err := g.blockBackward(ctx, rt, j, acts.blocks[j], dx, tmp); err != nil {
+		if err := g.blockBackward(ctx, rt, j, &acts.blocks[j], dx, tmp); err != nil {
 			return nil, err
 		}
 	}
+	acts.dx = dx
 	if !g.Cfg.first() {
 		return dx, nil
 	}
+	if g.splitB {
+		return nil, nil // the embeddings' gradients are weightPart's
+	}
 	return nil, g.embeddingBackward(ctx, rt, ids, dx)
+}
+
+// linearBackward is l's backward from dy: whole, or with g.splitB its
+// input gradient alone (weightPart adds the weight gradients).
+func (g *GPT) linearBackward(ctx context.Context, rt linear.Runtime, l *linear.Layer, dy *tensor.Tensor, s *linear.Saved) (*tensor.Tensor, error) {
+	if g.splitB {
+		return l.BackwardInput(ctx, rt, dy, s)
+	}
+	return l.Backward(ctx, rt, dy, s)
+}
+
+// weightPart is the second half of a split backward (g.splitB) of the
+// forward that made acts: the part's parameters' gradients, from what the
+// first half kept (each layer's dy, each layer norm's dy, the residual
+// stream's gradient for the embeddings).
+func (g *GPT) weightPart(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor, acts *gptActs) error {
+	norm := func(p lnParams, dy, x, stats *tensor.Tensor) error {
+		return rt.Op("layernorm_backward", func() error {
+			return rt.Kernels.LayerNormBackward(nil, p.gamma.grad(), p.beta.grad(), dy, x, p.gamma.compute(), stats, g.accum)
+		})
+	}
+	if g.Cfg.last() {
+		if err := g.head.BackwardWeight(ctx, rt, acts.headS); err != nil {
+			return err
+		}
+		if err := norm(g.lnf, acts.dhf, acts.xf, acts.stf); err != nil {
+			return err
+		}
+	}
+	for j := len(g.blocks) - 1; j >= 0; j-- {
+		b, a := g.blocks[j], &acts.blocks[j]
+		for _, l := range []struct {
+			l *linear.Layer
+			s *linear.Saved
+		}{{b.down, a.downS}, {b.up, a.upS}, {b.proj, a.projS}, {b.qkv, a.qkvS}} {
+			if err := l.l.BackwardWeight(ctx, rt, l.s); err != nil {
+				return err
+			}
+		}
+		if err := norm(b.ln2, a.dh2, a.x2, a.st2); err != nil {
+			return err
+		}
+		if err := norm(b.ln1, a.dh1, a.x, a.st1); err != nil {
+			return err
+		}
+	}
+	if !g.Cfg.first() {
+		return nil
+	}
+	return g.embeddingBackward(ctx, rt, ids, acts.dx)
 }
 
 // layerNormBackward writes the gradient of the layer norm's input x into
 // into, and p's gradients (overwritten, not accumulated: each layer norm's
 // parameters are used once a step), from dy.
 func (g *GPT) layerNormBackward(rt linear.Runtime, into *tensor.Tensor, p lnParams, dy, x, stats *tensor.Tensor) error {
+	dgamma, dbeta := p.gamma.grad(), p.beta.grad()
+	if g.splitB {
+		dgamma, dbeta = nil, nil // weightPart's
+	}
 	return rt.Op("layernorm_backward", func() error {
-		return rt.Kernels.LayerNormBackward(into, p.gamma.grad(), p.beta.grad(), dy, x, p.gamma.compute(), stats, g.accum)
+		return rt.Kernels.LayerNormBackward(into, dgamma, dbeta, dy, x, p.gamma.compute(), stats, g.accum)
 	})
 }
 
 // blockBackward runs the backward of the part's block j: dx, the gradient
 // of the block's output, becomes in place the gradient of its input (each
 // residual adds its branch's input gradient, computed into tmp).
-func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, j int, a blockActs, dx, tmp *tensor.Tensor) error {
+func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, j int, a *blockActs, dx, tmp *tensor.Tensor) error {
 	c := g.Cfg
 	hl, hd := c.Heads/c.TP(), c.Dim/c.Heads
 	b := g.blocks[j]
 	i := b.index
-	dh2, err := g.mlpBackward(ctx, rt, i, b, a, dx)
+	dh2, err := g.mlpBackward(ctx, rt, i, b, *a, dx)
 	if err != nil {
 		return err
 	}
+	a.dh2 = dh2
 	if err := g.layerNormBackward(rt, tmp, b.ln2, dh2, a.x2, a.st2); err != nil {
 		return err
 	}
 	if err := rt.Kernels.Axpy(1, tmp, dx); err != nil {
 		return err
 	}
-	do, err := b.proj.Backward(ctx, rt, dx, a.projS)
+	do, err := g.linearBackward(ctx, rt, b.proj, dx, a.projS)
 	if err != nil {
 		return err
 	}
@@ -116,10 +176,11 @@ func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, j int, a blo
 	if err != nil {
 		return err
 	}
-	dh1, err := b.qkv.Backward(ctx, rt, flat, a.qkvS)
+	dh1, err := g.linearBackward(ctx, rt, b.qkv, flat, a.qkvS)
 	if err != nil {
 		return err
 	}
+	a.dh1 = dh1
 	if err := g.layerNormBackward(rt, tmp, b.ln1, dh1, a.x, a.st1); err != nil {
 		return err
 	}
@@ -133,7 +194,7 @@ func (g *GPT) mlpBackward(ctx context.Context, rt linear.Runtime, i int, b *gptB
 	if b.moe != nil {
 		return b.moe.Backward(ctx, rt.World, dx)
 	}
-	dg, err := b.down.Backward(ctx, rt, dx, a.downS)
+	dg, err := g.linearBackward(ctx, rt, b.down, dx, a.downS)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +205,7 @@ func (g *GPT) mlpBackward(ctx context.Context, rt linear.Runtime, i int, b *gptB
 	if err := rt.Op("gelu_backward", func() error { return rt.Kernels.GeluBackward(du, dg, a.u) }); err != nil {
 		return nil, err
 	}
-	return b.up.Backward(ctx, rt, du, a.upS)
+	return g.linearBackward(ctx, rt, b.up, du, a.upS)
 }
 
 // embeddingBackward writes the embeddings' gradients from dx, the gradient

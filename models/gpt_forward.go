@@ -14,6 +14,9 @@ import (
 type blockActs struct {
 	x, x2, st1, st2, qkv, o, lse, u *tensor.Tensor
 	qkvS, projS, upS, downS         *linear.Saved
+	// dh1, dh2: the layer norms' output gradients, kept by the backward
+	// for a split backward's weight half.
+	dh1, dh2 *tensor.Tensor
 }
 
 // gptActs is what the forward keeps for the backward: each block's, and
@@ -23,6 +26,9 @@ type gptActs struct {
 	xf, stf, hf *tensor.Tensor
 	logits, lse *tensor.Tensor
 	headS       *linear.Saved
+	// dhf and dx: the final layer norm's output gradient and the residual
+	// stream's input gradient, kept by the backward for its weight half.
+	dhf, dx *tensor.Tensor
 }
 
 // get is a float32 scratch tensor (statistics, ids, float32 gradients).

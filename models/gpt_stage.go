@@ -19,8 +19,10 @@ import (
 // micro-batches (the layers' until Reduce, the model's own parameters'
 // after the step's first backward), and Finish runs the optimizer once.
 //
-// The weight gradients are computed with the input gradients, in
-// BackwardInput; BackwardWeight gives the micro-batch's scratch back.
+// Split (SetSplit, for ZB-H1), BackwardInput computes the input gradients
+// alone and BackwardWeight the parameters' (the layers' from the dy each
+// kept); otherwise BackwardInput computes both and BackwardWeight only gives
+// the micro-batch's scratch back.
 type GPTStage struct {
 	g        *GPT
 	rt       linear.Runtime
@@ -32,8 +34,13 @@ type GPTStage struct {
 	ids      []*tensor.Tensor
 	targets  []*tensor.Tensor
 	loss     float64
-	started  bool
+	started  bool // a backward that writes the model's own gradients has run this step
+	split    bool
 }
+
+// SetSplit splits each micro-batch's backward: the input gradients in
+// BackwardInput, the parameters' in BackwardWeight (ZB-H1's B and W).
+func (s *GPTStage) SetSplit(split bool) { s.split = split }
 
 // stageSlot is one micro-batch's scratch: the model's and its layers'.
 type stageSlot struct {
@@ -139,21 +146,32 @@ func (s *GPTStage) BackwardInput(ctx context.Context, mb int, dout *tensor.Tenso
 		return nil, fmt.Errorf("%w: gpt stage: backward of micro-batch %d before its forward", linear.ErrConfig, mb)
 	}
 	s.use(m.slot)
-	s.g.accum = s.started
+	s.g.accum, s.g.splitB = s.started, s.split
 	din, err := s.g.backwardPart(ctx, s.rt, s.ids[mb], s.targets[mb], m.acts, dout)
+	s.g.splitB = false
 	if err != nil {
 		return nil, err
 	}
-	s.started = true
+	if !s.split {
+		s.started = true
+	}
 	return sent(din)
 }
 
-// BackwardWeight ends micro-batch mb: its weight gradients were computed
-// with its input gradients; its scratch is given back.
+// BackwardWeight ends micro-batch mb: split, it computes its parameters'
+// gradients; its scratch is given back.
 func (s *GPTStage) BackwardWeight(ctx context.Context, mb int) error {
 	m := s.inflight[mb]
 	if m == nil {
 		return fmt.Errorf("%w: gpt stage: weight gradients of micro-batch %d before its forward", linear.ErrConfig, mb)
+	}
+	if s.split {
+		s.use(m.slot)
+		s.g.accum = s.started
+		if err := s.g.weightPart(ctx, s.rt, s.ids[mb], m.acts); err != nil {
+			return err
+		}
+		s.started = true
 	}
 	delete(s.inflight, mb)
 	s.free = append(s.free, m.slot)

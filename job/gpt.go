@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/collective"
-	"github.com/meshrun/meshrun/kernels/providers"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
@@ -74,6 +73,8 @@ type GPTReport struct {
 	// CPAttention is how attention ran over cp, as the planner chose it:
 	// "ring", or "gather" (keys and values all-gathered; short contexts).
 	CPAttention string `json:"cp_attention,omitempty"`
+	// Pipeline: with pp, the stages and what the last step measured.
+	Pipeline *PipelineReport `json:"pipeline,omitempty"`
 }
 
 // gptTask is `worker gpt`.
@@ -86,6 +87,8 @@ type gptTask struct {
 	corpus    *corpus
 	heldOut   int // batches of held-out text the final loss averages
 	opProfile bool
+	pipe      *gptPipeline // with a mesh dim pp (gpt_pp.go)
+	pf        pipeFlags
 }
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
@@ -108,6 +111,7 @@ func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.data, "data", DefaultCorpus, "text `PATH` (a file, or a directory whose files are read in name order), read as characters (bytes)")
 	fs.IntVar(&t.sample, "sample", 200, "characters to sample at the end")
 	fs.Float64Var(&t.temp, "temperature", 0.8, "sampling temperature")
+	t.pf.register(fs)
 	fs.BoolVar(&t.opProfile, "op-profile", false, "print each kernel's and collective's calls and time per step (after the first step) on rank 0's stderr; on cuda with MESHRUN_CUDA_SYNC=1 each kernel's time is its own")
 }
 
@@ -127,6 +131,12 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	t.cfg.Mesh, t.cfg.Vocab = t.m, len(t.corpus.chars)
+	if t.pipe, err = pipelineOf(t.m, t.cfg, t.pf, t.cf, t.rd.kind); err != nil {
+		return err
+	}
+	if t.pipe != nil {
+		t.cfg.Mesh = t.pipe.stage // each stage's; checked whole below
+	}
 	// One planner for the ranks of this process: each plans a layer once.
 	t.cfg.Planner = placement.DefaultPlanner()
 	t.heldOut = 8
@@ -257,14 +267,9 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 	if err != nil {
 		return nil, err
 	}
-	if cfg.CP() > 1 && t.rd.kind != tensor.CPU {
-		// Ring attention runs on the host (the rank's q, k and v copied
-		// there): on another device it takes the cpu kernels.
-		if cfg.RingKernels, err = providers.New("cpu", nil); err != nil {
-			return nil, err
-		}
-	}
-	g, err := models.NewGPT(cfg, w.Rank(), dev)
+	tr := newTracer(env.Run)
+	comms := &stepComms{counts: map[string]int{}}
+	g, run, rt, err := t.model(ctx, w, dev, tr)
 	if err != nil {
 		return nil, err
 	}
@@ -274,25 +279,28 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 		}
 	}
 	sv := &saves{cf: t.cf, env: env, workload: "gpt"}
-	tr := newTracer(env.Run)
-	rt := tr.runtime(w, dev)
-	comms := &stepComms{counts: map[string]int{}}
 	rt.Record = comms.record
 	b := gptBatch{dev: dev, ids: tensor.New(tensor.Float32, cfg.Tokens()), targets: tensor.New(tensor.Float32, cfg.Tokens())}
 	// Every rank draws the same batches from the same seed.
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x64617461))
-	tl, err := t.train(ctx, env, w, g, rt, tr, b, rng, sv, comms)
+	tl, err := t.train(ctx, env, w, g, run, tr, b, rng, sv, comms)
 	if err != nil {
 		return nil, err
 	}
 	rt.Record = nil // the last step's counts stay
-	held, err := t.heldOutLoss(ctx, g, rt, b)
+	held, err := t.heldOutLoss(ctx, run, b)
 	if err != nil {
 		return nil, err
 	}
-	text, err := t.generate(ctx, g, rt, dev, rng)
+	text, err := t.generate(ctx, run, rng)
 	if err != nil {
 		return nil, err
+	}
+	var pipe *PipelineReport
+	if pr, ok := run.(*ppRun); ok {
+		if pipe, err = pr.report(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if w.Rank() != 0 {
 		return nil, nil
@@ -304,7 +312,7 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 		LossFirst: tl.first, LossLast: tl.last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(tl.stepMS),
 		CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed,
 		Experts: cfg.Experts, TopK: experts(cfg, cfg.TopK), AuxCoef: experts(cfg, cfg.AuxCoef), CapacityFactor: experts(cfg, cfg.CapacityFactor),
-		AuxLossLast: tl.aux, BalanceLast: tl.balance, RingBytesPerStep: tl.ringBytes, CPAttention: tl.cpAttention}, nil
+		AuxLossLast: tl.aux, BalanceLast: tl.balance, RingBytesPerStep: tl.ringBytes, CPAttention: tl.cpAttention, Pipeline: pipe}, nil
 }
 
 // loadCheckpoint loads the checkpoint into g (its parameters alone with
@@ -369,7 +377,7 @@ func experts[T int | float64](cfg models.GPTConfig, v T) T {
 // resumed run first draws the batches it skips, so the batches are those of
 // a run from step 1), steps g, reports progress on rank 0 and saves when a
 // save is due.
-func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *models.GPT, rt linear.Runtime, tr *tracer, b gptBatch, rng *rand.Rand, sv *saves, comms *stepComms) (trainLosses, error) {
+func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *models.GPT, run gptRun, tr *tracer, b gptBatch, rng *rand.Rand, sv *saves, comms *stepComms) (trainLosses, error) {
 	cfg, c, steps := t.cfg, t.corpus, t.steps
 	var tl trainLosses
 	var profiled time.Duration // the steps after the first, with --op-profile
@@ -382,12 +390,8 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *mo
 	for s := t.startStep + 1; s <= steps; s++ {
 		comms.reset()
 		c.batch(rng, c.train, cfg.Batch, cfg.Context, b.ids.Float32(), b.targets.Float32())
-		ids, tg, err := b.upload()
-		if err != nil {
-			return tl, err
-		}
 		start := time.Now()
-		loss, err := g.Step(ctx, rt, ids, tg)
+		loss, err := run.step(ctx, b)
 		if err != nil {
 			return tl, err
 		}
@@ -420,17 +424,13 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *mo
 
 // heldOutLoss is the mean loss over t.heldOut batches of held-out text: the
 // same windows on every rank.
-func (t *gptTask) heldOutLoss(ctx context.Context, g *models.GPT, rt linear.Runtime, b gptBatch) (float64, error) {
+func (t *gptTask) heldOutLoss(ctx context.Context, run gptRun, b gptBatch) (float64, error) {
 	cfg, c := t.cfg, t.corpus
 	vrng := rand.New(rand.NewPCG(cfg.Seed, 0x76616c))
 	var held float64
 	for i := 0; i < t.heldOut; i++ {
 		c.batch(vrng, c.valid, cfg.Batch, cfg.Context, b.ids.Float32(), b.targets.Float32())
-		ids, tg, err := b.upload()
-		if err != nil {
-			return 0, err
-		}
-		l, err := g.Loss(ctx, rt, ids, tg)
+		l, err := run.loss(ctx, b)
 		if err != nil {
 			return 0, err
 		}
@@ -441,7 +441,7 @@ func (t *gptTask) heldOutLoss(ctx context.Context, g *models.GPT, rt linear.Runt
 
 // generate samples t.sample characters after a held-out prompt, the same
 // on every rank (the distributions are gathered whole, the rng shared).
-func (t *gptTask) generate(ctx context.Context, g *models.GPT, rt linear.Runtime, dev tensor.Memory, rng *rand.Rand) (string, error) {
+func (t *gptTask) generate(ctx context.Context, run gptRun, rng *rand.Rand) (string, error) {
 	c, cfg := t.corpus, t.cfg
 	ctxIDs := slices.Clone(c.valid[:cfg.Context/2])
 	out := []byte{}
@@ -453,11 +453,7 @@ func (t *gptTask) generate(ctx context.Context, g *models.GPT, rt linear.Runtime
 		for i, id := range window {
 			host.Float32()[i] = float32(id)
 		}
-		ids, err := tensor.Upload(dev, host)
-		if err != nil {
-			return "", err
-		}
-		p, err := g.Next(ctx, rt, ids, len(window)-1, t.temp)
+		p, err := run.next(ctx, host, len(window)-1, t.temp)
 		if err != nil {
 			return "", err
 		}

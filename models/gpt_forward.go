@@ -278,21 +278,39 @@ func (g *GPT) crossEntropy(ctx context.Context, rt linear.Runtime, acts *gptActs
 // same on every rank: the row's vocabulary shards are all-gathered (under cp
 // from the cp rank that holds pos).
 func (g *GPT) Next(ctx context.Context, rt linear.Runtime, ids *tensor.Tensor, pos int, temp float64) ([]float64, error) {
+	_, p, err := g.next(ctx, rt, ids, nil, pos, temp)
+	return p, err
+}
+
+// next is Next on the model's part: from ids (first stage) or in, it
+// returns the residual stream for the next stage, or on the last stage the
+// distribution.
+func (g *GPT) next(ctx context.Context, rt linear.Runtime, ids, in *tensor.Tensor, pos int, temp float64) (*tensor.Tensor, []float64, error) {
 	c := g.Cfg
 	if pos < 0 || pos >= c.Context {
-		return nil, fmt.Errorf("%w: gpt: position %d outside the context of %d", linear.ErrConfig, pos, c.Context)
+		return nil, nil, fmt.Errorf("%w: gpt: position %d outside the context of %d", linear.ErrConfig, pos, c.Context)
 	}
 	zeros, err := g.get(rt, "next.targets", c.localTokens())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if ids, err = g.localRows(rt, "next.ids", ids); err != nil {
-		return nil, err
+	if ids != nil {
+		if ids, err = g.localRows(rt, "next.ids", ids); err != nil {
+			return nil, nil, err
+		}
 	}
-	_, acts, err := g.forward(ctx, rt, ids, zeros)
-	if err != nil {
-		return nil, err
+	_, out, acts, err := g.forwardPart(ctx, rt, ids, zeros, in)
+	if err != nil || out != nil {
+		return out, nil, err
 	}
+	p, err := g.distribution(ctx, rt, acts, pos, temp)
+	return nil, p, err
+}
+
+// distribution is Next's distribution from the forward that made acts.
+func (g *GPT) distribution(ctx context.Context, rt linear.Runtime, acts *gptActs, pos int, temp float64) ([]float64, error) {
+	c := g.Cfg
+	var err error
 	vl := acts.logits.Dim(1)
 	row, err := g.act(rt, "next.row", 1, vl)
 	if err != nil {

@@ -25,7 +25,7 @@ import (
 // the micro-batch's scratch back.
 type GPTStage struct {
 	g        *GPT
-	rt       linear.Runtime
+	rt       *linear.Runtime // read at each call: its Record may change between steps
 	layers   []*linear.Layer
 	home     stageSlot // the scratches the model had before the step
 	free     []*stageSlot
@@ -36,6 +36,16 @@ type GPTStage struct {
 	loss     float64
 	started  bool // a backward that writes the model's own gradients has run this step
 	split    bool
+	// next: Evaluate on the last stage computes Next's distribution at
+	// next.pos into probs instead of the loss.
+	next  *nextAt
+	probs []float64
+}
+
+// nextAt is a sampling Evaluate's position and temperature.
+type nextAt struct {
+	pos  int
+	temp float64
 }
 
 // SetSplit splits each micro-batch's backward: the input gradients in
@@ -55,8 +65,9 @@ type microBatch struct {
 	acts *gptActs
 }
 
-// Stage returns the model's part as a pipeline stage computing on rt.
-func (g *GPT) Stage(rt linear.Runtime) *GPTStage {
+// Stage returns the model's part as a pipeline stage computing on *rt (as
+// it is at each call).
+func (g *GPT) Stage(rt *linear.Runtime) *GPTStage {
 	s := &GPTStage{g: g, rt: rt, inflight: map[int]*microBatch{}}
 	for _, b := range g.blocks {
 		s.layers = append(s.layers, b.qkv, b.proj, b.up, b.down)
@@ -86,6 +97,62 @@ func (s *GPTStage) Begin(ids, targets []*tensor.Tensor) error {
 	s.use(&s.home)
 	return nil
 }
+
+// SetBatch sets the micro-batches Evaluate reads (as Begin's), its loss
+// to 0, and with next its sampling position and temperature (Next's: the
+// last stage's Evaluate computes the distribution at pos of the first
+// sequence, Probs); without, the loss (Loss).
+func (s *GPTStage) SetBatch(ids, targets []*tensor.Tensor, next bool, pos int, temp float64) error {
+	if len(ids) != len(targets) || len(ids) == 0 {
+		return fmt.Errorf("%w: gpt stage: %d micro-batches of ids, %d of targets", linear.ErrConfig, len(ids), len(targets))
+	}
+	s.ids, s.targets, s.loss, s.next, s.probs = ids, targets, 0, nil, nil
+	if next {
+		s.next = &nextAt{pos, temp}
+	}
+	return nil
+}
+
+// Evaluate runs micro-batch mb's forward alone (a held-out loss,
+// sampling), in a scratch given back at once: from its ids on the first
+// stage, else from in; it returns the residual stream for the next stage,
+// and on the last stage adds the micro-batch's loss (or computes the
+// distribution, SetBatch).
+func (s *GPTStage) Evaluate(ctx context.Context, mb int, in *tensor.Tensor) (*tensor.Tensor, error) {
+	if mb < 0 || mb >= len(s.targets) {
+		return nil, fmt.Errorf("%w: gpt stage: evaluating micro-batch %d of %d", linear.ErrConfig, mb, len(s.targets))
+	}
+	if s.home.layers == nil {
+		s.home = stageSlot{model: s.g.bufs}
+		for _, l := range s.layers {
+			s.home.layers = append(s.home.layers, l.SetScratch(nil))
+		}
+	}
+	sl := s.take()
+	s.use(sl)
+	defer func() {
+		s.free = append(s.free, sl)
+		s.use(&s.home)
+	}()
+	if s.next != nil {
+		out, p, err := s.g.next(ctx, *s.rt, s.ids[mb], in, s.next.pos, s.next.temp)
+		s.probs = p
+		if err != nil {
+			return nil, err
+		}
+		return sent(out)
+	}
+	loss, out, _, err := s.g.forwardPart(ctx, *s.rt, s.ids[mb], s.targets[mb], in)
+	if err != nil {
+		return nil, err
+	}
+	s.loss += loss
+	return sent(out)
+}
+
+// Probs is the last sampling Evaluate's distribution on the last stage
+// (nil elsewhere).
+func (s *GPTStage) Probs() []float64 { return s.probs }
 
 // use points the model and its layers at sl's scratch.
 func (s *GPTStage) use(sl *stageSlot) {
@@ -128,7 +195,7 @@ func (s *GPTStage) Forward(ctx context.Context, mb int, in *tensor.Tensor) (*ten
 	}
 	sl := s.take()
 	s.use(sl)
-	loss, out, acts, err := s.g.forwardPart(ctx, s.rt, s.ids[mb], s.targets[mb], in)
+	loss, out, acts, err := s.g.forwardPart(ctx, *s.rt, s.ids[mb], s.targets[mb], in)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +214,7 @@ func (s *GPTStage) BackwardInput(ctx context.Context, mb int, dout *tensor.Tenso
 	}
 	s.use(m.slot)
 	s.g.accum, s.g.splitB = s.started, s.split
-	din, err := s.g.backwardPart(ctx, s.rt, s.ids[mb], s.targets[mb], m.acts, dout)
+	din, err := s.g.backwardPart(ctx, *s.rt, s.ids[mb], s.targets[mb], m.acts, dout)
 	s.g.splitB = false
 	if err != nil {
 		return nil, err
@@ -168,7 +235,7 @@ func (s *GPTStage) BackwardWeight(ctx context.Context, mb int) error {
 	if s.split {
 		s.use(m.slot)
 		s.g.accum = s.started
-		if err := s.g.weightPart(ctx, s.rt, s.ids[mb], m.acts); err != nil {
+		if err := s.g.weightPart(ctx, *s.rt, s.ids[mb], m.acts); err != nil {
 			return err
 		}
 		s.started = true
@@ -194,5 +261,5 @@ func (s *GPTStage) Finish(ctx context.Context) error {
 	}
 	s.use(&s.home)
 	s.g.accum = false
-	return s.g.update(ctx, s.rt)
+	return s.g.update(ctx, *s.rt)
 }

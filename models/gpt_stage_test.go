@@ -89,7 +89,7 @@ func trainPipeline(t *testing.T, cfg models.GPTConfig, layers []int, tp, m, step
 			return err
 		}
 		rt := linear.Runtime{World: view, Kernels: k}
-		st := g.Stage(rt)
+		st := g.Stage(&rt)
 		st.SetSplit(!kind.Fused())
 		group, err := w.Group(ctx, pp)
 		if err != nil {

@@ -22,6 +22,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -322,4 +323,51 @@ func needs(a Action, s int) string {
 		return fmt.Sprintf("F%d of stage %d", a.MB, s-1)
 	}
 	return fmt.Sprintf("B%d of stage %d", a.MB, s+1)
+}
+
+// MaxStageLayers bounds a stage's layers in StageLayers' spec.
+const MaxStageLayers = 1 << 16
+
+// StageLayers splits a model of layers blocks into pp stages: as spec says
+// ("3,3,1,1": each stage's, summing to layers unless layers is 0), or
+// balanced, the last layers mod pp stages one more (the first stage holds
+// the most micro-batches at once under 1F1B); layers 0 without spec is one
+// per stage. Every stage has at least one layer. The errors name the flags
+// --pp-layers and --layers, which take these values.
+func StageLayers(layers, pp int, spec string) ([]int, error) {
+	var per []int
+	if spec != "" {
+		sum := 0
+		for _, f := range strings.Split(spec, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 || n > MaxStageLayers {
+				return nil, fmt.Errorf("--pp-layers %s: %q is not a number of layers", spec, f)
+			}
+			if n == 0 {
+				return nil, fmt.Errorf("--pp-layers %s: stage %d has no layer", spec, len(per))
+			}
+			per, sum = append(per, n), sum+n
+		}
+		if len(per) != pp {
+			return nil, fmt.Errorf("--pp-layers %s: %d stages, want pp = %d", spec, len(per), pp)
+		}
+		if layers != 0 && sum != layers {
+			return nil, fmt.Errorf("--pp-layers %s: %d layers, want --layers %d", spec, sum, layers)
+		}
+		return per, nil
+	}
+	if layers == 0 {
+		layers = pp
+	}
+	if layers < pp {
+		return nil, fmt.Errorf("--layers %d on pp=%d: a stage would have no layer", layers, pp)
+	}
+	for s := 0; s < pp; s++ {
+		n := layers / pp
+		if s >= pp-layers%pp {
+			n++
+		}
+		per = append(per, n)
+	}
+	return per, nil
 }

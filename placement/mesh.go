@@ -312,3 +312,26 @@ func (m Mesh) Groups(dims ...int) [][]int {
 	}
 	return out
 }
+
+// SplitDim splits mesh into the size of its dim named name and the mesh of
+// the other dims, in order (a mesh of that dim alone leaves one rank, named
+// tp). ok is false when mesh has no such dim. A pipeline's mesh pp=P,tp=N
+// is P stages of the mesh tp=N.
+func SplitDim(mesh Mesh, name string) (size int, rest Mesh, ok bool, err error) {
+	i, err := mesh.DimIndex(name)
+	if err != nil || mesh.Names() == nil {
+		return 0, mesh, false, nil
+	}
+	var shape []int
+	var names []string
+	for d := 0; d < mesh.NDim(); d++ {
+		if d != i {
+			shape, names = append(shape, mesh.Dim(d)), append(names, mesh.DimName(d))
+		}
+	}
+	if shape == nil {
+		shape, names = []int{1}, []string{"tp"}
+	}
+	rest, err = NewMesh(shape, names)
+	return mesh.Dim(i), rest, true, err
+}

@@ -34,26 +34,10 @@ type PipelineOptions struct {
 // pipelineFlags are the flags only a pipeline takes.
 var pipelineFlags = []string{"schedule", "micro-batches", "layers", "pp-layers"}
 
-// stageMesh splits mesh into pp's size and the mesh of one stage (mesh
-// without pp; a mesh of pp alone leaves one rank, tp=1). ok is false when
-// mesh has no dim pp.
+// stageMesh splits mesh into pp's size and the mesh of one stage
+// (placement.SplitDim).
 func stageMesh(mesh placement.Mesh) (pp int, stage placement.Mesh, ok bool, err error) {
-	i, err := mesh.DimIndex("pp")
-	if err != nil || mesh.Names() == nil {
-		return 0, mesh, false, nil
-	}
-	var shape []int
-	var names []string
-	for d := 0; d < mesh.NDim(); d++ {
-		if d != i {
-			shape, names = append(shape, mesh.Dim(d)), append(names, mesh.DimName(d))
-		}
-	}
-	if shape == nil {
-		shape, names = []int{1}, []string{"tp"}
-	}
-	stage, err = placement.NewMesh(shape, names)
-	return mesh.Dim(i), stage, true, err
+	return placement.SplitDim(mesh, "pp")
 }
 
 // stageLayers checks the pipeline's flags for pp stages and returns each
@@ -76,44 +60,8 @@ func (o PipelineOptions) stageLayers(pp int) ([]int, pipeline.Kind, error) {
 	if o.Layers < 0 || o.Layers > maxLayers {
 		return nil, 0, fmt.Errorf("--layers %d: want 0 (one per stage) to %d", o.Layers, maxLayers)
 	}
-	var per []int
-	if o.StageLayers != "" {
-		sum := 0
-		for _, f := range strings.Split(o.StageLayers, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 0 || n > maxLayers {
-				return nil, 0, fmt.Errorf("--pp-layers %s: %q is not a number of layers", o.StageLayers, f)
-			}
-			if n == 0 {
-				return nil, 0, fmt.Errorf("--pp-layers %s: stage %d has no layer", o.StageLayers, len(per))
-			}
-			per, sum = append(per, n), sum+n
-		}
-		if len(per) != pp {
-			return nil, 0, fmt.Errorf("--pp-layers %s: %d stages, want pp = %d", o.StageLayers, len(per), pp)
-		}
-		if o.Layers != 0 && sum != o.Layers {
-			return nil, 0, fmt.Errorf("--pp-layers %s: %d layers, want --layers %d", o.StageLayers, sum, o.Layers)
-		}
-		return per, kind, nil
-	}
-	layers := o.Layers
-	if layers == 0 {
-		layers = pp
-	}
-	if layers < pp {
-		return nil, 0, fmt.Errorf("--layers %d on pp=%d: a stage would have no layer", layers, pp)
-	}
-	// Balanced; the last layers mod pp stages take one more (stage 0 holds
-	// the most micro-batches at once under 1F1B).
-	for s := 0; s < pp; s++ {
-		n := layers / pp
-		if s >= pp-layers%pp {
-			n++
-		}
-		per = append(per, n)
-	}
-	return per, kind, nil
+	per, err := pipeline.StageLayers(o.Layers, pp, o.StageLayers)
+	return per, kind, err
 }
 
 // layerCosts are one layer's modelled times of one micro-batch, in seconds:

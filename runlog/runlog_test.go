@@ -318,3 +318,35 @@ func TestLogsOnFullDisk(t *testing.T) {
 		t.Errorf("dropped %d log entries, want >= 5000", got)
 	}
 }
+
+// TestRecord: spans recorded after the fact land on their own rows
+// (thread 1000 + lane) with the times given, beside an open span's row.
+func TestRecord(t *testing.T) {
+	dir := t.TempDir()
+	r := open(t, dir, nil, nil)
+	sp := r.Span("step", "train")
+	t0 := time.Now()
+	r.Record("F0", "pipeline", 0, t0, t0.Add(3*time.Millisecond), Arg{"stage", "1"})
+	r.Record("send F0", "pipeline", 1, t0.Add(3*time.Millisecond), t0.Add(4*time.Millisecond))
+	r.Record("refused", "pipeline", -1, t0, t0)
+	sp.End()
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][3]float64{}
+	for _, e := range readTrace(t, filepath.Join(dir, TraceFile)) {
+		if e["ph"] == "X" {
+			got[e["name"].(string)] = [3]float64{e["tid"].(float64), e["ts"].(float64), e["dur"].(float64)}
+		}
+	}
+	base := float64(t0.UnixMicro())
+	if f := got["F0"]; f[0] != 1000 || f[1] != base || f[2] != 3000 {
+		t.Errorf("F0: tid, ts, dur %v, want 1000, %v, 3000", f, base)
+	}
+	if f := got["send F0"]; f[0] != 1001 || f[1] != base+3000 || f[2] != 1000 {
+		t.Errorf("send F0: tid, ts, dur %v, want 1001, %v, 1000", f, base+3000)
+	}
+	if _, ok := got["refused"]; ok || got["step"][0] >= 1000 {
+		t.Errorf("a negative lane recorded, or the open span on a Record row: %v", got)
+	}
+}

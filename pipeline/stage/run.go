@@ -68,12 +68,13 @@ func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][
 	defer r.cancel(nil)
 
 	start := time.Now()
-	toNext, toPrev := make(chan *tensor.Tensor, m), make(chan *tensor.Tensor, m)
+	toNext, toPrev := make(chan sending, m), make(chan sending, m)
+	r.start = start
 	r.wg.Add(4)
 	go r.receive('F', r.prev, 0, r.acts)
 	go r.receive('B', r.next, 1, r.grads)
-	go r.send(toNext, r.next, 1)
-	go r.send(toPrev, r.prev, 0)
+	go r.send(toNext, r.next, 1, s+1)
+	go r.send(toPrev, r.prev, 0, s-1)
 
 	tr := Trace{Stage: s, Kind: kind}
 	if err := r.compute(start, toNext, toPrev, &tr); err != nil {
@@ -84,6 +85,10 @@ func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][
 	r.wg.Wait()
 	tr.Total = time.Since(start)
 	tr.Sent, tr.Received = int(r.sent.Load()), int(r.received.Load())
+	r.mu.Lock()
+	tr.Sends = r.sends
+	r.mu.Unlock()
+	slices.SortFunc(tr.Sends, func(a, b Send) int { return int(a.Start - b.Start) })
 	tr.finish()
 	return tr, r.err()
 }
@@ -108,6 +113,14 @@ type runner struct {
 	grads    []chan *tensor.Tensor // per micro-batch, from stage s+1
 	sent     atomic.Int64
 	received atomic.Int64
+	start    time.Time
+	sends    []Send // under mu
+}
+
+// sending is a tensor to send and the action that made it.
+type sending struct {
+	t *tensor.Tensor
+	a pipeline.Action
 }
 
 func slots(m int) []chan *tensor.Tensor {
@@ -166,20 +179,24 @@ func (r *runner) receive(op byte, pg *collective.Group, peer int, into []chan *t
 	}
 }
 
-// send sends what q carries to the neighbour at index peer of group pg, in
-// order, until q is closed; after a failure, or without the neighbour, it
-// only drains q.
-func (r *runner) send(q <-chan *tensor.Tensor, pg *collective.Group, peer int) {
+// send sends what q carries to the neighbour at index peer of group pg
+// (stage to), in order, until q is closed, recording each send's time;
+// after a failure, or without the neighbour, it only drains q.
+func (r *runner) send(q <-chan sending, pg *collective.Group, peer, to int) {
 	defer r.wg.Done()
-	for t := range q {
+	for x := range q {
 		if r.ctx.Err() != nil || pg == nil {
 			continue
 		}
-		if err := collective.Send(r.ctx, pg, t.Float32(), peer); err != nil {
+		begin := time.Since(r.start)
+		if err := collective.Send(r.ctx, pg, x.t.Float32(), peer); err != nil {
 			r.fail(err)
 			continue
 		}
 		r.sent.Add(1)
+		r.mu.Lock()
+		r.sends = append(r.sends, Send{Action: x.a, To: to, Start: begin, End: time.Since(r.start)})
+		r.mu.Unlock()
 	}
 }
 
@@ -194,10 +211,10 @@ func (r *runner) input(from []chan *tensor.Tensor, mb int) (*tensor.Tensor, erro
 }
 
 // compute runs the stage's actions in order, queueing the sends.
-func (r *runner) compute(start time.Time, toNext, toPrev chan<- *tensor.Tensor, tr *Trace) error {
+func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Trace) error {
 	first, last := r.s == 0, r.s+1 == r.p
 	held := 0
-	pending := map[int]*tensor.Tensor{} // fused: gradients sent after their W
+	pending := map[int]sending{} // fused: gradients sent after their W
 	for _, a := range r.order {
 		if r.ctx.Err() != nil {
 			return context.Cause(r.ctx)
@@ -225,7 +242,7 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- *tensor.Tensor, 
 				if err := r.check(out, a); err != nil {
 					return err
 				}
-				toNext <- out
+				toNext <- sending{out, a}
 			}
 			held++
 			tr.Peak = max(tr.Peak, held)
@@ -239,9 +256,9 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- *tensor.Tensor, 
 					return err
 				}
 				if r.fused {
-					pending[a.MB] = out
+					pending[a.MB] = sending{out, a}
 				} else {
-					toPrev <- out
+					toPrev <- sending{out, a}
 				}
 			}
 		case 'W':

@@ -70,8 +70,21 @@ type Trace struct {
 	// Peak is the most micro-batches whose activations the stage held at
 	// once: each from the end of its F to the end of its W.
 	Peak int
-	// Sent and Received count the messages to and from the neighbours.
+	// Sent and Received count the messages to and from the neighbours;
+	// Sends are the sends as they ran, in the order they began.
 	Sent, Received int
+	Sends          []Send
+}
+
+// Send is one send to a neighbour as it ran: the action whose result it
+// carried (an F's activation to stage s+1, a B's gradient to s−1), the
+// stage it went to, and when it began and ended, from Run's start (a send
+// ends when the transport took it: on a transport that holds a send until
+// it is received, when the neighbour received it).
+type Send struct {
+	pipeline.Action
+	To         int
+	Start, End time.Duration
 }
 
 // Actions is the order the events ran in.

@@ -321,6 +321,20 @@ func TestSchedulesMatchReference(t *testing.T) {
 				if r.tr.Sent != wantMsgs || r.tr.Received != wantMsgs {
 					t.Errorf("%s stage %d: sent %d, received %d; want %d each", name, s, r.tr.Sent, r.tr.Received, wantMsgs)
 				}
+				// Each send recorded: an F's activation forward, a B's
+				// gradient back, after the action that made it ended.
+				ends := map[pipeline.Action]time.Duration{}
+				for _, e := range r.tr.Events {
+					ends[e.Action] = e.End
+				}
+				if len(r.tr.Sends) != r.tr.Sent {
+					t.Errorf("%s stage %d: %d sends recorded, %d sent", name, s, len(r.tr.Sends), r.tr.Sent)
+				}
+				for _, x := range r.tr.Sends {
+					if to := map[byte]int{'F': s + 1, 'B': s - 1}[x.Op]; x.To != to || x.Start < ends[x.Action] || x.End < x.Start {
+						t.Errorf("%s stage %d: send %+v (its action ended at %v)", name, s, x, ends[x.Action])
+					}
+				}
 			}
 			for mb := 0; mb < m; mb++ {
 				if e := relErr(res[0].st.dx[mb], tm.dx[mb]); e > 1e-5 {

@@ -1,0 +1,310 @@
+package job
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/models"
+	"github.com/meshrun/meshrun/pipeline"
+	"github.com/meshrun/meshrun/pipeline/stage"
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/runlog"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// pipeFlags are worker gpt's pipeline flags.
+type pipeFlags struct {
+	microBatches int
+	schedule     string
+	layers       string
+}
+
+func (f *pipeFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.microBatches, "micro-batches", 0, "with pp: split each step's batch into `M` micro-batches, the gradients accumulated over them (0: 2·pp; --batch a multiple of M)")
+	fs.StringVar(&f.schedule, "schedule", "1f1b", "with pp: the pipeline `SCHEDULE`, gpipe, 1f1b or zb (ZB-H1: the weight gradients deferred into the bubbles)")
+	fs.StringVar(&f.layers, "pp-layers", "", "with pp: each stage's blocks, e.g. `3,3,2` (default: balanced, the last stages one more)")
+}
+
+// gptPipeline is a GPT split into pipeline stages over the mesh dim pp
+// (first): each stage holds its blocks on a mesh of its own (the mesh
+// without pp), the embeddings on the first, the final layer norm, the head
+// and the loss on the last; a step runs m micro-batches on the schedule.
+type gptPipeline struct {
+	pp, m  int
+	layers []int
+	kind   pipeline.Kind
+	sched  [][]pipeline.Action
+	stage  placement.Mesh
+}
+
+// pipelineOf checks the pipeline flags against mesh and cfg (cfg.Mesh is
+// the whole mesh, Batch the step's) and returns the pipeline, nil when mesh
+// has no dim pp (then the flags must keep their defaults).
+func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags, cf ckptFlags, device tensor.DeviceKind) (*gptPipeline, error) {
+	pp, stageMesh, ok, err := placement.SplitDim(mesh, "pp")
+	if err != nil {
+		return nil, fmt.Errorf("--mesh %s: %w", mesh, err)
+	}
+	if !ok {
+		if f.microBatches != 0 || f.layers != "" || f.schedule != "1f1b" {
+			return nil, fmt.Errorf("--micro-batches, --schedule and --pp-layers need a mesh dim pp (e.g. --mesh pp=2,tp=2)")
+		}
+		return nil, nil
+	}
+	if i, _ := mesh.DimIndex("pp"); i != 0 {
+		return nil, fmt.Errorf("--mesh %s: pp must be the first dim (pp=P or pp=P,tp=N)", mesh)
+	}
+	if names := stageMesh.Names(); len(names) != 1 || names[0] != "tp" {
+		return nil, fmt.Errorf("--mesh %s: with pp, pp=P or pp=P,tp=N: pipeline stages combine with tp only, so far", mesh)
+	}
+	switch {
+	case cfg.Experts != 0 || cfg.SequenceParallel:
+		return nil, fmt.Errorf("--mesh %s: pipeline stages do not combine with --experts or --sequence-parallel, so far", mesh)
+	case cfg.Compute() != tensor.Float32:
+		return nil, fmt.Errorf("--mesh %s: pipeline stages compute in float32 only, so far (--dtype %v)", mesh, cfg.Compute())
+	case device != tensor.CPU:
+		return nil, fmt.Errorf("--mesh %s: pipeline stages pass host tensors: --device cpu only, so far (not %v)", mesh, device)
+	case cf.save != "" || cf.resume != "" || cf.init != "":
+		return nil, fmt.Errorf("--mesh %s: pipeline stages do not save or load checkpoints yet (--save, --resume, --init)", mesh)
+	}
+	p := &gptPipeline{pp: pp, m: f.microBatches, stage: stageMesh}
+	if p.m == 0 {
+		p.m = 2 * pp
+	}
+	if p.m < 1 || p.m > cfg.Batch || cfg.Batch%p.m != 0 {
+		return nil, fmt.Errorf("--micro-batches %d: want 1 to --batch %d, dividing it (each micro-batch whole sequences)", p.m, cfg.Batch)
+	}
+	if p.kind, err = pipeline.ParseSchedule(f.schedule); err != nil {
+		return nil, fmt.Errorf("--schedule %q: want gpipe, 1f1b or zb", f.schedule)
+	}
+	if p.layers, err = pipeline.StageLayers(cfg.Layers, pp, f.layers); err != nil {
+		return nil, err
+	}
+	if cfg.Layers == 0 {
+		return nil, fmt.Errorf("--layers 0 on pp=%d: a stage would have no layer", pp)
+	}
+	if p.sched, err = pipeline.Schedule(p.kind, pp, p.m); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// part is stage s's share of the model: its config (the stage's mesh, a
+// micro-batch's sequences, the step's tokens for the loss) with its blocks.
+func (p *gptPipeline) part(cfg models.GPTConfig, s int) models.GPTConfig {
+	lo := 0
+	for q := range s {
+		lo += p.layers[q]
+	}
+	c := cfg
+	c.Mesh, c.Batch, c.LossTokens = p.stage, cfg.Batch/p.m, cfg.Tokens()
+	c.Part = &models.GPTPart{Lo: lo, Hi: lo + p.layers[s], First: s == 0, Last: s == p.pp-1}
+	return c
+}
+
+// model builds world rank w's stage: its part of the model on a view of
+// the stage's ranks, and the run that drives it.
+func (p *gptPipeline) model(ctx context.Context, cfg models.GPTConfig, w *collective.World, dev *kernels.Dispatcher, tr *tracer) (*models.GPT, gptRun, *linear.Runtime, error) {
+	inner := p.stage.Size()
+	s, local := w.Rank()/inner, w.Rank()%inner
+	var mine, along []int
+	for r := range inner {
+		mine = append(mine, s*inner+r)
+	}
+	for q := range p.pp {
+		along = append(along, q*inner+local)
+	}
+	view, err := w.View(mine)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	c := p.part(cfg, s)
+	g, err := models.NewGPT(c, local, dev)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r := &ppRun{p: p, cfg: c, s: s, local: local, dev: dev, g: g, rt: tr.runtime(view, dev), run: tr.run}
+	if r.group, err = w.Group(ctx, along); err != nil {
+		return nil, nil, nil, err
+	}
+	if r.all, err = w.WorldGroup(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	return g, r, &r.rt, nil
+}
+
+// ppRun is one rank's stage of a pipelined GPT.
+type ppRun struct {
+	p        *gptPipeline
+	cfg      models.GPTConfig // the stage's part
+	s, local int
+	dev      *kernels.Dispatcher
+	g        *models.GPT
+	rt       linear.Runtime // as the caller sets it before the first step
+	st       *models.GPTStage
+	group    *collective.Group // the pp group: this rank's peers at the other stages
+	all      *collective.Group // the world
+	trace    stage.Trace       // the last step's
+	run      *runlog.Rank
+}
+
+// PipelineReport is the pipeline of a GPT run (--mesh pp=...): its shape
+// and, measured on the last training step, each stage's bubble (its idle
+// share of the step: waiting for its neighbours, at the start and at the
+// end) and the most micro-batches whose activations it held at once.
+type PipelineReport struct {
+	PP           int    `json:"pp"`
+	Schedule     string `json:"schedule"`
+	MicroBatches int    `json:"micro_batches"`
+	StageLayers  []int  `json:"stage_layers"`
+	// BubbleModel is (p−1)/(m+p−1), 1F1B's and GPipe's bubble with equal
+	// stages and a backward twice the forward.
+	BubbleModel     float64   `json:"bubble_model"`
+	Bubble          []float64 `json:"bubble"`
+	PeakActivations []int     `json:"peak_activations"`
+}
+
+// report gathers the last step's measurements of every stage (a
+// collective: every rank calls it).
+func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
+	p := r.p
+	v := make([]float64, 2*p.pp)
+	v[r.s], v[p.pp+r.s] = r.trace.Bubble, float64(r.trace.Peak)
+	all, err := r.shared(ctx, v, r.local == 0)
+	if err != nil {
+		return nil, err
+	}
+	rep := &PipelineReport{PP: p.pp, Schedule: p.kind.String(), MicroBatches: p.m, StageLayers: p.layers,
+		BubbleModel: float64(p.pp-1) / float64(p.m+p.pp-1)}
+	for s := range p.pp {
+		rep.Bubble = append(rep.Bubble, all[s])
+		rep.PeakActivations = append(rep.PeakActivations, int(all[p.pp+s]))
+	}
+	return rep, nil
+}
+
+// record writes the step's trace into the rank's trace.json: the stage's
+// forwards and backwards on one row, its sends on another; t0 is when Run
+// began.
+func (r *ppRun) record(t0 time.Time, tr stage.Trace) {
+	stageArg := runlog.Arg{Key: "stage", Value: strconv.Itoa(r.s)}
+	for _, e := range tr.Events {
+		r.run.Record(e.Action.String(), "pipeline", 0, t0.Add(e.Start), t0.Add(e.End), stageArg,
+			runlog.Arg{Key: "waited", Value: e.Wait.String()})
+	}
+	for _, x := range tr.Sends {
+		r.run.Record(fmt.Sprintf("send %v to stage %d", x.Action, x.To), "pipeline", 1, t0.Add(x.Start), t0.Add(x.End), stageArg)
+	}
+}
+
+// stage is the model's stage, made on first use, on r.rt as the caller
+// sets it (its Record).
+func (r *ppRun) stage() *models.GPTStage {
+	if r.st == nil {
+		r.st = r.g.Stage(&r.rt)
+		r.st.SetSplit(!r.p.kind.Fused())
+	}
+	return r.st
+}
+
+// shape is a micro-batch's activation (and gradient) between stages.
+func (r *ppRun) shape(int) []int { return []int{r.cfg.Tokens(), r.cfg.Dim} }
+
+// micro uploads micro-batches of the host batch b (each cfg.Tokens() ids
+// and targets): the first m, or one.
+func (r *ppRun) micro(b gptBatch, m int) (ids, tgs []*tensor.Tensor, err error) {
+	n := r.cfg.Tokens()
+	for mb := range m {
+		for _, src := range []struct {
+			from *tensor.Tensor
+			into *[]*tensor.Tensor
+		}{{b.ids, &ids}, {b.targets, &tgs}} {
+			h, err := tensor.FromFloat32(src.from.Float32()[mb*n:(mb+1)*n], n)
+			if err != nil {
+				return nil, nil, err
+			}
+			d, err := tensor.Upload(r.dev, h)
+			if err != nil {
+				return nil, nil, err
+			}
+			*src.into = append(*src.into, d)
+		}
+	}
+	return ids, tgs, nil
+}
+
+// shared sums v over the world, each value given by one rank (this rank's
+// when mine): what one stage knows, for every rank.
+func (r *ppRun) shared(ctx context.Context, v []float64, mine bool) ([]float64, error) {
+	if !mine {
+		v = make([]float64, len(v))
+	}
+	return v, collective.AllReduce(ctx, r.all, v, collective.Sum)
+}
+
+// lastOne reports whether the rank gives the last stage's results: its
+// first rank.
+func (r *ppRun) lastOne() bool { return r.s == r.p.pp-1 && r.local == 0 }
+
+func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
+	ids, tgs, err := r.micro(b, r.p.m)
+	if err != nil {
+		return 0, err
+	}
+	if err := r.stage().Begin(ids, tgs); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	r.trace, err = stage.Run(ctx, r.group, r.p.kind, r.p.sched, r.st, r.shape)
+	r.record(t0, r.trace)
+	if err != nil {
+		return 0, err
+	}
+	loss, err := r.shared(ctx, []float64{r.st.Loss()}, r.lastOne())
+	if err != nil {
+		return 0, err
+	}
+	return loss[0], r.st.Finish(ctx)
+}
+
+func (r *ppRun) loss(ctx context.Context, b gptBatch) (float64, error) {
+	ids, tgs, err := r.micro(b, r.p.m)
+	if err != nil {
+		return 0, err
+	}
+	if err := r.stage().SetBatch(ids, tgs, false, 0, 0); err != nil {
+		return 0, err
+	}
+	if err := stage.Forward(ctx, r.group, r.p.m, r.st, r.shape); err != nil {
+		return 0, err
+	}
+	loss, err := r.shared(ctx, []float64{r.st.Loss()}, r.lastOne())
+	if err != nil {
+		return 0, err
+	}
+	return loss[0], nil
+}
+
+func (r *ppRun) next(ctx context.Context, host *tensor.Tensor, pos int, temp float64) ([]float64, error) {
+	ids, tgs, err := r.micro(gptBatch{ids: host, targets: tensor.New(tensor.Float32, host.Len())}, 1)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.stage().SetBatch(ids, tgs, true, pos, temp); err != nil {
+		return nil, err
+	}
+	if err := stage.Forward(ctx, r.group, 1, r.st, r.shape); err != nil {
+		return nil, err
+	}
+	p := r.st.Probs()
+	if !r.lastOne() {
+		p = make([]float64, r.cfg.Vocab)
+	}
+	return r.shared(ctx, p, r.lastOne())
+}

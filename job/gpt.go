@@ -92,7 +92,7 @@ type gptTask struct {
 }
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
-	t.register(fs, "device `MESH`: tp=N, tensor parallel (default tp=$WORLD_SIZE); dp=D,cp=C,tp=N or any of its dims in that order (dp=D,tp=N, cp=C,tp=N, dp=D,cp=C, dp=D, cp=C): dp splits the batch (data parallel; --batch a multiple of dp), cp each sequence in the zigzag layout (ring attention; --context a multiple of 2·cp); with --experts also ep=E,tp=N, the experts split over ep and the batch too (data parallel)")
+	t.register(fs, "device `MESH`: tp=N, tensor parallel (default tp=$WORLD_SIZE); dp=D,cp=C,tp=N or any of its dims in that order (dp=D,tp=N, cp=C,tp=N, dp=D,cp=C, dp=D, cp=C): dp splits the batch (data parallel; --batch a multiple of dp), cp each sequence in the zigzag layout (ring attention; --context a multiple of 2·cp); with --experts also ep=E,tp=N, the experts split over ep and the batch too (data parallel); pp=P or pp=P,tp=N splits the blocks into P pipeline stages (--micro-batches, --schedule, --pp-layers)")
 	fs.BoolVar(&t.cfg.SequenceParallel, "sequence-parallel", false, "split tokens over tp outside the linear layers (Megatron's sequence parallelism)")
 	fs.IntVar(&t.cfg.Layers, "layers", 2, "transformer blocks")
 	fs.IntVar(&t.cfg.Heads, "heads", 4, "attention heads (a multiple of tp)")

@@ -26,7 +26,7 @@ type pipeFlags struct {
 }
 
 func (f *pipeFlags) register(fs *flag.FlagSet) {
-	fs.IntVar(&f.microBatches, "micro-batches", 0, "with pp: split each step's batch into `M` micro-batches, the gradients accumulated over them (0: 2·pp; --batch a multiple of M)")
+	fs.IntVar(&f.microBatches, "micro-batches", 0, "with pp: split each step's batch into `M` micro-batches, the gradients accumulated over them (0: 2·pp, or the largest divisor of --batch below; --batch a multiple of M)")
 	fs.StringVar(&f.schedule, "schedule", "1f1b", "with pp: the pipeline `SCHEDULE`, gpipe, 1f1b or zb (ZB-H1: the weight gradients deferred into the bubbles)")
 	fs.StringVar(&f.layers, "pp-layers", "", "with pp: each stage's blocks, e.g. `3,3,2` (default: balanced, the last stages one more)")
 }
@@ -74,20 +74,22 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags, cf ckptF
 		return nil, fmt.Errorf("--mesh %s: pipeline stages do not save or load checkpoints yet (--save, --resume, --init)", mesh)
 	}
 	p := &gptPipeline{pp: pp, m: f.microBatches, stage: stageMesh}
-	if p.m == 0 {
-		p.m = 2 * pp
-	}
-	if p.m < 1 || p.m > cfg.Batch || cfg.Batch%p.m != 0 {
-		return nil, fmt.Errorf("--micro-batches %d: want 1 to --batch %d, dividing it (each micro-batch whole sequences)", p.m, cfg.Batch)
-	}
 	if p.kind, err = pipeline.ParseSchedule(f.schedule); err != nil {
 		return nil, fmt.Errorf("--schedule %q: want gpipe, 1f1b or zb", f.schedule)
+	}
+	if cfg.Layers == 0 {
+		return nil, fmt.Errorf("--layers 0 on pp=%d: a stage would have no layer", pp)
 	}
 	if p.layers, err = pipeline.StageLayers(cfg.Layers, pp, f.layers); err != nil {
 		return nil, err
 	}
-	if cfg.Layers == 0 {
-		return nil, fmt.Errorf("--layers 0 on pp=%d: a stage would have no layer", pp)
+	if p.m == 0 {
+		// 2·pp, or the largest divisor of the batch below it.
+		for p.m = min(2*pp, cfg.Batch); cfg.Batch%p.m != 0; p.m-- {
+		}
+	}
+	if p.m < 1 || p.m > cfg.Batch || cfg.Batch%p.m != 0 {
+		return nil, fmt.Errorf("--micro-batches %d: want 1 to --batch %d, dividing it (each micro-batch whole sequences)", p.m, cfg.Batch)
 	}
 	if p.sched, err = pipeline.Schedule(p.kind, pp, p.m); err != nil {
 		return nil, err

@@ -1,0 +1,90 @@
+package job
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"strings"
+	"testing"
+)
+
+// pipeReport runs worker gpt with args (a small model, 20 steps) and
+// returns its report.
+func pipeReport(t *testing.T, args ...string) GPTReport {
+	t.Helper()
+	base := []string{"gpt", "--steps", "20", "--dim", "32", "--heads", "2", "--context", "16", "--batch", "8", "--layers", "4", "--sample", "10"}
+	code, out, errs := run(t, append(base, args...)...)
+	if code != 0 {
+		t.Fatalf("%v: exit %d\n%s%s", args, code, out, errs)
+	}
+	return gptReport(t, out)
+}
+
+// TestGPTPipeline: worker gpt on pp=2, pp=4 and pp=2,tp=2, m = 4 and 8,
+// every schedule, balanced and uneven stages, follows pp=1's losses (the
+// first, the 20th, the held-out) within 1e-5 relative and samples the same
+// text; the report gives each stage's layers, bubble and peak activations.
+func TestGPTPipeline(t *testing.T) {
+	if _, err := os.Stat(DefaultCorpus); err != nil {
+		t.Skipf("no %s on this machine", DefaultCorpus)
+	}
+	ref := pipeReport(t, "--mesh", "tp=1")
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-5*math.Abs(b) }
+	for _, tc := range []struct {
+		mesh, layers string
+		want         []int
+	}{{"pp=2", "", []int{2, 2}}, {"pp=4", "", []int{1, 1, 1, 1}}, {"pp=2,tp=2", "", []int{2, 2}}, {"pp=2", "3,1", []int{3, 1}}, {"pp=3", "", []int{1, 1, 2}}} {
+		for _, m := range []string{"4", "8"} {
+			for _, sched := range []string{"gpipe", "1f1b", "zb"} {
+				args := []string{"--mesh", tc.mesh, "--micro-batches", m, "--schedule", sched}
+				if tc.layers != "" {
+					args = append(args, "--pp-layers", tc.layers)
+				}
+				name := strings.Join(args, " ")
+				r := pipeReport(t, args...)
+				if !near(r.LossFirst, ref.LossFirst) || !near(r.LossLast, ref.LossLast) || !near(r.HeldOutLoss, ref.HeldOutLoss) || r.Sample != ref.Sample {
+					t.Errorf("%s: losses %.7f, %.7f, held-out %.7f, sample %q; pp=1: %.7f, %.7f, %.7f, %q", name,
+						r.LossFirst, r.LossLast, r.HeldOutLoss, r.Sample, ref.LossFirst, ref.LossLast, ref.HeldOutLoss, ref.Sample)
+				}
+				p := r.Pipeline
+				if p == nil || p.Schedule != sched || fmt.Sprint(p.MicroBatches) != m || fmt.Sprint(p.StageLayers) != fmt.Sprint(tc.want) ||
+					len(p.Bubble) != p.PP || len(p.PeakActivations) != p.PP {
+					t.Fatalf("%s: report's pipeline %+v", name, p)
+				}
+				for s, b := range p.Bubble {
+					if !(b >= 0 && b < 1) || p.PeakActivations[s] < 1 {
+						t.Errorf("%s: stage %d: bubble %v, peak %d", name, s, b, p.PeakActivations[s])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestGPTPipelineRefused: what the pipeline does not take exits 2 with
+// the reason, before any rank starts.
+func TestGPTPipelineRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--mesh", "pp=2", "--micro-batches", "3"}, "--micro-batches 3: want 1 to --batch 8, dividing it"},
+		{[]string{"--mesh", "pp=2", "--schedule", "dualpipe"}, `--schedule "dualpipe": want gpipe, 1f1b or zb`},
+		{[]string{"--mesh", "pp=2", "--pp-layers", "3,3"}, "--pp-layers 3,3: 6 layers, want --layers 4"},
+		{[]string{"--mesh", "pp=2", "--pp-layers", "4,0"}, "--pp-layers 4,0: stage 1 has no layer"},
+		{[]string{"--mesh", "pp=8"}, "--layers 4 on pp=8: a stage would have no layer"},
+		{[]string{"--mesh", "tp=2,pp=2"}, "pp must be the first dim"},
+		{[]string{"--mesh", "pp=2,dp=2"}, "pipeline stages combine with tp only, so far"},
+		{[]string{"--mesh", "pp=2", "--experts", "2"}, "do not combine with --experts"},
+		{[]string{"--mesh", "pp=2", "--dtype", "bfloat16"}, "float32 only"},
+		{[]string{"--mesh", "pp=2", "--device", "sim"}, "--device cpu only"},
+		{[]string{"--mesh", "pp=2", "--save", t.TempDir()}, "do not save or load checkpoints yet"},
+		{[]string{"--micro-batches", "2"}, "need a mesh dim pp"},
+	} {
+		base := []string{"gpt", "--steps", "2", "--dim", "32", "--heads", "2", "--context", "16", "--batch", "8", "--layers", "4"}
+		code, out, errs := run(t, append(base, tc.args...)...)
+		if code != ExitUsage || !strings.Contains(errs, tc.want) || out != "" {
+			t.Errorf("%v: exit %d, stderr %q, stdout %q; want %d and %q", tc.args, code, errs, out, ExitUsage, tc.want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -153,13 +154,15 @@ type ppRun struct {
 	group    *collective.Group // the pp group: this rank's peers at the other stages
 	all      *collective.Group // the world
 	trace    stage.Trace       // the last step's
+	bubbles  []float64         // each step's measured bubble
 	run      *runlog.Rank
 }
 
 // PipelineReport is the pipeline of a GPT run (--mesh pp=...): its shape
-// and, measured on the last training step, each stage's bubble (its idle
-// share of the step: waiting for its neighbours, at the start and at the
-// end) and the most micro-batches whose activations it held at once.
+// and, measured, each stage's bubble (its idle share of a step: waiting for
+// its neighbours, at the start and at the end; the median over the steps
+// after the first) and the most micro-batches whose activations it held at
+// once.
 type PipelineReport struct {
 	PP           int    `json:"pp"`
 	Schedule     string `json:"schedule"`
@@ -177,7 +180,11 @@ type PipelineReport struct {
 func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 	p := r.p
 	v := make([]float64, 2*p.pp)
-	v[r.s], v[p.pp+r.s] = r.trace.Bubble, float64(r.trace.Peak)
+	b := slices.Clone(r.bubbles)
+	if len(b) > 1 {
+		b = b[1:] // the first step warms up
+	}
+	v[r.s], v[p.pp+r.s] = median(b), float64(r.trace.Peak)
 	all, err := r.shared(ctx, v, r.local == 0)
 	if err != nil {
 		return nil, err
@@ -265,6 +272,7 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 	t0 := time.Now()
 	r.trace, err = stage.Run(ctx, r.group, r.p.kind, r.p.sched, r.st, r.shape)
 	r.record(t0, r.trace)
+	r.bubbles = append(r.bubbles, r.trace.Bubble)
 	if err != nil {
 		return 0, err
 	}

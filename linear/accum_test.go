@@ -77,7 +77,7 @@ func accumulation(t *testing.T, split bool) {
 			}
 			var dx *tensor.Tensor
 			if split {
-				dx, err = l.BackwardInput(ctx, rt, dy, saved)
+				dx, err = l.BackwardInput(ctx, rt, dy, saved, i == 0) // the first kept as it is, the second copied
 				saves = append(saves, saved)
 			} else {
 				dx, err = l.Backward(ctx, rt, dy, saved)

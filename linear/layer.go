@@ -364,14 +364,19 @@ func (l *Layer) Backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 }
 
 // BackwardInput is the first half of Backward: dx alone (nil when not
-// needed). It keeps a copy of dy, in the layer's scratch, for
-// BackwardWeight with the same Saved, which must follow before the
-// scratch's next BackwardInput: a pipeline schedule defers the weight
-// gradients into its bubbles (ZB-H1).
-func (l *Layer) BackwardInput(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *Saved) (*tensor.Tensor, error) {
+// needed). It keeps dy for BackwardWeight with the same Saved, which must
+// follow before the scratch's next BackwardInput (a pipeline schedule
+// defers the weight gradients into its bubbles, ZB-H1): dy itself when
+// stable (the caller leaves it unchanged until then), else a copy in the
+// layer's scratch.
+func (l *Layer) BackwardInput(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *Saved, stable bool) (*tensor.Tensor, error) {
 	dx, err := l.backward(ctx, rt, dy, s, backwardInput)
 	if err != nil || !(l.Grads.W || l.Grads.B) {
 		return dx, err
+	}
+	if stable {
+		s.dy = dy
+		return dx, nil
 	}
 	s.dy, err = l.bufs.CopyOf("kept-dy", dy)
 	return dx, err

@@ -42,7 +42,7 @@ func (g *GPT) backwardPart(ctx context.Context, rt linear.Runtime, ids, targets 
 		}); err != nil {
 			return nil, err
 		}
-		dhf, err := g.linearBackward(ctx, rt, g.head, dl, acts.headS)
+		dhf, err := g.linearBackward(ctx, rt, g.head, dl, acts.headS, true)
 		if err != nil {
 			return nil, err
 		}
@@ -71,10 +71,12 @@ func (g *GPT) backwardPart(ctx context.Context, rt linear.Runtime, ids, targets 
 }
 
 // linearBackward is l's backward from dy: whole, or with g.splitB its
-// input gradient alone (weightPart adds the weight gradients).
-func (g *GPT) linearBackward(ctx context.Context, rt linear.Runtime, l *linear.Layer, dy *tensor.Tensor, s *linear.Saved) (*tensor.Tensor, error) {
+// input gradient alone (weightPart adds the weight gradients; stable: dy
+// stays as it is until then, else the layer keeps a copy: the residual
+// stream's gradient changes in place).
+func (g *GPT) linearBackward(ctx context.Context, rt linear.Runtime, l *linear.Layer, dy *tensor.Tensor, s *linear.Saved, stable bool) (*tensor.Tensor, error) {
 	if g.splitB {
-		return l.BackwardInput(ctx, rt, dy, s)
+		return l.BackwardInput(ctx, rt, dy, s, stable)
 	}
 	return l.Backward(ctx, rt, dy, s)
 }
@@ -152,7 +154,7 @@ func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, j int, a *bl
 	if err := rt.Kernels.Axpy(1, tmp, dx); err != nil {
 		return err
 	}
-	do, err := g.linearBackward(ctx, rt, b.proj, dx, a.projS)
+	do, err := g.linearBackward(ctx, rt, b.proj, dx, a.projS, false)
 	if err != nil {
 		return err
 	}
@@ -176,7 +178,7 @@ func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, j int, a *bl
 	if err != nil {
 		return err
 	}
-	dh1, err := g.linearBackward(ctx, rt, b.qkv, flat, a.qkvS)
+	dh1, err := g.linearBackward(ctx, rt, b.qkv, flat, a.qkvS, true)
 	if err != nil {
 		return err
 	}
@@ -194,7 +196,7 @@ func (g *GPT) mlpBackward(ctx context.Context, rt linear.Runtime, i int, b *gptB
 	if b.moe != nil {
 		return b.moe.Backward(ctx, rt.World, dx)
 	}
-	dg, err := g.linearBackward(ctx, rt, b.down, dx, a.downS)
+	dg, err := g.linearBackward(ctx, rt, b.down, dx, a.downS, false)
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +207,7 @@ func (g *GPT) mlpBackward(ctx context.Context, rt linear.Runtime, i int, b *gptB
 	if err := rt.Op("gelu_backward", func() error { return rt.Kernels.GeluBackward(du, dg, a.u) }); err != nil {
 		return nil, err
 	}
-	return g.linearBackward(ctx, rt, b.up, du, a.upS)
+	return g.linearBackward(ctx, rt, b.up, du, a.upS, true)
 }
 
 // embeddingBackward writes the embeddings' gradients from dx, the gradient

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -243,6 +244,7 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 					return err
 				}
 				toNext <- sending{out, a}
+				runtime.Gosched() // the sender posts it now, not after the next action (one core: GOMAXPROCS=1)
 			}
 			held++
 			tr.Peak = max(tr.Peak, held)
@@ -259,6 +261,7 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 					pending[a.MB] = sending{out, a}
 				} else {
 					toPrev <- sending{out, a}
+					runtime.Gosched()
 				}
 			}
 		case 'W':
@@ -267,6 +270,7 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 			}
 			if out, ok := pending[a.MB]; ok {
 				toPrev <- out
+				runtime.Gosched()
 				delete(pending, a.MB)
 			}
 			held--

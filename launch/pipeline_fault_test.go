@@ -1,0 +1,54 @@
+package launch
+
+import (
+	"context"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestPipelineStageFaults: a GPT pipeline stage (pp=3) that dies, or hangs,
+// is the job's root cause, named as for collectives; its neighbours, which
+// wait on it, are torn down as victims, and the launcher ends in time.
+func TestPipelineStageFaults(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sig  syscall.Signal
+		want *regexp.Regexp
+	}{
+		{"dies", syscall.SIGKILL, regexp.MustCompile(`root cause rank 1 \(node 0, pid \d+\) was killed by SIGKILL .*; 2 other ranks torn down`)},
+		{"hangs", syscall.SIGSTOP, regexp.MustCompile(`hang: root cause rank 1 \(node 0, pid \d+\) stopped answering its peers .*its process was T \(stopped\); 2 other ranks torn down`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logDir := t.TempDir()
+			var out, errb syncBuffer
+			res := make(chan int, 1)
+			id := "pp-" + tc.name
+			go func() {
+				res <- Main(context.Background(), []string{"run", "--worker", worker(), "--log-dir", logDir, "--job-id", id, "--grace", "1s",
+					"--hang-after", "2s", "-n", "3", "gpt", "--mesh", "pp=3", "--layers", "3", "--dim", "32", "--heads", "2", "--context", "16",
+					"--batch", "6", "--steps", "100000", "--sample", "0"}, &out, &errb)
+			}()
+			rec := waitJobRecord(t, filepath.Join(logDir, id))
+			waitFor(t, 60*time.Second, "the pipeline's third step", func() bool { return strings.Contains(out.String(), "step 3/") })
+			if err := syscall.Kill(rec.Ranks[1].PID, tc.sig); err != nil {
+				t.Fatal(err)
+			}
+			defer syscall.Kill(rec.Ranks[1].PID, syscall.SIGKILL)
+			select {
+			case code := <-res:
+				if code == 0 {
+					t.Fatalf("the job survived stage 1's fault:\n%s", errb.String())
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatal("the launcher did not end")
+			}
+			if last := lastLine(errb.String()); !tc.want.MatchString(last) {
+				t.Errorf("last line %q, want %s", last, tc.want)
+			}
+		})
+	}
+}

@@ -119,7 +119,7 @@ func (c ckptFlags) due(s, last int) bool {
 }
 
 // saveStep writes the checkpoint of step s (ps: what it holds) and returns how long it took.
-func (c ckptFlags) saveStep(ctx context.Context, w *collective.World, ps []linear.Param, s int) (time.Duration, error) {
+func (c ckptFlags) saveStep(ctx context.Context, w *collective.World, ps []linear.Param, s int, view *collective.World, mesh string) (time.Duration, error) {
 	fsys := ckpt.OS
 	if !c.sync {
 		fsys = ckpt.NoSync(fsys)
@@ -131,7 +131,7 @@ func (c ckptFlags) saveStep(ctx context.Context, w *collective.World, ps []linea
 		return 0, err
 	}
 	start := time.Now()
-	err := linear.SaveParams(ctx, w, ps, linear.SaveOptions{Root: c.save, Step: s, Keep: c.keep, FS: fsys})
+	err := linear.SaveParams(ctx, w, ps, linear.SaveOptions{Root: c.save, Step: s, Keep: c.keep, FS: fsys, View: view, Mesh: mesh})
 	return time.Since(start), err
 }
 
@@ -145,6 +145,10 @@ type saves struct {
 	// continue); MS is the last successful save's time.
 	Failed int
 	MS     float64
+	// view and mesh: a pipeline stage's view of its ranks, which its
+	// parameters' layouts are over, and the world's mesh (SaveOptions).
+	view *collective.World
+	mesh string
 }
 
 // step saves step s of last if it is due. A failed save is the error that
@@ -156,7 +160,7 @@ func (sv *saves) step(ctx context.Context, w *collective.World, ps []linear.Para
 	if !sv.cf.due(s, last) {
 		return nil
 	}
-	d, err := sv.cf.saveStep(ctx, w, ps, s)
+	d, err := sv.cf.saveStep(ctx, w, ps, s, sv.view, sv.mesh)
 	var se *ckpt.SaveError
 	switch {
 	case err == nil:

@@ -131,7 +131,7 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	t.cfg.Mesh, t.cfg.Vocab = t.m, len(t.corpus.chars)
-	if t.pipe, err = pipelineOf(t.m, t.cfg, t.pf, t.cf, t.rd.kind); err != nil {
+	if t.pipe, err = pipelineOf(t.m, t.cfg, t.pf, t.rd.kind); err != nil {
 		return err
 	}
 	if t.pipe != nil {
@@ -274,11 +274,14 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 		return nil, err
 	}
 	if t.ck != nil {
-		if err := t.loadCheckpoint(ctx, env, w, g); err != nil {
+		if err := t.loadCheckpoint(ctx, env, w, rt.World, g); err != nil {
 			return nil, err
 		}
 	}
 	sv := &saves{cf: t.cf, env: env, workload: "gpt"}
+	if t.pipe != nil { // each stage saves its parameters, laid out over its ranks
+		sv.view, sv.mesh = rt.World, t.m.String()
+	}
 	rt.Record = comms.record
 	b := gptBatch{dev: dev, ids: tensor.New(tensor.Float32, cfg.Tokens()), targets: tensor.New(tensor.Float32, cfg.Tokens())}
 	// Every rank draws the same batches from the same seed.
@@ -318,7 +321,7 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 // loadCheckpoint loads the checkpoint into g (its parameters alone with
 // --init, else its whole state) and sets its step, on every rank once all
 // are ready.
-func (t *gptTask) loadCheckpoint(ctx context.Context, env Env, w *collective.World, g *models.GPT) error {
+func (t *gptTask) loadCheckpoint(ctx context.Context, env Env, w, view *collective.World, g *models.GPT) error {
 	if err := waitAll(ctx, w); err != nil {
 		return err
 	}
@@ -329,7 +332,9 @@ func (t *gptTask) loadCheckpoint(ctx context.Context, env Env, w *collective.Wor
 	if t.cf.init != "" {
 		ps = g.Params()
 	}
-	if err := linear.LoadParams(ctx, w, t.ck, ps); err != nil {
+	// view: the ranks the parameters' layouts are over (a pipeline
+	// stage's; the world's without pp).
+	if err := linear.LoadParams(ctx, view, t.ck, ps); err != nil {
 		return err
 	}
 	g.SetStep(t.startStep)

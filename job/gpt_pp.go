@@ -47,7 +47,7 @@ type gptPipeline struct {
 // pipelineOf checks the pipeline flags against mesh and cfg (cfg.Mesh is
 // the whole mesh, Batch the step's) and returns the pipeline, nil when mesh
 // has no dim pp (then the flags must keep their defaults).
-func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags, cf ckptFlags, device tensor.DeviceKind) (*gptPipeline, error) {
+func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags, device tensor.DeviceKind) (*gptPipeline, error) {
 	pp, stageMesh, ok, err := placement.SplitDim(mesh, "pp")
 	if err != nil {
 		return nil, fmt.Errorf("--mesh %s: %w", mesh, err)
@@ -71,8 +71,6 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags, cf ckptF
 		return nil, fmt.Errorf("--mesh %s: pipeline stages compute in float32 only, so far (--dtype %v)", mesh, cfg.Compute())
 	case device != tensor.CPU:
 		return nil, fmt.Errorf("--mesh %s: pipeline stages pass host tensors: --device cpu only, so far (not %v)", mesh, device)
-	case cf.save != "" || cf.resume != "" || cf.init != "":
-		return nil, fmt.Errorf("--mesh %s: pipeline stages do not save or load checkpoints yet (--save, --resume, --init)", mesh)
 	}
 	p := &gptPipeline{pp: pp, m: f.microBatches, stage: stageMesh}
 	if p.kind, err = pipeline.ParseSchedule(f.schedule); err != nil {

@@ -78,13 +78,32 @@ func TestGPTPipelineRefused(t *testing.T) {
 		{[]string{"--mesh", "pp=2", "--experts", "2"}, "do not combine with --experts"},
 		{[]string{"--mesh", "pp=2", "--dtype", "bfloat16"}, "float32 only"},
 		{[]string{"--mesh", "pp=2", "--device", "sim"}, "--device cpu only"},
-		{[]string{"--mesh", "pp=2", "--save", t.TempDir()}, "do not save or load checkpoints yet"},
 		{[]string{"--micro-batches", "2"}, "need a mesh dim pp"},
 	} {
 		base := []string{"gpt", "--steps", "2", "--dim", "32", "--heads", "2", "--context", "16", "--batch", "8", "--layers", "4"}
 		code, out, errs := run(t, append(base, tc.args...)...)
 		if code != ExitUsage || !strings.Contains(errs, tc.want) || out != "" {
 			t.Errorf("%v: exit %d, stderr %q, stdout %q; want %d and %q", tc.args, code, errs, out, ExitUsage, tc.want)
+		}
+	}
+}
+
+// TestGPTPipelineResume: a checkpoint saved at pp=4 (each stage its
+// parameters and their moments) resumes at pp=2,tp=2 and at pp=1, each
+// ending on the losses of the uninterrupted pp=4 run; and a pp=1
+// checkpoint resumes at pp=2.
+func TestGPTPipelineResume(t *testing.T) {
+	if _, err := os.Stat(DefaultCorpus); err != nil {
+		t.Skipf("no %s on this machine", DefaultCorpus)
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-5*math.Abs(b) }
+	for _, tc := range []struct{ save, resume string }{{"pp=4", "pp=2,tp=2"}, {"pp=4", "tp=1"}, {"tp=1", "pp=2"}} {
+		dir := t.TempDir()
+		whole := pipeReport(t, "--mesh", tc.save, "--save", dir, "--save-every", "10")
+		got := pipeReport(t, "--mesh", tc.resume, "--resume", dir+"/step-00000010")
+		if got.FirstStep != 11 || !near(got.LossLast, whole.LossLast) || !near(got.HeldOutLoss, whole.HeldOutLoss) || got.Sample != whole.Sample {
+			t.Errorf("saved at %s, resumed at %s from step 10: first step %d, loss %.7f, held-out %.7f, sample %q; uninterrupted: %.7f, %.7f, %q",
+				tc.save, tc.resume, got.FirstStep, got.LossLast, got.HeldOutLoss, got.Sample, whole.LossLast, whole.HeldOutLoss, whole.Sample)
 		}
 	}
 }

@@ -87,12 +87,14 @@ type planRecord struct {
 	LastGood string            `json:"last_good,omitempty"`
 }
 
-// fileRecord is what a rank wrote, for rank 0's index.
+// fileRecord is what a rank wrote, for rank 0's index: its file, its boxes,
+// and the tensors it holds (a pipeline stage's ranks hold their stage's).
 type fileRecord struct {
-	File  string              `json:"file"`
-	Info  *ckpt.FileInfo      `json:"info"`
-	Boxes map[string][2][]int `json:"boxes"` // tensor -> offset, shape
-	Fail  *ckpt.RankFailure   `json:"fail,omitempty"`
+	File    string                      `json:"file"`
+	Info    *ckpt.FileInfo              `json:"info"`
+	Boxes   map[string][2][]int         `json:"boxes"` // tensor -> offset, shape
+	Tensors map[string]*ckpt.TensorInfo `json:"tensors,omitempty"`
+	Fail    *ckpt.RankFailure           `json:"fail,omitempty"`
 }
 
 // verdict is rank 0's end of a save: committed, or why not, and what became
@@ -110,6 +112,12 @@ type SaveOptions struct {
 	Step int     // the step the parameters are at
 	Keep int     // checkpoints to keep (<= 0: all)
 	FS   ckpt.FS // nil: the OS's
+	// View is the view of the world whose ranks the parameters' layouts
+	// are laid over (a pipeline stage's, each stage holding its own
+	// parameters; collective.World.View), nil: the world; Mesh names the
+	// world's mesh in the index ("": the parameters').
+	View *collective.World
+	Mesh string
 }
 
 // SaveParams writes a checkpoint of ps (every rank calls it): each parameter
@@ -159,8 +167,12 @@ func SaveParams(ctx context.Context, w *collective.World, ps []Param, o SaveOpti
 	if err := barrier(ctx, w); err != nil {
 		return collectiveErr(err)
 	}
-	rec := fileRecord{File: fmt.Sprintf("rank-%05d.safetensors", rank), Boxes: map[string][2][]int{}}
-	sh, err := localShards(ps, rank, &rec)
+	rec := fileRecord{File: fmt.Sprintf("rank-%05d.safetensors", rank), Boxes: map[string][2][]int{}, Tensors: tensorInfos(ps)}
+	local := rank
+	if o.View != nil {
+		local = o.View.Rank()
+	}
+	sh, err := localShards(ps, local, &rec)
 	if err == nil && len(sh.entries) > 0 {
 		if plan.Need, err = ckpt.FileSize(sh.entries, sh.meta); err == nil {
 			if err = fsys.MkdirAll(o.Root); err == nil {
@@ -222,7 +234,7 @@ func SaveParams(ctx context.Context, w *collective.World, ps []Param, o SaveOpti
 			} else {
 				v.Removed = true
 			}
-		} else if err := ckpt.Commit(fsys, o.Root, index(ps, o.Step, recs), o.Keep); err != nil {
+		} else if err := ckpt.Commit(fsys, o.Root, index(ps, o.Step, o.Mesh, recs), o.Keep); err != nil {
 			v.Fail, v.Committed = fail(err), errors.Is(err, ckpt.ErrAfterCommit)
 			// Commit removes the folder when it fails before the rename.
 			if _, serr := fsys.Stat(tmp); !v.Committed && errors.Is(serr, fs.ErrNotExist) {
@@ -250,11 +262,28 @@ func SaveParams(ctx context.Context, w *collective.World, ps []Param, o SaveOpti
 	return se
 }
 
-// index is the checkpoint's index, from what every rank wrote.
-func index(ps []Param, step int, recs []fileRecord) *ckpt.Index {
-	idx := &ckpt.Index{Step: step, Mesh: ps[0].Spec.Mesh.String(), Tensors: map[string]*ckpt.TensorInfo{}, Files: map[string]*ckpt.FileInfo{}}
+// tensorInfos are the index's entries of ps, without their boxes.
+func tensorInfos(ps []Param) map[string]*ckpt.TensorInfo {
+	out := map[string]*ckpt.TensorInfo{}
 	for _, p := range ps {
-		idx.Tensors[p.Name] = &ckpt.TensorInfo{Shape: p.Spec.Shape, DType: tensor.Float32.String(), Placements: placement.FormatList(p.Spec.Placements)}
+		out[p.Name] = &ckpt.TensorInfo{Shape: p.Spec.Shape, DType: tensor.Float32.String(), Placements: placement.FormatList(p.Spec.Placements)}
+	}
+	return out
+}
+
+// index is the checkpoint's index, from what every rank wrote: the tensors
+// every rank holds (the union, for pipeline stages), their boxes.
+func index(ps []Param, step int, mesh string, recs []fileRecord) *ckpt.Index {
+	if mesh == "" {
+		mesh = ps[0].Spec.Mesh.String()
+	}
+	idx := &ckpt.Index{Step: step, Mesh: mesh, Tensors: tensorInfos(ps), Files: map[string]*ckpt.FileInfo{}}
+	for _, r := range recs {
+		for name, t := range r.Tensors {
+			if idx.Tensors[name] == nil {
+				idx.Tensors[name] = t
+			}
+		}
 	}
 	for _, r := range recs {
 		if r.Info == nil {

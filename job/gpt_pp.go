@@ -61,8 +61,8 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags, device t
 	if i, _ := mesh.DimIndex("pp"); i != 0 {
 		return nil, fmt.Errorf("--mesh %s: pp must be the first dim (pp=P or pp=P,tp=N)", mesh)
 	}
-	if names := stageMesh.Names(); len(names) != 1 || names[0] != "tp" {
-		return nil, fmt.Errorf("--mesh %s: with pp, pp=P or pp=P,tp=N: pipeline stages combine with tp only, so far", mesh)
+	if _, err := stageMesh.DimIndex("ep"); err == nil {
+		return nil, fmt.Errorf("--mesh %s: pipeline stages do not combine with ep, so far (pp first, then any of dp, cp, tp in that order)", mesh)
 	}
 	switch {
 	case cfg.Experts != 0 || cfg.SequenceParallel:
@@ -92,6 +92,11 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags, device t
 	}
 	if p.sched, err = pipeline.Schedule(p.kind, pp, p.m); err != nil {
 		return nil, err
+	}
+	// A stage's part as its ranks will build it: a micro-batch split over
+	// the stage's dp and cp.
+	if _, err := models.PlanGPT(p.part(cfg, 0), false); err != nil {
+		return nil, fmt.Errorf("--micro-batches %d: %w", p.m, err)
 	}
 	return p, nil
 }
@@ -220,8 +225,9 @@ func (r *ppRun) stage() *models.GPTStage {
 	return r.st
 }
 
-// shape is a micro-batch's activation (and gradient) between stages.
-func (r *ppRun) shape(int) []int { return []int{r.cfg.Tokens(), r.cfg.Dim} }
+// shape is a micro-batch's activation (and gradient) between stages: the
+// rank's share of it.
+func (r *ppRun) shape(int) []int { return r.stage().Shape() }
 
 // micro uploads micro-batches of the host batch b (each cfg.Tokens() ids
 // and targets): the first m, or one.

@@ -20,10 +20,11 @@ func pipeReport(t *testing.T, args ...string) GPTReport {
 	return gptReport(t, out)
 }
 
-// TestGPTPipeline: worker gpt on pp=2, pp=4 and pp=2,tp=2, m = 4 and 8,
-// every schedule, balanced and uneven stages, follows pp=1's losses (the
-// first, the 20th, the held-out) within 1e-5 relative and samples the same
-// text; the report gives each stage's layers, bubble and peak activations.
+// TestGPTPipeline: worker gpt on pp=2, 3 and 4, pp=2,tp=2, pp=2,dp=2 and
+// pp=2,cp=2, m = 4 and 8, every schedule, balanced and uneven stages,
+// follows pp=1's losses (the first, the 20th, the held-out) within 1e-5
+// relative and samples the same text; the report gives each stage's layers,
+// bubble and peak activations.
 func TestGPTPipeline(t *testing.T) {
 	if _, err := os.Stat(DefaultCorpus); err != nil {
 		t.Skipf("no %s on this machine", DefaultCorpus)
@@ -33,8 +34,14 @@ func TestGPTPipeline(t *testing.T) {
 	for _, tc := range []struct {
 		mesh, layers string
 		want         []int
-	}{{"pp=2", "", []int{2, 2}}, {"pp=4", "", []int{1, 1, 1, 1}}, {"pp=2,tp=2", "", []int{2, 2}}, {"pp=2", "3,1", []int{3, 1}}, {"pp=3", "", []int{1, 1, 2}}} {
-		for _, m := range []string{"4", "8"} {
+		ms           []string
+	}{{"pp=2", "", []int{2, 2}, nil}, {"pp=4", "", []int{1, 1, 1, 1}, nil}, {"pp=2,tp=2", "", []int{2, 2}, nil}, {"pp=2", "3,1", []int{3, 1}, nil},
+		{"pp=3", "", []int{1, 1, 2}, nil}, {"pp=2,dp=2", "", []int{2, 2}, []string{"2", "4"}}, {"pp=2,cp=2", "", []int{2, 2}, nil}} {
+		ms := tc.ms
+		if ms == nil {
+			ms = []string{"4", "8"}
+		}
+		for _, m := range ms {
 			for _, sched := range []string{"gpipe", "1f1b", "zb"} {
 				args := []string{"--mesh", tc.mesh, "--micro-batches", m, "--schedule", sched}
 				if tc.layers != "" {
@@ -69,12 +76,14 @@ func TestGPTPipelineRefused(t *testing.T) {
 		want string
 	}{
 		{[]string{"--mesh", "pp=2", "--micro-batches", "3"}, "--micro-batches 3: want 1 to --batch 8, dividing it"},
+		{[]string{"--mesh", "pp=2,dp=2", "--micro-batches", "8"}, "--micro-batches 8: linear: bad configuration: gpt: batch 1 is not a multiple of dp = 2"},
 		{[]string{"--mesh", "pp=2", "--schedule", "dualpipe"}, `--schedule "dualpipe": want gpipe, 1f1b or zb`},
 		{[]string{"--mesh", "pp=2", "--pp-layers", "3,3"}, "--pp-layers 3,3: 6 layers, want --layers 4"},
 		{[]string{"--mesh", "pp=2", "--pp-layers", "4,0"}, "--pp-layers 4,0: stage 1 has no layer"},
 		{[]string{"--mesh", "pp=8"}, "--layers 4 on pp=8: a stage would have no layer"},
 		{[]string{"--mesh", "tp=2,pp=2"}, "pp must be the first dim"},
-		{[]string{"--mesh", "pp=2,dp=2"}, "pipeline stages combine with tp only, so far"},
+		{[]string{"--mesh", "pp=2,ep=2,tp=1", "--experts", "2"}, "do not combine with ep"},
+		{[]string{"--mesh", "pp=2", "--sequence-parallel"}, "do not combine with --experts or --sequence-parallel"},
 		{[]string{"--mesh", "pp=2", "--experts", "2"}, "do not combine with --experts"},
 		{[]string{"--mesh", "pp=2", "--dtype", "bfloat16"}, "float32 only"},
 		{[]string{"--mesh", "pp=2", "--device", "sim"}, "--device cpu only"},

@@ -126,9 +126,7 @@ func (c GPTConfig) checkPart() error {
 		return nil
 	case p.Lo < 0 || p.Hi < p.Lo || p.Hi > c.Layers:
 		return fmt.Errorf("%w: gpt: pipeline stage of blocks [%d, %d) in a model of %d", linear.ErrConfig, p.Lo, p.Hi, c.Layers)
-	case c.Mesh.NDim() != 1:
-		return fmt.Errorf("%w: gpt: a pipeline stage's mesh is %s: pp combines with tp only, so far", linear.ErrConfig, c.Mesh)
-	case c.Experts != 0 || c.SequenceParallel:
+	case c.EP() > 1 || c.Experts != 0 || c.SequenceParallel:
 		return fmt.Errorf("%w: gpt: pipeline stages do not combine with experts or sequence parallelism, so far", linear.ErrConfig)
 	case c.Compute() != tensor.Float32:
 		return fmt.Errorf("%w: gpt: pipeline stages compute in float32 only, so far", linear.ErrConfig)

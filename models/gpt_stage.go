@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/ring"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -52,17 +53,21 @@ type nextAt struct {
 // BackwardInput, the parameters' in BackwardWeight (ZB-H1's B and W).
 func (s *GPTStage) SetSplit(split bool) { s.split = split }
 
-// stageSlot is one micro-batch's scratch: the model's and its layers'.
+// stageSlot is one micro-batch's scratch: the model's and its layers', and
+// under cp each block's ring attention (which keeps its forward's keys and
+// values for its backward).
 type stageSlot struct {
 	model  linear.Scratch
 	layers []linear.Scratch
+	rings  []*ring.Attention
 }
 
-// microBatch is a micro-batch in flight: its scratch and what its forward
-// kept for its backward.
+// microBatch is a micro-batch in flight: its scratch, the rank's ids and
+// targets of it, and what its forward kept for its backward.
 type microBatch struct {
-	slot *stageSlot
-	acts *gptActs
+	slot     *stageSlot
+	ids, tgs *tensor.Tensor
+	acts     *gptActs
 }
 
 // Stage returns the model's part as a pipeline stage computing on *rt (as
@@ -131,6 +136,7 @@ func (s *GPTStage) Evaluate(ctx context.Context, mb int, in *tensor.Tensor) (*te
 	sl := s.take()
 	s.use(sl)
 	defer func() {
+		s.keep(sl)
 		s.free = append(s.free, sl)
 		s.use(&s.home)
 	}()
@@ -142,7 +148,11 @@ func (s *GPTStage) Evaluate(ctx context.Context, mb int, in *tensor.Tensor) (*te
 		}
 		return sent(out)
 	}
-	loss, out, _, err := s.g.forwardPart(ctx, *s.rt, s.ids[mb], s.targets[mb], in)
+	ids, tgs, err := s.g.local(*s.rt, s.ids[mb], s.targets[mb])
+	if err != nil {
+		return nil, err
+	}
+	loss, out, _, err := s.g.forwardPart(ctx, *s.rt, ids, tgs, in)
 	if err != nil {
 		return nil, err
 	}
@@ -150,15 +160,34 @@ func (s *GPTStage) Evaluate(ctx context.Context, mb int, in *tensor.Tensor) (*te
 	return sent(out)
 }
 
+// Shape is the shape of the residual stream the stage sends and receives
+// for a micro-batch: the rank's tokens of it (under dp or cp its share) ×
+// the model's width.
+func (s *GPTStage) Shape() []int { return []int{s.g.Cfg.localTokens(), s.g.Cfg.Dim} }
+
 // Probs is the last sampling Evaluate's distribution on the last stage
 // (nil elsewhere).
 func (s *GPTStage) Probs() []float64 { return s.probs }
 
-// use points the model and its layers at sl's scratch.
+// use points the model and its layers at sl's scratch, and its blocks at
+// sl's ring attentions.
 func (s *GPTStage) use(sl *stageSlot) {
 	s.g.bufs = sl.model
 	for i, l := range s.layers {
 		l.SetScratch(sl.layers[i])
+	}
+	if sl.rings == nil {
+		sl.rings = make([]*ring.Attention, len(s.g.blocks))
+	}
+	for i, b := range s.g.blocks {
+		b.ring = sl.rings[i]
+	}
+}
+
+// keep stores in sl the ring attentions its micro-batch's forward made.
+func (s *GPTStage) keep(sl *stageSlot) {
+	for i, b := range s.g.blocks {
+		sl.rings[i] = b.ring
 	}
 }
 
@@ -195,11 +224,16 @@ func (s *GPTStage) Forward(ctx context.Context, mb int, in *tensor.Tensor) (*ten
 	}
 	sl := s.take()
 	s.use(sl)
-	loss, out, acts, err := s.g.forwardPart(ctx, *s.rt, s.ids[mb], s.targets[mb], in)
+	ids, tgs, err := s.g.local(*s.rt, s.ids[mb], s.targets[mb])
 	if err != nil {
 		return nil, err
 	}
-	s.inflight[mb] = &microBatch{slot: sl, acts: acts}
+	loss, out, acts, err := s.g.forwardPart(ctx, *s.rt, ids, tgs, in)
+	s.keep(sl)
+	if err != nil {
+		return nil, err
+	}
+	s.inflight[mb] = &microBatch{slot: sl, ids: ids, tgs: tgs, acts: acts}
 	s.loss += loss
 	return sent(out)
 }
@@ -214,7 +248,7 @@ func (s *GPTStage) BackwardInput(ctx context.Context, mb int, dout *tensor.Tenso
 	}
 	s.use(m.slot)
 	s.g.accum, s.g.splitB = s.started, s.split
-	din, err := s.g.backwardPart(ctx, *s.rt, s.ids[mb], s.targets[mb], m.acts, dout)
+	din, err := s.g.backwardPart(ctx, *s.rt, m.ids, m.tgs, m.acts, dout)
 	s.g.splitB = false
 	if err != nil {
 		return nil, err
@@ -235,7 +269,7 @@ func (s *GPTStage) BackwardWeight(ctx context.Context, mb int) error {
 	if s.split {
 		s.use(m.slot)
 		s.g.accum = s.started
-		if err := s.g.weightPart(ctx, *s.rt, s.ids[mb], m.acts); err != nil {
+		if err := s.g.weightPart(ctx, *s.rt, m.ids, m.acts); err != nil {
 			return err
 		}
 		s.started = true

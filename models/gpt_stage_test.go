@@ -19,10 +19,16 @@ import (
 	"github.com/meshrun/meshrun/tensor"
 )
 
-// stageGPT is the toy model of the pipeline tests: 4 blocks, a batch of 8.
-func stageGPT(tp int) models.GPTConfig {
-	return models.GPTConfig{Mesh: placement.MustMesh([]int{tp}, []string{"tp"}), Vocab: 13, Dim: 16, Heads: 4, Layers: 4, Context: 6, Batch: 8,
-		Seed: 9, Optimizer: "adamw", LR: 3e-3, WeightDecay: 0.1}
+// stageGPT is the toy model of the pipeline tests: 4 blocks, a batch of 8,
+// AdamW, or SGD (which, unlike AdamW, scales its update with the gradient:
+// a micro-batch's gradient lost or counted twice shows).
+func stageGPT(tp int, opt string) models.GPTConfig {
+	c := models.GPTConfig{Mesh: placement.MustMesh([]int{tp}, []string{"tp"}), Vocab: 13, Dim: 16, Heads: 4, Layers: 4, Context: 6, Batch: 8,
+		Seed: 9, Optimizer: opt, LR: 3e-3, WeightDecay: 0.1}
+	if opt == "sgd" {
+		c.LR = 0.5
+	}
+	return c
 }
 
 // batches draws steps batches of cfg's model alike on every rank: ids and
@@ -160,37 +166,39 @@ func wholeGPT(t *testing.T, cfg models.GPTConfig, steps int) []float64 {
 	}).losses
 }
 
-// TestGPTPipelineMatchesWhole: the model split into 2 and 4 stages (even
-// and uneven), and 2 stages of tp = 2, trained on 4 and 8 micro-batches
-// under GPipe, 1F1B and ZB-H1, follows the unsplit model's losses within
-// 1e-5 relative; GPipe's stages hold all m micro-batches at once, 1F1B's
-// stage s at most p − s.
+// TestGPTPipelineMatchesWhole: the model split into 2 and 4 stages (even,
+// uneven, one empty), and 2 stages of tp = 2, trained with AdamW and with
+// SGD on 4 and 8 micro-batches under GPipe, 1F1B and ZB-H1, follows the
+// unsplit model's losses within 1e-5 relative at every step; GPipe's stages
+// hold all m micro-batches at once, 1F1B's stage s at most p − s.
 func TestGPTPipelineMatchesWhole(t *testing.T) {
 	const steps = 6
-	ref := wholeGPT(t, stageGPT(1), steps)
-	if !(ref[steps-1] < ref[0]-0.05) {
-		t.Fatalf("the unsplit model's loss does not fall: %v", ref)
-	}
-	for _, tc := range []struct {
-		layers []int
-		tp     int
-	}{{[]int{2, 2}, 1}, {[]int{1, 1, 1, 1}, 1}, {[]int{3, 1}, 1}, {[]int{0, 1, 2, 1}, 1}, {[]int{2, 2}, 2}} {
-		for _, m := range []int{4, 8} {
-			for _, kind := range []pipeline.Kind{pipeline.GPipe, pipeline.OneF1B, pipeline.ZBH1} {
-				name := fmt.Sprintf("layers %v tp=%d m=%d %v", tc.layers, tc.tp, m, kind)
-				got := trainPipeline(t, stageGPT(tc.tp), tc.layers, tc.tp, m, steps, kind)
-				for i, l := range got.losses {
-					if d := math.Abs(l-ref[i]) / ref[i]; !(d <= 1e-5) {
-						t.Fatalf("%s: step %d: loss %.7f, unsplit %.7f", name, i, l, ref[i])
+	for _, opt := range []string{"adamw", "sgd"} {
+		ref := wholeGPT(t, stageGPT(1, opt), steps)
+		if !(ref[steps-1] < ref[0]-0.05) {
+			t.Fatalf("%s: the unsplit model's loss does not fall: %v", opt, ref)
+		}
+		for _, tc := range []struct {
+			layers []int
+			tp     int
+		}{{[]int{2, 2}, 1}, {[]int{1, 1, 1, 1}, 1}, {[]int{3, 1}, 1}, {[]int{0, 1, 2, 1}, 1}, {[]int{2, 2}, 2}} {
+			for _, m := range []int{4, 8} {
+				for _, kind := range []pipeline.Kind{pipeline.GPipe, pipeline.OneF1B, pipeline.ZBH1} {
+					name := fmt.Sprintf("%s layers %v tp=%d m=%d %v", opt, tc.layers, tc.tp, m, kind)
+					got := trainPipeline(t, stageGPT(tc.tp, opt), tc.layers, tc.tp, m, steps, kind)
+					for i, l := range got.losses {
+						if d := math.Abs(l-ref[i]) / ref[i]; !(d <= 1e-5) {
+							t.Fatalf("%s: step %d: loss %.7f, unsplit %.7f", name, i, l, ref[i])
+						}
 					}
-				}
-				p := len(tc.layers)
-				for s, h := range got.held {
-					switch {
-					case kind == pipeline.GPipe && h != m:
-						t.Errorf("%s: stage %d held %d micro-batches at once, want all %d", name, s, h, m)
-					case kind == pipeline.OneF1B && h > p-s:
-						t.Errorf("%s: stage %d held %d micro-batches at once, want at most %d", name, s, h, p-s)
+					p := len(tc.layers)
+					for s, h := range got.held {
+						switch {
+						case kind == pipeline.GPipe && h != m:
+							t.Errorf("%s: stage %d held %d micro-batches at once, want all %d", name, s, h, m)
+						case kind == pipeline.OneF1B && h > p-s:
+							t.Errorf("%s: stage %d held %d micro-batches at once, want at most %d", name, s, h, p-s)
+						}
 					}
 				}
 			}

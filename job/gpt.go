@@ -131,7 +131,7 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	t.cfg.Mesh, t.cfg.Vocab = t.m, len(t.corpus.chars)
-	if t.pipe, err = pipelineOf(t.m, t.cfg, t.pf, t.rd.kind); err != nil {
+	if t.pipe, err = pipelineOf(t.m, t.cfg, t.pf); err != nil {
 		return err
 	}
 	if t.pipe != nil {

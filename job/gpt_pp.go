@@ -47,7 +47,7 @@ type gptPipeline struct {
 // pipelineOf checks the pipeline flags against mesh and cfg (cfg.Mesh is
 // the whole mesh, Batch the step's) and returns the pipeline, nil when mesh
 // has no dim pp (then the flags must keep their defaults).
-func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags, device tensor.DeviceKind) (*gptPipeline, error) {
+func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPipeline, error) {
 	pp, stageMesh, ok, err := placement.SplitDim(mesh, "pp")
 	if err != nil {
 		return nil, fmt.Errorf("--mesh %s: %w", mesh, err)
@@ -64,13 +64,8 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags, device t
 	if _, err := stageMesh.DimIndex("ep"); err == nil {
 		return nil, fmt.Errorf("--mesh %s: pipeline stages do not combine with ep, so far (pp first, then any of dp, cp, tp in that order)", mesh)
 	}
-	switch {
-	case cfg.Experts != 0 || cfg.SequenceParallel:
+	if cfg.Experts != 0 || cfg.SequenceParallel {
 		return nil, fmt.Errorf("--mesh %s: pipeline stages do not combine with --experts or --sequence-parallel, so far", mesh)
-	case cfg.Compute() != tensor.Float32:
-		return nil, fmt.Errorf("--mesh %s: pipeline stages compute in float32 only, so far (--dtype %v)", mesh, cfg.Compute())
-	case device != tensor.CPU:
-		return nil, fmt.Errorf("--mesh %s: pipeline stages pass host tensors: --device cpu only, so far (not %v)", mesh, device)
 	}
 	p := &gptPipeline{pp: pp, m: f.microBatches, stage: stageMesh}
 	if p.kind, err = pipeline.ParseSchedule(f.schedule); err != nil {

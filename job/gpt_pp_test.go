@@ -85,8 +85,6 @@ func TestGPTPipelineRefused(t *testing.T) {
 		{[]string{"--mesh", "pp=2,ep=2,tp=1", "--experts", "2"}, "do not combine with ep"},
 		{[]string{"--mesh", "pp=2", "--sequence-parallel"}, "do not combine with --experts or --sequence-parallel"},
 		{[]string{"--mesh", "pp=2", "--experts", "2"}, "do not combine with --experts"},
-		{[]string{"--mesh", "pp=2", "--dtype", "bfloat16"}, "float32 only"},
-		{[]string{"--mesh", "pp=2", "--device", "sim"}, "--device cpu only"},
 		{[]string{"--micro-batches", "2"}, "need a mesh dim pp"},
 	} {
 		base := []string{"gpt", "--steps", "2", "--dim", "32", "--heads", "2", "--context", "16", "--batch", "8", "--layers", "4"}
@@ -113,6 +111,28 @@ func TestGPTPipelineResume(t *testing.T) {
 		if got.FirstStep != 11 || !near(got.LossLast, whole.LossLast) || !near(got.HeldOutLoss, whole.HeldOutLoss) || got.Sample != whole.Sample {
 			t.Errorf("saved at %s, resumed at %s from step 10: first step %d, loss %.7f, held-out %.7f, sample %q; uninterrupted: %.7f, %.7f, %q",
 				tc.save, tc.resume, got.FirstStep, got.LossLast, got.HeldOutLoss, got.Sample, whole.LossLast, whole.HeldOutLoss, whole.Sample)
+		}
+	}
+}
+
+// TestGPTPipelineDevices: the stages on the sim device (activations
+// downloaded to send, uploaded on arrival) give the cpu stages' losses
+// exactly, and bfloat16 stages (the activations sent widened) follow the
+// unsplit bfloat16 model's within docs/transformer.md's 1e-2.
+func TestGPTPipelineDevices(t *testing.T) {
+	if _, err := os.Stat(DefaultCorpus); err != nil {
+		t.Skipf("no %s on this machine", DefaultCorpus)
+	}
+	cpu := pipeReport(t, "--mesh", "pp=2,tp=2", "--schedule", "zb")
+	sim := pipeReport(t, "--mesh", "pp=2,tp=2", "--schedule", "zb", "--device", "sim")
+	if sim.LossLast != cpu.LossLast || sim.HeldOutLoss != cpu.HeldOutLoss || sim.Sample != cpu.Sample {
+		t.Errorf("sim: %.9f, %.9f, %q; cpu: %.9f, %.9f, %q", sim.LossLast, sim.HeldOutLoss, sim.Sample, cpu.LossLast, cpu.HeldOutLoss, cpu.Sample)
+	}
+	ref := pipeReport(t, "--mesh", "tp=1", "--dtype", "bfloat16")
+	for _, sched := range []string{"1f1b", "zb"} {
+		got := pipeReport(t, "--mesh", "pp=2", "--dtype", "bfloat16", "--schedule", sched)
+		if d := math.Abs(got.LossLast-ref.LossLast) / ref.LossLast; !(d <= 1e-2) || got.DType != "bfloat16" {
+			t.Errorf("bfloat16 pp=2 %s: loss %.6f (%s), unsplit %.6f: %.3g relative", sched, got.LossLast, got.DType, ref.LossLast, d)
 		}
 	}
 }

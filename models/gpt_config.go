@@ -128,8 +128,6 @@ func (c GPTConfig) checkPart() error {
 		return fmt.Errorf("%w: gpt: pipeline stage of blocks [%d, %d) in a model of %d", linear.ErrConfig, p.Lo, p.Hi, c.Layers)
 	case c.EP() > 1 || c.Experts != 0 || c.SequenceParallel:
 		return fmt.Errorf("%w: gpt: pipeline stages do not combine with experts or sequence parallelism, so far", linear.ErrConfig)
-	case c.Compute() != tensor.Float32:
-		return fmt.Errorf("%w: gpt: pipeline stages compute in float32 only, so far", linear.ErrConfig)
 	}
 	return nil
 }

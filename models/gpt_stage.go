@@ -140,6 +140,10 @@ func (s *GPTStage) Evaluate(ctx context.Context, mb int, in *tensor.Tensor) (*te
 		s.free = append(s.free, sl)
 		s.use(&s.home)
 	}()
+	in, err := s.arrived("pp.in", in)
+	if err != nil {
+		return nil, err
+	}
 	if s.next != nil {
 		out, p, err := s.g.next(ctx, *s.rt, s.ids[mb], in, s.next.pos, s.next.temp)
 		s.probs = p
@@ -206,13 +210,42 @@ func (s *GPTStage) take() *stageSlot {
 	return sl
 }
 
-// sent is a copy of t for a neighbour (nil stays nil): what Run sends must
-// not change afterwards, and t is scratch.
+// sent is t as a neighbour gets it: a host float32 copy (nil stays nil;
+// what Run sends must not change afterwards, and t is scratch): a device
+// tensor downloaded, a bfloat16 one widened (exactly).
 func sent(t *tensor.Tensor) (*tensor.Tensor, error) {
 	if t == nil {
 		return nil, nil
 	}
-	return t.Clone()
+	if t.OnHost() && t.DType() == tensor.Float32 {
+		return t.Clone()
+	}
+	h, err := tensor.Download(t)
+	if err != nil {
+		return nil, err
+	}
+	return tensor.Convert(h, tensor.Float32)
+}
+
+// arrived is t, a neighbour's host float32 tensor, as the model computes
+// on it: itself, or in scratch name, in the compute dtype on the device.
+func (s *GPTStage) arrived(name string, t *tensor.Tensor) (*tensor.Tensor, error) {
+	dt := s.g.Cfg.Compute()
+	if t == nil || dt == tensor.Float32 && s.rt.Kernels.Device().Kind == tensor.CPU {
+		return t, nil
+	}
+	c, err := tensor.Convert(t, dt)
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.g.bufs.Get(s.rt.Kernels, name, dt, t.Shape())
+	if err != nil {
+		return nil, err
+	}
+	if n := d.Bytes(); n > 0 {
+		err = s.rt.Kernels.Write(d, 0, tensor.HostBytes(c), tensor.Transfer)
+	}
+	return d, err
 }
 
 // Forward runs micro-batch mb's forward: from its ids on the first stage,
@@ -226,6 +259,9 @@ func (s *GPTStage) Forward(ctx context.Context, mb int, in *tensor.Tensor) (*ten
 	s.use(sl)
 	ids, tgs, err := s.g.local(*s.rt, s.ids[mb], s.targets[mb])
 	if err != nil {
+		return nil, err
+	}
+	if in, err = s.arrived("pp.in", in); err != nil {
 		return nil, err
 	}
 	loss, out, acts, err := s.g.forwardPart(ctx, *s.rt, ids, tgs, in)
@@ -247,6 +283,10 @@ func (s *GPTStage) BackwardInput(ctx context.Context, mb int, dout *tensor.Tenso
 		return nil, fmt.Errorf("%w: gpt stage: backward of micro-batch %d before its forward", linear.ErrConfig, mb)
 	}
 	s.use(m.slot)
+	dout, err := s.arrived("pp.dout", dout)
+	if err != nil {
+		return nil, err
+	}
 	s.g.accum, s.g.splitB = s.started, s.split
 	din, err := s.g.backwardPart(ctx, *s.rt, m.ids, m.tgs, m.acts, dout)
 	s.g.splitB = false

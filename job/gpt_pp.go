@@ -64,8 +64,8 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 	if _, err := stageMesh.DimIndex("ep"); err == nil {
 		return nil, fmt.Errorf("--mesh %s: pipeline stages do not combine with ep, so far (pp first, then any of dp, cp, tp in that order)", mesh)
 	}
-	if cfg.Experts != 0 || cfg.SequenceParallel {
-		return nil, fmt.Errorf("--mesh %s: pipeline stages do not combine with --experts or --sequence-parallel, so far", mesh)
+	if cfg.Experts != 0 {
+		return nil, fmt.Errorf("--mesh %s: pipeline stages do not combine with --experts, so far", mesh)
 	}
 	p := &gptPipeline{pp: pp, m: f.microBatches, stage: stageMesh}
 	if p.kind, err = pipeline.ParseSchedule(f.schedule); err != nil {

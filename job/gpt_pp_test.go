@@ -21,8 +21,8 @@ func pipeReport(t *testing.T, args ...string) GPTReport {
 }
 
 // TestGPTPipeline: worker gpt on pp=2, 3 and 4, pp=2,tp=2, pp=2,dp=2 and
-// pp=2,cp=2, m = 4 and 8, every schedule, balanced and uneven stages,
-// follows pp=1's losses (the first, the 20th, the held-out) within 1e-5
+// pp=2,cp=2, m = 4 and 8, every schedule, balanced and uneven stages, and
+// pp=2,tp=2 sequence parallel (against tp=2's), follows pp=1's losses (the first, the 20th, the held-out) within 1e-5
 // relative and samples the same text; the report gives each stage's layers,
 // bubble and peak activations.
 func TestGPTPipeline(t *testing.T) {
@@ -31,12 +31,15 @@ func TestGPTPipeline(t *testing.T) {
 	}
 	ref := pipeReport(t, "--mesh", "tp=1")
 	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-5*math.Abs(b) }
+	refSP := pipeReport(t, "--mesh", "tp=2", "--sequence-parallel")
 	for _, tc := range []struct {
 		mesh, layers string
 		want         []int
 		ms           []string
-	}{{"pp=2", "", []int{2, 2}, nil}, {"pp=4", "", []int{1, 1, 1, 1}, nil}, {"pp=2,tp=2", "", []int{2, 2}, nil}, {"pp=2", "3,1", []int{3, 1}, nil},
-		{"pp=3", "", []int{1, 1, 2}, nil}, {"pp=2,dp=2", "", []int{2, 2}, []string{"2", "4"}}, {"pp=2,cp=2", "", []int{2, 2}, nil}} {
+		sp           bool
+	}{{"pp=2", "", []int{2, 2}, nil, false}, {"pp=4", "", []int{1, 1, 1, 1}, nil, false}, {"pp=2,tp=2", "", []int{2, 2}, nil, false},
+		{"pp=2", "3,1", []int{3, 1}, nil, false}, {"pp=3", "", []int{1, 1, 2}, nil, false}, {"pp=2,dp=2", "", []int{2, 2}, []string{"2", "4"}, false},
+		{"pp=2,cp=2", "", []int{2, 2}, nil, false}, {"pp=2,tp=2", "", []int{2, 2}, []string{"4"}, true}} {
 		ms := tc.ms
 		if ms == nil {
 			ms = []string{"4", "8"}
@@ -46,6 +49,10 @@ func TestGPTPipeline(t *testing.T) {
 				args := []string{"--mesh", tc.mesh, "--micro-batches", m, "--schedule", sched}
 				if tc.layers != "" {
 					args = append(args, "--pp-layers", tc.layers)
+				}
+				ref := ref
+				if tc.sp {
+					args, ref = append(args, "--sequence-parallel"), refSP
 				}
 				name := strings.Join(args, " ")
 				r := pipeReport(t, args...)
@@ -83,8 +90,8 @@ func TestGPTPipelineRefused(t *testing.T) {
 		{[]string{"--mesh", "pp=8"}, "--layers 4 on pp=8: a stage would have no layer"},
 		{[]string{"--mesh", "tp=2,pp=2"}, "pp must be the first dim"},
 		{[]string{"--mesh", "pp=2,ep=2,tp=1", "--experts", "2"}, "do not combine with ep"},
-		{[]string{"--mesh", "pp=2", "--sequence-parallel"}, "do not combine with --experts or --sequence-parallel"},
 		{[]string{"--mesh", "pp=2", "--experts", "2"}, "do not combine with --experts"},
+		{[]string{"--mesh", "pp=2,dp=2", "--sequence-parallel"}, "does not combine with sequence parallelism"},
 		{[]string{"--micro-batches", "2"}, "need a mesh dim pp"},
 	} {
 		base := []string{"gpt", "--steps", "2", "--dim", "32", "--heads", "2", "--context", "16", "--batch", "8", "--layers", "4"}

@@ -412,7 +412,11 @@ func (l *Layer) backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 	var dx *tensor.Tensor
 	var err error
 	for _, g := range l.Bwd.Grads {
-		if half == backwardInput && g.Input != "x" || half == backwardWeight && g.Input == "x" {
+		// A half skips the other's gradients, but the weight half still makes
+		// the layouts of dy the input gradient's moves made (a later
+		// gradient may move dy on from one of them).
+		skip := half == backwardInput && g.Input != "x" || half == backwardWeight && g.Input == "x"
+		if skip && half == backwardInput {
 			continue
 		}
 		// The local operands: dy in the layout this gradient uses, then the saved
@@ -420,6 +424,9 @@ func (l *Layer) backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 		ins := make([]*tensor.Tensor, len(g.Inputs))
 		for i, in := range g.Inputs {
 			local := g.Local[i].Spec
+			if skip && in.Name != l.Bwd.DY.Name {
+				continue
+			}
 			switch in.Name {
 			case l.Bwd.DY.Name:
 				t, ok := dys[dyKey(local)]
@@ -450,6 +457,9 @@ func (l *Layer) backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 				}
 				ins[i] = t
 			}
+		}
+		if skip {
+			continue
 		}
 		switch g.Input {
 		case "x":

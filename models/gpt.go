@@ -39,6 +39,7 @@ type GPT struct {
 	// gradient. rows is the first row this rank holds.
 	dxMove, lnMove spmd.Move
 	rows           int
+	streamRows     int // the rows of the residual stream this rank holds
 	ceMove         spmd.Move // the cross-entropy stats, all-gathered
 	// nextMove gathers one row of logits (sampling), planned on first use.
 	nextMove spmd.Move
@@ -178,13 +179,25 @@ func (b *gptBuilder) planMoves() (placement.Spec, error) {
 		if g.dxMove, err = planMove(b.ctx, b.pl, "dx_embedding", rowSpec, rowSpec.WithPlacements(placement.Replicate{})); err != nil {
 			return placement.Spec{}, err
 		}
-		lp := placement.MustSpec([]int{(2*cfg.Layers + 1) * 2 * d}, mesh, placement.Partial{Op: placement.Sum})
-		if g.lnMove, err = planMove(b.ctx, b.pl, "ln_grads", lp, lp.WithPlacements(placement.Replicate{})); err != nil {
-			return placement.Spec{}, err
+		// The part's layer norms: two a block, and the final one on the
+		// last stage.
+		norms := 2 * cfg.Layers
+		if p := cfg.Part; p != nil {
+			norms = 2 * (p.Hi - p.Lo)
+		}
+		if cfg.last() {
+			norms++
+		}
+		if norms > 0 {
+			lp := placement.MustSpec([]int{norms * 2 * d}, mesh, placement.Partial{Op: placement.Sum})
+			if g.lnMove, err = planMove(b.ctx, b.pl, "ln_grads", lp, lp.WithPlacements(placement.Replicate{})); err != nil {
+				return placement.Spec{}, err
+			}
 		}
 		_, off := rowSpec.Local(g.rank)
 		g.rows = off[0]
 	}
+	g.streamRows = rowSpec.LocalShape(g.rank)[0]
 	if g.embMove, err = planMove(b.ctx, b.pl, "embedding", partial, rowSpec); err != nil {
 		return placement.Spec{}, err
 	}

@@ -104,6 +104,9 @@ func (g *GPT) norms() []*param {
 // one buffer and back.
 func (g *GPT) reduceNorms(ctx context.Context, rt linear.Runtime) error {
 	ps := g.norms()
+	if len(ps) == 0 { // a pipeline stage of embeddings alone
+		return nil
+	}
 	d := g.Cfg.Dim
 	buf, err := g.get(rt, "ln.grads", len(ps)*d)
 	if err != nil {

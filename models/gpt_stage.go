@@ -165,9 +165,9 @@ func (s *GPTStage) Evaluate(ctx context.Context, mb int, in *tensor.Tensor) (*te
 }
 
 // Shape is the shape of the residual stream the stage sends and receives
-// for a micro-batch: the rank's tokens of it (under dp or cp its share) ×
-// the model's width.
-func (s *GPTStage) Shape() []int { return []int{s.g.Cfg.localTokens(), s.g.Cfg.Dim} }
+// for a micro-batch: the rank's rows of it (under dp or cp its tokens,
+// under sequence parallelism its share of them) × the model's width.
+func (s *GPTStage) Shape() []int { return []int{s.g.streamRows, s.g.Cfg.Dim} }
 
 // Probs is the last sampling Evaluate's distribution on the last stage
 // (nil elsewhere).

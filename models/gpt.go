@@ -39,7 +39,7 @@ type GPT struct {
 	// gradient. rows is the first row this rank holds.
 	dxMove, lnMove spmd.Move
 	rows           int
-	streamRows     int // the rows of the residual stream this rank holds
+	streamRows     int       // the rows of the residual stream this rank holds
 	ceMove         spmd.Move // the cross-entropy stats, all-gathered
 	// nextMove gathers one row of logits (sampling), planned on first use.
 	nextMove spmd.Move

@@ -61,12 +61,6 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 	if i, _ := mesh.DimIndex("pp"); i != 0 {
 		return nil, fmt.Errorf("--mesh %s: pp must be the first dim (pp=P or pp=P,tp=N)", mesh)
 	}
-	if _, err := stageMesh.DimIndex("ep"); err == nil {
-		return nil, fmt.Errorf("--mesh %s: pipeline stages do not combine with ep, so far (pp first, then any of dp, cp, tp in that order)", mesh)
-	}
-	if cfg.Experts != 0 {
-		return nil, fmt.Errorf("--mesh %s: pipeline stages do not combine with --experts, so far", mesh)
-	}
 	p := &gptPipeline{pp: pp, m: f.microBatches, stage: stageMesh}
 	if p.kind, err = pipeline.ParseSchedule(f.schedule); err != nil {
 		return nil, fmt.Errorf("--schedule %q: want gpipe, 1f1b or zb", f.schedule)
@@ -105,6 +99,9 @@ func (p *gptPipeline) part(cfg models.GPTConfig, s int) models.GPTConfig {
 	}
 	c := cfg
 	c.Mesh, c.Batch, c.LossTokens = p.stage, cfg.Batch/p.m, cfg.Tokens()
+	// Each micro-batch's load-balancing loss is its share of the step's
+	// objective: the mean over the micro-batches.
+	c.AuxCoef = cfg.AuxCoef / float64(p.m)
 	c.Part = &models.GPTPart{Lo: lo, Hi: lo + p.layers[s], First: s == 0, Last: s == p.pp-1}
 	return c
 }

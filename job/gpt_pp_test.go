@@ -21,8 +21,9 @@ func pipeReport(t *testing.T, args ...string) GPTReport {
 }
 
 // TestGPTPipeline: worker gpt on pp=2, 3 and 4, pp=2,tp=2, pp=2,dp=2 and
-// pp=2,cp=2, m = 4 and 8, every schedule, balanced and uneven stages, and
-// pp=2,tp=2 sequence parallel (against tp=2's), follows pp=1's losses (the first, the 20th, the held-out) within 1e-5
+// pp=2,cp=2, m = 4 and 8, every schedule, balanced and uneven stages,
+// pp=2,tp=2 sequence parallel (against tp=2's) and pp=2,ep=2 with experts
+// (dropless, no load-balancing loss), follows pp=1's losses (the first, the 20th, the held-out) within 1e-5
 // relative and samples the same text; the report gives each stage's layers,
 // bubble and peak activations.
 func TestGPTPipeline(t *testing.T) {
@@ -32,14 +33,17 @@ func TestGPTPipeline(t *testing.T) {
 	ref := pipeReport(t, "--mesh", "tp=1")
 	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-5*math.Abs(b) }
 	refSP := pipeReport(t, "--mesh", "tp=2", "--sequence-parallel")
+	moe := []string{"--experts", "2", "--top-k", "1", "--aux-coef", "0"} // dropless, no load-balancing loss: the micro-batches' sum is the batch's
+	refMoE := pipeReport(t, append([]string{"--mesh", "tp=1"}, moe...)...)
 	for _, tc := range []struct {
 		mesh, layers string
 		want         []int
 		ms           []string
-		sp           bool
-	}{{"pp=2", "", []int{2, 2}, nil, false}, {"pp=4", "", []int{1, 1, 1, 1}, nil, false}, {"pp=2,tp=2", "", []int{2, 2}, nil, false},
-		{"pp=2", "3,1", []int{3, 1}, nil, false}, {"pp=3", "", []int{1, 1, 2}, nil, false}, {"pp=2,dp=2", "", []int{2, 2}, []string{"2", "4"}, false},
-		{"pp=2,cp=2", "", []int{2, 2}, nil, false}, {"pp=2,tp=2", "", []int{2, 2}, []string{"4"}, true}} {
+		sp, moe      bool
+	}{{"pp=2", "", []int{2, 2}, nil, false, false}, {"pp=4", "", []int{1, 1, 1, 1}, nil, false, false}, {"pp=2,tp=2", "", []int{2, 2}, nil, false, false},
+		{"pp=2", "3,1", []int{3, 1}, nil, false, false}, {"pp=3", "", []int{1, 1, 2}, nil, false, false},
+		{"pp=2,dp=2", "", []int{2, 2}, []string{"2", "4"}, false, false}, {"pp=2,cp=2", "", []int{2, 2}, nil, false, false},
+		{"pp=2,tp=2", "", []int{2, 2}, []string{"4"}, true, false}, {"pp=2,ep=2,tp=1", "", []int{2, 2}, []string{"2", "4"}, false, true}} {
 		ms := tc.ms
 		if ms == nil {
 			ms = []string{"4", "8"}
@@ -53,6 +57,9 @@ func TestGPTPipeline(t *testing.T) {
 				ref := ref
 				if tc.sp {
 					args, ref = append(args, "--sequence-parallel"), refSP
+				}
+				if tc.moe {
+					args, ref = append(args, moe...), refMoE
 				}
 				name := strings.Join(args, " ")
 				r := pipeReport(t, args...)
@@ -89,8 +96,6 @@ func TestGPTPipelineRefused(t *testing.T) {
 		{[]string{"--mesh", "pp=2", "--pp-layers", "4,0"}, "--pp-layers 4,0: stage 1 has no layer"},
 		{[]string{"--mesh", "pp=8"}, "--layers 4 on pp=8: a stage would have no layer"},
 		{[]string{"--mesh", "tp=2,pp=2"}, "pp must be the first dim"},
-		{[]string{"--mesh", "pp=2,ep=2,tp=1", "--experts", "2"}, "do not combine with ep"},
-		{[]string{"--mesh", "pp=2", "--experts", "2"}, "do not combine with --experts"},
 		{[]string{"--mesh", "pp=2,dp=2", "--sequence-parallel"}, "does not combine with sequence parallelism"},
 		{[]string{"--micro-batches", "2"}, "need a mesh dim pp"},
 	} {

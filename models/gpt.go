@@ -238,8 +238,11 @@ func (b *gptBuilder) parameters() error {
 	resid := 0.02 / math.Sqrt(float64(2*max(cfg.Layers, 1)))
 	for i := 0; i < cfg.Layers; i++ {
 		if !cfg.owns(i) {
-			// Its weights drawn and dropped: qkv, proj, up, down.
-			for _, n := range []int{3 * d * d, d * d, 4 * d * d, 4 * d * d} {
+			// Its weights drawn and dropped: qkv, proj, up and down (each
+			// expert's, with experts; their routers draw from their own
+			// generators).
+			e := max(1, cfg.Experts)
+			for _, n := range []int{3 * d * d, d * d, 4 * d * d * e, 4 * d * d * e} {
 				for range n {
 					b.rng.NormFloat64()
 				}

@@ -105,6 +105,9 @@ func (g *GPT) weightPart(ctx context.Context, rt linear.Runtime, ids *tensor.Ten
 			l *linear.Layer
 			s *linear.Saved
 		}{{b.down, a.downS}, {b.up, a.upS}, {b.proj, a.projS}, {b.qkv, a.qkvS}} {
+			if l.l == nil { // the MLP of experts: its backward is whole, in the first half
+				continue
+			}
 			if err := l.l.BackwardWeight(ctx, rt, l.s); err != nil {
 				return err
 			}

@@ -126,8 +126,6 @@ func (c GPTConfig) checkPart() error {
 		return nil
 	case p.Lo < 0 || p.Hi < p.Lo || p.Hi > c.Layers:
 		return fmt.Errorf("%w: gpt: pipeline stage of blocks [%d, %d) in a model of %d", linear.ErrConfig, p.Lo, p.Hi, c.Layers)
-	case c.EP() > 1 || c.Experts != 0:
-		return fmt.Errorf("%w: gpt: pipeline stages do not combine with experts, so far", linear.ErrConfig)
 	}
 	return nil
 }

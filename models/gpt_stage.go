@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/moe"
 	"github.com/meshrun/meshrun/ring"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -34,6 +35,7 @@ type GPTStage struct {
 	inflight map[int]*microBatch
 	ids      []*tensor.Tensor
 	targets  []*tensor.Tensor
+	cur      *stageSlot // the slot in use
 	loss     float64
 	started  bool // a backward that writes the model's own gradients has run this step
 	split    bool
@@ -41,6 +43,44 @@ type GPTStage struct {
 	// next.pos into probs instead of the loss.
 	next  *nextAt
 	probs []float64
+	// acc: the experts' parameters' gradients summed over the step's
+	// micro-batches (a mixture-of-experts layer writes each backward's
+	// afresh).
+	acc  map[*param]*tensor.Tensor
+	accN int // the backwards summed into acc this step
+}
+
+// addExperts adds the experts' gradients of the backward that just ran to
+// the step's sums.
+func (s *GPTStage) addExperts() error {
+	k := s.rt.Kernels
+	for _, p := range s.g.params {
+		if !p.expert {
+			continue
+		}
+		a := s.acc[p]
+		if a == nil {
+			var err error
+			if a, err = k.Alloc(tensor.Float32, p.g.Shape()...); err != nil {
+				return err
+			}
+			if s.acc == nil {
+				s.acc = map[*param]*tensor.Tensor{}
+			}
+			s.acc[p] = a
+		}
+		if s.accN == 0 {
+			if n := a.Bytes(); n > 0 {
+				if err := k.Copy2D(a, 0, n, p.g, 0, n, n, 1); err != nil {
+					return err
+				}
+			}
+		} else if err := k.Axpy(1, p.g, a); err != nil {
+			return err
+		}
+	}
+	s.accN++
+	return nil
 }
 
 // nextAt is a sampling Evaluate's position and temperature.
@@ -54,12 +94,14 @@ type nextAt struct {
 func (s *GPTStage) SetSplit(split bool) { s.split = split }
 
 // stageSlot is one micro-batch's scratch: the model's and its layers', and
-// under cp each block's ring attention (which keeps its forward's keys and
-// values for its backward).
+// what a block keeps of its forward for its backward besides: under cp its
+// ring attention (the keys and values), with experts its layer's state (the
+// routing).
 type stageSlot struct {
 	model  linear.Scratch
 	layers []linear.Scratch
 	rings  []*ring.Attention
+	moes   []*moe.State
 }
 
 // microBatch is a micro-batch in flight: its scratch, the rank's ids and
@@ -75,7 +117,11 @@ type microBatch struct {
 func (g *GPT) Stage(rt *linear.Runtime) *GPTStage {
 	s := &GPTStage{g: g, rt: rt, inflight: map[int]*microBatch{}}
 	for _, b := range g.blocks {
-		s.layers = append(s.layers, b.qkv, b.proj, b.up, b.down)
+		for _, l := range []*linear.Layer{b.qkv, b.proj, b.up, b.down} { // up and down nil with experts
+			if l != nil {
+				s.layers = append(s.layers, l)
+			}
+		}
 	}
 	if g.head != nil {
 		s.layers = append(s.layers, g.head)
@@ -94,8 +140,8 @@ func (s *GPTStage) Begin(ids, targets []*tensor.Tensor) error {
 	if len(s.inflight) > 0 {
 		return fmt.Errorf("%w: gpt stage: a step begun with %d micro-batches of the last still in flight", linear.ErrConfig, len(s.inflight))
 	}
-	s.ids, s.targets, s.loss, s.started = ids, targets, 0, false
-	s.home = stageSlot{model: s.g.bufs}
+	s.ids, s.targets, s.loss, s.started, s.accN = ids, targets, 0, false, 0
+	s.home, s.cur = stageSlot{model: s.g.bufs}, nil
 	for _, l := range s.layers {
 		s.home.layers = append(s.home.layers, l.SetScratch(nil))
 	}
@@ -128,7 +174,7 @@ func (s *GPTStage) Evaluate(ctx context.Context, mb int, in *tensor.Tensor) (*te
 		return nil, fmt.Errorf("%w: gpt stage: evaluating micro-batch %d of %d", linear.ErrConfig, mb, len(s.targets))
 	}
 	if s.home.layers == nil {
-		s.home = stageSlot{model: s.g.bufs}
+		s.home, s.cur = stageSlot{model: s.g.bufs}, nil
 		for _, l := range s.layers {
 			s.home.layers = append(s.home.layers, l.SetScratch(nil))
 		}
@@ -136,7 +182,7 @@ func (s *GPTStage) Evaluate(ctx context.Context, mb int, in *tensor.Tensor) (*te
 	sl := s.take()
 	s.use(sl)
 	defer func() {
-		s.keep(sl)
+		s.keep()
 		s.free = append(s.free, sl)
 		s.use(&s.home)
 	}()
@@ -174,24 +220,40 @@ func (s *GPTStage) Shape() []int { return []int{s.g.streamRows, s.g.Cfg.Dim} }
 func (s *GPTStage) Probs() []float64 { return s.probs }
 
 // use points the model and its layers at sl's scratch, and its blocks at
-// sl's ring attentions.
+// sl's ring attentions and experts' states, those of the slot in use before
+// kept in it.
 func (s *GPTStage) use(sl *stageSlot) {
+	if sl == s.cur {
+		return
+	}
+	n := len(s.g.blocks)
+	if sl.rings == nil {
+		sl.rings, sl.moes = make([]*ring.Attention, n), make([]*moe.State, n)
+	}
 	s.g.bufs = sl.model
 	for i, l := range s.layers {
 		l.SetScratch(sl.layers[i])
 	}
-	if sl.rings == nil {
-		sl.rings = make([]*ring.Attention, len(s.g.blocks))
-	}
 	for i, b := range s.g.blocks {
+		if s.cur != nil {
+			s.cur.rings[i] = b.ring
+		}
 		b.ring = sl.rings[i]
+		if b.moe != nil {
+			old := b.moe.SwapState(sl.moes[i])
+			if s.cur != nil {
+				s.cur.moes[i] = old
+			}
+		}
 	}
+	s.cur = sl
 }
 
-// keep stores in sl the ring attentions its micro-batch's forward made.
-func (s *GPTStage) keep(sl *stageSlot) {
+// keep stores in the slot in use what its blocks made (its ring
+// attentions).
+func (s *GPTStage) keep() {
 	for i, b := range s.g.blocks {
-		sl.rings[i] = b.ring
+		s.cur.rings[i] = b.ring
 	}
 }
 
@@ -265,7 +327,7 @@ func (s *GPTStage) Forward(ctx context.Context, mb int, in *tensor.Tensor) (*ten
 		return nil, err
 	}
 	loss, out, acts, err := s.g.forwardPart(ctx, *s.rt, ids, tgs, in)
-	s.keep(sl)
+	s.keep()
 	if err != nil {
 		return nil, err
 	}
@@ -291,6 +353,9 @@ func (s *GPTStage) BackwardInput(ctx context.Context, mb int, dout *tensor.Tenso
 	din, err := s.g.backwardPart(ctx, *s.rt, m.ids, m.tgs, m.acts, dout)
 	s.g.splitB = false
 	if err != nil {
+		return nil, err
+	}
+	if err := s.addExperts(); err != nil {
 		return nil, err
 	}
 	if !s.split {
@@ -335,5 +400,13 @@ func (s *GPTStage) Finish(ctx context.Context) error {
 	}
 	s.use(&s.home)
 	s.g.accum = false
+	for p, a := range s.acc { // the step's sums, for the optimizer
+		if n := a.Bytes(); n > 0 {
+			if err := s.rt.Kernels.Copy2D(p.g, 0, n, a, 0, n, n, 1); err != nil {
+				return err
+			}
+		}
+	}
+	s.accN = 0
 	return s.g.update(ctx, *s.rt)
 }

@@ -84,6 +84,25 @@ type Layer struct {
 	fwd      *forward
 }
 
+// State is what a forward keeps for its backward: the layer's scratch and
+// its routing. A pipeline stage with several micro-batches in flight gives
+// each its own (SwapState).
+type State struct {
+	bufs linear.Scratch
+	fwd  *forward
+}
+
+// SwapState makes s the layer's state (nil: a fresh one) and returns the
+// state it had: a micro-batch's forward and backward then run on s.
+func (l *Layer) SwapState(s *State) *State {
+	old := &State{bufs: l.bufs, fwd: l.fwd}
+	if s == nil {
+		s = &State{bufs: linear.Scratch{}}
+	}
+	l.bufs, l.fwd = s.bufs, s.fwd
+	return old
+}
+
 // New builds rank's share of the layer from whole parameters.
 func New(cfg Config, rank int, k kernels.Compute, p Params) (*Layer, error) {
 	if cfg.DType != tensor.Float32 {

@@ -233,9 +233,11 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 			return err
 		}
 		begin := time.Since(start)
+		var end time.Duration // when the action's work ended (before its send is queued)
 		switch a.Op {
 		case 'F':
 			out, err := r.st.Forward(r.ctx, a.MB, in)
+			end = time.Since(start)
 			if err != nil {
 				return fmt.Errorf("stage %d: %v: %w", r.s, a, err)
 			}
@@ -250,6 +252,7 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 			tr.Peak = max(tr.Peak, held)
 		case 'B':
 			out, err := r.st.BackwardInput(r.ctx, a.MB, in)
+			end = time.Since(start)
 			if err != nil {
 				return fmt.Errorf("stage %d: %v: %w", r.s, a, err)
 			}
@@ -265,7 +268,9 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 				}
 			}
 		case 'W':
-			if err := r.st.BackwardWeight(r.ctx, a.MB); err != nil {
+			err := r.st.BackwardWeight(r.ctx, a.MB)
+			end = time.Since(start)
+			if err != nil {
 				return fmt.Errorf("stage %d: %v: %w", r.s, a, err)
 			}
 			if out, ok := pending[a.MB]; ok {
@@ -275,7 +280,7 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 			}
 			held--
 		}
-		tr.Events = append(tr.Events, Event{Action: a, Start: begin, End: time.Since(start), Wait: begin - ready})
+		tr.Events = append(tr.Events, Event{Action: a, Start: begin, End: end, Wait: begin - ready})
 	}
 	return nil
 }

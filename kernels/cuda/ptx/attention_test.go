@@ -16,11 +16,29 @@ import (
 // provider's attention, float32 and bfloat16, causal or not, separate q, k,
 // v (more keys than queries) and a packed qkv.
 func TestAttentionMatchesCPU(t *testing.T) {
-	rng := rand.New(rand.NewSource(3))
+	attentionMatchesCPU(t, 3, []tensor.DType{tensor.Float32, tensor.BFloat16}, Attention, AttentionBackward)
+}
+
+// TestAttentionGEMMMatchesCPU: the provider's attention through GEMMs
+// (ptx.Attn's Scores, Out and Backward GEMMs run on the host, its softmax,
+// delta and ds kernels thread by thread) against the cpu provider's, float32,
+// causal or not, separate q, k, v (more keys than queries) and a packed qkv,
+// more than one batch and head.
+func TestAttentionGEMMMatchesCPU(t *testing.T) {
+	attentionMatchesCPU(t, 4, []tensor.DType{tensor.Float32}, AttentionGEMM, AttentionBackwardGEMM)
+}
+
+// attentionMatchesCPU checks an emulated attention's forward and backward
+// against the cpu provider's, for each dtype of dts, packed or not, causal
+// or not (the tensors drawn from seed).
+func attentionMatchesCPU(t *testing.T, seed int64, dts []tensor.DType,
+	fwd func(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) error,
+	bwd func(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) error) {
+	rng := rand.New(rand.NewSource(seed))
 	p := cpuP(t)
 	st := kernels.StatsDType(tensor.BFloat16)
 	const b, h, s, e, f = 2, 3, 5, 4, 6
-	for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
+	for _, dt := range dts {
 		tol := 4 * tolOf(dt)
 		for _, packed := range []bool{false, true} {
 			for _, causal := range []bool{false, true} {
@@ -35,7 +53,7 @@ func TestAttentionMatchesCPU(t *testing.T) {
 				}
 				o, lse := tensor.New(dt, b, s, h, ff), tensor.New(st, b, h, s)
 				wo, wlse := tensor.New(dt, b, s, h, ff), tensor.New(st, b, h, s)
-				if err := Attention(o, lse, q, k, v, causal, 7); err != nil {
+				if err := fwd(o, lse, q, k, v, causal, 7); err != nil {
 					t.Fatal(err)
 				}
 				if err := p.Attention(wo, wlse, q, k, v, causal); err != nil {
@@ -52,7 +70,7 @@ func TestAttentionMatchesCPU(t *testing.T) {
 					dk, dv = tensor.New(dt, k.Shape()...), tensor.New(dt, v.Shape()...)
 					wdk, wdv = tensor.New(dt, k.Shape()...), tensor.New(dt, v.Shape()...)
 				}
-				if err := AttentionBackward(dq, dk, dv, do, q, k, v, wo, wlse, causal, 5); err != nil {
+				if err := bwd(dq, dk, dv, do, q, k, v, wo, wlse, causal, 5); err != nil {
 					t.Fatal(err)
 				}
 				if err := p.AttentionBackward(wdq, wdk, wdv, do, q, k, v, wo, wlse, causal); err != nil {
@@ -63,60 +81,6 @@ func TestAttentionMatchesCPU(t *testing.T) {
 					same(t, name+" dk", dk, wdk, tol)
 					same(t, name+" dv", dv, wdv, tol)
 				}
-			}
-		}
-	}
-}
-
-// TestAttentionGEMMMatchesCPU: the provider's attention through GEMMs
-// (ptx.Attn's Scores, Out and Backward GEMMs run on the host, its softmax,
-// delta and ds kernels thread by thread) against the cpu provider's, float32,
-// causal or not, separate q, k, v (more keys than queries) and a packed qkv,
-// more than one batch and head.
-func TestAttentionGEMMMatchesCPU(t *testing.T) {
-	rng := rand.New(rand.NewSource(4))
-	p := cpuP(t)
-	st := kernels.StatsDType(tensor.Float32)
-	const b, h, s, e, f = 2, 3, 5, 4, 6
-	tol := 4 * tolOf(tensor.Float32)
-	for _, packed := range []bool{false, true} {
-		for _, causal := range []bool{false, true} {
-			name := fmt.Sprintf("packed=%v causal=%v", packed, causal)
-			var q, k, v, dk, dv, wdk, wdv *tensor.Tensor
-			tk, ff := 7, f
-			if packed {
-				tk, ff = s, e
-				q = randn(rng, tensor.Float32, 1, b, s, h, 3, e)
-			} else {
-				q, k, v = randn(rng, tensor.Float32, 1, b, s, h, e), randn(rng, tensor.Float32, 1, b, tk, h, e), randn(rng, tensor.Float32, 1, b, tk, h, f)
-			}
-			o, lse := tensor.New(tensor.Float32, b, s, h, ff), tensor.New(st, b, h, s)
-			wo, wlse := tensor.New(tensor.Float32, b, s, h, ff), tensor.New(st, b, h, s)
-			if err := AttentionGEMM(o, lse, q, k, v, causal, 7); err != nil {
-				t.Fatal(err)
-			}
-			if err := p.Attention(wo, wlse, q, k, v, causal); err != nil {
-				t.Fatal(err)
-			}
-			same(t, name+" o", o, wo, tol)
-			same(t, name+" lse", lse, wlse, 2e-6)
-
-			do := randn(rng, tensor.Float32, 1, b, s, h, ff)
-			dq, wdq := tensor.New(tensor.Float32, q.Shape()...), tensor.New(tensor.Float32, q.Shape()...)
-			if !packed {
-				dk, dv = tensor.New(tensor.Float32, k.Shape()...), tensor.New(tensor.Float32, v.Shape()...)
-				wdk, wdv = tensor.New(tensor.Float32, k.Shape()...), tensor.New(tensor.Float32, v.Shape()...)
-			}
-			if err := AttentionBackwardGEMM(dq, dk, dv, do, q, k, v, wo, wlse, causal, 5); err != nil {
-				t.Fatal(err)
-			}
-			if err := p.AttentionBackward(wdq, wdk, wdv, do, q, k, v, wo, wlse, causal); err != nil {
-				t.Fatal(err)
-			}
-			same(t, name+" dq", dq, wdq, tol)
-			if !packed {
-				same(t, name+" dk", dk, wdk, tol)
-				same(t, name+" dv", dv, wdv, tol)
 			}
 		}
 	}

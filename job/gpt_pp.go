@@ -29,7 +29,7 @@ type pipeFlags struct {
 func (f *pipeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.microBatches, "micro-batches", 0, "with pp: split each step's batch into `M` micro-batches, the gradients accumulated over them (0: 2·pp, or the largest divisor of --batch below; --batch a multiple of M)")
 	fs.StringVar(&f.schedule, "schedule", "1f1b", "with pp: the pipeline `SCHEDULE`, gpipe, 1f1b or zb (ZB-H1: the weight gradients deferred into the bubbles)")
-	fs.StringVar(&f.layers, "pp-layers", "", "with pp: each stage's blocks, e.g. `3,3,2` (default: balanced, the last stages one more)")
+	fs.StringVar(&f.layers, "pp-layers", "", "with pp: each stage's blocks, e.g. `3,3,2` (default: balanced by a count of each stage's multiply-adds, the head's on the last; ties give the last stages more)")
 }
 
 // gptPipeline is a GPT split into pipeline stages over the mesh dim pp
@@ -68,7 +68,7 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 	if cfg.Layers == 0 {
 		return nil, fmt.Errorf("--layers 0 on pp=%d: a stage would have no layer", pp)
 	}
-	if p.layers, err = pipeline.StageLayers(cfg.Layers, pp, f.layers); err != nil {
+	if p.layers, err = pipeline.StageLayers(cfg.Layers, pp, f.layers, splitCost(cfg)); err != nil {
 		return nil, err
 	}
 	if p.m == 0 {
@@ -88,6 +88,15 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 		return nil, fmt.Errorf("--micro-batches %d: %w", p.m, err)
 	}
 	return p, nil
+}
+
+// splitCost prices the GPT's stages for the default split (a forward's
+// multiply-adds per token; the backward scales alike): a block its
+// projections (12·D² weights) and its attention (a causal context, C·D),
+// the last stage its head (V·D) and its loss, the first its embeddings.
+func splitCost(cfg models.GPTConfig) pipeline.SplitCost {
+	d, c, v := float64(cfg.Dim), float64(cfg.Context), float64(cfg.Vocab)
+	return pipeline.SplitCost{Block: 12*d*d + c*d, First: 2 * d, Last: v*d + 5*v + 5*d}
 }
 
 // part is stage s's share of the model: its config (the stage's mesh, a

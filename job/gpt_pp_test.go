@@ -41,7 +41,7 @@ func TestGPTPipeline(t *testing.T) {
 		ms           []string
 		sp, moe      bool
 	}{{"pp=2", "", []int{2, 2}, nil, false, false}, {"pp=4", "", []int{1, 1, 1, 1}, nil, false, false}, {"pp=2,tp=2", "", []int{2, 2}, nil, false, false},
-		{"pp=2", "3,1", []int{3, 1}, nil, false, false}, {"pp=3", "", []int{1, 1, 2}, nil, false, false},
+		{"pp=2", "3,1", []int{3, 1}, nil, false, false}, {"pp=3", "", []int{1, 2, 1}, nil, false, false},
 		{"pp=2,dp=2", "", []int{2, 2}, []string{"2", "4"}, false, false}, {"pp=2,cp=2", "", []int{2, 2}, nil, false, false},
 		{"pp=2,tp=2", "", []int{2, 2}, []string{"4"}, true, false}, {"pp=2,ep=2,tp=1", "", []int{2, 2}, []string{"2", "4"}, false, true}} {
 		ms := tc.ms

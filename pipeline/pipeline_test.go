@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -295,5 +296,72 @@ step 10, bubble 10.0% (idle / (2 stages × step)); one column = 1; F: the micro-
 	tl.Unit = 3
 	if rows := strings.Split(tl.Text(), "\n"); !strings.HasPrefix(rows[0], "stage 0 |1..BBBBBBBB| idle 9") {
 		t.Errorf("one column per 3 units:\n%s", tl.Text())
+	}
+}
+
+// TestBalance: a split of the blocks into stages costs least at its
+// costliest stage (checked against every split, small cases), takes
+// layers/pp each with the last layers mod pp one more when the stages are
+// alike, and gives the stage with the head (or the embeddings) fewer
+// blocks when it costs.
+func TestBalance(t *testing.T) {
+	stageMax := func(per []int, c SplitCost) float64 {
+		m := 0.0
+		for s, n := range per {
+			v := float64(n) * c.Block
+			if s == 0 {
+				v += c.First
+			}
+			if s == len(per)-1 {
+				v += c.Last
+			}
+			m = max(m, v)
+		}
+		return m
+	}
+	var best func(layers, pp int, c SplitCost, per []int) float64
+	best = func(layers, pp int, c SplitCost, per []int) float64 {
+		if len(per) == pp-1 {
+			return stageMax(append(per, layers), c)
+		}
+		b := math.Inf(1)
+		for n := 1; n <= layers-(pp-1-len(per)); n++ {
+			b = min(b, best(layers-n, pp, c, append(slices.Clone(per), n)))
+		}
+		return b
+	}
+	for layers := 1; layers <= 9; layers++ {
+		for pp := 1; pp <= min(layers, 4); pp++ {
+			for _, c := range []SplitCost{{1, 0, 0}, {1, 0, 2.5}, {2, 3, 0}, {1, 0.4, 1.7}} {
+				per := Balance(layers, pp, c)
+				sum := 0
+				for _, n := range per {
+					if n < 1 {
+						t.Fatalf("layers %d pp %d cost %+v: %v has an empty stage", layers, pp, c, per)
+					}
+					sum += n
+				}
+				if sum != layers || len(per) != pp {
+					t.Fatalf("layers %d pp %d cost %+v: %v", layers, pp, c, per)
+				}
+				if got, want := stageMax(per, c), best(layers, pp, c, nil); math.Abs(got-want) > 1e-9 {
+					t.Errorf("layers %d pp %d cost %+v: %v costs %g at its costliest stage, the best split %g", layers, pp, c, per, got, want)
+				}
+			}
+		}
+	}
+	for _, tc := range []struct {
+		layers, pp int
+		c          SplitCost
+		want       []int
+	}{
+		{10, 4, SplitCost{}, []int{2, 2, 3, 3}},
+		{8, 2, SplitCost{Block: 1}, []int{4, 4}},
+		{8, 2, SplitCost{Block: 1, Last: 2}, []int{5, 3}},
+		{8, 4, SplitCost{Block: 1, First: 1}, []int{1, 2, 2, 3}},
+	} {
+		if got := Balance(tc.layers, tc.pp, tc.c); !slices.Equal(got, tc.want) {
+			t.Errorf("Balance(%d, %d, %+v) = %v, want %v", tc.layers, tc.pp, tc.c, got, tc.want)
+		}
 	}
 }

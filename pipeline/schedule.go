@@ -22,6 +22,9 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"math"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -328,13 +331,18 @@ func needs(a Action, s int) string {
 // MaxStageLayers bounds a stage's layers in StageLayers' spec.
 const MaxStageLayers = 1 << 16
 
+// SplitCost is what a split of a model's blocks into stages balances: one
+// block's cost, and what the first stage (the embeddings) and the last (the
+// head and the loss) add; any unit. The zero value prices every block 1 and
+// nothing else.
+type SplitCost struct{ Block, First, Last float64 }
+
 // StageLayers splits a model of layers blocks into pp stages: as spec says
 // ("3,3,1,1": each stage's, summing to layers unless layers is 0), or
-// balanced, the last layers mod pp stages one more (the first stage holds
-// the most micro-batches at once under 1F1B); layers 0 without spec is one
-// per stage. Every stage has at least one layer. The errors name the flags
-// --pp-layers and --layers, which take these values.
-func StageLayers(layers, pp int, spec string) ([]int, error) {
+// balanced (Balance) under cost; layers 0 without spec is one per stage.
+// Every stage has at least one layer. The errors name the flags --pp-layers
+// and --layers, which take these values.
+func StageLayers(layers, pp int, spec string, cost SplitCost) ([]int, error) {
 	var per []int
 	if spec != "" {
 		sum := 0
@@ -362,12 +370,63 @@ func StageLayers(layers, pp int, spec string) ([]int, error) {
 	if layers < pp {
 		return nil, fmt.Errorf("--layers %d on pp=%d: a stage would have no layer", layers, pp)
 	}
-	for s := 0; s < pp; s++ {
-		n := layers / pp
-		if s >= pp-layers%pp {
-			n++
-		}
-		per = append(per, n)
+	return Balance(layers, pp, cost), nil
+}
+
+// Balance splits layers blocks (at least pp) into pp stages of at least one
+// each so that the costliest stage (its blocks, and the first's and the
+// last's extras) costs least; among such splits, the first stages take
+// fewer blocks (under 1F1B the first stage holds the most micro-batches at
+// once). With equal stages and no extras: layers/pp each, the last
+// layers mod pp one more.
+func Balance(layers, pp int, cost SplitCost) []int {
+	b := cost.Block
+	if !(b > 0) {
+		b = 1
 	}
-	return per, nil
+	extra := func(s int) float64 {
+		e := 0.0
+		if s == 0 {
+			e += max(cost.First, 0)
+		}
+		if s == pp-1 {
+			e += max(cost.Last, 0)
+		}
+		return e
+	}
+	// caps are the most blocks each stage takes under a bound t.
+	caps := func(t float64) ([]int, int) {
+		c, sum := make([]int, pp), 0
+		for s := range pp {
+			c[s] = int(math.Floor((t - extra(s)) / b * (1 + 1e-12)))
+			c[s] = min(c[s], layers-(pp-1))
+			sum += c[s]
+		}
+		return c, sum
+	}
+	feasible := func(c []int, sum int) bool {
+		for _, n := range c {
+			if n < 1 {
+				return false
+			}
+		}
+		return sum >= layers
+	}
+	// The bound is some stage's cost: n blocks and its extras.
+	var cands []float64
+	for s := range pp {
+		for n := 1; n <= layers-(pp-1); n++ {
+			cands = append(cands, float64(n)*b+extra(s))
+		}
+	}
+	slices.Sort(cands)
+	i := sort.Search(len(cands), func(i int) bool { return feasible(caps(cands[i])) })
+	c, sum := caps(cands[min(i, len(cands)-1)])
+	for s := 0; sum > layers; s = (s + 1) % pp { // the surplus off the first stages
+		if c[s] > 1 {
+			c[s]--
+			sum--
+		}
+	}
+	return c
 }

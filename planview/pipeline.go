@@ -60,7 +60,7 @@ func (o PipelineOptions) stageLayers(pp int) ([]int, pipeline.Kind, error) {
 	if o.Layers < 0 || o.Layers > maxLayers {
 		return nil, 0, fmt.Errorf("--layers %d: want 0 (one per stage) to %d", o.Layers, maxLayers)
 	}
-	per, err := pipeline.StageLayers(o.Layers, pp, o.StageLayers)
+	per, err := pipeline.StageLayers(o.Layers, pp, o.StageLayers, pipeline.SplitCost{})
 	return per, kind, err
 }
 

@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/meshrun/meshrun/internal/exitcode"
 )
@@ -42,6 +43,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if err == nil {
+		o.Colour = colourTerminal(stdout)
 		err = o.Validate()
 	}
 	if err == nil {
@@ -55,4 +57,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	return 0
+}
+
+// colourTerminal reports whether a drawing on w may be coloured: w is a
+// terminal and NO_COLOR (no-color.org) is unset.
+func colourTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok || os.Getenv("NO_COLOR") != "" {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -2,6 +2,7 @@ package planview
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -43,6 +44,10 @@ type PlanOptions struct {
 	// Block plans a whole block instead of one op ("mlp").
 	Block string
 	BlockOptions
+	// Draw also draws the plan: "text" (colour where Colour), or "svg"
+	// into DrawFile.
+	Draw, DrawFile string
+	Colour         bool
 	// set holds the flags the command line gave.
 	set map[string]bool
 }
@@ -112,7 +117,50 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 	fs.IntVar(&o.Pipeline.MicroBatches, "micro-batches", 8, "block transformer with pp: micro-batches per step (--tokens each)")
 	fs.IntVar(&o.Pipeline.Layers, "layers", 0, "block transformer with pp: the model's blocks, split evenly over the stages (default: one per stage)")
 	fs.StringVar(&o.Pipeline.StageLayers, "pp-layers", "", "block transformer with pp: each stage's blocks, `LAYERS` such as 3,3,1,1 (default: --layers split evenly)")
+	fs.Var(drawFlag{&o.Draw}, "draw", "also draw each tensor's blocks on the ranks and each collective's move: in text (--draw; coloured on a terminal unless NO_COLOR is set), or --draw svg -o FILE")
+	fs.StringVar(&o.DrawFile, "o", "", "with --draw svg: write the SVG to `FILE`")
 	return fs, inputs
+}
+
+// drawFlag is --draw: alone it draws in text; --draw svg, --draw text (or
+// --draw=svg) name the form.
+type drawFlag struct{ v *string }
+
+func (f drawFlag) String() string {
+	if f.v == nil {
+		return ""
+	}
+	return *f.v
+}
+
+func (f drawFlag) Set(s string) error {
+	switch s {
+	case "true":
+		*f.v = "text"
+	case "text", "svg":
+		*f.v = s
+	default:
+		return fmt.Errorf("want text or svg, not %q", s)
+	}
+	return nil
+}
+
+func (f drawFlag) IsBoolFlag() bool { return true }
+
+// drawArgs joins "--draw svg" and "--draw text" into one argument: --draw
+// alone is a switch, so a form after it would be taken for an argument.
+func drawArgs(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if (a == "--draw" || a == "-draw") && i+1 < len(args) && (args[i+1] == "svg" || args[i+1] == "text") {
+			out = append(out, a+"="+args[i+1])
+			i++
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // ParsePlanFlags reads `launcher plan` flags. Errors are usage errors;
@@ -120,7 +168,7 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 func ParsePlanFlags(args []string) (PlanOptions, error) {
 	o := PlanOptions{Inputs: map[string]string{}}
 	fs, in := planFlags(&o)
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(drawArgs(args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err
 		}
@@ -161,6 +209,16 @@ type plan struct {
 func (o PlanOptions) Validate() error {
 	if _, err := o.model(); err != nil {
 		return err
+	}
+	switch {
+	case o.Draw == "svg" && o.DrawFile == "":
+		return errors.New("--draw svg needs -o FILE, the SVG to write")
+	case o.DrawFile != "" && o.Draw != "svg":
+		return errors.New("-o FILE is --draw svg's file")
+	case o.Draw != "" && o.JSON:
+		return errors.New("--draw and --json: one or the other")
+	case o.Draw != "" && (o.Block == "moe" || o.Op == "redistribute"):
+		return fmt.Errorf("--draw draws one op (--op) or the blocks mlp and transformer, not %s", cmp.Or(o.Block, o.Op))
 	}
 	if o.Block != "" {
 		_, err := o.block()
@@ -392,8 +450,55 @@ func (o PlanOptions) run(ctx context.Context, pl *placement.Planner, w io.Writer
 		_, err = fmt.Fprintf(w, "%s\n", b)
 		return err
 	}
-	_, err = io.WriteString(w, spmd.Text(fwd, bwd, elemSize))
-	return err
+	if _, err = io.WriteString(w, spmd.Text(fwd, bwd, elemSize)); err != nil {
+		return err
+	}
+	return o.draw(w, []drawnOp{{title: fwd.Op + " on mesh " + fwd.Inputs[0].Spec.Mesh.String(), fwd: fwd, bwd: bwd}})
+}
+
+// drawnOp is an op of a plan to draw.
+type drawnOp struct {
+	title string
+	fwd   *spmd.Plan
+	bwd   *spmd.Backward
+}
+
+// draw draws ops as --draw asks: in text on w, or as one SVG into DrawFile.
+func (o PlanOptions) draw(w io.Writer, ops []drawnOp) error {
+	switch o.Draw {
+	case "text":
+		for _, op := range ops {
+			fmt.Fprintln(w)
+			drawOp(w, op.title, op.fwd, op.bwd, o.Colour)
+		}
+	case "svg":
+		var ts []drawn
+		var moves []string
+		for _, op := range ops {
+			t, m := opDrawing(op.fwd, op.bwd)
+			for i := range t {
+				t[i].name = op.title + ": " + t[i].name
+			}
+			ts, moves = append(ts, t...), append(moves, m...)
+		}
+		f, err := os.Create(o.DrawFile)
+		if err != nil {
+			return err
+		}
+		title := "launcher plan --mesh " + o.Mesh
+		if o.Block != "" {
+			title += " --block " + o.Block
+		}
+		if err := drawSVG(f, title, ts, moves); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "drawing: %s\n", o.DrawFile)
+	}
+	return nil
 }
 
 // runBlock plans the MLP block within ctx, prints its plan (RunBlock) and the
@@ -416,6 +521,19 @@ func (o PlanOptions) runBlock(ctx context.Context, pl *placement.Planner, w io.W
 	}
 	if err := RunBlock(w, b); err != nil {
 		return err
+	}
+	if o.Draw != "" {
+		ops, err := b.plan()
+		if err != nil {
+			return err
+		}
+		var d []drawnOp
+		for _, op := range ops {
+			d = append(d, drawnOp{title: o.Block + " " + op.Name + " on mesh " + b.Mesh, fwd: op.Fwd, bwd: op.Bwd})
+		}
+		if err := o.draw(w, d); err != nil {
+			return err
+		}
 	}
 	if o.JSON || o.Block == "transformer" {
 		return nil

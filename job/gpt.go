@@ -18,6 +18,7 @@ import (
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/runlog"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -395,12 +396,15 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *mo
 	for s := t.startStep + 1; s <= steps; s++ {
 		comms.reset()
 		c.batch(rng, c.train, cfg.Batch, cfg.Context, b.ids.Float32(), b.targets.Float32())
+		tr.take("kernel")
+		tr.take("collective")
 		start := time.Now()
 		loss, err := run.step(ctx, b)
 		if err != nil {
 			return tl, err
 		}
 		d := time.Since(start)
+		env.Run.Step(runlog.NewStepRecord(s, loss, d, tr.take("kernel"), tr.take("collective"), comms.bytes))
 		tl.stepMS = append(tl.stepMS, ms(d))
 		if s == t.startStep+1 {
 			tl.first = loss

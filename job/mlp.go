@@ -1,10 +1,12 @@
 package job
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
 	"github.com/meshrun/meshrun/redistribute"
+	"github.com/meshrun/meshrun/runlog"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -43,8 +46,8 @@ type MLPReport struct {
 	GFLOPs           float64        `json:"gflops"`
 	CommBytesPerStep int64          `json:"comm_bytes_per_step"`
 	Collectives      map[string]int `json:"collectives_per_step"`
-	// Per step, median: time in local kernels and in redistributions, and the
-	// rest (the runtime's overhead).
+	// The median step's time in local kernels and in redistributions, and
+	// the rest (the runtime's overhead): they add up to StepMSMedian.
 	KernelMS   float64 `json:"kernel_ms"`
 	CommMS     float64 `json:"comm_ms"`
 	OverheadMS float64 `json:"overhead_ms"`
@@ -164,7 +167,7 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 		tr := newTracer(env.Run)
 		rt := tr.runtime(w, dev)
 		rt.Record = comms.record
-		var stepMS, kernMS, commMS []float64
+		var recs []runlog.StepRecord
 		var first, last float64
 		var moved tensor.Transfers
 		for s := startStep + 1; s <= steps; s++ {
@@ -179,7 +182,9 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 			}
 			d := time.Since(start)
 			moved = dev.Transfers().Sub(before)
-			stepMS, kernMS, commMS = append(stepMS, ms(d)), append(kernMS, ms(tr.take("kernel"))), append(commMS, ms(tr.take("collective")))
+			rec := runlog.NewStepRecord(s, loss, d, tr.take("kernel"), tr.take("collective"), comms.bytes)
+			env.Run.Step(rec)
+			recs = append(recs, rec)
 			if s == startStep+1 {
 				first = loss
 			}
@@ -197,14 +202,19 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 		}
 		r := &MLPReport{Mesh: m.String(), Device: dev.Device().String(), Kernels: rd.choice.String(), DType: rd.dtype.String(),
 			SequenceParallel: cfg.SequenceParallel, Tokens: cfg.Tokens, Hidden: cfg.Hidden,
-			FFN: cfg.FFN, Steps: steps, FirstStep: startStep + 1, LossFirst: first, LossLast: last, StepMSMedian: median(stepMS),
+			FFN: cfg.FFN, Steps: steps, FirstStep: startStep + 1, LossFirst: first, LossLast: last,
 			LoadMS: loadMS, SaveMS: sv.MS, SaveFailures: sv.Failed, ParamBytes: paramBytes(block.Params()),
-			CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), KernelMS: median(kernMS), CommMS: median(commMS)}
+			CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts)}
+		// The median step (median's) and its own breakdown, which adds up
+		// to it.
+		if len(recs) > 0 {
+			m := slices.SortedFunc(slices.Values(recs), func(a, b runlog.StepRecord) int { return cmp.Compare(a.StepMS, b.StepMS) })[len(recs)/2]
+			r.StepMSMedian, r.KernelMS, r.CommMS, r.OverheadMS = m.StepMS, m.KernelMS, m.CollectiveMS, m.OtherMS
+		}
 		r.GFLOPs = cfg.FLOPsPerStep() / (r.StepMSMedian / 1e3) / 1e9
 		r.H2DBytesPerStep, r.D2HBytesPerStep = moved.H2D.Bytes, moved.D2H.Bytes
 		r.H2DCopiesPerStep, r.D2HCopiesPerStep = moved.H2D.Calls, moved.D2H.Calls
 		r.StagedBytesPerStep = moved.StagedH2D.Bytes + moved.StagedD2H.Bytes
-		r.OverheadMS = r.StepMSMedian - r.KernelMS - r.CommMS
 		mu.Lock()
 		report = r
 		mu.Unlock()

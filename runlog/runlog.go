@@ -89,6 +89,10 @@ type Rank struct {
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
 	failOnce   sync.Once
+	// steps is steps.jsonl, opened at the first Step.
+	stepsMu   sync.Mutex
+	steps     *lossyFile
+	stepsSaid bool
 }
 
 // Open opens the rank's logs from the environment. Without MESHRUN_RANK_DIR it
@@ -348,6 +352,11 @@ func (r *Rank) Close() error {
 			}
 		}
 		r.Log.Sync()
+		r.stepsMu.Lock()
+		if r.steps != nil {
+			r.steps.close(nil)
+		}
+		r.stepsMu.Unlock()
 		if r.logFile != nil {
 			cerr := r.logFile.close(func(n int64) []byte {
 				return []byte(fmt.Sprintf(`{"ts_ms":%d,"level":"warn","msg":"log entries dropped","dropped":%d,"job":%q,"rank":%d,"node":%d,"pid":%d}`+"\n",

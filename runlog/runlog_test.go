@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -349,4 +350,37 @@ func TestRecord(t *testing.T) {
 	if _, ok := got["refused"]; ok || got["step"][0] >= 1000 {
 		t.Errorf("a negative lane recorded, or the open span on a Record row: %v", got)
 	}
+}
+
+// TestSteps: each Step appends a line to steps.jsonl, whose times add up;
+// parts that overlapped beyond the step are scaled into it, and nothing is
+// written without a folder.
+func TestSteps(t *testing.T) {
+	dir := t.TempDir()
+	r := open(t, dir, nil, nil)
+	r.Step(NewStepRecord(1, 2.5, 10*time.Millisecond, 6*time.Millisecond, 3*time.Millisecond, 1024))
+	r.Step(NewStepRecord(2, 2.4, 10*time.Millisecond, 9*time.Millisecond, 3*time.Millisecond, 0)) // 12 ms of spans in 10
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, StepsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("%d lines:\n%s", len(lines), b)
+	}
+	for i, l := range lines {
+		var s StepRecord
+		if err := json.Unmarshal([]byte(l), &s); err != nil {
+			t.Fatal(err)
+		}
+		sum := s.KernelMS + s.CollectiveMS + s.OtherMS
+		if s.Step != i+1 || math.Abs(sum-s.StepMS) > 1e-9 || s.OtherMS < 0 || s.StepMS != 10 {
+			t.Errorf("line %d: %+v (parts sum to %g)", i, s, sum)
+		}
+	}
+	var nothing *Rank
+	nothing.Step(StepRecord{}) // a nil Rank writes nothing
 }

@@ -32,6 +32,9 @@ commands:
          launcher stacks [JOB|latest]
   trace  every rank's trace merged into one Chrome/Perfetto file
          launcher trace [JOB|latest] -o trace.json
+  report one HTML page about a job: outcome, loss and step time per step, each rank's
+         step split, bytes, one step across the ranks (launcher report -h)
+         launcher report [JOB|latest] [-o report.html]
   ckpt   inspect a checkpoint, or gather it into one safetensors file
          launcher ckpt inspect DIR      launcher ckpt convert DIR --to model.safetensors
 

@@ -11,6 +11,7 @@ import (
 	"github.com/meshrun/meshrun/launch"
 	"github.com/meshrun/meshrun/logview"
 	"github.com/meshrun/meshrun/planview"
+	"github.com/meshrun/meshrun/report"
 )
 
 func main() {
@@ -21,8 +22,8 @@ func main() {
 }
 
 // run is the command line: plan prints the plans a job would run (package
-// planview), logs and trace view a job's folder (package logview), every
-// other command is package launch's.
+// planview), logs and trace view a job's folder (package logview), report
+// makes its page (package report), every other command is package launch's.
 func run(ctx context.Context, args []string) int {
 	if len(args) > 0 {
 		switch args[0] {
@@ -32,6 +33,8 @@ func run(ctx context.Context, args []string) int {
 			return logview.LogsMain(ctx, args[1:], os.Stdout, os.Stderr)
 		case "trace":
 			return logview.TraceMain(args[1:], os.Stdout, os.Stderr)
+		case "report":
+			return report.Main(args[1:], os.Stdout, os.Stderr)
 		}
 	}
 	return launch.Main(ctx, args, os.Stdout, os.Stderr)

@@ -116,7 +116,9 @@ func Read(dir string) (*Job, error) {
 	return j, nil
 }
 
-func (j *Job) note(format string, args ...any) { j.Notes = append(j.Notes, fmt.Sprintf(format, args...)) }
+func (j *Job) note(format string, args ...any) {
+	j.Notes = append(j.Notes, fmt.Sprintf(format, args...))
+}
 
 // steps are rank r's steps over every attempt, in order.
 func (j *Job) steps(r int) []runlog.StepRecord {

@@ -18,7 +18,6 @@ import (
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/models"
 	"github.com/meshrun/meshrun/placement"
-	"github.com/meshrun/meshrun/runlog"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -404,7 +403,7 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *mo
 			return tl, err
 		}
 		d := time.Since(start)
-		env.Run.Step(runlog.NewStepRecord(s, loss, d, tr.take("kernel"), tr.take("collective"), comms.bytes))
+		env.Run.Step(comms.stepRecord(s, loss, d, tr.take("kernel"), tr.take("collective")))
 		tl.stepMS = append(tl.stepMS, ms(d))
 		if s == t.startStep+1 {
 			tl.first = loss

@@ -182,7 +182,7 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 			}
 			d := time.Since(start)
 			moved = dev.Transfers().Sub(before)
-			rec := runlog.NewStepRecord(s, loss, d, tr.take("kernel"), tr.take("collective"), comms.bytes)
+			rec := comms.stepRecord(s, loss, d, tr.take("kernel"), tr.take("collective"))
 			env.Run.Step(rec)
 			recs = append(recs, rec)
 			if s == startStep+1 {
@@ -243,18 +243,34 @@ func finish[R any](env Env, name string, err error, report *R) int {
 type stepComms struct {
 	bytes  int64
 	counts map[string]int
+	kinds  map[string]int64 // bytes by collective kind
 }
 
 func (c *stepComms) record(name string, ex redistribute.Executed) {
 	if len(ex.Group) > 1 && ex.Kind.Moves() {
 		c.bytes += ex.Bytes
 		c.counts[ex.Kind.String()+" "+name]++
+		if c.kinds == nil {
+			c.kinds = map[string]int64{}
+		}
+		c.kinds[ex.Kind.String()] += ex.Bytes
 	}
 }
 
 func (c *stepComms) reset() {
 	c.bytes = 0
 	clear(c.counts)
+	clear(c.kinds)
+}
+
+// stepRecord is a step's record for steps.jsonl, its collectives' bytes
+// by kind among it.
+func (c *stepComms) stepRecord(step int, loss float64, d, kernel, coll time.Duration) runlog.StepRecord {
+	rec := runlog.NewStepRecord(step, loss, d, kernel, coll, c.bytes)
+	if len(c.kinds) > 0 {
+		rec.CollectiveBytes = maps.Clone(c.kinds)
+	}
+	return rec
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

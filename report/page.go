@@ -375,6 +375,26 @@ func writeBytes(b *strings.Builder, j *Job) {
 		}
 	}
 	plot(b, "Bytes the collectives moved per step (rank 0)", "MiB", ss, restarts(j))
+	// Bytes by kind: the mean per step over rank 0's steps.
+	kinds := map[string]float64{}
+	steps := j.steps(0)
+	for _, st := range steps {
+		for k, v := range st.CollectiveBytes {
+			kinds[k] += float64(v) / float64(len(steps))
+		}
+	}
+	if len(kinds) > 0 {
+		names := make([]string, 0, len(kinds))
+		for k := range kinds {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		b.WriteString("<table><tr><th>collective kind</th><th>bytes per step, rank 0 (mean)</th></tr>\n")
+		for _, k := range names {
+			fmt.Fprintf(b, "<tr><td>%s</td><td>%.0f</td></tr>\n", esc(k), kinds[k])
+		}
+		b.WriteString("</table>\n")
+	}
 	cs, ok := j.Report["collectives_per_step"].(map[string]any)
 	if !ok || len(cs) == 0 {
 		return

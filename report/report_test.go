@@ -56,7 +56,7 @@ func fakeJob(t testing.TB, ranks, attempts, perAttempt, spike int) string {
 					ms *= 100
 				}
 				rec := runlog.StepRecord{Step: s, Loss: 2 / math.Sqrt(float64(s)), StepMS: ms, KernelMS: 0.6 * ms, CollectiveMS: 0.3 * ms, OtherMS: 0.1 * ms,
-					CommBytes: 4096, TimeMS: t0 + int64(s)*20}
+					CommBytes: 4096, CollectiveBytes: map[string]int64{"all_reduce": 4096}, TimeMS: t0 + int64(s)*20}
 				line, _ := json.Marshal(rec)
 				b.Write(append(line, '\n'))
 			}
@@ -137,7 +137,7 @@ func TestReportPage(t *testing.T) {
 		t.Fatalf("%d SVGs, want 5 (loss, step time, split, bytes, timeline)", len(ss))
 	}
 	for _, want := range []string{"launcher run -n 2 mlp", `<span class="ok">ok</span>`, "0: rank_failed; 1: ok", "attempt 0", "attempt 1", "restart",
-		"held-out (end)", "rank 1", "all_reduce dx", "10.00 ms = kernels 6.00 + collectives 3.00 + other 1.00", "step 20 of the last attempt", "tokens/s"} {
+		"held-out (end)", "rank 1", "all_reduce dx", "<td>all_reduce</td><td>4096</td>", "10.00 ms = kernels 6.00 + collectives 3.00 + other 1.00", "step 20 of the last attempt", "tokens/s"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("no %q in the page", want)
 		}

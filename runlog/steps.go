@@ -28,6 +28,9 @@ type StepRecord struct {
 	CollectiveMS float64 `json:"collective_ms"`
 	OtherMS      float64 `json:"other_ms"`
 	CommBytes    int64   `json:"comm_bytes"`
+	// CollectiveBytes are CommBytes by collective kind (all_reduce,
+	// all_gather, ...).
+	CollectiveBytes map[string]int64 `json:"collective_bytes,omitempty"`
 	// TimeMS is when the step ended, in Unix milliseconds.
 	TimeMS int64 `json:"time_ms"`
 }

@@ -187,8 +187,16 @@ func uniqueSorted(vs ...int) []int {
 // colours of the curves and bars.
 var colours = []string{"#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2", "#edc948", "#9c755f"}
 
-// plot draws curves on shared axes, with vertical markers at xs (restarts).
-func plot(b *strings.Builder, title, ylabel string, ss []series, marks []float64) {
+// mark is a vertical marker of a plot: a restart, a checkpoint.
+type mark struct {
+	x      float64
+	label  string
+	colour string
+	dash   string
+}
+
+// plot draws curves on shared axes, with vertical markers.
+func plot(b *strings.Builder, title, ylabel string, ss []series, marks []mark) {
 	const w, h, l, r, t, bo = 900, 260, 60, 20, 20, 36
 	var minX, maxX, minY, maxY = math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for i := range ss {
@@ -224,9 +232,12 @@ func plot(b *strings.Builder, title, ylabel string, ss []series, marks []float64
 		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", px(x), h-bo+16, fmtNum(x, maxX-minX))
 	}
 	fmt.Fprintf(b, `<text x="12" y="%d" transform="rotate(-90 12 %d)" text-anchor="middle">%s</text>`+"\n", (h-bo+t)/2, (h-bo+t)/2, esc(ylabel))
-	for _, m := range marks {
-		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#b00020" stroke-dasharray="4 3"/><text x="%.1f" y="%d" fill="#b00020">restart</text>`+"\n",
-			px(m), t, px(m), h-bo, px(m)+3, t+12)
+	for i, m := range marks {
+		if m.x < minX || m.x > maxX {
+			continue
+		}
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="%s" stroke-dasharray="%s"/><text x="%.1f" y="%d" fill="%s">%s</text>`+"\n",
+			px(m.x), t, px(m.x), h-bo, m.colour, m.dash, px(m.x)+3, t+12+12*(i%2), m.colour, esc(m.label))
 	}
 	legend := 0
 	for _, s := range ss {
@@ -256,13 +267,17 @@ func fmtNum(v, span float64) string {
 	return strconv.FormatFloat(v, 'f', min(d, 6), 64)
 }
 
-// restarts are the steps where each attempt after the first began.
-func restarts(j *Job) []float64 {
-	var out []float64
+// restarts mark the steps where each attempt after the first began, and
+// the checkpoints saved.
+func restarts(j *Job) []mark {
+	var out []mark
 	for _, a := range j.Attempts[1:] {
 		if s := a.Ranks[0]; len(s) > 0 {
-			out = append(out, float64(s[0].Step))
+			out = append(out, mark{x: float64(s[0].Step), label: "restart", colour: "#b00020", dash: "4 3"})
 		}
+	}
+	for _, s := range j.Saves {
+		out = append(out, mark{x: float64(s), label: "ckpt", colour: "#11743a", dash: "1 3"})
 	}
 	return out
 }

@@ -38,6 +38,8 @@ type Job struct {
 	// Timeline is one step of the last attempt across its ranks, from the
 	// traces; nil without traces.
 	Timeline *Timeline
+	// Saves are the steps a checkpoint was saved at, every attempt's.
+	Saves []int
 	// Notes say what is missing or cut short.
 	Notes []string
 }
@@ -104,6 +106,10 @@ func Read(dir string) (*Job, error) {
 	}
 	if len(j.steps(0)) == 0 {
 		j.note("no steps recorded (%s): the workload records none, or has not finished a step", runlog.StepsFile)
+	}
+	for _, a := range j.Attempts {
+		ad, _, _ := logview.AttemptFolder(dir, a.N)
+		j.Saves = append(j.Saves, saves(filepath.Join(ad, logview.RankDir(0), "stdout.log"))...)
 	}
 	last := j.Attempts[len(j.Attempts)-1]
 	ad, _, _ := logview.AttemptFolder(dir, last.N)
@@ -220,6 +226,29 @@ func lastReport(path string) map[string]any {
 		}
 	}
 	return last
+}
+
+// saves are the steps of the checkpoints a rank's stdout.log says it saved
+// ("saved step N to DIR ...", the training workloads' line).
+func saves(path string) []int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, l := range strings.Split(string(b), "\n") {
+		_, rest, ok := strings.Cut(l, "saved step ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) > 0 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
 }
 
 // Timeline is one step of an attempt across its ranks: each rank's spans

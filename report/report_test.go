@@ -67,6 +67,12 @@ func fakeJob(t testing.TB, ranks, attempts, perAttempt, spike int) string {
 			if err := os.WriteFile(filepath.Join(rd, runlog.StepsFile), b.Bytes(), 0o600); err != nil {
 				t.Fatal(err)
 			}
+			if r == 0 && a < attempts-1 {
+				out := fmt.Sprintf("2026-11-27T03:00:01.000Z saved step %d to /ckpt in 1.0 ms\n", step+perAttempt)
+				if err := os.WriteFile(filepath.Join(rd, "stdout.log"), []byte(out), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
 			if a == attempts-1 {
 				end := float64(t0+int64(step+perAttempt)*20) * 1000
 				trace := fmt.Sprintf(`[{"name":"gemm","cat":"kernel","ph":"X","ts":%.0f,"dur":4000,"pid":%d,"tid":1},`+
@@ -119,7 +125,7 @@ func svgs(t *testing.T, page string) []string {
 
 // TestReportPage: a job of 2 ranks restarted once makes a page with its
 // command, outcome and attempts, the loss of both attempts with the restart
-// marked, each rank's step time and split, the bytes and collectives, and
+// marked, a checkpoint marked, each rank's step time and split, the bytes and collectives, and
 // one step across the ranks; every SVG parses; no script.
 func TestReportPage(t *testing.T) {
 	dir := fakeJob(t, 2, 2, 10, 0)
@@ -136,7 +142,7 @@ func TestReportPage(t *testing.T) {
 	if len(ss) != 5 {
 		t.Fatalf("%d SVGs, want 5 (loss, step time, split, bytes, timeline)", len(ss))
 	}
-	for _, want := range []string{"launcher run -n 2 mlp", `<span class="ok">ok</span>`, "0: rank_failed; 1: ok", "attempt 0", "attempt 1", "restart",
+	for _, want := range []string{"launcher run -n 2 mlp", `<span class="ok">ok</span>`, "0: rank_failed; 1: ok", "attempt 0", "attempt 1", "restart", ">ckpt<",
 		"held-out (end)", "rank 1", "all_reduce dx", "<td>all_reduce</td><td>4096</td>", "10.00 ms = kernels 6.00 + collectives 3.00 + other 1.00", "step 20 of the last attempt", "tokens/s"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("no %q in the page", want)

@@ -182,3 +182,37 @@ func colourIn(img image.Image, band [2]int, r, g, b uint32) int {
 	}
 	return n
 }
+
+// TestReportRunningJob: the page of a job still running shows the steps
+// so far and says the job has not ended.
+func TestReportRunningJob(t *testing.T) {
+	logDir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- Main(ctx, []string{"run", "--worker", worker(), "--log-dir", logDir, "--job-id", "running", "--grace", "1s", "-n", "2",
+			"mlp", "--tokens", "64", "--hidden", "128", "--steps", "1000000"}, io.Discard, io.Discard)
+	}()
+	dir := filepath.Join(logDir, "running")
+	waitFor(t, 60*time.Second, "a few steps", func() bool {
+		b, _ := os.ReadFile(filepath.Join(dir, RankDir(1), "steps.jsonl"))
+		return bytes.Count(b, []byte("\n")) >= 5
+	})
+	page := filepath.Join(t.TempDir(), "report.html")
+	var out, errb bytes.Buffer
+	if code := report.Main([]string{dir, "-o", page}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"no summary.json yet", "running, or its launcher was killed", "recorded (rank 0)", "rank 1"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("no %q in the running job's page", want)
+		}
+	}
+	cancel()
+	<-done
+}

@@ -236,3 +236,27 @@ func TestReportBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestReportFailedJob: a failed job's page gives its reason and root
+// cause.
+func TestReportFailedJob(t *testing.T) {
+	dir := fakeJob(t, 2, 1, 5, 0)
+	rc := 1
+	sum := logview.Summary{JobID: "fake", WorldSize: 2, AttemptSummary: logview.AttemptSummary{ExitCode: 137, Reason: logview.OutcomeRankFailed,
+		RootCauseRank: &rc, RootCause: &logview.RootCause{Rank: 1, Signal: "SIGKILL", ExitCode: 137}}}
+	b, _ := json.Marshal(sum)
+	os.WriteFile(filepath.Join(dir, logview.SummaryFile), b, 0o600)
+	j, err := Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var page bytes.Buffer
+	if err := Write(&page, j); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`<span class="bad">rank_failed</span> (exit 137)`, "root cause", "rank 1 (node 0): killed by SIGKILL"} {
+		if !strings.Contains(page.String(), want) {
+			t.Errorf("no %q in the failed job's page", want)
+		}
+	}
+}

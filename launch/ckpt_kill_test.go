@@ -115,31 +115,7 @@ func TestRestartResumes(t *testing.T) {
 	}
 	want := rankReport(t, full, 0)
 
-	root := filepath.Join(t.TempDir(), "ckpt")
-	logDir := t.TempDir()
-	var errb bytes.Buffer
-	res := make(chan int, 1)
-	go func() {
-		res <- Main(context.Background(), append(append([]string{"run", "--worker", worker(), "--log-dir", logDir, "--job-id", "resumed", "--grace", "1s", "-n", "2",
-			"--max-restarts", "1"}, work...), "--save", root, "--save-every", "20"), io.Discard, &errb)
-	}()
-	dir := filepath.Join(logDir, "resumed")
-	rec := waitJobRecord(t, dir)
-	waitFor(t, 60*time.Second, "a checkpoint", func() bool {
-		steps, _ := ckpt.Steps(ckpt.OS, root)
-		return len(steps) > 0
-	})
-	if err := syscall.Kill(rec.Ranks[1].PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case code := <-res:
-		if code != 0 {
-			t.Fatalf("exit %d after a restart:\n%s", code, errb.String())
-		}
-	case <-time.After(120 * time.Second):
-		t.Fatal("the launcher did not end")
-	}
+	dir, root, killed := restartedJob(t, "resumed", work)
 	sum := readJSON[Summary](t, filepath.Join(dir, SummaryFile))
 	if len(sum.Attempts) != 2 || sum.Attempts[0].Reason != OutcomeRankFailed || sum.Reason != OutcomeOK {
 		t.Fatalf("summary: %+v", sum)
@@ -158,7 +134,7 @@ func TestRestartResumes(t *testing.T) {
 		t.Errorf("resumed from %s at step %d", m[1], step)
 	}
 	t.Logf("killed rank 1 (pid %d); attempt 1 resumed at step %d: first_step %v, loss_last %v (uninterrupted %v)",
-		rec.Ranks[1].PID, step, got["first_step"], got["loss_last"], want["loss_last"])
+		killed, step, got["first_step"], got["loss_last"], want["loss_last"])
 	if step < 20 || step%20 != 0 || got["first_step"] != float64(step+1) {
 		t.Errorf("resumed at step %d, first_step %v", step, got["first_step"])
 	}
@@ -181,4 +157,38 @@ func rankReport(t *testing.T, dir string, rank int) map[string]any {
 		t.Fatalf("%s: last line %q: %v", dir, lines[len(lines)-1], err)
 	}
 	return m
+}
+
+// restartedJob runs work on 2 ranks with --max-restarts 1, saving every 20
+// steps into root, SIGKILLs rank 1 once a checkpoint is saved, and returns
+// the job's folder, root and the pid killed once the restarted job has
+// ended (exit 0).
+func restartedJob(t *testing.T, id string, work []string) (dir, root string, killed int) {
+	t.Helper()
+	root = filepath.Join(t.TempDir(), "ckpt")
+	logDir := t.TempDir()
+	var errb syncBuffer
+	res := make(chan int, 1)
+	go func() {
+		res <- Main(context.Background(), append(append([]string{"run", "--worker", worker(), "--log-dir", logDir, "--job-id", id, "--grace", "1s", "-n", "2",
+			"--max-restarts", "1"}, work...), "--save", root, "--save-every", "20"), io.Discard, &errb)
+	}()
+	dir = filepath.Join(logDir, id)
+	rec := waitJobRecord(t, dir)
+	waitFor(t, 60*time.Second, "a checkpoint", func() bool {
+		steps, _ := ckpt.Steps(ckpt.OS, root)
+		return len(steps) > 0
+	})
+	if err := syscall.Kill(rec.Ranks[1].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-res:
+		if code != 0 {
+			t.Fatalf("exit %d after a restart:\n%s", code, errb.String())
+		}
+	case <-time.After(120 * time.Second):
+		t.Fatal("the launcher did not end")
+	}
+	return dir, root, rec.Ranks[1].PID
 }

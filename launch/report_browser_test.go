@@ -10,11 +10,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/meshrun/meshrun/ckpt"
 	"github.com/meshrun/meshrun/report"
 )
 
@@ -46,31 +44,7 @@ func TestReportInBrowser(t *testing.T) {
 		}
 		t.Skip("needs chromium: .ci/checks.d/report-chromium.sh installs it")
 	}
-	root := filepath.Join(t.TempDir(), "ckpt")
-	logDir := t.TempDir()
-	var errb syncBuffer
-	res := make(chan int, 1)
-	go func() {
-		res <- Main(context.Background(), []string{"run", "--worker", worker(), "--log-dir", logDir, "--job-id", "report", "--grace", "1s", "-n", "2",
-			"--max-restarts", "1", "mlp", "--tokens", "64", "--hidden", "128", "--steps", "300", "--save", root, "--save-every", "20"}, io.Discard, &errb)
-	}()
-	dir := filepath.Join(logDir, "report")
-	rec := waitJobRecord(t, dir)
-	waitFor(t, 60*time.Second, "a checkpoint", func() bool {
-		steps, _ := ckpt.Steps(ckpt.OS, root)
-		return len(steps) > 0
-	})
-	if err := syscall.Kill(rec.Ranks[1].PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case code := <-res:
-		if code != 0 {
-			t.Fatalf("exit %d after a restart:\n%s", code, errb.String())
-		}
-	case <-time.After(120 * time.Second):
-		t.Fatal("the job did not end")
-	}
+	dir, _, _ := restartedJob(t, "report", []string{"mlp", "--tokens", "64", "--hidden", "128", "--steps", "300"})
 	page := filepath.Join(t.TempDir(), "report.html")
 	var out, rerr bytes.Buffer
 	if code := report.Main([]string{"-o", page, dir}, &out, &rerr); code != 0 {

@@ -104,6 +104,20 @@ func fakeJob(t testing.TB, ranks, attempts, perAttempt, spike int) string {
 	return dir
 }
 
+// pageOf reads the job folder dir and returns its page and what was read.
+func pageOf(t *testing.T, dir string) (string, *Job) {
+	t.Helper()
+	j, err := Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := Write(&b, j); err != nil {
+		t.Fatal(err)
+	}
+	return b.String(), j
+}
+
 // svgs are the page's inline SVG documents, each parsed as XML.
 func svgs(t *testing.T, page string) []string {
 	t.Helper()
@@ -128,16 +142,7 @@ func svgs(t *testing.T, page string) []string {
 // marked, a checkpoint marked, each rank's step time and split, the bytes and collectives, and
 // one step across the ranks; every SVG parses; no script.
 func TestReportPage(t *testing.T) {
-	dir := fakeJob(t, 2, 2, 10, 0)
-	j, err := Read(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b bytes.Buffer
-	if err := Write(&b, j); err != nil {
-		t.Fatal(err)
-	}
-	page := b.String()
+	page, _ := pageOf(t, fakeJob(t, 2, 2, 10, 0))
 	ss := svgs(t, page)
 	if len(ss) != 5 {
 		t.Fatalf("%d SVGs, want 5 (loss, step time, split, bytes, timeline)", len(ss))
@@ -167,25 +172,18 @@ func TestReportPage(t *testing.T) {
 func TestReportLarge(t *testing.T) {
 	dir := fakeJob(t, 4, 1, 10000, 5000)
 	start := time.Now()
-	j, err := Read(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b bytes.Buffer
-	if err := Write(&b, j); err != nil {
-		t.Fatal(err)
-	}
+	page, _ := pageOf(t, dir)
 	took := time.Since(start)
-	if took > 2*time.Second || b.Len() > 2<<20 {
-		t.Errorf("the page took %v and is %d bytes; want under 2 s and 2 MB", took, b.Len())
+	if took > 2*time.Second || len(page) > 2<<20 {
+		t.Errorf("the page took %v and is %d bytes; want under 2 s and 2 MB", took, len(page))
 	}
-	ss := svgs(t, b.String())
+	ss := svgs(t, page)
 	// The step-time plot's y axis reaches the spike (1000 ms on rank 0, and
 	// 1300 on rank 3): a point at its top edge (y = 20).
 	if !strings.Contains(ss[1], ",20.0") {
 		t.Errorf("the spike was dropped from the step-time plot")
 	}
-	t.Logf("4 ranks × 10000 steps: %v, %d bytes", took, b.Len())
+	t.Logf("4 ranks × 10000 steps: %v, %d bytes", took, len(page))
 }
 
 // TestReportBadInput: a file, a folder that is no job's, a missing job:
@@ -206,16 +204,9 @@ func TestReportBadInput(t *testing.T) {
 	cut := lines[0] + "not json\n" + strings.Join(lines[1:4], "") + lines[4][:len(lines[4])/2]
 	os.WriteFile(steps, []byte(cut), 0o600)
 	os.Remove(filepath.Join(dir, logview.SummaryFile))
-	j, err := Read(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var page bytes.Buffer
-	if err := Write(&page, j); err != nil {
-		t.Fatal(err)
-	}
+	page, j := pageOf(t, dir)
 	for _, want := range []string{"rank-00001/steps.jsonl: line 2 does not read", "rank-00001/steps.jsonl: its last record is cut short", "no summary.json yet", "running, or its launcher was killed"} {
-		if !strings.Contains(page.String(), want) {
+		if !strings.Contains(page, want) {
 			t.Errorf("no %q in the page", want)
 		}
 	}
@@ -246,16 +237,9 @@ func TestReportFailedJob(t *testing.T) {
 		RootCauseRank: &rc, RootCause: &logview.RootCause{Rank: 1, Signal: "SIGKILL", ExitCode: 137}}}
 	b, _ := json.Marshal(sum)
 	os.WriteFile(filepath.Join(dir, logview.SummaryFile), b, 0o600)
-	j, err := Read(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var page bytes.Buffer
-	if err := Write(&page, j); err != nil {
-		t.Fatal(err)
-	}
+	page, _ := pageOf(t, dir)
 	for _, want := range []string{`<span class="bad">rank_failed</span> (exit 137)`, "root cause", "rank 1 (node 0): killed by SIGKILL"} {
-		if !strings.Contains(page.String(), want) {
+		if !strings.Contains(page, want) {
 			t.Errorf("no %q in the failed job's page", want)
 		}
 	}

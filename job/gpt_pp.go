@@ -163,10 +163,11 @@ type ppRun struct {
 }
 
 // PipelineReport is the pipeline of a GPT run (--mesh pp=...): its shape
-// and, measured, each stage's bubble (its idle share of a step: waiting for
-// its neighbours, at the start and at the end; the median over the steps
-// after the first) and the most micro-batches whose activations it held at
-// once.
+// and, measured, each stage's bubble (its idle share of the pipeline's step,
+// from the first action's start on any stage to the last's end on any:
+// waiting for its neighbours, at the start and at the end; stepBubble; the
+// median over the steps after the first) and the most micro-batches whose
+// activations it held at once.
 type PipelineReport struct {
 	PP           int    `json:"pp"`
 	Schedule     string `json:"schedule"`
@@ -277,15 +278,42 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 	t0 := time.Now()
 	r.trace, err = stage.Run(ctx, r.group, r.p.kind, r.p.sched, r.st, r.shape)
 	r.record(t0, r.trace)
-	r.bubbles = append(r.bubbles, r.trace.Bubble)
 	if err != nil {
 		return 0, err
 	}
-	loss, err := r.shared(ctx, []float64{r.st.Loss()}, r.lastOne())
-	if err != nil {
+	// The loss, and each stage's first start, last end and busy time (its
+	// first rank's), on the ranks' clock.
+	pp := r.p.pp
+	v := make([]float64, 1+3*pp)
+	if r.lastOne() {
+		v[0] = r.st.Loss()
+	}
+	if r.local == 0 && len(r.trace.Events) > 0 {
+		v[1+r.s] = float64(t0.Add(r.trace.Events[0].Start).UnixNano())
+		v[1+pp+r.s] = float64(t0.Add(r.trace.Makespan).UnixNano())
+		v[1+2*pp+r.s] = float64(r.trace.Busy)
+	}
+	if v, err = r.shared(ctx, v, true); err != nil {
 		return 0, err
 	}
-	return loss[0], r.st.Finish(ctx)
+	r.bubbles = append(r.bubbles, stepBubble(v[1:1+pp], v[1+pp:1+2*pp], v[1+2*pp:])[r.s])
+	return v[0], r.st.Finish(ctx)
+}
+
+// stepBubble is each stage's bubble in one step: its idle share of the
+// pipeline's step, from the first action's start on any stage to the last
+// action's end on any (Unix nanoseconds), less its busy time (nanoseconds):
+// (p−1)/(m+p−1) for 1F1B at equal costs. The clock is the ranks': one
+// machine's, exact; across machines their clocks' offset adds to the step.
+func stepBubble(first, last, busy []float64) []float64 {
+	lo, hi := slices.Min(first), slices.Max(last)
+	out := make([]float64, len(busy))
+	for s, b := range busy {
+		if hi > lo {
+			out[s] = 1 - b/(hi-lo)
+		}
+	}
+	return out
 }
 
 func (r *ppRun) loss(ctx context.Context, b gptBatch) (float64, error) {

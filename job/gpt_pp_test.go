@@ -148,3 +148,21 @@ func TestGPTPipelineDevices(t *testing.T) {
 		}
 	}
 }
+
+// TestStepBubble: a stage's bubble is its idle share of the pipeline's
+// step, the first start on any stage to the last end on any, on the ranks'
+// common clock; 1F1B's at p = 4, m = 8 and unit costs is 3/11 everywhere.
+func TestStepBubble(t *testing.T) {
+	// Stage s starts at s and ends at 33−s (its cool-down's end), busy 24.
+	first, last, busy := []float64{0, 1, 2, 3}, []float64{33, 32, 31, 30}, []float64{24, 24, 24, 24}
+	for s, b := range stepBubble(first, last, busy) {
+		if math.Abs(b-9.0/33) > 1e-12 {
+			t.Errorf("stage %d: bubble %v, want 9/33", s, b)
+		}
+	}
+	// Unequal stages: the slow one's idle share is smaller.
+	got := stepBubble([]float64{100, 100}, []float64{200, 150}, []float64{90, 40})
+	if math.Abs(got[0]-0.1) > 1e-12 || math.Abs(got[1]-0.6) > 1e-12 {
+		t.Errorf("bubbles %v, want [0.1 0.6]", got)
+	}
+}

@@ -33,6 +33,11 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
   --oversubscribe              start more ranks than the machine holds: over 64 per core, its
                                open-file or process limit, or 20 MiB per worker rank of its
                                available memory (refused otherwise, naming the limit)
+  --cpus-per-rank X            cap each rank at X cores (e.g. 0.5) through a cpu cgroup of its
+                               own, so that it runs at one speed whether its neighbours compute
+                               or wait: ranks of a machine with fewer cores than ranks behave as
+                               on one core each, slower (Linux; the launcher must be allowed to
+                               make cgroups, usually as root); GOMAXPROCS is X rounded up
   --nnodes N                   machines in the job, one launcher each (default 1)
   --node-rank K                this machine's index, 0..N-1; RANK = K*nproc + LOCAL_RANK
   --nats URL[,URL]             an external NATS for several machines (default: embedded,
@@ -107,6 +112,9 @@ type RunOptions struct {
 	// Oversubscribe starts more ranks than this machine's cores, open-file
 	// and process limits or memory allow (refused otherwise; resources.go).
 	Oversubscribe bool
+	// CPUsPerRank caps each rank's processes at this many cores through a
+	// cpu cgroup per rank (cgroup_linux.go); 0 leaves them uncapped.
+	CPUsPerRank float64
 	// NNodes is the number of launchers in the job (default 1); NodeRank is
 	// this one's index.
 	NNodes, NodeRank int
@@ -197,7 +205,7 @@ type RunOptions struct {
 var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // runFlagNames are the flags that may also come from MESHRUN_<FLAG>.
-var runFlagNames = []string{"nproc-per-node", "device", "kernels", "dtype", "share-gpus", "oversubscribe", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
+var runFlagNames = []string{"nproc-per-node", "device", "kernels", "dtype", "share-gpus", "oversubscribe", "cpus-per-rank", "nnodes", "node-rank", "nats", "nats-creds", "nats-ca",
 	"nats-cert", "nats-key", "insecure", "job-id", "log-dir", "share-logs",
 	"console", "grace", "timeout", "hang-after", "trace-max", "worker", "dry-run",
 	"max-restarts", "master-addr", "master-port", "rdzv-endpoint", "rdzv-id", "rdzv-backend", "rdzv-conf", "role",
@@ -247,6 +255,7 @@ func (o *RunOptions) flagSet() *flag.FlagSet {
 	fs.StringVar(&o.DType, "dtype", "", "compute dtype: float32 or bfloat16")
 	fs.BoolVar(&o.ShareGPUs, "share-gpus", false, "let cuda ranks share GPUs")
 	fs.BoolVar(&o.Oversubscribe, "oversubscribe", false, "start more ranks than the machine's limits allow")
+	fs.Float64Var(&o.CPUsPerRank, "cpus-per-rank", 0, "cap each rank at this many cores")
 	fs.Var(nnodesValue{&o.NNodes}, "nnodes", "machines")
 	fs.IntVar(&o.NodeRank, "node-rank", 0, "this machine's index")
 	fs.StringVar(&o.NATS, "nats", "", "external NATS URL")

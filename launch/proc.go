@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -140,6 +141,18 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 	p.flushes = append(p.flushes, po, pe)
 
 	cmd := exec.Command(j.path, j.args...)
+	if j.cpu != nil {
+		// The rank joins its cgroup before it runs anything: a shell
+		// moves itself in, then becomes the rank (exec keeps the pid).
+		procs, err := j.cpu.rank(p.spec.Rank)
+		if err != nil {
+			return fmt.Errorf("--cpus-per-rank: %w", err)
+		}
+		if cmd.Err != nil {
+			return cmd.Err
+		}
+		cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ >"$0" && exec "$@"`, procs, cmd.Path}, j.args...)...)
+	}
 	env := os.Environ()
 	if _, ok := common[EnvKernels]; !ok {
 		// No --kernels: the ranks get the device's own provider, not a
@@ -166,7 +179,11 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 	cmd.WaitDelay = waitDelay
 	cmd.SysProcAttr = rankProcAttr()
 	p.start = time.Now()
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if j.cpu != nil {
+		start = func() error { return j.cpu.start(cmd, p.spec.LocalRank) }
+	}
+	if err := start(); err != nil {
 		return err
 	}
 	p.cmd, p.pid, p.done = cmd, cmd.Process.Pid, false
@@ -181,7 +198,7 @@ func (j *job) writeJobRecord(dir string, procs []*proc, url string, common map[s
 		JobID: j.id, Argv: redactArgs(j.Argv), Command: redactArgs(append([]string{j.path}, j.args...)),
 		Started: began, NNodes: j.nnodes, NodeRank: j.NodeRank, World: j.world, NATSURL: redactText(url),
 		Env: redactEnv(common), Versions: versions(),
-		Device: j.device, Kernels: j.Kernels, DType: j.DType, ShareGPUs: j.ShareGPUs,
+		Device: j.device, Kernels: j.Kernels, DType: j.DType, ShareGPUs: j.ShareGPUs, CPUsPerRank: j.CPUsPerRank,
 	}
 	for _, p := range procs {
 		rec.Ranks = append(rec.Ranks, RankRecord{

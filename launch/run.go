@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -81,6 +82,8 @@ type job struct {
 	guard *guard
 	// perms are the modes of the job's folders and files (--share-logs).
 	perms logPerms
+	// cpu holds the ranks' cgroups under --cpus-per-rank, nil without.
+	cpu *cpuLimit
 }
 
 // resolve fills in defaults: job id, worker path, rank table.
@@ -104,6 +107,9 @@ func (o RunOptions) resolve() (*job, error) {
 	j.perms, _ = o.logPerms() // Validate refused a bad group
 	n, _ := o.nproc()
 	procs := cores() / n
+	if o.CPUsPerRank > 0 {
+		procs = int(math.Ceil(o.CPUsPerRank))
+	}
 	if procs < 1 {
 		procs = 1
 	}
@@ -166,8 +172,12 @@ func (j *job) printTable(w io.Writer) {
 	if kern == "" {
 		kern = "the device's own"
 	}
-	fmt.Fprintf(w, "job %s: node %d of %d, %d of %d ranks here, device %s, kernels %s, logs in %s\n",
-		j.id, j.NodeRank, j.nnodes, len(j.ranks), j.world, j.device, kern, j.dir)
+	capped := ""
+	if j.CPUsPerRank > 0 {
+		capped = fmt.Sprintf(", each capped at %v cores", j.CPUsPerRank)
+	}
+	fmt.Fprintf(w, "job %s: node %d of %d, %d of %d ranks here%s, device %s, kernels %s, logs in %s\n",
+		j.id, j.NodeRank, j.nnodes, len(j.ranks), j.world, capped, j.device, kern, j.dir)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tRANK\tLOCAL_RANK\tGOMAXPROCS\tDEVICE\tGPU\tCOMMAND")
 	cmd := strings.Join(append([]string{j.path}, j.args...), " ")

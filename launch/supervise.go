@@ -55,6 +55,13 @@ func (j *job) run(ctx context.Context) (int, error) {
 	defer errCon.Close()
 	say := func(format string, a ...any) { errCon.Notice(time.Now(), "launcher: "+fmt.Sprintf(format, a...)) }
 
+	if j.CPUsPerRank > 0 {
+		if j.cpu, err = newCPULimit(j.id, j.CPUsPerRank); err != nil {
+			ev.emit("job_end", "exit_code", 1, "error", err.Error())
+			return 1, cannotStart{err}
+		}
+		defer j.cpu.close()
+	}
 	conf, pl, stop, err := j.startPlane(say)
 	if err != nil {
 		ev.emit("job_end", "exit_code", 1, "error", err.Error())

@@ -3,6 +3,7 @@ package launch
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"strconv"
@@ -36,6 +37,11 @@ func (o RunOptions) Validate() error {
 	}
 	if nerr == nil && (dev == "cuda" || devErr != nil && o.deviceName() == "cuda") {
 		if msg := o.gpuProblem(n); msg != "" {
+			p = append(p, msg)
+		}
+	}
+	if o.CPUsPerRank != 0 {
+		if msg := o.cpusPerRankProblem(n, nerr == nil); msg != "" {
 			p = append(p, msg)
 		}
 	}
@@ -234,4 +240,18 @@ func (o RunOptions) gpuProblem(n int) string {
 			o.NprocPerNode, n, from, len(ids), strings.Join(ids, ","))
 	}
 	return ""
+}
+
+// cpusPerRankProblem checks --cpus-per-rank: a number of cores from 0.01 up,
+// n ranks of it (known: n was read) within this machine's cores unless
+// --oversubscribe, and cgroups this launcher may make.
+func (o RunOptions) cpusPerRankProblem(n int, known bool) string {
+	x := o.CPUsPerRank
+	if math.IsNaN(x) || math.IsInf(x, 0) || x < 0.01 {
+		return fmt.Sprintf("--cpus-per-rank %v: want a number of cores from 0.01 up, e.g. 0.5", x)
+	}
+	if c := cores(); known && !o.Oversubscribe && x*float64(n) > float64(c)+1e-9 {
+		return fmt.Sprintf("--cpus-per-rank %v × %d ranks is %v cores, this launcher may use %d; --oversubscribe runs it anyway", x, n, x*float64(n), c)
+	}
+	return cpuLimitProblem()
 }

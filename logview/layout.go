@@ -39,12 +39,14 @@ type JobRecord struct {
 	Env      map[string]string `json:"env"` // variables set for every rank (rank-specific ones in Ranks)
 	// Device is the ranks' resolved device (cpu, sim or cuda); Kernels the
 	// --kernels choice, empty for the device's own; ShareGPUs is --share-gpus.
-	Device    string            `json:"device"`
-	Kernels   string            `json:"kernels,omitempty"`
-	DType     string            `json:"dtype,omitempty"`
-	ShareGPUs bool              `json:"share_gpus,omitempty"`
-	Ranks     []RankRecord      `json:"ranks"`
-	Versions  map[string]string `json:"versions"`
+	Device    string `json:"device"`
+	Kernels   string `json:"kernels,omitempty"`
+	DType     string `json:"dtype,omitempty"`
+	ShareGPUs bool   `json:"share_gpus,omitempty"`
+	// CPUsPerRank is --cpus-per-rank: each rank's cgroup cap in cores.
+	CPUsPerRank float64           `json:"cpus_per_rank,omitempty"`
+	Ranks       []RankRecord      `json:"ranks"`
+	Versions    map[string]string `json:"versions"`
 }
 
 // RankRecord is one rank in job.json.

@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# The GPT's pipeline schedules measured (`launcher run gpt --mesh pp=P`, one
-# core per rank): the step time, each stage's bubble (its idle share of a
-# step, measured from the stage's trace: the median over the steps after
-# the first) and its peak of micro-batches held, for GPipe, 1F1B and ZB-H1,
-# in one run, printed as a Markdown table beside the modelled bubble
-# (p−1)/(m+p−1).
+# The GPT's pipeline schedules measured (`launcher run gpt --mesh pp=P`): the
+# step time, each stage's bubble (its idle share of the pipeline's step, from
+# the first action's start on any stage to the last's end on any, measured
+# from the stages' traces: the median over the steps after the first) and
+# its peak of micro-batches held, for GPipe, 1F1B and ZB-H1, in one run,
+# printed as a Markdown table beside the modelled bubble (p−1)/(m+p−1).
 #
 #   bench/pipeline/run.sh [repetitions] [pp] [micro-batches] [steps]   (defaults: 3, 2, 8, 8)
 #
 # The schedules alternate within each repetition so that background load
 # hits them alike; each cell is the repetition with the fastest median step
 # (its bubbles beside it). The model: --layers 4·pp, --dim 128, --heads 4,
-# --context 64, --batch 16 (PIPE_BENCH_ARGS adds flags). The launcher gives
-# each rank its share of the machine's cores: with more ranks than cores
-# they share them, and a stage's idle time then includes waiting for a
-# core.
+# --context 64, --batch 16 (PIPE_BENCH_ARGS adds flags).
+#
+# One core per rank: each rank runs under `launcher run --cpus-per-rank C`
+# (pinned, capped), C = 1 where the machine has a core per stage, else its
+# cores shared out (0.5 for 4 stages on 2 cores: slower ranks, each at one
+# speed; the quota's bursts add noise, docs/launcher.md). PIPE_BENCH_CPUS
+# sets C; "none" runs uncapped (a stage's idle time then includes waiting
+# for a core, and its turns run faster than its neighbours'). Without the
+# right to make cgroups (root) the ranks run uncapped, and the header says
+# so. PIPE_BENCH_BIN names a folder holding prebuilt launcher and worker
+# binaries (a machine without Go).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 reps=${1:-3}
@@ -23,12 +30,24 @@ m=${3:-8}
 steps=${4:-8}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-go build -o "$tmp/bin/" ./cmd/launcher ./cmd/worker
+bin=${PIPE_BENCH_BIN:-$tmp/bin}
+[ -n "${PIPE_BENCH_BIN:-}" ] || go build -o "$tmp/bin/" ./cmd/launcher ./cmd/worker
 read -ra extra <<<"${PIPE_BENCH_ARGS:-}"
-echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD), $(nproc) cores, pp=$pp, m=$m, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+cores=$(nproc)
+cpus=${PIPE_BENCH_CPUS:-$(python3 -c "print(min(1, $cores / $pp))")}
+cap=()
+if [ "$cpus" != none ]; then
+  if "$bin/launcher" run --dry-run -n "$pp" --cpus-per-rank "$cpus" -- true >/dev/null 2>"$tmp/cap.err"; then
+    cap=(--cpus-per-rank "$cpus")
+  else
+    echo "# uncapped: $(cat "$tmp/cap.err")" >&2
+    cpus=none
+  fi
+fi
+echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || echo prebuilt), $cores cores, pp=$pp, m=$m, cores per rank $cpus, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for rep in $(seq "$reps"); do
   for s in gpipe 1f1b zb; do
-    "$tmp/bin/launcher" run -n "$pp" gpt --mesh "pp=$pp" --micro-batches "$m" --schedule "$s" --layers $((4 * pp)) \
+    "$bin/launcher" run -n "$pp" "${cap[@]}" --log-dir "$tmp/runs" gpt --mesh "pp=$pp" --micro-batches "$m" --schedule "$s" --layers $((4 * pp)) \
       --dim 128 --heads 4 --context 64 --batch 16 --steps "$steps" --sample 0 "${extra[@]}" 2>/dev/null |
       tail -n1 | sed 's/^[^{]*//' >"$tmp/$s.$rep.json"
     echo "rep $rep $s: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["step_ms_median"], r["pipeline"]["bubble"])' "$tmp/$s.$rep.json")" >&2

@@ -39,6 +39,8 @@ type Communicator interface {
 	AllToAll(ctx context.Context, send *tensor.Tensor, sendCounts []int, recv *tensor.Tensor, recvCounts []int) error
 	Broadcast(ctx context.Context, buf *tensor.Tensor, root int) error
 	Barrier(ctx context.Context) error
+	// Send and Recv move a tensor from one member to another (p2p.go).
+	PointToPoint
 }
 
 // The backends' names, and the values of Options.Collectives (and of
@@ -121,15 +123,23 @@ func (w *World) Communicator(ctx context.Context, ranks []int, mem tensor.Memory
 	if w.parent != nil {
 		return w.parent.Communicator(ctx, w.global(ranks), mem)
 	}
-	dev := mem.Device()
-	k := commKey{fmt.Sprint(ranks), dev}
+	return w.cachedComm(ctx, commKey{fmt.Sprint(ranks), mem.Device()}, "", func() (*Group, tensor.Memory, error) {
+		g, err := w.Group(ctx, ranks)
+		return g, mem, err
+	})
+}
+
+// cachedComm returns the communicator of key k, creating it on first use
+// over the group, for tensors of the memory, that group makes (link: what
+// World.Link says of it, for the log).
+func (w *World) cachedComm(ctx context.Context, k commKey, link string, group func() (*Group, tensor.Memory, error)) (Communicator, error) {
 	w.mu.Lock()
 	if c, ok := w.dcomms[k]; ok {
 		w.mu.Unlock()
 		return c, nil
 	}
 	w.mu.Unlock()
-	g, err := w.Group(ctx, ranks)
+	g, mem, err := group()
 	if err != nil {
 		return nil, err
 	}
@@ -146,8 +156,12 @@ func (w *World) Communicator(ctx context.Context, ranks []int, mem tensor.Memory
 		w.dcomms = map[commKey]Communicator{}
 	}
 	w.dcomms[k] = c
-	w.log.Info("collective backend", zap.Ints("ranks", g.Ranks()), zap.String("device", dev.String()),
-		zap.String("backend", c.Backend()), zap.String("why", why))
+	fields := []zap.Field{zap.Ints("ranks", g.Ranks()), zap.String("device", k.dev.String()),
+		zap.String("backend", c.Backend()), zap.String("why", why)}
+	if link != "" {
+		fields = append(fields, zap.String("link", link))
+	}
+	w.log.Info("collective backend", fields...)
 	return c, nil
 }
 

@@ -71,6 +71,23 @@ const exchangeMaxBytes = 1 << 40
 // World's failure, which comes with every abort of the library's work,
 // ends a wait.
 func (g *Group) Exchange(out [][]byte) ([][]byte, error) {
+	return g.exchange(out, nil, nil)
+}
+
+// ExchangeSome is Exchange between some pairs only, as point-to-point
+// calls move data one way: this member sends out[p] only to the members p
+// with to[p], and receives only from those with from[p] (in[p] nil from
+// the others). Each pair must agree: a member waits for what its from says
+// is coming until the peer sends it or the World fails.
+func (g *Group) ExchangeSome(out [][]byte, to, from []bool) ([][]byte, error) {
+	if len(to) != g.Size() || len(from) != g.Size() {
+		return nil, fmt.Errorf("%w: ExchangeSome with %d and %d flags for a group of %d", ErrInvalid, len(to), len(from), g.Size())
+	}
+	return g.exchange(out, to, from)
+}
+
+// exchange is Exchange with every pair (to and from nil) or ExchangeSome's.
+func (g *Group) exchange(out [][]byte, sendTo, recvFrom []bool) ([][]byte, error) {
 	if !g.lib {
 		return nil, fmt.Errorf("%w: Exchange on group %s, which is no library's", ErrInvalid, g.key)
 	}
@@ -87,11 +104,16 @@ func (g *Group) Exchange(out [][]byte) ([][]byte, error) {
 	err = func() error {
 		for i := 1; i < n; i++ {
 			to, from := (me+i)%n, (me-i+n)%n
-			l := lens[8*to : 8*to+8]
-			binary.LittleEndian.PutUint64(l, uint64(len(out[to])))
-			o.send(to, 0, 0, 0, l)
-			for k, off := 0, 0; off < len(out[to]); k, off = k+1, off+ce {
-				o.send(to, 1, uint32(k), off, out[to][off:min(off+ce, len(out[to]))])
+			if sendTo == nil || sendTo[to] {
+				l := lens[8*to : 8*to+8]
+				binary.LittleEndian.PutUint64(l, uint64(len(out[to])))
+				o.send(to, 0, 0, 0, l)
+				for k, off := 0, 0; off < len(out[to]); k, off = k+1, off+ce {
+					o.send(to, 1, uint32(k), off, out[to][off:min(off+ce, len(out[to]))])
+				}
+			}
+			if recvFrom != nil && !recvFrom[from] {
+				continue
 			}
 			var m [8]byte
 			if err := o.recv(from, 0, 0, 0, m[:]); err != nil {

@@ -127,3 +127,23 @@ func Current() string {
 	defer current.Unlock()
 	return current.on[tid]
 }
+
+// linkMemory is the memory with a stream of its own (WithStream).
+type linkMemory struct {
+	*Memory
+	stream uintptr
+}
+
+// WithStream returns the memory with a stream of its own, as the cuda
+// Memory's WithStream makes one: a device library's communicator made on it
+// (a pipeline's link) queues its work there, apart from the kernels'.
+func (m *Memory) WithStream() (tensor.Memory, error) {
+	return &linkMemory{Memory: m, stream: streams.Add(1)}, nil
+}
+
+// Stream is the link's own stream.
+func (l *linkMemory) Stream() uintptr { return l.stream }
+
+// After orders the link's stream after the work queued on the memory's:
+// nothing to do on the simulated device, whose work is done when queued.
+func (l *linkMemory) After() error { return nil }

@@ -24,11 +24,13 @@ type pipeFlags struct {
 	microBatches int
 	schedule     string
 	layers       string
+	wire         string
 }
 
 func (f *pipeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.microBatches, "micro-batches", 0, "with pp: split each step's batch into `M` micro-batches, the gradients accumulated over them (0: 2·pp, or the largest divisor of --batch below; --batch a multiple of M)")
 	fs.StringVar(&f.schedule, "schedule", "1f1b", "with pp: the pipeline `SCHEDULE`, gpipe, 1f1b or zb (ZB-H1: the weight gradients deferred into the bubbles)")
+	fs.StringVar(&f.wire, "pp-wire", "device", "with pp on a device: how activations and gradients travel between stages, `device` (device tensors in the compute dtype: NCCL's send and receive between GPUs, staged otherwise) or host (host float32 copies over the transport)")
 	fs.StringVar(&f.layers, "pp-layers", "", "with pp: each stage's blocks, e.g. `3,3,2` (default: balanced by a count of each stage's multiply-adds, the head's on the last; ties give the last stages more)")
 }
 
@@ -42,6 +44,9 @@ type gptPipeline struct {
 	kind   pipeline.Kind
 	sched  [][]pipeline.Action
 	stage  placement.Mesh
+	// hostWire: --pp-wire host, host float32 copies between the stages of
+	// a device.
+	hostWire bool
 }
 
 // pipelineOf checks the pipeline flags against mesh and cfg (cfg.Mesh is
@@ -53,15 +58,18 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 		return nil, fmt.Errorf("--mesh %s: %w", mesh, err)
 	}
 	if !ok {
-		if f.microBatches != 0 || f.layers != "" || f.schedule != "1f1b" {
-			return nil, fmt.Errorf("--micro-batches, --schedule and --pp-layers need a mesh dim pp (e.g. --mesh pp=2,tp=2)")
+		if f.microBatches != 0 || f.layers != "" || f.schedule != "1f1b" || f.wire != "device" {
+			return nil, fmt.Errorf("--micro-batches, --schedule, --pp-layers and --pp-wire need a mesh dim pp (e.g. --mesh pp=2,tp=2)")
 		}
 		return nil, nil
 	}
 	if i, _ := mesh.DimIndex("pp"); i != 0 {
 		return nil, fmt.Errorf("--mesh %s: pp must be the first dim (pp=P or pp=P,tp=N)", mesh)
 	}
-	p := &gptPipeline{pp: pp, m: f.microBatches, stage: stageMesh}
+	if f.wire != "device" && f.wire != "host" {
+		return nil, fmt.Errorf("--pp-wire %q: want device or host", f.wire)
+	}
+	p := &gptPipeline{pp: pp, m: f.microBatches, stage: stageMesh, hostWire: f.wire == "host"}
 	if p.kind, err = pipeline.ParseSchedule(f.schedule); err != nil {
 		return nil, fmt.Errorf("--schedule %q: want gpipe, 1f1b or zb", f.schedule)
 	}
@@ -223,6 +231,7 @@ func (r *ppRun) stage() *models.GPTStage {
 	if r.st == nil {
 		r.st = r.g.Stage(&r.rt)
 		r.st.SetSplit(!r.p.kind.Fused())
+		r.st.SetDeviceWire(!r.p.hostWire)
 	}
 	return r.st
 }

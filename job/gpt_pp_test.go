@@ -6,14 +6,22 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/meshrun/meshrun/kernels/sim"
 )
 
 // pipeReport runs worker gpt with args (a small model, 20 steps) and
 // returns its report.
 func pipeReport(t *testing.T, args ...string) GPTReport {
 	t.Helper()
+	return pipeReportEnv(t, nil, args...)
+}
+
+// pipeReportEnv is pipeReport with the environment variables env set.
+func pipeReportEnv(t *testing.T, env map[string]string, args ...string) GPTReport {
+	t.Helper()
 	base := []string{"gpt", "--steps", "20", "--dim", "32", "--heads", "2", "--context", "16", "--batch", "8", "--layers", "4", "--sample", "10"}
-	code, out, errs := run(t, append(base, args...)...)
+	code, out, errs := runEnv(t, env, append(base, args...)...)
 	if code != 0 {
 		t.Fatalf("%v: exit %d\n%s%s", args, code, out, errs)
 	}
@@ -136,9 +144,25 @@ func TestGPTPipelineDevices(t *testing.T) {
 		t.Skipf("no %s on this machine", DefaultCorpus)
 	}
 	cpu := pipeReport(t, "--mesh", "pp=2,tp=2", "--schedule", "zb")
-	sim := pipeReport(t, "--mesh", "pp=2,tp=2", "--schedule", "zb", "--device", "sim")
-	if sim.LossLast != cpu.LossLast || sim.HeldOutLoss != cpu.HeldOutLoss || sim.Sample != cpu.Sample {
-		t.Errorf("sim: %.9f, %.9f, %q; cpu: %.9f, %.9f, %q", sim.LossLast, sim.HeldOutLoss, sim.Sample, cpu.LossLast, cpu.HeldOutLoss, cpu.Sample)
+	// On sim, the stages pass device tensors through the links: staged,
+	// and NCCL's send and receive (the fake library, each rank a device
+	// of its own); --pp-wire host passes host copies.
+	undo := sim.SeparateDevices() // first: a process's sim provider is made once
+	sims := map[string]GPTReport{"nccl": pipeReportEnv(t, map[string]string{"MESHRUN_NCCL_LIBRARY": "fake", "MESHRUN_COLLECTIVES": "nccl"},
+		"--mesh", "pp=4", "--schedule", "1f1b", "--device", "sim")}
+	undo()
+	sims["staged"] = pipeReport(t, "--mesh", "pp=2,tp=2", "--schedule", "zb", "--device", "sim")
+	sims["host"] = pipeReport(t, "--mesh", "pp=2,tp=2", "--schedule", "zb", "--device", "sim", "--pp-wire", "host")
+	sims["staged pp=4"] = pipeReport(t, "--mesh", "pp=4", "--schedule", "1f1b", "--device", "sim")
+	cpu4 := pipeReport(t, "--mesh", "pp=4", "--schedule", "1f1b")
+	for name, got := range sims {
+		want := cpu
+		if strings.Contains(name, "pp=4") || name == "nccl" {
+			want = cpu4
+		}
+		if got.LossLast != want.LossLast || got.HeldOutLoss != want.HeldOutLoss || got.Sample != want.Sample {
+			t.Errorf("sim, %s: %.9f, %.9f, %q; cpu: %.9f, %.9f, %q", name, got.LossLast, got.HeldOutLoss, got.Sample, want.LossLast, want.HeldOutLoss, want.Sample)
+		}
 	}
 	ref := pipeReport(t, "--mesh", "tp=1", "--dtype", "bfloat16")
 	for _, sched := range []string{"1f1b", "zb"} {

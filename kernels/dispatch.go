@@ -220,6 +220,10 @@ func (r *Registry) NewDispatcher(choice Choice, log Logger) (*Dispatcher, error)
 	return d, nil
 }
 
+// DeviceMemory is the memory of the device's own provider (see the
+// package's DeviceMemory).
+func (d *Dispatcher) DeviceMemory() tensor.Memory { return d.Memory }
+
 // Choice returns the choice the dispatcher was built from.
 func (d *Dispatcher) Choice() Choice { return d.choice }
 

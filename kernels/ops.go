@@ -147,6 +147,17 @@ type Compute interface {
 	tensor.Memory
 }
 
+// DeviceMemory is c's memory as its provider made it (the cuda or sim
+// Memory, with its stream, context and device identity, which a collective
+// library needs), through a Dispatcher and any wrapper that says what it
+// wraps (a DeviceMemory method); c itself otherwise.
+func DeviceMemory(c Compute) tensor.Memory {
+	if d, ok := c.(interface{ DeviceMemory() tensor.Memory }); ok {
+		return d.DeviceMemory()
+	}
+	return c
+}
+
 // LinearDims checks the shapes of LinearForward's operands (b may be nil) and
 // returns the problem sizes: M rows of x, N outputs, K inputs. (Their dtypes are
 // the GEMM's to check: CheckGemm.)

@@ -17,6 +17,9 @@ type traced struct {
 	Trace func(name, cat string) (end func())
 }
 
+// DeviceMemory is the wrapped device's (kernels.DeviceMemory).
+func (t traced) DeviceMemory() tensor.Memory { return kernels.DeviceMemory(t.Compute) }
+
 func (t traced) Gemm(p kernels.GemmParams, o kernels.GemmOperands) error {
 	defer t.Trace(p.Epilogue.Op().String(), "kernel")()
 	return t.Compute.Gemm(p, o)

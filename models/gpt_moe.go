@@ -197,7 +197,7 @@ func (g *GPT) reduceOverSplit(ctx context.Context, rt linear.Runtime) error {
 		end = rt.Trace(dim+"_grads", "collective")
 	}
 	group := g.splitGroup()
-	c, err := rt.World.Communicator(ctx, group, rt.Kernels)
+	c, err := rt.World.Communicator(ctx, group, kernels.DeviceMemory(rt.Kernels))
 	if err == nil {
 		err = c.AllReduce(ctx, buf, collective.Sum)
 	}

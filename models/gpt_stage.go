@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/linear"
 	"github.com/meshrun/meshrun/moe"
+	"github.com/meshrun/meshrun/pipeline/stage"
 	"github.com/meshrun/meshrun/ring"
 	"github.com/meshrun/meshrun/tensor"
 )
@@ -48,6 +50,9 @@ type GPTStage struct {
 	// afresh).
 	acc  map[*param]*tensor.Tensor
 	accN int // the backwards summed into acc this step
+	// onDevice: the activations and gradients travel as device tensors in
+	// the compute dtype (SetDeviceWire), not host float32.
+	onDevice bool
 }
 
 // addExperts adds the experts' gradients of the backward that just ran to
@@ -88,6 +93,29 @@ type nextAt struct {
 	pos  int
 	temp float64
 }
+
+// SetDeviceWire makes the stage send and receive its activations and
+// gradients as tensors of its device in the compute dtype (stage.Wire with
+// the device's memory: NCCL between GPUs), not as host float32 copies. On
+// the cpu device it changes nothing.
+func (s *GPTStage) SetDeviceWire(on bool) { s.onDevice = on }
+
+// Wire is the stage's wire (stage.Wired): host float32, or its device's
+// memory in the compute dtype after SetDeviceWire(true) on a device.
+func (s *GPTStage) Wire() stage.Wire {
+	if !s.deviceWire() {
+		return stage.Wire{}
+	}
+	return stage.Wire{Mem: s.mem(), DType: s.g.Cfg.Compute()}
+}
+
+func (s *GPTStage) deviceWire() bool {
+	return s.onDevice && s.rt.Kernels.Device().Kind != tensor.CPU
+}
+
+// mem is the stage's device memory as its provider made it (the cuda or
+// sim Memory, which a collective library's communicator needs).
+func (s *GPTStage) mem() tensor.Memory { return kernels.DeviceMemory(s.rt.Kernels) }
 
 // SetSplit splits each micro-batch's backward: the input gradients in
 // BackwardInput, the parameters' in BackwardWeight (ZB-H1's B and W).
@@ -196,7 +224,7 @@ func (s *GPTStage) Evaluate(ctx context.Context, mb int, in *tensor.Tensor) (*te
 		if err != nil {
 			return nil, err
 		}
-		return sent(out)
+		return s.sent(out)
 	}
 	ids, tgs, err := s.g.local(*s.rt, s.ids[mb], s.targets[mb])
 	if err != nil {
@@ -207,7 +235,7 @@ func (s *GPTStage) Evaluate(ctx context.Context, mb int, in *tensor.Tensor) (*te
 		return nil, err
 	}
 	s.loss += loss
-	return sent(out)
+	return s.sent(out)
 }
 
 // Shape is the shape of the residual stream the stage sends and receives
@@ -272,12 +300,27 @@ func (s *GPTStage) take() *stageSlot {
 	return sl
 }
 
-// sent is t as a neighbour gets it: a host float32 copy (nil stays nil;
-// what Run sends must not change afterwards, and t is scratch): a device
-// tensor downloaded, a bfloat16 one widened (exactly).
-func sent(t *tensor.Tensor) (*tensor.Tensor, error) {
+// sent is t as a neighbour gets it (nil stays nil; what Run sends must not
+// change afterwards, and t is scratch): on a device wire a copy on the
+// device; else a host float32 copy: a device tensor downloaded, a bfloat16
+// one widened (exactly).
+func (s *GPTStage) sent(t *tensor.Tensor) (*tensor.Tensor, error) {
 	if t == nil {
 		return nil, nil
+	}
+	if s.deviceWire() {
+		m := s.mem()
+		c, err := m.Alloc(t.DType(), t.Shape()...)
+		if err != nil {
+			return nil, err
+		}
+		if n := t.Bytes(); n > 0 {
+			if err := m.Copy2D(c, 0, n, t, 0, n, n, 1); err != nil {
+				m.Free(c)
+				return nil, err
+			}
+		}
+		return c, nil
 	}
 	if t.OnHost() && t.DType() == tensor.Float32 {
 		return t.Clone()
@@ -289,25 +332,31 @@ func sent(t *tensor.Tensor) (*tensor.Tensor, error) {
 	return tensor.Convert(h, tensor.Float32)
 }
 
-// arrived is t, a neighbour's host float32 tensor, as the model computes
-// on it: itself, or in scratch name, in the compute dtype on the device.
+// arrived is t, what a neighbour sent (on the stage's wire), as the model
+// computes on it: itself (host float32 on the cpu device), or copied into
+// scratch name, in the compute dtype on the device (Run gives t back once
+// the action has run).
 func (s *GPTStage) arrived(name string, t *tensor.Tensor) (*tensor.Tensor, error) {
 	dt := s.g.Cfg.Compute()
 	if t == nil || dt == tensor.Float32 && s.rt.Kernels.Device().Kind == tensor.CPU {
 		return t, nil
 	}
-	c, err := tensor.Convert(t, dt)
-	if err != nil {
-		return nil, err
-	}
 	d, err := s.g.bufs.Get(s.rt.Kernels, name, dt, t.Shape())
 	if err != nil {
 		return nil, err
 	}
-	if n := d.Bytes(); n > 0 {
-		err = s.rt.Kernels.Write(d, 0, tensor.HostBytes(c), tensor.Transfer)
+	n := d.Bytes()
+	if n == 0 {
+		return d, nil
 	}
-	return d, err
+	if !t.OnHost() {
+		return d, s.mem().Copy2D(d, 0, n, t, 0, n, n, 1)
+	}
+	c, err := tensor.Convert(t, dt)
+	if err != nil {
+		return nil, err
+	}
+	return d, s.rt.Kernels.Write(d, 0, tensor.HostBytes(c), tensor.Transfer)
 }
 
 // Forward runs micro-batch mb's forward: from its ids on the first stage,
@@ -333,7 +382,7 @@ func (s *GPTStage) Forward(ctx context.Context, mb int, in *tensor.Tensor) (*ten
 	}
 	s.inflight[mb] = &microBatch{slot: sl, ids: ids, tgs: tgs, acts: acts}
 	s.loss += loss
-	return sent(out)
+	return s.sent(out)
 }
 
 // BackwardInput runs micro-batch mb's backward, from its loss on the last
@@ -361,7 +410,7 @@ func (s *GPTStage) BackwardInput(ctx context.Context, mb int, dout *tensor.Tenso
 	if !s.split {
 		s.started = true
 	}
-	return sent(din)
+	return s.sent(din)
 }
 
 // BackwardWeight ends micro-batch mb: split, it computes its parameters'

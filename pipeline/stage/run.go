@@ -47,23 +47,14 @@ func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][
 	}
 	p, s, m := len(sched), g.Index(), len(sched[0])/3
 	r := &runner{g: g, s: s, p: p, fused: kind.Fused(), order: sched[s], st: st, shape: shape,
-		acts: slots(m), grads: slots(m)}
-	// One two-rank group per neighbour: a send to one neighbour never
-	// waits behind a send to, or a receive from, the other (a group runs
-	// one send and one receive at a time, and a transport may hold a send
-	// until it is received). Stage s makes the group with s−1 first, then
-	// the one with s+1, so the handshakes chain from stage 0 on.
-	ranks := g.Ranks()
+		acts: slots(m), grads: slots(m), wire: wireOf(st)}
+	// Links of their own per neighbour: a send to one neighbour never
+	// waits behind a send to, or a receive from, the other (a host group
+	// runs one send and one receive at a time, and a transport may hold a
+	// send until it is received); on a device wire, one per direction.
 	var err error
-	if s > 0 {
-		if r.prev, err = g.World().Group(ctx, []int{ranks[s-1], ranks[s]}); err != nil {
-			return Trace{}, err
-		}
-	}
-	if s+1 < p {
-		if r.next, err = g.World().Group(ctx, []int{ranks[s], ranks[s+1]}); err != nil {
-			return Trace{}, err
-		}
+	if r.actIn, r.gradOut, r.actOut, r.gradIn, err = links(ctx, g, r.wire); err != nil {
+		return Trace{}, err
 	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	defer r.cancel(nil)
@@ -72,10 +63,10 @@ func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][
 	toNext, toPrev := make(chan sending, m), make(chan sending, m)
 	r.start = start
 	r.wg.Add(4)
-	go r.receive('F', r.prev, 0, r.acts)
-	go r.receive('B', r.next, 1, r.grads)
-	go r.send(toNext, r.next, 1, s+1)
-	go r.send(toPrev, r.prev, 0, s-1)
+	go r.receive('F', r.actIn, r.acts)
+	go r.receive('B', r.gradIn, r.grads)
+	go r.send(toNext, r.actOut, s+1)
+	go r.send(toPrev, r.gradOut, s-1)
 
 	tr := Trace{Stage: s, Kind: kind}
 	if err := r.compute(start, toNext, toPrev, &tr); err != nil {
@@ -97,8 +88,11 @@ func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][
 // runner is one Run in flight.
 type runner struct {
 	g        *collective.Group
-	prev     *collective.Group // with stage s−1 (its index 0, this stage 1); nil on the first
-	next     *collective.Group // with stage s+1 (this stage 0, it 1); nil on the last
+	wire     Wire
+	actIn    *link // from stage s−1; nil on the first
+	gradOut  *link // to stage s−1; nil on the first
+	actOut   *link // to stage s+1; nil on the last
+	gradIn   *link // from stage s+1; nil on the last
 	s, p     int
 	fused    bool
 	order    []pipeline.Action
@@ -155,12 +149,12 @@ func (r *runner) err() error {
 	return r.first
 }
 
-// receive receives, from the neighbour at index peer of group pg, every
-// tensor the stage's op actions consume (F: activations from s−1; B:
-// gradients from s+1), in their order; nothing without the neighbour.
-func (r *runner) receive(op byte, pg *collective.Group, peer int, into []chan *tensor.Tensor) {
+// receive receives on link l every tensor the stage's op actions consume
+// (F: activations from s−1; B: gradients from s+1), in their order;
+// nothing without the neighbour.
+func (r *runner) receive(op byte, l *link, into []chan *tensor.Tensor) {
 	defer r.wg.Done()
-	if pg == nil {
+	if l == nil {
 		return
 	}
 	for _, a := range r.order {
@@ -170,8 +164,12 @@ func (r *runner) receive(op byte, pg *collective.Group, peer int, into []chan *t
 		if r.ctx.Err() != nil {
 			return
 		}
-		t := tensor.New(tensor.Float32, r.shape(a.MB)...)
-		if err := collective.Recv(r.ctx, pg, t.Float32(), peer); err != nil {
+		t, err := r.wire.alloc(r.shape(a.MB))
+		if err == nil {
+			err = l.recv(r.ctx, t)
+		}
+		if err != nil {
+			r.wire.free(t)
 			r.fail(err)
 			return
 		}
@@ -180,17 +178,21 @@ func (r *runner) receive(op byte, pg *collective.Group, peer int, into []chan *t
 	}
 }
 
-// send sends what q carries to the neighbour at index peer of group pg
-// (stage to), in order, until q is closed, recording each send's time;
-// after a failure, or without the neighbour, it only drains q.
-func (r *runner) send(q <-chan sending, pg *collective.Group, peer, to int) {
+// send sends what q carries on link l (to stage to), in order, until q is
+// closed, recording each send's time, and gives a device wire's tensors
+// back once sent; after a failure, or without the neighbour, it only
+// drains q.
+func (r *runner) send(q <-chan sending, l *link, to int) {
 	defer r.wg.Done()
 	for x := range q {
-		if r.ctx.Err() != nil || pg == nil {
+		if r.ctx.Err() != nil || l == nil {
+			r.wire.free(x.t)
 			continue
 		}
 		begin := time.Since(r.start)
-		if err := collective.Send(r.ctx, pg, x.t.Float32(), peer); err != nil {
+		err := l.send(r.ctx, x.t)
+		r.wire.free(x.t)
+		if err != nil {
 			r.fail(err)
 			continue
 		}
@@ -280,25 +282,24 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 			}
 			held--
 		}
+		r.wire.free(in) // the stage keeps none of what it is given
 		tr.Events = append(tr.Events, Event{Action: a, Start: begin, End: end, Wait: begin - ready})
 	}
 	return nil
 }
 
-// check holds what the stage returned for a to the neighbour's shape.
+// check holds what the stage returned for a to the wire and the
+// neighbour's shape.
 func (r *runner) check(t *tensor.Tensor, a pipeline.Action) error {
 	what := "an activation"
 	if a.Op == 'B' {
 		what = "a gradient"
 	}
-	want := r.shape(a.MB)
-	switch {
-	case t == nil:
+	if t == nil {
 		return fmt.Errorf("%w: stage %d: %v returned no tensor for %s", ErrInvalid, r.s, a, what)
-	case !t.OnHost() || t.DType() != tensor.Float32:
-		return fmt.Errorf("%w: stage %d: %v returned %s of %v on %v, want host float32", ErrInvalid, r.s, a, what, t.DType(), t.Device())
-	case !slices.Equal(t.Shape(), want):
-		return fmt.Errorf("%w: stage %d: %v returned %s of shape %v, want %v", ErrInvalid, r.s, a, what, t.Shape(), want)
+	}
+	if msg := r.wire.fits(t, r.shape(a.MB)); msg != "" {
+		return fmt.Errorf("%w: stage %d: %v returned %s %s", ErrInvalid, r.s, a, what, msg)
 	}
 	return nil
 }

@@ -392,12 +392,17 @@ gpt2() { MESHRUN_COLLECTIVES=staged pair gpt 2 1e-4 $SHARE; }
 # gptbf16: bfloat16 on both, within docs/transformer.md's 1e-2 (TestGPTBFloat16's
 # bound against float32).
 gptbf16() { GPT_ARGS="$GPT_ARGS --dtype bfloat16" pair gpt 1 1e-2; }
+# gptpp: two pipeline stages (ZB-H1), their activations and gradients
+# passed as device tensors through the links (staged: one GPU, which NCCL
+# refuses to two ranks), against the same pipeline on cpu ranks (a block a
+# stage).
+gptpp() { MESHRUN_COLLECTIVES=staged GPT_ARGS="$GPT_ARGS --layers 2 --mesh pp=2 --schedule zb" pair gpt 2 1e-4 $SHARE; }
 
 verify() { "$BIN/worker" verify --device "$DEVICE" --quick; }
 
 bench() { bench/gpu/run.sh "$BIN/cuda.test" "$1"; }
 
-export -f probe ptxas_sm90 have_bins has_command build gotimeout gotest dispatch conformance conformance_fallback nccl losses lossdiff field pair mlp1 mlp2 gpt gpt2 gptbf16 verify bench
+export -f probe ptxas_sm90 have_bins has_command build gotimeout gotest dispatch conformance conformance_fallback nccl losses lossdiff field pair mlp1 mlp2 gpt gpt2 gptbf16 gptpp verify bench
 
 # --- each step's figures for the summary: one line, from LOG [ARGS] ---
 
@@ -467,6 +472,7 @@ figures_mlp2() { figures_pair "$1" mlp 1e-4; }
 figures_gpt() { figures_pair "$1" gpt 1e-4; }
 figures_gpt2() { figures_pair "$1" gpt 1e-4; }
 figures_gptbf16() { figures_pair "$1" gpt 1e-2; }
+figures_gptpp() { figures_pair "$1" gpt 1e-4; }
 figures_verify() {
   awk 'NF == 5 && $3 ~ /^[0-9]+$/ && $4 ~ /^[0-9]+$/ && $5 ~ /^[0-9]+$/ { c += $3; p += $4; f += $5 }
        END { printf "%d cases, %d passed, %d failed\n", c, p, f }' "$1"
@@ -505,6 +511,7 @@ step verify 20 120 verify
 step gpt 20 90 gpt
 step gpt-2 20 90 gpt2
 step gpt-bf16 20 90 gptbf16
+step gpt-pp 20 90 gptpp
 secs=0.5
 [ $((deadline - SECONDS)) -lt 240 ] && secs=0.25
 step bench 150 300 "bench $secs"

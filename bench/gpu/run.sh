@@ -25,7 +25,9 @@
 # Then each side's profile of the larger shape on stderr: meshrun's
 # --op-profile with MESHRUN_CUDA_SYNC=1 (each kernel's own time) and
 # torch.profiler's kernel table. MESHRUN_BENCH_PARTS (default "linear mlp
-# gpt") picks the tables.
+# gpt") picks the tables; "pipeline" adds bench/pipeline/run.sh on this
+# machine's CPU cores (pp=4, m=8, a core per rank: --cpus-per-rank 1), with
+# the launcher and worker beside $worker.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit
 bin=${1:-bin/cuda.test}
@@ -107,5 +109,9 @@ for dt in float32 bfloat16; do
     --steps 6 --sample 0 --data "$gpt_data" --dtype "$dt" --op-profile 2>&1 >/dev/null | sed -n '/^op profile/,$p' >&2
   [ -n "${vocab:-}" ] && python3 bench/gpu/torch_gpt.py "$1" "$2" "$3" "$4" "$5" "$vocab" 4 "$dt" 5 >/dev/null
 done
+fi
+if part pipeline; then
+  echo
+  PIPE_BENCH_BIN=$(dirname "$worker") bench/pipeline/run.sh 3 4 8 8 || fail=1
 fi
 exit $fail

@@ -144,7 +144,7 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 	if j.cpu != nil {
 		// The rank joins its cgroup before it runs anything: a shell
 		// moves itself in, then becomes the rank (exec keeps the pid).
-		procs, err := j.cpu.rank(p.spec.Rank)
+		procs, err := j.cpu.Procs(p.spec.Rank)
 		if err != nil {
 			return fmt.Errorf("--cpus-per-rank: %w", err)
 		}
@@ -181,7 +181,7 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 	p.start = time.Now()
 	start := cmd.Start
 	if j.cpu != nil {
-		start = func() error { return j.cpu.start(cmd, p.spec.LocalRank) }
+		start = func() error { return j.cpu.Start(cmd, p.spec.LocalRank) }
 	}
 	if err := start(); err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/meshrun/meshrun/internal/exitcode"
+	"github.com/meshrun/meshrun/launch/cpulimit"
 )
 
 // Exit codes of `launcher run` that do not come from a rank.
@@ -83,7 +84,7 @@ type job struct {
 	// perms are the modes of the job's folders and files (--share-logs).
 	perms logPerms
 	// cpu holds the ranks' cgroups under --cpus-per-rank, nil without.
-	cpu *cpuLimit
+	cpu *cpulimit.Limit
 }
 
 // resolve fills in defaults: job id, worker path, rank table.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshrun/meshrun/bootstrap/natsconn"
+	"github.com/meshrun/meshrun/launch/cpulimit"
 	"github.com/meshrun/meshrun/logview"
 	"github.com/meshrun/meshrun/natsrv"
 	"github.com/meshrun/meshrun/runlog"
@@ -56,11 +57,11 @@ func (j *job) run(ctx context.Context) (int, error) {
 	say := func(format string, a ...any) { errCon.Notice(time.Now(), "launcher: "+fmt.Sprintf(format, a...)) }
 
 	if j.CPUsPerRank > 0 {
-		if j.cpu, err = newCPULimit(j.id, j.CPUsPerRank); err != nil {
+		if j.cpu, err = cpulimit.New(j.id, j.CPUsPerRank); err != nil {
 			ev.emit("job_end", "exit_code", 1, "error", err.Error())
 			return 1, cannotStart{err}
 		}
-		defer j.cpu.close()
+		defer j.cpu.Close()
 	}
 	conf, pl, stop, err := j.startPlane(say)
 	if err != nil {

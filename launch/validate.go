@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/meshrun/meshrun/bootstrap/natsconn"
+	"github.com/meshrun/meshrun/launch/cpulimit"
 	"github.com/meshrun/meshrun/runlog"
 )
 
@@ -253,5 +254,5 @@ func (o RunOptions) cpusPerRankProblem(n int, known bool) string {
 	if c := cores(); known && !o.Oversubscribe && x*float64(n) > float64(c)+1e-9 {
 		return fmt.Sprintf("--cpus-per-rank %v × %d ranks is %v cores, this launcher may use %d; --oversubscribe runs it anyway", x, n, x*float64(n), c)
 	}
-	return cpuLimitProblem()
+	return cpulimit.Problem()
 }

@@ -1,4 +1,13 @@
-package launch
+// Package cpulimit caps processes at a share of the machine's cores:
+// `launcher run --cpus-per-rank X` runs each rank in a cpu cgroup of its
+// own whose CPU bandwidth is capped at X cores (a CFS quota over a period),
+// pinned to the cores its share spans, so a rank runs at the same speed
+// whether its neighbours compute or wait. The job's cgroup is made under
+// the launcher's own (cgroup v2 with the cpu controller, else v1's cpu
+// hierarchy), one child per rank; the rank moves itself in before it runs
+// anything (what it starts follows), and the cgroups are removed when the
+// job ends.
+package cpulimit
 
 import (
 	"errors"
@@ -83,9 +92,9 @@ func findCPUCgroup() (cgroupRoot, error) {
 	return cgroupRoot{}, errors.New("no cpu cgroup controller is mounted (cgroup v2 offering cpu, or v1's cpu hierarchy)")
 }
 
-// cpuLimitProblem says why --cpus-per-rank cannot run here, "" when it can:
-// the launcher must be allowed to make cgroups where its own is.
-func cpuLimitProblem() string {
+// Problem says why --cpus-per-rank cannot run here, "" when it can: the
+// launcher must be allowed to make cgroups where its own is.
+func Problem() string {
 	r, err := findCPUCgroup()
 	if err == nil {
 		err = syscall.Access(filepath.Join(r.mount, r.own), 2 /* W_OK */)
@@ -96,8 +105,8 @@ func cpuLimitProblem() string {
 	return ""
 }
 
-// cpuLimit is the job's cgroup and the rank cgroups made in it.
-type cpuLimit struct {
+// Limit is a job's cgroup and the rank cgroups made in it.
+type Limit struct {
 	root          cgroupRoot
 	x             float64
 	allowed       []int // the launcher's CPUs
@@ -116,8 +125,8 @@ func cfsPeriod(cpus float64) int64 {
 	return min(max(2000, int64(math.Ceil(1000/cpus))), 1000000)
 }
 
-// newCPULimit makes the job's cgroup.
-func newCPULimit(jobID string, cpus float64) (*cpuLimit, error) {
+// New makes job jobID's cgroup, for ranks of cpus cores each.
+func New(jobID string, cpus float64) (*Limit, error) {
 	r, err := findCPUCgroup()
 	if err != nil {
 		return nil, err
@@ -127,7 +136,7 @@ func newCPULimit(jobID string, cpus float64) (*cpuLimit, error) {
 	if err := threadAffinity(false, &own); err != nil {
 		return nil, fmt.Errorf("--cpus-per-rank: the launcher's CPUs: %w", err)
 	}
-	c := &cpuLimit{root: r, x: cpus, allowed: own.cores(), dir: filepath.Join(r.mount, r.own, "meshrun-"+jobID), period: period,
+	c := &Limit{root: r, x: cpus, allowed: own.cores(), dir: filepath.Join(r.mount, r.own, "meshrun-"+jobID), period: period,
 		quota: int64(math.Round(cpus * float64(period))), ranks: map[int]string{}}
 	if err := os.Mkdir(c.dir, 0o755); err != nil && !os.IsExist(err) {
 		return nil, fmt.Errorf("--cpus-per-rank: %w", err)
@@ -136,7 +145,7 @@ func newCPULimit(jobID string, cpus float64) (*cpuLimit, error) {
 		// Each level hands the cpu controller down to its children.
 		for _, d := range []string{filepath.Join(r.mount, r.own), c.dir} {
 			if err := os.WriteFile(filepath.Join(d, "cgroup.subtree_control"), []byte("+cpu"), 0); err != nil {
-				c.close()
+				c.Close()
 				return nil, fmt.Errorf("--cpus-per-rank: enabling the cpu controller in %s: %w", d, err)
 			}
 		}
@@ -144,13 +153,14 @@ func newCPULimit(jobID string, cpus float64) (*cpuLimit, error) {
 	return c, nil
 }
 
-// start starts local rank l's command on its CPUs (rankCores).
-func (c *cpuLimit) start(cmd *exec.Cmd, l int) error {
+// Start starts local rank l's command on its CPUs (rankCores).
+func (c *Limit) Start(cmd *exec.Cmd, l int) error {
 	return startPinned(cmd, rankCores(c.allowed, l, c.x))
 }
 
-// rank returns the cgroup.procs file of the rank's cgroup, made on first use.
-func (c *cpuLimit) rank(rank int) (string, error) {
+// Procs returns the cgroup.procs file of the rank's cgroup, made on first
+// use: the rank's process writes its pid there before it runs anything.
+func (c *Limit) Procs(rank int) (string, error) {
 	d, ok := c.ranks[rank]
 	if !ok {
 		d = filepath.Join(c.dir, "rank-"+strconv.Itoa(rank))
@@ -176,9 +186,9 @@ func (c *cpuLimit) rank(rank int) (string, error) {
 	return filepath.Join(d, "cgroup.procs"), nil
 }
 
-// close removes the rank cgroups and the job's, waiting a little for
+// Close removes the rank cgroups and the job's, waiting a little for
 // processes that are still leaving them.
-func (c *cpuLimit) close() error {
+func (c *Limit) Close() error {
 	var err error
 	dirs := append(slices.Collect(maps.Values(c.ranks)), c.dir)
 	for _, d := range dirs {
@@ -206,6 +216,25 @@ func threadAffinity(set bool, m *cpuMask) error {
 		return e
 	}
 	return nil
+}
+
+// JobDir is where job jobID's cgroup is (or would be) made, "" where no
+// cpu controller is mounted.
+func JobDir(jobID string) string {
+	r, err := findCPUCgroup()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(r.mount, r.own, "meshrun-"+jobID)
+}
+
+// ThreadCPUs lists the CPUs the calling thread may run on.
+func ThreadCPUs() ([]int, error) {
+	var m cpuMask
+	if err := threadAffinity(false, &m); err != nil {
+		return nil, err
+	}
+	return m.cores(), nil
 }
 
 // cores lists the CPUs in m.

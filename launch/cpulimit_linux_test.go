@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/meshrun/meshrun/launch/cpulimit"
 )
 
 // TestCPUsPerRank runs two ranks that spin for a second each under
@@ -19,7 +20,7 @@ import (
 // time, read by the rank itself), the job's record says so, and the cgroups
 // are gone when the job ends.
 func TestCPUsPerRank(t *testing.T) {
-	if p := cpuLimitProblem(); p != "" {
+	if p := cpulimit.Problem(); p != "" {
 		t.Skip(p)
 	}
 	// The rank prints its cgroups, spins in a child for a second of wall
@@ -34,7 +35,6 @@ func TestCPUsPerRank(t *testing.T) {
 	if rec.CPUsPerRank != 0.25 || len(rec.Ranks) != 2 || rec.Ranks[0].GOMAXPROCS != 1 {
 		t.Errorf("job.json: cpus_per_rank %v, ranks %+v", rec.CPUsPerRank, rec.Ranks)
 	}
-	root, _ := findCPUCgroup()
 	for r := range 2 {
 		b, err := os.ReadFile(filepath.Join(dir, RankDir(r), "stdout.log"))
 		if err != nil {
@@ -45,11 +45,11 @@ func TestCPUsPerRank(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("rank %d is not in its cgroup %s from its start:\n%s", r, want, out)
 		}
-		var own cpuMask
-		if err := threadAffinity(false, &own); err != nil {
+		own, err := cpulimit.ThreadCPUs()
+		if err != nil {
 			t.Fatal(err)
 		}
-		if pin := fmt.Sprintf("Cpus_allowed_list:\t%d\n", own.cores()[0]); !strings.Contains(out, pin) {
+		if pin := fmt.Sprintf("Cpus_allowed_list:\t%d\n", own[0]); !strings.Contains(out, pin) {
 			t.Errorf("rank %d is not pinned to the first CPU (%q):\n%s", r, pin, out)
 		}
 		var ticks, hz int
@@ -64,7 +64,7 @@ func TestCPUsPerRank(t *testing.T) {
 			t.Errorf("rank %d: its spin took %.2f s of CPU in a second of wall time, want about 0.25", r, cpu)
 		}
 	}
-	if left, _ := filepath.Glob(filepath.Join(root.mount, root.own, "meshrun-"+rec.JobID)); len(left) > 0 {
+	if left, _ := filepath.Glob(cpulimit.JobDir(rec.JobID)); len(left) > 0 {
 		t.Errorf("the job's cgroup outlived it: %v", left)
 	}
 }
@@ -86,28 +86,6 @@ func TestCPUsPerRankRefused(t *testing.T) {
 		code := Main(context.Background(), append([]string{"run", "--dry-run"}, tc.args...), &out, &errb)
 		if code != ExitUsage || !strings.Contains(errb.String(), tc.want) {
 			t.Errorf("%v: exit %d, %q; want exit %d saying %q", tc.args, code, errb.String(), ExitUsage, tc.want)
-		}
-	}
-}
-
-// TestRankCores: ranks are packed onto the launcher's CPUs in order, each
-// given the CPUs its share spans, wrapping around past the last.
-func TestRankCores(t *testing.T) {
-	allowed := []int{0, 1, 5, 7}
-	for _, tc := range []struct {
-		l    int
-		x    float64
-		want []int
-	}{
-		{0, 0.5, []int{0}}, {1, 0.5, []int{0}}, {2, 0.5, []int{1}}, {3, 0.5, []int{1}}, {7, 0.5, []int{7}},
-		{0, 1, []int{0}}, {3, 1, []int{7}}, {4, 1, []int{0}},
-		{0, 1.5, []int{0, 1}}, {1, 1.5, []int{1, 5}}, {2, 1.5, []int{0, 7}},
-		{0, 0.3, []int{0}}, {2, 0.3, []int{0}}, {3, 0.3, []int{0, 1}}, {4, 0.3, []int{1}},
-		{2, 2, []int{0, 1}},
-	} {
-		m := rankCores(allowed, tc.l, tc.x)
-		if got := m.cores(); !slices.Equal(got, tc.want) {
-			t.Errorf("rank %d at %v cores: CPUs %v, want %v", tc.l, tc.x, got, tc.want)
 		}
 	}
 }

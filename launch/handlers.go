@@ -161,7 +161,7 @@ func (a *attempt) onNotice(n protocol.Notice) {
 
 // onHangCheck looks for collectives waited in for --hang-after that some
 // rank never entered: it names them, asks every rank for its stacks, and
-// tears the job down with the first missing rank as the root cause.
+// tears the job down with a missing rank as the root cause (hangCulprit).
 func (a *attempt) onHangCheck(now time.Time) {
 	for _, h := range a.pl.hangs(now, a.j.HangAfter) {
 		key := fmt.Sprintf("%s/%d", h.Group, h.Seq)
@@ -206,7 +206,7 @@ func (a *attempt) onHangCheck(now time.Time) {
 		if a.tearing || a.hangC != nil {
 			continue
 		}
-		r := h.Missing[0]
+		r := hangCulprit(h.Missing, hr.States)
 		who := "never entered"
 		if len(h.Missing) > 1 {
 			who = fmt.Sprintf("(with ranks %s) never entered", FormatRanks(h.Missing))
@@ -221,6 +221,20 @@ func (a *attempt) onHangCheck(now time.Time) {
 		a.hangWhy = fmt.Sprintf("rank %d hung: %s", r, why)
 		a.hangC = time.After(hangStacksSettle)
 	}
+}
+
+// hangCulprit is the root cause among the ranks missing from a collective:
+// the first whose process is stopped (state T or t: SIGSTOP, a debugger),
+// which the others, asleep waiting, may be waiting on (a pipeline's
+// neighbours wait for the stopped stage, and a collective after the step
+// finds them missing too); else the first.
+func hangCulprit(missing []int, states map[string]string) int {
+	for _, r := range missing {
+		if st := states[strconv.Itoa(r)]; strings.HasPrefix(st, "T") || strings.HasPrefix(st, "t") {
+			return r
+		}
+	}
+	return missing[0]
 }
 
 func (a *attempt) onFatal(err error) {

@@ -12,7 +12,10 @@ import (
 
 // TestPipelineStageFaults: a GPT pipeline stage (pp=3) that dies, or hangs,
 // is the job's root cause, named as for collectives; its neighbours, which
-// wait on it, are torn down as victims, and the launcher ends in time.
+// wait on it, are torn down as victims, and the launcher ends in time. A
+// stopped stage is named by its silence, or, when the last stage reached
+// the step's all-reduce first, as the stopped one of the ranks missing
+// from it (its neighbour, asleep waiting on it, is missing too).
 func TestPipelineStageFaults(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -20,7 +23,7 @@ func TestPipelineStageFaults(t *testing.T) {
 		want *regexp.Regexp
 	}{
 		{"dies", syscall.SIGKILL, regexp.MustCompile(`root cause rank 1 \(node 0, pid \d+\) was killed by SIGKILL .*; 2 other ranks torn down`)},
-		{"hangs", syscall.SIGSTOP, regexp.MustCompile(`hang: root cause rank 1 \(node 0, pid \d+\) stopped answering its peers .*its process was T \(stopped\); 2 other ranks torn down`)},
+		{"hangs", syscall.SIGSTOP, regexp.MustCompile(`hang: root cause rank 1 \(node 0, pid \d+\) (stopped answering its peers|\(with ranks 0-1\) never entered) .*its process was T \(stopped\);.* 2 other ranks torn down`)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logDir := t.TempDir()
@@ -50,5 +53,24 @@ func TestPipelineStageFaults(t *testing.T) {
 				t.Errorf("last line %q, want %s", last, tc.want)
 			}
 		})
+	}
+}
+
+// TestHangCulprit: of the ranks missing from a collective, a stopped one is
+// the root cause, not the first, which may be asleep waiting on it.
+func TestHangCulprit(t *testing.T) {
+	for _, tc := range []struct {
+		missing []int
+		states  map[string]string
+		want    int
+	}{
+		{[]int{0, 1}, map[string]string{"0": "S (sleeping)", "1": "T (stopped)"}, 1},
+		{[]int{0, 1, 3}, map[string]string{"0": "S (sleeping)", "3": "t (tracing stop)"}, 3},
+		{[]int{2, 5}, map[string]string{"2": "S (sleeping)", "5": "R (running)"}, 2},
+		{[]int{4}, nil, 4},
+	} {
+		if got := hangCulprit(tc.missing, tc.states); got != tc.want {
+			t.Errorf("missing %v, states %v: rank %d, want %d", tc.missing, tc.states, got, tc.want)
+		}
 	}
 }

@@ -45,8 +45,14 @@ void emu_cast(int to16, void *y, const void *x, unsigned long long n, unsigned t
 	grid(threads, [&] { to16 ? cast_f32_bf16((bf16 *)y, (const float *)x, n) : cast_bf16_f32((float *)y, (const bf16 *)x, n); });
 }
 
-void emu_bias_grad_bf16(void *db, int db32, const void *dy, unsigned long long m, unsigned long long n, int accumulate, unsigned threads) {
-	grid(threads, [&] { db32 ? bias_grad_bf16_f32((float *)db, (const bf16 *)dy, m, n, accumulate) : bias_grad_bf16((bf16 *)db, (const bf16 *)dy, m, n, accumulate); });
+// The bias gradient's two stages, as the provider launches them: chunks of
+// chunk rows, then each column's chunks.
+void emu_bias_grad_bf16(void *db, int db32, const void *dy, unsigned long long m, unsigned long long n, int accumulate,
+		unsigned long long chunk, unsigned threads) {
+	unsigned long long nc = (m + chunk - 1) / chunk;
+	std::vector<double> part(nc * n + 1);
+	grid(threads, [&] { bias_part_bf16(part.data(), (const bf16 *)dy, m, n, chunk); });
+	grid(threads, [&] { db32 ? bias_sum_bf16_f32((float *)db, part.data(), nc, n, accumulate) : bias_sum_bf16((bf16 *)db, part.data(), nc, n, accumulate); });
 }
 
 // The layer norm's stages, as the provider launches them: rows in segments

@@ -74,8 +74,9 @@ func Cast(dst, src *tensor.Tensor, threads int) {
 	C.emu_cast(to16, ptr(tensor.HostBytes(dst)), ptr(tensor.HostBytes(src)), C.ulonglong(dst.Len()), C.uint(threads))
 }
 
-// BiasGrad runs bias_grad_bf16 (db bfloat16) or bias_grad_bf16_f32 (db
-// float32) over dy's m rows of n.
+// BiasGrad runs bias_part_bf16 over chunks of BiasChunk rows, then
+// bias_sum_bf16 (db bfloat16) or bias_sum_bf16_f32 (db float32), over dy's
+// m rows of n.
 func BiasGrad(db, dy *tensor.Tensor, m, n int, accumulate bool, threads int) {
 	acc, db32 := C.int(0), C.int(0)
 	if accumulate {
@@ -84,7 +85,7 @@ func BiasGrad(db, dy *tensor.Tensor, m, n int, accumulate bool, threads int) {
 	if db.DType() == tensor.Float32 {
 		db32 = 1
 	}
-	C.emu_bias_grad_bf16(ptr(tensor.HostBytes(db)), db32, ptr(tensor.HostBytes(dy)), C.ulonglong(m), C.ulonglong(n), acc, C.uint(threads))
+	C.emu_bias_grad_bf16(ptr(tensor.HostBytes(db)), db32, ptr(tensor.HostBytes(dy)), C.ulonglong(m), C.ulonglong(n), acc, BiasChunk, C.uint(threads))
 }
 
 // bytesOf is t's host bytes, or nil for a nil tensor.

@@ -132,21 +132,32 @@ MR_KERNEL void cast_bf16_f32(float *y, const bf16 *x, unsigned long long n) {
 	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = bf2f(x[i]);
 }
 
-// db[j] (+)= Σ over the m rows of dy[i·n + j], float32 accumulation, one
-// thread per column (neighbouring threads read neighbouring elements);
-// db in float32 (the master gradient) or bfloat16 (rounded once).
-MR_KERNEL void bias_grad_bf16_f32(float *db, const bf16 *dy, unsigned long long m, unsigned long long n, int accumulate) {
-	for (unsigned long long j = MR_TID; j < n; j += MR_NTHREADS) {
-		float acc = accumulate ? db[j] : 0.0f;
-		for (unsigned long long i = 0; i < m; i++) acc += bf2f(dy[i * n + j]);
-		db[j] = acc;
+// The bias gradient in two stages: bias_part sums each chunk of rows of
+// each column (one thread per chunk and column: a GEMM's m rows give m/chunk
+// times the threads of one per column), in double; bias_sum adds a column's
+// chunks in order and writes db[j] (+)= the sum, in float32 (the master
+// gradient) or bfloat16 (rounded once).
+MR_KERNEL void bias_part_bf16(double *part, const bf16 *dy, unsigned long long m, unsigned long long n, unsigned long long chunk) {
+	unsigned long long nc = (m + chunk - 1) / chunk;
+	for (unsigned long long e = MR_TID; e < nc * n; e += MR_NTHREADS) {
+		unsigned long long c = e / n, j = e % n, lo = c * chunk, hi = lo + chunk < m ? lo + chunk : m;
+		double acc = 0;
+		for (unsigned long long i = lo; i < hi; i++) acc += (double)bf2f(dy[i * n + j]);
+		part[e] = acc;
 	}
 }
-MR_KERNEL void bias_grad_bf16(bf16 *db, const bf16 *dy, unsigned long long m, unsigned long long n, int accumulate) {
+MR_KERNEL void bias_sum_bf16_f32(float *db, const double *part, unsigned long long nc, unsigned long long n, int accumulate) {
 	for (unsigned long long j = MR_TID; j < n; j += MR_NTHREADS) {
-		float acc = accumulate ? bf2f(db[j]) : 0.0f;
-		for (unsigned long long i = 0; i < m; i++) acc += bf2f(dy[i * n + j]);
-		db[j] = f2bf(acc);
+		double acc = 0;
+		for (unsigned long long c = 0; c < nc; c++) acc += part[c * n + j];
+		db[j] = (accumulate ? db[j] : 0.0f) + (float)acc;
+	}
+}
+MR_KERNEL void bias_sum_bf16(bf16 *db, const double *part, unsigned long long nc, unsigned long long n, int accumulate) {
+	for (unsigned long long j = MR_TID; j < n; j += MR_NTHREADS) {
+		double acc = 0;
+		for (unsigned long long c = 0; c < nc; c++) acc += part[c * n + j];
+		db[j] = f2bf((accumulate ? bf2f(db[j]) : 0.0f) + (float)acc);
 	}
 }
 

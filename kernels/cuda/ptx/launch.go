@@ -13,10 +13,12 @@ import (
 // Launch shapes of the kernels. The sum of the
 // mean squared error is reduced in a fixed order: MSEThreads partial sums
 // (one per thread of a fixed grid), SumThreads sums of those, then one.
+// The bias gradient sums chunks of BiasChunk rows per column first.
 const (
 	BlockThreads = 256
 	MSEThreads   = 256 * BlockThreads
 	SumThreads   = BlockThreads
+	BiasChunk    = 64
 )
 
 // SourcesHash is the hash gen.sh writes into kernels.ptx's first line, of

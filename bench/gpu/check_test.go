@@ -281,11 +281,16 @@ func TestCheckDry(t *testing.T) {
 	t.Run("deadline", func(t *testing.T) {
 		t.Parallel()
 		r := check(t, []string{prebuilt, "MESHRUN_FAKE_SLEEP=probe=1000"}, "--deadline", "20")
-		want := map[string]string{"probe": "TIMEOUT after 10 s"}
+		want := map[string]string{"probe": "TIMEOUT after "}
 		for _, s := range steps[1:] {
 			want[s] = "SKIPPED: needs "
 		}
 		r.expect(t, want)
+		// 10 s, or 9 where the machine's load held the script's start back
+		// past a second.
+		if st := r.status["probe"]; st != "TIMEOUT after 10 s" && st != "TIMEOUT after 9 s" {
+			t.Errorf("probe: %q, want a timeout after 10 s (9 under load)", st)
+		}
 		for _, s := range steps[1:] {
 			if !strings.HasSuffix(r.status[s], " s left") {
 				t.Errorf("%s: %q gives no reason", s, r.status[s])

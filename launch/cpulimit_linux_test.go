@@ -58,10 +58,11 @@ func TestCPUsPerRank(t *testing.T) {
 		} else if _, err := fmt.Sscanf(out[i:], "ticks %d of %d", &ticks, &hz); err != nil {
 			t.Fatalf("rank %d: %v in %q", r, err, out[i:])
 		}
-		// A quarter of a core for a second, with room for the periods
-		// around it; uncapped the spin takes the whole second.
-		if cpu := float64(ticks) / float64(hz); cpu < 0.1 || cpu > 0.45 {
-			t.Errorf("rank %d: its spin took %.2f s of CPU in a second of wall time, want about 0.25", r, cpu)
+		// At most a quarter of a core for a second, with room for the
+		// periods around it (less where the machine is busy); uncapped
+		// the spin takes the whole second.
+		if cpu := float64(ticks) / float64(hz); cpu <= 0 || cpu > 0.45 {
+			t.Errorf("rank %d: its spin took %.2f s of CPU in a second of wall time, want at most about 0.25", r, cpu)
 		}
 	}
 	if left, _ := filepath.Glob(cpulimit.JobDir(rec.JobID)); len(left) > 0 {

@@ -167,6 +167,7 @@ type ppRun struct {
 	all      *collective.Group // the world
 	trace    stage.Trace       // the last step's
 	bubbles  []float64         // each step's measured bubble
+	costs    [][4]float64      // each step's median F, B, W and send (stage.Trace.Costs), ms
 	run      *runlog.Rank
 }
 
@@ -186,27 +187,57 @@ type PipelineReport struct {
 	BubbleModel     float64   `json:"bubble_model"`
 	Bubble          []float64 `json:"bubble"`
 	PeakActivations []int     `json:"peak_activations"`
+	// CostMs is each stage's median F, B and W and SendMs its median send
+	// (from an action's end to its send's end; stage.Trace.Costs), in
+	// milliseconds, the medians over the steps after the first.
+	// BubbleAtCost is each stage's bubble as pipeline.Simulate gives the
+	// schedule under those costs (the sends at their mean over the stages):
+	// what the schedule gives when every action takes its median time.
+	// The measured bubble less it is the noise, not the schedule.
+	CostMs       []pipeline.StageCost `json:"cost_ms"`
+	SendMs       []float64            `json:"send_ms"`
+	BubbleAtCost []float64            `json:"bubble_at_cost"`
 }
 
 // report gathers the last step's measurements of every stage (a
 // collective: every rank calls it).
 func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 	p := r.p
-	v := make([]float64, 2*p.pp)
-	b := slices.Clone(r.bubbles)
+	v := make([]float64, 7*p.pp)
+	b, costs := slices.Clone(r.bubbles), slices.Clone(r.costs)
 	if len(b) > 1 {
-		b = b[1:] // the first step warms up
+		b, costs = b[1:], costs[1:] // the first step warms up
 	}
 	v[r.s], v[p.pp+r.s] = median(b), float64(r.trace.Peak)
+	for k := range 4 {
+		var ks []float64
+		for _, c := range costs {
+			ks = append(ks, c[k])
+		}
+		v[(2+k)*p.pp+r.s] = median(ks)
+	}
 	all, err := r.shared(ctx, v, r.local == 0)
 	if err != nil {
 		return nil, err
 	}
 	rep := &PipelineReport{PP: p.pp, Schedule: p.kind.String(), MicroBatches: p.m, StageLayers: p.layers,
 		BubbleModel: float64(p.pp-1) / float64(p.m+p.pp-1)}
+	cost := pipeline.Cost{Fused: p.kind.Fused()}
 	for s := range p.pp {
 		rep.Bubble = append(rep.Bubble, all[s])
 		rep.PeakActivations = append(rep.PeakActivations, int(all[p.pp+s]))
+		at := func(k int) float64 { return all[(2+k)*p.pp+s] }
+		rep.CostMs = append(rep.CostMs, pipeline.StageCost{F: at(0), B: at(1), W: at(2)})
+		rep.SendMs = append(rep.SendMs, at(3))
+	}
+	cost.Stages = rep.CostMs
+	for _, x := range rep.SendMs {
+		cost.Send += x / float64(p.pp)
+	}
+	if tl, err := pipeline.Simulate(p.sched, cost); err == nil && tl.Makespan > 0 {
+		for _, idle := range tl.Idle {
+			rep.BubbleAtCost = append(rep.BubbleAtCost, idle/tl.Makespan)
+		}
 	}
 	return rep, nil
 }
@@ -306,6 +337,8 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 		return 0, err
 	}
 	r.bubbles = append(r.bubbles, stepBubble(v[1:1+pp], v[1+pp:1+2*pp], v[1+2*pp:])[r.s])
+	c, send := r.trace.Costs()
+	r.costs = append(r.costs, [4]float64{c.F, c.B, c.W, send})
 	return v[0], r.st.Finish(ctx)
 }
 

@@ -77,12 +77,16 @@ func TestGPTPipeline(t *testing.T) {
 				}
 				p := r.Pipeline
 				if p == nil || p.Schedule != sched || fmt.Sprint(p.MicroBatches) != m || fmt.Sprint(p.StageLayers) != fmt.Sprint(tc.want) ||
-					len(p.Bubble) != p.PP || len(p.PeakActivations) != p.PP {
+					len(p.Bubble) != p.PP || len(p.PeakActivations) != p.PP ||
+					len(p.CostMs) != p.PP || len(p.SendMs) != p.PP || len(p.BubbleAtCost) != p.PP {
 					t.Fatalf("%s: report's pipeline %+v", name, p)
 				}
 				for s, b := range p.Bubble {
 					if !(b >= 0 && b < 1) || p.PeakActivations[s] < 1 {
 						t.Errorf("%s: stage %d: bubble %v, peak %d", name, s, b, p.PeakActivations[s])
+					}
+					if c := p.CostMs[s]; !(c.F > 0 && c.B > 0 && c.W >= 0 && p.SendMs[s] >= 0) || !(p.BubbleAtCost[s] >= 0 && p.BubbleAtCost[s] < 1) {
+						t.Errorf("%s: stage %d: costs %+v ms, send %v ms, bubble at them %v", name, s, c, p.SendMs[s], p.BubbleAtCost[s])
 					}
 				}
 			}

@@ -10,7 +10,9 @@
 #
 # The schedules alternate within each repetition so that background load
 # hits them alike; each cell is the repetition with the fastest median step
-# (its bubbles beside it). The model: --layers 4·pp, --dim 128, --heads 4,
+# (its bubbles beside it), with the bubble pipeline.Simulate gives the
+# schedule at the stages' median F, B, W and send of that run (the measured
+# bubble less it is noise, not the schedule) and those costs. The model: --layers 4·pp, --dim 128, --heads 4,
 # --context 64, --batch 16 (PIPE_BENCH_ARGS adds flags).
 #
 # One core per rank: each rank runs under `launcher run --cpus-per-rank C`
@@ -61,11 +63,18 @@ for s in ("gpipe", "1f1b", "zb"):
     runs = [json.load(open(f"{tmp}/{s}.{r}.json")) for r in range(1, reps + 1)]
     best[s] = min(runs, key=lambda r: r["step_ms_median"])
 p = best["1f1b"]["pipeline"]
-print(f"| schedule (pp={p['pp']}, m={p['micro_batches']}) | step ms | bubble per stage (measured) | mean | modelled | peak micro-batches per stage |")
-print("|---|---|---|---|---|---|")
+mean = lambda v: sum(v) / len(v)
+print(f"| schedule (pp={p['pp']}, m={p['micro_batches']}) | step ms | bubble per stage (measured) | mean | at the median costs | modelled | peak micro-batches per stage |")
+print("|---|---|---|---|---|---|---|")
 for s in ("gpipe", "1f1b", "zb"):
     r = best[s]; q = r["pipeline"]
-    mean = sum(q["bubble"]) / len(q["bubble"])
-    print(f"| {s} | {r['step_ms_median']:.1f} | {', '.join(f'{100*b:.1f}%' for b in q['bubble'])} | {100*mean:.1f}% | "
-          f"{100*q['bubble_model']:.1f}% (gpipe, 1f1b) | {', '.join(map(str, q['peak_activations']))} |")
+    print(f"| {s} | {r['step_ms_median']:.1f} | {', '.join(f'{100*b:.1f}%' for b in q['bubble'])} | {100*mean(q['bubble']):.1f}% | "
+          f"{100*mean(q['bubble_at_cost']):.1f}% | {100*q['bubble_model']:.1f}% (gpipe, 1f1b) | {', '.join(map(str, q['peak_activations']))} |")
+print()
+print("| schedule | median F, B, W per stage (ms) | median send (ms) |")
+print("|---|---|---|")
+for s in ("gpipe", "1f1b", "zb"):
+    q = best[s]["pipeline"]
+    fbw = "; ".join("%.1f, %.1f, %.1f" % (c["F"], c["B"], c["W"]) for c in q["cost_ms"])
+    print(f"| {s} | {fbw} | {', '.join(f'{x:.2f}' for x in q['send_ms'])} |")
 PY

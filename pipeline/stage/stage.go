@@ -157,3 +157,61 @@ func validate(g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action
 	}
 	return nil
 }
+
+// Costs is what the stage's actions took, as the model prices them, in
+// milliseconds: the median F, B and W, and the median time from the end of
+// the action a send carries (a fused backward's W) to the send's end (the
+// activation or gradient queued, posted and taken by the transport), the
+// model's Send; 0 where the trace has none. pipeline.Simulate under these
+// costs is what the schedule would give were every action its median: the
+// measured bubble less that is the noise (actions slower than their
+// median, a send waiting for a core).
+func (t Trace) Costs() (c pipeline.StageCost, send float64) {
+	var d [3][]time.Duration
+	ends := map[pipeline.Action]time.Duration{}
+	for _, e := range t.Events {
+		if k := opIndex(e.Op); k >= 0 {
+			d[k] = append(d[k], e.End-e.Start)
+		}
+		ends[e.Action] = e.End
+	}
+	var sends []time.Duration
+	for _, x := range t.Sends {
+		from := x.Action
+		if from.Op == 'B' && t.Kind.Fused() {
+			from.Op = 'W' // a fused backward's gradient leaves after its W
+		}
+		if end, ok := ends[from]; ok {
+			sends = append(sends, x.End-end)
+		}
+	}
+	ms := func(v []time.Duration) float64 { return float64(medianDuration(v)) / float64(time.Millisecond) }
+	return pipeline.StageCost{F: ms(d[0]), B: ms(d[1]), W: ms(d[2])}, ms(sends)
+}
+
+func opIndex(op byte) int {
+	switch op {
+	case 'F':
+		return 0
+	case 'B':
+		return 1
+	case 'W':
+		return 2
+	}
+	return -1
+}
+
+// medianDuration is v's median (the mean of the middle two of an even
+// count); 0 for none.
+func medianDuration(v []time.Duration) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}

@@ -491,6 +491,16 @@ func TestMeasuredBubble(t *testing.T) {
 			if tr.Makespan > want*3/2+20*time.Millisecond || tr.Busy < 3*m*unit {
 				t.Errorf("%v stage %d: %v; the model's step %v", kind, s, tr, want)
 			}
+			c, send := tr.Costs()
+			u := float64(unit) / float64(time.Millisecond)
+			for _, x := range []float64{c.F, c.B, c.W} {
+				if x < u || x > 2*u {
+					t.Errorf("%v stage %d: median costs %+v ms, each sleeps %v ms", kind, s, c, u)
+				}
+			}
+			if send < 0 || send > u {
+				t.Errorf("%v stage %d: median send %v ms", kind, s, send)
+			}
 		}
 		if step[kind] < want-unit {
 			t.Errorf("%v: measured step %v, the model's %v", kind, step[kind], want)
@@ -498,5 +508,40 @@ func TestMeasuredBubble(t *testing.T) {
 	}
 	if step[pipeline.ZBH1] >= step[pipeline.OneF1B] {
 		t.Errorf("measured steps: zb %v, 1f1b %v", step[pipeline.ZBH1], step[pipeline.OneF1B])
+	}
+}
+
+// TestCosts: the medians of a trace's F, B and W, and its sends timed from
+// the end of the action they carry: a fused backward's from its W's end.
+func TestCosts(t *testing.T) {
+	ms := time.Millisecond
+	ev := func(op byte, mb int, start, end time.Duration) stage.Event {
+		return stage.Event{Action: pipeline.Action{Op: op, MB: mb}, Start: start * ms, End: end * ms}
+	}
+	tr := stage.Trace{Events: []stage.Event{
+		ev('F', 0, 0, 2), ev('F', 1, 2, 5), ev('F', 2, 5, 9),
+		ev('B', 0, 9, 13), ev('W', 0, 13, 14),
+		ev('B', 1, 14, 20), ev('W', 1, 20, 22),
+	}, Sends: []stage.Send{
+		{Action: pipeline.Action{Op: 'F', MB: 0}, Start: 2 * ms, End: 3 * ms},
+		{Action: pipeline.Action{Op: 'F', MB: 1}, Start: 6 * ms, End: 8 * ms},
+		{Action: pipeline.Action{Op: 'B', MB: 0}, Start: 14 * ms, End: 15 * ms},
+		{Action: pipeline.Action{Op: 'B', MB: 1}, Start: 22 * ms, End: 23 * ms},
+	}}
+	for _, tc := range []struct {
+		kind pipeline.Kind
+		send float64
+	}{{pipeline.ZBH1, 2.5}, {pipeline.OneF1B, 1}} {
+		// Sends after F0, F1, B0, B1's ends: 1, 3, 2, 3 ms apart (zb: median
+		// 2.5); fused, the gradients from W0's and W1's ends: 1, 3, 1, 1
+		// (median 1).
+		tr.Kind = tc.kind
+		c, send := tr.Costs()
+		if c != (pipeline.StageCost{F: 3, B: 5, W: 1.5}) || send != tc.send {
+			t.Errorf("%v: costs %+v, send %v; want F 3, B 5, W 1.5, send %v", tc.kind, c, send, tc.send)
+		}
+	}
+	if c, send := (stage.Trace{}).Costs(); c != (pipeline.StageCost{}) || send != 0 {
+		t.Errorf("an empty trace: %+v, %v", c, send)
 	}
 }

@@ -29,7 +29,7 @@ type pipeFlags struct {
 
 func (f *pipeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.microBatches, "micro-batches", 0, "with pp: split each step's batch into `M` micro-batches, the gradients accumulated over them (0: 2·pp, or the largest divisor of --batch below; --batch a multiple of M)")
-	fs.StringVar(&f.schedule, "schedule", "1f1b", "with pp: the pipeline `SCHEDULE`, gpipe, 1f1b or zb (ZB-H1: the weight gradients deferred into the bubbles)")
+	fs.StringVar(&f.schedule, "schedule", "1f1b", "with pp: the pipeline `SCHEDULE`, gpipe, 1f1b, zb (ZB-H1: the weight gradients deferred into the bubbles) or zb2 (ZB-H2's memory: up to 2·pp−1 micro-batches in flight)")
 	fs.StringVar(&f.wire, "pp-wire", "device", "with pp on a device: how activations and gradients travel between stages, `device` (device tensors in the compute dtype: NCCL's send and receive between GPUs, staged otherwise) or host (host float32 copies over the transport)")
 	fs.StringVar(&f.layers, "pp-layers", "", "with pp: each stage's blocks, e.g. `3,3,2` (default: balanced by a count of each stage's multiply-adds, the head's on the last; ties give the last stages more)")
 }
@@ -71,7 +71,7 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 	}
 	p := &gptPipeline{pp: pp, m: f.microBatches, stage: stageMesh, hostWire: f.wire == "host"}
 	if p.kind, err = pipeline.ParseSchedule(f.schedule); err != nil {
-		return nil, fmt.Errorf("--schedule %q: want gpipe, 1f1b or zb", f.schedule)
+		return nil, fmt.Errorf("--schedule %q: want %s", f.schedule, pipeline.Names)
 	}
 	if cfg.Layers == 0 {
 		return nil, fmt.Errorf("--layers 0 on pp=%d: a stage would have no layer", pp)

@@ -57,7 +57,7 @@ func TestGPTPipeline(t *testing.T) {
 			ms = []string{"4", "8"}
 		}
 		for _, m := range ms {
-			for _, sched := range []string{"gpipe", "1f1b", "zb"} {
+			for _, sched := range []string{"gpipe", "1f1b", "zb", "zb2"} {
 				args := []string{"--mesh", tc.mesh, "--micro-batches", m, "--schedule", sched}
 				if tc.layers != "" {
 					args = append(args, "--pp-layers", tc.layers)
@@ -103,7 +103,7 @@ func TestGPTPipelineRefused(t *testing.T) {
 	}{
 		{[]string{"--mesh", "pp=2", "--micro-batches", "3"}, "--micro-batches 3: want 1 to --batch 8, dividing it"},
 		{[]string{"--mesh", "pp=2,dp=2", "--micro-batches", "8"}, "--micro-batches 8: linear: bad configuration: gpt: batch 1 is not a multiple of dp = 2"},
-		{[]string{"--mesh", "pp=2", "--schedule", "dualpipe"}, `--schedule "dualpipe": want gpipe, 1f1b or zb`},
+		{[]string{"--mesh", "pp=2", "--schedule", "dualpipe"}, `--schedule "dualpipe": want gpipe, 1f1b, zb or zb2`},
 		{[]string{"--mesh", "pp=2", "--pp-layers", "3,3"}, "--pp-layers 3,3: 6 layers, want --layers 4"},
 		{[]string{"--mesh", "pp=2", "--pp-layers", "4,0"}, "--pp-layers 4,0: stage 1 has no layer"},
 		{[]string{"--mesh", "pp=8"}, "--layers 4 on pp=8: a stage would have no layer"},

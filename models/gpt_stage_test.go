@@ -183,7 +183,7 @@ func TestGPTPipelineMatchesWhole(t *testing.T) {
 			tp     int
 		}{{[]int{2, 2}, 1}, {[]int{1, 1, 1, 1}, 1}, {[]int{3, 1}, 1}, {[]int{0, 1, 2, 1}, 1}, {[]int{2, 2}, 2}} {
 			for _, m := range []int{4, 8} {
-				for _, kind := range []pipeline.Kind{pipeline.GPipe, pipeline.OneF1B, pipeline.ZBH1} {
+				for _, kind := range []pipeline.Kind{pipeline.GPipe, pipeline.OneF1B, pipeline.ZBH1, pipeline.ZBH2} {
 					name := fmt.Sprintf("%s layers %v tp=%d m=%d %v", opt, tc.layers, tc.tp, m, kind)
 					got := trainPipeline(t, stageGPT(tc.tp, opt), tc.layers, tc.tp, m, steps, kind)
 					for i, l := range got.losses {
@@ -198,6 +198,8 @@ func TestGPTPipelineMatchesWhole(t *testing.T) {
 							t.Errorf("%s: stage %d held %d micro-batches at once, want all %d", name, s, h, m)
 						case kind == pipeline.OneF1B && h > p-s:
 							t.Errorf("%s: stage %d held %d micro-batches at once, want at most %d", name, s, h, p-s)
+						case kind == pipeline.ZBH2 && h > 2*p-1:
+							t.Errorf("%s: stage %d held %d micro-batches at once, want at most %d", name, s, h, 2*p-1)
 						}
 					}
 				}

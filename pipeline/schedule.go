@@ -44,13 +44,23 @@ const (
 	// al.): 1F1B's memory (at most p−s micro-batches on stage s), with W split
 	// from B and deferred into the slots where the stage would wait.
 	ZBH1
+	// ZBH2 is a zero-bubble schedule with ZB-H2's memory (the same paper): W
+	// split from B and deferred as in ZB-H1, and up to 2p−1 micro-batches in
+	// flight on every stage, so that extra forwards fill the wait for the
+	// first gradient and the Ws fill the cool-down.
+	ZBH2
 )
+
+// Names lists the schedules ParseSchedule reads, for messages.
+const Names = "gpipe, 1f1b, zb or zb2"
+
 
 // ErrSchedule is wrapped by every refusal of this package: a schedule that
 // cannot be built, an order Check refuses, a Cost that does not fit.
 var ErrSchedule = errors.New("pipeline: bad schedule")
 
-// ParseSchedule reads a schedule's name: gpipe, 1f1b or zb.
+// ParseSchedule reads a schedule's name: gpipe, 1f1b, zb (ZB-H1) or zb2
+// (ZB-H2's memory).
 func ParseSchedule(s string) (Kind, error) {
 	switch strings.ToLower(s) {
 	case "gpipe":
@@ -59,8 +69,10 @@ func ParseSchedule(s string) (Kind, error) {
 		return OneF1B, nil
 	case "zb", "zb-h1", "zbh1":
 		return ZBH1, nil
+	case "zb2", "zb-h2", "zbh2":
+		return ZBH2, nil
 	}
-	return 0, fmt.Errorf("%w: schedule %q: want gpipe, 1f1b or zb", ErrSchedule, s)
+	return 0, fmt.Errorf("%w: schedule %q: want %s", ErrSchedule, s, Names)
 }
 
 // String is the name ParseSchedule reads.
@@ -72,13 +84,15 @@ func (k Kind) String() string {
 		return "1f1b"
 	case ZBH1:
 		return "zb"
+	case ZBH2:
+		return "zb2"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
 // Fused says whether the kind runs each B and its W as one backward (see
-// Cost.Fused): GPipe and 1F1B do, ZB-H1 does not.
-func (k Kind) Fused() bool { return k != ZBH1 }
+// Cost.Fused): GPipe and 1F1B do, the zero-bubble kinds do not.
+func (k Kind) Fused() bool { return k != ZBH1 && k != ZBH2 }
 
 // Run is Schedule and Simulate: the kind's orders timed under cost, with
 // cost.Fused set by the kind.
@@ -119,6 +133,8 @@ func Schedule(kind Kind, p, m int) ([][]Action, error) {
 		return oneF1B(p, m), nil
 	case ZBH1:
 		return zbH1(p, m), nil
+	case ZBH2:
+		return zbH2(p, m), nil
 	}
 	return nil, fmt.Errorf("%w: unknown schedule %v", ErrSchedule, kind)
 }
@@ -215,6 +231,63 @@ func zbH1(p, m int) [][]Action {
 				a = Action{'W', waitW[s][0]}
 				waitW[s] = waitW[s][1:]
 				held[s]-- // freed at t+1, before the stage's next action
+			default:
+				continue
+			}
+			out[s] = append(out[s], a)
+			busy[s] = t + 1
+			left--
+		}
+	}
+	return out
+}
+
+// zbH2 builds the orders of ZB-H2's memory by running the stages at unit
+// costs, each stage taking, whenever it is free, the first of: the B of its
+// oldest micro-batch past F, once its gradient has arrived (B runs at once:
+// the stages before wait for it); its next F, once the activation has
+// arrived and while the stage holds fewer than 2p−1 micro-batches; its
+// oldest waiting W. So a stage runs ahead with forwards where ZB-H1's
+// waits for its first gradient, and defers every W to where it has nothing
+// else to run. Fs and Bs go in micro-batch order on every stage, as the
+// sends between stages need. At unit costs its step is ZB-H1's (both at the
+// bound 3m+p−1 once m ≥ p); where B costs more than W it is shorter
+// (TestZBH2).
+func zbH2(p, m int) [][]Action {
+	limit := 2*p - 1
+	out := make([][]Action, p)
+	end := make([][2][]int, p) // as in zbH1
+	for s := range end {
+		end[s] = [2][]int{make([]int, m), make([]int, m)}
+	}
+	done := func(s, k, i, t int) bool { return end[s][k][i] > 0 && end[s][k][i] <= t }
+	nf, nb := make([]int, p), make([]int, p)
+	waitW := make([][]int, p)
+	held, busy := make([]int, p), make([]int, p)
+	for left, t := 3*p*m, 0; left > 0; t++ {
+		if t > 3*p*m+2*p {
+			panic(fmt.Sprintf("pipeline: zb-h2 at p=%d, m=%d made no progress", p, m))
+		}
+		for s := 0; s < p; s++ {
+			if busy[s] > t {
+				continue
+			}
+			var a Action
+			switch {
+			case nb[s] < nf[s] && done(s, 0, nb[s], t) && (s == p-1 || done(s+1, 1, nb[s], t)):
+				a = Action{'B', nb[s]}
+				nb[s]++
+				waitW[s] = append(waitW[s], a.MB)
+				end[s][1][a.MB] = t + 1
+			case nf[s] < m && held[s] < limit && (s == 0 || done(s-1, 0, nf[s], t)):
+				a = Action{'F', nf[s]}
+				nf[s]++
+				held[s]++
+				end[s][0][a.MB] = t + 1
+			case len(waitW[s]) > 0:
+				a = Action{'W', waitW[s][0]}
+				waitW[s] = waitW[s][1:]
+				held[s]--
 			default:
 				continue
 			}

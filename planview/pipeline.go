@@ -49,7 +49,7 @@ func (o PipelineOptions) stageLayers(pp int) ([]int, pipeline.Kind, error) {
 	}
 	kind, err := pipeline.ParseSchedule(name)
 	if err != nil {
-		return nil, 0, fmt.Errorf("--schedule %q: want gpipe, 1f1b or zb", o.Schedule)
+		return nil, 0, fmt.Errorf("--schedule %q: want %s", o.Schedule, pipeline.Names)
 	}
 	if o.MicroBatches < 1 || o.MicroBatches > maxMicroBatches {
 		return nil, 0, fmt.Errorf("--micro-batches %d: want 1 to %d micro-batches per step", o.MicroBatches, maxMicroBatches)

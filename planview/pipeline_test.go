@@ -106,7 +106,7 @@ func TestPlanPipelineModel(t *testing.T) {
 func TestPlanPipelineRefusals(t *testing.T) {
 	for _, tc := range []struct{ args, want string }{
 		{pipeArgs + " --micro-batches 0", "launcher plan: --micro-batches 0: want 1 to 1024 micro-batches per step\n"},
-		{pipeArgs + " --schedule bogus", `launcher plan: --schedule "bogus": want gpipe, 1f1b or zb` + "\n"},
+		{pipeArgs + " --schedule bogus", `launcher plan: --schedule "bogus": want gpipe, 1f1b, zb or zb2` + "\n"},
 		{pipeArgs + " --pp-layers 3,3,1", "launcher plan: --pp-layers 3,3,1: 3 stages, want pp = 4\n"},
 		{pipeArgs + " --pp-layers 3,3,1,2", "launcher plan: --pp-layers 3,3,1,2: 9 layers, want --layers 8\n"},
 		{pipeArgs + " --pp-layers 4,4,0,0", "launcher plan: --pp-layers 4,4,0,0: stage 2 has no layer\n"},

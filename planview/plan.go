@@ -75,7 +75,7 @@ var planInputHelp = map[string]string{
 const planUsage = `usage: launcher plan --mesh MESH [--op OP] --x SPEC --w SPEC [--b SPEC] [FLAGS]
        launcher plan --mesh MESH --op redistribute --x SPEC --out PLACEMENTS [--json]
        launcher plan --mesh MESH --block mlp|transformer|moe [--tokens N] [--hidden N] [--ffn N] [--heads N] [--context N] [--sequence-parallel] [--experts E --top-k K --capacity-factor C] [--json]
-       launcher plan --mesh pp=P,... --block transformer [--schedule gpipe|1f1b|zb] [--micro-batches M] [--layers L | --pp-layers N,N,...] [BLOCK FLAGS]
+       launcher plan --mesh pp=P,... --block transformer [--schedule gpipe|1f1b|zb|zb2] [--micro-batches M] [--layers L | --pp-layers N,N,...] [BLOCK FLAGS]
   how an op (or the Megatron MLP block) is sharded: the layouts, collectives and bytes
   of its forward and backward; SPEC is SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R];
   --op redistribute plans moving the tensor --x to the layout --out: its steps
@@ -113,7 +113,7 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 	fs.IntVar(&o.Hidden, "hidden", 32, "block: hidden size")
 	fs.IntVar(&o.FFN, "ffn", 128, "block: ffn size")
 	fs.BoolVar(&o.SequenceParallel, "sequence-parallel", false, "block: shard tokens over tp outside the MLP")
-	fs.StringVar(&o.Pipeline.Schedule, "schedule", "1f1b", "block transformer on a mesh with a pp dim: the pipeline's `SCHEDULE`, gpipe, 1f1b or zb")
+	fs.StringVar(&o.Pipeline.Schedule, "schedule", "1f1b", "block transformer on a mesh with a pp dim: the pipeline's `SCHEDULE`, gpipe, 1f1b, zb or zb2")
 	fs.IntVar(&o.Pipeline.MicroBatches, "micro-batches", 8, "block transformer with pp: micro-batches per step (--tokens each)")
 	fs.IntVar(&o.Pipeline.Layers, "layers", 0, "block transformer with pp: the model's blocks, split evenly over the stages (default: one per stage)")
 	fs.StringVar(&o.Pipeline.StageLayers, "pp-layers", "", "block transformer with pp: each stage's blocks, `LAYERS` such as 3,3,1,1 (default: --layers split evenly)")

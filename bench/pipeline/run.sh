@@ -3,7 +3,7 @@
 # step time, each stage's bubble (its idle share of the pipeline's step, from
 # the first action's start on any stage to the last's end on any, measured
 # from the stages' traces: the median over the steps after the first) and
-# its peak of micro-batches held, for GPipe, 1F1B and ZB-H1, in one run,
+# its peak of micro-batches held, for GPipe, 1F1B, ZB-H1 and ZB-H2 (zb2), in one run,
 # printed as a Markdown table beside the modelled bubble (p−1)/(m+p−1).
 #
 #   bench/pipeline/run.sh [repetitions] [pp] [micro-batches] [steps]   (defaults: 3, 2, 8, 8)
@@ -12,8 +12,10 @@
 # hits them alike; each cell is the repetition with the fastest median step
 # (its bubbles beside it), with the bubble pipeline.Simulate gives the
 # schedule at the stages' median F, B, W and send of that run (the measured
-# bubble less it is noise, not the schedule) and those costs. The model: --layers 4·pp, --dim 128, --heads 4,
-# --context 64, --batch 16 (PIPE_BENCH_ARGS adds flags).
+# bubble less it is noise, not the schedule) and those costs. The model:
+# --layers 4·pp, --dim 256, --heads 4, --context 64, --batch 16
+# (PIPE_BENCH_ARGS adds flags; at --dim 128 a forward on half a core is
+# about 15 ms, a few of the quota's 4 ms bursts).
 #
 # One core per rank: each rank runs under `launcher run --cpus-per-rank C`
 # (pinned, capped), C = 1 where the machine has a core per stage, else its
@@ -48,9 +50,9 @@ if [ "$cpus" != none ]; then
 fi
 echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || echo prebuilt), $cores cores, pp=$pp, m=$m, cores per rank $cpus, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for rep in $(seq "$reps"); do
-  for s in gpipe 1f1b zb; do
+  for s in gpipe 1f1b zb zb2; do
     "$bin/launcher" run -n "$pp" "${cap[@]}" --log-dir "$tmp/runs" gpt --mesh "pp=$pp" --micro-batches "$m" --schedule "$s" --layers $((4 * pp)) \
-      --dim 128 --heads 4 --context 64 --batch 16 --steps "$steps" --sample 0 "${extra[@]}" 2>/dev/null |
+      --dim 256 --heads 4 --context 64 --batch 16 --steps "$steps" --sample 0 "${extra[@]}" 2>/dev/null |
       tail -n1 | sed 's/^[^{]*//' >"$tmp/$s.$rep.json"
     echo "rep $rep $s: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["step_ms_median"], r["pipeline"]["bubble"])' "$tmp/$s.$rep.json")" >&2
   done
@@ -59,21 +61,21 @@ python3 - "$tmp" "$reps" <<'PY'
 import json, sys
 tmp, reps = sys.argv[1], int(sys.argv[2])
 best = {}
-for s in ("gpipe", "1f1b", "zb"):
+for s in ("gpipe", "1f1b", "zb", "zb2"):
     runs = [json.load(open(f"{tmp}/{s}.{r}.json")) for r in range(1, reps + 1)]
     best[s] = min(runs, key=lambda r: r["step_ms_median"])
 p = best["1f1b"]["pipeline"]
 mean = lambda v: sum(v) / len(v)
 print(f"| schedule (pp={p['pp']}, m={p['micro_batches']}) | step ms | bubble per stage (measured) | mean | at the median costs | modelled | peak micro-batches per stage |")
 print("|---|---|---|---|---|---|---|")
-for s in ("gpipe", "1f1b", "zb"):
+for s in ("gpipe", "1f1b", "zb", "zb2"):
     r = best[s]; q = r["pipeline"]
     print(f"| {s} | {r['step_ms_median']:.1f} | {', '.join(f'{100*b:.1f}%' for b in q['bubble'])} | {100*mean(q['bubble']):.1f}% | "
           f"{100*mean(q['bubble_at_cost']):.1f}% | {100*q['bubble_model']:.1f}% (gpipe, 1f1b) | {', '.join(map(str, q['peak_activations']))} |")
 print()
 print("| schedule | median F, B, W per stage (ms) | median send (ms) |")
 print("|---|---|---|")
-for s in ("gpipe", "1f1b", "zb"):
+for s in ("gpipe", "1f1b", "zb", "zb2"):
     q = best[s]["pipeline"]
     fbw = "; ".join("%.1f, %.1f, %.1f" % (c["F"], c["B"], c["W"]) for c in q["cost_ms"])
     print(f"| {s} | {fbw} | {', '.join(f'{x:.2f}' for x in q['send_ms'])} |")

@@ -269,10 +269,11 @@ func runAll(t *testing.T, ctx context.Context, kind pipeline.Kind, tm *toy, setu
 // stage 0's input gradients and the last stage's outputs match the float64
 // reference within 1e-5 relative; the trace's order is the schedule's; the
 // peak activations are what the order implies (pipeline.Simulate's peak):
-// GPipe m on every stage, 1F1B min(p−s, m) on stage s, ZB-H1 at most p.
+// GPipe m on every stage, 1F1B min(p−s, m) on stage s, ZB-H1 at most p,
+// ZB-H2 at most 2p−1.
 func TestSchedulesMatchReference(t *testing.T) {
 	const p = 4
-	for _, kind := range []pipeline.Kind{pipeline.GPipe, pipeline.OneF1B, pipeline.ZBH1} {
+	for _, kind := range []pipeline.Kind{pipeline.GPipe, pipeline.OneF1B, pipeline.ZBH1, pipeline.ZBH2} {
 		for _, m := range []int{2, 4, 8} {
 			name := fmt.Sprintf("%v/m=%d", kind, m)
 			tm := newToy(p, m, uint64(10*m+int(kind)))
@@ -312,6 +313,10 @@ func TestSchedulesMatchReference(t *testing.T) {
 				case pipeline.ZBH1:
 					if peak > p {
 						t.Errorf("%s stage %d: peak %d, want at most p", name, s, peak)
+					}
+				case pipeline.ZBH2:
+					if peak > 2*p-1 {
+						t.Errorf("%s stage %d: peak %d, want at most 2p−1", name, s, peak)
 					}
 				}
 				wantMsgs := 2 * m

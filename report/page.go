@@ -37,6 +37,7 @@ svg{display:block;margin:8px 0} text{font-size:11px}
 	writeStepTimes(&b, j)
 	writeBreakdown(&b, j)
 	writeBytes(&b, j)
+	writePipeline(&b, j)
 	writeTimeline(&b, j)
 	b.WriteString("</body></html>\n")
 	_, err := io.WriteString(w, b.String())
@@ -422,6 +423,56 @@ func writeBytes(b *strings.Builder, j *Job) {
 	b.WriteString("<table><tr><th>collective (kind and tensor)</th><th>per step, rank 0</th></tr>\n")
 	for _, k := range keys {
 		fmt.Fprintf(b, "<tr><td>%s</td><td>%s</td></tr>\n", esc(k), esc(fmt.Sprint(cs[k])))
+	}
+	b.WriteString("</table>\n")
+}
+
+// writePipeline is a pipelined GPT's stages (the report's "pipeline"):
+// each stage's layers, bubble as measured and as its schedule gives it at
+// the stage's median costs, its peak of micro-batches held, and those
+// costs.
+func writePipeline(b *strings.Builder, j *Job) {
+	pl, ok := j.Report["pipeline"].(map[string]any)
+	if !ok {
+		return
+	}
+	num := func(v any) (float64, bool) { f, ok := v.(float64); return f, ok }
+	list := func(k string) []any { l, _ := pl[k].([]any); return l }
+	at := func(k string, s int) any {
+		if l := list(k); s < len(l) {
+			return l[s]
+		}
+		return nil
+	}
+	pct := func(v any) string {
+		if f, ok := num(v); ok {
+			return fmt.Sprintf("%.1f%%", 100*f)
+		}
+		return "—"
+	}
+	b.WriteString("<h2>Pipeline stages</h2>\n")
+	model := ""
+	if f, ok := num(pl["bubble_model"]); ok {
+		model = fmt.Sprintf("; 1F1B's and GPipe's bubble at equal stages, (p−1)/(m+p−1): %.1f%%", 100*f)
+	}
+	fmt.Fprintf(b, "<p>schedule %s, %v micro-batches per step%s. A stage's bubble is its idle share of the step (the median over the steps after the first); at its costs, what the schedule gives were every action its median.</p>\n",
+		esc(fmt.Sprint(pl["schedule"])), esc(fmt.Sprint(pl["micro_batches"])), esc(model))
+	b.WriteString("<table><tr><th>stage</th><th>layers</th><th>bubble</th><th>at its costs</th><th>peak micro-batches</th><th>median F, B, W (ms)</th><th>median send (ms)</th></tr>\n")
+	for s := range list("bubble") {
+		costs := "—"
+		if c, ok := at("cost_ms", s).(map[string]any); ok {
+			f, _ := num(c["F"])
+			bb, _ := num(c["B"])
+			w, _ := num(c["W"])
+			costs = fmt.Sprintf("%.2f, %.2f, %.2f", f, bb, w)
+		}
+		send := "—"
+		if f, ok := num(at("send_ms", s)); ok {
+			send = fmt.Sprintf("%.3f", f)
+		}
+		fmt.Fprintf(b, "<tr><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n", s,
+			esc(fmt.Sprint(at("stage_layers", s))), pct(at("bubble", s)), pct(at("bubble_at_cost", s)),
+			esc(fmt.Sprint(at("peak_activations", s))), costs, send)
 	}
 	b.WriteString("</table>\n")
 }

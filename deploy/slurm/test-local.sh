@@ -250,7 +250,7 @@ for n in node0 node1; do
     skip "slurmd -N $n did not start (Slurm built without multiple-slurmd?): $(tail -q -n 3 "$tmp/log/slurmd-$n.err" "$tmp/log/slurmd-$n.log" 2>/dev/null | tr '\n' ' ')"
 done
 up=
-for _ in $(seq 120); do
+for _ in $(seq 360); do
   if [ "$(sinfo -h -N -o '%N %t' 2>/dev/null | sort | tr '\n' ' ')" = "node0 idle node1 idle " ]; then
     up=1
     break
@@ -260,7 +260,7 @@ done
 if [ -z "$up" ]; then
   say "sinfo: $(sinfo -N 2>&1 | tr '\n' ' ')"
   for f in "$tmp"/log/slurm*.log; do say "$f:"; tail -n 5 "$f" >&2; done
-  skip "the Slurm nodes did not become idle in 30 s: $(sinfo -h -N -o '%N %t %E' 2>&1 | tr '\n' ' ')"
+  skip "the Slurm nodes did not become idle in 90 s: $(sinfo -h -N -o '%N %t %E' 2>&1 | tr '\n' ' ')"
 fi
 say "cluster up: $(sinfo -h -N -o '%N %t %c CPUs' | tr '\n' ';')"
 

@@ -11,8 +11,8 @@ import (
 )
 
 // Attention through cuBLAS: per batch, the heads' scores S = q·kᵀ/√E in one
-// strided-batched GEMM (a batch per head), the softmax in place
-// (attn_softmax), then o = P·v in another; the backward recomputes P from
+// strided-batched GEMM (a batch per head), the softmax in place in stages
+// (attnSoftmax), then o = P·v in another; the backward recomputes P from
 // lse and runs dP = do·vᵀ, dv = Pᵀ·do, ds = P ⊙ (dP − Σ do·o)/√E (attn_ds),
 // dq = ds·k and dk = dsᵀ·q. Everything is float32 (the GEMMs accumulate in
 // float32, TF32 only with Options.TF32); bfloat16 operands are widened
@@ -94,6 +94,32 @@ func (w *attnF32) back(pairs ...*tensor.Tensor) error {
 	return nil
 }
 
+// attnSegments is how many segments of ptx.SoftmaxSeg keys a row of
+// scores splits into.
+func attnSegments(a ptx.Attn) int { return (a.T + ptx.SoftmaxSeg - 1) / ptx.SoftmaxSeg }
+
+// attnSoftmax makes one batch's scores at sc (heads × S × T float32)
+// probabilities in place, in stages, as layer norm: attn_smax_part (a
+// thread per segment of a row: its largest score and sum of exponentials,
+// into part, 2·heads·S·attnSegments doubles), attn_smax_lse (a thread per
+// row: its log-sum-exp, into lse), attn_smax_exp (a thread per score). With
+// part 0 it reads lse instead of writing it: the backward's recompute. (One
+// thread per row of T scores, three passes over it, took most of the GPT's
+// attention on the H100.)
+func (p *Provider) attnSoftmax(a ptx.Attn, sc, lse, part uint64, causal bool) error {
+	rows, c := a.H*a.S, uint64(int(betaIf(causal)))
+	if part != 0 {
+		ns := attnSegments(a)
+		if err := p.launch("attn_smax_part", rows*ns, 0, ptx.BlockThreads, part, sc, uint64(rows), uint64(a.S), uint64(a.T), c, ptx.SoftmaxSeg); err != nil {
+			return err
+		}
+		if err := p.launch("attn_smax_lse", rows, 0, ptx.BlockThreads, lse, part, uint64(rows), uint64(ns)); err != nil {
+			return err
+		}
+	}
+	return p.launch("attn_smax_exp", rows*a.T, 0, ptx.BlockThreads, sc, lse, uint64(rows), uint64(a.S), uint64(a.T), c)
+}
+
 // headGEMM runs g (one of ptx.Attn's GEMMs) over the heads of batch b, its
 // operands at the addresses ops gives.
 func (p *Provider) headGEMM(g ptx.HeadGEMM, ops map[ptx.Operand]uint64, heads, b int) error {
@@ -115,6 +141,12 @@ func (p *Provider) attentionGEMM(a ptx.Attn, o, lse, q, k, v *tensor.Tensor, cau
 		return err
 	}
 	defer p.freeAfter(sc)
+	part, err := p.mem.Alloc(tensor.Float64, 2*a.H*a.S*attnSegments(a))
+	if err != nil {
+		w.back()
+		return err
+	}
+	defer p.freeAfter(part)
 	qp, kp, vp := attnViews(a, q32, k32, v32)
 	ops := map[ptx.Operand]uint64{ptx.OpQ: qp, ptx.OpK: kp, ptx.OpV: vp, ptx.OpO: dev(o32), ptx.OpP: dev(sc)}
 	rows := uint64(a.H * a.S)
@@ -123,8 +155,7 @@ func (p *Provider) attentionGEMM(a ptx.Attn, o, lse, q, k, v *tensor.Tensor, cau
 			if err := p.headGEMM(a.Scores(), ops, a.H, b); err != nil {
 				return err
 			}
-			if err := p.launch("attn_softmax_f32", int(rows), 0, ptx.BlockThreads, dev(sc), dev(lse)+uint64(4*b)*rows,
-				rows, uint64(a.S), uint64(a.T), uint64(int(betaIf(causal))), 0); err != nil {
+			if err := p.attnSoftmax(a, dev(sc), dev(lse)+uint64(4*b)*rows, dev(part), causal); err != nil {
 				return err
 			}
 			if err := p.headGEMM(a.Out(), ops, a.H, b); err != nil {
@@ -179,8 +210,7 @@ func (p *Provider) attentionBackwardGEMM(a ptx.Attn, dq, dk, dv, do, q, k, v, o,
 			if err := p.headGEMM(a.Scores(), ops, a.H, b); err != nil {
 				return err
 			}
-			if err := p.launch("attn_softmax_f32", int(hr), 0, ptx.BlockThreads, pp, dev(lse)+uint64(4*b)*hr,
-				hr, uint64(a.S), uint64(a.T), uint64(int(betaIf(causal))), 1); err != nil {
+			if err := p.attnSoftmax(a, pp, dev(lse)+uint64(4*b)*hr, 0, causal); err != nil {
 				return err
 			}
 			for _, g := range []ptx.HeadGEMM{dpG, dvG} {

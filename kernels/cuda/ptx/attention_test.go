@@ -16,35 +16,44 @@ import (
 // provider's attention, float32 and bfloat16, causal or not, separate q, k,
 // v (more keys than queries) and a packed qkv.
 func TestAttentionMatchesCPU(t *testing.T) {
-	attentionMatchesCPU(t, 3, []tensor.DType{tensor.Float32, tensor.BFloat16}, Attention, AttentionBackward)
+	attentionMatchesCPU(t, 3, []tensor.DType{tensor.Float32, tensor.BFloat16}, Attention, AttentionBackward, attnSize{2, 3, 5, 7})
 }
 
 // TestAttentionGEMMMatchesCPU: the provider's attention through GEMMs
 // (ptx.Attn's Scores, Out and Backward GEMMs run on the host, its softmax,
 // delta and ds kernels thread by thread) against the cpu provider's, float32,
 // causal or not, separate q, k, v (more keys than queries) and a packed qkv,
-// more than one batch and head.
+// more than one batch and head; rows of keys shorter than the softmax's
+// segment (ptx.SoftmaxSeg), and of 70 keys: two whole segments and a part,
+// and under the causal mask, segments wholly past it.
 func TestAttentionGEMMMatchesCPU(t *testing.T) {
-	attentionMatchesCPU(t, 4, []tensor.DType{tensor.Float32}, AttentionGEMM, AttentionBackwardGEMM)
+	for _, sz := range []attnSize{{2, 3, 5, 7}, {1, 2, 40, 70}} {
+		attentionMatchesCPU(t, 4, []tensor.DType{tensor.Float32}, AttentionGEMM, AttentionBackwardGEMM, sz)
+	}
 }
+
+// attnSize is an attention test's batch, heads, queries and keys (as many
+// keys as queries where q packs k and v).
+type attnSize struct{ b, h, s, tk int }
 
 // attentionMatchesCPU checks an emulated attention's forward and backward
 // against the cpu provider's, for each dtype of dts, packed or not, causal
-// or not (the tensors drawn from seed).
+// or not (the tensors drawn from seed), at size sz.
 func attentionMatchesCPU(t *testing.T, seed int64, dts []tensor.DType,
 	fwd func(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) error,
-	bwd func(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) error) {
+	bwd func(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) error, sz attnSize) {
 	rng := rand.New(rand.NewSource(seed))
 	p := cpuP(t)
 	st := kernels.StatsDType(tensor.BFloat16)
-	const b, h, s, e, f = 2, 3, 5, 4, 6
+	b, h, s := sz.b, sz.h, sz.s
+	const e, f = 4, 6
 	for _, dt := range dts {
 		tol := 4 * tolOf(dt)
 		for _, packed := range []bool{false, true} {
 			for _, causal := range []bool{false, true} {
-				name := fmt.Sprintf("%v packed=%v causal=%v", dt, packed, causal)
+				name := fmt.Sprintf("%v %+v packed=%v causal=%v", dt, sz, packed, causal)
 				var q, k, v, dq, dk, dv *tensor.Tensor
-				tk, ff := 7, f
+				tk, ff := sz.tk, f
 				if packed {
 					tk, ff = s, e
 					q = randn(rng, dt, 1, b, s, h, 3, e)

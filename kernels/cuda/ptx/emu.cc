@@ -170,8 +170,14 @@ void emu_attn_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const 
 }
 
 void emu_attn_softmax(float *sc, float *lse, unsigned long long rows, unsigned long long s, unsigned long long t, int causal, int given,
-		unsigned threads) {
-	grid(threads, [&] { attn_softmax_f32(sc, lse, rows, s, t, causal, given); });
+		unsigned long long seg, unsigned threads) {
+	if (!given) {
+		unsigned long long ns = (t + seg - 1) / seg;
+		std::vector<double> part(2 * rows * ns + 1);
+		grid(threads, [&] { attn_smax_part(part.data(), sc, rows, s, t, causal, seg); });
+		grid(threads, [&] { attn_smax_lse(lse, part.data(), rows, ns); });
+	}
+	grid(threads, [&] { attn_smax_exp(sc, lse, rows, s, t, causal); });
 }
 
 void emu_attn_ds(float *ds, const float *p, const double *delta, unsigned long long rows, unsigned long long t, float scale, unsigned threads) {

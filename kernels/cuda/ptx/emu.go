@@ -268,8 +268,8 @@ func attnOps(a Attn, q, k, v, o, do, dq, dk, dv *tensor.Tensor) map[Operand]oper
 }
 
 // AttentionGEMM runs the provider's attention through GEMMs (float32): per
-// batch the Scores GEMM, attn_softmax_f32, the Out GEMM, the GEMMs on the
-// host.
+// batch the Scores GEMM, the softmax in stages (attn_smax_*), the Out GEMM,
+// the GEMMs on the host.
 func AttentionGEMM(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) error {
 	a, err := AttnShape(o, lse, q, k, v)
 	if err != nil {
@@ -281,7 +281,7 @@ func AttentionGEMM(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) err
 	rows := a.H * a.S
 	for b := range a.B {
 		hostGEMM(a.Scores(), ops, a.H, b)
-		C.emu_attn_softmax((*C.float)(ptr(sc)), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 0, C.uint(threads))
+		C.emu_attn_softmax((*C.float)(ptr(sc)), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 0, SoftmaxSeg, C.uint(threads))
 		hostGEMM(a.Out(), ops, a.H, b)
 	}
 	return nil
@@ -289,7 +289,7 @@ func AttentionGEMM(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) err
 
 // AttentionBackwardGEMM runs the provider's attention backward through
 // GEMMs (float32): attn_delta_f32, then per batch the Scores GEMM,
-// attn_softmax_f32 from lse, the dP and dv GEMMs, attn_ds_f32, the dq and
+// attn_smax_exp from lse, the dP and dv GEMMs, attn_ds_f32, the dq and
 // dk GEMMs.
 func AttentionBackwardGEMM(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) error {
 	a, err := AttnShape(o, lse, q, k, v)
@@ -306,7 +306,7 @@ func AttentionBackwardGEMM(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causa
 	scale := float32(1 / math.Sqrt(float64(a.E)))
 	for b := range a.B {
 		hostGEMM(a.Scores(), ops, a.H, b)
-		C.emu_attn_softmax((*C.float)(ptr(p)), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 1, C.uint(threads))
+		C.emu_attn_softmax((*C.float)(ptr(p)), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 1, SoftmaxSeg, C.uint(threads))
 		hostGEMM(dpG, ops, a.H, b)
 		hostGEMM(dvG, ops, a.H, b)
 		C.emu_attn_ds((*C.float)(ptr(ds)), (*C.float)(ptr(p)), (*C.double)(ptr(delta[b*rows:])), C.ulonglong(rows), C.ulonglong(a.T), C.float(scale), C.uint(threads))

@@ -440,27 +440,51 @@ MR_KERNEL void attn_dkv_bf16(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q
 // one batch's heads, rows × Tn floats (row r is query r % S of its head),
 // made probabilities here, in float32 whatever the data's dtype.
 
-// attn_softmax: each row of scaled scores becomes its probabilities in
-// place, keys past the causal limit 0. given 0: the row's log-sum-exp is
-// computed (in double, as attn_fwd) and written to lse[r]; given 1: lse[r]
-// is read (the backward's recompute).
-MR_KERNEL void attn_softmax_f32(float *sc, float *lse, u64 rows, u64 S, u64 Tn, int causal, int given) {
-	for (u64 r = MR_TID; r < rows; r += MR_NTHREADS) {
-		u64 i = r % S;
+// The softmax of attention's scores in stages, as layer norm's: every
+// thread on a slice, no loop over a whole row. A batch's rows (heads ×
+// queries, each Tn scores) split into segments of seg keys.
+//
+// attn_smax_part: one thread per segment g of row r: the largest score in
+// it (keys past the causal limit left out) and Σ exp(score − largest), in
+// double, at part[2(r·ns+g)] and part[2(r·ns+g)+1]; −inf and 0 for a
+// segment wholly past the limit.
+MR_KERNEL void attn_smax_part(double *part, const float *sc, u64 rows, u64 S, u64 Tn, int causal, u64 seg) {
+	u64 ns = (Tn + seg - 1) / seg;
+	for (u64 e = MR_TID; e < rows * ns; e += MR_NTHREADS) {
+		u64 r = e / ns, lo = (e % ns) * seg, i = r % S;
 		u64 nk = causal ? (i + 1 < Tn ? i + 1 : Tn) : Tn;
-		float *row = sc + r * Tn;
-		double m;
-		if (given) {
-			m = (double)lse[r];
-		} else {
-			double top = -1.0 / 0.0, z = 0;
-			for (u64 t = 0; t < nk; t++) top = (double)row[t] > top ? (double)row[t] : top;
-			for (u64 t = 0; t < nk; t++) z += mr_exp((double)row[t] - top);
-			m = top + mr_log(z);
-			lse[r] = (float)m;
+		u64 hi = lo + seg < nk ? lo + seg : nk;
+		const float *row = sc + r * Tn;
+		double top = -1.0 / 0.0, z = 0;
+		for (u64 t = lo; t < hi; t++) top = (double)row[t] > top ? (double)row[t] : top;
+		for (u64 t = lo; t < hi; t++) z += mr_exp((double)row[t] - top);
+		part[2 * e] = top;
+		part[2 * e + 1] = z;
+	}
+}
+
+// attn_smax_lse: one thread per row: lse[r] = log Σ exp(score) over the row,
+// from its segments' parts in order.
+MR_KERNEL void attn_smax_lse(float *lse, const double *part, u64 rows, u64 ns) {
+	for (u64 r = MR_TID; r < rows; r += MR_NTHREADS) {
+		const double *p = part + 2 * r * ns;
+		double top = -1.0 / 0.0, z = 0;
+		for (u64 g = 0; g < ns; g++) top = p[2 * g] > top ? p[2 * g] : top;
+		for (u64 g = 0; g < ns; g++) {
+			if (p[2 * g + 1] > 0) z += p[2 * g + 1] * mr_exp(p[2 * g] - top);
 		}
-		for (u64 t = 0; t < nk; t++) row[t] = (float)mr_exp((double)row[t] - m);
-		for (u64 t = nk; t < Tn; t++) row[t] = 0;
+		lse[r] = (float)(top + mr_log(z));
+	}
+}
+
+// attn_smax_exp: one thread per score: the score becomes its probability
+// exp(score − lse[row]) in place, 0 past the causal limit. The forward and
+// the backward's recompute both take lse as stored (float).
+MR_KERNEL void attn_smax_exp(float *sc, const float *lse, u64 rows, u64 S, u64 Tn, int causal) {
+	for (u64 e = MR_TID; e < rows * Tn; e += MR_NTHREADS) {
+		u64 r = e / Tn, t = e % Tn, i = r % S;
+		u64 nk = causal ? (i + 1 < Tn ? i + 1 : Tn) : Tn;
+		sc[e] = t < nk ? (float)mr_exp((double)sc[e] - (double)lse[r]) : 0.0f;
 	}
 }
 

@@ -13,12 +13,14 @@ import (
 // Launch shapes of the kernels. The sum of the
 // mean squared error is reduced in a fixed order: MSEThreads partial sums
 // (one per thread of a fixed grid), SumThreads sums of those, then one.
-// The bias gradient sums chunks of BiasChunk rows per column first.
+// The bias gradient sums chunks of BiasChunk rows per column first;
+// attention's softmax segments of SoftmaxSeg keys per row (attn_smax_part).
 const (
 	BlockThreads = 256
 	MSEThreads   = 256 * BlockThreads
 	SumThreads   = BlockThreads
 	BiasChunk    = 64
+	SoftmaxSeg   = 32
 )
 
 // SourcesHash is the hash gen.sh writes into kernels.ptx's first line, of

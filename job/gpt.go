@@ -112,7 +112,7 @@ func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.IntVar(&t.sample, "sample", 200, "characters to sample at the end")
 	fs.Float64Var(&t.temp, "temperature", 0.8, "sampling temperature")
 	t.pf.register(fs)
-	fs.BoolVar(&t.opProfile, "op-profile", false, "print each kernel's and collective's calls and time per step (after the first step) on rank 0's stderr; on cuda with MESHRUN_CUDA_SYNC=1 each kernel's time is its own")
+	fs.BoolVar(&t.opProfile, "op-profile", false, "print each kernel's and collective's calls and time per step (after the first step) on rank 0's stderr (with pp: each stage's, on its first rank's); on cuda with MESHRUN_CUDA_SYNC=1 each kernel's time is its own")
 }
 
 func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
@@ -386,8 +386,13 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *mo
 	cfg, c, steps := t.cfg, t.corpus, t.steps
 	var tl trainLosses
 	var profiled time.Duration // the steps after the first, with --op-profile
-	if t.opProfile && w.Rank() == 0 {
-		defer func() { tr.profileTable(env.Stderr, steps-t.startStep-1, profiled) }()
+	// Rank 0 profiles; under pp each stage's first rank does, its stage's.
+	if pr, pp := run.(*ppRun); t.opProfile && (w.Rank() == 0 && !pp || pp && pr.local == 0) {
+		of := ""
+		if pp {
+			of = fmt.Sprintf("stage %d", pr.s)
+		}
+		defer func() { tr.profileTable(env.Stderr, of, steps-t.startStep-1, profiled) }()
 	}
 	for s := 1; s <= t.startStep; s++ {
 		c.batch(rng, c.train, cfg.Batch, cfg.Context, b.ids.Float32(), b.targets.Float32())

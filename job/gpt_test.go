@@ -116,7 +116,8 @@ func TestGPTResume(t *testing.T) {
 
 // TestGPTOpProfile: --op-profile prints, on rank 0's stderr, every kernel
 // and collective of the steps after the first, per step, slowest first,
-// and the rest of the step as "other", none of them negative.
+// and the rest of the step as "other", none of them negative; under pp,
+// each stage's on its first rank's.
 func TestGPTOpProfile(t *testing.T) {
 	if _, err := os.Stat(DefaultCorpus); err != nil {
 		t.Skipf("no %s on this machine", DefaultCorpus)
@@ -152,5 +153,23 @@ func TestGPTOpProfile(t *testing.T) {
 	}
 	if step <= 0 || prev < 0 {
 		t.Errorf("a step of %.3f ms, the rest of it %.3f ms:\n%s", step, prev, table)
+	}
+	// Under pp each stage's first rank prints its stage's: the embedding
+	// on the first, the loss on the last.
+	code, out, errs = run(t, "gpt", "--mesh", "pp=2,tp=2", "--steps", "4", "--dim", "32", "--heads", "2", "--context", "16", "--batch", "4", "--sample", "0", "--op-profile")
+	if code != 0 {
+		t.Fatalf("pp=2,tp=2: exit %d\n%s%s", code, out, errs)
+	}
+	if strings.Count(errs, "op profile") != 2 {
+		t.Fatalf("pp=2,tp=2: want two profiles on stderr:\n%s", errs)
+	}
+	for s, want := range []string{"embedding_backward", "cross_entropy_backward"} {
+		_, table, ok := strings.Cut(errs, fmt.Sprintf("op profile of stage %d: 3 steps, ", s))
+		if i := strings.Index(table, "op profile"); i >= 0 {
+			table = table[:i]
+		}
+		if !ok || !strings.Contains(table, want+" ") {
+			t.Errorf("pp=2,tp=2: stage %d's profile has no %s:\n%s", s, want, errs)
+		}
 	}
 }

@@ -163,7 +163,8 @@ func (t *tracer) profile() {
 // step of the steps that took wall in all, slowest first, and the rest of the
 // step (host work, launches, copies) as "other". On a GPU, time the kernels
 // with MESHRUN_CUDA_SYNC=1: otherwise a span ends when its launch returns.
-func (t *tracer) profileTable(w io.Writer, steps int, wall time.Duration) {
+// of names what was profiled ("" for the rank; "stage 1" under pp).
+func (t *tracer) profileTable(w io.Writer, of string, steps int, wall time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if steps < 1 || t.ops == nil {
@@ -172,7 +173,10 @@ func (t *tracer) profileTable(w io.Writer, steps int, wall time.Duration) {
 	keys := slices.Collect(maps.Keys(t.ops))
 	slices.SortFunc(keys, func(a, b opKey) int { return cmp.Or(cmp.Compare(t.ops[b].d, t.ops[a].d), cmp.Compare(a.name, b.name)) })
 	per := func(d time.Duration) float64 { return ms(d) / float64(steps) }
-	fmt.Fprintf(w, "op profile: %d steps, %.3f ms a step\n", steps, per(wall))
+	if of != "" {
+		of = " of " + of
+	}
+	fmt.Fprintf(w, "op profile%s: %d steps, %.3f ms a step\n", of, steps, per(wall))
 	fmt.Fprintf(w, "%-24s %-10s %9s %10s %6s\n", "op", "kind", "calls", "ms/step", "%")
 	var sum time.Duration
 	for _, k := range keys {

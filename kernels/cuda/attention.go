@@ -14,84 +14,55 @@ import (
 // strided-batched GEMM (a batch per head), the softmax in place in stages
 // (attnSoftmax), then o = P·v in another; the backward recomputes P from
 // lse and runs dP = do·vᵀ, dv = Pᵀ·do, ds = P ⊙ (dP − Σ do·o)/√E (attn_ds),
-// dq = ds·k and dk = dsᵀ·q. Everything is float32 (the GEMMs accumulate in
-// float32, TF32 only with Options.TF32); bfloat16 operands are widened
-// first and the results rounded once. The scores of one batch (heads × S ×
-// T floats, twice in the backward) are scratch: when they would pass
-// maxAttnScratch bytes the kernels' one-row-per-thread path runs instead.
+// dq = ds·k and dk = dsᵀ·q. The scores, the softmax and ds are float32; the
+// GEMMs multiply the operands in their own dtype and accumulate in float32
+// (TF32 only with Options.TF32): in bfloat16 on tensor cores, P and ds
+// rounded to bfloat16 before the GEMMs that take them (ptx.Half), every
+// result rounded once. The scores of one batch (heads × S × T floats,
+// twice in the backward, and their bfloat16 copies) are scratch: when they
+// would pass maxAttnScratch bytes the kernels' one-row-per-thread path runs
+// instead.
 
 // maxAttnScratch bounds the scores scratch of the GEMM path, in bytes.
 const maxAttnScratch = 1 << 30
 
-// attnGEMM reports whether attention of shape a takes the GEMM path.
-func (p *Provider) attnGEMM(a ptx.Attn, backward bool) bool {
+// attnGEMM reports whether attention of shape a in dt takes the GEMM path.
+func (p *Provider) attnGEMM(a ptx.Attn, dt tensor.DType, backward bool) bool {
 	n := a.H * a.S * a.T * 4
+	if dt == tensor.BFloat16 {
+		n += n / 2 // the bfloat16 copies
+	}
 	if backward {
 		n *= 2
 	}
 	return !p.opts.AttnKernels && a.T > 0 && n <= maxAttnScratch
 }
 
-// attnF32 holds float32 views of an attention's operands: the tensors
-// themselves when they are float32, else widened copies (packed: one copy
-// of the packed tensor).
-type attnF32 struct {
+// attnScratch is one GEMM-path call's device scratch, freed by done.
+type attnScratch struct {
 	p    *Provider
 	tmp  []*tensor.Tensor
 	fail error
 }
 
-// in returns t as float32 (nil stays nil).
-func (w *attnF32) in(t *tensor.Tensor) *tensor.Tensor {
-	if t == nil || t.DType() == tensor.Float32 || w.fail != nil {
-		return t
+// alloc is n elements of dt (nil, and no error, for n 0).
+func (s *attnScratch) alloc(dt tensor.DType, n int) *tensor.Tensor {
+	if n == 0 || s.fail != nil {
+		return nil
 	}
-	c, err := w.p.mem.Alloc(tensor.Float32, t.Shape()...)
-	if err == nil {
-		err = w.p.Cast(c, t)
-	}
+	t, err := s.p.mem.Alloc(dt, n)
 	if err != nil {
-		w.fail = err
-		return t
+		s.fail = err
+		return nil
 	}
-	w.tmp = append(w.tmp, c)
-	return c
+	s.tmp = append(s.tmp, t)
+	return t
 }
 
-// out returns a float32 tensor to write t's values into (t itself when it
-// is float32; nil stays nil).
-func (w *attnF32) out(t *tensor.Tensor) *tensor.Tensor {
-	if t == nil || t.DType() == tensor.Float32 || w.fail != nil {
-		return t
+func (s *attnScratch) done() {
+	for _, t := range s.tmp {
+		s.p.freeAfter(t)
 	}
-	c, err := w.p.mem.Alloc(tensor.Float32, t.Shape()...)
-	if err != nil {
-		w.fail = err
-		return t
-	}
-	w.tmp = append(w.tmp, c)
-	return c
-}
-
-// back rounds the float32 results into the outputs (pairs of out, its
-// float32 tensor) and frees the copies.
-func (w *attnF32) back(pairs ...*tensor.Tensor) error {
-	defer func() {
-		for _, t := range w.tmp {
-			w.p.freeAfter(t)
-		}
-	}()
-	if w.fail != nil {
-		return w.fail
-	}
-	for i := 0; i+1 < len(pairs); i += 2 {
-		if pairs[i] != nil && pairs[i] != pairs[i+1] {
-			if err := w.p.Cast(pairs[i], pairs[i+1]); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 // attnSegments is how many segments of ptx.SoftmaxSeg keys a row of
@@ -102,11 +73,12 @@ func attnSegments(a ptx.Attn) int { return (a.T + ptx.SoftmaxSeg - 1) / ptx.Soft
 // probabilities in place, in stages, as layer norm: attn_smax_part (a
 // thread per segment of a row: its largest score and sum of exponentials,
 // into part, 2·heads·S·attnSegments doubles), attn_smax_lse (a thread per
-// row: its log-sum-exp, into lse), attn_smax_exp (a thread per score). With
-// part 0 it reads lse instead of writing it: the backward's recompute. (One
-// thread per row of T scores, three passes over it, took most of the GPT's
-// attention on the H100.)
-func (p *Provider) attnSoftmax(a ptx.Attn, sc, lse, part uint64, causal bool) error {
+// row: its log-sum-exp, into lse), attn_smax_exp (a thread per score, and
+// the bfloat16 rounding into p16 unless it is 0). With part 0 it reads lse
+// instead of writing it: the backward's recompute. (One thread per row of
+// T scores, three passes over it, took most of the GPT's attention on the
+// H100.)
+func (p *Provider) attnSoftmax(a ptx.Attn, sc, p16, lse, part uint64, causal bool) error {
 	rows, c := a.H*a.S, uint64(int(betaIf(causal)))
 	if part != 0 {
 		ns := attnSegments(a)
@@ -117,112 +89,132 @@ func (p *Provider) attnSoftmax(a ptx.Attn, sc, lse, part uint64, causal bool) er
 			return err
 		}
 	}
-	return p.launch("attn_smax_exp", rows*a.T, 0, ptx.BlockThreads, sc, lse, uint64(rows), uint64(a.S), uint64(a.T), c)
+	return p.launch("attn_smax_exp", rows*a.T, 0, ptx.BlockThreads, sc, p16, lse, uint64(rows), uint64(a.S), uint64(a.T), c)
 }
 
-// headGEMM runs g (one of ptx.Attn's GEMMs) over the heads of batch b, its
-// operands at the addresses ops gives.
-func (p *Provider) headGEMM(g ptx.HeadGEMM, ops map[ptx.Operand]uint64, heads, b int) error {
-	return p.gemm(kernels.GemmParams{M: g.M, N: g.N, K: g.K, TransA: g.TransA, TransB: g.TransB, Alpha: g.Alpha, DType: tensor.Float32,
+// attnOperands are the GEMMs' operands: each one's address and dtype (q,
+// k, v, o and the gradients in the attention's dtype; P and dS float32;
+// P16 and DS16 bfloat16).
+type attnOperands struct {
+	at map[ptx.Operand]uint64
+	dt map[ptx.Operand]tensor.DType
+}
+
+func newAttnOperands(dt tensor.DType) attnOperands {
+	o := attnOperands{at: map[ptx.Operand]uint64{}, dt: map[ptx.Operand]tensor.DType{}}
+	for _, op := range []ptx.Operand{ptx.OpQ, ptx.OpK, ptx.OpV, ptx.OpO, ptx.OpDO, ptx.OpDQ, ptx.OpDK, ptx.OpDV} {
+		o.dt[op] = dt
+	}
+	o.dt[ptx.OpP], o.dt[ptx.OpDS] = tensor.Float32, tensor.Float32
+	o.dt[ptx.OpP16], o.dt[ptx.OpDS16] = tensor.BFloat16, tensor.BFloat16
+	return o
+}
+
+// headGEMM runs g (one of ptx.Attn's GEMMs) over the heads of batch b.
+func (p *Provider) headGEMM(g ptx.HeadGEMM, ops attnOperands, heads, b int) error {
+	off := func(op ptx.Operand, elems int) uint64 { return ops.at[op] + uint64(ops.dt[op].Size()*b*elems) }
+	return p.gemm(kernels.GemmParams{M: g.M, N: g.N, K: g.K, TransA: g.TransA, TransB: g.TransB, Alpha: g.Alpha,
+		DType: ops.dt[g.A], OutDType: ops.dt[g.C],
 		LDA: g.LDA, LDB: g.LDB, LDC: g.LDC, StrideA: g.SA, StrideB: g.SB, StrideC: g.SC, BatchCount: heads},
-		ops[g.A]+uint64(4*b*g.BA), ops[g.B]+uint64(4*b*g.BB), ops[g.C]+uint64(4*b*g.BC))
+		off(g.A, g.BA), off(g.B, g.BB), off(g.C, g.BC))
+}
+
+// half is g as the attention's dtype runs it: reading the bfloat16 copies
+// of P and dS in bfloat16.
+func half(g ptx.HeadGEMM, dt tensor.DType) ptx.HeadGEMM {
+	if dt == tensor.BFloat16 {
+		return ptx.Half(g)
+	}
+	return g
 }
 
 // attentionGEMM is Attention on the GEMM path.
 func (p *Provider) attentionGEMM(a ptx.Attn, o, lse, q, k, v *tensor.Tensor, causal bool) error {
-	w := &attnF32{p: p}
-	q32, k32, v32, o32 := w.in(q), w.in(k), w.in(v), w.out(o)
-	if w.fail != nil {
-		return w.back()
+	dt, n := q.DType(), a.H*a.S*a.T
+	s := &attnScratch{p: p}
+	defer s.done()
+	sc, part := s.alloc(tensor.Float32, n), s.alloc(tensor.Float64, 2*a.H*a.S*attnSegments(a))
+	var p16 *tensor.Tensor
+	if dt == tensor.BFloat16 {
+		p16 = s.alloc(tensor.BFloat16, n)
 	}
-	sc, err := p.mem.Alloc(tensor.Float32, a.H*a.S*a.T)
-	if err != nil {
-		w.back()
-		return err
+	if s.fail != nil {
+		return s.fail
 	}
-	defer p.freeAfter(sc)
-	part, err := p.mem.Alloc(tensor.Float64, 2*a.H*a.S*attnSegments(a))
-	if err != nil {
-		w.back()
-		return err
+	ops := newAttnOperands(dt)
+	qp, kp, vp := attnViews(a, q, k, v)
+	for op, at := range map[ptx.Operand]uint64{ptx.OpQ: qp, ptx.OpK: kp, ptx.OpV: vp, ptx.OpO: dev(o), ptx.OpP: dev(sc), ptx.OpP16: devOr0(p16)} {
+		ops.at[op] = at
 	}
-	defer p.freeAfter(part)
-	qp, kp, vp := attnViews(a, q32, k32, v32)
-	ops := map[ptx.Operand]uint64{ptx.OpQ: qp, ptx.OpK: kp, ptx.OpV: vp, ptx.OpO: dev(o32), ptx.OpP: dev(sc)}
 	rows := uint64(a.H * a.S)
-	err = p.do(func() error {
+	return p.do(func() error {
 		for b := range a.B {
 			if err := p.headGEMM(a.Scores(), ops, a.H, b); err != nil {
 				return err
 			}
-			if err := p.attnSoftmax(a, dev(sc), dev(lse)+uint64(4*b)*rows, dev(part), causal); err != nil {
+			if err := p.attnSoftmax(a, dev(sc), devOr0(p16), dev(lse)+uint64(4*b)*rows, dev(part), causal); err != nil {
 				return err
 			}
-			if err := p.headGEMM(a.Out(), ops, a.H, b); err != nil {
+			if err := p.headGEMM(half(a.Out(), dt), ops, a.H, b); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	if err != nil {
-		w.back()
-		return err
-	}
-	return w.back(o, o32)
 }
 
 // attentionBackwardGEMM is AttentionBackward on the GEMM path.
 func (p *Provider) attentionBackwardGEMM(a ptx.Attn, dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool) error {
-	rows := a.B * a.H * a.S
-	delta, err := p.mem.Alloc(tensor.Float64, rows)
-	if err != nil {
-		return err
+	dt, n, rows := q.DType(), a.H*a.S*a.T, a.B*a.H*a.S
+	s := &attnScratch{p: p}
+	defer s.done()
+	delta, sc := s.alloc(tensor.Float64, rows), s.alloc(tensor.Float32, 2*n)
+	var h16 *tensor.Tensor // P16, then DS16
+	if dt == tensor.BFloat16 {
+		h16 = s.alloc(tensor.BFloat16, 2*n)
 	}
-	defer p.freeAfter(delta)
+	if s.fail != nil {
+		return s.fail
+	}
 	if err := p.do(func() error {
-		return p.launch("attn_delta"+suffix(q.DType()), rows, 0, ptx.BlockThreads,
+		return p.launch("attn_delta"+suffix(dt), rows, 0, ptx.BlockThreads,
 			dev(delta), dev(do), dev(o), uint64(a.B), uint64(a.H), uint64(a.S), uint64(a.F))
 	}); err != nil {
 		return err
 	}
-	w := &attnF32{p: p}
-	q32, k32, v32, do32 := w.in(q), w.in(k), w.in(v), w.in(do)
-	dq32, dk32, dv32 := w.out(dq), w.out(dk), w.out(dv)
-	if w.fail != nil {
-		return w.back()
+	pp, ds := dev(sc), dev(sc)+uint64(4*n)
+	var p16, ds16 uint64
+	if h16 != nil {
+		p16, ds16 = dev(h16), dev(h16)+uint64(2*n)
 	}
-	sc, err := p.mem.Alloc(tensor.Float32, 2*a.H*a.S*a.T)
-	if err != nil {
-		w.back()
-		return err
+	ops := newAttnOperands(dt)
+	qp, kp, vp := attnViews(a, q, k, v)
+	gq, gk, gv := attnViews(a, dq, dk, dv)
+	for op, at := range map[ptx.Operand]uint64{ptx.OpQ: qp, ptx.OpK: kp, ptx.OpV: vp, ptx.OpDO: dev(do), ptx.OpP: pp, ptx.OpDS: ds,
+		ptx.OpP16: p16, ptx.OpDS16: ds16, ptx.OpDQ: gq, ptx.OpDK: gk, ptx.OpDV: gv} {
+		ops.at[op] = at
 	}
-	defer p.freeAfter(sc)
-	pp, ds := dev(sc), dev(sc)+uint64(4*a.H*a.S*a.T)
-	qp, kp, vp := attnViews(a, q32, k32, v32)
-	gq, gk, gv := attnViews(a, dq32, dk32, dv32)
-	ops := map[ptx.Operand]uint64{ptx.OpQ: qp, ptx.OpK: kp, ptx.OpV: vp, ptx.OpDO: dev(do32), ptx.OpP: pp, ptx.OpDS: ds,
-		ptx.OpDQ: gq, ptx.OpDK: gk, ptx.OpDV: gv}
 	dpG, dvG, dqG, dkG := a.Backward()
 	hr := uint64(a.H * a.S)
 	scale := float32(1 / math.Sqrt(float64(a.E)))
-	err = p.do(func() error {
+	return p.do(func() error {
 		for b := range a.B {
 			if err := p.headGEMM(a.Scores(), ops, a.H, b); err != nil {
 				return err
 			}
-			if err := p.attnSoftmax(a, pp, dev(lse)+uint64(4*b)*hr, 0, causal); err != nil {
+			if err := p.attnSoftmax(a, pp, p16, dev(lse)+uint64(4*b)*hr, 0, causal); err != nil {
 				return err
 			}
-			for _, g := range []ptx.HeadGEMM{dpG, dvG} {
+			for _, g := range []ptx.HeadGEMM{dpG, half(dvG, dt)} {
 				if err := p.headGEMM(g, ops, a.H, b); err != nil {
 					return err
 				}
 			}
-			if err := p.launch("attn_ds_f32", int(hr)*a.T, 0, ptx.BlockThreads, ds, pp, dev(delta)+uint64(8*b)*hr,
+			if err := p.launch("attn_ds_f32", int(hr)*a.T, 0, ptx.BlockThreads, ds, ds16, pp, dev(delta)+uint64(8*b)*hr,
 				hr, uint64(a.T), uint64(math.Float32bits(scale))); err != nil {
 				return err
 			}
-			for _, g := range []ptx.HeadGEMM{dqG, dkG} {
+			for _, g := range []ptx.HeadGEMM{half(dqG, dt), half(dkG, dt)} {
 				if err := p.headGEMM(g, ops, a.H, b); err != nil {
 					return err
 				}
@@ -230,9 +222,4 @@ func (p *Provider) attentionBackwardGEMM(a ptx.Attn, dq, dk, dv, do, q, k, v, o,
 		}
 		return nil
 	})
-	if err != nil {
-		w.back()
-		return err
-	}
-	return w.back(dq, dq32, dk, dk32, dv, dv32)
 }

@@ -315,7 +315,7 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 	if rows == 0 {
 		return nil
 	}
-	if p.attnGEMM(a, false) {
+	if p.attnGEMM(a, q.DType(), false) {
 		return p.attentionGEMM(a, o, lse, q, k, v, causal)
 	}
 	qp, kp, vp := attnViews(a, q, k, v)
@@ -347,7 +347,7 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	if rows == 0 || a.T == 0 {
 		return nil
 	}
-	if p.attnGEMM(a, true) {
+	if p.attnGEMM(a, q.DType(), true) {
 		return p.attentionBackwardGEMM(a, dq, dk, dv, do, q, k, v, o, lse, causal)
 	}
 	delta, err := p.mem.Alloc(tensor.Float64, rows)

@@ -21,14 +21,15 @@ func TestAttentionMatchesCPU(t *testing.T) {
 
 // TestAttentionGEMMMatchesCPU: the provider's attention through GEMMs
 // (ptx.Attn's Scores, Out and Backward GEMMs run on the host, its softmax,
-// delta and ds kernels thread by thread) against the cpu provider's, float32,
+// delta and ds kernels thread by thread) against the cpu provider's, float32
+// and bfloat16 (P and dS rounded to bfloat16 for the GEMMs after them),
 // causal or not, separate q, k, v (more keys than queries) and a packed qkv,
 // more than one batch and head; rows of keys shorter than the softmax's
 // segment (ptx.SoftmaxSeg), and of 70 keys: two whole segments and a part,
 // and under the causal mask, segments wholly past it.
 func TestAttentionGEMMMatchesCPU(t *testing.T) {
 	for _, sz := range []attnSize{{2, 3, 5, 7}, {1, 2, 40, 70}} {
-		attentionMatchesCPU(t, 4, []tensor.DType{tensor.Float32}, AttentionGEMM, AttentionBackwardGEMM, sz)
+		attentionMatchesCPU(t, 4, []tensor.DType{tensor.Float32, tensor.BFloat16}, AttentionGEMM, AttentionBackwardGEMM, sz)
 	}
 }
 

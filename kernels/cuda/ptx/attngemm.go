@@ -15,7 +15,9 @@ type Operand uint8
 // The operands: q, k, v, o and their gradients in the [batch, tokens,
 // heads, width] layout (k and v views of a packed q at KOff and VOff, dk
 // and dv of a packed dq likewise), and one batch's scores P and their
-// gradient dS, heads × S × T.
+// gradient dS, heads × S × T (float32), and on the bfloat16 path their
+// bfloat16 roundings P16 and DS16, which the GEMMs after the softmax and
+// after attn_ds read (Half).
 const (
 	OpQ Operand = iota
 	OpK
@@ -27,7 +29,24 @@ const (
 	OpDV
 	OpP
 	OpDS
+	OpP16
+	OpDS16
 )
+
+// Half is g reading P or dS (always its A operand) as their bfloat16
+// roundings: on the bfloat16 path every GEMM multiplies bfloat16 operands
+// (on tensor cores, accumulating in float32), so the probabilities and the
+// scores' gradient are rounded once before they are multiplied, as
+// FlashAttention's bfloat16 kernels do.
+func Half(g HeadGEMM) HeadGEMM {
+	switch g.A {
+	case OpP:
+		g.A = OpP16
+	case OpDS:
+		g.A = OpDS16
+	}
+	return g
+}
 
 // HeadGEMM is one GEMM over the heads of one batch.
 type HeadGEMM struct {

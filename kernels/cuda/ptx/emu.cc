@@ -169,22 +169,25 @@ void emu_attn_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const 
 	});
 }
 
-void emu_attn_softmax(float *sc, float *lse, unsigned long long rows, unsigned long long s, unsigned long long t, int causal, int given,
-		unsigned long long seg, unsigned threads) {
+void emu_attn_softmax(float *sc, void *p16, float *lse, unsigned long long rows, unsigned long long s, unsigned long long t, int causal,
+		int given, unsigned long long seg, unsigned threads) {
 	if (!given) {
 		unsigned long long ns = (t + seg - 1) / seg;
 		std::vector<double> part(2 * rows * ns + 1);
 		grid(threads, [&] { attn_smax_part(part.data(), sc, rows, s, t, causal, seg); });
 		grid(threads, [&] { attn_smax_lse(lse, part.data(), rows, ns); });
 	}
-	grid(threads, [&] { attn_smax_exp(sc, lse, rows, s, t, causal); });
+	grid(threads, [&] { attn_smax_exp(sc, (bf16 *)p16, lse, rows, s, t, causal); });
 }
 
-void emu_attn_ds(float *ds, const float *p, const double *delta, unsigned long long rows, unsigned long long t, float scale, unsigned threads) {
-	grid(threads, [&] { attn_ds_f32(ds, p, delta, rows, t, scale); });
+void emu_attn_ds(float *ds, void *ds16, const float *p, const double *delta, unsigned long long rows, unsigned long long t, float scale,
+		unsigned threads) {
+	grid(threads, [&] { attn_ds_f32(ds, (bf16 *)ds16, p, delta, rows, t, scale); });
 }
 
-void emu_attn_delta(double *delta, const float *dout, const float *o, unsigned long long b, unsigned long long h, unsigned long long s,
+void emu_attn_delta(int bf, double *delta, const void *dout, const void *o, unsigned long long b, unsigned long long h, unsigned long long s,
 		unsigned long long f, unsigned threads) {
-	grid(threads, [&] { attn_delta_f32(delta, dout, o, b, h, s, f); });
+	grid(threads, [&] {
+		bf ? attn_delta_bf16(delta, (const bf16 *)dout, (const bf16 *)o, b, h, s, f) : attn_delta_f32(delta, (const float *)dout, (const float *)o, b, h, s, f);
+	});
 }

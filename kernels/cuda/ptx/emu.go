@@ -267,51 +267,136 @@ func attnOps(a Attn, q, k, v, o, do, dq, dk, dv *tensor.Tensor) map[Operand]oper
 	return ops
 }
 
-// AttentionGEMM runs the provider's attention through GEMMs (float32): per
-// batch the Scores GEMM, the softmax in stages (attn_smax_*), the Out GEMM,
-// the GEMMs on the host.
+// AttentionGEMM runs the provider's attention through GEMMs: per batch the
+// Scores GEMM, the softmax in stages (attn_smax_*), the Out GEMM, the GEMMs
+// on the host. float32, or bfloat16 as the provider runs it: the operands
+// multiplied as they are (widened exactly here), the scores and their
+// softmax in float32, P rounded to bfloat16 for the Out GEMM (Half), o
+// rounded once.
 func AttentionGEMM(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) error {
 	a, err := AttnShape(o, lse, q, k, v)
 	if err != nil {
 		return err
 	}
-	ops := attnOps(a, q, k, v, o, nil, nil, nil, nil)
-	sc := make([]float32, a.H*a.S*a.T)
+	bf := q.DType() == tensor.BFloat16
+	o32 := asF32(o, bf, false)
+	ops := attnOps(a, asF32(q, bf, true), asF32(k, bf, true), asF32(v, bf, true), o32, nil, nil, nil, nil)
+	n := a.H * a.S * a.T
+	sc := make([]float32, n)
 	ops[OpP] = operand{sc, 0}
+	p16 := half(ops, OpP16, bf, n)
 	rows := a.H * a.S
 	for b := range a.B {
 		hostGEMM(a.Scores(), ops, a.H, b)
-		C.emu_attn_softmax((*C.float)(ptr(sc)), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 0, SoftmaxSeg, C.uint(threads))
-		hostGEMM(a.Out(), ops, a.H, b)
+		C.emu_attn_softmax((*C.float)(ptr(sc)), p16.ptr(), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 0, SoftmaxSeg, C.uint(threads))
+		hostGEMM(p16.use(a.Out()), ops, a.H, b)
 	}
-	return nil
+	return narrow(o, o32)
 }
 
 // AttentionBackwardGEMM runs the provider's attention backward through
-// GEMMs (float32): attn_delta_f32, then per batch the Scores GEMM,
-// attn_smax_exp from lse, the dP and dv GEMMs, attn_ds_f32, the dq and
-// dk GEMMs.
+// GEMMs: attn_delta, then per batch the Scores GEMM, attn_smax_exp from
+// lse, the dP and dv GEMMs, attn_ds_f32, the dq and dk GEMMs. bfloat16 as
+// AttentionGEMM: P and dS rounded to bfloat16 for the dv, dq and dk GEMMs,
+// the gradients rounded once.
 func AttentionBackwardGEMM(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) error {
 	a, err := AttnShape(o, lse, q, k, v)
 	if err != nil {
 		return err
 	}
-	ops := attnOps(a, q, k, v, o, do, dq, dk, dv)
+	bf := q.DType() == tensor.BFloat16
 	delta := make([]float64, max(a.B*a.H*a.S, 1))
-	C.emu_attn_delta((*C.double)(ptr(delta)), f32(do), f32(o), C.ulonglong(a.B), C.ulonglong(a.H), C.ulonglong(a.S), C.ulonglong(a.F), C.uint(threads))
-	p, ds := make([]float32, a.H*a.S*a.T), make([]float32, a.H*a.S*a.T)
+	C.emu_attn_delta(isBF(q), (*C.double)(ptr(delta)), bytesOf(do), bytesOf(o), C.ulonglong(a.B), C.ulonglong(a.H), C.ulonglong(a.S), C.ulonglong(a.F), C.uint(threads))
+	dq32, dk32, dv32 := asF32(dq, bf, false), asF32(dk, bf, false), asF32(dv, bf, false)
+	ops := attnOps(a, asF32(q, bf, true), asF32(k, bf, true), asF32(v, bf, true), nil, asF32(do, bf, true), dq32, dk32, dv32)
+	n := a.H * a.S * a.T
+	p, ds := make([]float32, n), make([]float32, n)
 	ops[OpP], ops[OpDS] = operand{p, 0}, operand{ds, 0}
+	p16, ds16 := half(ops, OpP16, bf, n), half(ops, OpDS16, bf, n)
 	dpG, dvG, dqG, dkG := a.Backward()
 	rows := a.H * a.S
 	scale := float32(1 / math.Sqrt(float64(a.E)))
 	for b := range a.B {
 		hostGEMM(a.Scores(), ops, a.H, b)
-		C.emu_attn_softmax((*C.float)(ptr(p)), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 1, SoftmaxSeg, C.uint(threads))
+		C.emu_attn_softmax((*C.float)(ptr(p)), p16.ptr(), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 1, SoftmaxSeg, C.uint(threads))
 		hostGEMM(dpG, ops, a.H, b)
-		hostGEMM(dvG, ops, a.H, b)
-		C.emu_attn_ds((*C.float)(ptr(ds)), (*C.float)(ptr(p)), (*C.double)(ptr(delta[b*rows:])), C.ulonglong(rows), C.ulonglong(a.T), C.float(scale), C.uint(threads))
-		hostGEMM(dqG, ops, a.H, b)
-		hostGEMM(dkG, ops, a.H, b)
+		hostGEMM(p16.use(dvG), ops, a.H, b)
+		C.emu_attn_ds((*C.float)(ptr(ds)), ds16.ptr(), (*C.float)(ptr(p)), (*C.double)(ptr(delta[b*rows:])), C.ulonglong(rows), C.ulonglong(a.T), C.float(scale), C.uint(threads))
+		hostGEMM(ds16.use(dqG), ops, a.H, b)
+		hostGEMM(ds16.use(dkG), ops, a.H, b)
+	}
+	for _, t := range [][2]*tensor.Tensor{{dq, dq32}, {dk, dk32}, {dv, dv32}} {
+		if err := narrow(t[0], t[1]); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// asF32 is t as float32 on the bfloat16 path (bf): its values widened (exact)
+// when in, else a zeroed float32 tensor of its shape for a result; t itself
+// otherwise (nil stays nil).
+func asF32(t *tensor.Tensor, bf, in bool) *tensor.Tensor {
+	if t == nil || !bf {
+		return t
+	}
+	if !in {
+		return tensor.New(tensor.Float32, t.Shape()...)
+	}
+	w, err := tensor.Convert(t, tensor.Float32)
+	if err != nil {
+		panic(err) // a bfloat16 tensor always widens
+	}
+	return w
+}
+
+// narrow rounds the float32 results r into t (once), where they differ.
+func narrow(t, r *tensor.Tensor) error {
+	if t == nil || t == r {
+		return nil
+	}
+	c, err := tensor.Convert(r, t.DType())
+	if err != nil {
+		return err
+	}
+	copy(tensor.HostBytes(t), tensor.HostBytes(c))
+	return nil
+}
+
+// halfOp is a bfloat16 copy of P or dS that a kernel writes (bits) and the
+// host GEMMs read (widened into the operand), on the bfloat16 path.
+type halfOp struct {
+	bits []uint16
+	wide []float32
+}
+
+// half makes the bfloat16 copy of n elements as operand op on the bfloat16
+// path (bf); none otherwise.
+func half(ops map[Operand]operand, op Operand, bf bool, n int) *halfOp {
+	if !bf {
+		return nil
+	}
+	h := &halfOp{bits: make([]uint16, n), wide: make([]float32, n)}
+	ops[op] = operand{h.wide, 0}
+	return h
+}
+
+// ptr is where the kernel writes the copy: nil off the bfloat16 path.
+func (h *halfOp) ptr() unsafe.Pointer {
+	if h == nil {
+		return nil
+	}
+	return unsafe.Pointer(&h.bits[0])
+}
+
+// use is g reading the copy (Half), widened from what the kernel wrote;
+// g itself off the bfloat16 path.
+func (h *halfOp) use(g HeadGEMM) HeadGEMM {
+	if h == nil {
+		return g
+	}
+	for i, b := range h.bits {
+		h.wide[i] = tensor.BF16(b).Float32()
+	}
+	return Half(g)
 }

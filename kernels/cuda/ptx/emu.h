@@ -28,10 +28,11 @@ void emu_adamw(float *param, const float *grad, float *m, float *v, unsigned lon
 void emu_attn_fwd(int bf, void *o, float *lse, const void *q, const void *k, const void *v, const unsigned long long *a, int causal, unsigned threads);
 void emu_attn_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *o,
 		const float *lse, double *delta, const unsigned long long *a, int causal, unsigned threads);
-void emu_attn_softmax(float *sc, float *lse, unsigned long long rows, unsigned long long s, unsigned long long t, int causal, int given,
-		unsigned long long seg, unsigned threads);
-void emu_attn_ds(float *ds, const float *p, const double *delta, unsigned long long rows, unsigned long long t, float scale, unsigned threads);
-void emu_attn_delta(double *delta, const float *dout, const float *o, unsigned long long b, unsigned long long h, unsigned long long s,
+void emu_attn_softmax(float *sc, void *p16, float *lse, unsigned long long rows, unsigned long long s, unsigned long long t, int causal,
+		int given, unsigned long long seg, unsigned threads);
+void emu_attn_ds(float *ds, void *ds16, const float *p, const double *delta, unsigned long long rows, unsigned long long t, float scale,
+		unsigned threads);
+void emu_attn_delta(int bf, double *delta, const void *dout, const void *o, unsigned long long b, unsigned long long h, unsigned long long s,
 		unsigned long long f, unsigned threads);
 #ifdef __cplusplus
 }

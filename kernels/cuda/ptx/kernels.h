@@ -478,21 +478,28 @@ MR_KERNEL void attn_smax_lse(float *lse, const double *part, u64 rows, u64 ns) {
 }
 
 // attn_smax_exp: one thread per score: the score becomes its probability
-// exp(score − lse[row]) in place, 0 past the causal limit. The forward and
-// the backward's recompute both take lse as stored (float).
-MR_KERNEL void attn_smax_exp(float *sc, const float *lse, u64 rows, u64 S, u64 Tn, int causal) {
+// exp(score − lse[row]) in place, 0 past the causal limit, and where p16 is
+// not null, its bfloat16 rounding there too (the bfloat16 path's P·v and
+// Pᵀ·do take it). The forward and the backward's recompute both take lse as
+// stored (float).
+MR_KERNEL void attn_smax_exp(float *sc, bf16 *p16, const float *lse, u64 rows, u64 S, u64 Tn, int causal) {
 	for (u64 e = MR_TID; e < rows * Tn; e += MR_NTHREADS) {
 		u64 r = e / Tn, t = e % Tn, i = r % S;
 		u64 nk = causal ? (i + 1 < Tn ? i + 1 : Tn) : Tn;
-		sc[e] = t < nk ? (float)mr_exp((double)sc[e] - (double)lse[r]) : 0.0f;
+		float p = t < nk ? (float)mr_exp((double)sc[e] - (double)lse[r]) : 0.0f;
+		sc[e] = p;
+		if (p16) p16[e] = f2bf(p);
 	}
 }
 
 // attn_ds: ds = P ⊙ (dP − delta[row])·scale in place of dP, one thread per
-// element of rows × Tn.
-MR_KERNEL void attn_ds_f32(float *ds, const float *p, const double *delta, u64 rows, u64 Tn, float scale) {
+// element of rows × Tn, and where ds16 is not null its bfloat16 rounding
+// there too (the bfloat16 path's dq and dk GEMMs take it).
+MR_KERNEL void attn_ds_f32(float *ds, bf16 *ds16, const float *p, const double *delta, u64 rows, u64 Tn, float scale) {
 	for (u64 e = MR_TID; e < rows * Tn; e += MR_NTHREADS) {
-		ds[e] = (float)((double)p[e] * ((double)ds[e] - delta[e / Tn]) * (double)scale);
+		float v = (float)((double)p[e] * ((double)ds[e] - delta[e / Tn]) * (double)scale);
+		ds[e] = v;
+		if (ds16) ds16[e] = f2bf(v);
 	}
 }
 

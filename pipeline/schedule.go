@@ -54,7 +54,6 @@ const (
 // Names lists the schedules ParseSchedule reads, for messages.
 const Names = "gpipe, 1f1b, zb or zb2"
 
-
 // ErrSchedule is wrapped by every refusal of this package: a schedule that
 // cannot be built, an order Check refuses, a Cost that does not fit.
 var ErrSchedule = errors.New("pipeline: bad schedule")
@@ -181,65 +180,20 @@ func oneF1B(p, m int) [][]Action {
 // gradients run down the pipeline without waiting for a W.
 func zbH1(p, m int) [][]Action {
 	fb := oneF1B(p, m)
-	out := make([][]Action, p)
-	// end[s][k][i]: the unit time stage s's F (k 0) or B (k 1) of micro-batch
-	// i ends; 0 before it runs (no action ends at 0).
-	end := make([][2][]int, p)
-	for s := range end {
-		end[s] = [2][]int{make([]int, m), make([]int, m)}
-	}
-	done := func(s, k, i, t int) bool { return end[s][k][i] > 0 && end[s][k][i] <= t }
 	pos := make([]int, p)
-	waitW := make([][]int, p)
-	held, busy := make([]int, p), make([]int, p)
-	for left, t := 3*p*m, 0; left > 0; t++ {
-		if t > 3*p*m+2*p {
-			// The orders finish by 1F1B's step, 3(m+p−1), at the latest
-			// (a W never blocks 1F1B's order of F and B): running past it
-			// is a bug, not an input.
-			panic(fmt.Sprintf("pipeline: zb-h1 at p=%d, m=%d made no progress", p, m))
+	return atUnitCosts(p, m, "zb-h1", func(u *unitRun, s, t int) (Action, bool) {
+		for pos[s] < len(fb[s]) && fb[s][pos[s]].Op == 'W' {
+			pos[s]++ // 1F1B's Ws: this order places its own
 		}
-		for s := 0; s < p; s++ {
-			if busy[s] > t {
-				continue
-			}
-			var a Action
-			for pos[s] < len(fb[s]) && fb[s][pos[s]].Op == 'W' {
-				pos[s]++ // 1F1B's Ws: this order places its own
-			}
-			next, ok := Action{}, pos[s] < len(fb[s])
-			if ok {
-				next = fb[s][pos[s]]
-				if next.Op == 'F' {
-					ok = (s == 0 || done(s-1, 0, next.MB, t)) && held[s] < p
-				} else {
-					ok = done(s, 0, next.MB, t) && (s == p-1 || done(s+1, 1, next.MB, t))
-				}
-			}
-			switch {
-			case ok:
-				a = next
+		if pos[s] < len(fb[s]) {
+			next := fb[s][pos[s]]
+			if next.Op == 'F' && u.canF(s, next.MB, t, p) || next.Op == 'B' && u.canB(s, next.MB, t) {
 				pos[s]++
-				if a.Op == 'F' {
-					held[s]++
-					end[s][0][a.MB] = t + 1
-				} else {
-					waitW[s] = append(waitW[s], a.MB)
-					end[s][1][a.MB] = t + 1
-				}
-			case len(waitW[s]) > 0:
-				a = Action{'W', waitW[s][0]}
-				waitW[s] = waitW[s][1:]
-				held[s]-- // freed at t+1, before the stage's next action
-			default:
-				continue
+				return next, true
 			}
-			out[s] = append(out[s], a)
-			busy[s] = t + 1
-			left--
 		}
-	}
-	return out
+		return u.oldestW(s)
+	})
 }
 
 // zbH2 builds the orders of ZB-H2's memory by running the stages at unit
@@ -254,42 +208,89 @@ func zbH1(p, m int) [][]Action {
 // bound 3m+p−1 once m ≥ p); where B costs more than W it is shorter
 // (TestZBH2).
 func zbH2(p, m int) [][]Action {
-	limit := 2*p - 1
-	out := make([][]Action, p)
-	end := make([][2][]int, p) // as in zbH1
-	for s := range end {
-		end[s] = [2][]int{make([]int, m), make([]int, m)}
-	}
-	done := func(s, k, i, t int) bool { return end[s][k][i] > 0 && end[s][k][i] <= t }
 	nf, nb := make([]int, p), make([]int, p)
-	waitW := make([][]int, p)
-	held, busy := make([]int, p), make([]int, p)
+	return atUnitCosts(p, m, "zb-h2", func(u *unitRun, s, t int) (Action, bool) {
+		switch {
+		case nb[s] < nf[s] && u.canB(s, nb[s], t):
+			nb[s]++
+			return Action{'B', nb[s] - 1}, true
+		case nf[s] < m && u.canF(s, nf[s], t, 2*p-1):
+			nf[s]++
+			return Action{'F', nf[s] - 1}, true
+		}
+		return u.oldestW(s)
+	})
+}
+
+// unitRun is the state of stages run at unit costs (F = B = W = 1, no send
+// time) in lockstep, as atUnitCosts runs them.
+type unitRun struct {
+	p int
+	// end[s][k][i]: the unit time stage s's F (k 0) or B (k 1) of
+	// micro-batch i ends; 0 before it runs (no action ends at 0).
+	end   [][2][]int
+	held  []int   // micro-batches held per stage: from F to W
+	waitW [][]int // per stage, the micro-batches whose B ran and W waits
+}
+
+func (u *unitRun) done(s, k, i, t int) bool { return u.end[s][k][i] > 0 && u.end[s][k][i] <= t }
+
+// canF says whether stage s may run F of micro-batch mb at time t: its
+// activation has arrived and the stage holds fewer than limit.
+func (u *unitRun) canF(s, mb, t, limit int) bool {
+	return (s == 0 || u.done(s-1, 0, mb, t)) && u.held[s] < limit
+}
+
+// canB says whether stage s may run B of micro-batch mb at time t: its F
+// ran and its gradient has arrived.
+func (u *unitRun) canB(s, mb, t int) bool {
+	return u.done(s, 0, mb, t) && (s == u.p-1 || u.done(s+1, 1, mb, t))
+}
+
+// oldestW is stage s's oldest waiting W, if any.
+func (u *unitRun) oldestW(s int) (Action, bool) {
+	if len(u.waitW[s]) == 0 {
+		return Action{}, false
+	}
+	return Action{'W', u.waitW[s][0]}, true
+}
+
+// atUnitCosts runs p stages of m micro-batches at unit costs: at each unit
+// of time every free stage takes the action pick gives it (false: it
+// waits), the stages in order, each seeing what ended by then. It returns
+// the orders the stages ran.
+func atUnitCosts(p, m int, name string, pick func(u *unitRun, s, t int) (Action, bool)) [][]Action {
+	u := &unitRun{p: p, end: make([][2][]int, p), held: make([]int, p), waitW: make([][]int, p)}
+	for s := range u.end {
+		u.end[s] = [2][]int{make([]int, m), make([]int, m)}
+	}
+	out := make([][]Action, p)
+	busy := make([]int, p)
 	for left, t := 3*p*m, 0; left > 0; t++ {
 		if t > 3*p*m+2*p {
-			panic(fmt.Sprintf("pipeline: zb-h2 at p=%d, m=%d made no progress", p, m))
+			// The orders finish by 1F1B's step, 3(m+p−1), at the latest
+			// (a W never blocks the order of F and B): running past it is
+			// a bug, not an input.
+			panic(fmt.Sprintf("pipeline: %s at p=%d, m=%d made no progress", name, p, m))
 		}
 		for s := 0; s < p; s++ {
 			if busy[s] > t {
 				continue
 			}
-			var a Action
-			switch {
-			case nb[s] < nf[s] && done(s, 0, nb[s], t) && (s == p-1 || done(s+1, 1, nb[s], t)):
-				a = Action{'B', nb[s]}
-				nb[s]++
-				waitW[s] = append(waitW[s], a.MB)
-				end[s][1][a.MB] = t + 1
-			case nf[s] < m && held[s] < limit && (s == 0 || done(s-1, 0, nf[s], t)):
-				a = Action{'F', nf[s]}
-				nf[s]++
-				held[s]++
-				end[s][0][a.MB] = t + 1
-			case len(waitW[s]) > 0:
-				a = Action{'W', waitW[s][0]}
-				waitW[s] = waitW[s][1:]
-				held[s]--
-			default:
+			a, ok := pick(u, s, t)
+			if !ok {
 				continue
+			}
+			switch a.Op {
+			case 'F':
+				u.held[s]++
+				u.end[s][0][a.MB] = t + 1
+			case 'B':
+				u.waitW[s] = append(u.waitW[s], a.MB)
+				u.end[s][1][a.MB] = t + 1
+			case 'W':
+				u.waitW[s] = u.waitW[s][1:]
+				u.held[s]-- // freed at t+1, before the stage's next action
 			}
 			out[s] = append(out[s], a)
 			busy[s] = t + 1

@@ -26,9 +26,19 @@ func TestAttentionMatchesCPU(t *testing.T) {
 // causal or not, separate q, k, v (more keys than queries) and a packed qkv,
 // more than one batch and head; rows of keys shorter than the softmax's
 // segment (ptx.SoftmaxSeg), and of 70 keys: two whole segments and a part,
-// and under the causal mask, segments wholly past it.
+// and under the causal mask, segments wholly past it; all batches in one
+// chunk, and chunks of a few batches (the last cut short); calls per batch
+// (batches ≤ heads) and per head.
 func TestAttentionGEMMMatchesCPU(t *testing.T) {
-	for _, sz := range []attnSize{{2, 3, 5, 7}, {1, 2, 40, 70}} {
+	for _, sz := range []attnSize{{2, 3, 5, 7}, {1, 2, 40, 70}, {5, 2, 5, 7}} {
+		attentionMatchesCPU(t, 4, []tensor.DType{tensor.Float32, tensor.BFloat16}, AttentionGEMM, AttentionBackwardGEMM, sz)
+	}
+	// Chunks of two batches (the last of one), so that the scores' batches
+	// count from the chunk's first: per batch (2 ≤ 3 heads) and per head
+	// (2 batches > 1 head).
+	defer func(b int) { attnBudget = b }(attnBudget)
+	for _, sz := range []attnSize{{5, 3, 5, 7}, {5, 1, 5, 7}} {
+		attnBudget = 2 * sz.h * sz.s * sz.tk * ScoreBytes(true, true)
 		attentionMatchesCPU(t, 4, []tensor.DType{tensor.Float32, tensor.BFloat16}, AttentionGEMM, AttentionBackwardGEMM, sz)
 	}
 }

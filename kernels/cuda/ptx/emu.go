@@ -217,27 +217,29 @@ type operand struct {
 	off int
 }
 
-// hostGEMM runs g over the heads of batch b on the host, in float64 sums
-// rounded to float32 (the provider runs it on cuBLAS).
-func hostGEMM(g HeadGEMM, ops map[Operand]operand, heads, b int) {
+// hostGEMM runs g over the batches b0 to b0+nb−1 on the host, in the
+// calls the provider makes (Attn.Calls), in float64 sums rounded to
+// float32 (the provider runs them on cuBLAS).
+func hostGEMM(a Attn, g HeadGEMM, ops map[Operand]operand, b0, nb int) {
 	A, B, out := ops[g.A], ops[g.B], ops[g.C]
-	for h := range heads {
-		ao, bo, co := A.off+b*g.BA+h*g.SA, B.off+b*g.BB+h*g.SB, out.off+b*g.BC+h*g.SC
-		for i := range g.M {
-			for j := range g.N {
-				s := 0.0
-				for kk := range g.K {
-					ai, bi := ao+i*g.LDA+kk, bo+kk*g.LDB+j
-					if g.TransA {
-						ai = ao + kk*g.LDA + i
+	for _, c := range a.Calls(g, b0, nb) {
+		for n := range c.Count {
+			ao, bo, co := A.off+c.Off[0]+n*c.Stride[0], B.off+c.Off[1]+n*c.Stride[1], out.off+c.Off[2]+n*c.Stride[2]
+			for i := range g.M {
+				for j := range g.N {
+					s := 0.0
+					for kk := range g.K {
+						ai, bi := ao+i*g.LDA+kk, bo+kk*g.LDB+j
+						if g.TransA {
+							ai = ao + kk*g.LDA + i
+						}
+						if g.TransB {
+							bi = bo + j*g.LDB + kk
+						}
+						s += float64(A.x[ai]) * float64(B.x[bi])
 					}
-					if g.TransB {
-						bi = bo + j*g.LDB + kk
-					}
-					av, bv := A.x[ai], B.x[bi]
-					s += float64(av) * float64(bv)
+					out.x[co+i*g.LDC+j] = float32(g.Alpha * s)
 				}
-				out.x[co+i*g.LDC+j] = float32(g.Alpha * s)
 			}
 		}
 	}
@@ -267,9 +269,14 @@ func attnOps(a Attn, q, k, v, o, do, dq, dk, dv *tensor.Tensor) map[Operand]oper
 	return ops
 }
 
-// AttentionGEMM runs the provider's attention through GEMMs: per batch the
-// Scores GEMM, the softmax in stages (attn_smax_*), the Out GEMM, the GEMMs
-// on the host. float32, or bfloat16 as the provider runs it: the operands
+// attnBudget is the emulation's AttnScratchBudget (the tests lower it to
+// run several chunks).
+var attnBudget = AttnScratchBudget
+
+// AttentionGEMM runs the provider's attention through GEMMs, over chunks of
+// batches (ChunkBatches): per chunk the Scores GEMM, the softmax in stages
+// (attn_smax_*), the Out GEMM, the GEMMs on the host in the provider's
+// calls. float32, or bfloat16 as the provider runs it: the operands
 // multiplied as they are (widened exactly here), the scores and their
 // softmax in float32, P rounded to bfloat16 for the Out GEMM (Half), o
 // rounded once.
@@ -281,24 +288,26 @@ func AttentionGEMM(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) err
 	bf := q.DType() == tensor.BFloat16
 	o32 := asF32(o, bf, false)
 	ops := attnOps(a, asF32(q, bf, true), asF32(k, bf, true), asF32(v, bf, true), o32, nil, nil, nil, nil)
-	n := a.H * a.S * a.T
+	nb := a.ChunkBatches(ScoreBytes(bf, false), attnBudget)
+	n := nb * a.H * a.S * a.T
 	sc := make([]float32, n)
 	ops[OpP] = operand{sc, 0}
 	p16 := half(ops, OpP16, bf, n)
-	rows := a.H * a.S
-	for b := range a.B {
-		hostGEMM(a.Scores(), ops, a.H, b)
-		C.emu_attn_softmax((*C.float)(ptr(sc)), p16.ptr(), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 0, SoftmaxSeg, C.uint(threads))
-		hostGEMM(p16.use(a.Out()), ops, a.H, b)
+	hs := a.H * a.S
+	for b0 := 0; b0 < a.B; b0 += nb {
+		c := min(nb, a.B-b0)
+		hostGEMM(a, a.Scores(), ops, b0, c)
+		C.emu_attn_softmax((*C.float)(ptr(sc)), p16.ptr(), (*C.float)(at(lse, b0*hs)), C.ulonglong(c*hs), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 0, SoftmaxSeg, C.uint(threads))
+		hostGEMM(a, p16.use(a.Out()), ops, b0, c)
 	}
 	return narrow(o, o32)
 }
 
 // AttentionBackwardGEMM runs the provider's attention backward through
-// GEMMs: attn_delta, then per batch the Scores GEMM, attn_smax_exp from
-// lse, the dP and dv GEMMs, attn_ds_f32, the dq and dk GEMMs. bfloat16 as
-// AttentionGEMM: P and dS rounded to bfloat16 for the dv, dq and dk GEMMs,
-// the gradients rounded once.
+// GEMMs: attn_delta, then per chunk of batches the Scores GEMM,
+// attn_smax_exp from lse, the dP and dv GEMMs, attn_ds_f32, the dq and dk
+// GEMMs. bfloat16 as AttentionGEMM: P and dS rounded to bfloat16 for the
+// dv, dq and dk GEMMs, the gradients rounded once.
 func AttentionBackwardGEMM(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) error {
 	a, err := AttnShape(o, lse, q, k, v)
 	if err != nil {
@@ -309,21 +318,23 @@ func AttentionBackwardGEMM(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causa
 	C.emu_attn_delta(isBF(q), (*C.double)(ptr(delta)), bytesOf(do), bytesOf(o), C.ulonglong(a.B), C.ulonglong(a.H), C.ulonglong(a.S), C.ulonglong(a.F), C.uint(threads))
 	dq32, dk32, dv32 := asF32(dq, bf, false), asF32(dk, bf, false), asF32(dv, bf, false)
 	ops := attnOps(a, asF32(q, bf, true), asF32(k, bf, true), asF32(v, bf, true), nil, asF32(do, bf, true), dq32, dk32, dv32)
-	n := a.H * a.S * a.T
+	nb := a.ChunkBatches(ScoreBytes(bf, true), attnBudget)
+	n := nb * a.H * a.S * a.T
 	p, ds := make([]float32, n), make([]float32, n)
 	ops[OpP], ops[OpDS] = operand{p, 0}, operand{ds, 0}
 	p16, ds16 := half(ops, OpP16, bf, n), half(ops, OpDS16, bf, n)
 	dpG, dvG, dqG, dkG := a.Backward()
-	rows := a.H * a.S
+	hs := a.H * a.S
 	scale := float32(1 / math.Sqrt(float64(a.E)))
-	for b := range a.B {
-		hostGEMM(a.Scores(), ops, a.H, b)
-		C.emu_attn_softmax((*C.float)(ptr(p)), p16.ptr(), (*C.float)(at(lse, b*rows)), C.ulonglong(rows), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 1, SoftmaxSeg, C.uint(threads))
-		hostGEMM(dpG, ops, a.H, b)
-		hostGEMM(p16.use(dvG), ops, a.H, b)
-		C.emu_attn_ds((*C.float)(ptr(ds)), ds16.ptr(), (*C.float)(ptr(p)), (*C.double)(ptr(delta[b*rows:])), C.ulonglong(rows), C.ulonglong(a.T), C.float(scale), C.uint(threads))
-		hostGEMM(ds16.use(dqG), ops, a.H, b)
-		hostGEMM(ds16.use(dkG), ops, a.H, b)
+	for b0 := 0; b0 < a.B; b0 += nb {
+		c := min(nb, a.B-b0)
+		hostGEMM(a, a.Scores(), ops, b0, c)
+		C.emu_attn_softmax((*C.float)(ptr(p)), p16.ptr(), (*C.float)(at(lse, b0*hs)), C.ulonglong(c*hs), C.ulonglong(a.S), C.ulonglong(a.T), flag(causal), 1, SoftmaxSeg, C.uint(threads))
+		hostGEMM(a, dpG, ops, b0, c)
+		hostGEMM(a, p16.use(dvG), ops, b0, c)
+		C.emu_attn_ds((*C.float)(ptr(ds)), ds16.ptr(), (*C.float)(ptr(p)), (*C.double)(ptr(delta[b0*hs:])), C.ulonglong(c*hs), C.ulonglong(a.T), C.float(scale), C.uint(threads))
+		hostGEMM(a, ds16.use(dqG), ops, b0, c)
+		hostGEMM(a, ds16.use(dkG), ops, b0, c)
 	}
 	for _, t := range [][2]*tensor.Tensor{{dq, dq32}, {dk, dk32}, {dv, dv32}} {
 		if err := narrow(t[0], t[1]); err != nil {

@@ -22,12 +22,14 @@ func runPlan(t *testing.T, args string) string {
 
 // TestPlanPipelineGolden pins `launcher plan --block transformer` on a mesh
 // with a pp dim: the block planned on the stage's mesh (tp=2), then the
-// pipeline of 8 layers on 4 stages under 1F1B and ZB-H1. ZB-H1's step is
-// shorter at the same peak over stages (4, stage 0's).
+// pipeline of 8 layers on 4 stages under 1F1B, ZB-H1 and ZB-H2. ZB-H1's
+// step is shorter at the same peak over stages (4, stage 0's); ZB-H2 holds
+// up to 7.
 func TestPlanPipelineGolden(t *testing.T) {
 	for _, tc := range []struct{ file, schedule, want string }{
 		{"transformer-pp4-tp2-1f1b.txt", "1f1b", "peak activations 4 (4 to B)"},
 		{"transformer-pp4-tp2-zb.txt", "zb", "layers per stage: 2, 2, 2, 2"},
+		{"transformer-pp4-tp2-zb2.txt", "zb2", "peak activations 7 (7 to B)"},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			args := pipeArgs + " --schedule " + tc.schedule

@@ -23,6 +23,35 @@ func devOr0(t *tensor.Tensor) uint64 {
 	return dev(t)
 }
 
+// embeddingGrad adds the gradient of n tokens' rows of dy into the float32
+// table acc (a shard of rows × d from offset): in stages over chunks of
+// tokens where their sums fit (ptx.EmbedChunks: emb_part, emb_sum), else
+// one thread per column (embedding_grad).
+func (p *Provider) embeddingGrad(acc, dy, ids *tensor.Tensor, offset, rows, d, n int) error {
+	sfx := suffix(dy.DType())
+	nk := ptx.EmbedChunks(n, rows, d)
+	if nk == 0 {
+		return p.do(func() error {
+			return p.launch("embedding_grad"+sfx, d, 0, ptx.BlockThreads,
+				dev(acc), dev(dy), dev(ids), signed(offset), uint64(rows), uint64(d), uint64(n))
+		})
+	}
+	part, err := p.mem.Alloc(tensor.Float64, nk*rows*d)
+	if err != nil {
+		return err
+	}
+	defer p.freeAfter(part)
+	chunk := (n + nk - 1) / nk
+	nk = (n + chunk - 1) / chunk // the chunks emb_part makes of chunk tokens each
+	return p.do(func() error {
+		if err := p.launch("emb_part"+sfx, nk*d, 0, ptx.BlockThreads,
+			dev(part), dev(dy), dev(ids), signed(offset), uint64(rows), uint64(d), uint64(n), uint64(chunk)); err != nil {
+			return err
+		}
+		return p.launch("emb_sum", rows*d, 0, ptx.BlockThreads, dev(acc), dev(part), uint64(rows), uint64(d), uint64(nk))
+	})
+}
+
 // signed passes an int64 kernel argument.
 func signed(v int) uint64 { return uint64(int64(v)) }
 
@@ -174,11 +203,7 @@ func (p *Provider) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int,
 		}
 	}
 	if n > 0 && d > 0 {
-		err := p.do(func() error {
-			return p.launch("embedding_grad"+suffix(dy.DType()), d, 0, ptx.BlockThreads,
-				dev(acc), dev(dy), dev(ids), signed(offset), uint64(rows), uint64(d), uint64(n))
-		})
-		if err != nil {
+		if err := p.embeddingGrad(acc, dy, ids, offset, rows, d, n); err != nil {
 			return err
 		}
 	}

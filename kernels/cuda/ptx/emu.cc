@@ -111,7 +111,17 @@ void emu_embedding(int bf, void *y, const float *ids, const void *table, long lo
 }
 
 void emu_embedding_grad(int bf, float *dtable, const void *dy, const float *ids, long long offset, unsigned long long rows,
-		unsigned long long d, unsigned long long n, unsigned threads) {
+		unsigned long long d, unsigned long long n, unsigned long long chunk, unsigned threads) {
+	if (chunk) {
+		unsigned long long nk = (n + chunk - 1) / chunk;
+		std::vector<double> part(nk * rows * d + 1);
+		grid(threads, [&] {
+			bf ? emb_part_bf16(part.data(), (const bf16 *)dy, ids, offset, rows, d, n, chunk)
+			   : emb_part_f32(part.data(), (const float *)dy, ids, offset, rows, d, n, chunk);
+		});
+		grid(threads, [&] { emb_sum(dtable, part.data(), rows, d, nk); });
+		return;
+	}
 	grid(threads, [&] {
 		bf ? embedding_grad_bf16(dtable, (const bf16 *)dy, ids, offset, rows, d, n)
 		   : embedding_grad_f32(dtable, (const float *)dy, ids, offset, rows, d, n);

@@ -138,9 +138,11 @@ func Embedding(y, ids, table *tensor.Tensor, offset, rows, d, n, threads int) {
 	C.emu_embedding(isBF(table), bytesOf(y), f32(ids), bytesOf(table), C.longlong(offset), C.ulonglong(rows), C.ulonglong(d), C.ulonglong(n), C.uint(threads))
 }
 
-// EmbeddingGrad runs embedding_grad_* into a float32 dtable.
-func EmbeddingGrad(dtable, dy, ids *tensor.Tensor, offset, rows, d, n, threads int) {
-	C.emu_embedding_grad(isBF(dy), f32(dtable), bytesOf(dy), f32(ids), C.longlong(offset), C.ulonglong(rows), C.ulonglong(d), C.ulonglong(n), C.uint(threads))
+// EmbeddingGrad runs embedding_grad_* into a float32 dtable, or with chunk
+// > 0 emb_part_* over chunks of chunk tokens and emb_sum.
+func EmbeddingGrad(dtable, dy, ids *tensor.Tensor, offset, rows, d, n, chunk, threads int) {
+	C.emu_embedding_grad(isBF(dy), f32(dtable), bytesOf(dy), f32(ids), C.longlong(offset), C.ulonglong(rows), C.ulonglong(d), C.ulonglong(n),
+		C.ulonglong(chunk), C.uint(threads))
 }
 
 // CrossEntropy runs cross_entropy_*.

@@ -17,7 +17,7 @@ void emu_layer_norm_dgb(int bf, void *dgamma, void *dbeta, const void *dy, const
 void emu_embedding(int bf, void *y, const float *ids, const void *table, long long offset, unsigned long long rows,
 		unsigned long long d, unsigned long long n, unsigned threads);
 void emu_embedding_grad(int bf, float *dtable, const void *dy, const float *ids, long long offset, unsigned long long rows,
-		unsigned long long d, unsigned long long n, unsigned threads);
+		unsigned long long d, unsigned long long n, unsigned long long chunk, unsigned threads);
 void emu_cross_entropy(int bf, float *stats, const void *logits, const float *targets, long long offset,
 		unsigned long long v, unsigned long long t, unsigned threads);
 void emu_cross_entropy_grad(int bf, void *dl, const void *logits, const float *targets, const float *lse, long long offset,

@@ -222,6 +222,42 @@ MR_KERNEL void embedding_grad_f32(float *dtable, const float *dy, const float *i
 MR_KERNEL void embedding_grad_bf16(float *dtable, const bf16 *dy, const float *ids, long long offset, unsigned long long rows,
 		unsigned long long d, unsigned long long n) { embedding_grad(dtable, dy, ids, offset, rows, d, n); }
 
+// The embedding gradient in stages, where chunks of the table fit a
+// scratch (ptx.EmbedChunks): emb_part, one thread per chunk k of chunk
+// tokens and column c, sums dy[i, c] over the chunk's tokens into their
+// rows, part[(k·rows + r)·d + c], in double and token order (0 for a row
+// the chunk lacks); emb_sum, one thread per element of the table, adds
+// the chunks' sums to it in chunk order. One thread per column over every
+// token (embedding_grad) left most of the GPU idle: 1.1 ms a call on the
+// H100 for 4,096 tokens × 768.
+template <class T>
+__device__ static void emb_part(double *part, const T *dy, const float *ids, long long offset, unsigned long long rows, unsigned long long d, unsigned long long n, unsigned long long chunk) {
+	unsigned long long nk = (n + chunk - 1) / chunk;
+	for (unsigned long long e = MR_TID; e < nk * d; e += MR_NTHREADS) {
+		unsigned long long k = e / d, c = e % d;
+		double *p = part + k * rows * d + c;
+		for (unsigned long long r = 0; r < rows; r++) p[r * d] = 0;
+		unsigned long long hi = (k + 1) * chunk < n ? (k + 1) * chunk : n;
+		for (unsigned long long i = k * chunk; i < hi; i++) {
+			long long r = mr_row(ids[i], offset, (long long)rows);
+			if (r >= 0) p[(unsigned long long)r * d] += ld(dy, i * d + c);
+		}
+	}
+}
+MR_KERNEL void emb_part_f32(double *part, const float *dy, const float *ids, long long offset, unsigned long long rows, unsigned long long d, unsigned long long n, unsigned long long chunk) {
+	emb_part(part, dy, ids, offset, rows, d, n, chunk);
+}
+MR_KERNEL void emb_part_bf16(double *part, const bf16 *dy, const float *ids, long long offset, unsigned long long rows, unsigned long long d, unsigned long long n, unsigned long long chunk) {
+	emb_part(part, dy, ids, offset, rows, d, n, chunk);
+}
+MR_KERNEL void emb_sum(float *dtable, const double *part, unsigned long long rows, unsigned long long d, unsigned long long nk) {
+	for (unsigned long long e = MR_TID; e < rows * d; e += MR_NTHREADS) {
+		double s = 0;
+		for (unsigned long long k = 0; k < nk; k++) s += part[k * rows * d + e];
+		dtable[e] = (float)((double)dtable[e] + s);
+	}
+}
+
 // stats[3t..] = (max, Σ exp(l − max), the target's logit or 0) per row of v
 // logits (a vocabulary shard from offset).
 template <class T>

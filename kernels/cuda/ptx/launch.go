@@ -23,6 +23,26 @@ const (
 	SoftmaxSeg   = 32
 )
 
+// EmbedPartBytes bounds the embedding gradient's scratch of chunk sums.
+const EmbedPartBytes = 64 << 20
+
+// EmbedChunks is how many chunks of tokens the embedding gradient of n
+// tokens into a table (shard) of rows × d splits into, in stages (emb_part,
+// emb_sum): one per 64 tokens at most, as many as EmbedPartBytes of double
+// sums hold; 0 where fewer than two fit (one thread per column runs:
+// embedding_grad). Each chunk's tokens: ceil(n / chunks).
+func EmbedChunks(n, rows, d int) int {
+	per := rows * d * 8
+	if n < 2 || per <= 0 {
+		return 0
+	}
+	k := min((n+63)/64, EmbedPartBytes/per)
+	if k < 2 {
+		return 0
+	}
+	return k
+}
+
 // SourcesHash is the hash gen.sh writes into kernels.ptx's first line, of
 // the CUDA sources in dir: the PTX is stale when it differs.
 func SourcesHash(dir string) (string, error) {

@@ -3,6 +3,7 @@
 package ptx
 
 import (
+	"fmt"
 	"math"
 	"math/rand"
 	"testing"
@@ -118,14 +119,18 @@ func TestTransformerKernelsMatchCPU(t *testing.T) {
 				}
 				// As the provider runs it: a float32 table, zeroed or widened,
 				// then narrowed.
-				acc := tensor.New(tensor.Float32, vrows, dim)
-				if accumulate {
-					p.Cast(acc, dtable)
+				// One thread per column, and in stages over chunks of 1,
+				// 4 and all 13 tokens.
+				for _, chunk := range []int{0, 1, 4, 13} {
+					acc := tensor.New(tensor.Float32, vrows, dim)
+					if accumulate {
+						p.Cast(acc, dtable)
+					}
+					EmbeddingGrad(acc, dy, ids, offset, vrows, dim, 13, chunk, threads)
+					got := tensor.New(dt, vrows, dim)
+					p.Cast(got, acc)
+					same(t, fmt.Sprintf("embedding grad, chunks of %d", chunk), got, want, tol)
 				}
-				EmbeddingGrad(acc, dy, ids, offset, vrows, dim, 13, threads)
-				got := tensor.New(dt, vrows, dim)
-				p.Cast(got, acc)
-				same(t, "embedding grad", got, want, tol)
 			}
 		}
 

@@ -140,9 +140,10 @@ func TestGPTPipelineResume(t *testing.T) {
 }
 
 // TestGPTPipelineDevices: the stages on the sim device (activations
-// downloaded to send, uploaded on arrival) give the cpu stages' losses
-// exactly, and bfloat16 stages (the activations sent widened) follow the
-// unsplit bfloat16 model's within docs/transformer.md's 1e-2.
+// downloaded to send, uploaded on arrival; through the fake NCCL under
+// 1F1B and ZB-H2) give the cpu stages' losses exactly, and bfloat16 stages
+// (the activations sent widened) follow the unsplit bfloat16 model's
+// within docs/transformer.md's 1e-2.
 func TestGPTPipelineDevices(t *testing.T) {
 	if _, err := os.Stat(DefaultCorpus); err != nil {
 		t.Skipf("no %s on this machine", DefaultCorpus)
@@ -152,16 +153,20 @@ func TestGPTPipelineDevices(t *testing.T) {
 	// and NCCL's send and receive (the fake library, each rank a device
 	// of its own); --pp-wire host passes host copies.
 	undo := sim.SeparateDevices() // first: a process's sim provider is made once
-	sims := map[string]GPTReport{"nccl": pipeReportEnv(t, map[string]string{"MESHRUN_NCCL_LIBRARY": "fake", "MESHRUN_COLLECTIVES": "nccl"},
-		"--mesh", "pp=4", "--schedule", "1f1b", "--device", "sim")}
+	fake := map[string]string{"MESHRUN_NCCL_LIBRARY": "fake", "MESHRUN_COLLECTIVES": "nccl"}
+	sims := map[string]GPTReport{"nccl": pipeReportEnv(t, fake, "--mesh", "pp=4", "--schedule", "1f1b", "--device", "sim"),
+		"nccl zb2": pipeReportEnv(t, fake, "--mesh", "pp=4", "--schedule", "zb2", "--device", "sim")}
 	undo()
 	sims["staged"] = pipeReport(t, "--mesh", "pp=2,tp=2", "--schedule", "zb", "--device", "sim")
 	sims["host"] = pipeReport(t, "--mesh", "pp=2,tp=2", "--schedule", "zb", "--device", "sim", "--pp-wire", "host")
 	sims["staged pp=4"] = pipeReport(t, "--mesh", "pp=4", "--schedule", "1f1b", "--device", "sim")
-	cpu4 := pipeReport(t, "--mesh", "pp=4", "--schedule", "1f1b")
+	cpu4, cpu4zb2 := pipeReport(t, "--mesh", "pp=4", "--schedule", "1f1b"), pipeReport(t, "--mesh", "pp=4", "--schedule", "zb2")
 	for name, got := range sims {
 		want := cpu
-		if strings.Contains(name, "pp=4") || name == "nccl" {
+		switch {
+		case name == "nccl zb2":
+			want = cpu4zb2
+		case strings.Contains(name, "pp=4") || name == "nccl":
 			want = cpu4
 		}
 		if got.LossLast != want.LossLast || got.HeldOutLoss != want.HeldOutLoss || got.Sample != want.Sample {
@@ -169,7 +174,7 @@ func TestGPTPipelineDevices(t *testing.T) {
 		}
 	}
 	ref := pipeReport(t, "--mesh", "tp=1", "--dtype", "bfloat16")
-	for _, sched := range []string{"1f1b", "zb"} {
+	for _, sched := range []string{"1f1b", "zb", "zb2"} {
 		got := pipeReport(t, "--mesh", "pp=2", "--dtype", "bfloat16", "--schedule", sched)
 		if d := math.Abs(got.LossLast-ref.LossLast) / ref.LossLast; !(d <= 1e-2) || got.DType != "bfloat16" {
 			t.Errorf("bfloat16 pp=2 %s: loss %.6f (%s), unsplit %.6f: %.3g relative", sched, got.LossLast, got.DType, ref.LossLast, d)

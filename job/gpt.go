@@ -309,6 +309,9 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 		return nil, nil
 	}
 	fmt.Fprintf(env.Stdout, "held-out loss %.4f nats/char; unigram entropy of the text %.4f\n", held, c.entropy())
+	if pipe != nil {
+		fmt.Fprint(env.Stdout, pipe.Text())
+	}
 	fmt.Fprintf(env.Stdout, "sample:\n%s\n", text)
 	return &GPTReport{Mesh: t.m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
 		Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, DType: cfg.Compute().String(), Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: t.steps, FirstStep: t.startStep + 1,

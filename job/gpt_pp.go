@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/meshrun/meshrun/collective"
@@ -197,6 +198,27 @@ type PipelineReport struct {
 	CostMs       []pipeline.StageCost `json:"cost_ms"`
 	SendMs       []float64            `json:"send_ms"`
 	BubbleAtCost []float64            `json:"bubble_at_cost"`
+}
+
+// Text is the report in lines: the schedule, then each stage's layers,
+// bubble (and at its median costs), peak and costs.
+func (r *PipelineReport) Text() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "pipeline: %s over pp=%d, %d micro-batches a step (1F1B's modelled bubble (p−1)/(m+p−1): %.1f%%)\n",
+		r.Schedule, r.PP, r.MicroBatches, 100*r.BubbleModel)
+	for s := range r.Bubble {
+		fmt.Fprintf(&b, "  stage %d: %d layers, bubble %.1f%%", s, r.StageLayers[s], 100*r.Bubble[s])
+		if s < len(r.BubbleAtCost) {
+			fmt.Fprintf(&b, " (%.1f%% at its median costs)", 100*r.BubbleAtCost[s])
+		}
+		fmt.Fprintf(&b, ", peak %d micro-batches", r.PeakActivations[s])
+		if s < len(r.CostMs) {
+			c := r.CostMs[s]
+			fmt.Fprintf(&b, "; F %.2f, B %.2f, W %.2f ms", c.F, c.B, c.W)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 // report gathers the last step's measurements of every stage (a

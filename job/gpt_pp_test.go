@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/meshrun/meshrun/kernels/sim"
+	"github.com/meshrun/meshrun/pipeline"
 )
 
 // pipeReport runs worker gpt with args (a small model, 20 steps) and
@@ -179,6 +180,20 @@ func TestGPTPipelineDevices(t *testing.T) {
 		if d := math.Abs(got.LossLast-ref.LossLast) / ref.LossLast; !(d <= 1e-2) || got.DType != "bfloat16" {
 			t.Errorf("bfloat16 pp=2 %s: loss %.6f (%s), unsplit %.6f: %.3g relative", sched, got.LossLast, got.DType, ref.LossLast, d)
 		}
+	}
+}
+
+// TestPipelineReportText: the report's lines, a stage's each.
+func TestPipelineReportText(t *testing.T) {
+	r := &PipelineReport{PP: 2, Schedule: "zb2", MicroBatches: 8, StageLayers: []int{4, 4}, BubbleModel: 1.0 / 9,
+		Bubble: []float64{0.1, 0.039}, PeakActivations: []int{3, 3}, CostMs: []pipeline.StageCost{{F: 15.2, B: 16.7, W: 13.9}, {F: 16.6, B: 17.9, W: 14}},
+		SendMs: []float64{0.04, 0.05}, BubbleAtCost: []float64{0.085, 0.047}}
+	want := `pipeline: zb2 over pp=2, 8 micro-batches a step (1F1B's modelled bubble (p−1)/(m+p−1): 11.1%)
+  stage 0: 4 layers, bubble 10.0% (8.5% at its median costs), peak 3 micro-batches; F 15.20, B 16.70, W 13.90 ms
+  stage 1: 4 layers, bubble 3.9% (4.7% at its median costs), peak 3 micro-batches; F 16.60, B 17.90, W 14.00 ms
+`
+	if got := r.Text(); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
 

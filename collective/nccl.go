@@ -147,7 +147,16 @@ type ncclComm struct {
 	comm NCCLComm // made by the first collective
 	dead error    // set when the communicator was aborted or destroyed
 	algo string
+	// late counts the goroutines waiting for an init that gave up (the
+	// World failed or its deadline passed) to abort the communicator the
+	// library may still return; destroy waits for them, a while.
+	late sync.WaitGroup
 }
+
+// lateAbortWait bounds how long World.Close waits for a late init's
+// communicator to be aborted: an init stuck on a peer that died may never
+// return.
+const lateAbortWait = 2 * time.Second
 
 func (c *ncclComm) Backend() string       { return BackendNCCL }
 func (c *ncclComm) Device() tensor.Device { return c.dev }
@@ -295,7 +304,9 @@ func (c *ncclComm) init(o *opState) error {
 	case <-t.C:
 		why = &Error{Kind: ErrTimeout, Rank: -1, Reporter: c.g.w.rank, Detail: "ncclCommInitRank did not complete"}
 	}
+	c.late.Add(1)
 	go func() { // the library may still return a communicator: end it
+		defer c.late.Done()
 		if m := <-ch; m.nc != nil {
 			c.do(m.nc.Abort)
 		}
@@ -360,8 +371,16 @@ func (c *ncclComm) abortIdle() {
 	c.abortLocked()
 }
 
-// destroy ends a healthy communicator at World.Close.
+// destroy ends a healthy communicator at World.Close, after an init that
+// gave up has aborted what the library returned it late (lateAbortWait at
+// most), so that no call of the library outlives the World.
 func (c *ncclComm) destroy() error {
+	done := make(chan struct{})
+	go func() { c.late.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(lateAbortWait):
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var err error

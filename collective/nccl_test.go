@@ -207,6 +207,39 @@ func TestNCCLIdleAbort(t *testing.T) {
 	leak()
 }
 
+// TestNCCLLateInit: an init that gave up (the World failed while rank 0's
+// library was still making its communicator) has what the library returns
+// afterwards aborted before World.Close returns: no call of the library
+// outlives the World (the stub library's test once saw Close return first).
+func TestNCCLLateInit(t *testing.T) {
+	leak := collectivetest.Goroutines(t)
+	var aborted [2]atomic.Int32
+	delay := testtime.Scale(400 * time.Millisecond)
+	ws, mems := ncclWorlds(t, 2, 30*time.Second, ncclfake.Options{InitDelay: map[int]time.Duration{0: delay},
+		OnAbort: func(r int) { aborted[r].Add(1) }})
+	go func() {
+		time.Sleep(delay / 4)
+		ws[1].Fail(errors.New("stopped by the launcher"))
+	}()
+	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
+		c, err := comm(w, mems)
+		if err == nil {
+			err = c.AllReduce(context.Background(), onDevice(t, mems, w.Rank(), 100), collective.Sum)
+		}
+		return err
+	})
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "stopped by the launcher") {
+			t.Errorf("rank %d: %v, want the launcher's stop", r, err)
+		}
+	}
+	closeWithin(t, ws, 5*time.Second)
+	if a := aborted[0].Load(); a != 1 {
+		t.Errorf("rank 0's late communicator aborted %d times when Close returned, want 1", a)
+	}
+	leak()
+}
+
 // stagedSayingWhy checks that every rank's world communicator is staged and
 // runs, and that a "collective backend" log line says why (every one of
 // the words).

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/meshrun/meshrun/collective"
 	"github.com/meshrun/meshrun/tensor"
@@ -49,6 +50,10 @@ type Options struct {
 	// the World's rank, on the aborting goroutine (inside the memory's Run,
 	// before Abort returns).
 	OnAbort func(rank int)
+	// InitDelay holds a world rank's InitRank this long once its
+	// communicator is made, whatever happens meanwhile: a library that
+	// returns a communicator after its caller gave up.
+	InitDelay map[int]time.Duration
 }
 
 // New returns a library opener for collective.NCCLBackend whose calls move the
@@ -137,6 +142,7 @@ func (f *fakeNCCL) InitRank(mem tensor.Memory, n int, id []byte, rank int) (coll
 	if err != nil {
 		return nil, err
 	}
+	time.Sleep(f.o.InitDelay[w.Rank()])
 	return &fakeComm{f: f, g: g, ctx: cur, abort: make(chan struct{})}, nil
 }
 

@@ -23,7 +23,7 @@ const (
 // PipelineOptions are the pipeline of --block transformer on a mesh with a
 // pp dim: the blocks split into stages over pp, the step into micro-batches.
 type PipelineOptions struct {
-	Schedule     string // gpipe, 1f1b ("": 1f1b) or zb
+	Schedule     string // gpipe, 1f1b ("": 1f1b), zb or zb2
 	MicroBatches int
 	// Layers is the blocks of the model (0: one per stage, or the sum of
 	// StageLayers); StageLayers, if set, each stage's (else balanced).

@@ -29,10 +29,33 @@ type PipelineOptions struct {
 	// StageLayers); StageLayers, if set, each stage's (else balanced).
 	Layers      int
 	StageLayers string // "3,3,1,1"
+	// Vocab, if above 0, is the model's vocabulary: the embeddings priced
+	// on the first stage, the head and the loss on the last, in the split
+	// and in the timeline, as the GPT prices them (0: blocks alone).
+	Vocab int
 }
 
 // pipelineFlags are the flags only a pipeline takes.
-var pipelineFlags = []string{"schedule", "micro-batches", "layers", "pp-layers"}
+var pipelineFlags = []string{"schedule", "micro-batches", "layers", "pp-layers", "vocab"}
+
+// maxVocab bounds --vocab.
+const maxVocab = 1 << 24
+
+// splitCost prices a block and the first and last stages' extras by a
+// forward's multiply-adds per token, as the GPT does (job's splitCost):
+// a block's projections, MLP and attention (4·D² + 2·D·FFN + C·D), the
+// embeddings (2·D) and the head and the loss (V·D + 5·V + 5·D) with
+// --vocab V; without it blocks alone (the zero value).
+func (o BlockOptions) splitCost() pipeline.SplitCost {
+	if o.Pipeline.Vocab <= 0 {
+		return pipeline.SplitCost{}
+	}
+	d, f, c, v := float64(o.Hidden), float64(o.FFN), float64(o.Context), float64(o.Pipeline.Vocab)
+	if c == 0 {
+		c = float64(o.Tokens)
+	}
+	return pipeline.SplitCost{Block: 4*d*d + 2*d*f + c*d, First: 2 * d, Last: v*d + 5*v + 5*d}
+}
 
 // stageMesh splits mesh into pp's size and the mesh of one stage
 // (placement.SplitDim).
@@ -41,8 +64,8 @@ func stageMesh(mesh placement.Mesh) (pp int, stage placement.Mesh, ok bool, err 
 }
 
 // stageLayers checks the pipeline's flags for pp stages and returns each
-// stage's layers and the schedule.
-func (o PipelineOptions) stageLayers(pp int) ([]int, pipeline.Kind, error) {
+// stage's layers (balanced under cost unless given) and the schedule.
+func (o PipelineOptions) stageLayers(pp int, cost pipeline.SplitCost) ([]int, pipeline.Kind, error) {
 	name := o.Schedule
 	if name == "" {
 		name = "1f1b"
@@ -60,7 +83,10 @@ func (o PipelineOptions) stageLayers(pp int) ([]int, pipeline.Kind, error) {
 	if o.Layers < 0 || o.Layers > maxLayers {
 		return nil, 0, fmt.Errorf("--layers %d: want 0 (one per stage) to %d", o.Layers, maxLayers)
 	}
-	per, err := pipeline.StageLayers(o.Layers, pp, o.StageLayers, pipeline.SplitCost{})
+	if o.Vocab < 0 || o.Vocab > maxVocab {
+		return nil, 0, fmt.Errorf("--vocab %d: want 0 (blocks alone) to %d", o.Vocab, maxVocab)
+	}
+	per, err := pipeline.StageLayers(o.Layers, pp, o.StageLayers, cost)
 	return per, kind, err
 }
 
@@ -120,6 +146,7 @@ type pipelineReport struct {
 	Schedule     string    `json:"schedule"`
 	MicroBatches int       `json:"micro_batches"`
 	StageLayers  []int     `json:"stage_layers"`
+	Vocab        int       `json:"vocab,omitempty"`
 	LayerF       float64   `json:"layer_forward_s"`
 	LayerB       float64   `json:"layer_input_grad_s"`
 	LayerW       float64   `json:"layer_weight_grad_s"`
@@ -136,7 +163,8 @@ type pipelineReport struct {
 // runPipeline times the pipeline of ops (one transformer block on a stage's
 // mesh, planned for one micro-batch of tokens) over pp stages.
 func runPipeline(o BlockOptions, ops []layout.Op, m placement.Model, elemSize int) (*pipelineReport, error) {
-	per, kind, err := o.Pipeline.stageLayers(o.PP)
+	split := o.splitCost()
+	per, kind, err := o.Pipeline.stageLayers(o.PP, split)
 	if err != nil {
 		return nil, err
 	}
@@ -147,12 +175,23 @@ func runPipeline(o BlockOptions, ops []layout.Op, m placement.Model, elemSize in
 	bytes := placement.SatMul(out.MaxLocalElems(), int64(elemSize))
 	send := m.Alpha + float64(bytes)/m.Beta
 	r := &pipelineReport{MeshDim: "pp", Stages: o.PP, StageMesh: o.Mesh, Schedule: kind.String(), MicroBatches: o.Pipeline.MicroBatches,
-		StageLayers: per, LayerF: c.F, LayerB: c.B, LayerW: c.W, SendBytes: bytes, Send: send}
+		StageLayers: per, Vocab: o.Pipeline.Vocab, LayerF: c.F, LayerB: c.B, LayerW: c.W, SendBytes: bytes, Send: send}
 	// The chart counts milliseconds.
 	const ms = 1e3
 	cost := pipeline.Cost{Send: send * ms}
-	for _, n := range per {
-		k := float64(n) * ms
+	for s, n := range per {
+		// With --vocab the first and last stages' extras count as blocks
+		// in proportion to their multiply-adds.
+		blocks := float64(n)
+		if split.Block > 0 {
+			if s == 0 {
+				blocks += split.First / split.Block
+			}
+			if s == len(per)-1 {
+				blocks += split.Last / split.Block
+			}
+		}
+		k := blocks * ms
 		cost.Stages = append(cost.Stages, pipeline.StageCost{F: c.F * k, B: c.B * k, W: c.W * k})
 	}
 	tl, err := pipeline.Run(kind, o.PP, o.Pipeline.MicroBatches, cost)
@@ -194,7 +233,11 @@ func (r *pipelineReport) text(w io.Writer, mesh string, tokens int) {
 	fmt.Fprintf(w, "layers per stage: %s\n", strings.Join(layers, ", "))
 	fmt.Fprintf(w, "modelled per layer and micro-batch: F %s (forward), B %s (activations' gradients), W %s (parameters' gradients); send %s (%d B to the next stage)\n",
 		seconds(r.LayerF), seconds(r.LayerB), seconds(r.LayerW), seconds(r.Send), r.SendBytes)
-	fmt.Fprintf(w, "timeline in ms (a stage's F, B, W: the per-layer times × its layers):\n%s", r.timeline.Text())
+	what := "the per-layer times × its layers"
+	if r.Vocab > 0 {
+		what += fmt.Sprintf("; the embeddings on the first stage, the head and the loss (vocabulary %d) on the last, as blocks by their multiply-adds", r.Vocab)
+	}
+	fmt.Fprintf(w, "timeline in ms (a stage's F, B, W: %s):\n%s", what, r.timeline.Text())
 }
 
 // seconds prints a time in s, ms or µs.
@@ -223,6 +266,6 @@ func (o PlanOptions) checkPipeline(mesh placement.Mesh) error {
 		}
 		return nil
 	}
-	_, _, err = o.Pipeline.stageLayers(pp)
+	_, _, err = o.Pipeline.stageLayers(pp, o.splitCost())
 	return err
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -98,6 +100,26 @@ func TestPlanPipelineModel(t *testing.T) {
 	if l := get("--layers 10").Pipeline.StageLayers; len(l) != 4 || l[0] != 2 || l[3] != 3 {
 		t.Errorf("10 layers on 4 stages: %v", l)
 	}
+	// --vocab prices the head and the loss on the last stage, the
+	// embeddings on the first, as the GPT does: a vocabulary of 50,257 at
+	// width 768 and context 1024 costs the last stage about five blocks,
+	// so 12 blocks split 3, 4, 4, 1 (the GPT's split, docs/pipeline.md),
+	// and the last stage is the slowest: the least idle.
+	gpt2 := "--block transformer --mesh pp=4 --tokens 1024 --context 1024 --hidden 768 --heads 12 --ffn 3072 --layers 12 --json"
+	var v pipe
+	if err := json.Unmarshal([]byte(runPlan(t, gpt2+" --vocab 50257")), &v); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(v.Pipeline.StageLayers) != "[3 4 4 1]" || slices.Min(v.Pipeline.Idle) != v.Pipeline.Idle[3] {
+		t.Errorf("--vocab 50257: layers %v, idle %v; want 3, 4, 4, 1, the last stage the least idle", v.Pipeline.StageLayers, v.Pipeline.Idle)
+	}
+	var b pipe
+	if err := json.Unmarshal([]byte(runPlan(t, gpt2)), &b); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(b.Pipeline.StageLayers) != "[3 3 3 3]" || v.Pipeline.Step <= b.Pipeline.Step {
+		t.Errorf("blocks alone: layers %v, step %g (with the head %g)", b.Pipeline.StageLayers, b.Pipeline.Step, v.Pipeline.Step)
+	}
 	// Without pp, no pipeline.
 	if out := runPlan(t, "--block transformer --mesh tp=2 --json"); strings.Contains(out, `"pipeline"`) {
 		t.Errorf("a pipeline without pp: %s", out)
@@ -115,6 +137,8 @@ func TestPlanPipelineRefusals(t *testing.T) {
 		{pipeArgs + " --pp-layers 4,4,,0", `launcher plan: --pp-layers 4,4,,0: "" is not a number of layers` + "\n"},
 		{strings.Replace(pipeArgs, "--layers 8", "--layers 3", 1), "launcher plan: --layers 3 on pp=4: a stage would have no layer\n"},
 		{"--block transformer --mesh tp=2 --schedule zb", "launcher plan: --schedule is for --block transformer on a mesh with a pp dim, e.g. --mesh pp=4,tp=2\n"},
+		{"--block transformer --mesh tp=2 --vocab 65", "launcher plan: --vocab is for --block transformer on a mesh with a pp dim, e.g. --mesh pp=4,tp=2\n"},
+		{pipeArgs + " --vocab -1", "launcher plan: --vocab -1: want 0 (blocks alone) to 16777216\n"},
 		{"--block mlp --mesh pp=2,tp=2 --micro-batches 4", "launcher plan: --micro-batches is for --block transformer on a mesh with a pp dim, e.g. --mesh pp=4,tp=2\n"},
 	} {
 		var out, errb bytes.Buffer

@@ -10,7 +10,8 @@
 #
 # The schedules alternate within each repetition so that background load
 # hits them alike; each cell is the repetition with the fastest median step
-# (its bubbles beside it), with the bubble pipeline.Simulate gives the
+# (its bubbles beside it; every repetition's step and mean bubble follow
+# the table), with the bubble pipeline.Simulate gives the
 # schedule at the stages' median F, B, W and send of that run (the measured
 # bubble less it is noise, not the schedule) and those costs. The model:
 # --layers 4·pp, --dim 256, --heads 4, --context 64, --batch 16
@@ -72,6 +73,11 @@ for s in ("gpipe", "1f1b", "zb", "zb2"):
     r = best[s]; q = r["pipeline"]
     print(f"| {s} | {r['step_ms_median']:.1f} | {', '.join(f'{100*b:.1f}%' for b in q['bubble'])} | {100*mean(q['bubble']):.1f}% | "
           f"{100*mean(q['bubble_at_cost']):.1f}% | {100*q['bubble_model']:.1f}% (gpipe, 1f1b) | {', '.join(map(str, q['peak_activations']))} |")
+print()
+print("Every repetition's step (ms) and mean bubble, in order: " + "; ".join(
+    s + " " + ", ".join("%.1f (%.1f%%)" % (r["step_ms_median"], 100 * mean(r["pipeline"]["bubble"]))
+                        for r in [json.load(open(f"{tmp}/{s}.{k}.json")) for k in range(1, reps + 1)])
+    for s in ("gpipe", "1f1b", "zb", "zb2")))
 print()
 print("| schedule | median F, B, W per stage (ms) | median send (ms) |")
 print("|---|---|---|")

@@ -99,13 +99,10 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 	return p, nil
 }
 
-// splitCost prices the GPT's stages for the default split (a forward's
-// multiply-adds per token; the backward scales alike): a block its
-// projections (12·D² weights) and its attention (a causal context, C·D),
-// the last stage its head (V·D) and its loss, the first its embeddings.
+// splitCost prices the GPT's stages for the default split: its MLP is
+// 4·D wide.
 func splitCost(cfg models.GPTConfig) pipeline.SplitCost {
-	d, c, v := float64(cfg.Dim), float64(cfg.Context), float64(cfg.Vocab)
-	return pipeline.SplitCost{Block: 12*d*d + c*d, First: 2 * d, Last: v*d + 5*v + 5*d}
+	return pipeline.TransformerSplitCost(cfg.Dim, 4*cfg.Dim, cfg.Context, cfg.Vocab)
 }
 
 // part is stage s's share of the model: its config (the stage's mesh, a

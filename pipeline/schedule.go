@@ -411,6 +411,17 @@ const MaxStageLayers = 1 << 16
 // nothing else.
 type SplitCost struct{ Block, First, Last float64 }
 
+// TransformerSplitCost prices a transformer's stages by a forward's
+// multiply-adds per token (the backward scales alike): a block its
+// projections and MLP (4·D² + 2·D·ffn weights) and its attention over a
+// causal context (C·D), the first stage its embeddings (2·D), the last
+// its head and loss (V·D + 5·V + 5·D). The GPT's default split and
+// `launcher plan --vocab` use it.
+func TransformerSplitCost(hidden, ffn, context, vocab int) SplitCost {
+	d, f, c, v := float64(hidden), float64(ffn), float64(context), float64(vocab)
+	return SplitCost{Block: 4*d*d + 2*d*f + c*d, First: 2 * d, Last: v*d + 5*v + 5*d}
+}
+
 // StageLayers splits a model of layers blocks into pp stages: as spec says
 // ("3,3,1,1": each stage's, summing to layers unless layers is 0), or
 // balanced (Balance) under cost; layers 0 without spec is one per stage.

@@ -41,20 +41,18 @@ var pipelineFlags = []string{"schedule", "micro-batches", "layers", "pp-layers",
 // maxVocab bounds --vocab.
 const maxVocab = 1 << 24
 
-// splitCost prices a block and the first and last stages' extras by a
-// forward's multiply-adds per token, as the GPT does (job's splitCost):
-// a block's projections, MLP and attention (4·D² + 2·D·FFN + C·D), the
-// embeddings (2·D) and the head and the loss (V·D + 5·V + 5·D) with
-// --vocab V; without it blocks alone (the zero value).
+// splitCost prices the block and the first and last stages' extras as the
+// GPT does (pipeline.TransformerSplitCost) with --vocab; without it, blocks
+// alone (the zero value).
 func (o BlockOptions) splitCost() pipeline.SplitCost {
 	if o.Pipeline.Vocab <= 0 {
 		return pipeline.SplitCost{}
 	}
-	d, f, c, v := float64(o.Hidden), float64(o.FFN), float64(o.Context), float64(o.Pipeline.Vocab)
+	c := o.Context
 	if c == 0 {
-		c = float64(o.Tokens)
+		c = o.Tokens
 	}
-	return pipeline.SplitCost{Block: 4*d*d + 2*d*f + c*d, First: 2 * d, Last: v*d + 5*v + 5*d}
+	return pipeline.TransformerSplitCost(o.Hidden, o.FFN, c, o.Pipeline.Vocab)
 }
 
 // stageMesh splits mesh into pp's size and the mesh of one stage

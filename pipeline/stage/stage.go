@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/meshrun/meshrun/collective"
@@ -170,7 +171,7 @@ func (t Trace) Costs() (c pipeline.StageCost, send float64) {
 	var d [3][]time.Duration
 	ends := map[pipeline.Action]time.Duration{}
 	for _, e := range t.Events {
-		if k := opIndex(e.Op); k >= 0 {
+		if k := strings.IndexByte("FBW", e.Op); k >= 0 {
 			d[k] = append(d[k], e.End-e.Start)
 		}
 		ends[e.Action] = e.End
@@ -187,18 +188,6 @@ func (t Trace) Costs() (c pipeline.StageCost, send float64) {
 	}
 	ms := func(v []time.Duration) float64 { return float64(medianDuration(v)) / float64(time.Millisecond) }
 	return pipeline.StageCost{F: ms(d[0]), B: ms(d[1]), W: ms(d[2])}, ms(sends)
-}
-
-func opIndex(op byte) int {
-	switch op {
-	case 'F':
-		return 0
-	case 'B':
-		return 1
-	case 'W':
-		return 2
-	}
-	return -1
 }
 
 // medianDuration is v's median (the mean of the middle two of an even

@@ -37,6 +37,18 @@ func ncclWorlds(t *testing.T, n int, timeout time.Duration, fake ncclfake.Option
 	return localWorlds(t, n, collectivetest.NCCLOptions(o, fake)), collectivetest.NCCL.Memories(n)
 }
 
+// allReduceOnce runs one all-reduce of 100 floats on every rank of ws and
+// returns each rank's error.
+func allReduceOnce(t *testing.T, ws []*collective.World, mems []tensor.Memory) []error {
+	return collectivetest.RunRanks(ws, func(w *collective.World) error {
+		c, err := comm(w, mems)
+		if err == nil {
+			err = c.AllReduce(context.Background(), onDevice(t, mems, w.Rank(), 100), collective.Sum)
+		}
+		return err
+	})
+}
+
 // allReduceTwice runs two all-reduces on rank w.
 func allReduceTwice(t *testing.T, w *collective.World, mems []tensor.Memory) error {
 	c, err := comm(w, mems)
@@ -175,14 +187,7 @@ func TestNCCLIdleAbort(t *testing.T) {
 	var aborted atomic.Int32
 	run := func(ws []*collective.World, mems []tensor.Memory) {
 		t.Helper()
-		errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
-			c, err := comm(w, mems)
-			if err == nil {
-				err = c.AllReduce(context.Background(), onDevice(t, mems, w.Rank(), 100), collective.Sum)
-			}
-			return err
-		})
-		for r, err := range errs {
+		for r, err := range allReduceOnce(t, ws, mems) {
 			if err != nil {
 				t.Fatalf("rank %d: %v", r, err)
 			}
@@ -221,14 +226,7 @@ func TestNCCLLateInit(t *testing.T) {
 		time.Sleep(delay / 4)
 		ws[1].Fail(errors.New("stopped by the launcher"))
 	}()
-	errs := collectivetest.RunRanks(ws, func(w *collective.World) error {
-		c, err := comm(w, mems)
-		if err == nil {
-			err = c.AllReduce(context.Background(), onDevice(t, mems, w.Rank(), 100), collective.Sum)
-		}
-		return err
-	})
-	for r, err := range errs {
+	for r, err := range allReduceOnce(t, ws, mems) {
 		if err == nil || !strings.Contains(err.Error(), "stopped by the launcher") {
 			t.Errorf("rank %d: %v, want the launcher's stop", r, err)
 		}

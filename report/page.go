@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -399,30 +401,20 @@ func writeBytes(b *strings.Builder, j *Job) {
 			kinds[k] += float64(v) / float64(len(steps))
 		}
 	}
-	if len(kinds) > 0 {
-		names := make([]string, 0, len(kinds))
-		for k := range kinds {
-			names = append(names, k)
-		}
-		sort.Strings(names)
-		b.WriteString("<table><tr><th>collective kind</th><th>bytes per step, rank 0 (mean)</th></tr>\n")
-		for _, k := range names {
-			fmt.Fprintf(b, "<tr><td>%s</td><td>%.0f</td></tr>\n", esc(k), kinds[k])
-		}
-		b.WriteString("</table>\n")
-	}
-	cs, ok := j.Report["collectives_per_step"].(map[string]any)
-	if !ok || len(cs) == 0 {
+	keyTable(b, "collective kind", "bytes per step, rank 0 (mean)", kinds, func(v float64) string { return fmt.Sprintf("%.0f", v) })
+	cs, _ := j.Report["collectives_per_step"].(map[string]any)
+	keyTable(b, "collective (kind and tensor)", "per step, rank 0", cs, func(v any) string { return fmt.Sprint(v) })
+}
+
+// keyTable writes a table of m's keys, sorted, beside their values as val
+// prints them, under the heads k and v; nothing for an empty m.
+func keyTable[V any](b *strings.Builder, k, v string, m map[string]V, val func(V) string) {
+	if len(m) == 0 {
 		return
 	}
-	keys := make([]string, 0, len(cs))
-	for k := range cs {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	b.WriteString("<table><tr><th>collective (kind and tensor)</th><th>per step, rank 0</th></tr>\n")
-	for _, k := range keys {
-		fmt.Fprintf(b, "<tr><td>%s</td><td>%s</td></tr>\n", esc(k), esc(fmt.Sprint(cs[k])))
+	fmt.Fprintf(b, "<table><tr><th>%s</th><th>%s</th></tr>\n", esc(k), esc(v))
+	for _, key := range slices.Sorted(maps.Keys(m)) {
+		fmt.Fprintf(b, "<tr><td>%s</td><td>%s</td></tr>\n", esc(key), esc(val(m[key])))
 	}
 	b.WriteString("</table>\n")
 }

@@ -185,6 +185,11 @@ type PipelineReport struct {
 	BubbleModel     float64   `json:"bubble_model"`
 	Bubble          []float64 `json:"bubble"`
 	PeakActivations []int     `json:"peak_activations"`
+	// ScratchBytes is each stage's memory of micro-batch scratches
+	// (models.GPTStage.ScratchBytes, on its first rank): the activations
+	// its peak of micro-batches saved for their backwards and the buffers
+	// written beside them, as allocated.
+	ScratchBytes []int64 `json:"scratch_bytes"`
 	// CostMs is each stage's median F, B and W and SendMs its median send
 	// (from an action's end to its send's end; stage.Trace.Costs), in
 	// milliseconds, the medians over the steps after the first.
@@ -204,11 +209,18 @@ func (r *PipelineReport) Text() string {
 	fmt.Fprintf(&b, "pipeline: %s over pp=%d, %d micro-batches a step (1F1B's modelled bubble (p−1)/(m+p−1): %.1f%%)\n",
 		r.Schedule, r.PP, r.MicroBatches, 100*r.BubbleModel)
 	for s := range r.Bubble {
-		fmt.Fprintf(&b, "  stage %d: %d layers, bubble %.1f%%", s, r.StageLayers[s], 100*r.Bubble[s])
+		layers := "layers"
+		if r.StageLayers[s] == 1 {
+			layers = "layer"
+		}
+		fmt.Fprintf(&b, "  stage %d: %d %s, bubble %.1f%%", s, r.StageLayers[s], layers, 100*r.Bubble[s])
 		if s < len(r.BubbleAtCost) {
 			fmt.Fprintf(&b, " (%.1f%% at its median costs)", 100*r.BubbleAtCost[s])
 		}
 		fmt.Fprintf(&b, ", peak %d micro-batches", r.PeakActivations[s])
+		if s < len(r.ScratchBytes) {
+			fmt.Fprintf(&b, " (%.1f MiB)", float64(r.ScratchBytes[s])/(1<<20))
+		}
 		if s < len(r.CostMs) {
 			c := r.CostMs[s]
 			fmt.Fprintf(&b, "; F %.2f, B %.2f, W %.2f ms", c.F, c.B, c.W)
@@ -222,7 +234,7 @@ func (r *PipelineReport) Text() string {
 // collective: every rank calls it).
 func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 	p := r.p
-	v := make([]float64, 7*p.pp)
+	v := make([]float64, 8*p.pp)
 	b, costs := slices.Clone(r.bubbles), slices.Clone(r.costs)
 	if len(b) > 1 {
 		b, costs = b[1:], costs[1:] // the first step warms up
@@ -235,6 +247,7 @@ func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 		}
 		v[(2+k)*p.pp+r.s] = median(ks)
 	}
+	v[7*p.pp+r.s] = float64(r.stage().ScratchBytes())
 	all, err := r.shared(ctx, v, r.local == 0)
 	if err != nil {
 		return nil, err
@@ -245,6 +258,7 @@ func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 	for s := range p.pp {
 		rep.Bubble = append(rep.Bubble, all[s])
 		rep.PeakActivations = append(rep.PeakActivations, int(all[p.pp+s]))
+		rep.ScratchBytes = append(rep.ScratchBytes, int64(all[7*p.pp+s]))
 		at := func(k int) float64 { return all[(2+k)*p.pp+s] }
 		rep.CostMs = append(rep.CostMs, pipeline.StageCost{F: at(0), B: at(1), W: at(2)})
 		rep.SendMs = append(rep.SendMs, at(3))

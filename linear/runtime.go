@@ -65,6 +65,15 @@ func (s Scratch) Get(m tensor.Memory, name string, dt tensor.DType, shape []int)
 	return t, nil
 }
 
+// Bytes is the memory of the tensors s keeps.
+func (s Scratch) Bytes() int64 {
+	var n int64
+	for _, t := range s {
+		n += int64(t.Bytes())
+	}
+	return n
+}
+
 // CopyOf returns a copy of t in scratch name (on t's device).
 func (s Scratch) CopyOf(name string, t *tensor.Tensor) (*tensor.Tensor, error) {
 	m := tensor.MemoryOf(t)

@@ -33,7 +33,7 @@ type GPTStage struct {
 	layers   []*linear.Layer
 	home     stageSlot // the scratches the model had before the step
 	free     []*stageSlot
-	made     int
+	made     []*stageSlot // every scratch take made
 	inflight map[int]*microBatch
 	ids      []*tensor.Tensor
 	targets  []*tensor.Tensor
@@ -292,11 +292,11 @@ func (s *GPTStage) take() *stageSlot {
 		s.free = s.free[:n-1]
 		return sl
 	}
-	s.made++
 	sl := &stageSlot{model: linear.Scratch{}}
 	for range s.layers {
 		sl.layers = append(sl.layers, linear.Scratch{})
 	}
+	s.made = append(s.made, sl)
 	return sl
 }
 
@@ -439,7 +439,31 @@ func (s *GPTStage) Loss() float64 { return s.loss }
 
 // Held is the most micro-batches the stage has held at once (the scratches
 // it made).
-func (s *GPTStage) Held() int { return s.made }
+func (s *GPTStage) Held() int { return len(s.made) }
+
+// ScratchBytes is the memory of the scratches the stage made (Held of
+// them): each micro-batch's activations saved for its backward and the
+// buffers its forward and backward wrote beside them (the model's and its
+// layers', under cp its ring attentions', with experts their states'),
+// as allocated on the stage's device. Call it between steps.
+func (s *GPTStage) ScratchBytes() int64 {
+	var n int64
+	for _, sl := range s.made {
+		n += sl.model.Bytes()
+		for _, l := range sl.layers {
+			n += l.Bytes()
+		}
+		for _, r := range sl.rings {
+			if r != nil {
+				n += r.Bytes()
+			}
+		}
+		for _, m := range sl.moes {
+			n += m.Bytes()
+		}
+	}
+	return n
+}
 
 // Finish ends the step: the model gets its own scratch back and the
 // optimizer runs on the accumulated gradients (their collectives once).

@@ -47,10 +47,11 @@ func batches(cfg models.GPTConfig, steps int) (ids, tgs [][]float32) {
 }
 
 // pipelineRun is what trainPipeline measured: the losses of rank 0 and
-// each stage's peak of micro-batches held.
+// each stage's peak of micro-batches held and the bytes of their scratches.
 type pipelineRun struct {
 	losses []float64
 	held   []int
+	bytes  []int64
 }
 
 // trainPipeline trains cfg's model split into len(layers) stages (stage s
@@ -68,7 +69,7 @@ func trainPipeline(t *testing.T, cfg models.GPTConfig, layers []int, tp, m, step
 		t.Fatal(err)
 	}
 	ids, tgs := batches(cfg, steps)
-	run := pipelineRun{held: make([]int, p)}
+	run := pipelineRun{held: make([]int, p), bytes: make([]int64, p)}
 	var mu sync.Mutex
 	err = job.InProcess(context.Background(), p*tp, func(ctx context.Context, w *collective.World) error {
 		s, local := w.Rank()/tp, w.Rank()%tp
@@ -137,7 +138,7 @@ func trainPipeline(t *testing.T, cfg models.GPTConfig, layers []int, tp, m, step
 		}
 		if local == 0 {
 			mu.Lock()
-			run.held[s] = st.Held()
+			run.held[s], run.bytes[s] = st.Held(), st.ScratchBytes()
 			mu.Unlock()
 		}
 		return nil
@@ -170,7 +171,9 @@ func wholeGPT(t *testing.T, cfg models.GPTConfig, steps int) []float64 {
 // uneven, one empty), and 2 stages of tp = 2, trained with AdamW and with
 // SGD on 4 and 8 micro-batches under GPipe, 1F1B and ZB-H1, follows the
 // unsplit model's losses within 1e-5 relative at every step; GPipe's stages
-// hold all m micro-batches at once, 1F1B's stage s at most p − s.
+// hold all m micro-batches at once, 1F1B's stage s at most p − s, and the
+// bytes of their scratches are that many micro-batches' (GPipe's bytes over
+// m; ZB-H2's against ZB-H1's, whose split backward keeps more).
 func TestGPTPipelineMatchesWhole(t *testing.T) {
 	const steps = 6
 	for _, opt := range []string{"adamw", "sgd"} {
@@ -183,6 +186,7 @@ func TestGPTPipelineMatchesWhole(t *testing.T) {
 			tp     int
 		}{{[]int{2, 2}, 1}, {[]int{1, 1, 1, 1}, 1}, {[]int{3, 1}, 1}, {[]int{0, 1, 2, 1}, 1}, {[]int{2, 2}, 2}} {
 			for _, m := range []int{4, 8} {
+				var slot map[int]int64 // one micro-batch's scratch bytes per stage: GPipe's for 1F1B, ZB-H1's for ZB-H2
 				for _, kind := range []pipeline.Kind{pipeline.GPipe, pipeline.OneF1B, pipeline.ZBH1, pipeline.ZBH2} {
 					name := fmt.Sprintf("%s layers %v tp=%d m=%d %v", opt, tc.layers, tc.tp, m, kind)
 					got := trainPipeline(t, stageGPT(tc.tp, opt), tc.layers, tc.tp, m, steps, kind)
@@ -192,6 +196,17 @@ func TestGPTPipelineMatchesWhole(t *testing.T) {
 						}
 					}
 					p := len(tc.layers)
+					if kind == pipeline.GPipe || kind == pipeline.ZBH1 {
+						slot = map[int]int64{}
+						for s, b := range got.bytes {
+							slot[s] = b / int64(got.held[s])
+						}
+					}
+					for s, b := range got.bytes {
+						if want := int64(got.held[s]) * slot[s]; slot[s] <= 0 || b != want {
+							t.Errorf("%s: stage %d: scratches of %d bytes for %d micro-batches, want %d (%d each)", name, s, b, got.held[s], want, slot[s])
+						}
+					}
 					for s, h := range got.held {
 						switch {
 						case kind == pipeline.GPipe && h != m:

@@ -92,6 +92,14 @@ type State struct {
 	fwd  *forward
 }
 
+// Bytes is the memory of the tensors the state keeps (nil: none).
+func (s *State) Bytes() int64 {
+	if s == nil {
+		return 0
+	}
+	return s.bufs.Bytes()
+}
+
 // SwapState makes s the layer's state (nil: a fresh one) and returns the
 // state it had: a micro-batch's forward and backward then run on s.
 func (l *Layer) SwapState(s *State) *State {

@@ -82,6 +82,25 @@ func (a *Attention) Sent() int64 { return a.sent }
 // the block arriving.
 func (a *Attention) PeakKV() int64 { return a.peakKV }
 
+// Bytes is the memory the attention keeps between its forward and its
+// backward: its queries, keys, values, output and log-sum-exps, and the
+// ring's blocks and scratch.
+func (a *Attention) Bytes() int64 {
+	var n int64
+	for _, t := range []*tensor.Tensor{a.q, a.kk, a.v, a.o, a.lse} {
+		if t != nil {
+			n += int64(t.Bytes())
+		}
+	}
+	for _, b := range a.buf {
+		n += int64(4 * cap(b))
+	}
+	for _, b := range a.scratch {
+		n += int64(4 * cap(b))
+	}
+	return n
+}
+
 // rows is how many positions rank r holds.
 func (a *Attention) rows(r int) int { return Len(a.chunks[r]) }
 

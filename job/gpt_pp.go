@@ -186,10 +186,12 @@ type PipelineReport struct {
 	Bubble          []float64 `json:"bubble"`
 	PeakActivations []int     `json:"peak_activations"`
 	// ScratchBytes is each stage's memory of micro-batch scratches
-	// (models.GPTStage.ScratchBytes, on its first rank): the activations
-	// its peak of micro-batches saved for their backwards and the buffers
-	// written beside them, as allocated.
-	ScratchBytes []int64 `json:"scratch_bytes"`
+	// (models.GPTStage.ScratchBytes, on its first rank): what its peak of
+	// micro-batches kept from their forwards to their backwards, as
+	// allocated; WorkspaceBytes the workspace they share
+	// (GPTStage.WorkBytes).
+	ScratchBytes   []int64 `json:"scratch_bytes"`
+	WorkspaceBytes []int64 `json:"workspace_bytes"`
 	// CostMs is each stage's median F, B and W and SendMs its median send
 	// (from an action's end to its send's end; stage.Trace.Costs), in
 	// milliseconds, the medians over the steps after the first.
@@ -217,9 +219,13 @@ func (r *PipelineReport) Text() string {
 		if s < len(r.BubbleAtCost) {
 			fmt.Fprintf(&b, " (%.1f%% at its median costs)", 100*r.BubbleAtCost[s])
 		}
-		fmt.Fprintf(&b, ", peak %d micro-batches", r.PeakActivations[s])
-		if s < len(r.ScratchBytes) {
-			fmt.Fprintf(&b, " (%.1f MiB)", float64(r.ScratchBytes[s])/(1<<20))
+		mbs := "micro-batches"
+		if r.PeakActivations[s] == 1 {
+			mbs = "micro-batch"
+		}
+		fmt.Fprintf(&b, ", peak %d %s", r.PeakActivations[s], mbs)
+		if s < len(r.ScratchBytes) && s < len(r.WorkspaceBytes) {
+			fmt.Fprintf(&b, " (%.1f MiB, and a workspace of %.1f)", float64(r.ScratchBytes[s])/(1<<20), float64(r.WorkspaceBytes[s])/(1<<20))
 		}
 		if s < len(r.CostMs) {
 			c := r.CostMs[s]
@@ -234,7 +240,7 @@ func (r *PipelineReport) Text() string {
 // collective: every rank calls it).
 func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 	p := r.p
-	v := make([]float64, 8*p.pp)
+	v := make([]float64, 9*p.pp)
 	b, costs := slices.Clone(r.bubbles), slices.Clone(r.costs)
 	if len(b) > 1 {
 		b, costs = b[1:], costs[1:] // the first step warms up
@@ -247,7 +253,7 @@ func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 		}
 		v[(2+k)*p.pp+r.s] = median(ks)
 	}
-	v[7*p.pp+r.s] = float64(r.stage().ScratchBytes())
+	v[7*p.pp+r.s], v[8*p.pp+r.s] = float64(r.stage().ScratchBytes()), float64(r.stage().WorkBytes())
 	all, err := r.shared(ctx, v, r.local == 0)
 	if err != nil {
 		return nil, err
@@ -259,6 +265,7 @@ func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 		rep.Bubble = append(rep.Bubble, all[s])
 		rep.PeakActivations = append(rep.PeakActivations, int(all[p.pp+s]))
 		rep.ScratchBytes = append(rep.ScratchBytes, int64(all[7*p.pp+s]))
+		rep.WorkspaceBytes = append(rep.WorkspaceBytes, int64(all[8*p.pp+s]))
 		at := func(k int) float64 { return all[(2+k)*p.pp+s] }
 		rep.CostMs = append(rep.CostMs, pipeline.StageCost{F: at(0), B: at(1), W: at(2)})
 		rep.SendMs = append(rep.SendMs, at(3))

@@ -129,12 +129,20 @@ type Layer struct {
 	fusedLR  float32 // FuseSGD's learning rate, 0 when not fused
 	mem      tensor.Memory
 	bufs     Scratch
+	// work is the layer's own workspace, whatever scratch SetScratch
+	// gives it: what no micro-batch keeps past its own pass (the
+	// parameters in the compute dtype and their moves, which a step's
+	// micro-batches share; a whole backward's dx, moved dy and moved saved
+	// operands; the reductions' buffers).
+	work Scratch
 }
 
-// SetScratch makes the layer take its activations, saved operands and moved
-// tensors from s, and returns the scratch it used before. A pipeline stage
-// holding several micro-batches in flight gives each its own (the layer's
-// Saved refers into it until the micro-batch's backward).
+// SetScratch makes the layer take what a micro-batch keeps from s: its
+// output, its moved input (Saved), BackwardInput's dx and kept dy; it
+// returns the scratch it used before. A pipeline stage holding several
+// micro-batches in flight gives each its own (the layer's Saved refers into
+// it until the micro-batch's backward). The rest, shared by the
+// micro-batches, stays in the layer's workspace (WorkBytes).
 func (l *Layer) SetScratch(s Scratch) Scratch {
 	old := l.bufs
 	l.bufs = s
@@ -221,7 +229,7 @@ func NewPlanned(cfg Config, p Plans, rank int, mem tensor.Memory) (*Layer, error
 	if mem == nil {
 		mem = tensor.Host
 	}
-	l := &Layer{Config: cfg, Fwd: fwd, Bwd: bwd, rank: rank, fwdMoves: map[string]spmd.Move{}, mem: mem, bufs: Scratch{}}
+	l := &Layer{Config: cfg, Fwd: fwd, Bwd: bwd, rank: rank, fwdMoves: map[string]spmd.Move{}, mem: mem, bufs: Scratch{}, work: Scratch{}}
 	for _, m := range fwd.Moves {
 		l.fwdMoves[m.Tensor] = m
 	}
@@ -294,7 +302,7 @@ func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*ten
 	if b != nil {
 		// The bias may need a private copy: an owner-rank partial zeroes it.
 		if _, ok := l.fwdMoves["b"]; ok && b == l.B {
-			if b, err = l.bufs.CopyOf("b-copy", b); err != nil {
+			if b, err = l.work.CopyOf("b-copy", b); err != nil {
 				return nil, nil, err
 			}
 		}
@@ -330,14 +338,14 @@ func (l *Layer) computeParams(rt Runtime) (w, b *tensor.Tensor, err error) {
 	if dt == l.W.DType() {
 		return l.W, l.B, nil
 	}
-	if l.wc, err = l.bufs.Get(rt.Kernels, "w-compute", dt, l.W.Shape()); err != nil {
+	if l.wc, err = l.work.Get(rt.Kernels, "w-compute", dt, l.W.Shape()); err != nil {
 		return nil, nil, err
 	}
 	if err := rt.Kernels.Cast(l.wc, l.W); err != nil {
 		return nil, nil, err
 	}
 	if l.B != nil {
-		if l.bc, err = l.bufs.Get(rt.Kernels, "b-compute", dt, l.B.Shape()); err != nil {
+		if l.bc, err = l.work.Get(rt.Kernels, "b-compute", dt, l.B.Shape()); err != nil {
 			return nil, nil, err
 		}
 		if err := rt.Kernels.Cast(l.bc, l.B); err != nil {
@@ -347,14 +355,23 @@ func (l *Layer) computeParams(rt Runtime) (w, b *tensor.Tensor, err error) {
 	return l.wc, l.bc, nil
 }
 
-// move runs the forward plan's redistribution of one tensor (if any).
+// move runs the forward plan's redistribution of one tensor (if any): the
+// input's and the output's into the micro-batch's scratch, the parameters'
+// (the same for every micro-batch of a step) into the workspace.
 func (l *Layer) move(ctx context.Context, rt Runtime, name string, t *tensor.Tensor) (*tensor.Tensor, error) {
 	m, ok := l.fwdMoves[name]
 	if !ok {
 		return t, nil
 	}
-	return Execute(ctx, rt, l.Name, name, m, t, l.rank, l.bufs, "forward")
+	bufs := l.bufs
+	if name == "w" || name == "b" {
+		bufs = l.work
+	}
+	return Execute(ctx, rt, l.Name, name, m, t, l.rank, bufs, "forward")
 }
+
+// WorkBytes is the memory of the layer's workspace (SetScratch).
+func (l *Layer) WorkBytes() int64 { return l.work.Bytes() }
 
 // Backward computes the gradients the layer needs from dy (laid out as Bwd.DY)
 // and returns dx (laid out as Config.X), or nil when dx is not needed. Weight
@@ -432,7 +449,7 @@ func (l *Layer) backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 				t, ok := dys[dyKey(local)]
 				if !ok {
 					var err error
-					if t, err = Execute(ctx, rt, l.Name, in.Name, moveOf(g.Plan, in.Name), dys[dyKey(in.Spec)], l.rank, l.bufs, "backward"); err != nil {
+					if t, err = Execute(ctx, rt, l.Name, in.Name, moveOf(g.Plan, in.Name), dys[dyKey(in.Spec)], l.rank, l.work, "backward"); err != nil {
 						return nil, err
 					}
 					dys[dyKey(local)] = t
@@ -447,11 +464,11 @@ func (l *Layer) backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 					return nil, fmt.Errorf("%w: linear %s: backward needs the saved %s", ErrConfig, l.Name, in.Name)
 				}
 				if m := moveOf(g.Plan, in.Name); m.Steps != nil {
-					c, err := l.bufs.CopyOf("saved-"+in.Name, t)
+					c, err := l.work.CopyOf("saved-"+in.Name, t)
 					if err != nil {
 						return nil, err
 					}
-					if t, err = Execute(ctx, rt, l.Name, in.Name, m, c, l.rank, l.bufs, "backward"); err != nil {
+					if t, err = Execute(ctx, rt, l.Name, in.Name, m, c, l.rank, l.work, "backward"); err != nil {
 						return nil, err
 					}
 				}
@@ -463,7 +480,14 @@ func (l *Layer) backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 		}
 		switch g.Input {
 		case "x":
-			d, err := l.bufs.Get(rt.Kernels, "dx", l.Compute(), g.Output.Spec.LocalShape(l.rank))
+			// A whole backward's dx is gone by the next micro-batch's; the
+			// input half's may be kept to its weight half (a layer norm's
+			// dy), in the micro-batch's scratch.
+			bufs := l.work
+			if half == backwardInput {
+				bufs = l.bufs
+			}
+			d, err := bufs.Get(rt.Kernels, "dx", l.Compute(), g.Output.Spec.LocalShape(l.rank))
 			if err != nil {
 				return nil, err
 			}
@@ -471,7 +495,7 @@ func (l *Layer) backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 				return nil, fmt.Errorf("linear %s backward input: %w", l.Name, err)
 			}
 			if m := moveOf(g.Plan, g.Output.Name); m.Steps != nil {
-				if d, err = Execute(ctx, rt, l.Name, g.Output.Name, m, d, l.rank, l.bufs, "backward"); err != nil {
+				if d, err = Execute(ctx, rt, l.Name, g.Output.Name, m, d, l.rank, bufs, "backward"); err != nil {
 					return nil, err
 				}
 			}
@@ -550,20 +574,20 @@ func (l *Layer) Reduce(ctx context.Context, rt Runtime) (dw, db *tensor.Tensor, 
 func (l *Layer) reduceOne(ctx context.Context, rt Runtime, name string, m spmd.Move, t *tensor.Tensor) (*tensor.Tensor, error) {
 	wire := l.Wire()
 	if wire == t.DType() {
-		return Execute(ctx, rt, l.Name, name, m, t, l.rank, l.bufs, "reduce")
+		return Execute(ctx, rt, l.Name, name, m, t, l.rank, l.work, "reduce")
 	}
-	down, err := l.bufs.Get(rt.Kernels, "wire-"+name, wire, t.Shape())
+	down, err := l.work.Get(rt.Kernels, "wire-"+name, wire, t.Shape())
 	if err != nil {
 		return nil, err
 	}
 	if err := rt.Kernels.Cast(down, t); err != nil {
 		return nil, err
 	}
-	moved, err := Execute(ctx, rt, l.Name, name, m, down, l.rank, l.bufs, "reduce")
+	moved, err := Execute(ctx, rt, l.Name, name, m, down, l.rank, l.work, "reduce")
 	if err != nil {
 		return nil, err
 	}
-	up, err := l.bufs.Get(rt.Kernels, "reduced-"+name, t.DType(), moved.Shape())
+	up, err := l.work.Get(rt.Kernels, "reduced-"+name, t.DType(), moved.Shape())
 	if err != nil {
 		return nil, err
 	}

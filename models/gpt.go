@@ -26,7 +26,11 @@ type GPT struct {
 	rank        int
 	mem         tensor.Memory
 	bufs        linear.Scratch
-	step        int
+	// work holds what no micro-batch keeps past its own backward (the
+	// backward's buffers when it is whole); a pipeline stage's
+	// micro-batches share it while each has its own bufs.
+	work linear.Scratch
+	step int
 	vocab0      int // the first vocabulary row this rank holds
 	wte         *param
 	wpe         *param
@@ -117,7 +121,7 @@ func NewGPT(cfg GPTConfig, rank int, mem tensor.Memory) (*GPT, error) {
 	if cfg.Optimizer == "" {
 		cfg.Optimizer = "adamw"
 	}
-	g := &GPT{Cfg: cfg, rank: rank, mem: mem, bufs: linear.Scratch{}}
+	g := &GPT{Cfg: cfg, rank: rank, mem: mem, bufs: linear.Scratch{}, work: linear.Scratch{}}
 	b := &gptBuilder{ctx: context.Background(), g: g, pl: linear.PlannerFor(cfg.Planner, cfg.Compute()),
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x677074))}
 	rows, err := b.planMoves()

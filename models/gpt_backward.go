@@ -24,16 +24,16 @@ func (g *GPT) backward(ctx context.Context, rt linear.Runtime, ids, targets *ten
 // overwritten, or added to with g.accum (the micro-batches after a step's
 // first).
 func (g *GPT) backwardPart(ctx context.Context, rt linear.Runtime, ids, targets *tensor.Tensor, acts *gptActs, dout *tensor.Tensor) (*tensor.Tensor, error) {
-	dx, err := g.act(rt, "dx", acts.xf.Shape()...)
+	dx, err := g.grad(rt, "dx", acts.xf.Shape()...)
 	if err != nil {
 		return nil, err
 	}
-	tmp, err := g.act(rt, "dln", acts.xf.Shape()...)
+	tmp, err := g.work.Get(rt.Kernels, "dln", g.Cfg.Compute(), acts.xf.Shape()) // each use ends at the Axpy after it
 	if err != nil {
 		return nil, err
 	}
 	if g.Cfg.last() {
-		dl, err := g.act(rt, "ce.dlogits", acts.logits.Shape()...)
+		dl, err := g.grad(rt, "ce.dlogits", acts.logits.Shape()...)
 		if err != nil {
 			return nil, err
 		}
@@ -164,7 +164,7 @@ func (g *GPT) blockBackward(ctx context.Context, rt linear.Runtime, j int, a *bl
 	if do, err = do.Reshape(c.localBatch(), c.localContext(), hl, hd); err != nil {
 		return err
 	}
-	dqkv, err := g.act(rt, fmt.Sprintf("h%d.dqkv", i), a.qkv.Shape()...)
+	dqkv, err := g.grad(rt, fmt.Sprintf("h%d.dqkv", i), a.qkv.Shape()...)
 	if err != nil {
 		return err
 	}
@@ -203,7 +203,7 @@ func (g *GPT) mlpBackward(ctx context.Context, rt linear.Runtime, i int, b *gptB
 	if err != nil {
 		return nil, err
 	}
-	du, err := g.act(rt, fmt.Sprintf("h%d.du", i), dg.Shape()...)
+	du, err := g.grad(rt, fmt.Sprintf("h%d.du", i), dg.Shape()...)
 	if err != nil {
 		return nil, err
 	}

@@ -42,6 +42,16 @@ func (g *GPT) act(rt linear.Runtime, name string, shape ...int) (*tensor.Tensor,
 	return g.bufs.Get(rt.Kernels, name, g.Cfg.Compute(), shape)
 }
 
+// grad is a backward's scratch tensor in the compute dtype: kept for the
+// weight half of a split backward (g.splitB: in the micro-batch's bufs),
+// else in the workspace the micro-batches share (gone with the backward).
+func (g *GPT) grad(rt linear.Runtime, name string, shape ...int) (*tensor.Tensor, error) {
+	if g.splitB {
+		return g.act(rt, name, shape...)
+	}
+	return g.work.Get(rt.Kernels, name, g.Cfg.Compute(), shape)
+}
+
 // layerNorm runs x's layer norm into scratch name (and its stats).
 func (g *GPT) layerNorm(rt linear.Runtime, name string, x *tensor.Tensor, p lnParams) (y, stats *tensor.Tensor, err error) {
 	t, d := x.Dim(0), x.Dim(1)

@@ -437,15 +437,28 @@ func (s *GPTStage) BackwardWeight(ctx context.Context, mb int) error {
 // (the step's mean loss), 0 elsewhere.
 func (s *GPTStage) Loss() float64 { return s.loss }
 
+// WorkBytes is the memory of the workspace the stage's micro-batches share
+// (the model's and its layers'): what no micro-batch keeps past its own
+// pass, such as a whole backward's gradients and the parameters in the
+// compute dtype.
+func (s *GPTStage) WorkBytes() int64 {
+	n := s.g.work.Bytes()
+	for _, l := range s.layers {
+		n += l.WorkBytes()
+	}
+	return n
+}
+
 // Held is the most micro-batches the stage has held at once (the scratches
 // it made).
 func (s *GPTStage) Held() int { return len(s.made) }
 
 // ScratchBytes is the memory of the scratches the stage made (Held of
-// them): each micro-batch's activations saved for its backward and the
-// buffers its forward and backward wrote beside them (the model's and its
-// layers', under cp its ring attentions', with experts their states'),
-// as allocated on the stage's device. Call it between steps.
+// them): what each micro-batch keeps from its forward to its backward (the
+// model's and its layers' saved activations, under cp its ring
+// attentions', with experts their states'; split, the gradients its B
+// keeps for its W), as allocated on the stage's device. Call it between
+// steps.
 func (s *GPTStage) ScratchBytes() int64 {
 	var n int64
 	for _, sl := range s.made {

@@ -51,7 +51,8 @@ func batches(cfg models.GPTConfig, steps int) (ids, tgs [][]float32) {
 type pipelineRun struct {
 	losses []float64
 	held   []int
-	bytes  []int64
+	bytes  []int64 // the micro-batches' scratches (ScratchBytes)
+	work   []int64 // the workspace they share (WorkBytes)
 }
 
 // trainPipeline trains cfg's model split into len(layers) stages (stage s
@@ -69,7 +70,7 @@ func trainPipeline(t *testing.T, cfg models.GPTConfig, layers []int, tp, m, step
 		t.Fatal(err)
 	}
 	ids, tgs := batches(cfg, steps)
-	run := pipelineRun{held: make([]int, p), bytes: make([]int64, p)}
+	run := pipelineRun{held: make([]int, p), bytes: make([]int64, p), work: make([]int64, p)}
 	var mu sync.Mutex
 	err = job.InProcess(context.Background(), p*tp, func(ctx context.Context, w *collective.World) error {
 		s, local := w.Rank()/tp, w.Rank()%tp
@@ -138,7 +139,7 @@ func trainPipeline(t *testing.T, cfg models.GPTConfig, layers []int, tp, m, step
 		}
 		if local == 0 {
 			mu.Lock()
-			run.held[s], run.bytes[s] = st.Held(), st.ScratchBytes()
+			run.held[s], run.bytes[s], run.work[s] = st.Held(), st.ScratchBytes(), st.WorkBytes()
 			mu.Unlock()
 		}
 		return nil
@@ -173,7 +174,9 @@ func wholeGPT(t *testing.T, cfg models.GPTConfig, steps int) []float64 {
 // unsplit model's losses within 1e-5 relative at every step; GPipe's stages
 // hold all m micro-batches at once, 1F1B's stage s at most p − s, and the
 // bytes of their scratches are that many micro-batches' (GPipe's bytes over
-// m; ZB-H2's against ZB-H1's, whose split backward keeps more).
+// m; ZB-H2's against ZB-H1's, whose split backward keeps more), beside a
+// workspace whatever the micro-batches held: a whole backward's gradients
+// are in it, not in each micro-batch's scratch.
 func TestGPTPipelineMatchesWhole(t *testing.T) {
 	const steps = 6
 	for _, opt := range []string{"adamw", "sgd"} {
@@ -186,7 +189,7 @@ func TestGPTPipelineMatchesWhole(t *testing.T) {
 			tp     int
 		}{{[]int{2, 2}, 1}, {[]int{1, 1, 1, 1}, 1}, {[]int{3, 1}, 1}, {[]int{0, 1, 2, 1}, 1}, {[]int{2, 2}, 2}} {
 			for _, m := range []int{4, 8} {
-				var slot map[int]int64 // one micro-batch's scratch bytes per stage: GPipe's for 1F1B, ZB-H1's for ZB-H2
+				var slot, work map[int]int64 // one micro-batch's scratch bytes per stage and the workspace's: GPipe's for 1F1B, ZB-H1's for ZB-H2
 				for _, kind := range []pipeline.Kind{pipeline.GPipe, pipeline.OneF1B, pipeline.ZBH1, pipeline.ZBH2} {
 					name := fmt.Sprintf("%s layers %v tp=%d m=%d %v", opt, tc.layers, tc.tp, m, kind)
 					got := trainPipeline(t, stageGPT(tc.tp, opt), tc.layers, tc.tp, m, steps, kind)
@@ -197,9 +200,18 @@ func TestGPTPipelineMatchesWhole(t *testing.T) {
 					}
 					p := len(tc.layers)
 					if kind == pipeline.GPipe || kind == pipeline.ZBH1 {
-						slot = map[int]int64{}
+						fused := slot
+						slot, work = map[int]int64{}, map[int]int64{}
 						for s, b := range got.bytes {
-							slot[s] = b / int64(got.held[s])
+							slot[s], work[s] = b/int64(got.held[s]), got.work[s]
+							if kind == pipeline.ZBH1 && !(fused[s] < slot[s]) {
+								t.Errorf("%s: stage %d: a micro-batch's scratch of %d bytes, GPipe's %d: the whole backward's gradients are not in the workspace", name, s, slot[s], fused[s])
+							}
+						}
+					}
+					for s, w := range got.work {
+						if w <= 0 || w != work[s] {
+							t.Errorf("%s: stage %d: a workspace of %d bytes, want %d whatever the micro-batches held", name, s, w, work[s])
 						}
 					}
 					for s, b := range got.bytes {

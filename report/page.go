@@ -449,7 +449,7 @@ func writePipeline(b *strings.Builder, j *Job) {
 	}
 	fmt.Fprintf(b, "<p>schedule %s, %v micro-batches per step%s. A stage's bubble is its idle share of the step (the median over the steps after the first); at its costs, what the schedule gives were every action its median.</p>\n",
 		esc(fmt.Sprint(pl["schedule"])), esc(fmt.Sprint(pl["micro_batches"])), esc(model))
-	b.WriteString("<table><tr><th>stage</th><th>layers</th><th>bubble</th><th>at its costs</th><th>peak micro-batches</th><th>their scratch (MiB)</th><th>median F, B, W (ms)</th><th>median send (ms)</th></tr>\n")
+	b.WriteString("<table><tr><th>stage</th><th>layers</th><th>bubble</th><th>at its costs</th><th>peak micro-batches</th><th>their scratch (MiB)</th><th>workspace (MiB)</th><th>median F, B, W (ms)</th><th>median send (ms)</th></tr>\n")
 	for s := range list("bubble") {
 		costs := "—"
 		if c, ok := at("cost_ms", s).(map[string]any); ok {
@@ -462,13 +462,15 @@ func writePipeline(b *strings.Builder, j *Job) {
 		if f, ok := num(at("send_ms", s)); ok {
 			send = fmt.Sprintf("%.3f", f)
 		}
-		mib := "—"
-		if f, ok := num(at("scratch_bytes", s)); ok {
-			mib = fmt.Sprintf("%.1f", f/(1<<20))
+		mib := func(key string) string {
+			if f, ok := num(at(key, s)); ok {
+				return fmt.Sprintf("%.1f", f/(1<<20))
+			}
+			return "—"
 		}
-		fmt.Fprintf(b, "<tr><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n", s,
+		fmt.Fprintf(b, "<tr><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n", s,
 			esc(fmt.Sprint(at("stage_layers", s))), pct(at("bubble", s)), pct(at("bubble_at_cost", s)),
-			esc(fmt.Sprint(at("peak_activations", s))), mib, costs, send)
+			esc(fmt.Sprint(at("peak_activations", s))), mib("scratch_bytes"), mib("workspace_bytes"), costs, send)
 	}
 	b.WriteString("</table>\n")
 }

@@ -3,7 +3,8 @@
 # step time, each stage's bubble (its idle share of the pipeline's step, from
 # the first action's start on any stage to the last's end on any, measured
 # from the stages' traces: the median over the steps after the first) and
-# its peak of micro-batches held (and the bytes of their scratches), for GPipe, 1F1B, ZB-H1 and ZB-H2 (zb2), in one run,
+# its peak of micro-batches held (the bytes of their scratches, and of the
+# workspace they share), for GPipe, 1F1B, ZB-H1 and ZB-H2 (zb2), in one run,
 # printed as a Markdown table beside the modelled bubble (p−1)/(m+p−1).
 #
 #   bench/pipeline/run.sh [repetitions] [pp] [micro-batches] [steps]   (defaults: 3, 2, 8, 8)
@@ -67,12 +68,12 @@ for s in ("gpipe", "1f1b", "zb", "zb2"):
     best[s] = min(runs, key=lambda r: r["step_ms_median"])
 p = best["1f1b"]["pipeline"]
 mean = lambda v: sum(v) / len(v)
-print(f"| schedule (pp={p['pp']}, m={p['micro_batches']}) | step ms | bubble per stage (measured) | mean | at the median costs | modelled | peak micro-batches per stage (their scratch) |")
+print(f"| schedule (pp={p['pp']}, m={p['micro_batches']}) | step ms | bubble per stage (measured) | mean | at the median costs | modelled | peak micro-batches per stage (their scratch + the workspace) |")
 print("|---|---|---|---|---|---|---|")
 for s in ("gpipe", "1f1b", "zb", "zb2"):
     r = best[s]; q = r["pipeline"]
     print(f"| {s} | {r['step_ms_median']:.1f} | {', '.join(f'{100*b:.1f}%' for b in q['bubble'])} | {100*mean(q['bubble']):.1f}% | "
-          f"{100*mean(q['bubble_at_cost']):.1f}% | {100*q['bubble_model']:.1f}% (gpipe, 1f1b) | {', '.join(f'{k} ({b / 2**20:.1f} MiB)' for k, b in zip(q['peak_activations'], q['scratch_bytes']))} |")
+          f"{100*mean(q['bubble_at_cost']):.1f}% | {100*q['bubble_model']:.1f}% (gpipe, 1f1b) | {', '.join(f'{k} ({b / 2**20:.1f} + {w / 2**20:.1f} MiB)' for k, b, w in zip(q['peak_activations'], q['scratch_bytes'], q['workspace_bytes']))} |")
 print()
 print("Every repetition's step (ms) and mean bubble, in order: " + "; ".join(
     s + " " + ", ".join("%.1f (%.1f%%)" % (r["step_ms_median"], 100 * mean(r["pipeline"]["bubble"]))

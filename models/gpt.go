@@ -29,15 +29,15 @@ type GPT struct {
 	// work holds what no micro-batch keeps past its own backward (the
 	// backward's buffers when it is whole); a pipeline stage's
 	// micro-batches share it while each has its own bufs.
-	work linear.Scratch
-	step int
-	vocab0      int // the first vocabulary row this rank holds
-	wte         *param
-	wpe         *param
-	blocks      []*gptBlock
-	lnf         lnParams
-	head        *linear.Layer
-	embMove     spmd.Move // the embedding's partial sums, all-reduced (reduce-scattered to rows)
+	work    linear.Scratch
+	step    int
+	vocab0  int // the first vocabulary row this rank holds
+	wte     *param
+	wpe     *param
+	blocks  []*gptBlock
+	lnf     lnParams
+	head    *linear.Layer
+	embMove spmd.Move // the embedding's partial sums, all-reduced (reduce-scattered to rows)
 	// Sequence parallel: dxMove gathers the rows of the input's gradient for
 	// the embeddings' backward; lnMove all-reduces a layer norm's parameter
 	// gradient. rows is the first row this rank holds.

@@ -19,14 +19,19 @@ import (
 // terms and reduce them once; the result equals the sum of both references.
 // Split, each micro-batch's backward runs as BackwardInput, both in flight
 // (each in a scratch of its own), then BackwardWeight for each: dx and
-// the gradients are the same.
+// the gradients are the same. A whole backward's dx is in the layer's
+// workspace (the second micro-batch's in the first's tensor), BackwardInput's
+// in the micro-batch's scratch unless SetPassDX.
 func TestAccumulation(t *testing.T) {
-	for _, split := range []bool{false, true} {
-		t.Run(map[bool]string{false: "whole", true: "split"}[split], func(t *testing.T) { accumulation(t, split) })
+	for _, tc := range []struct {
+		name        string
+		split, pass bool
+	}{{"whole", false, false}, {"split", true, false}, {"split-pass", true, true}} {
+		t.Run(tc.name, func(t *testing.T) { accumulation(t, tc.split, tc.pass) })
 	}
 }
 
-func accumulation(t *testing.T, split bool) {
+func accumulation(t *testing.T, split, pass bool) {
 	m := placement.MustMesh([]int{2, 2}, []string{"dp", "tp"})
 	k, err := providers.New("cpu", nil)
 	if err != nil {
@@ -65,7 +70,9 @@ func accumulation(t *testing.T, split bool) {
 				reductions++
 			}
 		}}
+		l.SetPassDX(pass)
 		var saves []*linear.Saved
+		var dxs []*tensor.Tensor
 		scratch := []linear.Scratch{{}, {}}
 		for i, d := range []*linear.Data{d1, d2} {
 			x, _ := linear.Shard(d.X, cfg.X, w.Rank())
@@ -85,6 +92,7 @@ func accumulation(t *testing.T, split bool) {
 			if err != nil {
 				return err
 			}
+			dxs = append(dxs, dx)
 			_, want, _, _ := linear.Reference(d)
 			full, err := linear.Gather(ctx, w, cfg.X, dx)
 			if err != nil {
@@ -93,6 +101,9 @@ func accumulation(t *testing.T, split bool) {
 			if e := linear.RelErr(full, want); e > 1e-5 {
 				t.Errorf("micro-batch %d: dx relative error %.3g", i, e)
 			}
+		}
+		if shared := &dxs[0].Float32()[0] == &dxs[1].Float32()[0]; shared != (!split || pass) {
+			t.Errorf("rank %d: the micro-batches' dx in one tensor: %v", w.Rank(), shared)
 		}
 		for i, saved := range saves {
 			l.SetScratch(scratch[i])

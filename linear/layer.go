@@ -127,6 +127,9 @@ type Layer struct {
 	wc, bc   *tensor.Tensor
 	fwdMoves map[string]spmd.Move
 	fusedLR  float32 // FuseSGD's learning rate, 0 when not fused
+	// passDX: BackwardInput's dx goes to the workspace, not the
+	// micro-batch's scratch (SetPassDX).
+	passDX bool
 	mem      tensor.Memory
 	bufs     Scratch
 	// work is the layer's own workspace, whatever scratch SetScratch
@@ -148,6 +151,13 @@ func (l *Layer) SetScratch(s Scratch) Scratch {
 	l.bufs = s
 	return old
 }
+
+// SetPassDX says that BackwardInput's callers are done with its dx before
+// the next micro-batch's backward (they pass it on, not keep it for a
+// weight half): it then goes to the layer's workspace, not the
+// micro-batch's scratch, which a pipeline stage holds once per micro-batch
+// in flight. Backward's dx always does.
+func (l *Layer) SetPassDX(pass bool) { l.passDX = pass }
 
 // FuseSGD makes Backward apply the SGD update W -= lr·dW inside the weight
 // gradient's GEMM (alpha = -lr, beta = 1) instead of producing dW: no dW buffer,
@@ -482,9 +492,9 @@ func (l *Layer) backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 		case "x":
 			// A whole backward's dx is gone by the next micro-batch's; the
 			// input half's may be kept to its weight half (a layer norm's
-			// dy), in the micro-batch's scratch.
+			// dy), in the micro-batch's scratch, unless SetPassDX.
 			bufs := l.work
-			if half == backwardInput {
+			if half == backwardInput && !l.passDX {
 				bufs = l.bufs
 			}
 			d, err := bufs.Get(rt.Kernels, "dx", l.Compute(), g.Output.Spec.LocalShape(l.rank))

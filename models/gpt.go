@@ -288,6 +288,7 @@ func (b *gptBuilder) block(i int, resid float64) (*gptBlock, error) {
 	if blk.proj, err = b.layer(p+"attn.c_proj", "row", d, d, true, resid); err != nil {
 		return nil, err
 	}
+	blk.proj.SetPassDX(true) // into the attention's backward
 	if blk.ln2, err = b.norm(p + "ln_2"); err != nil {
 		return nil, err
 	}
@@ -301,6 +302,7 @@ func (b *gptBuilder) block(i int, resid float64) (*gptBlock, error) {
 	if blk.down, err = b.layer(p+"mlp.c_proj", "row", d, 4*d, true, resid); err != nil {
 		return nil, err
 	}
+	blk.down.SetPassDX(true) // into the GELU's backward
 	return blk, nil
 }
 

@@ -130,8 +130,8 @@ type Layer struct {
 	// passDX: BackwardInput's dx goes to the workspace, not the
 	// micro-batch's scratch (SetPassDX).
 	passDX bool
-	mem      tensor.Memory
-	bufs     Scratch
+	mem    tensor.Memory
+	bufs   Scratch
 	// work is the layer's own workspace, whatever scratch SetScratch
 	// gives it: what no micro-batch keeps past its own pass (the
 	// parameters in the compute dtype and their moves, which a step's

@@ -77,7 +77,7 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 	if cfg.Layers == 0 {
 		return nil, fmt.Errorf("--layers 0 on pp=%d: a stage would have no layer", pp)
 	}
-	if p.layers, err = pipeline.StageLayers(cfg.Layers, pp, f.layers, splitCost(cfg)); err != nil {
+	if p.layers, err = pipeline.StageLayers(cfg.Layers, pp, 1, f.layers, splitCost(cfg)); err != nil {
 		return nil, err
 	}
 	if p.m == 0 {

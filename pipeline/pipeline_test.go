@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -241,7 +242,7 @@ func TestCheckRefuses(t *testing.T) {
 		want  string
 	}{
 		{"B before its F", func() [][]Action {
-			return [][]Action{{{'F', 0}, {'F', 1}, {'B', 0}, {'W', 0}, {'B', 1}, {'W', 1}}, {{'B', 0}, {'F', 0}, {'W', 0}, {'F', 1}, {'B', 1}, {'W', 1}}}
+			return [][]Action{{{Op: 'F', MB: 0}, {Op: 'F', MB: 1}, {Op: 'B', MB: 0}, {Op: 'W', MB: 0}, {Op: 'B', MB: 1}, {Op: 'W', MB: 1}}, {{Op: 'B', MB: 0}, {Op: 'F', MB: 0}, {Op: 'W', MB: 0}, {Op: 'F', MB: 1}, {Op: 'B', MB: 1}, {Op: 'W', MB: 1}}}
 		}, "stage 1, action 0: B0 before F0"},
 		{"W before its B", func() [][]Action {
 			s := ok()
@@ -255,12 +256,12 @@ func TestCheckRefuses(t *testing.T) {
 		}, "stage 1 has no W1"},
 		{"a second F", func() [][]Action {
 			s := ok()
-			s[0] = append(s[0], Action{'F', 0})
+			s[0] = append(s[0], Action{Op: 'F', MB: 0})
 			return s
 		}, "a second F0"},
 		{"a deadlock", func() [][]Action {
 			// Stage 0 waits for B0 before F1; stage 1 runs F1 first.
-			return [][]Action{{{'F', 0}, {'B', 0}, {'W', 0}, {'F', 1}, {'B', 1}, {'W', 1}}, {{'F', 1}, {'B', 1}, {'W', 1}, {'F', 0}, {'B', 0}, {'W', 0}}}
+			return [][]Action{{{Op: 'F', MB: 0}, {Op: 'B', MB: 0}, {Op: 'W', MB: 0}, {Op: 'F', MB: 1}, {Op: 'B', MB: 1}, {Op: 'W', MB: 1}}, {{Op: 'F', MB: 1}, {Op: 'B', MB: 1}, {Op: 'W', MB: 1}, {Op: 'F', MB: 0}, {Op: 'B', MB: 0}, {Op: 'W', MB: 0}}}
 		}, "deadlock: stage 0 at B0 (waits for B0 of stage 1); stage 1 at F1 (waits for F1 of stage 0)"},
 		{"an unknown op", func() [][]Action {
 			s := ok()
@@ -295,18 +296,19 @@ func TestRefusals(t *testing.T) {
 			t.Errorf("p=%d m=%d: %v", pm[0], pm[1], err)
 		}
 	}
-	for _, s := range []string{"gpipe", "1f1b", "zb", "zb2"} {
+	for _, s := range []string{"gpipe", "1f1b", "interleaved", "zb", "zb2"} {
 		k, err := ParseSchedule(s)
 		if err != nil || k.String() != s {
 			t.Errorf("%q: %v, %v", s, k, err)
 		}
 	}
-	if _, err := ParseSchedule("bogus"); err == nil || err.Error() != `pipeline: bad schedule: schedule "bogus": want gpipe, 1f1b, zb or zb2` {
+	if _, err := ParseSchedule("bogus"); err == nil || err.Error() != `pipeline: bad schedule: schedule "bogus": want gpipe, 1f1b, interleaved, zb or zb2` {
 		t.Errorf("bogus: %v", err)
 	}
 }
 
-// TestText pins the chart of 1F1B, ZB-H1 and ZB-H2 at p=2, m=3.
+// TestText pins the chart of 1F1B, ZB-H1 and ZB-H2 at p=2, m=3, and of
+// the interleaved 1F1B at p=2, m=4, two chunks a stage.
 func TestText(t *testing.T) {
 	for _, tc := range []struct {
 		k    Kind
@@ -329,6 +331,16 @@ step 10, bubble 10.0% (idle / (2 stages × step)); one column = 1; F: the micro-
 		if got != tc.want {
 			t.Errorf("%v:\n%s\nwant\n%s", tc.k, got, tc.want)
 		}
+	}
+	il, err := RunChunks(Interleaved, 2, 4, 2, unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := il.Text(), `stage 0 |01ab2.bw3bwcBWdBW.bw.bwBWBW| idle 3 (11.1%), peak activations 5 (5 to B)
+stage 1 |.01abwbbw2BW3BWcbwdbwBWBW..| idle 3 (11.1%), peak activations 3 (3 to B)
+step 27, bubble 11.1% (idle / (2 stages × step)); one column = 1; F: the micro-batch's last digit, B: input gradient, W: weight gradient, '.': idle; 2 chunks a stage, the odd chunks' in lower case (F as a letter, a for 0)
+`; got != want {
+		t.Errorf("interleaved:\n%s\nwant\n%s", got, want)
 	}
 	tl := run(t, OneF1B, 4, 8, unit)
 	tl.Unit = 3
@@ -400,6 +412,106 @@ func TestBalance(t *testing.T) {
 	} {
 		if got := Balance(tc.layers, tc.pp, tc.c); !slices.Equal(got, tc.want) {
 			t.Errorf("Balance(%d, %d, %+v) = %v, want %v", tc.layers, tc.pp, tc.c, got, tc.want)
+		}
+	}
+}
+
+// TestInterleaved: Megatron's interleaved 1F1B passes Check for p up to 8,
+// v up to 4 chunks a stage and m a multiple of p; every stage runs each
+// chunk's F, B and W of every micro-batch, p micro-batches of a chunk
+// before the next; at equal costs its bubble is (p−1)/(v·m+p−1), v times
+// less than 1F1B's in the limit, and stage s holds at most
+// 2(p−s−1)+(v−1)p+1 micro-batches of a chunk; with one chunk it is 1F1B.
+func TestInterleaved(t *testing.T) {
+	for _, p := range []int{2, 3, 4, 8} {
+		for _, v := range []int{2, 3, 4} {
+			for _, m := range []int{p, 2 * p, 4 * p} {
+				name := fmt.Sprintf("p=%d v=%d m=%d", p, v, m)
+				sched, err := ScheduleChunks(Interleaved, p, m, v)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				if got := Chunks(sched); got != v {
+					t.Fatalf("%s: %d chunks", name, got)
+				}
+				for s, order := range sched {
+					var fs []Action
+					for _, a := range order {
+						if a.Op == 'F' {
+							fs = append(fs, a)
+						}
+					}
+					for k, a := range fs[:p*v] { // the first round: p micro-batches of each chunk in turn
+						if a.Chunk != k/p || a.MB != k%p {
+							t.Fatalf("%s: stage %d's forward %d is %v", name, s, k, a)
+						}
+					}
+				}
+				tl, err := RunChunks(Interleaved, p, m, v, unit)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				if want := float64(p-1) / float64(v*m+p-1); !near(tl.Bubble, want) {
+					t.Errorf("%s: bubble %.4f, want (p−1)/(v·m+p−1) = %.4f", name, tl.Bubble, want)
+				}
+				for s, pk := range tl.Peak {
+					if most := min(2*(p-s-1)+(v-1)*p+1, m*v); pk > most || len(tl.Stages[s]) != 3*m*v {
+						t.Errorf("%s: stage %d: peak %d, want at most %d; %d actions", name, s, pk, most, len(tl.Stages[s]))
+					}
+				}
+			}
+		}
+	}
+	one, err := ScheduleChunks(Interleaved, 4, 8, 1)
+	want, _ := Schedule(OneF1B, 4, 8)
+	if err != nil || fmt.Sprint(one) != fmt.Sprint(want) {
+		t.Errorf("one chunk: %v, %v; 1F1B's %v", one, err, want)
+	}
+	if a := (Action{Op: 'F', MB: 3, Chunk: 1}); a.String() != "F3c1" {
+		t.Errorf("%#v prints %q", a, a.String())
+	}
+}
+
+// TestInterleavedRefused: chunks for another schedule, interleaving one
+// stage, m not a multiple of p; and Check's refusals of chunks.
+func TestInterleavedRefused(t *testing.T) {
+	for _, tc := range []struct {
+		k       Kind
+		p, m, v int
+		want    string
+	}{
+		{OneF1B, 2, 4, 2, "1f1b over 2 chunks a stage: only interleaved runs more than one"},
+		{Interleaved, 1, 4, 2, "interleaved over 1 stages, 4 micro-batches: want 2 stages or more and micro-batches a multiple of the stages"},
+		{Interleaved, 4, 6, 2, "interleaved over 4 stages, 6 micro-batches"},
+		{Interleaved, 4, 8, 0, "each must be at least 1"},
+	} {
+		if _, err := ScheduleChunks(tc.k, tc.p, tc.m, tc.v); !errors.Is(err, ErrSchedule) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v p=%d m=%d v=%d: %v, want %q", tc.k, tc.p, tc.m, tc.v, err, tc.want)
+		}
+	}
+	good, _ := ScheduleChunks(Interleaved, 2, 2, 2)
+	for _, tc := range []struct {
+		edit func(s [][]Action)
+		want string
+	}{
+		{func(s [][]Action) { s[1][0].Chunk = -1 }, "chunk -1"},
+		{func(s [][]Action) { s[0] = s[0][:len(s[0])-2] }, "stage 0 has no"},
+		{func(s [][]Action) { // stage 0 runs chunk 1's forward of micro-batch 0 first: stage 1's chunk 0 has not run it
+			for i, a := range s[0] {
+				if a == (Action{Op: 'F', MB: 0, Chunk: 1}) {
+					s[0][0], s[0][i] = s[0][i], s[0][0]
+					break
+				}
+			}
+		}, "deadlock: stage 0 at F0c1 (waits for F0 of stage 1)"},
+	} {
+		s := make([][]Action, len(good))
+		for i := range good {
+			s[i] = slices.Clone(good[i])
+		}
+		tc.edit(s)
+		if err := Check(s, 2, 2); !errors.Is(err, ErrSchedule) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: want %q", err, tc.want)
 		}
 	}
 }

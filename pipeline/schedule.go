@@ -49,17 +49,25 @@ const (
 	// flight on every stage, so that extra forwards fill the wait for the
 	// first gradient and the Ws fill the cool-down.
 	ZBH2
+	// Interleaved is Megatron-LM's interleaved 1F1B: each stage holds v
+	// chunks of the model (virtual stages), stage s the chunks s, s+p, …,
+	// s+(v−1)p of p·v, so a micro-batch goes round the stages v times; the
+	// stages run 1F1B over their chunks, p micro-batches of a chunk before
+	// the next chunk's, with a longer warm-up. The bubble shrinks v times
+	// ((p−1)/(v·m+p−1) at equal costs) for v times the sends, and m must
+	// be a multiple of p. B and W run fused, as in 1F1B.
+	Interleaved
 )
 
 // Names lists the schedules ParseSchedule reads, for messages.
-const Names = "gpipe, 1f1b, zb or zb2"
+const Names = "gpipe, 1f1b, interleaved, zb or zb2"
 
 // ErrSchedule is wrapped by every refusal of this package: a schedule that
 // cannot be built, an order Check refuses, a Cost that does not fit.
 var ErrSchedule = errors.New("pipeline: bad schedule")
 
-// ParseSchedule reads a schedule's name: gpipe, 1f1b, zb (ZB-H1) or zb2
-// (ZB-H2's memory).
+// ParseSchedule reads a schedule's name: gpipe, 1f1b, interleaved
+// (Megatron's interleaved 1F1B), zb (ZB-H1) or zb2 (ZB-H2's memory).
 func ParseSchedule(s string) (Kind, error) {
 	switch strings.ToLower(s) {
 	case "gpipe":
@@ -70,6 +78,8 @@ func ParseSchedule(s string) (Kind, error) {
 		return ZBH1, nil
 	case "zb2", "zb-h2", "zbh2":
 		return ZBH2, nil
+	case "interleaved", "1f1b-interleaved", "interleaved-1f1b":
+		return Interleaved, nil
 	}
 	return 0, fmt.Errorf("%w: schedule %q: want %s", ErrSchedule, s, Names)
 }
@@ -85,6 +95,8 @@ func (k Kind) String() string {
 		return "zb"
 	case ZBH2:
 		return "zb2"
+	case Interleaved:
+		return "interleaved"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -96,7 +108,13 @@ func (k Kind) Fused() bool { return k != ZBH1 && k != ZBH2 }
 // Run is Schedule and Simulate: the kind's orders timed under cost, with
 // cost.Fused set by the kind.
 func Run(kind Kind, p, m int, cost Cost) (Timeline, error) {
-	sched, err := Schedule(kind, p, m)
+	return RunChunks(kind, p, m, 1, cost)
+}
+
+// RunChunks is Run with v chunks per stage (ScheduleChunks); cost prices
+// one chunk's actions.
+func RunChunks(kind Kind, p, m, v int, cost Cost) (Timeline, error) {
+	sched, err := ScheduleChunks(kind, p, m, v)
 	if err != nil {
 		return Timeline{}, err
 	}
@@ -104,13 +122,23 @@ func Run(kind Kind, p, m int, cost Cost) (Timeline, error) {
 	return Simulate(sched, cost)
 }
 
-// Action is one piece of a stage's work: Op 'F', 'B' or 'W' on micro-batch MB.
+// Action is one piece of a stage's work: Op 'F', 'B' or 'W' on micro-batch
+// MB, in the stage's chunk Chunk (0 but under Interleaved: virtual stage
+// Chunk·p + s of stage s).
 type Action struct {
-	Op byte
-	MB int
+	Op    byte
+	MB    int
+	Chunk int
 }
 
-func (a Action) String() string { return fmt.Sprintf("%c%d", a.Op, a.MB) }
+// String is the op and the micro-batch ("F3"), and the chunk after a "c"
+// when not 0 ("F3c1").
+func (a Action) String() string {
+	if a.Chunk != 0 {
+		return fmt.Sprintf("%c%dc%d", a.Op, a.MB, a.Chunk)
+	}
+	return fmt.Sprintf("%c%d", a.Op, a.MB)
+}
 
 // Schedule returns each stage's order of actions (stage 0 first) for p stages
 // and m micro-batches. Every kind takes any p ≥ 1 and m ≥ 1: with m < p,
@@ -122,8 +150,18 @@ func (a Action) String() string { return fmt.Sprintf("%c%d", a.Op, a.MB) }
 // place every W right after its B, so they run as one backward whose
 // activation gradient leaves at the end of its B part.
 func Schedule(kind Kind, p, m int) ([][]Action, error) {
-	if p < 1 || m < 1 {
-		return nil, fmt.Errorf("%w: %d stages and %d micro-batches: each must be at least 1", ErrSchedule, p, m)
+	return ScheduleChunks(kind, p, m, 1)
+}
+
+// ScheduleChunks is Schedule with v chunks per stage: v ≥ 2 only under
+// Interleaved, which takes p ≥ 2 and m a multiple of p (with v = 1 it is
+// 1F1B).
+func ScheduleChunks(kind Kind, p, m, v int) ([][]Action, error) {
+	if p < 1 || m < 1 || v < 1 {
+		return nil, fmt.Errorf("%w: %d stages, %d micro-batches and %d chunks a stage: each must be at least 1", ErrSchedule, p, m, v)
+	}
+	if v > 1 && kind != Interleaved {
+		return nil, fmt.Errorf("%w: %v over %d chunks a stage: only interleaved runs more than one", ErrSchedule, kind, v)
 	}
 	switch kind {
 	case GPipe:
@@ -134,6 +172,14 @@ func Schedule(kind Kind, p, m int) ([][]Action, error) {
 		return zbH1(p, m), nil
 	case ZBH2:
 		return zbH2(p, m), nil
+	case Interleaved:
+		if v == 1 {
+			return oneF1B(p, m), nil
+		}
+		if p < 2 || m%p != 0 {
+			return nil, fmt.Errorf("%w: interleaved over %d stages, %d micro-batches: want 2 stages or more and micro-batches a multiple of the stages", ErrSchedule, p, m)
+		}
+		return interleaved(p, m, v), nil
 	}
 	return nil, fmt.Errorf("%w: unknown schedule %v", ErrSchedule, kind)
 }
@@ -142,10 +188,10 @@ func gpipe(p, m int) [][]Action {
 	out := make([][]Action, p)
 	for s := range out {
 		for i := 0; i < m; i++ {
-			out[s] = append(out[s], Action{'F', i})
+			out[s] = append(out[s], Action{Op: 'F', MB: i})
 		}
 		for i := 0; i < m; i++ {
-			out[s] = append(out[s], Action{'B', i}, Action{'W', i})
+			out[s] = append(out[s], Action{Op: 'B', MB: i}, Action{Op: 'W', MB: i})
 		}
 	}
 	return out
@@ -156,13 +202,56 @@ func oneF1B(p, m int) [][]Action {
 	for s := range out {
 		warm := min(p-s-1, m)
 		for i := 0; i < warm; i++ {
-			out[s] = append(out[s], Action{'F', i})
+			out[s] = append(out[s], Action{Op: 'F', MB: i})
 		}
 		for i := 0; i < m; i++ {
 			if f := warm + i; f < m {
-				out[s] = append(out[s], Action{'F', f})
+				out[s] = append(out[s], Action{Op: 'F', MB: f})
 			}
-			out[s] = append(out[s], Action{'B', i}, Action{'W', i})
+			out[s] = append(out[s], Action{Op: 'B', MB: i}, Action{Op: 'W', MB: i})
+		}
+	}
+	return out
+}
+
+// interleaved is Megatron-LM's interleaved 1F1B: stage s's k-th forward
+// (of m·v) is of chunk (k mod p·v) div p and micro-batch (k div p·v)·p +
+// k mod p, its k-th backward the same micro-batch of chunk v−1 − (k mod
+// p·v) div p: p micro-batches of a chunk, then the next chunk's. It runs
+// 2(p−s−1) + (v−1)p forwards of warm-up (all m·v at most), then one F one
+// B (each B with its W), then the cool-down's Bs.
+func interleaved(p, m, v int) [][]Action {
+	at := func(k int, back bool) Action {
+		c := k % (p * v) / p
+		if back {
+			c = v - 1 - c
+		}
+		return Action{MB: k/(p*v)*p + k%p, Chunk: c}
+	}
+	n := m * v
+	out := make([][]Action, p)
+	for s := range out {
+		warm := min(2*(p-s-1)+(v-1)*p, n)
+		f := func(k int) {
+			a := at(k, false)
+			a.Op = 'F'
+			out[s] = append(out[s], a)
+		}
+		b := func(k int) {
+			a := at(k, true)
+			a.Op = 'B'
+			w := a
+			w.Op = 'W'
+			out[s] = append(out[s], a, w)
+		}
+		for k := 0; k < warm; k++ {
+			f(k)
+		}
+		for k := 0; k < n; k++ {
+			if warm+k < n {
+				f(warm + k)
+			}
+			b(k)
 		}
 	}
 	return out
@@ -213,10 +302,10 @@ func zbH2(p, m int) [][]Action {
 		switch {
 		case nb[s] < nf[s] && u.canB(s, nb[s], t):
 			nb[s]++
-			return Action{'B', nb[s] - 1}, true
+			return Action{Op: 'B', MB: nb[s] - 1}, true
 		case nf[s] < m && u.canF(s, nf[s], t, 2*p-1):
 			nf[s]++
-			return Action{'F', nf[s] - 1}, true
+			return Action{Op: 'F', MB: nf[s] - 1}, true
 		}
 		return u.oldestW(s)
 	})
@@ -252,7 +341,7 @@ func (u *unitRun) oldestW(s int) (Action, bool) {
 	if len(u.waitW[s]) == 0 {
 		return Action{}, false
 	}
-	return Action{'W', u.waitW[s][0]}, true
+	return Action{Op: 'W', MB: u.waitW[s][0]}, true
 }
 
 // atUnitCosts runs p stages of m micro-batches at unit costs: at each unit
@@ -301,12 +390,14 @@ func atUnitCosts(p, m int, name string, pick func(u *unitRun, s, t int) (Action,
 }
 
 // Check holds sched to the rules of a pipeline of p stages and m
-// micro-batches: one order per stage; every (stage, micro-batch) has exactly
-// one F, one B and one W; within a stage F comes before B and B before W of
-// the same micro-batch; and the stages can run their orders to the end given
-// the dependencies across stages (F(s,i) after F(s−1,i), B(s,i) after
-// B(s+1,i)): Check runs them, each stage taking its next action once what it
-// needs is done, and names where they stop if they deadlock.
+// micro-batches: one order per stage; every (stage, chunk, micro-batch) has
+// exactly one F, one B and one W, the chunks 0..v−1 on every stage (v the
+// largest chunk named, plus one); within a stage F comes before B and B
+// before W of the same micro-batch and chunk; and the stages can run their
+// orders to the end given the dependencies across stages (F of virtual
+// stage u = c·p+s after F of u−1, B of u after B of u+1, the last's after
+// its own F): Check runs them, each stage taking its next action once what
+// it needs is done, and names where they stop if they deadlock.
 func Check(sched [][]Action, p, m int) error {
 	if p < 1 || m < 1 {
 		return fmt.Errorf("%w: %d stages and %d micro-batches: each must be at least 1", ErrSchedule, p, m)
@@ -314,10 +405,11 @@ func Check(sched [][]Action, p, m int) error {
 	if len(sched) != p {
 		return fmt.Errorf("%w: %d orders for %d stages", ErrSchedule, len(sched), p)
 	}
+	v := Chunks(sched)
 	for s, order := range sched {
-		var seen [3][]bool
+		var seen [3][]bool // per chunk and micro-batch: c·m + mb
 		for k := range seen {
-			seen[k] = make([]bool, m)
+			seen[k] = make([]bool, m*v)
 		}
 		for n, a := range order {
 			k := opIndex(a.Op)
@@ -327,18 +419,22 @@ func Check(sched [][]Action, p, m int) error {
 			if a.MB < 0 || a.MB >= m {
 				return fmt.Errorf("%w: stage %d, action %d: %v: micro-batch out of 0..%d", ErrSchedule, s, n, a, m-1)
 			}
-			if seen[k][a.MB] {
+			if a.Chunk < 0 {
+				return fmt.Errorf("%w: stage %d, action %d: %v: chunk %d", ErrSchedule, s, n, a, a.Chunk)
+			}
+			i := a.Chunk*m + a.MB
+			if seen[k][i] {
 				return fmt.Errorf("%w: stage %d, action %d: a second %v", ErrSchedule, s, n, a)
 			}
-			if k > 0 && !seen[k-1][a.MB] {
-				return fmt.Errorf("%w: stage %d, action %d: %v before %c%d", ErrSchedule, s, n, a, "FBW"[k-1], a.MB)
+			if k > 0 && !seen[k-1][i] {
+				return fmt.Errorf("%w: stage %d, action %d: %v before %v", ErrSchedule, s, n, a, Action{"FBW"[k-1], a.MB, a.Chunk})
 			}
-			seen[k][a.MB] = true
+			seen[k][i] = true
 		}
 		for k := range seen {
 			for i, ok := range seen[k] {
 				if !ok {
-					return fmt.Errorf("%w: stage %d has no %c%d", ErrSchedule, s, "FBW"[k], i)
+					return fmt.Errorf("%w: stage %d has no %v", ErrSchedule, s, Action{"FBW"[k], i % m, i / m})
 				}
 			}
 		}
@@ -346,20 +442,21 @@ func Check(sched [][]Action, p, m int) error {
 	// Run the orders: a stage takes its next action once its dependencies
 	// across stages are done (its own order covers those within the stage).
 	pos := make([]int, p)
-	did := make([][2][]bool, p) // F and B done, per stage
+	did := make([][2][]bool, p) // F and B done, per stage, chunk and micro-batch
 	for s := range did {
-		did[s] = [2][]bool{make([]bool, m), make([]bool, m)}
+		did[s] = [2][]bool{make([]bool, m*v), make([]bool, m*v)}
 	}
+	done := func(s, c, k, i int) bool { return did[s][k][c*m+i] }
 	for moved := true; moved; {
 		moved = false
 		for s := 0; s < p; s++ {
 			for pos[s] < len(sched[s]) {
 				a := sched[s][pos[s]]
-				if !crossReady(a, s, p, func(s, k, i int) bool { return did[s][k][i] }) {
+				if !crossReady(a, s, p, v, done) {
 					break
 				}
 				if k := opIndex(a.Op); k < 2 {
-					did[s][k][a.MB] = true
+					did[s][k][a.Chunk*m+a.MB] = true
 				}
 				pos[s]++
 				moved = true
@@ -370,7 +467,7 @@ func Check(sched [][]Action, p, m int) error {
 	for s := range sched {
 		if pos[s] < len(sched[s]) {
 			a := sched[s][pos[s]]
-			stuck = append(stuck, fmt.Sprintf("stage %d at %v (waits for %s)", s, a, needs(a, s)))
+			stuck = append(stuck, fmt.Sprintf("stage %d at %v (waits for %s)", s, a, needs(a, s, p)))
 		}
 	}
 	if stuck != nil {
@@ -379,27 +476,42 @@ func Check(sched [][]Action, p, m int) error {
 	return nil
 }
 
+// Chunks is the number of chunks sched's stages hold: its largest chunk
+// plus one (1 for none).
+func Chunks(sched [][]Action) int {
+	v := 1
+	for _, order := range sched {
+		for _, a := range order {
+			v = max(v, a.Chunk+1)
+		}
+	}
+	return v
+}
+
 // opIndex is 0, 1, 2 for F, B, W; -1 otherwise.
 func opIndex(op byte) int { return strings.IndexByte("FBW", op) }
 
-// crossReady says whether a's dependencies on other stages are done (done(s,
-// k, i): stage s's F (k 0) or B (k 1) of micro-batch i).
-func crossReady(a Action, s, p int, done func(s, k, i int) bool) bool {
+// crossReady says whether a's dependencies on other stages (on stage s of
+// p, v chunks each) are done (done(s, c, k, i): stage s's F (k 0) or B (k
+// 1) of micro-batch i in chunk c).
+func crossReady(a Action, s, p, v int, done func(s, c, k, i int) bool) bool {
+	u := a.Chunk*p + s // the virtual stage
 	switch a.Op {
 	case 'F':
-		return s == 0 || done(s-1, 0, a.MB)
+		return u == 0 || done((u-1)%p, (u-1)/p, 0, a.MB)
 	case 'B':
-		return s == p-1 || done(s+1, 1, a.MB)
+		return u == p*v-1 || done((u+1)%p, (u+1)/p, 1, a.MB)
 	}
 	return true
 }
 
-// needs names what a waits for on another stage.
-func needs(a Action, s int) string {
+// needs names what a (on stage s of p) waits for on another stage.
+func needs(a Action, s, p int) string {
+	u := a.Chunk*p + s
 	if a.Op == 'F' {
-		return fmt.Sprintf("F%d of stage %d", a.MB, s-1)
+		return fmt.Sprintf("%v of stage %d", Action{'F', a.MB, (u - 1) / p}, (u-1)%p)
 	}
-	return fmt.Sprintf("B%d of stage %d", a.MB, s+1)
+	return fmt.Sprintf("%v of stage %d", Action{'B', a.MB, (u + 1) / p}, (u+1)%p)
 }
 
 // MaxStageLayers bounds a stage's layers in StageLayers' spec.
@@ -422,27 +534,34 @@ func TransformerSplitCost(hidden, ffn, context, vocab int) SplitCost {
 	return SplitCost{Block: 4*d*d + 2*d*f + c*d, First: 2 * d, Last: v*d + 5*v + 5*d}
 }
 
-// StageLayers splits a model of layers blocks into pp stages: as spec says
-// ("3,3,1,1": each stage's, summing to layers unless layers is 0), or
-// balanced (Balance) under cost; layers 0 without spec is one per stage.
-// Every stage has at least one layer. The errors name the flags --pp-layers
+// StageLayers splits a model of layers blocks into pp stages of chunks
+// chunks each, pp·chunks virtual stages (in order: virtual stage c·pp+s is
+// stage s's chunk c): as spec says ("3,3,1,1": each virtual stage's,
+// summing to layers unless layers is 0), or balanced (Balance) under cost;
+// layers 0 without spec is one per virtual stage. Every virtual stage has
+// at least one layer. The errors name the flags --pp-layers
 // and --layers, which take these values.
-func StageLayers(layers, pp int, spec string, cost SplitCost) ([]int, error) {
+func StageLayers(layers, pp, chunks int, spec string, cost SplitCost) ([]int, error) {
+	n := pp * chunks // the virtual stages
+	what, want, on := "stage", fmt.Sprintf("pp = %d", pp), fmt.Sprintf("pp=%d", pp)
+	if chunks > 1 {
+		what, want, on = "virtual stage", fmt.Sprintf("pp × chunks = %d", n), fmt.Sprintf("pp=%d with %d chunks a stage", pp, chunks)
+	}
 	var per []int
 	if spec != "" {
 		sum := 0
 		for _, f := range strings.Split(spec, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 0 || n > MaxStageLayers {
+			k, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || k < 0 || k > MaxStageLayers {
 				return nil, fmt.Errorf("--pp-layers %s: %q is not a number of layers", spec, f)
 			}
-			if n == 0 {
-				return nil, fmt.Errorf("--pp-layers %s: stage %d has no layer", spec, len(per))
+			if k == 0 {
+				return nil, fmt.Errorf("--pp-layers %s: %s %d has no layer", spec, what, len(per))
 			}
-			per, sum = append(per, n), sum+n
+			per, sum = append(per, k), sum+k
 		}
-		if len(per) != pp {
-			return nil, fmt.Errorf("--pp-layers %s: %d stages, want pp = %d", spec, len(per), pp)
+		if len(per) != n {
+			return nil, fmt.Errorf("--pp-layers %s: %d stages, want %s", spec, len(per), want)
 		}
 		if layers != 0 && sum != layers {
 			return nil, fmt.Errorf("--pp-layers %s: %d layers, want --layers %d", spec, sum, layers)
@@ -450,12 +569,12 @@ func StageLayers(layers, pp int, spec string, cost SplitCost) ([]int, error) {
 		return per, nil
 	}
 	if layers == 0 {
-		layers = pp
+		layers = n
 	}
-	if layers < pp {
-		return nil, fmt.Errorf("--layers %d on pp=%d: a stage would have no layer", layers, pp)
+	if layers < n {
+		return nil, fmt.Errorf("--layers %d on %s: a %s would have no layer", layers, on, what)
 	}
-	return Balance(layers, pp, cost), nil
+	return Balance(layers, n, cost), nil
 }
 
 // Balance splits layers blocks (at least pp) into pp stages of at least one

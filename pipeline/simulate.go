@@ -12,7 +12,8 @@ type StageCost struct{ F, B, W float64 }
 
 // Cost prices a schedule, in any unit of time (the chart's columns count it).
 type Cost struct {
-	// F, B and W: every stage's, unless Stages is set.
+	// F, B and W: every stage's, unless Stages is set (under Interleaved, a
+	// chunk's action).
 	F, B, W float64
 	// Send is the time from the end of an action to its result's arrival on
 	// the neighbouring stage: an activation after F(s,i) reaches stage s+1,
@@ -20,7 +21,9 @@ type Cost struct {
 	// links copy while the stages compute).
 	Send float64
 	// Stages, if not nil, is each stage's own F, B and W (len p), for stages
-	// of different sizes.
+	// of different sizes; or, with chunks, each virtual stage's (len p·v,
+	// virtual stage c·p+s being stage s's chunk c), or each stage's for all
+	// its chunks (len p).
 	Stages []StageCost
 	// Fused runs each B and the W right after it as one backward, whose
 	// activation gradient leaves at the W's end: a backward that goes layer
@@ -31,24 +34,29 @@ type Cost struct {
 	Fused bool
 }
 
-// stage is stage s's costs.
-func (c Cost) stage(s int) StageCost {
-	if c.Stages != nil {
+// stage is the costs of stage s's chunk ch (Simulate checked Stages' length:
+// p or p·v).
+func (c Cost) stage(s, ch, p int) StageCost {
+	switch {
+	case c.Stages == nil:
+		return StageCost{c.F, c.B, c.W}
+	case len(c.Stages) == p:
 		return c.Stages[s]
 	}
-	return StageCost{c.F, c.B, c.W}
+	return c.Stages[ch*p+s]
 }
 
 // Interval is one action's run on its stage.
 type Interval struct {
 	Op         byte
-	MB         int
+	MB, Chunk  int
 	Start, End float64
 }
 
 // Timeline is a schedule as Simulate runs it.
 type Timeline struct {
-	P, M int
+	// P stages of V chunks each (1 but under Interleaved), M micro-batches.
+	P, M, V int
 	// Stages holds each stage's intervals in its order.
 	Stages [][]Interval
 	// Makespan is the step's time: from 0, when stage 0 starts, to the end
@@ -61,8 +69,9 @@ type Timeline struct {
 	// Bubble is the idle fraction of the step: Σ Idle / (P · Makespan).
 	Bubble float64
 	// Peak is, per stage, the most micro-batches whose activations the
-	// stage holds at once: a micro-batch is held from the start of its F to
-	// the end of its W (the weight gradient needs the layer inputs the
+	// stage holds at once (under Interleaved, micro-batches of a chunk,
+	// each a chunk's activations): a micro-batch is held from the start of
+	// its F to the end of its W (the weight gradient needs the layer inputs the
 	// forward saved). PeakInput counts the same to the end of its B instead:
 	// what 1F1B's fused backward frees, and the part ZB-H1 keeps longer.
 	Peak, PeakInput []int
@@ -82,72 +91,72 @@ func Simulate(sched [][]Action, cost Cost) (Timeline, error) {
 	if p == 0 {
 		return Timeline{}, fmt.Errorf("%w: no stages", ErrSchedule)
 	}
-	m := len(sched[0]) / 3
+	v := Chunks(sched)
+	m := len(sched[0]) / (3 * v)
 	if err := Check(sched, p, m); err != nil {
 		return Timeline{}, err
 	}
-	if cost.Stages != nil && len(cost.Stages) != p {
-		return Timeline{}, fmt.Errorf("%w: costs of %d stages for %d", ErrSchedule, len(cost.Stages), p)
+	if cost.Stages != nil && len(cost.Stages) != p && len(cost.Stages) != p*v {
+		return Timeline{}, fmt.Errorf("%w: costs of %d stages for %d", ErrSchedule, len(cost.Stages), p*v)
 	}
-	for s := 0; s < p; s++ {
-		c := cost.stage(s)
-		for _, v := range []float64{c.F, c.B, c.W, cost.Send} {
-			if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-				return Timeline{}, fmt.Errorf("%w: stage %d: costs F %g, B %g, W %g, send %g: each must be finite and 0 or more", ErrSchedule, s, c.F, c.B, c.W, cost.Send)
+	for u := 0; u < p*v; u++ {
+		c := cost.stage(u%p, u/p, p)
+		for _, x := range []float64{c.F, c.B, c.W, cost.Send} {
+			if x < 0 || math.IsNaN(x) || math.IsInf(x, 0) {
+				return Timeline{}, fmt.Errorf("%w: stage %d: costs F %g, B %g, W %g, send %g: each must be finite and 0 or more", ErrSchedule, u, c.F, c.B, c.W, cost.Send)
 			}
 		}
 	}
-	t := Timeline{P: p, M: m, Stages: make([][]Interval, p), Busy: make([]float64, p), Idle: make([]float64, p),
+	t := Timeline{P: p, M: m, V: v, Stages: make([][]Interval, p), Busy: make([]float64, p), Idle: make([]float64, p),
 		Peak: make([]int, p), PeakInput: make([]int, p), Unit: 1}
 	if cost.Fused {
 		for s, order := range sched {
 			for n, a := range order {
-				if a.Op == 'B' && (n+1 == len(order) || order[n+1] != (Action{'W', a.MB})) {
+				if a.Op == 'B' && (n+1 == len(order) || order[n+1] != (Action{'W', a.MB, a.Chunk})) {
 					return Timeline{}, fmt.Errorf("%w: a fused backward needs each W right after its B: stage %d, action %d: %v", ErrSchedule, s, n, a)
 				}
 			}
 		}
 	}
-	// end[s][k][i]: when stage s's F (k 0) or B (k 1) of micro-batch i
-	// sent its result (F's and B's end; Fused, B's W's end); ok says it has.
+	// end[s][k][c·m+i]: when stage s's F (k 0) or B (k 1) of micro-batch i
+	// in chunk c sent its result (F's and B's end; Fused, B's W's end); ok
+	// says it has.
 	end := make([][2][]float64, p)
 	ok := make([][2][]bool, p)
 	for s := range end {
-		end[s] = [2][]float64{make([]float64, m), make([]float64, m)}
-		ok[s] = [2][]bool{make([]bool, m), make([]bool, m)}
+		end[s] = [2][]float64{make([]float64, m*v), make([]float64, m*v)}
+		ok[s] = [2][]bool{make([]bool, m*v), make([]bool, m*v)}
 	}
 	free := make([]float64, p) // when each stage's last action ended
-	done := func(s, k, i int) bool { return ok[s][k][i] }
+	done := func(s, c, k, i int) bool { return ok[s][k][c*m+i] }
 	// Check proved the orders run to the end: sweep until they have.
-	for left := 3 * p * m; left > 0; {
+	for left := 3 * p * m * v; left > 0; {
 		for s := 0; s < p; s++ {
 			for n := len(t.Stages[s]); n < len(sched[s]); n++ {
 				a := sched[s][n]
-				if !crossReady(a, s, p, done) {
+				if !crossReady(a, s, p, v, done) {
 					break
 				}
 				start := free[s]
-				switch a.Op {
-				case 'F':
-					if s > 0 {
-						start = max(start, end[s-1][0][a.MB]+cost.Send)
-					}
-				case 'B':
-					if s < p-1 {
-						start = max(start, end[s+1][1][a.MB]+cost.Send)
-					}
+				u := a.Chunk*p + s // the virtual stage
+				switch {
+				case a.Op == 'F' && u > 0:
+					start = max(start, end[(u-1)%p][0][(u-1)/p*m+a.MB]+cost.Send)
+				case a.Op == 'B' && u < p*v-1:
+					start = max(start, end[(u+1)%p][1][(u+1)/p*m+a.MB]+cost.Send)
 				}
-				c := cost.stage(s)
+				c := cost.stage(s, a.Chunk, p)
 				d := map[byte]float64{'F': c.F, 'B': c.B, 'W': c.W}[a.Op]
-				iv := Interval{Op: a.Op, MB: a.MB, Start: start, End: start + d}
+				iv := Interval{Op: a.Op, MB: a.MB, Chunk: a.Chunk, Start: start, End: start + d}
 				t.Stages[s] = append(t.Stages[s], iv)
 				free[s] = iv.End
 				t.Busy[s] += d
+				i := a.Chunk*m + a.MB
 				switch {
 				case a.Op == 'F':
-					end[s][0][a.MB], ok[s][0][a.MB] = iv.End, true
+					end[s][0][i], ok[s][0][i] = iv.End, true
 				case (a.Op == 'B') != cost.Fused:
-					end[s][1][a.MB], ok[s][1][a.MB] = iv.End, true
+					end[s][1][i], ok[s][1][i] = iv.End, true
 				}
 				left--
 			}
@@ -229,6 +238,12 @@ func (t Timeline) Text() string {
 				if row[c] == 'F' {
 					row[c] = byte('0' + ivs[j].MB%10)
 				}
+				if ivs[j].Chunk%2 == 1 { // odd chunks in lower case, F as a letter
+					row[c] = map[byte]byte{'B': 'b', 'W': 'w'}[row[c]]
+					if row[c] == 0 {
+						row[c] = byte('a' + ivs[j].MB%10)
+					}
+				}
 			}
 		}
 		idle := 0.0
@@ -237,8 +252,12 @@ func (t Timeline) Text() string {
 		}
 		fmt.Fprintf(&sb, "stage %*d |%s| idle %s (%.1f%%), peak activations %d (%d to B)\n", w, s, row, num(t.Idle[s]), 100*idle, t.Peak[s], t.PeakInput[s])
 	}
-	fmt.Fprintf(&sb, "step %s, bubble %.1f%% (idle / (%d stages × step)); one column = %s; F: the micro-batch's last digit, B: input gradient, W: weight gradient, '.': idle\n",
+	fmt.Fprintf(&sb, "step %s, bubble %.1f%% (idle / (%d stages × step)); one column = %s; F: the micro-batch's last digit, B: input gradient, W: weight gradient, '.': idle",
 		num(t.Makespan), 100*t.Bubble, t.P, num(u))
+	if t.V > 1 {
+		fmt.Fprintf(&sb, "; %d chunks a stage, the odd chunks' in lower case (F as a letter, a for 0)", t.V)
+	}
+	sb.WriteString("\n")
 	return sb.String()
 }
 

@@ -17,16 +17,21 @@ import (
 const (
 	maxMicroBatches = 1024
 	maxLayers       = 1 << 16
-	maxPipeActions  = 1 << 18 // stages × micro-batches × 3
+	maxPipeActions  = 1 << 18 // stages × chunks × micro-batches × 3
+	maxChunks       = 64
 )
 
 // PipelineOptions are the pipeline of --block transformer on a mesh with a
 // pp dim: the blocks split into stages over pp, the step into micro-batches.
 type PipelineOptions struct {
-	Schedule     string // gpipe, 1f1b ("": 1f1b), zb or zb2
+	Schedule     string // gpipe, 1f1b ("": 1f1b), interleaved, zb or zb2
 	MicroBatches int
-	// Layers is the blocks of the model (0: one per stage, or the sum of
-	// StageLayers); StageLayers, if set, each stage's (else balanced).
+	// Chunks is the model's chunks per stage under interleaved (0: 2);
+	// each stage then holds Chunks virtual stages of layers.
+	Chunks int
+	// Layers is the blocks of the model (0: one per virtual stage, or the
+	// sum of StageLayers); StageLayers, if set, each (virtual) stage's
+	// (else balanced).
 	Layers      int
 	StageLayers string // "3,3,1,1"
 	// Vocab, if above 0, is the model's vocabulary: the embeddings priced
@@ -36,7 +41,7 @@ type PipelineOptions struct {
 }
 
 // pipelineFlags are the flags only a pipeline takes.
-var pipelineFlags = []string{"schedule", "micro-batches", "layers", "pp-layers", "vocab"}
+var pipelineFlags = []string{"schedule", "pp-chunks", "micro-batches", "layers", "pp-layers", "vocab"}
 
 // maxVocab bounds --vocab.
 const maxVocab = 1 << 24
@@ -62,30 +67,55 @@ func stageMesh(mesh placement.Mesh) (pp int, stage placement.Mesh, ok bool, err 
 }
 
 // stageLayers checks the pipeline's flags for pp stages and returns each
-// stage's layers (balanced under cost unless given) and the schedule.
-func (o PipelineOptions) stageLayers(pp int, cost pipeline.SplitCost) ([]int, pipeline.Kind, error) {
+// (virtual) stage's layers (balanced under cost unless given), the
+// schedule and the chunks per stage.
+func (o PipelineOptions) stageLayers(pp int, cost pipeline.SplitCost) ([]int, pipeline.Kind, int, error) {
 	name := o.Schedule
 	if name == "" {
 		name = "1f1b"
 	}
 	kind, err := pipeline.ParseSchedule(name)
 	if err != nil {
-		return nil, 0, fmt.Errorf("--schedule %q: want %s", o.Schedule, pipeline.Names)
+		return nil, 0, 0, fmt.Errorf("--schedule %q: want %s", o.Schedule, pipeline.Names)
+	}
+	v, err := Chunks(kind, o.Chunks)
+	if err != nil {
+		return nil, 0, 0, err
 	}
 	if o.MicroBatches < 1 || o.MicroBatches > maxMicroBatches {
-		return nil, 0, fmt.Errorf("--micro-batches %d: want 1 to %d micro-batches per step", o.MicroBatches, maxMicroBatches)
+		return nil, 0, 0, fmt.Errorf("--micro-batches %d: want 1 to %d micro-batches per step", o.MicroBatches, maxMicroBatches)
 	}
-	if pp*o.MicroBatches*3 > maxPipeActions {
-		return nil, 0, fmt.Errorf("pp=%d with --micro-batches %d: more than %d actions to simulate", pp, o.MicroBatches, maxPipeActions)
+	if kind == pipeline.Interleaved && o.MicroBatches%pp != 0 {
+		return nil, 0, 0, fmt.Errorf("--micro-batches %d: interleaved wants a multiple of pp=%d", o.MicroBatches, pp)
+	}
+	if pp*v*o.MicroBatches*3 > maxPipeActions {
+		return nil, 0, 0, fmt.Errorf("pp=%d with --micro-batches %d: more than %d actions to simulate", pp, o.MicroBatches, maxPipeActions)
 	}
 	if o.Layers < 0 || o.Layers > maxLayers {
-		return nil, 0, fmt.Errorf("--layers %d: want 0 (one per stage) to %d", o.Layers, maxLayers)
+		return nil, 0, 0, fmt.Errorf("--layers %d: want 0 (one per stage) to %d", o.Layers, maxLayers)
 	}
 	if o.Vocab < 0 || o.Vocab > maxVocab {
-		return nil, 0, fmt.Errorf("--vocab %d: want 0 (blocks alone) to %d", o.Vocab, maxVocab)
+		return nil, 0, 0, fmt.Errorf("--vocab %d: want 0 (blocks alone) to %d", o.Vocab, maxVocab)
 	}
-	per, err := pipeline.StageLayers(o.Layers, pp, o.StageLayers, cost)
-	return per, kind, err
+	per, err := pipeline.StageLayers(o.Layers, pp, v, o.StageLayers, cost)
+	return per, kind, v, err
+}
+
+// Chunks is the chunks per stage of --pp-chunks n (0: the default) under
+// kind: 2 by default under interleaved, else 1; more than 1 only under
+// interleaved.
+func Chunks(kind pipeline.Kind, n int) (int, error) {
+	switch {
+	case n < 0 || n > maxChunks:
+		return 0, fmt.Errorf("--pp-chunks %d: want 1 to %d chunks per stage", n, maxChunks)
+	case n == 0 && kind == pipeline.Interleaved:
+		return 2, nil
+	case n == 0:
+		return 1, nil
+	case n > 1 && kind != pipeline.Interleaved:
+		return 0, fmt.Errorf("--pp-chunks %d: only --schedule interleaved runs more than one chunk per stage", n)
+	}
+	return n, nil
 }
 
 // layerCosts are one layer's modelled times of one micro-batch, in seconds:
@@ -142,6 +172,7 @@ type pipelineReport struct {
 	Stages       int       `json:"stages"`
 	StageMesh    string    `json:"stage_mesh"`
 	Schedule     string    `json:"schedule"`
+	Chunks       int       `json:"chunks"`
 	MicroBatches int       `json:"micro_batches"`
 	StageLayers  []int     `json:"stage_layers"`
 	Vocab        int       `json:"vocab,omitempty"`
@@ -162,7 +193,7 @@ type pipelineReport struct {
 // mesh, planned for one micro-batch of tokens) over pp stages.
 func runPipeline(o BlockOptions, ops []layout.Op, m placement.Model, elemSize int) (*pipelineReport, error) {
 	split := o.splitCost()
-	per, kind, err := o.Pipeline.stageLayers(o.PP, split)
+	per, kind, v, err := o.Pipeline.stageLayers(o.PP, split)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +203,7 @@ func runPipeline(o BlockOptions, ops []layout.Op, m placement.Model, elemSize in
 	out := ops[len(ops)-1].Fwd.Final.Spec
 	bytes := placement.SatMul(out.MaxLocalElems(), int64(elemSize))
 	send := m.Alpha + float64(bytes)/m.Beta
-	r := &pipelineReport{MeshDim: "pp", Stages: o.PP, StageMesh: o.Mesh, Schedule: kind.String(), MicroBatches: o.Pipeline.MicroBatches,
+	r := &pipelineReport{MeshDim: "pp", Stages: o.PP, StageMesh: o.Mesh, Schedule: kind.String(), Chunks: v, MicroBatches: o.Pipeline.MicroBatches,
 		StageLayers: per, Vocab: o.Pipeline.Vocab, LayerF: c.F, LayerB: c.B, LayerW: c.W, SendBytes: bytes, Send: send}
 	// The chart counts milliseconds.
 	const ms = 1e3
@@ -192,7 +223,7 @@ func runPipeline(o BlockOptions, ops []layout.Op, m placement.Model, elemSize in
 		k := blocks * ms
 		cost.Stages = append(cost.Stages, pipeline.StageCost{F: c.F * k, B: c.B * k, W: c.W * k})
 	}
-	tl, err := pipeline.Run(kind, o.PP, o.Pipeline.MicroBatches, cost)
+	tl, err := pipeline.RunChunks(kind, o.PP, o.Pipeline.MicroBatches, v, cost)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +259,11 @@ func (r *pipelineReport) text(w io.Writer, mesh string, tokens int) {
 	for i, n := range r.StageLayers {
 		layers[i] = strconv.Itoa(n)
 	}
-	fmt.Fprintf(w, "layers per stage: %s\n", strings.Join(layers, ", "))
+	if r.Chunks > 1 {
+		fmt.Fprintf(w, "layers per virtual stage: %s (stage s runs virtual stages s, s+%d, …: %d chunks)\n", strings.Join(layers, ", "), r.Stages, r.Chunks)
+	} else {
+		fmt.Fprintf(w, "layers per stage: %s\n", strings.Join(layers, ", "))
+	}
 	fmt.Fprintf(w, "modelled per layer and micro-batch: F %s (forward), B %s (activations' gradients), W %s (parameters' gradients); send %s (%d B to the next stage)\n",
 		seconds(r.LayerF), seconds(r.LayerB), seconds(r.LayerW), seconds(r.Send), r.SendBytes)
 	what := "the per-layer times × its layers"
@@ -264,6 +299,6 @@ func (o PlanOptions) checkPipeline(mesh placement.Mesh) error {
 		}
 		return nil
 	}
-	_, _, err = o.Pipeline.stageLayers(pp, o.splitCost())
+	_, _, _, err = o.Pipeline.stageLayers(pp, o.splitCost())
 	return err
 }

@@ -24,14 +24,15 @@ func runPlan(t *testing.T, args string) string {
 
 // TestPlanPipelineGolden pins `launcher plan --block transformer` on a mesh
 // with a pp dim: the block planned on the stage's mesh (tp=2), then the
-// pipeline of 8 layers on 4 stages under 1F1B, ZB-H1 and ZB-H2. ZB-H1's
-// step is shorter at the same peak over stages (4, stage 0's); ZB-H2 holds
-// up to 7.
+// pipeline of 8 layers on 4 stages under 1F1B, ZB-H1, ZB-H2 and the
+// interleaved 1F1B (two chunks of one layer a stage). ZB-H1's step is
+// shorter at the same peak over stages (4, stage 0's); ZB-H2 holds up to 7.
 func TestPlanPipelineGolden(t *testing.T) {
 	for _, tc := range []struct{ file, schedule, want string }{
 		{"transformer-pp4-tp2-1f1b.txt", "1f1b", "peak activations 4 (4 to B)"},
 		{"transformer-pp4-tp2-zb.txt", "zb", "layers per stage: 2, 2, 2, 2"},
 		{"transformer-pp4-tp2-zb2.txt", "zb2", "peak activations 7 (7 to B)"},
+		{"transformer-pp4-tp2-interleaved.txt", "interleaved", "layers per virtual stage: 1, 1, 1, 1, 1, 1, 1, 1 (stage s runs virtual stages s, s+4, …: 2 chunks)"},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			args := pipeArgs + " --schedule " + tc.schedule
@@ -93,6 +94,16 @@ func TestPlanPipelineModel(t *testing.T) {
 			t.Errorf("stage %d: peaks gpipe %d, 1f1b %d, zb %d", s, g.Pipeline.Peak[s], o.Pipeline.Peak[s], z.Pipeline.Peak[s])
 		}
 	}
+	// Interleaved over 2 chunks: 8 virtual stages of a layer; the bubble
+	// near (p−1)/(v·m+p−1) = 3/19 (the sends add), under 1F1B's 3/11.
+	il := get("--schedule interleaved")
+	if fmt.Sprint(il.Pipeline.StageLayers) != "[1 1 1 1 1 1 1 1]" || il.Pipeline.Step >= o.Pipeline.Step ||
+		!(il.Pipeline.Bubble > 3.0/19-0.01 && il.Pipeline.Bubble < 3.0/19+0.03) || il.Pipeline.Peak[0] != 11 {
+		t.Errorf("interleaved: layers %v, step %g (1f1b %g), bubble %g, peaks %v", il.Pipeline.StageLayers, il.Pipeline.Step, o.Pipeline.Step, il.Pipeline.Bubble, il.Pipeline.Peak)
+	}
+	if il4 := get("--schedule interleaved --pp-chunks 4 --layers 16"); !(il4.Pipeline.Bubble < il.Pipeline.Bubble) || len(il4.Pipeline.StageLayers) != 16 {
+		t.Errorf("4 chunks: bubble %g (2 chunks %g), layers %v", il4.Pipeline.Bubble, il.Pipeline.Bubble, il4.Pipeline.StageLayers)
+	}
 	u := get("--pp-layers 3,3,1,1")
 	if u.Pipeline.Step <= o.Pipeline.Step || u.Pipeline.Idle[3] <= u.Pipeline.Idle[0] {
 		t.Errorf("3,3,1,1: step %g (even %g), idle %v", u.Pipeline.Step, o.Pipeline.Step, u.Pipeline.Idle)
@@ -130,7 +141,7 @@ func TestPlanPipelineModel(t *testing.T) {
 func TestPlanPipelineRefusals(t *testing.T) {
 	for _, tc := range []struct{ args, want string }{
 		{pipeArgs + " --micro-batches 0", "launcher plan: --micro-batches 0: want 1 to 1024 micro-batches per step\n"},
-		{pipeArgs + " --schedule bogus", `launcher plan: --schedule "bogus": want gpipe, 1f1b, zb or zb2` + "\n"},
+		{pipeArgs + " --schedule bogus", `launcher plan: --schedule "bogus": want gpipe, 1f1b, interleaved, zb or zb2` + "\n"},
 		{pipeArgs + " --pp-layers 3,3,1", "launcher plan: --pp-layers 3,3,1: 3 stages, want pp = 4\n"},
 		{pipeArgs + " --pp-layers 3,3,1,2", "launcher plan: --pp-layers 3,3,1,2: 9 layers, want --layers 8\n"},
 		{pipeArgs + " --pp-layers 4,4,0,0", "launcher plan: --pp-layers 4,4,0,0: stage 2 has no layer\n"},
@@ -139,6 +150,13 @@ func TestPlanPipelineRefusals(t *testing.T) {
 		{"--block transformer --mesh tp=2 --schedule zb", "launcher plan: --schedule is for --block transformer on a mesh with a pp dim, e.g. --mesh pp=4,tp=2\n"},
 		{"--block transformer --mesh tp=2 --vocab 65", "launcher plan: --vocab is for --block transformer on a mesh with a pp dim, e.g. --mesh pp=4,tp=2\n"},
 		{pipeArgs + " --vocab -1", "launcher plan: --vocab -1: want 0 (blocks alone) to 16777216\n"},
+		{pipeArgs + " --pp-chunks 2", "launcher plan: --pp-chunks 2: only --schedule interleaved runs more than one chunk per stage\n"},
+		{pipeArgs + " --schedule interleaved --pp-chunks 65", "launcher plan: --pp-chunks 65: want 1 to 64 chunks per stage\n"},
+		{strings.Replace(pipeArgs, "--micro-batches 8", "--micro-batches 6", 1) + " --schedule interleaved", "launcher plan: --micro-batches 6: interleaved wants a multiple of pp=4\n"},
+		{strings.Replace(pipeArgs, "--layers 8", "--layers 6", 1) + " --schedule interleaved", "launcher plan: --layers 6 on pp=4 with 2 chunks a stage: a virtual stage would have no layer\n"},
+		{pipeArgs + " --schedule interleaved --pp-layers 4,4,0,0", "launcher plan: --pp-layers 4,4,0,0: virtual stage 2 has no layer\n"},
+		{pipeArgs + " --schedule interleaved --pp-layers 2,2,2,2", "launcher plan: --pp-layers 2,2,2,2: 4 stages, want pp × chunks = 8\n"},
+		{"--block transformer --mesh tp=2 --pp-chunks 2", "launcher plan: --pp-chunks is for --block transformer on a mesh with a pp dim, e.g. --mesh pp=4,tp=2\n"},
 		{"--block mlp --mesh pp=2,tp=2 --micro-batches 4", "launcher plan: --micro-batches is for --block transformer on a mesh with a pp dim, e.g. --mesh pp=4,tp=2\n"},
 	} {
 		var out, errb bytes.Buffer

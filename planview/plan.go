@@ -75,7 +75,7 @@ var planInputHelp = map[string]string{
 const planUsage = `usage: launcher plan --mesh MESH [--op OP] --x SPEC --w SPEC [--b SPEC] [FLAGS]
        launcher plan --mesh MESH --op redistribute --x SPEC --out PLACEMENTS [--json]
        launcher plan --mesh MESH --block mlp|transformer|moe [--tokens N] [--hidden N] [--ffn N] [--heads N] [--context N] [--sequence-parallel] [--experts E --top-k K --capacity-factor C] [--json]
-       launcher plan --mesh pp=P,... --block transformer [--schedule gpipe|1f1b|zb|zb2] [--micro-batches M] [--layers L | --pp-layers N,N,...] [--vocab V] [BLOCK FLAGS]
+       launcher plan --mesh pp=P,... --block transformer [--schedule gpipe|1f1b|interleaved|zb|zb2] [--pp-chunks V] [--micro-batches M] [--layers L | --pp-layers N,N,...] [--vocab V] [BLOCK FLAGS]
   how an op (or the Megatron MLP block) is sharded: the layouts, collectives and bytes
   of its forward and backward; SPEC is SHAPE:[PLACEMENTS], e.g. 8x16:[S(0),R];
   --op redistribute plans moving the tensor --x to the layout --out: its steps
@@ -113,10 +113,11 @@ func planFlags(o *PlanOptions) (fs *flag.FlagSet, inputs map[string]*string) {
 	fs.IntVar(&o.Hidden, "hidden", 32, "block: hidden size")
 	fs.IntVar(&o.FFN, "ffn", 128, "block: ffn size")
 	fs.BoolVar(&o.SequenceParallel, "sequence-parallel", false, "block: shard tokens over tp outside the MLP")
-	fs.StringVar(&o.Pipeline.Schedule, "schedule", "1f1b", "block transformer on a mesh with a pp dim: the pipeline's `SCHEDULE`, gpipe, 1f1b, zb or zb2")
+	fs.StringVar(&o.Pipeline.Schedule, "schedule", "1f1b", "block transformer on a mesh with a pp dim: the pipeline's `SCHEDULE`, gpipe, 1f1b, interleaved, zb or zb2")
+	fs.IntVar(&o.Pipeline.Chunks, "pp-chunks", 0, "block transformer with pp, --schedule interleaved: the model's chunks per stage `V` (virtual stages; default 2)")
 	fs.IntVar(&o.Pipeline.MicroBatches, "micro-batches", 8, "block transformer with pp: micro-batches per step (--tokens each)")
 	fs.IntVar(&o.Pipeline.Layers, "layers", 0, "block transformer with pp: the model's blocks, split evenly over the stages (default: one per stage)")
-	fs.StringVar(&o.Pipeline.StageLayers, "pp-layers", "", "block transformer with pp: each stage's blocks, `LAYERS` such as 3,3,1,1 (default: --layers split evenly)")
+	fs.StringVar(&o.Pipeline.StageLayers, "pp-layers", "", "block transformer with pp: each stage's blocks (each virtual stage's, in order, under interleaved), `LAYERS` such as 3,3,1,1 (default: --layers split evenly)")
 	fs.IntVar(&o.Pipeline.Vocab, "vocab", 0, "block transformer with pp: the model's vocabulary `V`: the embeddings priced on the first stage, the head and the loss on the last, in the split and the timeline, as the GPT does (0: blocks alone)")
 	fs.Var(drawFlag{&o.Draw}, "draw", "also draw each tensor's blocks on the ranks and each collective's move: in text (--draw; coloured on a terminal unless NO_COLOR is set), or --draw svg -o FILE")
 	fs.StringVar(&o.DrawFile, "o", "", "with --draw svg: write the SVG to `FILE`")

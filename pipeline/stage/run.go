@@ -42,38 +42,61 @@ import (
 // waiting on this stage, fail too instead of waiting for their deadline; it
 // stops its goroutines and returns the error with the trace so far.
 func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action, st Stage, shape func(mb int) []int) (Trace, error) {
-	if err := validate(g, kind, sched, st, shape); err != nil {
+	return RunChunks(ctx, g, kind, sched, []Stage{st}, shape)
+}
+
+// RunChunks is Run for a schedule of chunks (pipeline.ScheduleChunks:
+// Interleaved): chunks[c] is the stage's chunk c, virtual stage c·p+s of
+// p·v. An activation goes to stage s+1 (from the last stage, to stage 0's
+// next chunk), a gradient to stage s−1 (from stage 0, to the last stage's
+// chunk before): the stages send round a ring.
+func RunChunks(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action, chunks []Stage, shape func(mb int) []int) (Trace, error) {
+	if err := validate(g, kind, sched, chunks, shape); err != nil {
 		return Trace{}, err
 	}
-	p, s, m := len(sched), g.Index(), len(sched[0])/3
-	r := &runner{g: g, s: s, p: p, fused: kind.Fused(), order: sched[s], st: st, shape: shape,
-		acts: slots(m), grads: slots(m), wire: wireOf(st)}
-	// Links of their own per neighbour: a send to one neighbour never
-	// waits behind a send to, or a receive from, the other (a host group
-	// runs one send and one receive at a time, and a transport may hold a
-	// send until it is received); on a device wire, one per direction.
-	var err error
-	if r.actIn, r.gradOut, r.actOut, r.gradIn, err = links(ctx, g, r.wire); err != nil {
+	p, s, v := len(sched), g.Index(), len(chunks)
+	m := len(sched[0]) / (3 * v)
+	r := &runner{g: g, s: s, p: p, v: v, m: m, fused: kind.Fused(), order: sched[s], chunks: chunks, shape: shape,
+		acts: slots(m * v), grads: slots(m * v), wire: wireOf(chunks[0])}
+	// A link of its own per neighbour: a send to one neighbour never waits
+	// behind a send to, or a receive from, the other (a host group runs
+	// one send and one receive at a time, and a transport may hold a send
+	// until it is received); on a device wire, a communicator per
+	// direction.
+	prev, next, err := links(ctx, g, r.wire, v > 1)
+	if err != nil {
 		return Trace{}, err
+	}
+	var ns []*neighbour
+	if prev != nil {
+		r.prev = &neighbour{l: prev, stage: (s - 1 + p) % p, out: make(chan sending, 2*m*v), takes: takesFrom(sched, kind, (s-1+p)%p, s)}
+		ns = append(ns, r.prev)
+	}
+	switch {
+	case next != nil && next == prev: // of two stages round a ring, each is the other's both ways
+		r.next = r.prev
+	case next != nil:
+		r.next = &neighbour{l: next, stage: (s + 1) % p, out: make(chan sending, 2*m*v), takes: takesFrom(sched, kind, (s+1)%p, s)}
+		ns = append(ns, r.next)
 	}
 	r.ctx, r.cancel = context.WithCancelCause(ctx)
 	defer r.cancel(nil)
 
 	start := time.Now()
-	toNext, toPrev := make(chan sending, m), make(chan sending, m)
 	r.start = start
-	r.wg.Add(4)
-	go r.receive('F', r.actIn, r.acts)
-	go r.receive('B', r.gradIn, r.grads)
-	go r.send(toNext, r.actOut, s+1)
-	go r.send(toPrev, r.gradOut, s-1)
+	for _, nb := range ns {
+		r.wg.Add(2)
+		go r.receive(nb)
+		go r.send(nb)
+	}
 
 	tr := Trace{Stage: s, Kind: kind}
-	if err := r.compute(start, toNext, toPrev, &tr); err != nil {
+	if err := r.compute(start, &tr); err != nil {
 		r.fail(err)
 	}
-	close(toNext)
-	close(toPrev)
+	for _, nb := range ns {
+		close(nb.out)
+	}
 	r.wg.Wait()
 	tr.Total = time.Since(start)
 	tr.Sent, tr.Received = int(r.sent.Load()), int(r.received.Load())
@@ -89,14 +112,13 @@ func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][
 type runner struct {
 	g        *collective.Group
 	wire     Wire
-	actIn    *link // from stage s−1; nil on the first
-	gradOut  *link // to stage s−1; nil on the first
-	actOut   *link // to stage s+1; nil on the last
-	gradIn   *link // from stage s+1; nil on the last
+	prev     *neighbour // stage s−1 (round the ring with chunks); nil on the first without
+	next     *neighbour // stage s+1; nil on the last without chunks; prev itself of two round a ring
 	s, p     int
+	v, m     int // chunks per stage, micro-batches
 	fused    bool
 	order    []pipeline.Action
-	st       Stage
+	chunks   []Stage
 	shape    func(int) []int
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
@@ -104,12 +126,47 @@ type runner struct {
 	mu       sync.Mutex
 	first    error
 	failed   bool
-	acts     []chan *tensor.Tensor // per micro-batch, from stage s−1
-	grads    []chan *tensor.Tensor // per micro-batch, from stage s+1
+	acts     []chan *tensor.Tensor // per chunk and micro-batch (c·m+mb), from stage s−1
+	grads    []chan *tensor.Tensor // per chunk and micro-batch, from stage s+1
 	sent     atomic.Int64
 	received atomic.Int64
 	start    time.Time
 	sends    []Send // under mu
+}
+
+// neighbour is the traffic with one neighbouring stage: the link, what
+// this stage sends it in the order computed, and the actions of this stage
+// that take what it sends, in the order it sends them (activations from
+// the stage before, gradients from the one after; of two stages round a
+// ring, both from the one).
+type neighbour struct {
+	l     *link
+	stage int
+	out   chan sending
+	takes []pipeline.Action
+}
+
+// takesFrom is the actions of stage me that take what stage q sends it,
+// in q's order: q's activation of virtual stage u goes to u+1's F, its
+// gradient (after B, or a fused kind's W) to u−1's B.
+func takesFrom(sched [][]pipeline.Action, kind pipeline.Kind, q, me int) []pipeline.Action {
+	p := len(sched)
+	n := p * pipeline.Chunks(sched)
+	sends := byte('B')
+	if kind.Fused() {
+		sends = 'W'
+	}
+	var out []pipeline.Action
+	for _, a := range sched[q] {
+		u := a.Chunk*p + q
+		switch {
+		case a.Op == 'F' && u+1 < n && (u+1)%p == me:
+			out = append(out, pipeline.Action{Op: 'F', MB: a.MB, Chunk: (u + 1) / p})
+		case a.Op == sends && u > 0 && (u-1)%p == me:
+			out = append(out, pipeline.Action{Op: 'B', MB: a.MB, Chunk: (u - 1) / p})
+		}
+	}
+	return out
 }
 
 // sending is a tensor to send and the action that made it.
@@ -149,24 +206,20 @@ func (r *runner) err() error {
 	return r.first
 }
 
-// receive receives on link l every tensor the stage's op actions consume
-// (F: activations from s−1; B: gradients from s+1), in their order;
-// nothing without the neighbour.
-func (r *runner) receive(op byte, l *link, into []chan *tensor.Tensor) {
+// virtual is a's virtual stage: c·p+s.
+func (r *runner) virtual(a pipeline.Action) int { return a.Chunk*r.p + r.s }
+
+// receive receives from neighbour nb, ahead of the compute, every tensor
+// the stage's actions take from it, in the order nb sends them.
+func (r *runner) receive(nb *neighbour) {
 	defer r.wg.Done()
-	if l == nil {
-		return
-	}
-	for _, a := range r.order {
-		if a.Op != op {
-			continue
-		}
+	for _, a := range nb.takes {
 		if r.ctx.Err() != nil {
 			return
 		}
 		t, err := r.wire.alloc(r.shape(a.MB))
 		if err == nil {
-			err = l.recv(r.ctx, t)
+			err = nb.l.recv(r.ctx, t)
 		}
 		if err != nil {
 			r.wire.free(t)
@@ -174,23 +227,27 @@ func (r *runner) receive(op byte, l *link, into []chan *tensor.Tensor) {
 			return
 		}
 		r.received.Add(1)
-		into[a.MB] <- t
+		into := r.acts
+		if a.Op == 'B' {
+			into = r.grads
+		}
+		into[a.Chunk*r.m+a.MB] <- t
 	}
 }
 
-// send sends what q carries on link l (to stage to), in order, until q is
-// closed, recording each send's time, and gives a device wire's tensors
-// back once sent; after a failure, or without the neighbour, it only
-// drains q.
-func (r *runner) send(q <-chan sending, l *link, to int) {
+// send sends what the stage queues for neighbour nb, in order, until the
+// queue is closed, recording each send's time, and gives a device wire's
+// tensors back once sent; after a failure it only drains the queue.
+func (r *runner) send(nb *neighbour) {
 	defer r.wg.Done()
-	for x := range q {
-		if r.ctx.Err() != nil || l == nil {
+	to := nb.stage
+	for x := range nb.out {
+		if r.ctx.Err() != nil {
 			r.wire.free(x.t)
 			continue
 		}
 		begin := time.Since(r.start)
-		err := l.send(r.ctx, x.t)
+		err := nb.l.send(r.ctx, x.t)
 		r.wire.free(x.t)
 		if err != nil {
 			r.fail(err)
@@ -203,10 +260,10 @@ func (r *runner) send(q <-chan sending, l *link, to int) {
 	}
 }
 
-// input waits for micro-batch mb's tensor in from, or for the run's end.
-func (r *runner) input(from []chan *tensor.Tensor, mb int) (*tensor.Tensor, error) {
+// input waits for a's tensor in from, or for the run's end.
+func (r *runner) input(from []chan *tensor.Tensor, a pipeline.Action) (*tensor.Tensor, error) {
 	select {
-	case t := <-from[mb]:
+	case t := <-from[a.Chunk*r.m+a.MB]:
 		return t, nil
 	case <-r.ctx.Done():
 		return nil, context.Cause(r.ctx)
@@ -214,22 +271,23 @@ func (r *runner) input(from []chan *tensor.Tensor, mb int) (*tensor.Tensor, erro
 }
 
 // compute runs the stage's actions in order, queueing the sends.
-func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Trace) error {
-	first, last := r.s == 0, r.s+1 == r.p
+func (r *runner) compute(start time.Time, tr *Trace) error {
 	held := 0
-	pending := map[int]sending{} // fused: gradients sent after their W
+	pending := map[pipeline.Action]sending{} // fused: gradients sent after their W (keyed by the W)
 	for _, a := range r.order {
 		if r.ctx.Err() != nil {
 			return context.Cause(r.ctx)
 		}
+		u := r.virtual(a)
+		first, last, st := u == 0, u == r.p*r.v-1, r.chunks[a.Chunk]
 		ready := time.Since(start)
 		var in *tensor.Tensor
 		var err error
 		switch {
 		case a.Op == 'F' && !first:
-			in, err = r.input(r.acts, a.MB)
+			in, err = r.input(r.acts, a)
 		case a.Op == 'B' && !last:
-			in, err = r.input(r.grads, a.MB)
+			in, err = r.input(r.grads, a)
 		}
 		if err != nil {
 			return err
@@ -238,7 +296,7 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 		var end time.Duration // when the action's work ended (before its send is queued)
 		switch a.Op {
 		case 'F':
-			out, err := r.st.Forward(r.ctx, a.MB, in)
+			out, err := st.Forward(r.ctx, a.MB, in)
 			end = time.Since(start)
 			if err != nil {
 				return fmt.Errorf("stage %d: %v: %w", r.s, a, err)
@@ -247,13 +305,13 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 				if err := r.check(out, a); err != nil {
 					return err
 				}
-				toNext <- sending{out, a}
+				r.next.out <- sending{out, a}
 				runtime.Gosched() // the sender posts it now, not after the next action (one core: GOMAXPROCS=1)
 			}
 			held++
 			tr.Peak = max(tr.Peak, held)
 		case 'B':
-			out, err := r.st.BackwardInput(r.ctx, a.MB, in)
+			out, err := st.BackwardInput(r.ctx, a.MB, in)
 			end = time.Since(start)
 			if err != nil {
 				return fmt.Errorf("stage %d: %v: %w", r.s, a, err)
@@ -263,22 +321,22 @@ func (r *runner) compute(start time.Time, toNext, toPrev chan<- sending, tr *Tra
 					return err
 				}
 				if r.fused {
-					pending[a.MB] = sending{out, a}
+					pending[pipeline.Action{Op: 'W', MB: a.MB, Chunk: a.Chunk}] = sending{out, a}
 				} else {
-					toPrev <- sending{out, a}
+					r.prev.out <- sending{out, a}
 					runtime.Gosched()
 				}
 			}
 		case 'W':
-			err := r.st.BackwardWeight(r.ctx, a.MB)
+			err := st.BackwardWeight(r.ctx, a.MB)
 			end = time.Since(start)
 			if err != nil {
 				return fmt.Errorf("stage %d: %v: %w", r.s, a, err)
 			}
-			if out, ok := pending[a.MB]; ok {
-				toPrev <- out
+			if out, ok := pending[a]; ok {
+				r.prev.out <- out
 				runtime.Gosched()
-				delete(pending, a.MB)
+				delete(pending, a)
 			}
 			held--
 		}

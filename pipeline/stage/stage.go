@@ -103,38 +103,29 @@ func (t Trace) String() string {
 		t.Stage, t.Kind, len(t.Events), t.Makespan, t.Busy, t.Idle, 100*t.Bubble, t.Peak)
 }
 
-// order is one stage's F, B and W micro-batches, each in the stage's order.
-type order struct{ f, b, w []int }
-
-func ordersOf(a []pipeline.Action) order {
-	var o order
-	for _, x := range a {
-		switch x.Op {
-		case 'F':
-			o.f = append(o.f, x.MB)
-		case 'B':
-			o.b = append(o.b, x.MB)
-		case 'W':
-			o.w = append(o.w, x.MB)
-		}
-	}
-	return o
-}
-
-// validate checks the schedule, the group and the shapes before anything
-// runs: sends and receives are matched in order per peer, so the order one
-// stage sends in must be the order its neighbour receives in.
-func validate(g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action, st Stage, shape func(int) []int) error {
+// validate checks the schedule, the group, the chunks and the shapes
+// before anything runs: sends and receives are matched in order per peer,
+// so the order one stage sends in must be the order its neighbour receives
+// in.
+func validate(g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action, chunks []Stage, shape func(int) []int) error {
 	p := len(sched)
 	switch {
-	case g == nil || st == nil || shape == nil:
+	case g == nil || len(chunks) == 0 || slices.Contains(chunks, nil) || shape == nil:
 		return fmt.Errorf("%w: a nil group, stage or shape", ErrInvalid)
-	case p == 0 || len(sched[0])%3 != 0:
-		return fmt.Errorf("%w: a schedule of %d stages", ErrInvalid, p)
+	case p == 0 || len(sched[0])%(3*len(chunks)) != 0:
+		return fmt.Errorf("%w: a schedule of %d stages for %d chunks a stage", ErrInvalid, p, len(chunks))
 	case g.Size() != p:
 		return fmt.Errorf("%w: a group of %d for %d stages", ErrInvalid, g.Size(), p)
+	case pipeline.Chunks(sched) != len(chunks):
+		return fmt.Errorf("%w: a schedule of %d chunks a stage for %d", ErrInvalid, pipeline.Chunks(sched), len(chunks))
 	}
-	m := len(sched[0]) / 3
+	for _, c := range chunks[1:] {
+		if wireOf(c) != wireOf(chunks[0]) {
+			return fmt.Errorf("%w: chunks on the wires %v and %v", ErrInvalid, wireOf(chunks[0]), wireOf(c))
+		}
+	}
+	v := len(chunks)
+	m := len(sched[0]) / (3 * v)
 	if err := pipeline.Check(sched, p, m); err != nil {
 		return err
 	}
@@ -143,17 +134,38 @@ func validate(g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action
 			return fmt.Errorf("%w: micro-batch %d: shape %v", ErrInvalid, mb, sh)
 		}
 	}
-	for s := 0; s+1 < p; s++ {
-		a, b := ordersOf(sched[s]), ordersOf(sched[s+1])
-		if !slices.Equal(a.f, b.f) {
-			return fmt.Errorf("%w: stage %d sends activations in the order %v, stage %d receives them in %v", pipeline.ErrSchedule, s, a.f, s+1, b.f)
+	// What each stage sends, named by the action that takes it on the
+	// neighbour, in the order sent, and what each receives in the order it
+	// takes them.
+	n := p * v
+	var actsOut, actsIn, gradsOut, gradsIn = make([][]pipeline.Action, p), make([][]pipeline.Action, p), make([][]pipeline.Action, p), make([][]pipeline.Action, p)
+	sends := byte('B')
+	if kind.Fused() {
+		sends = 'W' // a fused backward's gradient leaves after its W
+	}
+	for s, order := range sched {
+		for _, a := range order {
+			u := a.Chunk*p + s
+			switch {
+			case a.Op == 'F' && u+1 < n:
+				actsOut[s] = append(actsOut[s], pipeline.Action{Op: 'F', MB: a.MB, Chunk: (u + 1) / p})
+			case a.Op == sends && u > 0:
+				gradsOut[s] = append(gradsOut[s], pipeline.Action{Op: 'B', MB: a.MB, Chunk: (u - 1) / p})
+			}
+			switch {
+			case a.Op == 'F' && u > 0:
+				actsIn[s] = append(actsIn[s], a)
+			case a.Op == 'B' && u+1 < n:
+				gradsIn[s] = append(gradsIn[s], a)
+			}
 		}
-		sent := b.b
-		if kind.Fused() {
-			sent = b.w
+	}
+	for s := range p {
+		if to := (s + 1) % p; !slices.Equal(actsOut[s], actsIn[to]) {
+			return fmt.Errorf("%w: stage %d sends activations in the order %v, stage %d receives them in %v", pipeline.ErrSchedule, s, actsOut[s], to, actsIn[to])
 		}
-		if !slices.Equal(sent, a.b) {
-			return fmt.Errorf("%w: stage %d sends gradients in the order %v, stage %d receives them in %v", pipeline.ErrSchedule, s+1, sent, s, a.b)
+		if to := (s - 1 + p) % p; !slices.Equal(gradsOut[s], gradsIn[to]) {
+			return fmt.Errorf("%w: stage %d sends gradients in the order %v, stage %d receives them in %v", pipeline.ErrSchedule, s, gradsOut[s], to, gradsIn[to])
 		}
 	}
 	return nil

@@ -1,6 +1,7 @@
 package stage
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -74,60 +75,83 @@ func (w Wire) fits(t *tensor.Tensor, shape []int) string {
 	return ""
 }
 
-// link is one direction of the traffic with one neighbour.
+// link is the traffic with one neighbour, both ways.
 type link struct {
-	w    Wire
-	g    *collective.Group       // host wire: the pair's group, both directions
-	c    collective.Communicator // device wire: this direction's own
-	peer int                     // the neighbour's index in g or c
+	w       Wire
+	g       *collective.Group       // host wire: the pair's group
+	out, in collective.Communicator // device wire: a communicator per direction
+	peer    int                     // host wire: the neighbour's index in g
 }
 
 // links makes the stage's links with its neighbours in the pp group g (this
-// stage g's index s): from stage s−1 (activations in) and to it (gradients
-// out), then to s+1 (activations out) and from it (gradients in); nil
-// where there is no neighbour. Made with s−1 first, then with s+1, the
-// handshakes chain from stage 0 on.
-func links(ctx context.Context, g *collective.Group, w Wire) (actIn, gradOut, actOut, gradIn *link, err error) {
+// stage g's index s): prev with stage s−1 (activations in, gradients out),
+// next with s+1 (activations out, gradients in); nil where there is no
+// neighbour. With ring (chunks: Interleaved), stage 0's neighbour before is
+// the last stage, and the last's after is stage 0; of two stages, each is
+// the other's neighbour both ways, and prev and next are one link. The
+// links are made in order of their lower rank, then their higher, on
+// every stage, so that no stage waits for a link its peer makes after one
+// that waits for it.
+func links(ctx context.Context, g *collective.Group, w Wire, ring bool) (prev, next *link, err error) {
 	ranks, s := g.Ranks(), g.Index()
-	pair := func(peer int) (out, in *link, err error) {
+	p := len(ranks)
+	pair := func(peer int) (*link, error) {
 		if !w.device() {
 			lo, hi := min(ranks[s], ranks[peer]), max(ranks[s], ranks[peer])
 			pg, err := g.World().Group(ctx, []int{lo, hi})
 			if err != nil {
-				return nil, nil, err
+				return nil, err
 			}
-			p := 1 - pg.Index()
-			return &link{w: w, g: pg, peer: p}, &link{w: w, g: pg, peer: p}, nil
+			return &link{w: w, g: pg, peer: 1 - pg.Index()}, nil
 		}
 		o, i, err := g.World().Link(ctx, ranks[peer], w.Mem)
 		if err != nil {
+			return nil, err
+		}
+		return &link{w: w, out: o, in: i}, nil
+	}
+	before, after := s-1, s+1
+	if ring {
+		before, after = (s-1+p)%p, (s+1)%p
+	}
+	var peers []int
+	for _, q := range []int{before, after} {
+		if q >= 0 && q < p && q != s && !slices.Contains(peers, q) {
+			peers = append(peers, q)
+		}
+	}
+	key := func(q int) [2]int { return [2]int{min(ranks[s], ranks[q]), max(ranks[s], ranks[q])} }
+	slices.SortFunc(peers, func(a, b int) int {
+		ka, kb := key(a), key(b)
+		return cmp.Or(cmp.Compare(ka[0], kb[0]), cmp.Compare(ka[1], kb[1]))
+	})
+	for _, q := range peers {
+		l, err := pair(q)
+		if err != nil {
 			return nil, nil, err
 		}
-		return &link{w: w, c: o, peer: 1}, &link{w: w, c: i, peer: 0}, nil
-	}
-	if s > 0 {
-		if gradOut, actIn, err = pair(s - 1); err != nil {
-			return
+		if q == before {
+			prev = l
+		}
+		if q == after {
+			next = l
 		}
 	}
-	if s+1 < len(ranks) {
-		actOut, gradIn, err = pair(s + 1)
-	}
-	return
+	return prev, next, nil
 }
 
 // send sends t to the neighbour.
 func (l *link) send(ctx context.Context, t *tensor.Tensor) error {
-	if l.c != nil {
-		return l.c.Send(ctx, t, l.peer)
+	if l.out != nil {
+		return l.out.Send(ctx, t, 1)
 	}
 	return collective.Send(ctx, l.g, t.Float32(), l.peer)
 }
 
 // recv receives the neighbour's next tensor into t.
 func (l *link) recv(ctx context.Context, t *tensor.Tensor) error {
-	if l.c != nil {
-		return l.c.Recv(ctx, t, l.peer)
+	if l.in != nil {
+		return l.in.Recv(ctx, t, 0)
 	}
 	return collective.Recv(ctx, l.g, t.Float32(), l.peer)
 }

@@ -324,7 +324,7 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 // loadCheckpoint loads the checkpoint into g (its parameters alone with
 // --init, else its whole state) and sets its step, on every rank once all
 // are ready.
-func (t *gptTask) loadCheckpoint(ctx context.Context, env Env, w, view *collective.World, g *models.GPT) error {
+func (t *gptTask) loadCheckpoint(ctx context.Context, env Env, w, view *collective.World, g gptModel) error {
 	if err := waitAll(ctx, w); err != nil {
 		return err
 	}
@@ -385,7 +385,7 @@ func experts[T int | float64](cfg models.GPTConfig, v T) T {
 // resumed run first draws the batches it skips, so the batches are those of
 // a run from step 1), steps g, reports progress on rank 0 and saves when a
 // save is due.
-func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *models.GPT, run gptRun, tr *tracer, b gptBatch, rng *rand.Rand, sv *saves, comms *stepComms) (trainLosses, error) {
+func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g gptModel, run gptRun, tr *tracer, b gptBatch, rng *rand.Rand, sv *saves, comms *stepComms) (trainLosses, error) {
 	cfg, c, steps := t.cfg, t.corpus, t.steps
 	var tl trainLosses
 	var profiled time.Duration // the steps after the first, with --op-profile
@@ -422,7 +422,7 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g *mo
 			profiled += d
 		}
 		tl.last = loss
-		tl.aux, tl.balance, tl.ringBytes, tl.cpAttention = g.AuxLoss(), g.Balance(), g.RingBytes(), g.CPAttention
+		tl.aux, tl.balance, tl.ringBytes, tl.cpAttention = g.AuxLoss(), g.Balance(), g.RingBytes(), g.cpAttention()
 		if w.Rank() == 0 {
 			env.Run.Progress(s, steps, loss, d)
 			if cfg.Experts > 0 {

@@ -23,6 +23,7 @@ import (
 // pipeFlags are worker gpt's pipeline flags.
 type pipeFlags struct {
 	microBatches int
+	chunks       int
 	schedule     string
 	layers       string
 	wire         string
@@ -30,21 +31,24 @@ type pipeFlags struct {
 
 func (f *pipeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.microBatches, "micro-batches", 0, "with pp: split each step's batch into `M` micro-batches, the gradients accumulated over them (0: 2·pp, or the largest divisor of --batch below; --batch a multiple of M)")
-	fs.StringVar(&f.schedule, "schedule", "1f1b", "with pp: the pipeline `SCHEDULE`, gpipe, 1f1b, zb (ZB-H1: the weight gradients deferred into the bubbles) or zb2 (ZB-H2's memory: up to 2·pp−1 micro-batches in flight)")
+	fs.StringVar(&f.schedule, "schedule", "1f1b", "with pp: the pipeline `SCHEDULE`, gpipe, 1f1b, interleaved (Megatron's interleaved 1F1B over --pp-chunks chunks a stage), zb (ZB-H1: the weight gradients deferred into the bubbles) or zb2 (ZB-H2's memory: up to 2·pp−1 micro-batches in flight)")
+	fs.IntVar(&f.chunks, "pp-chunks", 0, "with pp and --schedule interleaved: the model's chunks per stage `V` (virtual stages: stage s holds chunks s, s+pp, …; default 2)")
 	fs.StringVar(&f.wire, "pp-wire", "device", "with pp on a device: how activations and gradients travel between stages, `device` (device tensors in the compute dtype: NCCL's send and receive between GPUs, staged otherwise) or host (host float32 copies over the transport)")
-	fs.StringVar(&f.layers, "pp-layers", "", "with pp: each stage's blocks, e.g. `3,3,2` (default: balanced by a count of each stage's multiply-adds, the head's on the last; ties give the last stages more)")
+	fs.StringVar(&f.layers, "pp-layers", "", "with pp: each stage's blocks, e.g. `3,3,2` (each virtual stage's, in order, under interleaved; default: balanced by a count of each stage's multiply-adds, the head's on the last; ties give the last stages more)")
 }
 
 // gptPipeline is a GPT split into pipeline stages over the mesh dim pp
 // (first): each stage holds its blocks on a mesh of its own (the mesh
 // without pp), the embeddings on the first, the final layer norm, the head
 // and the loss on the last; a step runs m micro-batches on the schedule.
+// Under the interleaved schedule the blocks split into pp·chunks virtual
+// stages, stage s holding virtual stages s, s+pp, …, each a chunk.
 type gptPipeline struct {
-	pp, m  int
-	layers []int
-	kind   pipeline.Kind
-	sched  [][]pipeline.Action
-	stage  placement.Mesh
+	pp, m, chunks int
+	layers        []int // per virtual stage (per stage without chunks)
+	kind          pipeline.Kind
+	sched         [][]pipeline.Action
+	stage         placement.Mesh
 	// hostWire: --pp-wire host, host float32 copies between the stages of
 	// a device.
 	hostWire bool
@@ -59,8 +63,8 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 		return nil, fmt.Errorf("--mesh %s: %w", mesh, err)
 	}
 	if !ok {
-		if f.microBatches != 0 || f.layers != "" || f.schedule != "1f1b" || f.wire != "device" {
-			return nil, fmt.Errorf("--micro-batches, --schedule, --pp-layers and --pp-wire need a mesh dim pp (e.g. --mesh pp=2,tp=2)")
+		if f.microBatches != 0 || f.layers != "" || f.schedule != "1f1b" || f.wire != "device" || f.chunks != 0 {
+			return nil, fmt.Errorf("--micro-batches, --schedule, --pp-chunks, --pp-layers and --pp-wire need a mesh dim pp (e.g. --mesh pp=2,tp=2)")
 		}
 		return nil, nil
 	}
@@ -74,21 +78,29 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 	if p.kind, err = pipeline.ParseSchedule(f.schedule); err != nil {
 		return nil, fmt.Errorf("--schedule %q: want %s", f.schedule, pipeline.Names)
 	}
+	if p.chunks, err = pipeline.ChunksOf(p.kind, f.chunks); err != nil {
+		return nil, err
+	}
 	if cfg.Layers == 0 {
 		return nil, fmt.Errorf("--layers 0 on pp=%d: a stage would have no layer", pp)
 	}
-	if p.layers, err = pipeline.StageLayers(cfg.Layers, pp, 1, f.layers, splitCost(cfg)); err != nil {
+	if p.layers, err = pipeline.StageLayers(cfg.Layers, pp, p.chunks, f.layers, splitCost(cfg)); err != nil {
 		return nil, err
 	}
+	interleaved := p.kind == pipeline.Interleaved
 	if p.m == 0 {
-		// 2·pp, or the largest divisor of the batch below it.
-		for p.m = min(2*pp, cfg.Batch); cfg.Batch%p.m != 0; p.m-- {
+		// 2·pp, or the largest divisor of the batch below it (a multiple
+		// of pp under interleaved).
+		for p.m = min(2*pp, cfg.Batch); p.m > 1 && (cfg.Batch%p.m != 0 || interleaved && p.m%pp != 0); p.m-- {
 		}
 	}
 	if p.m < 1 || p.m > cfg.Batch || cfg.Batch%p.m != 0 {
 		return nil, fmt.Errorf("--micro-batches %d: want 1 to --batch %d, dividing it (each micro-batch whole sequences)", p.m, cfg.Batch)
 	}
-	if p.sched, err = pipeline.Schedule(p.kind, pp, p.m); err != nil {
+	if interleaved && p.m%pp != 0 {
+		return nil, fmt.Errorf("--micro-batches %d: the interleaved schedule wants a multiple of pp=%d (and --batch %d a multiple of that)", p.m, pp, cfg.Batch)
+	}
+	if p.sched, err = pipeline.ScheduleChunks(p.kind, pp, p.m, p.chunks); err != nil {
 		return nil, err
 	}
 	// A stage's part as its ranks will build it: a micro-batch split over
@@ -105,11 +117,12 @@ func splitCost(cfg models.GPTConfig) pipeline.SplitCost {
 	return pipeline.TransformerSplitCost(cfg.Dim, 4*cfg.Dim, cfg.Context, cfg.Vocab)
 }
 
-// part is stage s's share of the model: its config (the stage's mesh, a
-// micro-batch's sequences, the step's tokens for the loss) with its blocks.
-func (p *gptPipeline) part(cfg models.GPTConfig, s int) models.GPTConfig {
+// part is virtual stage u's share of the model (stage u's without
+// chunks): its config (the stage's mesh, a micro-batch's sequences, the
+// step's tokens for the loss) with its blocks.
+func (p *gptPipeline) part(cfg models.GPTConfig, u int) models.GPTConfig {
 	lo := 0
-	for q := range s {
+	for q := range u {
 		lo += p.layers[q]
 	}
 	c := cfg
@@ -117,13 +130,13 @@ func (p *gptPipeline) part(cfg models.GPTConfig, s int) models.GPTConfig {
 	// Each micro-batch's load-balancing loss is its share of the step's
 	// objective: the mean over the micro-batches.
 	c.AuxCoef = cfg.AuxCoef / float64(p.m)
-	c.Part = &models.GPTPart{Lo: lo, Hi: lo + p.layers[s], First: s == 0, Last: s == p.pp-1}
+	c.Part = &models.GPTPart{Lo: lo, Hi: lo + p.layers[u], First: u == 0, Last: u == len(p.layers)-1}
 	return c
 }
 
-// model builds world rank w's stage: its part of the model on a view of
-// the stage's ranks, and the run that drives it.
-func (p *gptPipeline) model(ctx context.Context, cfg models.GPTConfig, w *collective.World, dev *kernels.Dispatcher, tr *tracer) (*models.GPT, gptRun, *linear.Runtime, error) {
+// model builds world rank w's stage: its part of the model (a GPT per
+// chunk) on a view of the stage's ranks, and the run that drives it.
+func (p *gptPipeline) model(ctx context.Context, cfg models.GPTConfig, w *collective.World, dev *kernels.Dispatcher, tr *tracer) (gptModel, gptRun, *linear.Runtime, error) {
 	inner := p.stage.Size()
 	s, local := w.Rank()/inner, w.Rank()%inner
 	var mine, along []int
@@ -137,35 +150,38 @@ func (p *gptPipeline) model(ctx context.Context, cfg models.GPTConfig, w *collec
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	c := p.part(cfg, s)
-	g, err := models.NewGPT(c, local, dev)
-	if err != nil {
-		return nil, nil, nil, err
+	var gs gptChunks
+	for c := range p.chunks {
+		g, err := models.NewGPT(p.part(cfg, c*p.pp+s), local, dev)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		gs = append(gs, g)
 	}
-	r := &ppRun{p: p, cfg: c, s: s, local: local, dev: dev, g: g, rt: tr.runtime(view, dev), run: tr.run}
+	r := &ppRun{p: p, cfg: p.part(cfg, s), s: s, local: local, dev: dev, gs: gs, rt: tr.runtime(view, dev), run: tr.run}
 	if r.group, err = w.Group(ctx, along); err != nil {
 		return nil, nil, nil, err
 	}
 	if r.all, err = w.WorldGroup(ctx); err != nil {
 		return nil, nil, nil, err
 	}
-	return g, r, &r.rt, nil
+	return gs, r, &r.rt, nil
 }
 
 // ppRun is one rank's stage of a pipelined GPT.
 type ppRun struct {
 	p        *gptPipeline
-	cfg      models.GPTConfig // the stage's part
+	cfg      models.GPTConfig // the stage's (first) part
 	s, local int
 	dev      *kernels.Dispatcher
-	g        *models.GPT
-	rt       linear.Runtime // as the caller sets it before the first step
-	st       *models.GPTStage
-	group    *collective.Group // the pp group: this rank's peers at the other stages
-	all      *collective.Group // the world
-	trace    stage.Trace       // the last step's
-	bubbles  []float64         // each step's measured bubble
-	costs    [][4]float64      // each step's median F, B, W and send (stage.Trace.Costs), ms
+	gs       gptChunks
+	rt       linear.Runtime     // as the caller sets it before the first step
+	sts      []*models.GPTStage // per chunk
+	group    *collective.Group  // the pp group: this rank's peers at the other stages
+	all      *collective.Group  // the world
+	trace    stage.Trace        // the last step's
+	bubbles  []float64          // each step's measured bubble
+	costs    [][4]float64       // each step's median F, B, W and send (stage.Trace.Costs), ms
 	run      *runlog.Rank
 }
 
@@ -180,8 +196,13 @@ type PipelineReport struct {
 	Schedule     string `json:"schedule"`
 	MicroBatches int    `json:"micro_batches"`
 	StageLayers  []int  `json:"stage_layers"`
+	// Chunks is the chunks per stage (interleaved; else 1), and
+	// VirtualStageLayers each virtual stage's layers (with chunks: stage s
+	// holds virtual stages s, s+pp, …; StageLayers sums them).
+	Chunks             int   `json:"chunks"`
+	VirtualStageLayers []int `json:"virtual_stage_layers,omitempty"`
 	// BubbleModel is (p−1)/(m+p−1), 1F1B's and GPipe's bubble with equal
-	// stages and a backward twice the forward.
+	// stages (interleaved over v chunks: (p−1)/(v·m+p−1)).
 	BubbleModel     float64   `json:"bubble_model"`
 	Bubble          []float64 `json:"bubble"`
 	PeakActivations []int     `json:"peak_activations"`
@@ -208,20 +229,36 @@ type PipelineReport struct {
 // bubble (and at its median costs), peak and costs.
 func (r *PipelineReport) Text() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "pipeline: %s over pp=%d, %d micro-batches a step (1F1B's modelled bubble (p−1)/(m+p−1): %.1f%%)\n",
-		r.Schedule, r.PP, r.MicroBatches, 100*r.BubbleModel)
+	if r.Chunks > 1 {
+		fmt.Fprintf(&b, "pipeline: %s over pp=%d, %d chunks a stage, %d micro-batches a step (the modelled bubble (p−1)/(v·m+p−1): %.1f%%)\n",
+			r.Schedule, r.PP, r.Chunks, r.MicroBatches, 100*r.BubbleModel)
+	} else {
+		fmt.Fprintf(&b, "pipeline: %s over pp=%d, %d micro-batches a step (1F1B's modelled bubble (p−1)/(m+p−1): %.1f%%)\n",
+			r.Schedule, r.PP, r.MicroBatches, 100*r.BubbleModel)
+	}
 	for s := range r.Bubble {
 		layers := "layers"
 		if r.StageLayers[s] == 1 {
 			layers = "layer"
 		}
-		fmt.Fprintf(&b, "  stage %d: %d %s, bubble %.1f%%", s, r.StageLayers[s], layers, 100*r.Bubble[s])
+		fmt.Fprintf(&b, "  stage %d: %d %s", s, r.StageLayers[s], layers)
+		if r.Chunks > 1 && len(r.VirtualStageLayers) == r.Chunks*r.PP {
+			var parts []string
+			for c := range r.Chunks {
+				parts = append(parts, strconv.Itoa(r.VirtualStageLayers[c*r.PP+s]))
+			}
+			fmt.Fprintf(&b, " (%s)", strings.Join(parts, "+"))
+		}
+		fmt.Fprintf(&b, ", bubble %.1f%%", 100*r.Bubble[s])
 		if s < len(r.BubbleAtCost) {
 			fmt.Fprintf(&b, " (%.1f%% at its median costs)", 100*r.BubbleAtCost[s])
 		}
 		mbs := "micro-batches"
 		if r.PeakActivations[s] == 1 {
 			mbs = "micro-batch"
+		}
+		if r.Chunks > 1 {
+			mbs += " of a chunk"
 		}
 		fmt.Fprintf(&b, ", peak %d %s", r.PeakActivations[s], mbs)
 		if s < len(r.ScratchBytes) && s < len(r.WorkspaceBytes) {
@@ -253,13 +290,23 @@ func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 		}
 		v[(2+k)*p.pp+r.s] = median(ks)
 	}
-	v[7*p.pp+r.s], v[8*p.pp+r.s] = float64(r.stage().ScratchBytes()), float64(r.stage().WorkBytes())
+	for _, st := range r.stages() {
+		v[7*p.pp+r.s] += float64(st.ScratchBytes())
+		v[8*p.pp+r.s] += float64(st.WorkBytes())
+	}
 	all, err := r.shared(ctx, v, r.local == 0)
 	if err != nil {
 		return nil, err
 	}
-	rep := &PipelineReport{PP: p.pp, Schedule: p.kind.String(), MicroBatches: p.m, StageLayers: p.layers,
-		BubbleModel: float64(p.pp-1) / float64(p.m+p.pp-1)}
+	rep := &PipelineReport{PP: p.pp, Schedule: p.kind.String(), MicroBatches: p.m, Chunks: p.chunks,
+		BubbleModel: float64(p.pp-1) / float64(p.chunks*p.m+p.pp-1)}
+	rep.StageLayers = make([]int, p.pp)
+	for u, n := range p.layers {
+		rep.StageLayers[u%p.pp] += n
+	}
+	if p.chunks > 1 {
+		rep.VirtualStageLayers = p.layers
+	}
 	cost := pipeline.Cost{Fused: p.kind.Fused()}
 	for s := range p.pp {
 		rep.Bubble = append(rep.Bubble, all[s])
@@ -296,20 +343,54 @@ func (r *ppRun) record(t0 time.Time, tr stage.Trace) {
 	}
 }
 
-// stage is the model's stage, made on first use, on r.rt as the caller
-// sets it (its Record).
-func (r *ppRun) stage() *models.GPTStage {
-	if r.st == nil {
-		r.st = r.g.Stage(&r.rt)
-		r.st.SetSplit(!r.p.kind.Fused())
-		r.st.SetDeviceWire(!r.p.hostWire)
+// stages are the model's stage chunks, made on first use, on r.rt as the
+// caller sets it (its Record).
+func (r *ppRun) stages() []*models.GPTStage {
+	if r.sts == nil {
+		for _, g := range r.gs {
+			st := g.Stage(&r.rt)
+			st.SetSplit(!r.p.kind.Fused())
+			st.SetDeviceWire(!r.p.hostWire)
+			r.sts = append(r.sts, st)
+		}
 	}
-	return r.st
+	return r.sts
 }
+
+// last is the stage's last chunk: on the last stage, the one with the head
+// and the loss.
+func (r *ppRun) last() *models.GPTStage { sts := r.stages(); return sts[len(sts)-1] }
 
 // shape is a micro-batch's activation (and gradient) between stages: the
 // rank's share of it.
-func (r *ppRun) shape(int) []int { return r.stage().Shape() }
+func (r *ppRun) shape(int) []int { return r.stages()[0].Shape() }
+
+// chunks are the stages as package stage runs them; evaluators likewise.
+func (r *ppRun) chunks() []stage.Stage {
+	var out []stage.Stage
+	for _, st := range r.stages() {
+		out = append(out, st)
+	}
+	return out
+}
+
+func (r *ppRun) evaluators() []stage.Evaluator {
+	var out []stage.Evaluator
+	for _, st := range r.stages() {
+		out = append(out, st)
+	}
+	return out
+}
+
+// setBatch is GPTStage.SetBatch on every chunk.
+func (r *ppRun) setBatch(ids, tgs []*tensor.Tensor, next bool, pos int, temp float64) error {
+	for _, st := range r.stages() {
+		if err := st.SetBatch(ids, tgs, next, pos, temp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // micro uploads micro-batches of the host batch b (each cfg.Tokens() ids
 // and targets): the first m, or one.
@@ -352,11 +433,13 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := r.stage().Begin(ids, tgs); err != nil {
-		return 0, err
+	for _, st := range r.stages() {
+		if err := st.Begin(ids, tgs); err != nil {
+			return 0, err
+		}
 	}
 	t0 := time.Now()
-	r.trace, err = stage.Run(ctx, r.group, r.p.kind, r.p.sched, r.st, r.shape)
+	r.trace, err = stage.RunChunks(ctx, r.group, r.p.kind, r.p.sched, r.chunks(), r.shape)
 	r.record(t0, r.trace)
 	if err != nil {
 		return 0, err
@@ -366,7 +449,7 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 	pp := r.p.pp
 	v := make([]float64, 1+3*pp)
 	if r.lastOne() {
-		v[0] = r.st.Loss()
+		v[0] = r.last().Loss()
 	}
 	if r.local == 0 && len(r.trace.Events) > 0 {
 		v[1+r.s] = float64(t0.Add(r.trace.Events[0].Start).UnixNano())
@@ -379,7 +462,12 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 	r.bubbles = append(r.bubbles, stepBubble(v[1:1+pp], v[1+pp:1+2*pp], v[1+2*pp:])[r.s])
 	c, send := r.trace.Costs()
 	r.costs = append(r.costs, [4]float64{c.F, c.B, c.W, send})
-	return v[0], r.st.Finish(ctx)
+	for _, st := range r.stages() {
+		if err := st.Finish(ctx); err != nil {
+			return 0, err
+		}
+	}
+	return v[0], nil
 }
 
 // stepBubble is each stage's bubble in one step: its idle share of the
@@ -403,13 +491,13 @@ func (r *ppRun) loss(ctx context.Context, b gptBatch) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := r.stage().SetBatch(ids, tgs, false, 0, 0); err != nil {
+	if err := r.setBatch(ids, tgs, false, 0, 0); err != nil {
 		return 0, err
 	}
-	if err := stage.Forward(ctx, r.group, r.p.m, r.st, r.shape); err != nil {
+	if err := stage.ForwardChunks(ctx, r.group, r.p.m, r.evaluators(), r.shape); err != nil {
 		return 0, err
 	}
-	loss, err := r.shared(ctx, []float64{r.st.Loss()}, r.lastOne())
+	loss, err := r.shared(ctx, []float64{r.last().Loss()}, r.lastOne())
 	if err != nil {
 		return 0, err
 	}
@@ -421,13 +509,13 @@ func (r *ppRun) next(ctx context.Context, host *tensor.Tensor, pos int, temp flo
 	if err != nil {
 		return nil, err
 	}
-	if err := r.stage().SetBatch(ids, tgs, true, pos, temp); err != nil {
+	if err := r.setBatch(ids, tgs, true, pos, temp); err != nil {
 		return nil, err
 	}
-	if err := stage.Forward(ctx, r.group, 1, r.st, r.shape); err != nil {
+	if err := stage.ForwardChunks(ctx, r.group, 1, r.evaluators(), r.shape); err != nil {
 		return nil, err
 	}
-	p := r.st.Probs()
+	p := r.last().Probs()
 	if !r.lastOne() {
 		p = make([]float64, r.cfg.Vocab)
 	}

@@ -27,7 +27,7 @@ type gptRun interface {
 // model builds the rank's model (its stage's part under pp) and the run
 // that drives it, on dev, with the linear runtime whose kernels and moves
 // tr traces.
-func (t *gptTask) model(ctx context.Context, w *collective.World, dev *kernels.Dispatcher, tr *tracer) (*models.GPT, gptRun, *linear.Runtime, error) {
+func (t *gptTask) model(ctx context.Context, w *collective.World, dev *kernels.Dispatcher, tr *tracer) (gptModel, gptRun, *linear.Runtime, error) {
 	if t.pipe != nil {
 		return t.pipe.model(ctx, t.cfg, w, dev, tr)
 	}
@@ -45,7 +45,60 @@ func (t *gptTask) model(ctx context.Context, w *collective.World, dev *kernels.D
 		return nil, nil, nil, err
 	}
 	r := &wholeRun{g: g, rt: tr.runtime(w, dev)}
-	return g, r, &r.rt, nil
+	return gptChunks{g}, r, &r.rt, nil
+}
+
+// gptModel is what the task asks of the rank's model: its parameters and
+// the optimizer's state (to load and save), its step, and the last step's
+// figures.
+type gptModel interface {
+	State() []linear.Param
+	Params() []linear.Param
+	SetStep(n int)
+	AuxLoss() float64
+	Balance() float64
+	RingBytes() int64
+	cpAttention() string
+}
+
+// gptChunks is the rank's model: the whole GPT, or a pipeline stage's
+// parts (one, or its chunks under the interleaved schedule, each a GPT of
+// its own blocks). The figures are the first part's (rank 0's under pp:
+// stage 0's), the ring's bytes the parts' sum.
+type gptChunks []*models.GPT
+
+func (c gptChunks) State() []linear.Param {
+	var out []linear.Param
+	for _, g := range c {
+		out = append(out, g.State()...)
+	}
+	return out
+}
+
+func (c gptChunks) Params() []linear.Param {
+	var out []linear.Param
+	for _, g := range c {
+		out = append(out, g.Params()...)
+	}
+	return out
+}
+
+func (c gptChunks) SetStep(n int) {
+	for _, g := range c {
+		g.SetStep(n)
+	}
+}
+
+func (c gptChunks) AuxLoss() float64    { return c[0].AuxLoss() }
+func (c gptChunks) Balance() float64    { return c[0].Balance() }
+func (c gptChunks) cpAttention() string { return c[0].CPAttention }
+
+func (c gptChunks) RingBytes() int64 {
+	var n int64
+	for _, g := range c {
+		n += g.RingBytes()
+	}
+	return n
 }
 
 // wholeRun is the whole model on the rank (tensor, data, context or expert

@@ -514,6 +514,26 @@ func needs(a Action, s, p int) string {
 	return fmt.Sprintf("%v of stage %d", Action{'B', a.MB, (u + 1) / p}, (u+1)%p)
 }
 
+// MaxChunks bounds the chunks per stage (ChunksOf).
+const MaxChunks = 64
+
+// ChunksOf is the chunks per stage of --pp-chunks n (0: the default) under
+// kind: 2 by default under Interleaved, else 1; more than 1 only under
+// Interleaved. The errors name the flag --pp-chunks.
+func ChunksOf(kind Kind, n int) (int, error) {
+	switch {
+	case n < 0 || n > MaxChunks:
+		return 0, fmt.Errorf("--pp-chunks %d: want 1 to %d chunks per stage", n, MaxChunks)
+	case n == 0 && kind == Interleaved:
+		return 2, nil
+	case n == 0:
+		return 1, nil
+	case n > 1 && kind != Interleaved:
+		return 0, fmt.Errorf("--pp-chunks %d: only --schedule interleaved runs more than one chunk per stage", n)
+	}
+	return n, nil
+}
+
 // MaxStageLayers bounds a stage's layers in StageLayers' spec.
 const MaxStageLayers = 1 << 16
 

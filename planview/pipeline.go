@@ -18,7 +18,6 @@ const (
 	maxMicroBatches = 1024
 	maxLayers       = 1 << 16
 	maxPipeActions  = 1 << 18 // stages × chunks × micro-batches × 3
-	maxChunks       = 64
 )
 
 // PipelineOptions are the pipeline of --block transformer on a mesh with a
@@ -78,7 +77,7 @@ func (o PipelineOptions) stageLayers(pp int, cost pipeline.SplitCost) ([]int, pi
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("--schedule %q: want %s", o.Schedule, pipeline.Names)
 	}
-	v, err := Chunks(kind, o.Chunks)
+	v, err := pipeline.ChunksOf(kind, o.Chunks)
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -99,23 +98,6 @@ func (o PipelineOptions) stageLayers(pp int, cost pipeline.SplitCost) ([]int, pi
 	}
 	per, err := pipeline.StageLayers(o.Layers, pp, v, o.StageLayers, cost)
 	return per, kind, v, err
-}
-
-// Chunks is the chunks per stage of --pp-chunks n (0: the default) under
-// kind: 2 by default under interleaved, else 1; more than 1 only under
-// interleaved.
-func Chunks(kind pipeline.Kind, n int) (int, error) {
-	switch {
-	case n < 0 || n > maxChunks:
-		return 0, fmt.Errorf("--pp-chunks %d: want 1 to %d chunks per stage", n, maxChunks)
-	case n == 0 && kind == pipeline.Interleaved:
-		return 2, nil
-	case n == 0:
-		return 1, nil
-	case n > 1 && kind != pipeline.Interleaved:
-		return 0, fmt.Errorf("--pp-chunks %d: only --schedule interleaved runs more than one chunk per stage", n)
-	}
-	return n, nil
 }
 
 // layerCosts are one layer's modelled times of one micro-batch, in seconds:

@@ -443,12 +443,18 @@ func writePipeline(b *strings.Builder, j *Job) {
 		return "—"
 	}
 	b.WriteString("<h2>Pipeline stages</h2>\n")
-	model := ""
-	if f, ok := num(pl["bubble_model"]); ok {
-		model = fmt.Sprintf("; 1F1B's and GPipe's bubble at equal stages, (p−1)/(m+p−1): %.1f%%", 100*f)
+	model, chunks := "; 1F1B's and GPipe's bubble at equal stages, (p−1)/(m+p−1): %.1f%%", ""
+	if c, ok := num(pl["chunks"]); ok && c > 1 {
+		model = "; its bubble at equal stages, (p−1)/(v·m+p−1): %.1f%%"
+		chunks = fmt.Sprintf(" over %.0f chunks a stage (each stage's layers the sum of its chunks')", c)
 	}
-	fmt.Fprintf(b, "<p>schedule %s, %v micro-batches per step%s. A stage's bubble is its idle share of the step (the median over the steps after the first); at its costs, what the schedule gives were every action its median.</p>\n",
-		esc(fmt.Sprint(pl["schedule"])), esc(fmt.Sprint(pl["micro_batches"])), esc(model))
+	if f, ok := num(pl["bubble_model"]); ok {
+		model = fmt.Sprintf(model, 100*f)
+	} else {
+		model = ""
+	}
+	fmt.Fprintf(b, "<p>schedule %s%s, %v micro-batches per step%s. A stage's bubble is its idle share of the step (the median over the steps after the first); at its costs, what the schedule gives were every action its median.</p>\n",
+		esc(fmt.Sprint(pl["schedule"])), esc(chunks), esc(fmt.Sprint(pl["micro_batches"])), esc(model))
 	b.WriteString("<table><tr><th>stage</th><th>layers</th><th>bubble</th><th>at its costs</th><th>peak micro-batches</th><th>their scratch (MiB)</th><th>workspace (MiB)</th><th>median F, B, W (ms)</th><th>median send (ms)</th></tr>\n")
 	for s := range list("bubble") {
 		costs := "—"

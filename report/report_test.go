@@ -264,6 +264,14 @@ func TestReportPipeline(t *testing.T) {
 			t.Errorf("no %q in the page", want)
 		}
 	}
+	// Interleaved: the chunks and its own model.
+	out = strings.Replace(out, `"schedule":"zb2",`, `"schedule":"interleaved","chunks":2,`, 1)
+	if err := os.WriteFile(filepath.Join(dir, logview.RankDir(0), "stdout.log"), []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if page, _ := pageOf(t, dir); !strings.Contains(page, "schedule interleaved over 2 chunks a stage (each stage&#39;s layers the sum of its chunks&#39;), 8 micro-batches per step; its bubble at equal stages, (p−1)/(v·m+p−1): 11.1%") {
+		t.Errorf("interleaved: no chunks or model in the page's pipeline section")
+	}
 	if page, _ := pageOf(t, fakeJob(t, 2, 1, 10, 0)); strings.Contains(page, "Pipeline stages") {
 		t.Errorf("a job without a pipeline has a pipeline section")
 	}

@@ -4,8 +4,9 @@
 # the first action's start on any stage to the last's end on any, measured
 # from the stages' traces: the median over the steps after the first) and
 # its peak of micro-batches held (the bytes of their scratches, and of the
-# workspace they share), for GPipe, 1F1B, ZB-H1 and ZB-H2 (zb2), in one run,
-# printed as a Markdown table beside the modelled bubble (p−1)/(m+p−1).
+# workspace they share), for GPipe, 1F1B, the interleaved 1F1B (two chunks a
+# stage), ZB-H1 and ZB-H2 (zb2), in one run, printed as a Markdown table
+# beside the modelled bubble ((p−1)/(m+p−1); interleaved (p−1)/(2m+p−1)).
 #
 #   bench/pipeline/run.sh [repetitions] [pp] [micro-batches] [steps]   (defaults: 3, 2, 8, 8)
 #
@@ -52,7 +53,7 @@ if [ "$cpus" != none ]; then
 fi
 echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || echo prebuilt), $cores cores, pp=$pp, m=$m, cores per rank $cpus, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for rep in $(seq "$reps"); do
-  for s in gpipe 1f1b zb zb2; do
+  for s in gpipe 1f1b interleaved zb zb2; do
     "$bin/launcher" run -n "$pp" "${cap[@]}" --log-dir "$tmp/runs" gpt --mesh "pp=$pp" --micro-batches "$m" --schedule "$s" --layers $((4 * pp)) \
       --dim 256 --heads 4 --context 64 --batch 16 --steps "$steps" --sample 0 "${extra[@]}" 2>/dev/null |
       tail -n1 | sed 's/^[^{]*//' >"$tmp/$s.$rep.json"
@@ -63,26 +64,28 @@ python3 - "$tmp" "$reps" <<'PY'
 import json, sys
 tmp, reps = sys.argv[1], int(sys.argv[2])
 best = {}
-for s in ("gpipe", "1f1b", "zb", "zb2"):
+schedules = ("gpipe", "1f1b", "interleaved", "zb", "zb2")
+for s in schedules:
     runs = [json.load(open(f"{tmp}/{s}.{r}.json")) for r in range(1, reps + 1)]
     best[s] = min(runs, key=lambda r: r["step_ms_median"])
 p = best["1f1b"]["pipeline"]
 mean = lambda v: sum(v) / len(v)
+model = lambda s, q: f"{100*q['bubble_model']:.1f}%" if s in ("gpipe", "1f1b", "interleaved") else "—"
 print(f"| schedule (pp={p['pp']}, m={p['micro_batches']}) | step ms | bubble per stage (measured) | mean | at the median costs | modelled | peak micro-batches per stage (their scratch + the workspace) |")
 print("|---|---|---|---|---|---|---|")
-for s in ("gpipe", "1f1b", "zb", "zb2"):
+for s in schedules:
     r = best[s]; q = r["pipeline"]
     print(f"| {s} | {r['step_ms_median']:.1f} | {', '.join(f'{100*b:.1f}%' for b in q['bubble'])} | {100*mean(q['bubble']):.1f}% | "
-          f"{100*mean(q['bubble_at_cost']):.1f}% | {100*q['bubble_model']:.1f}% (gpipe, 1f1b) | {', '.join(f'{k} ({b / 2**20:.1f} + {w / 2**20:.1f} MiB)' for k, b, w in zip(q['peak_activations'], q['scratch_bytes'], q['workspace_bytes']))} |")
+          f"{100*mean(q['bubble_at_cost']):.1f}% | {model(s, q)} | {', '.join(f'{k} ({b / 2**20:.1f} + {w / 2**20:.1f} MiB)' for k, b, w in zip(q['peak_activations'], q['scratch_bytes'], q['workspace_bytes']))} |")
 print()
 print("Every repetition's step (ms) and mean bubble, in order: " + "; ".join(
     s + " " + ", ".join("%.1f (%.1f%%)" % (r["step_ms_median"], 100 * mean(r["pipeline"]["bubble"]))
                         for r in [json.load(open(f"{tmp}/{s}.{k}.json")) for k in range(1, reps + 1)])
-    for s in ("gpipe", "1f1b", "zb", "zb2")))
+    for s in schedules))
 print()
 print("| schedule | median F, B, W per stage (ms) | median send (ms) |")
 print("|---|---|---|")
-for s in ("gpipe", "1f1b", "zb", "zb2"):
+for s in schedules:
     q = best[s]["pipeline"]
     fbw = "; ".join("%.1f, %.1f, %.1f" % (c["F"], c["B"], c["W"]) for c in q["cost_ms"])
     print(f"| {s} | {fbw} | {', '.join(f'{x:.2f}' for x in q['send_ms'])} |")

@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// TestPipelineStageFaults: a GPT pipeline stage (pp=3) that dies, or hangs,
+// TestPipelineStageFaults: a GPT pipeline stage (pp=3; 1F1B, and the
+// interleaved schedule round its ring) that dies, or hangs,
 // is the job's root cause, named as for collectives; its neighbours, which
 // wait on it, are torn down as victims, and the launcher ends in time. A
 // stopped stage is named by its silence, or, when the last stage reached
@@ -21,9 +22,14 @@ func TestPipelineStageFaults(t *testing.T) {
 		name string
 		sig  syscall.Signal
 		want *regexp.Regexp
+		args []string
 	}{
-		{"dies", syscall.SIGKILL, regexp.MustCompile(`root cause rank 1 \(node 0, pid \d+\) was killed by SIGKILL .*; 2 other ranks torn down`)},
-		{"hangs", syscall.SIGSTOP, regexp.MustCompile(`hang: root cause rank 1 \(node 0, pid \d+\) (stopped answering its peers|\(with ranks 0-1\) never entered) .*its process was T \(stopped\);.* 2 other ranks torn down`)},
+		{"dies", syscall.SIGKILL, regexp.MustCompile(`root cause rank 1 \(node 0, pid \d+\) was killed by SIGKILL .*; 2 other ranks torn down`), nil},
+		{"hangs", syscall.SIGSTOP, regexp.MustCompile(`hang: root cause rank 1 \(node 0, pid \d+\) (stopped answering its peers|\(with ranks 0-1\) never entered) .*its process was T \(stopped\);.* 2 other ranks torn down`), nil},
+		// Round the ring of the interleaved schedule: stage 0 talks to
+		// the last stage too.
+		{"dies-interleaved", syscall.SIGKILL, regexp.MustCompile(`root cause rank 1 \(node 0, pid \d+\) was killed by SIGKILL .*; 2 other ranks torn down`),
+			[]string{"--schedule", "interleaved", "--layers", "6"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logDir := t.TempDir()
@@ -31,9 +37,9 @@ func TestPipelineStageFaults(t *testing.T) {
 			res := make(chan int, 1)
 			id := "pp-" + tc.name
 			go func() {
-				res <- Main(context.Background(), []string{"run", "--worker", worker(), "--log-dir", logDir, "--job-id", id, "--grace", "1s",
+				res <- Main(context.Background(), append([]string{"run", "--worker", worker(), "--log-dir", logDir, "--job-id", id, "--grace", "1s",
 					"--hang-after", "2s", "-n", "3", "gpt", "--mesh", "pp=3", "--layers", "3", "--dim", "32", "--heads", "2", "--context", "16",
-					"--batch", "6", "--steps", "100000", "--sample", "0"}, &out, &errb)
+					"--batch", "6", "--steps", "100000", "--sample", "0"}, tc.args...), &out, &errb)
 			}()
 			rec := waitJobRecord(t, filepath.Join(logDir, id))
 			waitFor(t, 60*time.Second, "the pipeline's third step", func() bool { return strings.Contains(out.String(), "step 3/") })

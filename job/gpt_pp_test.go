@@ -40,7 +40,6 @@ func TestGPTPipeline(t *testing.T) {
 		t.Skipf("no %s on this machine", DefaultCorpus)
 	}
 	ref := pipeReport(t, "--mesh", "tp=1")
-	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-5*math.Abs(b) }
 	refSP := pipeReport(t, "--mesh", "tp=2", "--sequence-parallel")
 	moe := []string{"--experts", "2", "--top-k", "1", "--aux-coef", "0"} // dropless, no load-balancing loss: the micro-batches' sum is the batch's
 	refMoE := pipeReport(t, append([]string{"--mesh", "tp=1"}, moe...)...)
@@ -72,10 +71,7 @@ func TestGPTPipeline(t *testing.T) {
 				}
 				name := strings.Join(args, " ")
 				r := pipeReport(t, args...)
-				if !near(r.LossFirst, ref.LossFirst) || !near(r.LossLast, ref.LossLast) || !near(r.HeldOutLoss, ref.HeldOutLoss) || r.Sample != ref.Sample {
-					t.Errorf("%s: losses %.7f, %.7f, held-out %.7f, sample %q; pp=1: %.7f, %.7f, %.7f, %q", name,
-						r.LossFirst, r.LossLast, r.HeldOutLoss, r.Sample, ref.LossFirst, ref.LossLast, ref.HeldOutLoss, ref.Sample)
-				}
+				follows(t, name, r, ref)
 				p := r.Pipeline
 				if p == nil || p.Schedule != sched || fmt.Sprint(p.MicroBatches) != m || fmt.Sprint(p.StageLayers) != fmt.Sprint(tc.want) ||
 					len(p.Bubble) != p.PP || len(p.PeakActivations) != p.PP || len(p.ScratchBytes) != p.PP || len(p.WorkspaceBytes) != p.PP ||
@@ -92,6 +88,17 @@ func TestGPTPipeline(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// follows checks that run r (named name) followed ref's losses (the first,
+// the last, the held-out) within 1e-5 relative and sampled its text.
+func follows(t *testing.T, name string, r, ref GPTReport) {
+	t.Helper()
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-5*math.Abs(b) }
+	if !near(r.LossFirst, ref.LossFirst) || !near(r.LossLast, ref.LossLast) || !near(r.HeldOutLoss, ref.HeldOutLoss) || r.Sample != ref.Sample {
+		t.Errorf("%s: losses %.7f, %.7f, held-out %.7f, sample %q; the reference's: %.7f, %.7f, %.7f, %q", name,
+			r.LossFirst, r.LossLast, r.HeldOutLoss, r.Sample, ref.LossFirst, ref.LossLast, ref.HeldOutLoss, ref.Sample)
 	}
 }
 
@@ -238,7 +245,6 @@ func TestGPTPipelineInterleaved(t *testing.T) {
 	if _, err := os.Stat(DefaultCorpus); err != nil {
 		t.Skipf("no %s on this machine", DefaultCorpus)
 	}
-	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-5*math.Abs(b) }
 	moe := []string{"--experts", "2", "--top-k", "1", "--aux-coef", "0"}
 	refs := map[string]GPTReport{}
 	ref := func(args ...string) GPTReport {
@@ -281,13 +287,13 @@ func TestGPTPipelineInterleaved(t *testing.T) {
 			args := append([]string{"--mesh", tc.mesh, "--schedule", "interleaved", "--micro-batches", fmt.Sprint(m)}, strings.Fields(tc.args)...)
 			name := strings.Join(args, " ")
 			r := pipeReport(t, args...)
-			if !near(r.LossFirst, want.LossFirst) || !near(r.LossLast, want.LossLast) || !near(r.HeldOutLoss, want.HeldOutLoss) || r.Sample != want.Sample {
-				t.Errorf("%s: losses %.7f, %.7f, held-out %.7f, sample %q; pp=1: %.7f, %.7f, %.7f, %q", name,
-					r.LossFirst, r.LossLast, r.HeldOutLoss, r.Sample, want.LossFirst, want.LossLast, want.HeldOutLoss, want.Sample)
-			}
+			follows(t, name, r, want)
 			p := r.Pipeline
+			if p == nil {
+				t.Fatalf("%s: no pipeline in the report", name)
+			}
 			v := len(tc.layers) / p.PP
-			if p == nil || p.Schedule != "interleaved" || p.Chunks != v || fmt.Sprint(p.VirtualStageLayers) != fmt.Sprint(tc.layers) || len(p.PeakActivations) != p.PP {
+			if p.Schedule != "interleaved" || p.Chunks != v || fmt.Sprint(p.VirtualStageLayers) != fmt.Sprint(tc.layers) || len(p.PeakActivations) != p.PP {
 				t.Fatalf("%s: report's pipeline %+v", name, p)
 			}
 			if bm := float64(p.PP-1) / float64(v*m+p.PP-1); math.Abs(p.BubbleModel-bm) > 1e-12 {

@@ -120,7 +120,7 @@ func validate(g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action
 		return fmt.Errorf("%w: a schedule of %d chunks a stage for %d", ErrInvalid, pipeline.Chunks(sched), len(chunks))
 	}
 	for _, c := range chunks[1:] {
-		if wireOf(c) != wireOf(chunks[0]) {
+		if !wireOf(c).same(wireOf(chunks[0])) {
 			return fmt.Errorf("%w: chunks on the wires %v and %v", ErrInvalid, wireOf(chunks[0]), wireOf(c))
 		}
 	}

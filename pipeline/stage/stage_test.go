@@ -438,6 +438,20 @@ func TestRefusals(t *testing.T) {
 				return fmt.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 			}
 		}
+		// Chunks: as many as the schedule's, on one wire.
+		il, _ := pipeline.ScheduleChunks(pipeline.Interleaved, 2, 2, 2)
+		for _, tc := range []struct {
+			name   string
+			chunks []stage.Stage
+			want   string
+		}{
+			{"one chunk for two", []stage.Stage{l}, "a schedule of 2 chunks a stage for 1"},
+			{"chunks on two wires", []stage.Stage{l, wired{l, stage.Wire{DType: tensor.BFloat16}}}, "chunks on the wires host float32 and"},
+		} {
+			if _, err := stage.RunChunks(ctx, g, pipeline.Interleaved, il, tc.chunks, shape); !errors.Is(err, stage.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				return fmt.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+			}
+		}
 		return nil
 	})
 	if err != nil {
@@ -550,6 +564,14 @@ func TestCosts(t *testing.T) {
 		t.Errorf("an empty trace: %+v, %v", c, send)
 	}
 }
+
+// wired is a toy stage on a wire of its own.
+type wired struct {
+	*linear
+	w stage.Wire
+}
+
+func (w wired) Wire() stage.Wire { return w.w }
 
 // evaluator is a toy stage's forward alone (stage.Evaluator).
 type evaluator struct{ *linear }

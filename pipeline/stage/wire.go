@@ -37,6 +37,12 @@ func wireOf(x any) Wire {
 
 func (w Wire) device() bool { return w.Mem != nil }
 
+// same says whether o is w: the same dtype, on the host both or on one
+// device (Memory values need not be comparable).
+func (w Wire) same(o Wire) bool {
+	return w.DType == o.DType && w.device() == o.device() && (!w.device() || w.Mem.Device() == o.Mem.Device())
+}
+
 // String names the wire in errors: "host float32" or "bfloat16 on cuda:0".
 func (w Wire) String() string {
 	if !w.device() {

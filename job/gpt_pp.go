@@ -213,9 +213,10 @@ type PipelineReport struct {
 	// (GPTStage.WorkBytes).
 	ScratchBytes   []int64 `json:"scratch_bytes"`
 	WorkspaceBytes []int64 `json:"workspace_bytes"`
-	// CostMs is each stage's median F, B and W and SendMs its median send
-	// (from an action's end to its send's end; stage.Trace.Costs), in
-	// milliseconds, the medians over the steps after the first.
+	// CostMs is each stage's median F, B and W (a chunk's, with chunks) and
+	// SendMs its median send (from an action's end to its send's end;
+	// stage.Trace.Costs), in milliseconds, the medians over the steps after
+	// the first.
 	// BubbleAtCost is each stage's bubble as pipeline.Simulate gives the
 	// schedule under those costs (the sends at their mean over the stages):
 	// what the schedule gives when every action takes its median time.
@@ -267,6 +268,9 @@ func (r *PipelineReport) Text() string {
 		if s < len(r.CostMs) {
 			c := r.CostMs[s]
 			fmt.Fprintf(&b, "; F %.2f, B %.2f, W %.2f ms", c.F, c.B, c.W)
+			if r.Chunks > 1 {
+				b.WriteString(" a chunk")
+			}
 		}
 		b.WriteString("\n")
 	}

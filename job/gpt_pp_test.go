@@ -155,7 +155,8 @@ func TestGPTPipelineResume(t *testing.T) {
 
 // TestGPTPipelineDevices: the stages on the sim device (activations
 // downloaded to send, uploaded on arrival; through the fake NCCL under
-// 1F1B and ZB-H2) give the cpu stages' losses exactly, and bfloat16 stages
+// 1F1B, ZB-H2 and interleaved, staged under interleaved too: two stages
+// round a ring) give the cpu stages' losses exactly, and bfloat16 stages
 // (the activations sent widened) follow the unsplit bfloat16 model's
 // within docs/transformer.md's 1e-2.
 func TestGPTPipelineDevices(t *testing.T) {
@@ -176,6 +177,7 @@ func TestGPTPipelineDevices(t *testing.T) {
 	sims["staged"] = pipeReport(t, "--mesh", "pp=2,tp=2", "--schedule", "zb", "--device", "sim")
 	sims["host"] = pipeReport(t, "--mesh", "pp=2,tp=2", "--schedule", "zb", "--device", "sim", "--pp-wire", "host")
 	sims["staged pp=4"] = pipeReport(t, "--mesh", "pp=4", "--schedule", "1f1b", "--device", "sim")
+	sims["staged interleaved"] = pipeReport(t, "--mesh", "pp=2", "--schedule", "interleaved", "--device", "sim")
 	cpu4, cpu4zb2 := pipeReport(t, "--mesh", "pp=4", "--schedule", "1f1b"), pipeReport(t, "--mesh", "pp=4", "--schedule", "zb2")
 	cpuIL := pipeReport(t, "--mesh", "pp=2", "--schedule", "interleaved")
 	for name, got := range sims {
@@ -183,7 +185,7 @@ func TestGPTPipelineDevices(t *testing.T) {
 		switch {
 		case name == "nccl zb2":
 			want = cpu4zb2
-		case name == "nccl interleaved":
+		case strings.HasSuffix(name, "interleaved"):
 			want = cpuIL
 		case strings.Contains(name, "pp=4") || name == "nccl":
 			want = cpu4
@@ -212,6 +214,16 @@ func TestPipelineReportText(t *testing.T) {
 `
 	if got := r.Text(); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	// Interleaved: each stage's chunks' layers, micro-batches of a chunk,
+	// a chunk's costs, its own model.
+	r.Schedule, r.Chunks, r.VirtualStageLayers, r.BubbleModel = "interleaved", 2, []int{2, 1, 2, 3}, 1.0/17
+	want = `pipeline: interleaved over pp=2, 2 chunks a stage, 8 micro-batches a step (the modelled bubble (p−1)/(v·m+p−1): 5.9%)
+  stage 0: 4 layers (2+2), bubble 10.0% (8.5% at its median costs), peak 3 micro-batches of a chunk (3.0 MiB, and a workspace of 1.0); F 15.20, B 16.70, W 13.90 ms a chunk
+  stage 1: 4 layers (1+3), bubble 3.9% (4.7% at its median costs), peak 3 micro-batches of a chunk (3.5 MiB, and a workspace of 0.5); F 16.60, B 17.90, W 14.00 ms a chunk
+`
+	if got := r.Text(); got != want {
+		t.Errorf("interleaved: got\n%s\nwant\n%s", got, want)
 	}
 }
 

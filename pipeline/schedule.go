@@ -122,6 +122,14 @@ func RunChunks(kind Kind, p, m, v int, cost Cost) (Timeline, error) {
 	return Simulate(sched, cost)
 }
 
+// Virtual is the virtual stage of stage s's chunk c, of p stages: c·p+s,
+// the interleaved schedule's placement (with one chunk, the stage itself).
+func Virtual(p, s, c int) int { return c*p + s }
+
+// Place is the stage and the chunk of virtual stage u, of p stages
+// (Virtual's inverse).
+func Place(p, u int) (s, c int) { return u % p, u / p }
+
 // Action is one piece of a stage's work: Op 'F', 'B' or 'W' on micro-batch
 // MB, in the stage's chunk Chunk (0 but under Interleaved: virtual stage
 // Chunk·p + s of stage s).
@@ -495,23 +503,26 @@ func opIndex(op byte) int { return strings.IndexByte("FBW", op) }
 // p, v chunks each) are done (done(s, c, k, i): stage s's F (k 0) or B (k
 // 1) of micro-batch i in chunk c).
 func crossReady(a Action, s, p, v int, done func(s, c, k, i int) bool) bool {
-	u := a.Chunk*p + s // the virtual stage
-	switch a.Op {
-	case 'F':
-		return u == 0 || done((u-1)%p, (u-1)/p, 0, a.MB)
-	case 'B':
-		return u == p*v-1 || done((u+1)%p, (u+1)/p, 1, a.MB)
+	u := Virtual(p, s, a.Chunk)
+	switch {
+	case a.Op == 'F' && u > 0:
+		q, c := Place(p, u-1)
+		return done(q, c, 0, a.MB)
+	case a.Op == 'B' && u < p*v-1:
+		q, c := Place(p, u+1)
+		return done(q, c, 1, a.MB)
 	}
 	return true
 }
 
 // needs names what a (on stage s of p) waits for on another stage.
 func needs(a Action, s, p int) string {
-	u := a.Chunk*p + s
-	if a.Op == 'F' {
-		return fmt.Sprintf("%v of stage %d", Action{'F', a.MB, (u - 1) / p}, (u-1)%p)
+	op, w := byte('F'), Virtual(p, s, a.Chunk)-1
+	if a.Op != 'F' {
+		op, w = 'B', w+2
 	}
-	return fmt.Sprintf("%v of stage %d", Action{'B', a.MB, (u + 1) / p}, (u+1)%p)
+	q, c := Place(p, w)
+	return fmt.Sprintf("%v of stage %d", Action{op, a.MB, c}, q)
 }
 
 // MaxChunks bounds the chunks per stage (ChunksOf).

@@ -36,14 +36,14 @@ type Cost struct {
 
 // stage is the costs of stage s's chunk ch (Simulate checked Stages' length:
 // p or p·v).
-func (c Cost) stage(s, ch, p int) StageCost {
+func (c Cost) stage(p, s, ch int) StageCost {
 	switch {
 	case c.Stages == nil:
 		return StageCost{c.F, c.B, c.W}
 	case len(c.Stages) == p:
 		return c.Stages[s]
 	}
-	return c.Stages[ch*p+s]
+	return c.Stages[Virtual(p, s, ch)]
 }
 
 // Interval is one action's run on its stage.
@@ -100,7 +100,8 @@ func Simulate(sched [][]Action, cost Cost) (Timeline, error) {
 		return Timeline{}, fmt.Errorf("%w: costs of %d stages for %d", ErrSchedule, len(cost.Stages), p*v)
 	}
 	for u := 0; u < p*v; u++ {
-		c := cost.stage(u%p, u/p, p)
+		q, ch := Place(p, u)
+		c := cost.stage(p, q, ch)
 		for _, x := range []float64{c.F, c.B, c.W, cost.Send} {
 			if x < 0 || math.IsNaN(x) || math.IsInf(x, 0) {
 				return Timeline{}, fmt.Errorf("%w: stage %d: costs F %g, B %g, W %g, send %g: each must be finite and 0 or more", ErrSchedule, u, c.F, c.B, c.W, cost.Send)
@@ -138,14 +139,15 @@ func Simulate(sched [][]Action, cost Cost) (Timeline, error) {
 					break
 				}
 				start := free[s]
-				u := a.Chunk*p + s // the virtual stage
+				u := Virtual(p, s, a.Chunk)
+				arrival := func(k, w int) float64 { q, c := Place(p, w); return end[q][k][c*m+a.MB] + cost.Send }
 				switch {
 				case a.Op == 'F' && u > 0:
-					start = max(start, end[(u-1)%p][0][(u-1)/p*m+a.MB]+cost.Send)
+					start = max(start, arrival(0, u-1))
 				case a.Op == 'B' && u < p*v-1:
-					start = max(start, end[(u+1)%p][1][(u+1)/p*m+a.MB]+cost.Send)
+					start = max(start, arrival(1, u+1))
 				}
-				c := cost.stage(s, a.Chunk, p)
+				c := cost.stage(p, s, a.Chunk)
 				d := map[byte]float64{'F': c.F, 'B': c.B, 'W': c.W}[a.Op]
 				iv := Interval{Op: a.Op, MB: a.MB, Chunk: a.Chunk, Start: start, End: start + d}
 				t.Stages[s] = append(t.Stages[s], iv)

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/pipeline"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -45,7 +46,7 @@ func ForwardChunks(ctx context.Context, g *collective.Group, m int, evs []Evalua
 	}
 	for mb := range m {
 		for c, ev := range evs {
-			u := c*p + s
+			u := pipeline.Virtual(p, s, c)
 			var in *tensor.Tensor
 			if u > 0 {
 				if in, err = w.alloc(shape(mb)); err == nil {

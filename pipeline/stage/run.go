@@ -29,11 +29,12 @@ import (
 //
 // Sends never hold the compute back: a goroutine per neighbour posts them in
 // order. A goroutine per neighbour receives, ahead of the compute, in the
-// order the stage's F (from s−1) and B (from s+1) will consume. Each
-// neighbour has a two-rank group of its own, so traffic with one never waits
-// behind traffic with the other, even on a transport that holds a send until
-// it is received (shared memory or TCP past their buffers); Run checks that
-// each stage sends in the order its neighbour receives in.
+// order the neighbour sends (its F's activations, its B's gradients), each
+// into the slot of the action that takes it, so a send never waits on what
+// the stage computes. Each neighbour has a two-rank group of its own, so
+// traffic with one never waits behind traffic with the other, even on a
+// transport that holds a send until it is received (shared memory or TCP
+// past their buffers).
 //
 // The first error ends the run: a Stage method's (wrapped, naming the stage
 // and the action), or a send's or receive's, the collective layer's error
@@ -51,7 +52,7 @@ func Run(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][
 // next chunk), a gradient to stage s−1 (from stage 0, to the last stage's
 // chunk before): the stages send round a ring.
 func RunChunks(ctx context.Context, g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action, chunks []Stage, shape func(mb int) []int) (Trace, error) {
-	if err := validate(g, kind, sched, chunks, shape); err != nil {
+	if err := validate(g, sched, chunks, shape); err != nil {
 		return Trace{}, err
 	}
 	p, s, v := len(sched), g.Index(), len(chunks)
@@ -158,12 +159,18 @@ func takesFrom(sched [][]pipeline.Action, kind pipeline.Kind, q, me int) []pipel
 	}
 	var out []pipeline.Action
 	for _, a := range sched[q] {
-		u := a.Chunk*p + q
+		u := pipeline.Virtual(p, q, a.Chunk)
+		var op byte
 		switch {
-		case a.Op == 'F' && u+1 < n && (u+1)%p == me:
-			out = append(out, pipeline.Action{Op: 'F', MB: a.MB, Chunk: (u + 1) / p})
-		case a.Op == sends && u > 0 && (u-1)%p == me:
-			out = append(out, pipeline.Action{Op: 'B', MB: a.MB, Chunk: (u - 1) / p})
+		case a.Op == 'F' && u+1 < n:
+			op, u = 'F', u+1
+		case a.Op == sends && u > 0:
+			op, u = 'B', u-1
+		default:
+			continue
+		}
+		if s, c := pipeline.Place(p, u); s == me {
+			out = append(out, pipeline.Action{Op: op, MB: a.MB, Chunk: c})
 		}
 	}
 	return out
@@ -205,9 +212,6 @@ func (r *runner) err() error {
 	defer r.mu.Unlock()
 	return r.first
 }
-
-// virtual is a's virtual stage: c·p+s.
-func (r *runner) virtual(a pipeline.Action) int { return a.Chunk*r.p + r.s }
 
 // receive receives from neighbour nb, ahead of the compute, every tensor
 // the stage's actions take from it, in the order nb sends them.
@@ -278,7 +282,7 @@ func (r *runner) compute(start time.Time, tr *Trace) error {
 		if r.ctx.Err() != nil {
 			return context.Cause(r.ctx)
 		}
-		u := r.virtual(a)
+		u := pipeline.Virtual(r.p, r.s, a.Chunk)
 		first, last, st := u == 0, u == r.p*r.v-1, r.chunks[a.Chunk]
 		ready := time.Since(start)
 		var in *tensor.Tensor

@@ -104,10 +104,10 @@ func (t Trace) String() string {
 }
 
 // validate checks the schedule, the group, the chunks and the shapes
-// before anything runs: sends and receives are matched in order per peer,
-// so the order one stage sends in must be the order its neighbour receives
-// in.
-func validate(g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action, chunks []Stage, shape func(int) []int) error {
+// before anything runs. The orders of sends and receives need no check of
+// their own: each neighbour's messages are received in the order it sends
+// them (takesFrom), into the slot of the action that takes each.
+func validate(g *collective.Group, sched [][]pipeline.Action, chunks []Stage, shape func(int) []int) error {
 	p := len(sched)
 	switch {
 	case g == nil || len(chunks) == 0 || slices.Contains(chunks, nil) || shape == nil:
@@ -132,40 +132,6 @@ func validate(g *collective.Group, kind pipeline.Kind, sched [][]pipeline.Action
 	for mb := 0; mb < m; mb++ {
 		if sh := shape(mb); len(sh) == 0 || slices.ContainsFunc(sh, func(d int) bool { return d < 0 }) {
 			return fmt.Errorf("%w: micro-batch %d: shape %v", ErrInvalid, mb, sh)
-		}
-	}
-	// What each stage sends, named by the action that takes it on the
-	// neighbour, in the order sent, and what each receives in the order it
-	// takes them.
-	n := p * v
-	var actsOut, actsIn, gradsOut, gradsIn = make([][]pipeline.Action, p), make([][]pipeline.Action, p), make([][]pipeline.Action, p), make([][]pipeline.Action, p)
-	sends := byte('B')
-	if kind.Fused() {
-		sends = 'W' // a fused backward's gradient leaves after its W
-	}
-	for s, order := range sched {
-		for _, a := range order {
-			u := a.Chunk*p + s
-			switch {
-			case a.Op == 'F' && u+1 < n:
-				actsOut[s] = append(actsOut[s], pipeline.Action{Op: 'F', MB: a.MB, Chunk: (u + 1) / p})
-			case a.Op == sends && u > 0:
-				gradsOut[s] = append(gradsOut[s], pipeline.Action{Op: 'B', MB: a.MB, Chunk: (u - 1) / p})
-			}
-			switch {
-			case a.Op == 'F' && u > 0:
-				actsIn[s] = append(actsIn[s], a)
-			case a.Op == 'B' && u+1 < n:
-				gradsIn[s] = append(gradsIn[s], a)
-			}
-		}
-	}
-	for s := range p {
-		if to := (s + 1) % p; !slices.Equal(actsOut[s], actsIn[to]) {
-			return fmt.Errorf("%w: stage %d sends activations in the order %v, stage %d receives them in %v", pipeline.ErrSchedule, s, actsOut[s], to, actsIn[to])
-		}
-		if to := (s - 1 + p) % p; !slices.Equal(gradsOut[s], gradsIn[to]) {
-			return fmt.Errorf("%w: stage %d sends gradients in the order %v, stage %d receives them in %v", pipeline.ErrSchedule, s, gradsOut[s], to, gradsIn[to])
 		}
 	}
 	return nil

@@ -87,18 +87,17 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 	if p.layers, err = pipeline.StageLayers(cfg.Layers, pp, p.chunks, f.layers, splitCost(cfg)); err != nil {
 		return nil, err
 	}
-	interleaved := p.kind == pipeline.Interleaved
 	if p.m == 0 {
 		// 2·pp, or the largest divisor of the batch below it (a multiple
 		// of pp under interleaved).
-		for p.m = min(2*pp, cfg.Batch); p.m > 1 && (cfg.Batch%p.m != 0 || interleaved && p.m%pp != 0); p.m-- {
+		for p.m = min(2*pp, cfg.Batch); p.m > 1 && (cfg.Batch%p.m != 0 || p.kind.MicroBatchesFit(pp, p.m) != nil); p.m-- {
 		}
 	}
 	if p.m < 1 || p.m > cfg.Batch || cfg.Batch%p.m != 0 {
 		return nil, fmt.Errorf("--micro-batches %d: want 1 to --batch %d, dividing it (each micro-batch whole sequences)", p.m, cfg.Batch)
 	}
-	if interleaved && p.m%pp != 0 {
-		return nil, fmt.Errorf("--micro-batches %d: the interleaved schedule wants a multiple of pp=%d (and --batch %d a multiple of that)", p.m, pp, cfg.Batch)
+	if err := p.kind.MicroBatchesFit(pp, p.m); err != nil {
+		return nil, err
 	}
 	if p.sched, err = pipeline.ScheduleChunks(p.kind, pp, p.m, p.chunks); err != nil {
 		return nil, err
@@ -152,7 +151,7 @@ func (p *gptPipeline) model(ctx context.Context, cfg models.GPTConfig, w *collec
 	}
 	var gs gptChunks
 	for c := range p.chunks {
-		g, err := models.NewGPT(p.part(cfg, c*p.pp+s), local, dev)
+		g, err := models.NewGPT(p.part(cfg, pipeline.Virtual(p.pp, s, c)), local, dev)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -246,7 +245,7 @@ func (r *PipelineReport) Text() string {
 		if r.Chunks > 1 && len(r.VirtualStageLayers) == r.Chunks*r.PP {
 			var parts []string
 			for c := range r.Chunks {
-				parts = append(parts, strconv.Itoa(r.VirtualStageLayers[c*r.PP+s]))
+				parts = append(parts, strconv.Itoa(r.VirtualStageLayers[pipeline.Virtual(r.PP, s, c)]))
 			}
 			fmt.Fprintf(&b, " (%s)", strings.Join(parts, "+"))
 		}
@@ -306,7 +305,8 @@ func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 		BubbleModel: float64(p.pp-1) / float64(p.chunks*p.m+p.pp-1)}
 	rep.StageLayers = make([]int, p.pp)
 	for u, n := range p.layers {
-		rep.StageLayers[u%p.pp] += n
+		s, _ := pipeline.Place(p.pp, u)
+		rep.StageLayers[s] += n
 	}
 	if p.chunks > 1 {
 		rep.VirtualStageLayers = p.layers

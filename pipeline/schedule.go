@@ -545,6 +545,16 @@ func ChunksOf(kind Kind, n int) (int, error) {
 	return n, nil
 }
 
+// MicroBatchesFit refuses m micro-batches the kind cannot run on p stages:
+// the interleaved schedule's must be a multiple of p. The error names the
+// flag --micro-batches.
+func (k Kind) MicroBatchesFit(p, m int) error {
+	if k == Interleaved && p > 0 && m%p != 0 {
+		return fmt.Errorf("--micro-batches %d: the interleaved schedule wants a multiple of pp=%d", m, p)
+	}
+	return nil
+}
+
 // MaxStageLayers bounds a stage's layers in StageLayers' spec.
 const MaxStageLayers = 1 << 16
 

@@ -84,8 +84,8 @@ func (o PipelineOptions) stageLayers(pp int, cost pipeline.SplitCost) ([]int, pi
 	if o.MicroBatches < 1 || o.MicroBatches > maxMicroBatches {
 		return nil, 0, 0, fmt.Errorf("--micro-batches %d: want 1 to %d micro-batches per step", o.MicroBatches, maxMicroBatches)
 	}
-	if kind == pipeline.Interleaved && o.MicroBatches%pp != 0 {
-		return nil, 0, 0, fmt.Errorf("--micro-batches %d: interleaved wants a multiple of pp=%d", o.MicroBatches, pp)
+	if err := kind.MicroBatchesFit(pp, o.MicroBatches); err != nil {
+		return nil, 0, 0, err
 	}
 	if pp*v*o.MicroBatches*3 > maxPipeActions {
 		return nil, 0, 0, fmt.Errorf("pp=%d with --micro-batches %d: more than %d actions to simulate", pp, o.MicroBatches, maxPipeActions)

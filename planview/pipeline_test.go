@@ -152,7 +152,7 @@ func TestPlanPipelineRefusals(t *testing.T) {
 		{pipeArgs + " --vocab -1", "launcher plan: --vocab -1: want 0 (blocks alone) to 16777216\n"},
 		{pipeArgs + " --pp-chunks 2", "launcher plan: --pp-chunks 2: only --schedule interleaved runs more than one chunk per stage\n"},
 		{pipeArgs + " --schedule interleaved --pp-chunks 65", "launcher plan: --pp-chunks 65: want 1 to 64 chunks per stage\n"},
-		{strings.Replace(pipeArgs, "--micro-batches 8", "--micro-batches 6", 1) + " --schedule interleaved", "launcher plan: --micro-batches 6: interleaved wants a multiple of pp=4\n"},
+		{strings.Replace(pipeArgs, "--micro-batches 8", "--micro-batches 6", 1) + " --schedule interleaved", "launcher plan: --micro-batches 6: the interleaved schedule wants a multiple of pp=4\n"},
 		{strings.Replace(pipeArgs, "--layers 8", "--layers 6", 1) + " --schedule interleaved", "launcher plan: --layers 6 on pp=4 with 2 chunks a stage: a virtual stage would have no layer\n"},
 		{pipeArgs + " --schedule interleaved --pp-layers 4,4,0,0", "launcher plan: --pp-layers 4,4,0,0: virtual stage 2 has no layer\n"},
 		{pipeArgs + " --schedule interleaved --pp-layers 2,2,2,2", "launcher plan: --pp-layers 2,2,2,2: 4 stages, want pp × chunks = 8\n"},

@@ -150,25 +150,28 @@ func isParam(fwd *spmd.Plan, input string) bool {
 
 // pipelineReport is the pipeline in --json.
 type pipelineReport struct {
-	MeshDim      string    `json:"mesh_dim"`
-	Stages       int       `json:"stages"`
-	StageMesh    string    `json:"stage_mesh"`
-	Schedule     string    `json:"schedule"`
-	Chunks       int       `json:"chunks"`
-	MicroBatches int       `json:"micro_batches"`
-	StageLayers  []int     `json:"stage_layers"`
-	Vocab        int       `json:"vocab,omitempty"`
-	LayerF       float64   `json:"layer_forward_s"`
-	LayerB       float64   `json:"layer_input_grad_s"`
-	LayerW       float64   `json:"layer_weight_grad_s"`
-	SendBytes    int64     `json:"send_bytes"`
-	Send         float64   `json:"send_s"`
-	Step         float64   `json:"step_s"`
-	Bubble       float64   `json:"bubble"`
-	Idle         []float64 `json:"idle_s"`
-	Peak         []int     `json:"peak_activations"`
-	PeakInput    []int     `json:"peak_activations_to_b"`
-	timeline     pipeline.Timeline
+	MeshDim      string `json:"mesh_dim"`
+	Stages       int    `json:"stages"`
+	StageMesh    string `json:"stage_mesh"`
+	Schedule     string `json:"schedule"`
+	Chunks       int    `json:"chunks"`
+	MicroBatches int    `json:"micro_batches"`
+	StageLayers  []int  `json:"stage_layers"`
+	// VirtualStageLayers is each virtual stage's layers with chunks
+	// (StageLayers sums a stage's), as worker gpt's report has them.
+	VirtualStageLayers []int     `json:"virtual_stage_layers,omitempty"`
+	Vocab              int       `json:"vocab,omitempty"`
+	LayerF             float64   `json:"layer_forward_s"`
+	LayerB             float64   `json:"layer_input_grad_s"`
+	LayerW             float64   `json:"layer_weight_grad_s"`
+	SendBytes          int64     `json:"send_bytes"`
+	Send               float64   `json:"send_s"`
+	Step               float64   `json:"step_s"`
+	Bubble             float64   `json:"bubble"`
+	Idle               []float64 `json:"idle_s"`
+	Peak               []int     `json:"peak_activations"`
+	PeakInput          []int     `json:"peak_activations_to_b"`
+	timeline           pipeline.Timeline
 }
 
 // runPipeline times the pipeline of ops (one transformer block on a stage's
@@ -186,7 +189,14 @@ func runPipeline(o BlockOptions, ops []layout.Op, m placement.Model, elemSize in
 	bytes := placement.SatMul(out.MaxLocalElems(), int64(elemSize))
 	send := m.Alpha + float64(bytes)/m.Beta
 	r := &pipelineReport{MeshDim: "pp", Stages: o.PP, StageMesh: o.Mesh, Schedule: kind.String(), Chunks: v, MicroBatches: o.Pipeline.MicroBatches,
-		StageLayers: per, Vocab: o.Pipeline.Vocab, LayerF: c.F, LayerB: c.B, LayerW: c.W, SendBytes: bytes, Send: send}
+		StageLayers: make([]int, o.PP), Vocab: o.Pipeline.Vocab, LayerF: c.F, LayerB: c.B, LayerW: c.W, SendBytes: bytes, Send: send}
+	for u, n := range per {
+		s, _ := pipeline.Place(o.PP, u)
+		r.StageLayers[s] += n
+	}
+	if v > 1 {
+		r.VirtualStageLayers = per
+	}
 	// The chart counts milliseconds.
 	const ms = 1e3
 	cost := pipeline.Cost{Send: send * ms}
@@ -237,8 +247,12 @@ func runPipeline(o BlockOptions, ops []layout.Op, m placement.Model, elemSize in
 func (r *pipelineReport) text(w io.Writer, mesh string, tokens int) {
 	fmt.Fprintf(w, "== pipeline over pp=%d (mesh %s; each stage runs its blocks on %s): schedule %s, %d micro-batches of %d tokens\n",
 		r.Stages, mesh, r.StageMesh, r.Schedule, r.MicroBatches, tokens)
-	layers := make([]string, len(r.StageLayers))
-	for i, n := range r.StageLayers {
+	per := r.StageLayers
+	if r.Chunks > 1 {
+		per = r.VirtualStageLayers
+	}
+	layers := make([]string, len(per))
+	for i, n := range per {
 		layers[i] = strconv.Itoa(n)
 	}
 	if r.Chunks > 1 {

@@ -60,6 +60,7 @@ func TestPlanPipelineModel(t *testing.T) {
 		Pipeline struct {
 			StageMesh   string    `json:"stage_mesh"`
 			StageLayers []int     `json:"stage_layers"`
+			Virtual     []int     `json:"virtual_stage_layers"`
 			Step        float64   `json:"step_s"`
 			Bubble      float64   `json:"bubble"`
 			Idle        []float64 `json:"idle_s"`
@@ -97,12 +98,12 @@ func TestPlanPipelineModel(t *testing.T) {
 	// Interleaved over 2 chunks: 8 virtual stages of a layer; the bubble
 	// near (p−1)/(v·m+p−1) = 3/19 (the sends add), under 1F1B's 3/11.
 	il := get("--schedule interleaved")
-	if fmt.Sprint(il.Pipeline.StageLayers) != "[1 1 1 1 1 1 1 1]" || il.Pipeline.Step >= o.Pipeline.Step ||
+	if fmt.Sprint(il.Pipeline.Virtual) != "[1 1 1 1 1 1 1 1]" || fmt.Sprint(il.Pipeline.StageLayers) != "[2 2 2 2]" || il.Pipeline.Step >= o.Pipeline.Step ||
 		!(il.Pipeline.Bubble > 3.0/19-0.01 && il.Pipeline.Bubble < 3.0/19+0.03) || il.Pipeline.Peak[0] != 11 {
-		t.Errorf("interleaved: layers %v, step %g (1f1b %g), bubble %g, peaks %v", il.Pipeline.StageLayers, il.Pipeline.Step, o.Pipeline.Step, il.Pipeline.Bubble, il.Pipeline.Peak)
+		t.Errorf("interleaved: layers %v (%v), step %g (1f1b %g), bubble %g, peaks %v", il.Pipeline.Virtual, il.Pipeline.StageLayers, il.Pipeline.Step, o.Pipeline.Step, il.Pipeline.Bubble, il.Pipeline.Peak)
 	}
-	if il4 := get("--schedule interleaved --pp-chunks 4 --layers 16"); !(il4.Pipeline.Bubble < il.Pipeline.Bubble) || len(il4.Pipeline.StageLayers) != 16 {
-		t.Errorf("4 chunks: bubble %g (2 chunks %g), layers %v", il4.Pipeline.Bubble, il.Pipeline.Bubble, il4.Pipeline.StageLayers)
+	if il4 := get("--schedule interleaved --pp-chunks 4 --layers 16"); !(il4.Pipeline.Bubble < il.Pipeline.Bubble) || len(il4.Pipeline.Virtual) != 16 {
+		t.Errorf("4 chunks: bubble %g (2 chunks %g), layers %v", il4.Pipeline.Bubble, il.Pipeline.Bubble, il4.Pipeline.Virtual)
 	}
 	u := get("--pp-layers 3,3,1,1")
 	if u.Pipeline.Step <= o.Pipeline.Step || u.Pipeline.Idle[3] <= u.Pipeline.Idle[0] {

@@ -80,15 +80,14 @@ type GPTReport struct {
 // gptTask is `worker gpt`.
 type gptTask struct {
 	training
-	cfg       models.GPTConfig
-	data      string
-	sample    int
-	temp      float64
-	corpus    *corpus
-	heldOut   int // batches of held-out text the final loss averages
-	opProfile bool
-	pipe      *gptPipeline // with a mesh dim pp (gpt_pp.go)
-	pf        pipeFlags
+	cfg     models.GPTConfig
+	data    string
+	sample  int
+	temp    float64
+	corpus  *corpus
+	heldOut int          // batches of held-out text the final loss averages
+	pipe    *gptPipeline // with a mesh dim pp (gpt_pp.go)
+	pf      pipeFlags
 }
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
@@ -112,7 +111,6 @@ func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.IntVar(&t.sample, "sample", 200, "characters to sample at the end")
 	fs.Float64Var(&t.temp, "temperature", 0.8, "sampling temperature")
 	t.pf.register(fs)
-	fs.BoolVar(&t.opProfile, "op-profile", false, "print each kernel's and collective's calls and time per step (after the first step) on rank 0's stderr (with pp: each stage's, on its first rank's); on cuda with MESHRUN_CUDA_SYNC=1 each kernel's time is its own")
 }
 
 func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {

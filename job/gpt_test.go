@@ -117,7 +117,7 @@ func TestGPTResume(t *testing.T) {
 // TestGPTOpProfile: --op-profile prints, on rank 0's stderr, every kernel
 // and collective of the steps after the first, per step, slowest first,
 // and the rest of the step as "other", none of them negative; under pp,
-// each stage's on its first rank's.
+// each stage's on its first rank's; mlp's too.
 func TestGPTOpProfile(t *testing.T) {
 	if _, err := os.Stat(DefaultCorpus); err != nil {
 		t.Skipf("no %s on this machine", DefaultCorpus)
@@ -170,6 +170,16 @@ func TestGPTOpProfile(t *testing.T) {
 		}
 		if !ok || !strings.Contains(table, want+" ") {
 			t.Errorf("pp=2,tp=2: stage %d's profile has no %s:\n%s", s, want, errs)
+		}
+	}
+	// mlp prints the same table, its block's kernels and collectives.
+	code, out, errs = run(t, "mlp", "--mesh", "tp=2", "--steps", "4", "--tokens", "16", "--hidden", "32", "--op-profile")
+	if code != 0 || strings.Count(errs, "op profile: 3 steps, ") != 1 {
+		t.Fatalf("mlp: exit %d, want one profile of 3 steps on stderr:\n%s%s", code, out, errs)
+	}
+	for _, want := range []string{"gemm_bias ", "gelu_backward ", "mse ", "dx ", "other "} {
+		if !strings.Contains(errs, "\n"+want) {
+			t.Errorf("mlp: no %q row in\n%s", want, errs)
 		}
 	}
 }

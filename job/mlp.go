@@ -170,6 +170,10 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 		var recs []runlog.StepRecord
 		var first, last float64
 		var moved tensor.Transfers
+		var profiled time.Duration // the steps after the first, with --op-profile
+		if t.opProfile && w.Rank() == 0 {
+			defer func() { tr.profileTable(env.Stderr, "", steps-startStep-1, profiled) }()
+		}
 		for s := startStep + 1; s <= steps; s++ {
 			tr.take("kernel")
 			tr.take("collective")
@@ -187,6 +191,11 @@ func (t *mlpTask) run(ctx context.Context, env Env) int {
 			recs = append(recs, rec)
 			if s == startStep+1 {
 				first = loss
+				if t.opProfile {
+					tr.profile() // from the second step: the first loads modules and picks algorithms
+				}
+			} else {
+				profiled += d
 			}
 			last = loss
 			if w.Rank() == 0 {

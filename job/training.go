@@ -16,8 +16,11 @@ type training struct {
 	mesh    string
 	steps   int
 	profile string
-	df      deviceFlags
-	cf      ckptFlags
+	// opProfile: --op-profile, each kernel's and collective's time per step
+	// on rank 0's stderr.
+	opProfile bool
+	df        deviceFlags
+	cf        ckptFlags
 
 	m           placement.Mesh
 	rd          rankDevice
@@ -31,6 +34,7 @@ type training struct {
 func (t *training) register(fs *flag.FlagSet, meshUsage string) {
 	fs.StringVar(&t.mesh, "mesh", "", meshUsage)
 	fs.StringVar(&t.profile, "cpuprofile", "", "write a CPU profile of the steps to `FILE` (in-process ranks: one profile)")
+	fs.BoolVar(&t.opProfile, "op-profile", false, "print each kernel's and collective's calls and time per step (after the first step) on rank 0's stderr (gpt with pp: each stage's, on its first rank's); on cuda with MESHRUN_CUDA_SYNC=1 each kernel's time is its own")
 	t.df.register(fs)
 	t.cf.register(fs)
 }

@@ -110,4 +110,4 @@ if profile:
             step()
         torch.cuda.synchronize()
     print(f"torch profile: {profile} steps, {dtype}", file=sys.stderr)
-    print(p.key_averages().table(sort_by="cuda_time_total", row_limit=30), file=sys.stderr)
+    print(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=30), file=sys.stderr)

@@ -1,5 +1,7 @@
 package cuda
 
+import "strconv"
+
 // Options are a provider's switches, given to New (the worker reads them from
 // its environment: package job). The zero value is the default: ops do not
 // wait for their work, TF32 is off, GEMMs take cuBLASLt where it serves them.
@@ -24,7 +26,16 @@ type Options struct {
 	// backward measured 0.93–0.96× PyTorch's at 2048–8192 tokens and 2.02×
 	// at 512; this measures the other side.
 	BGradSplit bool
+	// LtAlgos is how many of cuBLASLt's heuristic candidates the first call
+	// of each GEMM (shape, dtypes, layout, epilogue) times on its own
+	// operands, keeping the fastest (EnvLtAlgos); 0 or 1 keeps the
+	// heuristic's first pick untimed, as PyTorch does. A timed pick can
+	// differ between runs; 1 makes a run's GEMMs repeat bit for bit.
+	LtAlgos int
 }
+
+// MaxLtAlgos is the most candidates LtAlgos times.
+const MaxLtAlgos = 32
 
 // The environment variables behind Options, as OptionsFrom reads them.
 const (
@@ -41,13 +52,22 @@ const (
 	// EnvBGrad set to "split" runs the bias gradient apart from the weight
 	// gradient's GEMM (Options.BGradSplit).
 	EnvBGrad = "MESHRUN_BGRAD"
+	// EnvLtAlgos is how many cuBLASLt candidates a GEMM's first call times,
+	// 1 to MaxLtAlgos (Options.LtAlgos).
+	EnvLtAlgos = "MESHRUN_CUBLASLT_ALGOS"
 )
 
 // OptionsFrom reads the options from getenv: MESHRUN_CUDA_SYNC=1,
 // MESHRUN_TF32=1, MESHRUN_CUBLASLT=0, MESHRUN_CUDA_ATTENTION=kernels,
-// MESHRUN_BGRAD=split (any other value, or none, leaves the default).
+// MESHRUN_BGRAD=split, MESHRUN_CUBLASLT_ALGOS=N (any other value, or none,
+// leaves the default).
 func OptionsFrom(getenv func(string) string) Options {
+	algos, err := strconv.Atoi(getenv(EnvLtAlgos))
+	if err != nil || algos < 1 || algos > MaxLtAlgos {
+		algos = 0
+	}
 	return Options{
+		LtAlgos:     algos,
 		Sync:        getenv(EnvSync) == "1",
 		TF32:        getenv(EnvTF32) == "1",
 		NoLt:        getenv(EnvLt) == "0",

@@ -119,7 +119,7 @@ func planGemm(g kernels.GemmParams) gemmPlan {
 // 2026-11-27) such calls (N 17 or 33, K 9 or 47) came back off by up to a
 // bfloat16 rounding of the product, while 64×64×64 came back rounded
 // once (TestBF16EpilogueRounding) and the fallback plan passed the whole
-// conformance suite; bench/gpu/results/2026-11-27.md.
+// conformance suite; bench/gpu/results/2026-11-27-run1.md to -run3.md.
 func ltRoundsTwice(g kernels.GemmParams) bool {
 	switch g.Epilogue {
 	case kernels.EpilogueNone, kernels.EpilogueBGrad:

@@ -5,7 +5,7 @@
     torch_mlp.py TOKENS HIDDEN FFN STEPS DTYPE [PROFILE]
 
 h = x W1^T + b1; g = gelu(h, tanh); y = g W2^T + b2; loss = mean((y - t)^2);
-autograd backward; SGD in place; the loss read back every step (as meshrun
+autograd backward, the input's gradient too; SGD in place; the loss read back every step (as meshrun
 reads its one float64). DTYPE float32 (TF32 off) or bfloat16 (autocast,
 float32 parameters). Prints one JSON line with step_ms_median; with
 PROFILE (a number of steps), torch.profiler runs that many more steps and
@@ -32,6 +32,9 @@ def main():
     b2 = torch.zeros(hidden, device=dev, requires_grad=True)
     x = torch.randn(tokens, hidden, device=dev, generator=g)
     t = torch.randn(tokens, hidden, device=dev, generator=g)
+    # The block's input gradient too, as meshrun's block (which sits inside
+    # a network) computes it, and as bench/mlp/torch_mlp.py does.
+    x.requires_grad_()
     params = [w1, b1, w2, b2]
 
     def step():

@@ -69,9 +69,11 @@ type Provider struct {
 	scratch [numSlots]*Buffer        // the GEMM plans' scratch, grown on demand
 	host    *cpu.Provider            // float64 data of the transformer ops runs on the host
 	mem     *Memory
-	lt      *lt          // cuBLASLt (made on first use)
-	ew      *elementwise // the kernels of ptx/kernels.h (loaded on first use)
-	served  string       // the path the last GEMM took (the dispatch table's test reads it)
+	lt      *lt                    // cuBLASLt (made on first use)
+	ew      *elementwise           // the kernels of ptx/kernels.h (loaded on first use)
+	served  string                 // the path the last GEMM took (the dispatch table's test reads it)
+	pool    map[int][]cu.DevicePtr // freed buffers by poolSize, for the next Alloc (pool.go)
+	pooled  int                    // their bytes
 }
 
 var _ kernels.MemoryProvider = (*Provider)(nil)
@@ -131,7 +133,7 @@ func New(ordinal int, o Options) (p *Provider, err error) {
 func (p *Provider) Close() error {
 	var errs []error
 	errs = append(errs, p.on(func() error {
-		errs := []error{p.stream.Synchronize()}
+		errs := []error{p.stream.Synchronize(), p.releasePool()}
 		for _, b := range p.ones {
 			errs = append(errs, cu.MemFree(b.ptr))
 		}
@@ -221,7 +223,7 @@ func (m *Memory) Alloc(dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
 	b := &Buffer{n: n, mem: m}
 	if n > 0 {
 		err := m.p.do(func() (err error) {
-			if b.ptr, err = cu.MemAlloc(int64(n)); err != nil {
+			if b.ptr, err = m.p.take(n); err != nil {
 				return err
 			}
 			return cu.MemsetD8Async(b.ptr, 0, int64(n), m.p.stream)
@@ -245,14 +247,18 @@ func (m *Memory) buffer(t *tensor.Tensor) (*Buffer, error) {
 	return b, nil
 }
 
-// Free implements tensor.Memory. The stream's work, which may still use
-// the buffer, completes first.
+// Free implements tensor.Memory. The buffer goes back to the provider's
+// pool without waiting: the stream's work queued before, which may still
+// use it, runs before any work queued after on the buffer's next owner.
 func (m *Memory) Free(t *tensor.Tensor) error {
 	b, err := m.buffer(t)
 	if err != nil || b.n == 0 {
 		return err
 	}
-	err = m.p.do(func() error { return m.p.free(b.ptr) })
+	err = m.p.do(func() error {
+		m.p.give(b.ptr, b.n)
+		return nil
+	})
 	b.ptr = 0
 	return err
 }

@@ -17,7 +17,7 @@ import (
 type elementwise struct {
 	mod  cu.Module
 	fns  map[string]cu.Function
-	part cu.DevicePtr // ptx.MSEThreads + ptx.SumThreads float64s
+	part cu.DevicePtr // ptx.MSEThreads float64s and each ptx.SumStages stage's
 }
 
 // kernel returns the named function of the module, loading it on first use
@@ -28,7 +28,11 @@ func (p *Provider) kernel(name string) (cu.Function, error) {
 		if err != nil {
 			return cu.Function{}, fmt.Errorf("cuda: loading the kernels' PTX: %w", err)
 		}
-		part, err := cu.MemAlloc(int64((ptx.MSEThreads + ptx.SumThreads) * 8))
+		n := ptx.MSEThreads
+		for _, s := range ptx.SumStages(ptx.MSEThreads) {
+			n += s
+		}
+		part, err := cu.MemAlloc(int64(n * 8))
 		if err != nil {
 			mod.Unload()
 			return cu.Function{}, fmt.Errorf("cuda: MSE partial sums: %w", err)
@@ -106,7 +110,7 @@ func (p *Provider) gelu(y, dy, x *tensor.Tensor) error {
 }
 
 // mse runs the mean squared error and its fixed-order sum: ptx.MSEThreads
-// partial sums, ptx.SumThreads sums of them, one sum of those into sum[0].
+// partial sums, then the stages of ptx.SumStages, the last into sum[0].
 func (p *Provider) mse(dy, sum, y, target *tensor.Tensor, scale float64) error {
 	n, dt := y.Len(), y.DType()
 	return p.do(func() error {
@@ -114,14 +118,26 @@ func (p *Provider) mse(dy, sum, y, target *tensor.Tensor, scale float64) error {
 			return err
 		}
 		part := uint64(p.ew.part)
-		part2 := part + ptx.MSEThreads*8
 		if err := p.launch("mse"+suffix(dt), n, ptx.MSEThreads/ptx.BlockThreads, ptx.BlockThreads,
 			dev(dy), part, dev(y), dev(target), scalar(dt, scale), uint64(n)); err != nil {
 			return err
 		}
-		if err := p.launch("sum_stage", ptx.MSEThreads, 1, ptx.SumThreads, part2, part, ptx.MSEThreads); err != nil {
-			return err
+		in, count := part, ptx.MSEThreads
+		stages := ptx.SumStages(ptx.MSEThreads)
+		for i, threads := range stages {
+			out := in + uint64(count*8)
+			if i == len(stages)-1 {
+				out = dev(sum)
+			}
+			blocks, block := 1, threads
+			if threads > ptx.BlockThreads {
+				blocks, block = threads/ptx.BlockThreads, ptx.BlockThreads
+			}
+			if err := p.launch("sum_stage", threads, blocks, block, out, in, uint64(count)); err != nil {
+				return err
+			}
+			in, count = out, threads
 		}
-		return p.launch("sum_stage", ptx.SumThreads, 1, 1, dev(sum), part2, ptx.SumThreads)
+		return nil
 	})
 }

@@ -19,13 +19,12 @@ type Options struct {
 	// AttnKernels runs attention on the one-row-per-thread kernels rather
 	// than through cuBLAS (EnvAttention); for checking them on a GPU.
 	AttnKernels bool
-	// BGradSplit runs a weight gradient with its bias gradient
+	// BGradSplit runs every weight gradient with its bias gradient
 	// (kernels.EpilogueBGrad) as a plain GEMM and the bias gradient apart
-	// (ones·dy on cuBLAS), as PyTorch's linear backward does, instead of
-	// cuBLASLt's BGRADB epilogue (EnvBGrad): on the H100 the fused bfloat16
-	// backward measured 0.93–0.96× PyTorch's at 2048–8192 tokens and 2.02×
-	// at 512; this measures the other side.
-	BGradSplit bool
+	// (ones·dy on cuBLAS), as PyTorch's linear backward does, and BGradFused
+	// every one on cuBLASLt's BGRADB epilogue (EnvBGrad). Neither: bfloat16
+	// ones over 512 tokens or more split, the rest fuse (bgradSplit).
+	BGradSplit, BGradFused bool
 	// LtAlgos is how many of cuBLASLt's heuristic candidates the first call
 	// of each GEMM (shape, dtypes, layout, epilogue) times on its own
 	// operands, keeping the fastest (EnvLtAlgos); 0 or 1 keeps the
@@ -50,7 +49,8 @@ const (
 	// kernels (Options.AttnKernels); by default it goes through cuBLAS.
 	EnvAttention = "MESHRUN_CUDA_ATTENTION"
 	// EnvBGrad set to "split" runs the bias gradient apart from the weight
-	// gradient's GEMM (Options.BGradSplit).
+	// gradient's GEMM (Options.BGradSplit), "fused" on its epilogue
+	// (Options.BGradFused).
 	EnvBGrad = "MESHRUN_BGRAD"
 	// EnvLtAlgos is how many cuBLASLt candidates a GEMM's first call times,
 	// 1 to MaxLtAlgos (Options.LtAlgos).
@@ -59,7 +59,7 @@ const (
 
 // OptionsFrom reads the options from getenv: MESHRUN_CUDA_SYNC=1,
 // MESHRUN_TF32=1, MESHRUN_CUBLASLT=0, MESHRUN_CUDA_ATTENTION=kernels,
-// MESHRUN_BGRAD=split, MESHRUN_CUBLASLT_ALGOS=N (any other value, or none,
+// MESHRUN_BGRAD=split|fused, MESHRUN_CUBLASLT_ALGOS=N (any other value, or none,
 // leaves the default).
 func OptionsFrom(getenv func(string) string) Options {
 	algos, err := strconv.Atoi(getenv(EnvLtAlgos))
@@ -73,5 +73,6 @@ func OptionsFrom(getenv func(string) string) Options {
 		NoLt:        getenv(EnvLt) == "0",
 		AttnKernels: getenv(EnvAttention) == "kernels",
 		BGradSplit:  getenv(EnvBGrad) == "split",
+		BGradFused:  getenv(EnvBGrad) == "fused",
 	}
 }

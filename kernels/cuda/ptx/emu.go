@@ -2,7 +2,7 @@
 
 // The emulation: the kernels of kernels.h run on the CPU, one thread after
 // another. The sums follow the provider's launch shapes (MSEThreads,
-// SumThreads).
+// SumStages).
 
 package ptx
 
@@ -49,15 +49,16 @@ func Gelu(y, dy, x *tensor.Tensor, threads int) {
 
 // MSE runs mse_* with threads threads, then the two sum stages, as the
 // provider launches them; it returns the sum.
-func MSE(dy, y, t *tensor.Tensor, scale float64, threads, sumThreads int) float64 {
+func MSE(dy, y, t *tensor.Tensor, scale float64, threads int) float64 {
 	part := make([]float64, threads)
 	C.emu_mse(code(y.DType()), ptr(tensor.HostBytes(dy)), (*C.double)(ptr(part)), ptr(tensor.HostBytes(y)), ptr(tensor.HostBytes(t)),
 		C.double(scale), C.ulonglong(y.Len()), C.uint(threads))
-	part2 := make([]float64, sumThreads)
-	C.emu_sum_stage((*C.double)(ptr(part2)), (*C.double)(ptr(part)), C.ulonglong(threads), C.uint(sumThreads))
-	var sum [1]float64
-	C.emu_sum_stage((*C.double)(ptr(sum[:])), (*C.double)(ptr(part2)), C.ulonglong(sumThreads), 1)
-	return sum[0]
+	for _, n := range SumStages(threads) {
+		next := make([]float64, n)
+		C.emu_sum_stage((*C.double)(ptr(next)), (*C.double)(ptr(part)), C.ulonglong(len(part)), C.uint(n))
+		part = next
+	}
+	return part[0]
 }
 
 // Axpy runs axpy_bf16.

@@ -82,7 +82,7 @@ func TestKernelsMatchCPU(t *testing.T) {
 				compare(t, "gelu_grad", got, want64)
 
 				sum := tensor.New(tensor.Float64, 1)
-				s := MSE(got, x, tg, 0.25, MSEThreads, SumThreads)
+				s := MSE(got, x, tg, 0.25, MSEThreads)
 				p.MSE(want, sum, x, tg, 0.25)
 				compare(t, "mse grad", got, want)
 				if w := sum.Float64()[0]; math.Abs(s-w) > 1e-12*math.Max(1, w) {

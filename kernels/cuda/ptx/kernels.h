@@ -58,27 +58,65 @@ __device__ static inline double gelu_grad(double x) {
 	return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * MR_C * (1 + 3 * MR_K * x * x);
 }
 
+// mr_expf is e^x in float for x in [0, 88]: x = k·ln2 + r (ln2 in two parts,
+// Cody and Waite's), |r| <= ln2/2, e^r by its Taylor series to degree 7
+// (error below 6e-9), times 2^k built in the exponent.
+__device__ static inline float mr_expf(float x) {
+	int k = (int)(x * 1.44269504f + 0.5f);
+	float r = (x - (float)k * 0.693145751953125f) - (float)k * 1.428606765330187e-06f;
+	float p = 1.0f / 5040.0f;
+	p = p * r + 1.0f / 720.0f;
+	p = p * r + 1.0f / 120.0f;
+	p = p * r + 1.0f / 24.0f;
+	p = p * r + 1.0f / 6.0f;
+	p = p * r + 0.5f;
+	p = p * r + 1.0f;
+	p = p * r + 1.0f;
+	union { unsigned u; float f; } s;
+	s.u = (unsigned)(k + 127) << 23;
+	return p * s.f;
+}
+
+// GELU and its derivative in float, for float32 and bfloat16 data (the
+// float64 arithmetic above ran the GELU kernels several times slower than
+// their memory on the H200): with u = C·(x + K·x³) and s = 1 − tanh|u| =
+// 2/(e^{2|u|} + 1), 1 + tanh u is s or 2 − s and 1 − tanh²u = s·(2 − s),
+// so that no difference of nearly equal terms loses the small values.
+__device__ static inline float gelu_s(float x, float *s) {
+	float u = (float)MR_C * (x + (float)MR_K * x * x * x), a = u < 0 ? -u : u;
+	*s = a > 43 ? 0.0f : 2.0f / (mr_expf(2 * a) + 1.0f);
+	return u < 0 ? *s : 2.0f - *s;
+}
+__device__ static inline float gelu_f(float x) {
+	float s, one_t = gelu_s(x, &s);
+	return 0.5f * x * one_t;
+}
+__device__ static inline float gelu_grad_f(float x) {
+	float s, one_t = gelu_s(x, &s);
+	return 0.5f * one_t + 0.5f * x * (s * (2.0f - s)) * (float)MR_C * (1.0f + 3.0f * (float)MR_K * x * x);
+}
+
 // y = gelu(x)
 MR_KERNEL void gelu_f32(float *y, const float *x, unsigned long long n) {
-	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = (float)gelu(x[i]);
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = gelu_f(x[i]);
 }
 MR_KERNEL void gelu_f64(double *y, const double *x, unsigned long long n) {
 	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = gelu(x[i]);
 }
 MR_KERNEL void gelu_bf16(bf16 *y, const bf16 *x, unsigned long long n) {
-	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = f2bf((float)gelu(bf2f(x[i])));
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) y[i] = f2bf(gelu_f(bf2f(x[i])));
 }
 
 // dx = dy·gelu'(x)
 MR_KERNEL void gelu_grad_f32(float *dx, const float *dy, const float *x, unsigned long long n) {
-	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) dx[i] = dy[i] * (float)gelu_grad(x[i]);
+	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) dx[i] = dy[i] * gelu_grad_f(x[i]);
 }
 MR_KERNEL void gelu_grad_f64(double *dx, const double *dy, const double *x, unsigned long long n) {
 	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS) dx[i] = dy[i] * gelu_grad(x[i]);
 }
 MR_KERNEL void gelu_grad_bf16(bf16 *dx, const bf16 *dy, const bf16 *x, unsigned long long n) {
 	for (unsigned long long i = MR_TID; i < n; i += MR_NTHREADS)
-		dx[i] = f2bf(bf2f(dy[i]) * (float)gelu_grad(bf2f(x[i])));
+		dx[i] = f2bf(bf2f(dy[i]) * gelu_grad_f(bf2f(x[i])));
 }
 
 // dy = scale·(y − t); part[thread] = Σ over the thread's elements of
@@ -142,21 +180,21 @@ MR_KERNEL void bias_part_bf16(double *part, const bf16 *dy, unsigned long long m
 	for (unsigned long long e = MR_TID; e < nc * n; e += MR_NTHREADS) {
 		unsigned long long c = e / n, j = e % n, lo = c * chunk, hi = lo + chunk < m ? lo + chunk : m;
 		double acc = 0;
-		for (unsigned long long i = lo; i < hi; i++) acc += (double)bf2f(dy[i * n + j]);
+		MR_UNROLL for (unsigned long long i = lo; i < hi; i++) acc += (double)bf2f(dy[i * n + j]);
 		part[e] = acc;
 	}
 }
 MR_KERNEL void bias_sum_bf16_f32(float *db, const double *part, unsigned long long nc, unsigned long long n, int accumulate) {
 	for (unsigned long long j = MR_TID; j < n; j += MR_NTHREADS) {
 		double acc = 0;
-		for (unsigned long long c = 0; c < nc; c++) acc += part[c * n + j];
+		MR_UNROLL for (unsigned long long c = 0; c < nc; c++) acc += part[c * n + j];
 		db[j] = (accumulate ? db[j] : 0.0f) + (float)acc;
 	}
 }
 MR_KERNEL void bias_sum_bf16(bf16 *db, const double *part, unsigned long long nc, unsigned long long n, int accumulate) {
 	for (unsigned long long j = MR_TID; j < n; j += MR_NTHREADS) {
 		double acc = 0;
-		for (unsigned long long c = 0; c < nc; c++) acc += part[c * n + j];
+		MR_UNROLL for (unsigned long long c = 0; c < nc; c++) acc += part[c * n + j];
 		db[j] = f2bf((accumulate ? bf2f(db[j]) : 0.0f) + (float)acc);
 	}
 }
@@ -238,7 +276,7 @@ __device__ static void emb_part(double *part, const T *dy, const float *ids, lon
 		double *p = part + k * rows * d + c;
 		for (unsigned long long r = 0; r < rows; r++) p[r * d] = 0;
 		unsigned long long hi = (k + 1) * chunk < n ? (k + 1) * chunk : n;
-		for (unsigned long long i = k * chunk; i < hi; i++) {
+		MR_UNROLL for (unsigned long long i = k * chunk; i < hi; i++) {
 			long long r = mr_row(ids[i], offset, (long long)rows);
 			if (r >= 0) p[(unsigned long long)r * d] += ld(dy, i * d + c);
 		}
@@ -253,7 +291,7 @@ MR_KERNEL void emb_part_bf16(double *part, const bf16 *dy, const float *ids, lon
 MR_KERNEL void emb_sum(float *dtable, const double *part, unsigned long long rows, unsigned long long d, unsigned long long nk) {
 	for (unsigned long long e = MR_TID; e < rows * d; e += MR_NTHREADS) {
 		double s = 0;
-		for (unsigned long long k = 0; k < nk; k++) s += part[k * rows * d + e];
+		MR_UNROLL for (unsigned long long k = 0; k < nk; k++) s += part[k * rows * d + e];
 		dtable[e] = (float)((double)dtable[e] + s);
 	}
 }
@@ -492,8 +530,8 @@ MR_KERNEL void attn_smax_part(double *part, const float *sc, u64 rows, u64 S, u6
 		u64 hi = lo + seg < nk ? lo + seg : nk;
 		const float *row = sc + r * Tn;
 		double top = -1.0 / 0.0, z = 0;
-		for (u64 t = lo; t < hi; t++) top = (double)row[t] > top ? (double)row[t] : top;
-		for (u64 t = lo; t < hi; t++) z += mr_exp((double)row[t] - top);
+		MR_UNROLL for (u64 t = lo; t < hi; t++) top = (double)row[t] > top ? (double)row[t] : top;
+		MR_UNROLL for (u64 t = lo; t < hi; t++) z += mr_exp((double)row[t] - top);
 		part[2 * e] = top;
 		part[2 * e + 1] = z;
 	}
@@ -557,12 +595,12 @@ __device__ static void ln_part(double *part, const T *x, const double *mean, u64
 		double a = 0;
 		if (mean) {
 			double m = mean[r];
-			for (u64 i = lo; i < hi; i++) {
+			MR_UNROLL for (u64 i = lo; i < hi; i++) {
 				double c = ld(x, r * d + i) - m;
 				a += c * c;
 			}
 		} else {
-			for (u64 i = lo; i < hi; i++) a += ld(x, r * d + i);
+			MR_UNROLL for (u64 i = lo; i < hi; i++) a += ld(x, r * d + i);
 		}
 		part[e] = a;
 	}
@@ -609,7 +647,7 @@ __device__ static void ln_dx_part(double *part, const T *dy, const T *x, const T
 		u64 r = e / ns, lo = (e % ns) * seg, hi = lo + seg < d ? lo + seg : d;
 		float m = stats[2 * r], s = stats[2 * r + 1];
 		double m1 = 0, m2 = 0;
-		for (u64 i = lo; i < hi; i++) {
+		MR_UNROLL for (u64 i = lo; i < hi; i++) {
 			float g = ld(dy, r * d + i) * ld(gamma, i);
 			m1 += g;
 			m2 += (double)g * (double)((ld(x, r * d + i) - m) * s);
@@ -655,7 +693,7 @@ __device__ static void ln_dgb_part(double *part, const T *dy, const T *x, const 
 	for (u64 e = MR_TID; e < nc * d; e += MR_NTHREADS) {
 		u64 c = e / d, i = e % d, lo = c * chunk, hi = lo + chunk < rows ? lo + chunk : rows;
 		double g = 0, b = 0;
-		for (u64 r = lo; r < hi; r++) {
+		MR_UNROLL for (u64 r = lo; r < hi; r++) {
 			double v = ld(dy, r * d + i);
 			g += v * (double)((ld(x, r * d + i) - stats[2 * r]) * stats[2 * r + 1]);
 			b += v;

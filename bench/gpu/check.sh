@@ -33,9 +33,6 @@
 #   conformance-fallback
 #                float32 and bfloat16 again with MESHRUN_CUBLASLT=0: every
 #                GEMM on its fallback plan (cuBLAS and the kernels)
-#   conformance-tuned
-#                float32 and bfloat16 again with MESHRUN_CUBLASLT_ALGOS=16:
-#                each GEMM on the fastest of cuBLASLt's first 16 candidates
 #   nccl         bin/nccl.test: a world of one through NCCL
 #   mlp-1        launcher run -n 1 --device cuda mlp against --device cpu: the
 #                largest relative loss difference (float32, TF32 off: fails
@@ -339,10 +336,6 @@ conformance() { MESHRUN_CUDA_SYNC=1 gotest "$BIN/cuda.test" -test.run "^TestConf
 # the plan cuBLASLt's refusal leaves (cuBLAS and the kernels).
 conformance_fallback() { MESHRUN_CUBLASLT=0 MESHRUN_CUDA_SYNC=1 gotest "$BIN/cuda.test" -test.run '^TestConformance$/^(float32|bfloat16)$'; }
 
-# conformance_tuned: float32 and bfloat16 with each GEMM's algorithm the
-# fastest of cuBLASLt's first 16 candidates, timed on its first call.
-conformance_tuned() { MESHRUN_CUBLASLT_ALGOS=16 MESHRUN_CUDA_SYNC=1 gotest "$BIN/cuda.test" -test.run '^TestConformance$/^(float32|bfloat16)$'; }
-
 nccl() { NCCL_DEBUG=${NCCL_DEBUG:-INFO} gotest "$BIN/nccl.test"; }
 
 # losses LOG: "KEY VALUE" for each loss of a launcher run's rank 0: its steps
@@ -409,7 +402,7 @@ verify() { "$BIN/worker" verify --device "$DEVICE" --quick; }
 
 bench() { bench/gpu/run.sh "$BIN/cuda.test" "$1"; }
 
-export -f probe ptxas_sm90 have_bins has_command build gotimeout gotest dispatch conformance conformance_fallback conformance_tuned nccl losses lossdiff field pair mlp1 mlp2 gpt gpt2 gptbf16 gptpp verify bench
+export -f probe ptxas_sm90 have_bins has_command build gotimeout gotest dispatch conformance conformance_fallback nccl losses lossdiff field pair mlp1 mlp2 gpt gpt2 gptbf16 gptpp verify bench
 
 # --- each step's figures for the summary: one line, from LOG [ARGS] ---
 
@@ -463,7 +456,6 @@ figures_dispatch() { # and the calls the provider claims but refused
 }
 figures_conformance() { testcounts "$1"; }
 figures_conformance_fallback() { testcounts "$1"; }
-figures_conformance_tuned() { testcounts "$1"; }
 figures_nccl() { testcounts "$1"; }
 figures_pair() { # LOG WORKLOAD TOLERANCE
   local dev=${1%.log}.$DEVICE.log cpu=${1%.log}.cpu.log d copies=''
@@ -512,7 +504,6 @@ fi
 step dispatch 20 150 dispatch
 for dt in float32 float64 bfloat16; do step "conformance-$dt" 20 120 "conformance $dt"; done
 step conformance-fallback 20 120 conformance_fallback
-step conformance-tuned 20 120 conformance_tuned
 step nccl 15 60 nccl
 step mlp-1 20 90 mlp1
 step mlp-2 20 90 mlp2

@@ -25,7 +25,7 @@ import (
 
 // steps are check.sh's steps, in order.
 var steps = []string{"probe", "ptxas", "build", "dispatch", "conformance-float32", "conformance-float64",
-	"conformance-bfloat16", "conformance-fallback", "conformance-tuned", "nccl", "mlp-1", "mlp-2", "verify", "gpt", "gpt-2", "gpt-bf16", "gpt-pp", "bench"}
+	"conformance-bfloat16", "conformance-fallback", "nccl", "mlp-1", "mlp-2", "verify", "gpt", "gpt-2", "gpt-bf16", "gpt-pp", "bench"}
 
 // run is one dry run of check.sh.
 type run struct {
@@ -265,13 +265,13 @@ func TestCheckDry(t *testing.T) {
 		if !strings.Contains(r.figures["verify"], ", 0 failed") {
 			t.Errorf("verify: figures %q", r.figures["verify"])
 		}
-		for _, l := range []string{"11-mlp-1.sim.log", "11-mlp-1.cpu.log", "12-mlp-2.sim.log", "14-gpt.cpu.log"} {
+		for _, l := range []string{"10-mlp-1.sim.log", "10-mlp-1.cpu.log", "11-mlp-2.sim.log", "13-gpt.cpu.log"} {
 			if !strings.Contains(r.logs[l], "0:0| step 3/3 loss") {
 				t.Errorf("%s: no losses:\n%s", l, r.logs[l])
 			}
 		}
-		if !strings.Contains(r.logs["12-mlp-2.log"], "MESHRUN_COLLECTIVES=staged") {
-			t.Errorf("12-mlp-2.log: the two ranks' run is not staged:\n%s", r.logs["12-mlp-2.log"])
+		if !strings.Contains(r.logs["11-mlp-2.log"], "MESHRUN_COLLECTIVES=staged") {
+			t.Errorf("11-mlp-2.log: the two ranks' run is not staged:\n%s", r.logs["11-mlp-2.log"])
 		}
 	})
 
@@ -306,7 +306,7 @@ func TestCheckDry(t *testing.T) {
 	// missing; steps listed in MESHRUN_CHECK_SKIP are skipped.
 	t.Run("bench", func(t *testing.T) {
 		t.Parallel()
-		skip := "ptxas dispatch conformance-float32 conformance-float64 conformance-bfloat16 conformance-fallback conformance-tuned nccl mlp-1 mlp-2 verify gpt gpt-2 gpt-bf16 gpt-pp"
+		skip := "ptxas dispatch conformance-float32 conformance-float64 conformance-bfloat16 conformance-fallback nccl mlp-1 mlp-2 verify gpt gpt-2 gpt-bf16 gpt-pp"
 		r := check(t, []string{"MESHRUN_CHECK_SKIP=" + skip})
 		want := map[string]string{"probe": "ok", "build": "ok", "bench": "ok"}
 		for _, s := range strings.Fields(skip) {
@@ -341,7 +341,7 @@ func TestCheckDry(t *testing.T) {
 		if last := r.summary[len(r.summary)-1]; !strings.HasPrefix(last, "- check.sh: killed by SIGTERM") {
 			t.Errorf("summary's last line %q", last)
 		}
-		if _, ok := r.logs["10-nccl.log"]; !ok {
+		if _, ok := r.logs["09-nccl.log"]; !ok {
 			t.Errorf("gpu-logs.tgz lacks the log of the step killed: %v", r.names())
 		}
 		if r.wall > 10*time.Second {

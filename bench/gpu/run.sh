@@ -29,11 +29,6 @@
 # machine's CPU cores (pp=4, m=8, a core per rank: --cpus-per-rank 1), with
 # the launcher and worker beside $worker. The MLP part ends with both sides'
 # profiles of its last shape (meshrun's --op-profile, MESHRUN_CUDA_SYNC=1).
-#
-# MESHRUN_BENCH_TUNE=N (default 16; 0: none) adds a table after each part:
-# meshrun again with MESHRUN_CUBLASLT_ALGOS=N (each GEMM's first call times
-# cuBLASLt's first N candidates and keeps the fastest) beside the heuristic's
-# pick and PyTorch's figures above.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit
 bin=${1:-bin/cuda.test}
@@ -43,7 +38,6 @@ device=${MESHRUN_BENCH_DEVICE:-cuda}
 shapes=${MESHRUN_BENCH_MLP_SHAPES:-512 1024 4096,4096 4096 16384}
 gpt_shapes=${MESHRUN_BENCH_GPT_SHAPES:-2 4 128 64 16,12 12 768 256 16}
 gpt_data=${MESHRUN_BENCH_GPT_DATA:-docs}
-tune=${MESHRUN_BENCH_TUNE:-16}
 parts=" ${MESHRUN_BENCH_PARTS:-linear mlp gpt} " # which tables to make
 part() { [[ $parts == *" $1 "* ]]; }
 # row LABEL DTYPE MESHRUN_MS PYTORCH_MS: a step table's row, the ratio
@@ -58,30 +52,6 @@ row() {
 }
 # median: step_ms_median of the last JSON line read (meshrun's or PyTorch's).
 median() { sed -n 's/.*"step_ms_median": *\([0-9.eE+-]*\).*/\1/p' | tail -n1; }
-# tuned TITLE ROWS WORKLOAD ARGS…: the step table again with
-# MESHRUN_CUBLASLT_ALGOS=$tune, beside ROWS' heuristic and PyTorch times
-# (lines "label|dtype|meshrun ms|PyTorch ms"); {N} in ARGS is the label's
-# Nth number.
-tuned() {
-  local title=$1 rows=$2 label dt m p t a args i
-  shift 2
-  [ "$tune" -gt 0 ] && [ -s "$rows" ] || return 0
-  echo
-  echo "| $title | dtype | MESHRUN_CUBLASLT_ALGOS=$tune ms | heuristic (above) ms | PyTorch ms | PyTorch / tuned | PyTorch / heuristic |"
-  echo "|---|---|---|---|---|---|---|"
-  while IFS='|' read -r label dt m p; do
-    read -ra n <<<"${label//[,×]/ }"
-    args=()
-    for a in "$@"; do
-      for i in 1 2 3 4 5; do a=${a//\{$i\}/${n[$((i - 1))]:-}}; done
-      args+=("$a")
-    done
-    t=$(MESHRUN_CUBLASLT_ALGOS=$tune "$worker" "${args[0]}" --device "$device" "${args[@]:1}" --dtype "$dt" | median)
-    awk -v s="$label" -v d="$dt" -v t="$t" -v m="$m" -v p="$p" 'BEGIN {
-      if (t == "" || m == "" || p == "") { printf "| %s | %s | %s | %s | %s | failed | failed |\n", s, d, t == "" ? "failed" : t, m, p; exit }
-      printf "| %s | %s | %.3f | %.3f | %.3f | %.2f× | %.2f× |\n", s, d, t, m, p, p / t, p / m }'
-  done <"$rows"
-}
 fail=0
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -97,30 +67,18 @@ echo "|---|---|---|---|---|---|"
 join -t $'\t' <(awk -F'\t' '{print $2"/"$3"/"$4"\t"$5}' "$out/meshrun" | sort) \
               <(awk -F'\t' '{print $2"/"$3"/"$4"\t"$5}' "$out/torch" | sort) |
   awk -F'\t' '{split($1, k, "/"); printf "| %s | %s | %s | %.2f | %.2f | %.2f× |\n", k[1], k[2], k[3], $2, $3, $2 / $3}'
-# The bfloat16 backward again with the bias gradient on cuBLASLt's BGRADB
-# epilogue (MESHRUN_BGRAD=fused) instead of apart from the weight
-# gradient's GEMM, as the table above runs it from 512 tokens on (PyTorch's
-# way), against the same PyTorch figures.
+# The bfloat16 backward again with the bias gradient apart from the weight
+# gradient's GEMM (MESHRUN_BGRAD=split: PyTorch's way) instead of cuBLASLt's
+# BGRADB, against the same PyTorch figures.
 echo
-echo "| bfloat16 backward, tokens×in×out | MESHRUN_BGRAD=fused TFLOP/s | default (above) TFLOP/s | PyTorch TFLOP/s | fused / PyTorch |"
+echo "| bfloat16 backward, tokens×in×out | MESHRUN_BGRAD=split TFLOP/s | BGRADB (above) TFLOP/s | PyTorch TFLOP/s | split / PyTorch |"
 echo "|---|---|---|---|---|"
-MESHRUN_BGRAD=fused "$bin" -test.run='^$' -test.bench='^BenchmarkLinear$/^bfloat16$/.*/^backward$' -test.benchtime="${secs}s" |
+MESHRUN_BGRAD=split "$bin" -test.run='^$' -test.bench='^BenchmarkLinear$/^bfloat16$/.*/^backward$' -test.benchtime="${secs}s" |
   awk '/^BenchmarkLinear\// {split($1, p, "/"); for (i = 2; i <= NF; i++) if ($(i+1) == "TFLOP/s") v = $i;
        printf "%s\t%s\n", p[3], v}' | sort >"$out/split"
 join -t $'\t' "$out/split" <(awk -F'\t' '$2 == "bfloat16" && $4 == "backward" {print $3"\t"$5}' "$out/meshrun" | sort) |
   join -t $'\t' - <(awk -F'\t' '$2 == "bfloat16" && $4 == "backward" {print $3"\t"$5}' "$out/torch" | sort) |
   awk -F'\t' '{printf "| %s | %.2f | %.2f | %.2f | %.2f× |\n", $1, $2, $3, $4, $2 / $4}'
-if [ "$tune" -gt 0 ]; then
-  echo
-  echo "| dtype | tokens×in×out | op | MESHRUN_CUBLASLT_ALGOS=$tune TFLOP/s | heuristic (above) TFLOP/s | PyTorch TFLOP/s | tuned / PyTorch |"
-  echo "|---|---|---|---|---|---|---|"
-  MESHRUN_CUBLASLT_ALGOS=$tune "$bin" -test.run='^$' -test.bench='^BenchmarkLinear$' -test.benchtime="${secs}s" |
-    awk '/^BenchmarkLinear\// {split($1, p, "/"); for (i = 2; i <= NF; i++) if ($(i+1) == "TFLOP/s") v = $i;
-         sub(/-[0-9]+$/, "", p[4]); printf "%s/%s/%s\t%s\n", p[2], p[3], p[4], v}' | sort >"$out/tuned"
-  join -t $'\t' "$out/tuned" <(awk -F'\t' '{print $2"/"$3"/"$4"\t"$5}' "$out/meshrun" | sort) |
-    join -t $'\t' - <(awk -F'\t' '{print $2"/"$3"/"$4"\t"$5}' "$out/torch" | sort) |
-    awk -F'\t' '{split($1, k, "/"); printf "| %s | %s | %s | %.2f | %.2f | %.2f | %.2f× |\n", k[1], k[2], k[3], $2, $3, $4, $2 / $4}'
-fi
 
 fi
 if part mlp; then
@@ -135,10 +93,8 @@ for shape in "${list[@]}"; do
     m=$("$worker" mlp --device "$device" --tokens "$1" --hidden "$2" --ffn "$3" --steps 30 --dtype "$dt" | median)
     p=$(python3 bench/gpu/torch_mlp.py "$1" "$2" "$3" 30 "$dt" | median)
     row "$1, $2, $3" "$dt" "$m" "$p"
-    echo "$1, $2, $3|$dt|$m|$p" >>"$out/mlp"
   done
 done
-tuned "MLP step (tokens, hidden, ffn)" "$out/mlp" mlp --tokens "{1}" --hidden "{2}" --ffn "{3}" --steps 30
 # The profiles of the last shape (stderr): each side, float32 and bfloat16.
 for dt in float32 bfloat16; do
   echo "== meshrun op profile: mlp $shape, $dt (MESHRUN_CUDA_SYNC=1)" >&2
@@ -164,11 +120,8 @@ for shape in "${list[@]}"; do
     p=
     [ -n "$vocab" ] && p=$(python3 bench/gpu/torch_gpt.py "$1" "$2" "$3" "$4" "$5" "$vocab" 20 "$dt" | median)
     row "$1, $2, $3, $4×$5" "$dt" "$m" "$p"
-    echo "$1, $2, $3, $4×$5|$dt|$m|$p" >>"$out/gpt"
   done
 done
-tuned "GPT step (layers, heads, dim, context×batch)" "$out/gpt" gpt --layers "{1}" --heads "{2}" --dim "{3}" --context "{4}" \
-  --batch "{5}" --steps 20 --sample 0 --data "$gpt_data"
 # The profiles, of the last shape (stderr): each side, float32 and bfloat16.
 for dt in float32 bfloat16; do
   echo "== meshrun op profile: gpt $shape, $dt (MESHRUN_CUDA_SYNC=1)" >&2

@@ -3,63 +3,10 @@
 package cuda
 
 /*
-#cgo LDFLAGS: -lcublasLt -lcuda
+#cgo LDFLAGS: -lcublasLt
 #include <stdint.h>
 #include <stddef.h>
-#include <cuda.h>
 #include <cublasLt.h>
-
-// lt_time is the milliseconds of reps matmuls with algo (after one untimed),
-// D written to d, or -1 when the algorithm fails on this GEMM.
-static float lt_time(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, uint64_t a, cublasLtMatrixLayout_t la,
-		uint64_t b, cublasLtMatrixLayout_t lb, const void *beta, uint64_t c, cublasLtMatrixLayout_t lc, uint64_t d,
-		const cublasLtMatmulAlgo_t *algo, uint64_t ws, size_t wsSize, CUstream stream, CUevent e0, CUevent e1, int reps) {
-	for (int i = -1; i < reps; i++) {
-		if (i == 0 && cuEventRecord(e0, stream) != CUDA_SUCCESS) return -1;
-		if (cublasLtMatmul(h, op, alpha, (const void *)(uintptr_t)a, la, (const void *)(uintptr_t)b, lb, beta,
-				(const void *)(uintptr_t)c, lc, (void *)(uintptr_t)d, lc, algo, (void *)(uintptr_t)ws, wsSize, (cudaStream_t)stream) != CUBLAS_STATUS_SUCCESS)
-			return -1;
-	}
-	float ms = -1;
-	if (cuEventRecord(e1, stream) != CUDA_SUCCESS || cuEventSynchronize(e1) != CUDA_SUCCESS || cuEventElapsedTime(&ms, e0, e1) != CUDA_SUCCESS)
-		return -1;
-	return ms;
-}
-
-// lt_pick writes to *algo the fastest of cuBLASLt's first nalgo heuristic
-// candidates for the GEMM, each timed on its operands with D written to
-// scratch (C when scratch is 0), or the first candidate when nalgo is 1 or
-// the heuristic gives one. *tried is how many were timed.
-static cublasStatus_t lt_pick(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
-		cublasLtMatrixLayout_t lc, cublasLtMatmulPreference_t pref, int nalgo, const void *alpha, uint64_t a, uint64_t b,
-		const void *beta, uint64_t c, uint64_t scratch, uint64_t ws, size_t wsSize, uint64_t stream, cublasLtMatmulAlgo_t *algo, int *tried) {
-	cublasLtMatmulHeuristicResult_t res[32];
-	int found = 0;
-	*tried = 0;
-	if (nalgo < 1) nalgo = 1;
-	if (nalgo > 32) nalgo = 32;
-	cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, lc, pref, nalgo, res, &found);
-	if (st != CUBLAS_STATUS_SUCCESS) return st;
-	if (found == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-	*algo = res[0].algo;
-	// Without scratch, only a GEMM that does not read C may write it.
-	if (found == 1 || (scratch == 0 && *(const float *)beta != 0)) return CUBLAS_STATUS_SUCCESS;
-	CUevent e0 = NULL, e1 = NULL;
-	float best = -1;
-	if (cuEventCreate(&e0, CU_EVENT_DEFAULT) != CUDA_SUCCESS || cuEventCreate(&e1, CU_EVENT_DEFAULT) != CUDA_SUCCESS) goto out;
-	for (int i = 0; i < found; i++) {
-		if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-		float ms = lt_time(h, op, alpha, a, la, b, lb, beta, c, lc, scratch ? scratch : c, &res[i].algo, ws, wsSize,
-			(CUstream)(uintptr_t)stream, e0, e1, 3);
-		if (ms < 0) continue;
-		(*tried)++;
-		if (best < 0 || ms < best) { best = ms; *algo = res[i].algo; }
-	}
-out:
-	if (e0) cuEventDestroy(e0);
-	if (e1) cuEventDestroy(e1);
-	return CUBLAS_STATUS_SUCCESS;
-}
 
 // lt_gemm runs one column-major GEMM D = epilogue(alpha·op(A)·op(B) + beta·C)
 // (D is C) with cuBLASLt: A and B of type ab, C of type c, float32 scale,
@@ -68,16 +15,14 @@ out:
 // the BGRAD epilogues; aux (type c, leading dimension ldaux) the GELU
 // pre-activation the GELU_AUX epilogue writes and DGELU reads. *algo is the
 // algorithm: when *have is 0, cuBLASLt's first heuristic pick for the
-// workspace is written there and *have set (the caller caches it): the
-// fastest of its first nalgo candidates, timed with D in scratch (lt_pick);
-// *stage says where a failure came from (0: the descriptors or the
-// heuristic, 1: the matmul). Addresses are device addresses; the call is
-// queued on stream in the current context.
+// workspace is written there and *have set (the caller caches it); *stage
+// says where a failure came from (0: the descriptors or the heuristic, 1:
+// the matmul). Addresses are device addresses; the call is queued on stream
+// in the current context.
 static cublasStatus_t lt_gemm(cublasLtHandle_t h, int transa, int transb, uint64_t m, uint64_t n, uint64_t k,
 		float alpha, uint64_t a, int64_t lda, uint64_t b, int64_t ldb, float beta, uint64_t c, int64_t ldc,
 		cudaDataType_t ab, cudaDataType_t ct, int tf32, int epi, uint64_t bias, uint64_t aux, int64_t ldaux,
-		uint64_t ws, size_t wsSize, uint64_t stream, cublasLtMatmulAlgo_t *algo, int *have, int *stage,
-		int nalgo, uint64_t scratch, int *tried) {
+		uint64_t ws, size_t wsSize, uint64_t stream, cublasLtMatmulAlgo_t *algo, int *have, int *stage) {
 	cublasLtMatmulDesc_t op = NULL;
 	cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
 	cublasLtMatmulPreference_t pref = NULL;
@@ -113,8 +58,12 @@ static cublasStatus_t lt_gemm(cublasLtHandle_t h, int transa, int transb, uint64
 		st = cublasLtMatmulPreferenceCreate(&pref);
 		if (st != CUBLAS_STATUS_SUCCESS) goto done;
 		cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsSize, sizeof(wsSize));
-		st = lt_pick(h, op, la, lb, lc, pref, nalgo, &alpha, a, b, &beta, c, scratch, ws, wsSize, stream, algo, tried);
+		cublasLtMatmulHeuristicResult_t res;
+		int found = 0;
+		st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, lc, pref, 1, &res, &found);
 		if (st != CUBLAS_STATUS_SUCCESS) goto done;
+		if (found == 0) { st = CUBLAS_STATUS_NOT_SUPPORTED; goto done; }
+		*algo = res.algo;
 		*have = 1;
 	}
 	*stage = 1;
@@ -169,7 +118,6 @@ type ltAlgo struct {
 	have    C.int
 	used    bool // a matmul has run with it
 	refused bool
-	timed   int // candidates timed for the pick (Options.LtAlgos)
 }
 
 func (p *Provider) ltHandle() (*lt, error) {
@@ -258,25 +206,11 @@ func (p *Provider) gemmLt(g kernels.GemmParams, o kernels.GemmOperands) error {
 	if a.refused {
 		return errLtRefused
 	}
-	var stage, tried C.int
-	nalgo, scratch := C.int(1), C.uint64_t(0)
-	if a.have == 0 && p.opts.LtAlgos > 1 {
-		// The candidates write D to scratch, never to C (which a GEMM with
-		// a beta reads, and which the pick's own call writes after).
-		nalgo = C.int(p.opts.LtAlgos)
-		bytes := ((g.M-1)*g.LDC + g.N) * g.Out().Size()
-		if d, err := cu.MemAlloc(int64(bytes)); err == nil {
-			scratch = C.uint64_t(d)
-			defer cu.MemFree(d) // after lt_pick's synchronize: nothing queued uses it
-		}
-	}
+	var stage C.int
 	st := C.lt_gemm(l.h, tr(g.TransB), tr(g.TransA), C.uint64_t(g.N), C.uint64_t(g.M), C.uint64_t(g.K),
 		C.float(g.Alpha), addr(o.B), C.int64_t(g.LDB), addr(o.A), C.int64_t(g.LDA), C.float(g.Beta), addr(o.C), C.int64_t(g.LDC),
 		dataType(g.DType), dataType(g.Out()), tr(tf32), ltEpilogue(g.Epilogue), bias, aux, C.int64_t(ldaux),
-		C.uint64_t(l.ws), C.size_t(ltWorkspace), C.uint64_t(p.Stream()), &a.algo, &a.have, &stage, nalgo, scratch, &tried)
-	if tried > 0 {
-		a.timed = int(tried)
-	}
+		C.uint64_t(l.ws), C.size_t(ltWorkspace), C.uint64_t(p.Stream()), &a.algo, &a.have, &stage)
 	switch {
 	case st == C.CUBLAS_STATUS_SUCCESS:
 		a.used = true

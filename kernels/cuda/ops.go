@@ -36,7 +36,7 @@ func (p *Provider) gemmPlanned(g kernels.GemmParams, o kernels.GemmOperands, noL
 	if pl.refused() {
 		return fmt.Errorf("%w: cuda %v -> %v %v", kernels.ErrUnsupported, g.DType, g.Out(), g.Epilogue.Op())
 	}
-	pl.lt = pl.lt && !noLt && !(g.Epilogue == kernels.EpilogueBGrad && bgradSplit(p.opts, g))
+	pl.lt = pl.lt && !noLt && !(p.opts.BGradSplit && g.Epilogue == kernels.EpilogueBGrad)
 	return p.do(func() error {
 		if pl.lt {
 			err := p.gemmLt(g, o)

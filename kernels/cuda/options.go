@@ -1,7 +1,5 @@
 package cuda
 
-import "strconv"
-
 // Options are a provider's switches, given to New (the worker reads them from
 // its environment: package job). The zero value is the default: ops do not
 // wait for their work, TF32 is off, GEMMs take cuBLASLt where it serves them.
@@ -19,22 +17,16 @@ type Options struct {
 	// AttnKernels runs attention on the one-row-per-thread kernels rather
 	// than through cuBLAS (EnvAttention); for checking them on a GPU.
 	AttnKernels bool
-	// BGradSplit runs every weight gradient with its bias gradient
+	// BGradSplit runs a weight gradient with its bias gradient
 	// (kernels.EpilogueBGrad) as a plain GEMM and the bias gradient apart
-	// (ones·dy on cuBLAS), as PyTorch's linear backward does, and BGradFused
-	// every one on cuBLASLt's BGRADB epilogue (EnvBGrad). Neither: bfloat16
-	// ones over 512 tokens or more split, the rest fuse (bgradSplit).
-	BGradSplit, BGradFused bool
-	// LtAlgos is how many of cuBLASLt's heuristic candidates the first call
-	// of each GEMM (shape, dtypes, layout, epilogue) times on its own
-	// operands, keeping the fastest (EnvLtAlgos); 0 or 1 keeps the
-	// heuristic's first pick untimed, as PyTorch does. A timed pick can
-	// differ between runs; 1 makes a run's GEMMs repeat bit for bit.
-	LtAlgos int
+	// (ones·dy on cuBLAS), as PyTorch's linear backward does, instead of
+	// cuBLASLt's BGRADB epilogue (EnvBGrad). On the H200 two runs of
+	// bench/gpu/run.sh disagreed on which is faster at 512 to 8192 tokens
+	// in bfloat16 (split 4–9% ahead in one, fused 0–4% in the other, the
+	// table run second ahead each time: bench/gpu/results/2026-11-27-run4.md
+	// and -run5.md), so the fused epilogue stays the default.
+	BGradSplit bool
 }
-
-// MaxLtAlgos is the most candidates LtAlgos times.
-const MaxLtAlgos = 32
 
 // The environment variables behind Options, as OptionsFrom reads them.
 const (
@@ -49,30 +41,19 @@ const (
 	// kernels (Options.AttnKernels); by default it goes through cuBLAS.
 	EnvAttention = "MESHRUN_CUDA_ATTENTION"
 	// EnvBGrad set to "split" runs the bias gradient apart from the weight
-	// gradient's GEMM (Options.BGradSplit), "fused" on its epilogue
-	// (Options.BGradFused).
+	// gradient's GEMM (Options.BGradSplit).
 	EnvBGrad = "MESHRUN_BGRAD"
-	// EnvLtAlgos is how many cuBLASLt candidates a GEMM's first call times,
-	// 1 to MaxLtAlgos (Options.LtAlgos).
-	EnvLtAlgos = "MESHRUN_CUBLASLT_ALGOS"
 )
 
 // OptionsFrom reads the options from getenv: MESHRUN_CUDA_SYNC=1,
 // MESHRUN_TF32=1, MESHRUN_CUBLASLT=0, MESHRUN_CUDA_ATTENTION=kernels,
-// MESHRUN_BGRAD=split|fused, MESHRUN_CUBLASLT_ALGOS=N (any other value, or none,
-// leaves the default).
+// MESHRUN_BGRAD=split (any other value, or none, leaves the default).
 func OptionsFrom(getenv func(string) string) Options {
-	algos, err := strconv.Atoi(getenv(EnvLtAlgos))
-	if err != nil || algos < 1 || algos > MaxLtAlgos {
-		algos = 0
-	}
 	return Options{
-		LtAlgos:     algos,
 		Sync:        getenv(EnvSync) == "1",
 		TF32:        getenv(EnvTF32) == "1",
 		NoLt:        getenv(EnvLt) == "0",
 		AttnKernels: getenv(EnvAttention) == "kernels",
 		BGradSplit:  getenv(EnvBGrad) == "split",
-		BGradFused:  getenv(EnvBGrad) == "fused",
 	}
 }

@@ -112,24 +112,6 @@ func planGemm(g kernels.GemmParams) gemmPlan {
 	return pl
 }
 
-// bgradSplit reports whether a weight gradient with its bias gradient
-// (kernels.EpilogueBGrad) runs as a plain GEMM and the bias gradient apart
-// rather than on cuBLASLt's BGRADB epilogue: as Options say, else for
-// bfloat16 over 512 tokens (K) or more. On the H200 (cuBLAS 13.1,
-// 2026-11-27, bench/gpu/results/2026-11-27-run4.md) the split bfloat16
-// backward ran 1.02–1.07× PyTorch's at 512 to 8192 tokens × 4096 × 4096 and
-// 4096 × 1024 × 4096, the fused one 0.95–0.98× (2.16× at 512, where
-// PyTorch's is slow); at 8 tokens the fused one was 8% faster.
-func bgradSplit(o Options, g kernels.GemmParams) bool {
-	switch {
-	case o.BGradSplit:
-		return true
-	case o.BGradFused:
-		return false
-	}
-	return g.DType == tensor.BFloat16 && g.K >= 512
-}
-
 // ltRoundsTwice reports a GEMM that cuBLASLt takes but answers wrongly by
 // the kernels' contract, so that its plan starts on the fallback steps: a
 // bfloat16 GEMM with a bias or GELU epilogue whose sizes or leading

@@ -20,7 +20,7 @@ import (
 // time, read by the rank itself), the job's record says so, and the cgroups
 // are gone when the job ends.
 func TestCPUsPerRank(t *testing.T) {
-	if p := cpulimit.Problem(); p != "" {
+	if p := cpulimit.Problem(0.25); p != "" {
 		t.Skip(p)
 	}
 	// The rank prints its cgroups, spins in a child for a second of wall

@@ -151,7 +151,9 @@ func (j *job) start(p *proc, attemptDir string, common map[string]string, outCon
 		if cmd.Err != nil {
 			return cmd.Err
 		}
-		cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ >"$0" && exec "$@"`, procs, cmd.Path}, j.args...)...)
+		if procs != "" { // else pinned only
+			cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ >"$0" && exec "$@"`, procs, cmd.Path}, j.args...)...)
+		}
 	}
 	env := os.Environ()
 	if _, ok := common[EnvKernels]; !ok {

@@ -245,7 +245,7 @@ func (o RunOptions) gpuProblem(n int) string {
 
 // cpusPerRankProblem checks --cpus-per-rank: a number of cores from 0.01 up,
 // n ranks of it (known: n was read) within this machine's cores unless
-// --oversubscribe, and cgroups this launcher may make.
+// --oversubscribe, and cgroups this launcher may make (unless whole cores).
 func (o RunOptions) cpusPerRankProblem(n int, known bool) string {
 	x := o.CPUsPerRank
 	if math.IsNaN(x) || math.IsInf(x, 0) || x < 0.01 {
@@ -254,5 +254,5 @@ func (o RunOptions) cpusPerRankProblem(n int, known bool) string {
 	if c := cores(); known && !o.Oversubscribe && x*float64(n) > float64(c)+1e-9 {
 		return fmt.Sprintf("--cpus-per-rank %v × %d ranks is %v cores, this launcher may use %d; --oversubscribe runs it anyway", x, n, x*float64(n), c)
 	}
-	return cpulimit.Problem()
+	return cpulimit.Problem(x)
 }

@@ -26,8 +26,8 @@
 # speed; the quota's bursts add noise, docs/launcher.md). PIPE_BENCH_CPUS
 # sets C; "none" runs uncapped (a stage's idle time then includes waiting
 # for a core, and its turns run faster than its neighbours'). Without the
-# right to make cgroups (root) the ranks run uncapped, and the header says
-# so. PIPE_BENCH_BIN names a folder holding prebuilt launcher and worker
+# right to make cgroups (root) a whole number of cores per rank is pinned
+# alone (which caps it); a fraction runs uncapped, and the header says so. PIPE_BENCH_BIN names a folder holding prebuilt launcher and worker
 # binaries (a machine without Go).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -92,21 +92,37 @@ func findCPUCgroup() (cgroupRoot, error) {
 	return cgroupRoot{}, errors.New("no cpu cgroup controller is mounted (cgroup v2 offering cpu, or v1's cpu hierarchy)")
 }
 
-// Problem says why --cpus-per-rank cannot run here, "" when it can: the
-// launcher must be allowed to make cgroups where its own is.
-func Problem() string {
-	r, err := findCPUCgroup()
-	if err == nil {
-		err = syscall.Access(filepath.Join(r.mount, r.own), 2 /* W_OK */)
-	}
-	if err != nil {
-		return fmt.Sprintf("--cpus-per-rank needs a cpu cgroup this launcher may create (usually as root): %v", err)
+// Problem says why --cpus-per-rank cpus cannot run here, "" when it can:
+// the launcher must be allowed to make cgroups where its own is, unless
+// cpus is a whole number of cores (pinning alone caps those: Pinned).
+func Problem(cpus float64) string {
+	if _, err := usableCgroup(); err != nil && !whole(cpus) {
+		return fmt.Sprintf("--cpus-per-rank %v needs a cpu cgroup this launcher may create (usually as root; a whole number of cores needs none): %v", cpus, err)
 	}
 	return ""
 }
 
-// Limit is a job's cgroup and the rank cgroups made in it.
+// usableCgroup is the cpu controller's hierarchy, if the launcher may make
+// cgroups under its own there.
+func usableCgroup() (cgroupRoot, error) {
+	r, err := findCgroup()
+	if err == nil {
+		err = syscall.Access(filepath.Join(r.mount, r.own), 2 /* W_OK */)
+	}
+	return r, err
+}
+
+// findCgroup is findCPUCgroup (a test's stand-in replaces it).
+var findCgroup = findCPUCgroup
+
+// whole reports a whole number of cores.
+func whole(cpus float64) bool { return cpus >= 1 && cpus == math.Trunc(cpus) }
+
+// Limit is a job's cgroup and the rank cgroups made in it, or, where no
+// cgroup can be made and each rank has a whole number of cores, the ranks'
+// pinning alone (pinned).
 type Limit struct {
+	pinned        error // why there are no cgroups (nil: there are)
 	root          cgroupRoot
 	x             float64
 	allowed       []int // the launcher's CPUs
@@ -125,17 +141,22 @@ func cfsPeriod(cpus float64) int64 {
 	return min(max(2000, int64(math.Ceil(1000/cpus))), 1000000)
 }
 
-// New makes job jobID's cgroup, for ranks of cpus cores each.
+// New makes job jobID's cgroup, for ranks of cpus cores each. Where no
+// cgroup can be made and cpus is a whole number, the ranks are pinned
+// only: a rank pinned to its cores cannot run on more (Pinned says why).
 func New(jobID string, cpus float64) (*Limit, error) {
-	r, err := findCPUCgroup()
-	if err != nil {
-		return nil, err
-	}
-	period := cfsPeriod(cpus)
 	var own cpuMask
 	if err := threadAffinity(false, &own); err != nil {
 		return nil, fmt.Errorf("--cpus-per-rank: the launcher's CPUs: %w", err)
 	}
+	r, err := usableCgroup()
+	if err != nil {
+		if whole(cpus) {
+			return &Limit{pinned: err, x: cpus, allowed: own.cores()}, nil
+		}
+		return nil, err
+	}
+	period := cfsPeriod(cpus)
 	c := &Limit{root: r, x: cpus, allowed: own.cores(), dir: filepath.Join(r.mount, r.own, "meshrun-"+jobID), period: period,
 		quota: int64(math.Round(cpus * float64(period))), ranks: map[int]string{}}
 	if err := os.Mkdir(c.dir, 0o755); err != nil && !os.IsExist(err) {
@@ -158,9 +179,17 @@ func (c *Limit) Start(cmd *exec.Cmd, l int) error {
 	return startPinned(cmd, rankCores(c.allowed, l, c.x))
 }
 
+// Pinned is why the ranks are pinned without cgroups, nil when they have
+// theirs.
+func (c *Limit) Pinned() error { return c.pinned }
+
 // Procs returns the cgroup.procs file of the rank's cgroup, made on first
-// use: the rank's process writes its pid there before it runs anything.
+// use: the rank's process writes its pid there before it runs anything;
+// "" when the ranks are pinned only.
 func (c *Limit) Procs(rank int) (string, error) {
+	if c.pinned != nil {
+		return "", nil
+	}
 	d, ok := c.ranks[rank]
 	if !ok {
 		d = filepath.Join(c.dir, "rank-"+strconv.Itoa(rank))
@@ -189,6 +218,9 @@ func (c *Limit) Procs(rank int) (string, error) {
 // Close removes the rank cgroups and the job's, waiting a little for
 // processes that are still leaving them.
 func (c *Limit) Close() error {
+	if c.pinned != nil {
+		return nil
+	}
 	var err error
 	dirs := append(slices.Collect(maps.Values(c.ranks)), c.dir)
 	for _, d := range dirs {

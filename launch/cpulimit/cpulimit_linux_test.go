@@ -1,7 +1,11 @@
 package cpulimit
 
 import (
+	"errors"
+	"fmt"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -24,5 +28,55 @@ func TestRankCores(t *testing.T) {
 		if got := m.cores(); !slices.Equal(got, tc.want) {
 			t.Errorf("rank %d at %v cores: CPUs %v, want %v", tc.l, tc.x, got, tc.want)
 		}
+	}
+}
+
+// TestPinnedOnly: where no cpu cgroup can be made, a whole number of cores
+// per rank is still allowed and the ranks are pinned to their cores (no
+// cgroup file to join, nothing to remove); a fraction of a core, which
+// only a quota can cap, is refused.
+func TestPinnedOnly(t *testing.T) {
+	none := errors.New("no cpu cgroup controller is mounted")
+	defer func(f func() (cgroupRoot, error)) { findCgroup = f }(findCgroup)
+	findCgroup = func() (cgroupRoot, error) { return cgroupRoot{}, none }
+	if p := Problem(0.5); !strings.Contains(p, "needs a cpu cgroup") || !strings.Contains(p, none.Error()) {
+		t.Errorf("Problem(0.5) = %q, want the cgroup it needs", p)
+	}
+	if p := Problem(1); p != "" {
+		t.Errorf("Problem(1) = %q, want none: pinning caps a whole core", p)
+	}
+	if _, err := New("half", 0.5); !errors.Is(err, none) {
+		t.Errorf("New at 0.5 cores: %v, want %v", err, none)
+	}
+	c, err := New("whole", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(c.Pinned(), none) {
+		t.Errorf("Pinned() = %v, want %v", c.Pinned(), none)
+	}
+	if procs, err := c.Procs(0); procs != "" || err != nil {
+		t.Errorf("Procs(0) = %q, %v; want no cgroup to join", procs, err)
+	}
+	own, err := ThreadCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range min(2, len(own)) {
+		var out strings.Builder
+		cmd := exec.Command("/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status")
+		cmd.Stdout = &out
+		if err := c.Start(cmd, l); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("Cpus_allowed_list:\t%d\n", own[l]); out.String() != want {
+			t.Errorf("rank %d: %q, want %q", l, out.String(), want)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("Close: %v", err)
 	}
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // Problem says why --cpus-per-rank cannot run here: it needs Linux.
-func Problem() string { return "--cpus-per-rank needs Linux's cpu cgroups" }
+func Problem(float64) string { return "--cpus-per-rank needs Linux's cpu cgroups" }
 
 // Limit is a job's cgroups: none off Linux.
 type Limit struct{}
@@ -20,6 +20,9 @@ func New(string, float64) (*Limit, error) {
 
 // Start starts cmd as it is.
 func (c *Limit) Start(cmd *exec.Cmd, l int) error { return cmd.Start() }
+
+// Pinned has no reason: there is no Limit off Linux.
+func (c *Limit) Pinned() error { return nil }
 
 // Procs has no cgroup to give.
 func (c *Limit) Procs(int) (string, error) { return "", errors.New("no cgroups") }

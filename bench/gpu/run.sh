@@ -25,7 +25,10 @@
 # Then each side's profile of the larger shape on stderr: meshrun's
 # --op-profile with MESHRUN_CUDA_SYNC=1 (each kernel's own time) and
 # torch.profiler's kernel table. MESHRUN_BENCH_PARTS (default "linear mlp
-# gpt") picks the tables; "pipeline" adds bench/pipeline/run.sh on this
+# gpt") picks the tables; "ab" adds the bfloat16 backward's fused and
+# split bias gradient and PyTorch's, alternating over rounds; "ncu" the
+# kernels of the bfloat16 4096³ linear on each side as Nsight Compute times
+# them; "pipeline" adds bench/pipeline/run.sh on this
 # machine's CPU cores (pp=4, m=8, a core per rank: --cpus-per-rank 1), with
 # the launcher and worker beside $worker. The MLP part ends with both sides'
 # profiles of its last shape (meshrun's --op-profile, MESHRUN_CUDA_SYNC=1).
@@ -129,6 +132,65 @@ for dt in float32 bfloat16; do
     --steps 6 --sample 0 --data "$gpt_data" --dtype "$dt" --op-profile 2>&1 >/dev/null | sed -n '/^op profile/,$p' >&2
   [ -n "${vocab:-}" ] && python3 bench/gpu/torch_gpt.py "$1" "$2" "$3" "$4" "$5" "$vocab" 4 "$dt" 5 >/dev/null
 done
+fi
+# ab: the bfloat16 linear backward at 2048, 4096 and 8192 tokens × 4096 ×
+# 4096 and 4096 × 1024 × 4096, the bias gradient fused (BGRADB), split
+# (MESHRUN_BGRAD=split) and PyTorch's, alternating, MESHRUN_BENCH_AB_ROUNDS
+# rounds (default 3): each side's median TFLOP/s over the rounds.
+if part ab; then
+  ab='2048x4096x4096,4096x4096x4096,8192x4096x4096,4096x1024x4096'
+  ab_meshrun() { # MESHRUN_BGRAD's value: shape and TFLOP/s per line
+    MESHRUN_BGRAD=$1 "$bin" -test.run='^$' -test.bench="^BenchmarkLinear\$/^bfloat16\$/^(${ab//,/|})\$/^backward\$" \
+      -test.benchtime="${secs}s" |
+      awk '/^BenchmarkLinear\// {split($1, p, "/"); for (i = 2; i <= NF; i++) if ($(i+1) == "TFLOP/s") v = $i; printf "%s\t%s\n", p[3], v}'
+  }
+  for round in $(seq "${MESHRUN_BENCH_AB_ROUNDS:-3}"); do
+    ab_meshrun "" | sed "s/^/fused\t$round\t/" >>"$out/ab"
+    ab_meshrun split | sed "s/^/split\t$round\t/" >>"$out/ab"
+    TORCH_LINEAR_ONLY="bfloat16 $ab backward" python3 bench/gpu/torch_linear.py "$secs" | cut -f3,5 | sed "s/^/torch\t$round\t/" >>"$out/ab"
+  done
+  echo
+  echo "| bfloat16 backward, tokens×in×out | fused TFLOP/s (median of ${MESHRUN_BENCH_AB_ROUNDS:-3}) | split | PyTorch | fused / PyTorch | split / PyTorch |"
+  echo "|---|---|---|---|---|---|"
+  python3 - "$out/ab" <<'PY'
+import statistics, sys
+v = {}
+for line in open(sys.argv[1]):
+    side, _, shape, tf = line.split()
+    v.setdefault(shape, {}).setdefault(side, []).append(float(tf))
+for shape, s in sorted(v.items()):
+    m = {k: statistics.median(x) for k, x in s.items()}
+    f, sp, t = m.get("fused", 0), m.get("split", 0), m.get("torch", 0)
+    r = lambda a: f"{a / t:.2f}×" if t else "—"
+    print(f"| {shape} | {f:.1f} ({', '.join(f'{x:.0f}' for x in s.get('fused', []))}) | {sp:.1f} ({', '.join(f'{x:.0f}' for x in s.get('split', []))}) | {t:.1f} ({', '.join(f'{x:.0f}' for x in s.get('torch', []))}) | {r(f)} | {r(sp)} |")
+PY
+fi
+# ncu: the kernels of the bfloat16 4096³ linear forward and backward, each
+# side's, as Nsight Compute times them (gpu__time_duration, --clock-control
+# none): name, calls, mean microseconds; where ncu is on the PATH.
+if part ncu && command -v ncu >/dev/null; then
+  ncu_table() { # SIDE CSV: ncu's CSV rows, by kernel
+    python3 - "$1" "$2" <<'PY'
+import csv, sys
+side, rows = sys.argv[1], [l for l in open(sys.argv[2]) if l.startswith('"')]
+k = {}
+for r in csv.DictReader(rows):
+    if r.get("Metric Name") == "gpu__time_duration.sum":
+        k.setdefault(r["Kernel Name"][:90], []).append(float(r["Metric Value"].replace(",", "")))
+for name, d in sorted(k.items(), key=lambda kv: -sum(kv[1])):
+    print(f"| {side} | {name} | {len(d)} | {sum(d) / len(d) / 1e3:.1f} |")
+PY
+  }
+  ncu_run() { ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base "$@"; }
+  echo
+  echo "| side | kernel (bfloat16 4096³ linear, forward and backward) | calls | mean µs |"
+  echo "|---|---|---|---|"
+  ncu_run "$bin" -test.run='^$' -test.bench='^BenchmarkLinear$/^bfloat16$/^4096x4096x4096$' -test.benchtime=3x >"$out/ncu-m.csv" 2>"$out/ncu-m.err" ||
+    { fail=1; tail -n 5 "$out/ncu-m.err" >&2; }
+  ncu_table meshrun "$out/ncu-m.csv"
+  TORCH_LINEAR_ONLY="bfloat16 4096x4096x4096" ncu_run python3 bench/gpu/torch_linear.py 0.001 >"$out/ncu-t.csv" 2>"$out/ncu-t.err" ||
+    { fail=1; tail -n 5 "$out/ncu-t.err" >&2; }
+  ncu_table PyTorch "$out/ncu-t.csv"
 fi
 if part pipeline; then
   echo

@@ -3,6 +3,10 @@
 
     torch_linear.py [SECONDS]
 
+TORCH_LINEAR_ONLY="DTYPE[,DTYPE] SHAPE[,SHAPE] [OP]" (e.g. "bfloat16
+4096x4096x4096 backward") times only those: bench/gpu/run.sh's A/B and
+ncu parts.
+
 For each of the seeds' shapes (tokens x in x out) and dtype (float32 with TF32
 off, bfloat16), times torch.nn.functional.linear(x, w, b) (forward) and its
 autograd backward (dx, dW, db from y.backward(dy)), with CUDA events over
@@ -12,6 +16,7 @@ repeated calls, and prints tab-separated lines:
 
 2*M*N*K flops forward, 4*M*N*K backward, as kernels/cuda's BenchmarkLinear.
 """
+import os
 import sys
 
 import torch
@@ -39,18 +44,29 @@ def timed(fn, seconds):
 
 def main():
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 0.5
+    only = os.environ.get("TORCH_LINEAR_ONLY", "").split()
+    dtypes = only[0].split(",") if only else None
+    shapes = only[1].split(",") if len(only) > 1 else None
+    ops = only[2:] or ["forward", "backward"]
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device("cuda")
     for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        if dtypes and name not in dtypes:
+            continue
         for m, k, n in SHAPES:
+            if shapes and f"{m}x{k}x{n}" not in shapes:
+                continue
             x = (torch.rand(m, k, device=dev, dtype=dt) * 2 - 1).requires_grad_()
             w = (torch.rand(n, k, device=dev, dtype=dt) * 2 - 1).requires_grad_()
             b = (torch.rand(n, device=dev, dtype=dt) * 2 - 1).requires_grad_()
             dy = torch.rand(m, n, device=dev, dtype=dt) * 2 - 1
-            with torch.no_grad():
-                t = timed(lambda: F.linear(x, w, b), seconds)
-            print(f"torch\t{name}\t{m}x{k}x{n}\tforward\t{2 * m * n * k / t / 1e12:.3f}", flush=True)
+            if "forward" in ops:
+                with torch.no_grad():
+                    t = timed(lambda: F.linear(x, w, b), seconds)
+                print(f"torch\t{name}\t{m}x{k}x{n}\tforward\t{2 * m * n * k / t / 1e12:.3f}", flush=True)
+            if "backward" not in ops:
+                continue
             y = F.linear(x, w, b)
 
             def backward():

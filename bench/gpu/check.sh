@@ -43,6 +43,9 @@
 #                steps, against the cpu run's losses (fails above 1e-4)
 #   gpt-2        the same with -n 2 --share-gpus (staged collectives)
 #   gpt-bf16     -n 1 with --dtype bfloat16 on both (fails above 1e-2)
+#   gpt-fused, gpt-fused-bf16
+#                gpt and gpt-bf16 with MESHRUN_CUDA_ATTENTION=fused (the
+#                fused attention kernels)
 #   bench        bench/gpu/run.sh against PyTorch, when 150 s are left
 #
 # Settings (environment):
@@ -396,13 +399,16 @@ gptbf16() { GPT_ARGS="$GPT_ARGS --dtype bfloat16" pair gpt 1 1e-2; }
 # passed as device tensors through the links (staged: one GPU, which NCCL
 # refuses to two ranks), against the same pipeline on cpu ranks (a block a
 # stage).
+# gptfused, gptfusedbf16: gpt and gptbf16 on the fused attention kernels.
+gptfused() { MESHRUN_CUDA_ATTENTION=fused pair gpt 1 1e-4; }
+gptfusedbf16() { MESHRUN_CUDA_ATTENTION=fused GPT_ARGS="$GPT_ARGS --dtype bfloat16" pair gpt 1 1e-2; }
 gptpp() { MESHRUN_COLLECTIVES=staged GPT_ARGS="$GPT_ARGS --layers 2 --mesh pp=2 --schedule zb" pair gpt 2 1e-4 $SHARE; }
 
 verify() { "$BIN/worker" verify --device "$DEVICE" --quick; }
 
 bench() { bench/gpu/run.sh "$BIN/cuda.test" "$1"; }
 
-export -f probe ptxas_sm90 have_bins has_command build gotimeout gotest dispatch conformance conformance_fallback nccl losses lossdiff field pair mlp1 mlp2 gpt gpt2 gptbf16 gptpp verify bench
+export -f probe ptxas_sm90 have_bins has_command build gotimeout gotest dispatch conformance conformance_fallback nccl losses lossdiff field pair mlp1 mlp2 gpt gpt2 gptbf16 gptfused gptfusedbf16 gptpp verify bench
 
 # --- each step's figures for the summary: one line, from LOG [ARGS] ---
 
@@ -473,6 +479,8 @@ figures_gpt() { figures_pair "$1" gpt 1e-4; }
 figures_gpt2() { figures_pair "$1" gpt 1e-4; }
 figures_gptbf16() { figures_pair "$1" gpt 1e-2; }
 figures_gptpp() { figures_pair "$1" gpt 1e-4; }
+figures_gptfused() { figures_pair "$1" gpt 1e-4; }
+figures_gptfusedbf16() { figures_pair "$1" gpt 1e-2; }
 figures_verify() {
   awk 'NF == 5 && $3 ~ /^[0-9]+$/ && $4 ~ /^[0-9]+$/ && $5 ~ /^[0-9]+$/ { c += $3; p += $4; f += $5 }
        END { printf "%d cases, %d passed, %d failed\n", c, p, f }' "$1"
@@ -511,6 +519,8 @@ step verify 20 120 verify
 step gpt 20 90 gpt
 step gpt-2 20 90 gpt2
 step gpt-bf16 20 90 gptbf16
+step gpt-fused 20 90 gptfused
+step gpt-fused-bf16 20 90 gptfusedbf16
 step gpt-pp 20 90 gptpp
 secs=0.5
 [ $((deadline - SECONDS)) -lt 240 ] && secs=0.25

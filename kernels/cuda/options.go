@@ -17,6 +17,11 @@ type Options struct {
 	// AttnKernels runs attention on the one-row-per-thread kernels rather
 	// than through cuBLAS (EnvAttention); for checking them on a GPU.
 	AttnKernels bool
+	// AttnFused runs attention on the fused kernels (ptx's attn_flash_*: a
+	// block per tile of rows, the scores never leaving it) where its head
+	// dims fit them (EnvAttention=fused); checked in the emulation, not yet
+	// timed on a GPU, so the cuBLAS path stays the default.
+	AttnFused bool
 	// BGradSplit runs a weight gradient with its bias gradient
 	// (kernels.EpilogueBGrad) as a plain GEMM and the bias gradient apart
 	// (ones·dy on cuBLAS), as PyTorch's linear backward does, instead of
@@ -38,7 +43,8 @@ const (
 	// EnvLt set to "0" keeps every GEMM off cuBLASLt (Options.NoLt).
 	EnvLt = "MESHRUN_CUBLASLT"
 	// EnvAttention set to "kernels" runs attention on the one-row-per-thread
-	// kernels (Options.AttnKernels); by default it goes through cuBLAS.
+	// kernels (Options.AttnKernels), "fused" on the fused ones
+	// (Options.AttnFused); by default it goes through cuBLAS.
 	EnvAttention = "MESHRUN_CUDA_ATTENTION"
 	// EnvBGrad set to "split" runs the bias gradient apart from the weight
 	// gradient's GEMM (Options.BGradSplit).
@@ -46,7 +52,7 @@ const (
 )
 
 // OptionsFrom reads the options from getenv: MESHRUN_CUDA_SYNC=1,
-// MESHRUN_TF32=1, MESHRUN_CUBLASLT=0, MESHRUN_CUDA_ATTENTION=kernels,
+// MESHRUN_TF32=1, MESHRUN_CUBLASLT=0, MESHRUN_CUDA_ATTENTION=kernels|fused,
 // MESHRUN_BGRAD=split (any other value, or none, leaves the default).
 func OptionsFrom(getenv func(string) string) Options {
 	return Options{
@@ -54,6 +60,7 @@ func OptionsFrom(getenv func(string) string) Options {
 		TF32:        getenv(EnvTF32) == "1",
 		NoLt:        getenv(EnvLt) == "0",
 		AttnKernels: getenv(EnvAttention) == "kernels",
+		AttnFused:   getenv(EnvAttention) == "fused",
 		BGradSplit:  getenv(EnvBGrad) == "split",
 	}
 }

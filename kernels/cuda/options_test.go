@@ -12,4 +12,7 @@ func TestOptionsFrom(t *testing.T) {
 	if want := (Options{Sync: true, TF32: true, NoLt: true, AttnKernels: true, BGradSplit: true}); all != want {
 		t.Errorf("every variable: %+v, want %+v", all, want)
 	}
+	if o := OptionsFrom(env(map[string]string{EnvAttention: "fused"})); o != (Options{AttnFused: true}) {
+		t.Errorf("%s=fused: %+v", EnvAttention, o)
+	}
 }

@@ -340,12 +340,17 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 	if rows == 0 {
 		return nil
 	}
-	if p.attnGEMM(a, q.DType(), false) {
+	fused := p.opts.AttnFused && a.Flash()
+	if !fused && p.attnGEMM(a, q.DType(), false) {
 		return p.attentionGEMM(a, o, lse, q, k, v, causal)
 	}
 	qp, kp, vp := attnViews(a, q, k, v)
 	args := append([]uint64{dev(o), dev(lse), qp, kp, vp}, a.Args()...)
 	args = append(args, uint64(int(betaIf(causal))))
+	if fused {
+		blocks, _, _ := a.FlashBlocks()
+		return p.do(func() error { return p.launch("attn_flash_fwd"+suffix(q.DType()), 0, blocks, ptx.FlashQ, args...) })
+	}
 	return p.do(func() error { return p.launch("attn_fwd"+suffix(q.DType()), rows, 0, ptx.BlockThreads, args...) })
 }
 
@@ -372,7 +377,8 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	if rows == 0 || a.T == 0 {
 		return nil
 	}
-	if p.attnGEMM(a, q.DType(), true) {
+	fused := p.opts.AttnFused && a.Flash()
+	if !fused && p.attnGEMM(a, q.DType(), true) {
 		return p.attentionBackwardGEMM(a, dq, dk, dv, do, q, k, v, o, lse, causal)
 	}
 	delta, err := p.mem.Alloc(tensor.Float64, rows)
@@ -390,6 +396,13 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 			return err
 		}
 		common := append(append([]uint64{dev(do), qp, kp, vp, dev(lse), dev(delta)}, shape...), c)
+		if fused {
+			_, bq, bk := a.FlashBlocks()
+			if err := p.launch("attn_flash_dq"+sfx, 0, bq, ptx.FlashRows, append([]uint64{gq}, common...)...); err != nil {
+				return err
+			}
+			return p.launch("attn_flash_dkv"+sfx, 0, bk, ptx.FlashRows, append([]uint64{gk, gv}, common...)...)
+		}
 		if err := p.launch("attn_dq"+sfx, rows, 0, ptx.BlockThreads, append([]uint64{gq}, common...)...); err != nil {
 			return err
 		}

@@ -16,7 +16,7 @@ import (
 // provider's attention, float32 and bfloat16, causal or not, separate q, k,
 // v (more keys than queries) and a packed qkv.
 func TestAttentionMatchesCPU(t *testing.T) {
-	attentionMatchesCPU(t, 3, []tensor.DType{tensor.Float32, tensor.BFloat16}, Attention, AttentionBackward, attnSize{2, 3, 5, 7})
+	attentionMatchesCPU(t, 3, []tensor.DType{tensor.Float32, tensor.BFloat16}, Attention, AttentionBackward, attnSize{2, 3, 5, 7, 0, 0})
 }
 
 // TestAttentionGEMMMatchesCPU: the provider's attention through GEMMs
@@ -30,22 +30,39 @@ func TestAttentionMatchesCPU(t *testing.T) {
 // chunk, and chunks of a few batches (the last cut short); calls per batch
 // (batches ≤ heads) and per head.
 func TestAttentionGEMMMatchesCPU(t *testing.T) {
-	for _, sz := range []attnSize{{2, 3, 5, 7}, {1, 2, 40, 70}, {5, 2, 5, 7}} {
+	for _, sz := range []attnSize{{2, 3, 5, 7, 0, 0}, {1, 2, 40, 70, 0, 0}, {5, 2, 5, 7, 0, 0}} {
 		attentionMatchesCPU(t, 4, []tensor.DType{tensor.Float32, tensor.BFloat16}, AttentionGEMM, AttentionBackwardGEMM, sz)
 	}
 	// Chunks of two batches (the last of one), so that the scores' batches
 	// count from the chunk's first: per batch (2 ≤ 3 heads) and per head
 	// (2 batches > 1 head).
 	defer func(b int) { attnBudget = b }(attnBudget)
-	for _, sz := range []attnSize{{5, 3, 5, 7}, {5, 1, 5, 7}} {
+	for _, sz := range []attnSize{{5, 3, 5, 7, 0, 0}, {5, 1, 5, 7, 0, 0}} {
 		attnBudget = 2 * sz.h * sz.s * sz.tk * ScoreBytes(true, true)
 		attentionMatchesCPU(t, 4, []tensor.DType{tensor.Float32, tensor.BFloat16}, AttentionGEMM, AttentionBackwardGEMM, sz)
 	}
 }
 
+// TestFlashAttentionMatchesCPU: the fused kernels (attn_flash_*: a block
+// at a time, its threads together at its barriers) against the cpu
+// provider's attention, float32 and bfloat16, causal or not, separate q, k,
+// v and a packed qkv: rows within one tile and across several (70 queries:
+// two forward blocks, three backward blocks and tiles of keys; more keys
+// than queries, and fewer), head dims of 4 and 6 and of 64 (the largest).
+func TestFlashAttentionMatchesCPU(t *testing.T) {
+	for _, sz := range []attnSize{{2, 3, 5, 7, 0, 0}, {1, 2, 70, 70, 0, 0}, {1, 1, 40, 100, 0, 0}, {1, 1, 100, 33, 0, 0}, {1, 2, 33, 40, 64, 64}, {2, 1, 9, 9, 64, 32}} {
+		attentionMatchesCPU(t, 5, []tensor.DType{tensor.Float32, tensor.BFloat16}, FlashAttention, FlashAttentionBackward, sz)
+	}
+	q, o, lse := tensor.New(tensor.Float32, 1, 4, 1, 65), tensor.New(tensor.Float32, 1, 4, 1, 65), tensor.New(tensor.Float32, 1, 1, 4)
+	if err := FlashAttention(o, lse, q, q, q, true, 1); err == nil {
+		t.Error("FlashAttention took a head of 65")
+	}
+}
+
 // attnSize is an attention test's batch, heads, queries and keys (as many
-// keys as queries where q packs k and v).
-type attnSize struct{ b, h, s, tk int }
+// keys as queries where q packs k and v), and head dims E and F (0: 4 and
+// 6).
+type attnSize struct{ b, h, s, tk, e, f int }
 
 // attentionMatchesCPU checks an emulated attention's forward and backward
 // against the cpu provider's, for each dtype of dts, packed or not, causal
@@ -57,7 +74,10 @@ func attentionMatchesCPU(t *testing.T, seed int64, dts []tensor.DType,
 	p := cpuP(t)
 	st := kernels.StatsDType(tensor.BFloat16)
 	b, h, s := sz.b, sz.h, sz.s
-	const e, f = 4, 6
+	e, f := 4, 6
+	if sz.e > 0 {
+		e, f = sz.e, sz.f
+	}
 	for _, dt := range dts {
 		tol := 4 * tolOf(dt)
 		for _, packed := range []bool{false, true} {

@@ -1,8 +1,9 @@
 // device.h: what the kernels in kernels.h need from the compiler, for the
 // three that build them: nvcc, clang (to PTX, without the CUDA headers: see
 // gen.sh) and a host C++ compiler (the emulation that tests them on a CPU,
-// emu.go: every kernel is a grid-stride loop without barriers,
-// so running its threads one after another gives the same result).
+// emu.go: most kernels are grid-stride loops without barriers, so running
+// their threads one after another gives the same result; the fused
+// attention's block kernels run each block's threads together).
 #pragma once
 
 #if defined(__CUDACC__) && !defined(__clang__)
@@ -10,6 +11,10 @@
 #define MR_KERNEL extern "C" __global__
 #define MR_TID (blockIdx.x * blockDim.x + threadIdx.x)
 #define MR_NTHREADS (blockDim.x * gridDim.x)
+#define MR_TX threadIdx.x
+#define MR_BID blockIdx.x
+#define MR_SHARED __shared__
+#define MR_SYNC() __syncthreads()
 #define MR_SQRT(x) sqrt(x)
 #elif defined(__CUDA__) && defined(__clang__)
 // clang -x cuda --cuda-device-only -nocudainc: the special registers
@@ -19,24 +24,40 @@
 #define MR_KERNEL extern "C" __global__
 #define MR_TID (__nvvm_read_ptx_sreg_ctaid_x() * __nvvm_read_ptx_sreg_ntid_x() + __nvvm_read_ptx_sreg_tid_x())
 #define MR_NTHREADS (__nvvm_read_ptx_sreg_ntid_x() * __nvvm_read_ptx_sreg_nctaid_x())
+#define MR_TX __nvvm_read_ptx_sreg_tid_x()
+#define MR_BID __nvvm_read_ptx_sreg_ctaid_x()
+#define MR_SHARED __attribute__((shared))
+#define MR_SYNC() __nvvm_bar_sync(0)
 #define MR_SQRT(x) __builtin_sqrt(x)
 #else
-// host emulation: emu.h sets the thread index and count before each call.
+// host emulation: emu.cc sets the thread index and count before each call.
+// The block kernels (MR_TX, MR_BID, MR_SHARED, MR_SYNC) run a block at a
+// time, its threads as OS threads meeting at a barrier; a block's shared
+// memory is the function's static arrays.
 #define __device__
 #define MR_KERNEL extern "C"
-extern thread_local unsigned mr_tid, mr_nthreads;
+extern thread_local unsigned mr_tid, mr_nthreads, mr_tx, mr_bid;
+void mr_sync();
 #define MR_TID mr_tid
 #define MR_NTHREADS mr_nthreads
+#define MR_TX mr_tx
+#define MR_BID mr_bid
+#define MR_SHARED static
+#define MR_SYNC() mr_sync()
 #define MR_SQRT(x) __builtin_sqrt(x)
 #endif
 
 // MR_UNROLL before a loop that sums over a slice: the GPU compilers unroll
 // it 8 times, so that 8 loads are in flight before the first add (the adds
 // stay in order: the same sum).
+// MR_UNROLL_ALL unrolls a loop of a constant count whole, so that the
+// arrays it indexes stay in registers.
 #if defined(__CUDACC__) || defined(__CUDA__)
 #define MR_UNROLL _Pragma("unroll 8")
+#define MR_UNROLL_ALL _Pragma("unroll")
 #else
 #define MR_UNROLL
+#define MR_UNROLL_ALL
 #endif
 
 typedef unsigned short bf16;

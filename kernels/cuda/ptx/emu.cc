@@ -1,13 +1,55 @@
 //go:build cudaemu
 
 // Host emulation of the provider's CUDA kernels (build tag cudaemu): each
-// kernel's threads run one after another on the CPU.
+// kernel's threads run one after another on the CPU; the block kernels
+// (the fused attention's) a block at a time, its threads together.
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "kernels.h"
 #include "emu.h"
 
-thread_local unsigned mr_tid, mr_nthreads;
+thread_local unsigned mr_tid, mr_nthreads, mr_tx, mr_bid;
+
+// The running block's barrier: MR_SYNC waits until all its threads arrive.
+static struct {
+	std::mutex mu;
+	std::condition_variable cv;
+	unsigned n, waiting, gen;
+} mr_bar;
+
+void mr_sync() {
+	std::unique_lock<std::mutex> l(mr_bar.mu);
+	unsigned g = mr_bar.gen;
+	if (++mr_bar.waiting == mr_bar.n) {
+		mr_bar.waiting = 0;
+		mr_bar.gen++;
+		mr_bar.cv.notify_all();
+		return;
+	}
+	mr_bar.cv.wait(l, [&] { return mr_bar.gen != g; });
+}
+
+// blocks runs nb blocks of nt threads one block after another, each
+// block's threads as OS threads (MR_TX, MR_BID set; MR_SHARED's statics
+// are the block's shared memory). One block kernel at a time.
+static std::mutex mr_blocks;
+template <class F> static void blocks(unsigned long long nb, unsigned nt, F f) {
+	std::lock_guard<std::mutex> one(mr_blocks);
+	for (unsigned long long b = 0; b < nb; b++) {
+		mr_bar.n = nt;
+		mr_bar.waiting = 0;
+		std::vector<std::thread> ts;
+		for (unsigned t = 0; t < nt; t++) ts.emplace_back([&f, b, t] {
+			mr_tx = t;
+			mr_bid = (unsigned)b;
+			f();
+		});
+		for (auto &t : ts) t.join();
+	}
+}
 
 template <class F> static void grid(unsigned threads, F f) {
 	mr_nthreads = threads;
@@ -176,6 +218,29 @@ void emu_attn_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const 
 	grid(threads, [&] {
 		bf ? attn_dkv_bf16((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal)
 		   : attn_dkv_f32((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal);
+	});
+}
+
+void emu_attn_flash_fwd(int bf, void *o, float *lse, const void *q, const void *k, const void *v, const unsigned long long *a, int causal) {
+	blocks(a[0] * a[1] * ((a[2] + MR_FQ - 1) / MR_FQ), MR_FQ, [&] {
+		bf ? attn_flash_fwd_bf16((bf16 *)o, lse, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal)
+		   : attn_flash_fwd_f32((float *)o, lse, (const float *)q, (const float *)k, (const float *)v, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal);
+	});
+}
+
+void emu_attn_flash_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *o,
+		const float *lse, double *delta, const unsigned long long *a, int causal, unsigned threads) {
+	grid(threads, [&] {
+		bf ? attn_delta_bf16(delta, (const bf16 *)dout, (const bf16 *)o, a[0], a[1], a[2], a[5])
+		   : attn_delta_f32(delta, (const float *)dout, (const float *)o, a[0], a[1], a[2], a[5]);
+	});
+	blocks(a[0] * a[1] * ((a[2] + MR_FB - 1) / MR_FB), MR_FB, [&] {
+		bf ? attn_flash_dq_bf16((bf16 *)dq, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal)
+		   : attn_flash_dq_f32((float *)dq, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal);
+	});
+	blocks(a[0] * a[1] * ((a[3] + MR_FB - 1) / MR_FB), MR_FB, [&] {
+		bf ? attn_flash_dkv_bf16((bf16 *)dk, (bf16 *)dv, (const bf16 *)dout, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal)
+		   : attn_flash_dkv_f32((float *)dk, (float *)dv, (const float *)dout, (const float *)q, (const float *)k, (const float *)v, lse, delta, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], causal);
 	});
 }
 

@@ -13,6 +13,7 @@ package ptx
 import "C"
 
 import (
+	"fmt"
 	"math"
 	"unsafe"
 
@@ -195,6 +196,41 @@ func Attention(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) error {
 	qp, kp, vp := views(a, q, k, v)
 	args := a.Args()
 	C.emu_attn_fwd(isBF(q), bytesOf(o), f32(lse), qp, kp, vp, (*C.ulonglong)(unsafe.Pointer(&args[0])), flag(causal), C.uint(threads))
+	return nil
+}
+
+// FlashAttention runs attn_flash_fwd_* (the fused kernel), a block at a
+// time, its threads together.
+func FlashAttention(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) error {
+	a, err := AttnShape(o, lse, q, k, v)
+	if err != nil {
+		return err
+	}
+	if !a.Flash() {
+		return fmt.Errorf("ptx: attention of head dims %d and %d: the fused kernels take up to %d", a.E, a.F, FlashHeadDim)
+	}
+	qp, kp, vp := views(a, q, k, v)
+	args := a.Args()
+	C.emu_attn_flash_fwd(isBF(q), bytesOf(o), f32(lse), qp, kp, vp, (*C.ulonglong)(unsafe.Pointer(&args[0])), flag(causal))
+	return nil
+}
+
+// FlashAttentionBackward runs attn_delta_* (threads of it), then
+// attn_flash_dq_* and attn_flash_dkv_*.
+func FlashAttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) error {
+	a, err := AttnShape(o, lse, q, k, v)
+	if err != nil {
+		return err
+	}
+	if !a.Flash() {
+		return fmt.Errorf("ptx: attention of head dims %d and %d: the fused kernels take up to %d", a.E, a.F, FlashHeadDim)
+	}
+	qp, kp, vp := views(a, q, k, v)
+	gq, gk, gv := views(a, dq, dk, dv)
+	delta := make([]float64, max(a.B*a.H*a.S, 1))
+	args := a.Args()
+	C.emu_attn_flash_bwd(isBF(q), gq, gk, gv, bytesOf(do), qp, kp, vp, bytesOf(o), f32(lse), (*C.double)(ptr(delta)),
+		(*C.ulonglong)(unsafe.Pointer(&args[0])), flag(causal), C.uint(threads))
 	return nil
 }
 

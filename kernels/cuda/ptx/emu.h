@@ -28,6 +28,9 @@ void emu_adamw(float *param, const float *grad, float *m, float *v, unsigned lon
 void emu_attn_fwd(int bf, void *o, float *lse, const void *q, const void *k, const void *v, const unsigned long long *a, int causal, unsigned threads);
 void emu_attn_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *o,
 		const float *lse, double *delta, const unsigned long long *a, int causal, unsigned threads);
+void emu_attn_flash_fwd(int bf, void *o, float *lse, const void *q, const void *k, const void *v, const unsigned long long *a, int causal);
+void emu_attn_flash_bwd(int bf, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k, const void *v, const void *o,
+		const float *lse, double *delta, const unsigned long long *a, int causal, unsigned threads);
 void emu_attn_softmax(float *sc, void *p16, float *lse, unsigned long long rows, unsigned long long s, unsigned long long t, int causal,
 		int given, unsigned long long seg, unsigned threads);
 void emu_attn_ds(float *ds, void *ds16, const float *p, const double *delta, unsigned long long rows, unsigned long long t, float scale,

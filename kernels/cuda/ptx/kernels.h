@@ -58,11 +58,15 @@ __device__ static inline double gelu_grad(double x) {
 	return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * MR_C * (1 + 3 * MR_K * x * x);
 }
 
-// mr_expf is e^x in float for x in [0, 88]: x = k·ln2 + r (ln2 in two parts,
-// Cody and Waite's), |r| <= ln2/2, e^r by its Taylor series to degree 7
-// (error below 6e-9), times 2^k built in the exponent.
+// mr_expf is e^x in float, 0 below −87 (−inf too), e^88 above 88: x =
+// k·ln2 + r (ln2 in two parts, Cody and Waite's), |r| <= ln2/2, e^r by its
+// Taylor series to degree 7 (error below 6e-9), times 2^k built in the
+// exponent.
 __device__ static inline float mr_expf(float x) {
-	int k = (int)(x * 1.44269504f + 0.5f);
+	if (x < -87.0f) return 0.0f;
+	if (x > 88.0f) x = 88.0f;
+	float kf = x * 1.44269504f;
+	int k = (int)(kf < 0 ? kf - 0.5f : kf + 0.5f);
 	float r = (x - (float)k * 0.693145751953125f) - (float)k * 1.428606765330187e-06f;
 	float p = 1.0f / 5040.0f;
 	p = p * r + 1.0f / 720.0f;
@@ -728,4 +732,204 @@ MR_KERNEL void ln_dgb_sum_f32(float *dgamma, float *dbeta, const double *part, u
 }
 MR_KERNEL void ln_dgb_sum_bf16(bf16 *dgamma, bf16 *dbeta, const double *part, u64 nc, u64 d, int accumulate) {
 	ln_dgb_sum(dgamma, dbeta, part, nc, d, accumulate);
+}
+
+// ---- Attention fused (flash attention's order, without tensor cores):
+// a block of threads per tile of rows, each thread one row, tiles of the
+// other side staged in shared memory; the scores never leave the block.
+// Head dims up to MR_FD (shorter ones padded with zeros in shared memory,
+// so the loops run MR_FD long and unroll). Tensors and lse as above.
+#define MR_FD 64
+#define MR_FQ 64 // query rows of a forward block
+#define MR_FB 32 // rows of a backward block, and of every staged tile
+
+// mr_logf is ln x for x > 0 (through mr_log).
+__device__ static inline float mr_logf(float x) { return (float)mr_log((double)x); }
+
+// attn_tile stages rows r0.. of a [batch, tokens, heads, width] tensor's
+// head (b, h) into sh (rows × MR_FD floats, pitch floats a row), zeros
+// past the tensor's rows or width; the block's nt threads each take every
+// nt-th element, so that consecutive threads read consecutive columns.
+template <class T>
+__device__ static inline void attn_tile(float *sh, u64 pitch, u64 rows, const T *x, u64 b, u64 h, u64 r0, u64 n, u64 H, u64 w,
+		u64 stride, unsigned tx, unsigned nt) {
+	for (u64 e = tx; e < rows * MR_FD; e += nt) {
+		u64 r = e / MR_FD, c = e % MR_FD, t = r0 + r;
+		sh[r * pitch + c] = t < n && c < w ? ld(x, ((b * n + t) * H + h) * stride + c) : 0.0f;
+	}
+}
+
+// attn_flash_fwd: block (b, h, tile of MR_FQ queries), MR_FQ threads. Per
+// tile of MR_FB keys: each thread's scores (kept in shared memory, a row a
+// thread), their largest, the running maximum m and sum l rescaled, acc +=
+// p·v; o = acc/l, lse = m + ln l.
+template <class T>
+__device__ static inline __attribute__((always_inline)) void attn_flash_fwd(T *o, float *lse, const T *q, const T *k, const T *v, u64 B, u64 H, u64 S, u64 Tn,
+		u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	MR_SHARED float qsh[MR_FQ * (MR_FD + 1)];
+	MR_SHARED float ksh[MR_FB * MR_FD];
+	MR_SHARED float vsh[MR_FB * MR_FD];
+	MR_SHARED float ssh[MR_FQ * (MR_FB + 1)]; // each thread's scores of the tile
+	u64 nqb = (S + MR_FQ - 1) / MR_FQ, blk = MR_BID, bh = blk / nqb, q0 = (blk % nqb) * MR_FQ, b = bh / H, h = bh % H;
+	unsigned tx = MR_TX;
+	u64 i = q0 + tx;
+	bool live = i < S;
+	float scale = (float)(1 / MR_SQRT((double)E));
+	attn_tile(qsh, MR_FD + 1, MR_FQ, q, b, h, q0, S, H, E, qs, tx, MR_FQ);
+	float acc[MR_FD];
+	MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) acc[c] = 0;
+	float m = -1.0f / 0.0f, l = 0;
+	u64 kend = Tn;
+	if (causal && q0 + MR_FQ < kend) kend = q0 + MR_FQ;
+	for (u64 t0 = 0; t0 < kend; t0 += MR_FB) {
+		MR_SYNC(); // the last tile's readers are done (and q is staged)
+		attn_tile(ksh, MR_FD, MR_FB, k, b, h, t0, Tn, H, E, ks, tx, MR_FQ);
+		attn_tile(vsh, MR_FD, MR_FB, v, b, h, t0, Tn, H, F, vs, tx, MR_FQ);
+		MR_SYNC();
+		if (!live) continue;
+		float *sc = ssh + tx * (MR_FB + 1), top = -1.0f / 0.0f;
+		for (int j = 0; j < MR_FB; j++) {
+			u64 t = t0 + j;
+			float x = -1.0f / 0.0f;
+			if (t < Tn && (!causal || t <= i)) {
+				x = 0;
+				MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) x += qsh[tx * (MR_FD + 1) + c] * ksh[j * MR_FD + c];
+				x *= scale;
+			}
+			sc[j] = x;
+			top = x > top ? x : top;
+		}
+		if (top == -1.0f / 0.0f) continue; // every key of the tile masked
+		float mn = top > m ? top : m, corr = mr_expf(m - mn);
+		l *= corr;
+		MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) acc[c] *= corr;
+		for (int j = 0; j < MR_FB; j++) {
+			float p = mr_expf(sc[j] - mn);
+			l += p;
+			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) acc[c] += p * vsh[j * MR_FD + c];
+		}
+		m = mn;
+	}
+	if (!live) return;
+	lse[bh * S + i] = m + mr_logf(l);
+	u64 oo = ((b * S + i) * H + h) * F;
+	MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++)
+		if ((u64)c < F) st(o, oo + c, acc[c] / l);
+}
+MR_KERNEL void attn_flash_fwd_f32(float *o, float *lse, const float *q, const float *k, const float *v, u64 B, u64 H, u64 S, u64 Tn,
+		u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) { attn_flash_fwd(o, lse, q, k, v, B, H, S, Tn, E, F, qs, ks, vs, causal); }
+MR_KERNEL void attn_flash_fwd_bf16(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, u64 B, u64 H, u64 S, u64 Tn,
+		u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) { attn_flash_fwd(o, lse, q, k, v, B, H, S, Tn, E, F, qs, ks, vs, causal); }
+
+// attn_flash_dq: block (b, h, tile of MR_FB queries), MR_FB threads, each
+// query's q and do in shared memory (a row a thread, padded against bank
+// conflicts); per tile of keys: p = exp(s − lse), ds = p·(do·v − delta)/√E,
+// dq += ds·k.
+template <class T>
+__device__ static inline __attribute__((always_inline)) void attn_flash_dq(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse, const double *delta,
+		u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	MR_SHARED float qsh[MR_FB * (MR_FD + 1)];
+	MR_SHARED float dsh[MR_FB * (MR_FD + 1)];
+	MR_SHARED float ksh[MR_FB * MR_FD];
+	MR_SHARED float vsh[MR_FB * MR_FD];
+	u64 nqb = (S + MR_FB - 1) / MR_FB, blk = MR_BID, bh = blk / nqb, q0 = (blk % nqb) * MR_FB, b = bh / H, h = bh % H;
+	unsigned tx = MR_TX;
+	u64 i = q0 + tx;
+	bool live = i < S;
+	float scale = (float)(1 / MR_SQRT((double)E));
+	attn_tile(qsh, MR_FD + 1, MR_FB, q, b, h, q0, S, H, E, qs, tx, MR_FB);
+	attn_tile(dsh, MR_FD + 1, MR_FB, dout, b, h, q0, S, H, F, F, tx, MR_FB);
+	float li = live ? lse[bh * S + i] : 0, di = live ? (float)delta[bh * S + i] : 0;
+	float acc[MR_FD];
+	MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) acc[c] = 0;
+	u64 kend = Tn;
+	if (causal && q0 + MR_FB < kend) kend = q0 + MR_FB;
+	const float *qi = qsh + tx * (MR_FD + 1), *di_ = dsh + tx * (MR_FD + 1);
+	for (u64 t0 = 0; t0 < kend; t0 += MR_FB) {
+		MR_SYNC();
+		attn_tile(ksh, MR_FD, MR_FB, k, b, h, t0, Tn, H, E, ks, tx, MR_FB);
+		attn_tile(vsh, MR_FD, MR_FB, v, b, h, t0, Tn, H, F, vs, tx, MR_FB);
+		MR_SYNC();
+		if (!live) continue;
+		for (int j = 0; j < MR_FB; j++) {
+			u64 t = t0 + j;
+			if (t >= Tn || (causal && t > i)) continue;
+			float s = 0, dp = 0;
+			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) s += qi[c] * ksh[j * MR_FD + c];
+			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) dp += di_[c] * vsh[j * MR_FD + c];
+			float p = mr_expf(s * scale - li), ds = p * (dp - di) * scale;
+			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) acc[c] += ds * ksh[j * MR_FD + c];
+		}
+	}
+	if (!live) return;
+	u64 qo = ((b * S + i) * H + h) * qs;
+	MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++)
+		if ((u64)c < E) st(dq, qo + c, acc[c]);
+}
+MR_KERNEL void attn_flash_dq_f32(float *dq, const float *dout, const float *q, const float *k, const float *v, const float *lse,
+		const double *delta, u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	attn_flash_dq(dq, dout, q, k, v, lse, delta, B, H, S, Tn, E, F, qs, ks, vs, causal);
+}
+MR_KERNEL void attn_flash_dq_bf16(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
+		const double *delta, u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	attn_flash_dq(dq, dout, q, k, v, lse, delta, B, H, S, Tn, E, F, qs, ks, vs, causal);
+}
+
+// attn_flash_dkv: block (b, h, tile of MR_FB keys), MR_FB threads, each
+// key's k and v in shared memory (padded); per tile of queries (from the
+// block's first key on when causal): dv += p·do, dk += ds·q.
+template <class T>
+__device__ static inline __attribute__((always_inline)) void attn_flash_dkv(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const float *lse,
+		const double *delta, u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	MR_SHARED float ksh[MR_FB * (MR_FD + 1)];
+	MR_SHARED float vsh[MR_FB * (MR_FD + 1)];
+	MR_SHARED float qsh[MR_FB * MR_FD];
+	MR_SHARED float dsh[MR_FB * MR_FD];
+	MR_SHARED float lsh[MR_FB];
+	MR_SHARED float tsh[MR_FB];
+	u64 nkb = (Tn + MR_FB - 1) / MR_FB, blk = MR_BID, bh = blk / nkb, k0 = (blk % nkb) * MR_FB, b = bh / H, h = bh % H;
+	unsigned tx = MR_TX;
+	u64 t = k0 + tx;
+	bool live = t < Tn;
+	float scale = (float)(1 / MR_SQRT((double)E));
+	attn_tile(ksh, MR_FD + 1, MR_FB, k, b, h, k0, Tn, H, E, ks, tx, MR_FB);
+	attn_tile(vsh, MR_FD + 1, MR_FB, v, b, h, k0, Tn, H, F, vs, tx, MR_FB);
+	float gk[MR_FD], gv[MR_FD];
+	MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) gk[c] = gv[c] = 0;
+	const float *kt = ksh + tx * (MR_FD + 1), *vt = vsh + tx * (MR_FD + 1);
+	for (u64 i0 = causal ? k0 : 0; i0 < S; i0 += MR_FB) {
+		MR_SYNC();
+		attn_tile(qsh, MR_FD, MR_FB, q, b, h, i0, S, H, E, qs, tx, MR_FB);
+		attn_tile(dsh, MR_FD, MR_FB, dout, b, h, i0, S, H, F, F, tx, MR_FB);
+		lsh[tx] = i0 + tx < S ? lse[bh * S + i0 + tx] : 0;
+		tsh[tx] = i0 + tx < S ? (float)delta[bh * S + i0 + tx] : 0;
+		MR_SYNC();
+		if (!live) continue;
+		for (int r = 0; r < MR_FB; r++) {
+			u64 i = i0 + r;
+			if (i >= S || (causal && t > i)) continue;
+			float s = 0, dp = 0;
+			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) s += qsh[r * MR_FD + c] * kt[c];
+			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) dp += dsh[r * MR_FD + c] * vt[c];
+			float p = mr_expf(s * scale - lsh[r]), ds = p * (dp - tsh[r]) * scale;
+			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) {
+				gv[c] += p * dsh[r * MR_FD + c];
+				gk[c] += ds * qsh[r * MR_FD + c];
+			}
+		}
+	}
+	if (!live) return;
+	u64 ko = ((b * Tn + t) * H + h) * ks, vo = ((b * Tn + t) * H + h) * vs;
+	MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) {
+		if ((u64)c < E) st(dk, ko + c, gk[c]);
+		if ((u64)c < F) st(dv, vo + c, gv[c]);
+	}
+}
+MR_KERNEL void attn_flash_dkv_f32(float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v, const float *lse,
+		const double *delta, u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	attn_flash_dkv(dk, dv, dout, q, k, v, lse, delta, B, H, S, Tn, E, F, qs, ks, vs, causal);
+}
+MR_KERNEL void attn_flash_dkv_bf16(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
+		const double *delta, u64 B, u64 H, u64 S, u64 Tn, u64 E, u64 F, u64 qs, u64 ks, u64 vs, int causal) {
+	attn_flash_dkv(dk, dv, dout, q, k, v, lse, delta, B, H, S, Tn, E, F, qs, ks, vs, causal);
 }

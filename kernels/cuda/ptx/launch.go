@@ -86,6 +86,25 @@ type Attn struct {
 	KOff, VOff       int
 }
 
+// The fused attention kernels (attn_flash_*): head dims up to FlashHeadDim
+// (MR_FD), FlashQ query rows a forward block (MR_FQ), FlashRows rows a
+// backward block and every staged tile (MR_FB).
+const (
+	FlashHeadDim = 64
+	FlashQ       = 64
+	FlashRows    = 32
+)
+
+// Flash reports whether the fused kernels take the attention: head dims up
+// to FlashHeadDim, and keys.
+func (a Attn) Flash() bool { return a.E <= FlashHeadDim && a.F <= FlashHeadDim && a.T > 0 }
+
+// FlashBlocks are the blocks of the fused forward, dq and dk-dv kernels.
+func (a Attn) FlashBlocks() (fwd, dq, dkv int) {
+	bh := a.B * a.H
+	return bh * ((a.S + FlashQ - 1) / FlashQ), bh * ((a.S + FlashRows - 1) / FlashRows), bh * ((a.T + FlashRows - 1) / FlashRows)
+}
+
 // MaxHeadDim is the largest E and F the attention kernels take (their
 // per-thread accumulators); larger heads go through the host.
 const MaxHeadDim = 256

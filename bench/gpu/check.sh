@@ -44,8 +44,9 @@
 #   gpt-2        the same with -n 2 --share-gpus (staged collectives)
 #   gpt-bf16     -n 1 with --dtype bfloat16 on both (fails above 1e-2)
 #   gpt-fused, gpt-fused-bf16
-#                gpt and gpt-bf16 with MESHRUN_CUDA_ATTENTION=fused (the
-#                fused attention kernels)
+#                gpt and gpt-bf16 on the block kernels: the fused attention
+#                (MESHRUN_CUDA_ATTENTION=fused) and layer norm a block per
+#                row (MESHRUN_CUDA_LAYERNORM=block)
 #   bench        bench/gpu/run.sh against PyTorch, when 150 s are left
 #
 # Settings (environment):
@@ -399,9 +400,10 @@ gptbf16() { GPT_ARGS="$GPT_ARGS --dtype bfloat16" pair gpt 1 1e-2; }
 # passed as device tensors through the links (staged: one GPU, which NCCL
 # refuses to two ranks), against the same pipeline on cpu ranks (a block a
 # stage).
-# gptfused, gptfusedbf16: gpt and gptbf16 on the fused attention kernels.
-gptfused() { MESHRUN_CUDA_ATTENTION=fused pair gpt 1 1e-4; }
-gptfusedbf16() { MESHRUN_CUDA_ATTENTION=fused GPT_ARGS="$GPT_ARGS --dtype bfloat16" pair gpt 1 1e-2; }
+# gptfused, gptfusedbf16: gpt and gptbf16 on the block kernels (fused
+# attention, layer norm a block per row).
+gptfused() { MESHRUN_CUDA_ATTENTION=fused MESHRUN_CUDA_LAYERNORM=block pair gpt 1 1e-4; }
+gptfusedbf16() { MESHRUN_CUDA_ATTENTION=fused MESHRUN_CUDA_LAYERNORM=block GPT_ARGS="$GPT_ARGS --dtype bfloat16" pair gpt 1 1e-2; }
 gptpp() { MESHRUN_COLLECTIVES=staged GPT_ARGS="$GPT_ARGS --layers 2 --mesh pp=2 --schedule zb" pair gpt 2 1e-4 $SHARE; }
 
 verify() { "$BIN/worker" verify --device "$DEVICE" --quick; }

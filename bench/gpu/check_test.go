@@ -246,7 +246,7 @@ func TestCheckDry(t *testing.T) {
 		}
 		r.expect(t, want)
 		for name, figs := range map[string]string{
-			"ptxas":               "61 entry functions for sm_90",
+			"ptxas":               "65 entry functions for sm_90",
 			"build":               "prebuilt",
 			"conformance-float32": "8 passed, 0 failed, 0 skipped",
 			"conformance-float64": "panic: cuda.test (fake) fails",

@@ -123,20 +123,20 @@ for shape in "${list[@]}"; do
     p=
     [ -n "$vocab" ] && p=$(python3 bench/gpu/torch_gpt.py "$1" "$2" "$3" "$4" "$5" "$vocab" 20 "$dt" | median)
     row "$1, $2, $3, $4×$5" "$dt" "$m" "$p"
-    # The same step with attention on the fused kernels, against the same
-    # PyTorch step (its label's fourth comma keeps it out of check.sh's
-    # summary).
-    f=$(MESHRUN_CUDA_ATTENTION=fused "$worker" gpt --device "$device" --layers "$1" --heads "$2" --dim "$3" --context "$4" \
+    # The same step on the block kernels (fused attention, layer norm a
+    # block per row), against the same PyTorch step (its label's fourth
+    # comma keeps it out of check.sh's summary).
+    f=$(MESHRUN_CUDA_ATTENTION=fused MESHRUN_CUDA_LAYERNORM=block "$worker" gpt --device "$device" --layers "$1" --heads "$2" --dim "$3" --context "$4" \
       --batch "$5" --steps 20 --sample 0 --data "$gpt_data" --dtype "$dt" | median)
-    row "$1, $2, $3, $4×$5, fused attention" "$dt" "$f" "$p"
+    row "$1, $2, $3, $4×$5, block kernels" "$dt" "$f" "$p"
   done
 done
 # The profiles, of the last shape (stderr): each side, float32 and
-# bfloat16, and meshrun's with the fused attention.
+# bfloat16, and meshrun's on the block kernels.
 for dt in float32 bfloat16; do
-  for attn in "" fused; do
-    echo "== meshrun op profile: gpt $shape, $dt${attn:+, $attn attention} (MESHRUN_CUDA_SYNC=1)" >&2
-    MESHRUN_CUDA_ATTENTION=$attn MESHRUN_CUDA_SYNC=1 "$worker" gpt --device "$device" --layers "$1" --heads "$2" --dim "$3" \
+  for blocks in "" block; do
+    echo "== meshrun op profile: gpt $shape, $dt${blocks:+, block kernels} (MESHRUN_CUDA_SYNC=1)" >&2
+    MESHRUN_CUDA_ATTENTION=${blocks:+fused} MESHRUN_CUDA_LAYERNORM=$blocks MESHRUN_CUDA_SYNC=1 "$worker" gpt --device "$device" --layers "$1" --heads "$2" --dim "$3" \
       --context "$4" --batch "$5" --steps 6 --sample 0 --data "$gpt_data" --dtype "$dt" --op-profile 2>&1 >/dev/null |
       sed -n '/^op profile/,$p' >&2
   done

@@ -22,6 +22,11 @@ type Options struct {
 	// dims fit them (EnvAttention=fused); checked in the emulation, not yet
 	// timed on a GPU, so the cuBLAS path stays the default.
 	AttnFused bool
+	// LayerNormBlock runs layer norm's y and dx a block per row (ptx's
+	// ln_block, ln_dx_block: one launch each instead of five and two) rather
+	// than in stages (EnvLayerNorm=block); checked in the emulation, not yet
+	// timed on a GPU.
+	LayerNormBlock bool
 	// BGradSplit runs a weight gradient with its bias gradient
 	// (kernels.EpilogueBGrad) as a plain GEMM and the bias gradient apart
 	// (ones·dy on cuBLAS), as PyTorch's linear backward does, instead of
@@ -46,6 +51,9 @@ const (
 	// kernels (Options.AttnKernels), "fused" on the fused ones
 	// (Options.AttnFused); by default it goes through cuBLAS.
 	EnvAttention = "MESHRUN_CUDA_ATTENTION"
+	// EnvLayerNorm set to "block" runs layer norm a block per row
+	// (Options.LayerNormBlock).
+	EnvLayerNorm = "MESHRUN_CUDA_LAYERNORM"
 	// EnvBGrad set to "split" runs the bias gradient apart from the weight
 	// gradient's GEMM (Options.BGradSplit).
 	EnvBGrad = "MESHRUN_BGRAD"
@@ -53,14 +61,16 @@ const (
 
 // OptionsFrom reads the options from getenv: MESHRUN_CUDA_SYNC=1,
 // MESHRUN_TF32=1, MESHRUN_CUBLASLT=0, MESHRUN_CUDA_ATTENTION=kernels|fused,
+// MESHRUN_CUDA_LAYERNORM=block,
 // MESHRUN_BGRAD=split (any other value, or none, leaves the default).
 func OptionsFrom(getenv func(string) string) Options {
 	return Options{
-		Sync:        getenv(EnvSync) == "1",
-		TF32:        getenv(EnvTF32) == "1",
-		NoLt:        getenv(EnvLt) == "0",
-		AttnKernels: getenv(EnvAttention) == "kernels",
-		AttnFused:   getenv(EnvAttention) == "fused",
-		BGradSplit:  getenv(EnvBGrad) == "split",
+		Sync:           getenv(EnvSync) == "1",
+		TF32:           getenv(EnvTF32) == "1",
+		NoLt:           getenv(EnvLt) == "0",
+		AttnKernels:    getenv(EnvAttention) == "kernels",
+		AttnFused:      getenv(EnvAttention) == "fused",
+		LayerNormBlock: getenv(EnvLayerNorm) == "block",
+		BGradSplit:     getenv(EnvBGrad) == "split",
 	}
 }

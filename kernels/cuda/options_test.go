@@ -8,8 +8,8 @@ func TestOptionsFrom(t *testing.T) {
 	if o := OptionsFrom(env(nil)); o != (Options{}) {
 		t.Errorf("no variables: %+v, want the zero Options", o)
 	}
-	all := OptionsFrom(env(map[string]string{EnvSync: "1", EnvTF32: "1", EnvLt: "0", EnvAttention: "kernels", EnvBGrad: "split"}))
-	if want := (Options{Sync: true, TF32: true, NoLt: true, AttnKernels: true, BGradSplit: true}); all != want {
+	all := OptionsFrom(env(map[string]string{EnvSync: "1", EnvTF32: "1", EnvLt: "0", EnvAttention: "kernels", EnvLayerNorm: "block", EnvBGrad: "split"}))
+	if want := (Options{Sync: true, TF32: true, NoLt: true, AttnKernels: true, LayerNormBlock: true, BGradSplit: true}); all != want {
 		t.Errorf("every variable: %+v, want %+v", all, want)
 	}
 	if o := OptionsFrom(env(map[string]string{EnvAttention: "fused"})); o != (Options{AttnFused: true}) {

@@ -72,6 +72,12 @@ func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float6
 	if rows == 0 {
 		return nil
 	}
+	if p.opts.LayerNormBlock {
+		return p.do(func() error {
+			return p.launch("ln_block"+suffix(x.DType()), 0, rows, ptx.LayerNormThreads,
+				dev(y), dev(stats), dev(x), dev(gamma), devOr0(beta), uint64(d), math.Float64bits(eps))
+		})
+	}
 	// In stages (ptx's ln_*): the rows' sums by segments of lnSeg columns,
 	// the means, the centred squares likewise, the statistics, then y one
 	// thread per element.
@@ -125,7 +131,12 @@ func (p *Provider) LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats *ten
 	}
 	defer p.freeAfter(part)
 	return p.do(func() error {
-		if dx != nil && rows > 0 && d > 0 {
+		if dx != nil && rows > 0 && d > 0 && p.opts.LayerNormBlock {
+			if err := p.launch("ln_dx_block"+sfx, 0, rows, ptx.LayerNormThreads,
+				dev(dx), dev(dy), dev(x), dev(gamma), dev(stats), uint64(d)); err != nil {
+				return err
+			}
+		} else if dx != nil && rows > 0 && d > 0 {
 			if err := p.launch("ln_dx_part"+sfx, rows*ns, 0, ptx.BlockThreads,
 				dev(part), dev(dy), dev(x), dev(gamma), dev(stats), uint64(rows), uint64(d), lnSeg); err != nil {
 				return err

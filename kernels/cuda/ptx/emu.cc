@@ -116,6 +116,22 @@ void emu_layer_norm(int bf, void *y, float *stats, const void *x, const void *ga
 	});
 }
 
+void emu_layer_norm_block(int bf, void *y, float *stats, const void *x, const void *gamma, const void *beta,
+		unsigned long long rows, unsigned long long d, double eps) {
+	blocks(rows, MR_LNT, [&] {
+		bf ? ln_block_bf16((bf16 *)y, stats, (const bf16 *)x, (const bf16 *)gamma, (const bf16 *)beta, d, eps)
+		   : ln_block_f32((float *)y, stats, (const float *)x, (const float *)gamma, (const float *)beta, d, eps);
+	});
+}
+
+void emu_layer_norm_dx_block(int bf, void *dx, const void *dy, const void *x, const void *gamma, const float *stats,
+		unsigned long long rows, unsigned long long d) {
+	blocks(rows, MR_LNT, [&] {
+		bf ? ln_dx_block_bf16((bf16 *)dx, (const bf16 *)dy, (const bf16 *)x, (const bf16 *)gamma, stats, d)
+		   : ln_dx_block_f32((float *)dx, (const float *)dy, (const float *)x, (const float *)gamma, stats, d);
+	});
+}
+
 void emu_layer_norm_dx(int bf, void *dx, const void *dy, const void *x, const void *gamma, const float *stats,
 		unsigned long long rows, unsigned long long d, unsigned long long seg, unsigned threads) {
 	unsigned long long ns = (d + seg - 1) / seg;

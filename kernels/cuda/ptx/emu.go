@@ -121,6 +121,16 @@ func LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, rows, d int, eps float64
 		C.ulonglong(seg), C.uint(threads))
 }
 
+// LayerNormBlock runs ln_block_*: a block of LayerNormThreads per row.
+func LayerNormBlock(y, stats, x, gamma, beta *tensor.Tensor, rows, d int, eps float64) {
+	C.emu_layer_norm_block(isBF(x), bytesOf(y), f32(stats), bytesOf(x), bytesOf(gamma), bytesOf(beta), C.ulonglong(rows), C.ulonglong(d), C.double(eps))
+}
+
+// LayerNormDXBlock runs ln_dx_block_*: a block of LayerNormThreads per row.
+func LayerNormDXBlock(dx, dy, x, gamma, stats *tensor.Tensor, rows, d int) {
+	C.emu_layer_norm_dx_block(isBF(x), bytesOf(dx), bytesOf(dy), bytesOf(x), bytesOf(gamma), f32(stats), C.ulonglong(rows), C.ulonglong(d))
+}
+
 // LayerNormBackward runs ln_dx_part and ln_dx_apply (dx not nil), rows in
 // segments of seg columns, and ln_dgb_part and ln_dgb_sum (dgamma or dbeta
 // not nil), columns in chunks of chunk rows.

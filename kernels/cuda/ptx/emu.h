@@ -10,6 +10,10 @@ void emu_bias_grad_bf16(void *db, int db32, const void *dy, unsigned long long m
 void emu_cast(int to16, void *y, const void *x, unsigned long long n, unsigned threads);
 void emu_layer_norm(int bf, void *y, float *stats, const void *x, const void *gamma, const void *beta,
 		unsigned long long rows, unsigned long long d, double eps, unsigned long long seg, unsigned threads);
+void emu_layer_norm_block(int bf, void *y, float *stats, const void *x, const void *gamma, const void *beta,
+		unsigned long long rows, unsigned long long d, double eps);
+void emu_layer_norm_dx_block(int bf, void *dx, const void *dy, const void *x, const void *gamma, const float *stats,
+		unsigned long long rows, unsigned long long d);
 void emu_layer_norm_dx(int bf, void *dx, const void *dy, const void *x, const void *gamma, const float *stats,
 		unsigned long long rows, unsigned long long d, unsigned long long seg, unsigned threads);
 void emu_layer_norm_dgb(int bf, void *dgamma, void *dbeta, const void *dy, const void *x, const float *stats,

@@ -734,6 +734,83 @@ MR_KERNEL void ln_dgb_sum_bf16(bf16 *dgamma, bf16 *dbeta, const double *part, u6
 	ln_dgb_sum(dgamma, dbeta, part, nc, d, accumulate);
 }
 
+// ---- Layer norm a block per row (MR_LNT threads, each on every
+// MR_LNT-th column; a row's sums in double, added in a fixed tree in
+// shared memory): one launch for y and the statistics, one for dx, as the
+// staged kernels compute them (dgamma and dbeta stay staged: sums over
+// rows).
+#define MR_LNT 256
+
+// mr_block_sum is the block's sum of each thread's v, in a fixed order (a
+// tree over red, MR_LNT doubles of shared memory), for every thread.
+__device__ static inline double mr_block_sum(double *red, double v, unsigned tx) {
+	red[tx] = v;
+	MR_SYNC();
+	for (unsigned w = MR_LNT / 2; w > 0; w /= 2) {
+		if (tx < w) red[tx] += red[tx + w];
+		MR_SYNC();
+	}
+	double s = red[0];
+	MR_SYNC(); // every thread has read it before red is written again
+	return s;
+}
+
+// ln_block: row MR_BID's mean, the sum of its centred squares, stats[2r],
+// stats[2r+1] = mean, 1/√(Σ/d + eps), then y = (x − mean)·rstd·gamma + beta.
+template <class T>
+__device__ static inline __attribute__((always_inline)) void ln_block(T *y, float *stats, const T *x, const T *gamma, const T *beta,
+		u64 d, double eps) {
+	MR_SHARED double red[MR_LNT];
+	u64 r = MR_BID, row = r * d;
+	unsigned tx = MR_TX;
+	double a = 0;
+	for (u64 i = tx; i < d; i += MR_LNT) a += ld(x, row + i);
+	double mean = mr_block_sum(red, a, tx) / (double)d;
+	a = 0;
+	for (u64 i = tx; i < d; i += MR_LNT) {
+		double c = ld(x, row + i) - mean;
+		a += c * c;
+	}
+	double var = mr_block_sum(red, a, tx);
+	float m = (float)mean, rs = (float)(1 / MR_SQRT(var / (double)d + eps));
+	if (tx == 0) {
+		stats[2 * r] = m;
+		stats[2 * r + 1] = rs;
+	}
+	for (u64 i = tx; i < d; i += MR_LNT) st(y, row + i, (ld(x, row + i) - m) * rs * ld(gamma, i) + (beta ? ld(beta, i) : 0.0f));
+}
+MR_KERNEL void ln_block_f32(float *y, float *stats, const float *x, const float *gamma, const float *beta, u64 d, double eps) {
+	ln_block(y, stats, x, gamma, beta, d, eps);
+}
+MR_KERNEL void ln_block_bf16(bf16 *y, float *stats, const bf16 *x, const bf16 *gamma, const bf16 *beta, u64 d, double eps) {
+	ln_block(y, stats, x, gamma, beta, d, eps);
+}
+
+// ln_dx_block: row MR_BID's Σ g and Σ g·x̂ (g = dy·gamma), then dx =
+// rstd·(g − mean(g) − x̂·mean(g·x̂)).
+template <class T>
+__device__ static inline __attribute__((always_inline)) void ln_dx_block(T *dx, const T *dy, const T *x, const T *gamma,
+		const float *stats, u64 d) {
+	MR_SHARED double red[MR_LNT];
+	u64 r = MR_BID, row = r * d;
+	unsigned tx = MR_TX;
+	float m = stats[2 * r], s = stats[2 * r + 1];
+	double m1 = 0, m2 = 0;
+	for (u64 i = tx; i < d; i += MR_LNT) {
+		float g = ld(dy, row + i) * ld(gamma, i);
+		m1 += g;
+		m2 += (double)g * (double)((ld(x, row + i) - m) * s);
+	}
+	float a = (float)(mr_block_sum(red, m1, tx) / (double)d), b = (float)(mr_block_sum(red, m2, tx) / (double)d);
+	for (u64 i = tx; i < d; i += MR_LNT) st(dx, row + i, s * (ld(dy, row + i) * ld(gamma, i) - a - (ld(x, row + i) - m) * s * b));
+}
+MR_KERNEL void ln_dx_block_f32(float *dx, const float *dy, const float *x, const float *gamma, const float *stats, u64 d) {
+	ln_dx_block(dx, dy, x, gamma, stats, d);
+}
+MR_KERNEL void ln_dx_block_bf16(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *gamma, const float *stats, u64 d) {
+	ln_dx_block(dx, dy, x, gamma, stats, d);
+}
+
 // ---- Attention fused (flash attention's order, without tensor cores):
 // a block of threads per tile of rows, each thread one row, tiles of the
 // other side staged in shared memory; the scores never leave the block.

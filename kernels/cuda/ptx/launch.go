@@ -95,6 +95,10 @@ const (
 	FlashRows    = 32
 )
 
+// LayerNormThreads is the block of the layer norm's block kernels
+// (ln_block, ln_dx_block: a block per row; MR_LNT).
+const LayerNormThreads = 256
+
 // Flash reports whether the fused kernels take the attention: head dims up
 // to FlashHeadDim, and keys.
 func (a Attn) Flash() bool { return a.E <= FlashHeadDim && a.F <= FlashHeadDim && a.T > 0 }

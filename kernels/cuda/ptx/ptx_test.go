@@ -22,7 +22,7 @@ func TestPTXFresh(t *testing.T) {
 	if !strings.Contains(first, "(sources "+want+")") {
 		t.Fatalf("kernels.ptx is stale: its first line %q, the sources hash to %s; run go generate ./kernels/cuda/ptx", first, want)
 	}
-	for _, k := range []string{"gelu_f32", "gelu_grad_bf16", "mse_f32", "sum_stage", "axpy_bf16", "cast_f32_bf16", "attn_flash_fwd_f32", "attn_flash_dq_bf16", "attn_flash_dkv_f32"} {
+	for _, k := range []string{"gelu_f32", "gelu_grad_bf16", "mse_f32", "sum_stage", "axpy_bf16", "cast_f32_bf16", "attn_flash_fwd_f32", "attn_flash_dq_bf16", "attn_flash_dkv_f32", "ln_block_bf16", "ln_dx_block_f32"} {
 		if !strings.Contains(string(ptx), ".entry "+k+"(") {
 			t.Errorf("kernel %s missing from the PTX", k)
 		}

@@ -42,7 +42,7 @@ type rankDevice struct {
 // resolve checks the flags (and the environment behind them) before any rank
 // starts (see providers.Resolve), and reads the providers' options from env
 // (cuda.OptionsFrom: MESHRUN_CUDA_SYNC, MESHRUN_TF32, MESHRUN_CUBLASLT,
-// MESHRUN_CUDA_ATTENTION, MESHRUN_BGRAD).
+// MESHRUN_CUDA_ATTENTION, MESHRUN_CUDA_LAYERNORM, MESHRUN_BGRAD).
 func (d deviceFlags) resolve(env Env) (rankDevice, error) {
 	dev, kern := d.device, d.kernels
 	if dev == "" {

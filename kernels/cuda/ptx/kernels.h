@@ -820,6 +820,14 @@ MR_KERNEL void ln_dx_block_bf16(bf16 *dx, const bf16 *dy, const bf16 *x, const b
 #define MR_FQ 64 // query rows of a forward block
 #define MR_FB 32 // rows of a backward block, and of every staged tile
 
+// mr_dot is a·b over MR_FD floats in four interleaved partial sums, so
+// that four chains of multiply-adds are in flight rather than one.
+__device__ static inline float mr_dot(const float *a, const float *b) {
+	float p[4] = {0, 0, 0, 0};
+	MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) p[c % 4] += a[c] * b[c];
+	return (p[0] + p[1]) + (p[2] + p[3]);
+}
+
 // mr_logf is ln x for x > 0 (through mr_log).
 __device__ static inline float mr_logf(float x) { return (float)mr_log((double)x); }
 
@@ -869,9 +877,7 @@ __device__ static inline __attribute__((always_inline)) void attn_flash_fwd(T *o
 			u64 t = t0 + j;
 			float x = -1.0f / 0.0f;
 			if (t < Tn && (!causal || t <= i)) {
-				x = 0;
-				MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) x += qsh[tx * (MR_FD + 1) + c] * ksh[j * MR_FD + c];
-				x *= scale;
+				x = mr_dot(qsh + tx * (MR_FD + 1), ksh + j * MR_FD) * scale;
 			}
 			sc[j] = x;
 			top = x > top ? x : top;
@@ -931,9 +937,7 @@ __device__ static inline __attribute__((always_inline)) void attn_flash_dq(T *dq
 		for (int j = 0; j < MR_FB; j++) {
 			u64 t = t0 + j;
 			if (t >= Tn || (causal && t > i)) continue;
-			float s = 0, dp = 0;
-			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) s += qi[c] * ksh[j * MR_FD + c];
-			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) dp += di_[c] * vsh[j * MR_FD + c];
+			float s = mr_dot(qi, ksh + j * MR_FD), dp = mr_dot(di_, vsh + j * MR_FD);
 			float p = mr_expf(s * scale - li), ds = p * (dp - di) * scale;
 			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) acc[c] += ds * ksh[j * MR_FD + c];
 		}
@@ -985,9 +989,7 @@ __device__ static inline __attribute__((always_inline)) void attn_flash_dkv(T *d
 		for (int r = 0; r < MR_FB; r++) {
 			u64 i = i0 + r;
 			if (i >= S || (causal && t > i)) continue;
-			float s = 0, dp = 0;
-			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) s += qsh[r * MR_FD + c] * kt[c];
-			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) dp += dsh[r * MR_FD + c] * vt[c];
+			float s = mr_dot(qsh + r * MR_FD, kt), dp = mr_dot(dsh + r * MR_FD, vt);
 			float p = mr_expf(s * scale - lsh[r]), ds = p * (dp - tsh[r]) * scale;
 			MR_UNROLL_ALL for (int c = 0; c < MR_FD; c++) {
 				gv[c] += p * dsh[r * MR_FD + c];

@@ -14,7 +14,8 @@ import (
 //
 //	LayerNorm          y = (x − mean)·rstd·gamma + beta over the last dim of
 //	                   x[..., D]; stats[rows, 2] receives (mean, rstd), rstd =
-//	                   1/√(var + eps), for the backward
+//	                   1/√(var + eps), for the backward; beta may be nil
+//	                   (none)
 //	LayerNormBackward  dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = dy·gamma;
 //	                   dgamma (+)= Σ_rows dy·x̂, dbeta (+)= Σ_rows dy; any of
 //	                   dx, dgamma, dbeta may be nil (not needed)

@@ -66,15 +66,25 @@ func (p *Provider) LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, eps float6
 		})
 	}
 	if x.DType() == tensor.Float32 {
+		b := orNil(beta, (*tensor.Tensor).Float32)
 		p.inRows(rows, d, func(lo, hi int) {
-			layerNorm(y.Float32(), stats.Float32(), x.Float32(), gamma.Float32(), beta.Float32(), d, lo, hi, eps)
+			layerNorm(y.Float32(), stats.Float32(), x.Float32(), gamma.Float32(), b, d, lo, hi, eps)
 		})
 	} else {
+		b := orNil(beta, (*tensor.Tensor).Float64)
 		p.inRows(rows, d, func(lo, hi int) {
-			layerNorm(y.Float64(), stats.Float64(), x.Float64(), gamma.Float64(), beta.Float64(), d, lo, hi, eps)
+			layerNorm(y.Float64(), stats.Float64(), x.Float64(), gamma.Float64(), b, d, lo, hi, eps)
 		})
 	}
 	return nil
+}
+
+// orNil is t's data, nil for no tensor (a layer norm without beta).
+func orNil[T any](t *tensor.Tensor, data func(*tensor.Tensor) []T) []T {
+	if t == nil {
+		return nil
+	}
+	return data(t)
 }
 
 func layerNorm[T float](y, stats, x, gamma, beta []T, d, lo, hi int, eps float64) {
@@ -93,7 +103,10 @@ func layerNorm[T float](y, stats, x, gamma, beta []T, d, lo, hi int, eps float64
 		rstd := 1 / math.Sqrt(sq/float64(d)+eps)
 		m, s := T(mean), T(rstd)
 		for i, v := range xr {
-			yr[i] = (v-m)*s*gamma[i] + beta[i]
+			yr[i] = (v - m) * s * gamma[i]
+			if beta != nil {
+				yr[i] += beta[i]
+			}
 		}
 		stats[2*r], stats[2*r+1] = m, s
 	}

@@ -1,6 +1,7 @@
 package cpu_test
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -87,6 +88,21 @@ func TestLayerNorm(t *testing.T) {
 		if math.Abs(v-2*before[i]) > 1e-12 {
 			t.Fatalf("accumulated dgamma[%d] = %g, want %g", i, v, 2*before[i])
 		}
+	}
+	// No beta: y is the normalized x times gamma, in float64 and, widened,
+	// in bfloat16.
+	withBeta := fwd()
+	if err := p.LayerNorm(y, stats, x, gamma, nil, spmdref.LayerNormEps); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range y.Float64() {
+		if w := withBeta[i] - beta.Float64()[i%7]; math.Abs(v-w) > 1e-12 {
+			t.Fatalf("no beta: y[%d] = %g, want %g", i, v, w)
+		}
+	}
+	x16, g16, y16, s16 := tensor.New(tensor.BFloat16, 3, 5, 7), tensor.New(tensor.BFloat16, 7), tensor.New(tensor.BFloat16, 3, 5, 7), tensor.New(tensor.Float32, 15, 2)
+	if err := errors.Join(p.Cast(x16, x), p.Cast(g16, gamma), p.LayerNorm(y16, s16, x16, g16, nil, spmdref.LayerNormEps)); err != nil {
+		t.Fatalf("bfloat16 without beta: %v", err)
 	}
 }
 

@@ -209,15 +209,22 @@ func Attention(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) error {
 	return nil
 }
 
+// flashShape is AttnShape for the fused kernels, which take head dims up
+// to FlashHeadDim.
+func flashShape(o, lse, q, k, v *tensor.Tensor) (Attn, error) {
+	a, err := AttnShape(o, lse, q, k, v)
+	if err == nil && !a.Flash() {
+		err = fmt.Errorf("ptx: attention of head dims %d and %d: the fused kernels take up to %d", a.E, a.F, FlashHeadDim)
+	}
+	return a, err
+}
+
 // FlashAttention runs attn_flash_fwd_* (the fused kernel), a block at a
 // time, its threads together.
 func FlashAttention(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) error {
-	a, err := AttnShape(o, lse, q, k, v)
+	a, err := flashShape(o, lse, q, k, v)
 	if err != nil {
 		return err
-	}
-	if !a.Flash() {
-		return fmt.Errorf("ptx: attention of head dims %d and %d: the fused kernels take up to %d", a.E, a.F, FlashHeadDim)
 	}
 	qp, kp, vp := views(a, q, k, v)
 	args := a.Args()
@@ -228,12 +235,9 @@ func FlashAttention(o, lse, q, k, v *tensor.Tensor, causal bool, threads int) er
 // FlashAttentionBackward runs attn_delta_* (threads of it), then
 // attn_flash_dq_* and attn_flash_dkv_*.
 func FlashAttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) error {
-	a, err := AttnShape(o, lse, q, k, v)
+	a, err := flashShape(o, lse, q, k, v)
 	if err != nil {
 		return err
-	}
-	if !a.Flash() {
-		return fmt.Errorf("ptx: attention of head dims %d and %d: the fused kernels take up to %d", a.E, a.F, FlashHeadDim)
 	}
 	qp, kp, vp := views(a, q, k, v)
 	gq, gk, gv := views(a, dq, dk, dv)

@@ -66,6 +66,7 @@ func TestCheckMode(t *testing.T) {
 		{[]string{"mlp", "--mesh", "tp=4"}, nil, "world size is 2"},
 		{[]string{"mlp", "--dtype", "fp8"}, nil, `--dtype "fp8"`},
 		{[]string{"mlp"}, map[string]string{"MESHRUN_DTYPE": "int8"}, `--dtype "int8"`},
+		{[]string{"gpt"}, map[string]string{"MESHRUN_CUDA_ATTENTION": "fsued"}, "MESHRUN_CUDA_ATTENTION=fsued: want kernels or fused or gemm, or unset"},
 		{[]string{"mlp", "--resume", filepath.Join(t.TempDir(), "missing")}, nil, "--resume"},
 		{[]string{"mlp", "--save-every", "5"}, nil, "--save-every needs --save"},
 		{[]string{"linear", "--mesh", "2", "--x", "8x16:[S(0)]", "--w", "32x15:[S(0)]"}, nil, "shape mismatch"},

@@ -69,6 +69,9 @@ func (d deviceFlags) resolve(env Env) (rankDevice, error) {
 	if err := providers.CheckDType(choice, dt); err != nil {
 		return rankDevice{}, err
 	}
+	if err := cuda.CheckEnv(env.Getenv); err != nil {
+		return rankDevice{}, err
+	}
 	opts := providers.Options{CUDA: cuda.OptionsFrom(env.Getenv)}
 	return rankDevice{kind: kind, choice: choice, dtype: dt, opts: opts, log: env.Run}, nil
 }

@@ -1,5 +1,11 @@
 package cuda
 
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
 // Options are a provider's switches, given to New (the worker reads them from
 // its environment: package job). The zero value is the default: ops do not
 // wait for their work, TF32 is off, GEMMs take cuBLASLt where it serves them.
@@ -62,7 +68,8 @@ const (
 // OptionsFrom reads the options from getenv: MESHRUN_CUDA_SYNC=1,
 // MESHRUN_TF32=1, MESHRUN_CUBLASLT=0, MESHRUN_CUDA_ATTENTION=kernels|fused,
 // MESHRUN_CUDA_LAYERNORM=block,
-// MESHRUN_BGRAD=split (any other value, or none, leaves the default).
+// MESHRUN_BGRAD=split (none, or the default's own value, leaves the
+// default: CheckEnv refuses any other).
 func OptionsFrom(getenv func(string) string) Options {
 	return Options{
 		Sync:           getenv(EnvSync) == "1",
@@ -73,4 +80,27 @@ func OptionsFrom(getenv func(string) string) Options {
 		LayerNormBlock: getenv(EnvLayerNorm) == "block",
 		BGradSplit:     getenv(EnvBGrad) == "split",
 	}
+}
+
+// envValues are the values each variable of OptionsFrom takes besides
+// unset (the default).
+var envValues = [][]string{
+	{EnvSync, "1", "0"},
+	{EnvTF32, "1", "0"},
+	{EnvLt, "0", "1"},
+	{EnvAttention, "kernels", "fused", "gemm"},
+	{EnvLayerNorm, "block", "staged"},
+	{EnvBGrad, "split", "fused"},
+}
+
+// CheckEnv refuses a variable of OptionsFrom set to a value it does not
+// take (MESHRUN_CUDA_ATTENTION=fsued would otherwise leave the default
+// without a word), naming the values it does.
+func CheckEnv(getenv func(string) string) error {
+	for _, e := range envValues {
+		if v := getenv(e[0]); v != "" && !slices.Contains(e[1:], v) {
+			return fmt.Errorf("%s=%s: want %s, or unset", e[0], v, strings.Join(e[1:], " or "))
+		}
+	}
+	return nil
 }

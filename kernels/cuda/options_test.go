@@ -16,3 +16,19 @@ func TestOptionsFrom(t *testing.T) {
 		t.Errorf("%s=fused: %+v", EnvAttention, o)
 	}
 }
+
+// TestCheckEnv: every value OptionsFrom reads passes, and a value it would
+// ignore is refused with the variable and the values it takes.
+func TestCheckEnv(t *testing.T) {
+	for _, e := range envValues {
+		for _, v := range append([]string{""}, e[1:]...) {
+			if err := CheckEnv(func(k string) string { return map[string]string{e[0]: v}[k] }); err != nil {
+				t.Errorf("%s=%q: %v", e[0], v, err)
+			}
+		}
+	}
+	err := CheckEnv(func(k string) string { return map[string]string{EnvAttention: "fsued"}[k] })
+	if err == nil || err.Error() != "MESHRUN_CUDA_ATTENTION=fsued: want kernels or fused or gemm, or unset" {
+		t.Errorf("MESHRUN_CUDA_ATTENTION=fsued: %v", err)
+	}
+}

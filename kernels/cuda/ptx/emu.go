@@ -239,13 +239,23 @@ func FlashAttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, caus
 	if err != nil {
 		return err
 	}
+	attnBackward(a, true, dq, dk, dv, do, q, k, v, o, lse, causal, threads)
+	return nil
+}
+
+// attnBackward runs the backward kernels of shape a: the fused ones or
+// the one-row-per-thread ones.
+func attnBackward(a Attn, fused bool, dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, threads int) {
 	qp, kp, vp := views(a, q, k, v)
 	gq, gk, gv := views(a, dq, dk, dv)
 	delta := make([]float64, max(a.B*a.H*a.S, 1))
 	args := a.Args()
-	C.emu_attn_flash_bwd(isBF(q), gq, gk, gv, bytesOf(do), qp, kp, vp, bytesOf(o), f32(lse), (*C.double)(ptr(delta)),
-		(*C.ulonglong)(unsafe.Pointer(&args[0])), flag(causal), C.uint(threads))
-	return nil
+	dp, ap := (*C.double)(ptr(delta)), (*C.ulonglong)(unsafe.Pointer(&args[0]))
+	if fused {
+		C.emu_attn_flash_bwd(isBF(q), gq, gk, gv, bytesOf(do), qp, kp, vp, bytesOf(o), f32(lse), dp, ap, flag(causal), C.uint(threads))
+		return
+	}
+	C.emu_attn_bwd(isBF(q), gq, gk, gv, bytesOf(do), qp, kp, vp, bytesOf(o), f32(lse), dp, ap, flag(causal), C.uint(threads))
 }
 
 // AttentionBackward runs attn_delta_*, attn_dq_* and attn_dkv_*.
@@ -254,12 +264,7 @@ func AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bo
 	if err != nil {
 		return err
 	}
-	qp, kp, vp := views(a, q, k, v)
-	gq, gk, gv := views(a, dq, dk, dv)
-	delta := make([]float64, max(a.B*a.H*a.S, 1))
-	args := a.Args()
-	C.emu_attn_bwd(isBF(q), gq, gk, gv, bytesOf(do), qp, kp, vp, bytesOf(o), f32(lse), (*C.double)(ptr(delta)),
-		(*C.ulonglong)(unsafe.Pointer(&args[0])), flag(causal), C.uint(threads))
+	attnBackward(a, false, dq, dk, dv, do, q, k, v, o, lse, causal, threads)
 	return nil
 }
 

@@ -36,6 +36,10 @@ func (p *Provider) attnGEMM(a ptx.Attn, dt tensor.DType, backward bool) bool {
 	return !p.opts.AttnKernels && a.T > 0 && n <= maxAttnScratch
 }
 
+// attnFused reports whether attention of shape a runs on the fused kernels
+// (Options.AttnFused, head dims they take).
+func (p *Provider) attnFused(a ptx.Attn) bool { return p.opts.AttnFused && a.Flash() }
+
 // attnScratch is one GEMM-path call's device scratch, freed by done.
 type attnScratch struct {
 	p    *Provider

@@ -351,7 +351,7 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 	if rows == 0 {
 		return nil
 	}
-	fused := p.opts.AttnFused && a.Flash()
+	fused := p.attnFused(a)
 	if !fused && p.attnGEMM(a, q.DType(), false) {
 		return p.attentionGEMM(a, o, lse, q, k, v, causal)
 	}
@@ -388,7 +388,7 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 	if rows == 0 || a.T == 0 {
 		return nil
 	}
-	fused := p.opts.AttnFused && a.Flash()
+	fused := p.attnFused(a)
 	if !fused && p.attnGEMM(a, q.DType(), true) {
 		return p.attentionBackwardGEMM(a, dq, dk, dv, do, q, k, v, o, lse, causal)
 	}

@@ -87,6 +87,7 @@ func TestSlurmLocal(t *testing.T) {
 	console := out.String()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() == 77 {
+		t.Logf("slurm/test-local.sh:\n%s", console) // the daemons' logs, where they did not come up
 		lines := strings.Split(strings.TrimSpace(console), "\n")
 		t.Skipf("slurm/test-local.sh cannot run here: %s", strings.TrimPrefix(lines[len(lines)-1], "cannot run: "))
 	}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/meshrun/meshrun/internal/flaghelp"
 	"github.com/meshrun/meshrun/runlog"
@@ -127,6 +128,9 @@ func workloadUsage(name string, fs *flag.FlagSet) string {
 
 // Main runs the workload named by env.Args[0].
 func Main(ctx context.Context, env Env) int {
+	// Ranks run in this process when it was not launched: they share its
+	// output, one write at a time.
+	env.Stdout, env.Stderr = &lockedWriter{w: env.Stdout}, &lockedWriter{w: env.Stderr}
 	if env.Getenv(EnvCheck) == CheckDevice {
 		return checkDevice(env)
 	}
@@ -195,4 +199,16 @@ func noArgs(args []string) error {
 		return fmt.Errorf("unexpected argument %q (flags are --name VALUE)", args[0])
 	}
 	return nil
+}
+
+// lockedWriter is w written by one goroutine at a time.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

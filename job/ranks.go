@@ -13,6 +13,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -176,6 +177,12 @@ func (t *tracer) profileTable(w io.Writer, of string, steps int, wall time.Durat
 	if of != "" {
 		of = " of " + of
 	}
+	// One write: under pp each stage's first rank prints its table at the
+	// same time, on the same stream in a test or a log.
+	out := w
+	var b strings.Builder
+	w = &b
+	defer func() { io.WriteString(out, b.String()) }()
 	fmt.Fprintf(w, "op profile%s: %d steps, %.3f ms a step\n", of, steps, per(wall))
 	fmt.Fprintf(w, "%-24s %-10s %9s %10s %6s\n", "op", "kind", "calls", "ms/step", "%")
 	var sum time.Duration

@@ -235,6 +235,7 @@ MpiDefault=none
 SwitchType=switch/none
 PlugStackConfig=/dev/null
 MinJobAge=600
+SlurmdTimeout=30
 NodeName=node0 NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port0 CPUs=8 RealMemory=16384 State=UNKNOWN
 NodeName=node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port1 CPUs=8 RealMemory=16384 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=30 State=UP
@@ -245,6 +246,12 @@ say "starting slurmctld and slurmd node0, node1 ($tmp)"
 slurmctld -f "$SLURM_CONF" -i 2>>"$tmp/log/slurmctld.err" ||
   skip "slurmctld did not start: $(tail -q -n 3 "$tmp/log/slurmctld.err" "$tmp/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
 ctld_started=1
+# slurmctld forks before it listens: a slurmd that registers too early is
+# lost until the controller's next ping of the node (SlurmdTimeout/3).
+for _ in $(seq 120); do
+  scontrol ping 2>/dev/null | grep -q 'is UP' && break
+  sleep 0.25
+done
 for n in node0 node1; do
   slurmd -f "$SLURM_CONF" -N "$n" 2>>"$tmp/log/slurmd-$n.err" ||
     skip "slurmd -N $n did not start (Slurm built without multiple-slurmd?): $(tail -q -n 3 "$tmp/log/slurmd-$n.err" "$tmp/log/slurmd-$n.log" 2>/dev/null | tr '\n' ' ')"

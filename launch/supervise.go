@@ -62,9 +62,6 @@ func (j *job) run(ctx context.Context) (int, error) {
 			return 1, cannotStart{err}
 		}
 		defer j.cpu.Close()
-		if why := j.cpu.Pinned(); why != nil {
-			say("--cpus-per-rank %v: no cpu cgroup here (%v): each rank is pinned to its %v cores, which caps it, without a quota", j.CPUsPerRank, why, j.CPUsPerRank)
-		}
 	}
 	conf, pl, stop, err := j.startPlane(say)
 	if err != nil {

@@ -3,6 +3,7 @@ package cpulimit
 import (
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -31,29 +32,45 @@ func TestRankCores(t *testing.T) {
 	}
 }
 
-// TestPinnedOnly: where no cpu cgroup can be made, a whole number of cores
-// per rank is still allowed and the ranks are pinned to their cores (no
-// cgroup file to join, nothing to remove); a fraction of a core, which
-// only a quota can cap, is refused.
+// TestPinnedOnly: a whole number of cores per rank is pinned only, with or
+// without a cpu cgroup to make (no cgroup file to join, nothing to
+// remove); a fraction of a core, which only a quota can cap, is refused
+// where no cgroup can be made.
 func TestPinnedOnly(t *testing.T) {
 	none := errors.New("no cpu cgroup controller is mounted")
 	defer func(f func() (cgroupRoot, error)) { findCgroup = f }(findCgroup)
 	findCgroup = func() (cgroupRoot, error) { return cgroupRoot{}, none }
-	if p := Problem(0.5); !strings.Contains(p, "needs a cpu cgroup") || !strings.Contains(p, none.Error()) {
+	testPinned(t, "whole")
+	dir := t.TempDir() // a cgroup the launcher may make, that New must not use
+	findCgroup = func() (cgroupRoot, error) { return cgroupRoot{mount: dir, own: "/", v2: true}, nil }
+	testPinned(t, "whole-with-cgroups")
+}
+
+// testPinned: the refusals and the pinning of TestPinnedOnly, where a
+// cgroup is as findCgroup says.
+func testPinned(t *testing.T, job string) {
+	t.Helper()
+	_, noCgroup := usableCgroup()
+	if p := Problem(0.5); noCgroup != nil && (!strings.Contains(p, "needs a cpu cgroup") || !strings.Contains(p, noCgroup.Error())) {
 		t.Errorf("Problem(0.5) = %q, want the cgroup it needs", p)
 	}
 	if p := Problem(1); p != "" {
 		t.Errorf("Problem(1) = %q, want none: pinning caps a whole core", p)
 	}
-	if _, err := New("half", 0.5); !errors.Is(err, none) {
-		t.Errorf("New at 0.5 cores: %v, want %v", err, none)
+	if p := Problem(0.5); noCgroup == nil && p != "" {
+		t.Errorf("Problem(0.5) = %q with a cgroup to make", p)
 	}
-	c, err := New("whole", 1)
+	if noCgroup != nil {
+		if _, err := New("half", 0.5); !errors.Is(err, noCgroup) {
+			t.Errorf("New at 0.5 cores: %v, want %v", err, noCgroup)
+		}
+	}
+	c, err := New(job, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(c.Pinned(), none) {
-		t.Errorf("Pinned() = %v, want %v", c.Pinned(), none)
+	if !c.Pinned() {
+		t.Errorf("%s: not pinned only", job)
 	}
 	if procs, err := c.Procs(0); procs != "" || err != nil {
 		t.Errorf("Procs(0) = %q, %v; want no cgroup to join", procs, err)
@@ -78,5 +95,10 @@ func TestPinnedOnly(t *testing.T) {
 	}
 	if err := c.Close(); err != nil {
 		t.Errorf("Close: %v", err)
+	}
+	if r, _ := findCgroup(); r.mount != "" {
+		if left, _ := os.ReadDir(r.mount); len(left) > 0 {
+			t.Errorf("%s: a whole core made cgroups: %v", job, left)
+		}
 	}
 }

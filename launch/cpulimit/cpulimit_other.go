@@ -21,8 +21,8 @@ func New(string, float64) (*Limit, error) {
 // Start starts cmd as it is.
 func (c *Limit) Start(cmd *exec.Cmd, l int) error { return cmd.Start() }
 
-// Pinned has no reason: there is no Limit off Linux.
-func (c *Limit) Pinned() error { return nil }
+// Pinned is false: there is no Limit off Linux.
+func (c *Limit) Pinned() bool { return false }
 
 // Procs has no cgroup to give.
 func (c *Limit) Procs(int) (string, error) { return "", errors.New("no cgroups") }

@@ -180,6 +180,7 @@ type ppRun struct {
 	all      *collective.Group  // the world
 	trace    stage.Trace        // the last step's
 	bubbles  []float64          // each step's measured bubble
+	overhead []float64          // each step's stage.Trace.Overhead, a share of the step
 	costs    [][4]float64       // each step's median F, B, W and send (stage.Trace.Costs), ms
 	run      *runlog.Rank
 }
@@ -223,6 +224,12 @@ type PipelineReport struct {
 	CostMs       []pipeline.StageCost `json:"cost_ms"`
 	SendMs       []float64            `json:"send_ms"`
 	BubbleAtCost []float64            `json:"bubble_at_cost"`
+	// Overhead is each stage's own time between its actions
+	// (stage.Trace.Overhead: queueing sends, giving inputs back), a share
+	// of the step like the bubble, the median over the steps after the
+	// first: the part of the bubble the runtime adds; the rest is waiting
+	// for the neighbours.
+	Overhead []float64 `json:"overhead"`
 }
 
 // Text is the report in lines: the schedule, then each stage's layers,
@@ -251,7 +258,11 @@ func (r *PipelineReport) Text() string {
 		}
 		fmt.Fprintf(&b, ", bubble %.1f%%", 100*r.Bubble[s])
 		if s < len(r.BubbleAtCost) {
-			fmt.Fprintf(&b, " (%.1f%% at its median costs)", 100*r.BubbleAtCost[s])
+			fmt.Fprintf(&b, " (%.1f%% at its median costs", 100*r.BubbleAtCost[s])
+			if s < len(r.Overhead) {
+				fmt.Fprintf(&b, "; %.2f%% its own between actions", 100*r.Overhead[s])
+			}
+			b.WriteString(")")
 		}
 		mbs := "micro-batches"
 		if r.PeakActivations[s] == 1 {
@@ -280,12 +291,12 @@ func (r *PipelineReport) Text() string {
 // collective: every rank calls it).
 func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 	p := r.p
-	v := make([]float64, 9*p.pp)
-	b, costs := slices.Clone(r.bubbles), slices.Clone(r.costs)
+	v := make([]float64, 10*p.pp)
+	b, costs, over := slices.Clone(r.bubbles), slices.Clone(r.costs), slices.Clone(r.overhead)
 	if len(b) > 1 {
-		b, costs = b[1:], costs[1:] // the first step warms up
+		b, costs, over = b[1:], costs[1:], over[1:] // the first step warms up
 	}
-	v[r.s], v[p.pp+r.s] = median(b), float64(r.trace.Peak)
+	v[r.s], v[p.pp+r.s], v[9*p.pp+r.s] = median(b), float64(r.trace.Peak), median(over)
 	for k := range 4 {
 		var ks []float64
 		for _, c := range costs {
@@ -317,6 +328,7 @@ func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 		rep.PeakActivations = append(rep.PeakActivations, int(all[p.pp+s]))
 		rep.ScratchBytes = append(rep.ScratchBytes, int64(all[7*p.pp+s]))
 		rep.WorkspaceBytes = append(rep.WorkspaceBytes, int64(all[8*p.pp+s]))
+		rep.Overhead = append(rep.Overhead, all[9*p.pp+s])
 		at := func(k int) float64 { return all[(2+k)*p.pp+s] }
 		rep.CostMs = append(rep.CostMs, pipeline.StageCost{F: at(0), B: at(1), W: at(2)})
 		rep.SendMs = append(rep.SendMs, at(3))
@@ -464,6 +476,11 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 		return 0, err
 	}
 	r.bubbles = append(r.bubbles, stepBubble(v[1:1+pp], v[1+pp:1+2*pp], v[1+2*pp:])[r.s])
+	if span := slices.Max(v[1+pp:1+2*pp]) - slices.Min(v[1:1+pp]); span > 0 {
+		r.overhead = append(r.overhead, float64(r.trace.Overhead)/span)
+	} else {
+		r.overhead = append(r.overhead, 0)
+	}
 	c, send := r.trace.Costs()
 	r.costs = append(r.costs, [4]float64{c.F, c.B, c.W, send})
 	for _, st := range r.stages() {

@@ -285,6 +285,9 @@ func (r *runner) compute(start time.Time, tr *Trace) error {
 		u := pipeline.Virtual(r.p, r.s, a.Chunk)
 		first, last, st := u == 0, u == r.p*r.v-1, r.chunks[a.Chunk]
 		ready := time.Since(start)
+		if n := len(tr.Events); n > 0 {
+			tr.Overhead += ready - tr.Events[n-1].End
+		}
 		var in *tensor.Tensor
 		var err error
 		switch {

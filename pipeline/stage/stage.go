@@ -68,6 +68,11 @@ type Trace struct {
 	// (the waits at the start and the end included), Bubble Idle / Makespan.
 	Busy, Idle time.Duration
 	Bubble     float64
+	// Overhead is the part of Idle the stage spent on its own between
+	// actions: from an action's end to when the next was ready to wait for
+	// its input or start (queueing a send, giving an input back, the
+	// trace), not waiting for a neighbour.
+	Overhead time.Duration
 	// Peak is the most micro-batches whose activations the stage held at
 	// once: each from the end of its F to the end of its W.
 	Peak int

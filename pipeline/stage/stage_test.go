@@ -356,12 +356,18 @@ func TestSchedulesMatchReference(t *testing.T) {
 // checkTrace: the events follow each other, and busy + idle is the step.
 func checkTrace(t *testing.T, name string, tr stage.Trace) {
 	t.Helper()
-	var prev time.Duration
+	var prev, over time.Duration
 	for i, e := range tr.Events {
 		if e.Start < prev || e.End < e.Start || e.Wait < 0 || e.Start-e.Wait < prev {
 			t.Errorf("%s stage %d: event %d (%v) at %v..%v, waited %v, after %v", name, tr.Stage, i, e.Action, e.Start, e.End, e.Wait, prev)
 		}
+		if i > 0 {
+			over += e.Start - e.Wait - prev
+		}
 		prev = e.End
+	}
+	if tr.Overhead != over || over > tr.Idle {
+		t.Errorf("%s stage %d: overhead %v, the gaps between actions less their waits %v, idle %v", name, tr.Stage, tr.Overhead, over, tr.Idle)
 	}
 	if tr.Busy+tr.Idle != tr.Makespan || tr.Makespan != prev || tr.Total < tr.Makespan || tr.Bubble < 0 || tr.Bubble > 1 {
 		t.Errorf("%s: %v (total %v)", name, tr, tr.Total)
@@ -506,6 +512,11 @@ func TestMeasuredBubble(t *testing.T) {
 			step[kind] = max(step[kind], tr.Makespan)
 			if tr.Makespan > want*3/2+20*time.Millisecond || tr.Busy < 3*m*unit {
 				t.Errorf("%v stage %d: %v; the model's step %v", kind, s, tr, want)
+			}
+			// Between its 24 actions the stage spends microseconds of its
+			// own: its idle time is waiting for its neighbours.
+			if tr.Overhead < 0 || tr.Overhead > 2*unit {
+				t.Errorf("%v stage %d: %v of its own between actions", kind, s, tr.Overhead)
 			}
 			c, send := tr.Costs()
 			u := float64(unit) / float64(time.Millisecond)

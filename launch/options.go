@@ -33,11 +33,13 @@ flags (each also read from MESHRUN_<FLAG>, e.g. MESHRUN_NPROC_PER_NODE=4):
   --oversubscribe              start more ranks than the machine holds: over 64 per core, its
                                open-file or process limit, or 20 MiB per worker rank of its
                                available memory (refused otherwise, naming the limit)
-  --cpus-per-rank X            cap each rank at X cores (e.g. 0.5) through a cpu cgroup of its
-                               own, so that it runs at one speed whether its neighbours compute
-                               or wait: ranks of a machine with fewer cores than ranks behave as
-                               on one core each, slower (Linux; the launcher must be allowed to
-                               make cgroups, usually as root); GOMAXPROCS is X rounded up
+  --cpus-per-rank X            cap each rank at X cores (e.g. 0.5), so that it runs at one speed
+                               whether its neighbours compute or wait: a whole number of cores
+                               by pinning each rank to cores of its own; a fraction through a
+                               cpu cgroup of its own, so that ranks of a machine with fewer
+                               cores than ranks behave as on one core each, slower (Linux; the
+                               launcher must be allowed to make cgroups, usually as root);
+                               GOMAXPROCS is X rounded up
   --nnodes N                   machines in the job, one launcher each (default 1)
   --node-rank K                this machine's index, 0..N-1; RANK = K*nproc + LOCAL_RANK
   --nats URL[,URL]             an external NATS for several machines (default: embedded,

@@ -12,7 +12,7 @@
 # The cores: the GPU steps run on the upper half of the machine's CPUs
 # (taskset), the pipeline's stages on the lower half, so that neither
 # waits for the other's cores. MESHRUN_ALL_PIPELINE="REPS PP M STEPS"
-# (default "2 4 8 8"; "none" skips it) are bench/pipeline/run.sh's
+# (default "3 4 8 8"; "none" skips it) are bench/pipeline/run.sh's
 # arguments.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -36,7 +36,7 @@ fi
 eval "$(deploy/gpu.sh libs 2>/dev/null)" || true
 
 pipe=
-read -ra pargs <<<"${MESHRUN_ALL_PIPELINE:-2 4 8 8}"
+read -ra pargs <<<"${MESHRUN_ALL_PIPELINE:-3 4 8 8}"
 if [ -n "$pipe_cpus" ] && [ "${pargs[0]:-none}" != none ] && [ -x bin/launcher ]; then
   (PIPE_BENCH_BIN=bin timeout -k 5 $((limit - 20)) taskset -c "$pipe_cpus" bench/pipeline/run.sh "${pargs[@]}" \
     >"$out/pipeline.md" 2>&1; echo "# exit $?" >>"$out/pipeline.md") &

@@ -1,0 +1,41 @@
+package cpu_test
+
+import (
+	"testing"
+
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// BenchmarkLayerNorm is a GPT's layer norm (1024 rows of 256), forward and
+// backward, in float32 and bfloat16 (which computes in float32): the two
+// should take about the same time.
+func BenchmarkLayerNorm(b *testing.B) {
+	p := provider(b)
+	const rows, d = 1024, 256
+	for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
+		data := func(shape ...int) *tensor.Tensor {
+			if dt == tensor.BFloat16 {
+				return randBF16(shape...)
+			}
+			return randTensor(dt, shape...)
+		}
+		x, dy, gamma, beta := data(rows, d), data(rows, d), data(d), data(d)
+		y, dx := tensor.New(dt, rows, d), tensor.New(dt, rows, d)
+		dgamma, dbeta := tensor.New(dt, d), tensor.New(dt, d)
+		stats := tensor.New(tensor.Float32, rows, 2) // float32 for either
+		b.Run(dt.String()+"/forward", func(b *testing.B) {
+			for b.Loop() {
+				if err := p.LayerNorm(y, stats, x, gamma, beta, 1e-5); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(dt.String()+"/backward", func(b *testing.B) {
+			for b.Loop() {
+				if err := p.LayerNormBackward(dx, dgamma, dbeta, dy, x, gamma, stats, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

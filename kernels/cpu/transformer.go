@@ -25,18 +25,34 @@ func (p *Provider) inRows(n, work int, f func(lo, hi int)) {
 // (the others, nil or not bfloat16, passed as they are) and rounds the
 // first nout, the outputs, back into their bfloat16 tensors once: the
 // transformer ops on bfloat16 data compute in float32. Outputs are widened
-// too, for the ops that accumulate into them.
-func (p *Provider) widened(nout int, ts []*tensor.Tensor, f func(w []*tensor.Tensor) error) error {
+// too, for the ops that accumulate into them, unless overwrite says the op
+// writes every element of them. The stand-ins are reused from call to call.
+func (p *Provider) widened(nout int, overwrite bool, ts []*tensor.Tensor, f func(w []*tensor.Tensor) error) error {
 	w := make([]*tensor.Tensor, len(ts))
+	var bufs []*wideBuf
+	defer func() {
+		for _, b := range bufs {
+			widePool.put(b)
+		}
+	}()
 	for i, t := range ts {
 		if t == nil || t.DType() != tensor.BFloat16 {
 			w[i] = t
 			continue
 		}
-		w[i] = tensor.New(tensor.Float32, t.Shape()...)
-		if err := p.Cast(w[i], t); err != nil {
+		b := widePool.get()
+		bufs = append(bufs, b)
+		if cap(b.d) < t.Len() {
+			b.d = make([]float32, t.Len())
+		}
+		var err error
+		if w[i], err = tensor.FromFloat32(b.d[:t.Len()], t.Shape()...); err != nil {
 			return err
 		}
+		if i < nout && overwrite {
+			continue
+		}
+		p.e16.p.toF32(w[i].Float32(), t.BFloat16())
 	}
 	if err := f(w); err != nil {
 		return err
@@ -51,6 +67,11 @@ func (p *Provider) widened(nout int, ts []*tensor.Tensor, f func(w []*tensor.Ten
 	return nil
 }
 
+// wideBuf is a float32 stand-in's storage (widened).
+type wideBuf struct{ d []float32 }
+
+var widePool freeList[wideBuf]
+
 // Attention implements kernels.Kernels.
 func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error {
 	if err := p.host(o, lse, q, k, v); err != nil {
@@ -61,7 +82,7 @@ func (p *Provider) Attention(o, lse, q, k, v *tensor.Tensor, causal bool) error 
 		return err
 	}
 	if q.DType() == tensor.BFloat16 {
-		return p.widened(2, []*tensor.Tensor{o, lse, q, k, v}, func(w []*tensor.Tensor) error {
+		return p.widened(2, true, []*tensor.Tensor{o, lse, q, k, v}, func(w []*tensor.Tensor) error {
 			return p.Attention(w[0], w[1], w[2], w[3], w[4], causal)
 		})
 	}
@@ -144,39 +165,46 @@ func (p *Provider) matmul64() matmul[float64] {
 
 // scores computes pair bh's probabilities into pr[s×t] (zeros where the
 // mask hides a key): from the scaled products q·kᵀ, and their log-sum-exp
-// into lse, or from lse when it is given (the backward).
-func scores[T float](a attnShape, mm matmul[T], pr []T, q, k, lse []T, bh int, known bool) {
+// into lse (ext holds a row's exponentials), or from lse when it is given
+// (the backward).
+func scores[T float](a attnShape, mm matmul[T], pr []T, ext []float64, q, k, lse []T, bh int, known bool) {
 	scale := 1 / math.Sqrt(float64(a.e))
 	mm(kernels.GemmParams{TransB: true, M: a.s, N: a.t, K: a.e, Alpha: scale, LDA: a.h * a.qs, LDB: a.h * a.ks, LDC: a.t},
 		q[a.at(bh, a.s, 0, a.qs):], k[a.at(bh, a.t, 0, a.ks):], pr)
 	for i := 0; i < a.s; i++ {
 		row, nk := pr[i*a.t:(i+1)*a.t], a.keys(i)
-		var m float64
 		if known {
-			m = float64(lse[bh*a.s+i])
+			m := float64(lse[bh*a.s+i])
+			for j := range row[:nk] {
+				row[j] = T(math.Exp(float64(row[j]) - m))
+			}
 		} else {
+			// One exponential per score: exp(x − top), summed, then
+			// divided by the sum.
 			top := math.Inf(-1)
 			for _, x := range row[:nk] {
 				top = max(top, float64(x))
 			}
+			ex := ext[:nk]
 			var z float64
-			for _, x := range row[:nk] {
-				z += math.Exp(float64(x) - top)
+			for j, x := range row[:nk] {
+				ex[j] = math.Exp(float64(x) - top)
+				z += ex[j]
 			}
-			m = top + math.Log(z)
-			lse[bh*a.s+i] = T(m)
-		}
-		for j := range row[:nk] {
-			row[j] = T(math.Exp(float64(row[j]) - m))
+			lse[bh*a.s+i] = T(top + math.Log(z))
+			inv := 1 / z
+			for j, e := range ex {
+				row[j] = T(e * inv)
+			}
 		}
 		clear(row[nk:])
 	}
 }
 
 func attention[T float](a attnShape, mm matmul[T], o, lse, q, k, v []T, lo, hi int) {
-	pr := make([]T, a.s*a.t)
+	pr, ext := make([]T, a.s*a.t), make([]float64, a.t)
 	for bh := lo; bh < hi; bh++ {
-		scores(a, mm, pr, q, k, lse, bh, false)
+		scores(a, mm, pr, ext, q, k, lse, bh, false)
 		// o = P·v
 		mm(kernels.GemmParams{M: a.s, N: a.f, K: a.t, Alpha: 1, LDA: a.t, LDB: a.h * a.vs, LDC: a.h * a.f},
 			pr, v[a.at(bh, a.t, 0, a.vs):], o[a.at(bh, a.s, 0, a.f):])
@@ -193,7 +221,7 @@ func (p *Provider) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Ten
 		return err
 	}
 	if q.DType() == tensor.BFloat16 {
-		return p.widened(3, []*tensor.Tensor{dq, dk, dv, do, q, k, v, o, lse}, func(w []*tensor.Tensor) error {
+		return p.widened(3, true, []*tensor.Tensor{dq, dk, dv, do, q, k, v, o, lse}, func(w []*tensor.Tensor) error {
 			return p.AttentionBackward(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], causal)
 		})
 	}
@@ -224,7 +252,7 @@ func attentionBackward[T float](a attnShape, mm matmul[T], dq, dk, dv, do, q, k,
 	ds := make([]T, a.s*a.t)
 	scale := 1 / math.Sqrt(float64(a.e))
 	for bh := lo; bh < hi; bh++ {
-		scores(a, mm, pr, q, k, lse, bh, true)
+		scores(a, mm, pr, nil, q, k, lse, bh, true)
 		dob, ob := do[a.at(bh, a.s, 0, a.f):], o[a.at(bh, a.s, 0, a.f):]
 		mm(kernels.GemmParams{TransA: true, M: a.t, N: a.f, K: a.s, Alpha: 1, LDA: a.t, LDB: a.h * a.f, LDC: a.h * a.vs},
 			pr, dob, dv[a.at(bh, a.t, 0, a.vs):])
@@ -264,7 +292,7 @@ func (p *Provider) Embedding(y, ids, table *tensor.Tensor, offset int) error {
 		return err
 	}
 	if y.DType() == tensor.BFloat16 {
-		return p.widened(1, []*tensor.Tensor{y, ids, table}, func(w []*tensor.Tensor) error { return p.Embedding(w[0], w[1], w[2], offset) })
+		return p.widened(1, false, []*tensor.Tensor{y, ids, table}, func(w []*tensor.Tensor) error { return p.Embedding(w[0], w[1], w[2], offset) })
 	}
 	if y.DType() == tensor.Float32 {
 		p.inRows(n, d, func(lo, hi int) { embedding(y.Float32(), ids.Float32(), table.Float32(), offset, rows, d, lo, hi) })
@@ -294,7 +322,7 @@ func (p *Provider) EmbeddingBackward(dtable, dy, ids *tensor.Tensor, offset int,
 		return err
 	}
 	if dtable.DType() == tensor.BFloat16 {
-		return p.widened(1, []*tensor.Tensor{dtable, dy, ids}, func(w []*tensor.Tensor) error {
+		return p.widened(1, false, []*tensor.Tensor{dtable, dy, ids}, func(w []*tensor.Tensor) error {
 			return p.EmbeddingBackward(w[0], w[1], w[2], offset, accumulate)
 		})
 	}
@@ -338,7 +366,7 @@ func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset in
 		return err
 	}
 	if logits.DType() == tensor.BFloat16 {
-		return p.widened(1, []*tensor.Tensor{stats, logits, targets}, func(w []*tensor.Tensor) error {
+		return p.widened(1, false, []*tensor.Tensor{stats, logits, targets}, func(w []*tensor.Tensor) error {
 			return p.CrossEntropy(w[0], w[1], w[2], offset)
 		})
 	}
@@ -383,7 +411,7 @@ func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Te
 		return err
 	}
 	if logits.DType() == tensor.BFloat16 {
-		return p.widened(1, []*tensor.Tensor{dlogits, logits, targets, lse}, func(w []*tensor.Tensor) error {
+		return p.widened(1, false, []*tensor.Tensor{dlogits, logits, targets, lse}, func(w []*tensor.Tensor) error {
 			return p.CrossEntropyBackward(w[0], w[1], w[2], w[3], offset, scale)
 		})
 	}

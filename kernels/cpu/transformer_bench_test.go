@@ -39,3 +39,36 @@ func BenchmarkLayerNorm(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAttention is a GPT's causal attention (16 sequences of 64, 4
+// heads of 64, q, k and v packed), forward and backward, in float32 and
+// bfloat16.
+func BenchmarkAttention(b *testing.B) {
+	p := provider(b)
+	const n, s, h, e = 16, 64, 4, 64
+	for _, dt := range []tensor.DType{tensor.Float32, tensor.BFloat16} {
+		data := func(shape ...int) *tensor.Tensor {
+			if dt == tensor.BFloat16 {
+				return randBF16(shape...)
+			}
+			return randTensor(dt, shape...)
+		}
+		qkv, do := data(n, s, h, 3, e), data(n, s, h, e)
+		o, dqkv := tensor.New(dt, n, s, h, e), tensor.New(dt, n, s, h, 3, e)
+		lse := tensor.New(tensor.Float32, n, h, s)
+		b.Run(dt.String()+"/forward", func(b *testing.B) {
+			for b.Loop() {
+				if err := p.Attention(o, lse, qkv, nil, nil, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(dt.String()+"/backward", func(b *testing.B) {
+			for b.Loop() {
+				if err := p.AttentionBackward(dqkv, nil, nil, do, qkv, nil, nil, o, lse, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package cpu_test
 import (
 	"testing"
 
+	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/tensor"
 )
 
@@ -71,4 +72,18 @@ func BenchmarkAttention(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkAdamW is one AdamW step over 4M float32 parameters.
+func BenchmarkAdamW(b *testing.B) {
+	p := provider(b)
+	const n = 1 << 22
+	param, grad, m, v := randTensor(tensor.Float32, n), randTensor(tensor.Float32, n), tensor.New(tensor.Float32, n), tensor.New(tensor.Float32, n)
+	a := kernels.AdamWParams{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, Step: 3}
+	for b.Loop() {
+		if err := p.AdamW(a, param, grad, m, v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(n)*28*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 }

@@ -3,6 +3,7 @@ package collective_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -477,6 +478,9 @@ func TestFakeNCCLRefuses(t *testing.T) {
 		if err := mem.Run(nc.Destroy); err != nil {
 			t.Fatal(err)
 		}
+		// The calls above took buf by its address alone: it must outlive
+		// them (a collected sim buffer forgets its address).
+		runtime.KeepAlive(buf)
 	})
 	for _, tc := range []struct {
 		name string

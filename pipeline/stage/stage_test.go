@@ -514,8 +514,9 @@ func TestMeasuredBubble(t *testing.T) {
 				t.Errorf("%v stage %d: %v; the model's step %v", kind, s, tr, want)
 			}
 			// Between its 24 actions the stage spends microseconds of its
-			// own: its idle time is waiting for its neighbours.
-			if tr.Overhead < 0 || tr.Overhead > 2*unit {
+			// own: its idle time (a quarter of the step and more under
+			// 1F1B) is waiting for its neighbours.
+			if tr.Overhead < 0 || tr.Overhead > tr.Makespan/10 {
 				t.Errorf("%v stage %d: %v of its own between actions", kind, s, tr.Overhead)
 			}
 			c, send := tr.Costs()

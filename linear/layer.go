@@ -123,10 +123,12 @@ type Layer struct {
 	gradDW  *tensor.Tensor
 	gradDB  *tensor.Tensor
 	pending bool
-	// wc and bc are the compute-dtype copies of W and B (bfloat16 layers).
-	wc, bc   *tensor.Tensor
-	fwdMoves map[string]spmd.Move
-	fusedLR  float32 // FuseSGD's learning rate, 0 when not fused
+	// wc and bc are the compute-dtype copies of W and B (bfloat16 layers);
+	// under HoldCompute (hold) they are kept once cast (held).
+	wc, bc     *tensor.Tensor
+	hold, held bool
+	fwdMoves   map[string]spmd.Move
+	fusedLR    float32 // FuseSGD's learning rate, 0 when not fused
 	// passDX: BackwardInput's dx goes to the workspace, not the
 	// micro-batch's scratch (SetPassDX).
 	passDX bool
@@ -340,14 +342,26 @@ func (l *Layer) Forward(ctx context.Context, rt Runtime, x *tensor.Tensor) (*ten
 	return y, s, nil
 }
 
+// HoldCompute on makes the compute-dtype copies of W and B (a bfloat16
+// layer's) cast at the next Forward and kept for the Forwards after it, until
+// HoldCompute is called again: a pipeline step's micro-batches, between
+// which the parameters do not change, share one cast. Off (the default),
+// they are cast at every Forward, so that they follow the float32 masters
+// whoever updates them. Either way the next Forward casts afresh.
+func (l *Layer) HoldCompute(on bool) { l.hold, l.held = on, false }
+
 // computeParams returns the parameters in the compute dtype: W and B
-// themselves in float32, else copies cast from them (made at every Forward, so
-// that they follow the float32 masters' updates).
+// themselves in float32, else copies cast from them (at every Forward, or
+// once under HoldCompute).
 func (l *Layer) computeParams(rt Runtime) (w, b *tensor.Tensor, err error) {
 	dt := l.Compute()
 	if dt == l.W.DType() {
 		return l.W, l.B, nil
 	}
+	if l.hold && l.held && l.wc != nil && l.work["w-compute"] == l.wc && (l.B == nil || l.bc != nil && l.work["b-compute"] == l.bc) {
+		return l.wc, l.bc, nil
+	}
+	l.held = false
 	if l.wc, err = l.work.Get(rt.Kernels, "w-compute", dt, l.W.Shape()); err != nil {
 		return nil, nil, err
 	}
@@ -362,6 +376,7 @@ func (l *Layer) computeParams(rt Runtime) (w, b *tensor.Tensor, err error) {
 			return nil, nil, err
 		}
 	}
+	l.held = l.hold
 	return l.wc, l.bc, nil
 }
 
@@ -512,6 +527,7 @@ func (l *Layer) backward(ctx context.Context, rt Runtime, dy *tensor.Tensor, s *
 			dx = d
 		case "w":
 			if l.fusedLR != 0 {
+				l.held = false // W changes here
 				if err := rt.Op("linear_backward_weight_sgd", func() error { return l.sgdWeight(rt, ins[0], ins[1]) }); err != nil {
 					return nil, fmt.Errorf("linear %s fused weight update: %w", l.Name, err)
 				}

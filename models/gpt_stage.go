@@ -172,6 +172,7 @@ func (s *GPTStage) Begin(ids, targets []*tensor.Tensor) error {
 	s.home, s.cur = stageSlot{model: s.g.bufs}, nil
 	for _, l := range s.layers {
 		s.home.layers = append(s.home.layers, l.SetScratch(nil))
+		l.HoldCompute(true) // the step's micro-batches share one cast of the parameters
 	}
 	s.use(&s.home)
 	return nil
@@ -486,6 +487,9 @@ func (s *GPTStage) Finish(ctx context.Context) error {
 	}
 	s.use(&s.home)
 	s.g.accum = false
+	for _, l := range s.layers {
+		l.HoldCompute(false) // the optimizer changes the parameters
+	}
 	for p, a := range s.acc { // the step's sums, for the optimizer
 		if n := a.Bytes(); n > 0 {
 			if err := s.rt.Kernels.Copy2D(p.g, 0, n, a, 0, n, n, 1); err != nil {

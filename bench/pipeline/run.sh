@@ -89,4 +89,14 @@ for s in schedules:
     q = best[s]["pipeline"]
     fbw = "; ".join("%.1f, %.1f, %.1f" % (c["F"], c["B"], c["W"]) for c in q["cost_ms"])
     print(f"| {s} | {fbw} | {', '.join(f'{x:.2f}' for x in q['send_ms'])} |")
+print()
+# The measures docs/pipeline.md reads off the table, from the same rows.
+bub = {s: mean(best[s]["pipeline"]["bubble"]) for s in schedules}
+own = {s: mean(best[s]["pipeline"].get("overhead") or [0]) for s in schedules}
+step = {s: best[s]["step_ms_median"] for s in schedules}
+print(f"- 1F1B's bubble {100*bub['1f1b']:.1f}% is {bub['1f1b'] / p['bubble_model']:.2f}× its model (p−1)/(m+p−1) = {100*p['bubble_model']:.1f}%, "
+      f"{bub['1f1b'] / mean(p['bubble_at_cost']):.2f}× the model at the run's median costs ({100*mean(p['bubble_at_cost']):.1f}%)")
+print(f"- against 1F1B's bubble: zb {bub['zb'] / bub['1f1b']:.2f}×, zb2 {bub['zb2'] / bub['1f1b']:.2f}×, interleaved {bub['interleaved'] / bub['1f1b']:.2f}×")
+print("- steps, fastest first: " + " < ".join(f"{s} {step[s]:.1f}" for s in sorted(schedules, key=lambda s: step[s])))
+print("- the stages' own time between actions (mean): " + ", ".join(f"{s} {100*own[s]:.2f}%" for s in schedules))
 PY

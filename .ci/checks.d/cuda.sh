@@ -6,7 +6,8 @@
 # Then the binaries a GPU machine gets (deploy/gpu.sh prebuild): the sonames
 # they need, and the cuda launcher, which links no CUDA library, run here
 # without the driver; and deploy TestGPUStubs, which needs the package (the
-# unit run before it may have skipped it).
+# unit run before it may have skipped it), and kernels/cuda/ptx
+# TestPTXAssembles, which needs ptxas (fetched from nvidia-cuda-toolkit).
 #
 #   cuda.sh --fetch   only fetch and unpack; print include=DIR and stubs=DIR
 set -euo pipefail
@@ -17,35 +18,47 @@ pkg=nvidia-cuda-dev
 fail() { echo "cuda.sh: $*" >&2; exit 1; }
 
 mkdir -p "$cache"
-deb=$(ls "$cache"/${pkg}_*.deb 2>/dev/null | head -n1 || true)
-if [ -z "$deb" ]; then
-  command -v apt-get >/dev/null || fail "apt-get not found; cannot fetch $pkg"
-  apt="$cache/apt"
-  mkdir -p "$apt/sources.list.d" "$apt/lists/partial" "$apt/archives/partial"
-  # The machine's own Debian sources, with the non-free components added.
-  : >"$apt/sources.list.d/debian.sources"
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -e "$f" ] || continue
-    grep -qiE '^URIs:.*debian' "$f" || continue
-    sed -E 's/^(Components:).*/\1 main contrib non-free non-free-firmware/' "$f" >>"$apt/sources.list.d/debian.sources"
-    echo >>"$apt/sources.list.d/debian.sources"
-  done
-  : >"$apt/sources.list"
-  if [ -e /etc/apt/sources.list ]; then
-    grep -E '^deb .*debian' /etc/apt/sources.list |
-      awk '{print $1, $2, $3, "main contrib non-free non-free-firmware"}' >"$apt/sources.list" || true
+# fetch PKG: the cached .deb of Debian's (non-free) PKG, downloaded if absent.
+fetch() {
+  local deb
+  deb=$(ls "$cache"/"$1"_*.deb 2>/dev/null | head -n1 || true)
+  if [ -n "$deb" ]; then
+    echo "$deb"
+    return
   fi
-  [ -s "$apt/sources.list.d/debian.sources" ] || [ -s "$apt/sources.list" ] ||
-    fail "no Debian apt sources found in /etc/apt to derive a non-free source from"
+  command -v apt-get >/dev/null || fail "apt-get not found; cannot fetch $1"
+  apt="$cache/apt"
   opts=(-o Dir::Etc::SourceList="$apt/sources.list" -o Dir::Etc::SourceParts="$apt/sources.list.d"
         -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt" -o Dir::Cache::archives="$apt/archives"
         -o APT::Get::List-Cleanup=0 -o Debug::NoLocking=1)
-  echo "cuda.sh: fetching $pkg (Debian non-free) into $cache"
-  apt-get "${opts[@]}" -qq update || fail "apt-get update with non-free sources failed"
-  (cd "$cache" && apt-get "${opts[@]}" -qq download "$pkg") || fail "apt-get download $pkg failed"
-  deb=$(ls "$cache"/${pkg}_*.deb 2>/dev/null | head -n1 || true)
-  [ -n "$deb" ] || fail "download produced no $pkg .deb"
-fi
+  if [ ! -e "$apt/.updated.$$" ]; then # once a run ($$ is this script's, in the subshells too)
+    mkdir -p "$apt/sources.list.d" "$apt/lists/partial" "$apt/archives/partial"
+    # The machine's own Debian sources, with the non-free components added.
+    : >"$apt/sources.list.d/debian.sources"
+    for f in /etc/apt/sources.list.d/*.sources; do
+      [ -e "$f" ] || continue
+      grep -qiE '^URIs:.*debian' "$f" || continue
+      sed -E 's/^(Components:).*/\1 main contrib non-free non-free-firmware/' "$f" >>"$apt/sources.list.d/debian.sources"
+      echo >>"$apt/sources.list.d/debian.sources"
+    done
+    : >"$apt/sources.list"
+    if [ -e /etc/apt/sources.list ]; then
+      grep -E '^deb .*debian' /etc/apt/sources.list |
+        awk '{print $1, $2, $3, "main contrib non-free non-free-firmware"}' >"$apt/sources.list" || true
+    fi
+    [ -s "$apt/sources.list.d/debian.sources" ] || [ -s "$apt/sources.list" ] ||
+      fail "no Debian apt sources found in /etc/apt to derive a non-free source from"
+    apt-get "${opts[@]}" -qq update >&2 || fail "apt-get update with non-free sources failed"
+    rm -f "$apt"/.updated.*
+    touch "$apt/.updated.$$"
+  fi
+  echo "cuda.sh: fetching $1 (Debian non-free) into $cache" >&2
+  (cd "$cache" && apt-get "${opts[@]}" -qq download "$1" >&2) || fail "apt-get download $1 failed"
+  deb=$(ls "$cache"/"$1"_*.deb 2>/dev/null | head -n1 || true)
+  [ -n "$deb" ] || fail "download produced no $1 .deb"
+  echo "$deb"
+}
+deb=$(fetch "$pkg")
 
 tree="$cache/root"
 stamp="$tree/.from-$(basename "$deb")"
@@ -76,6 +89,18 @@ fi
 
 # The stand-ins prebuild links against, held to the package's link stubs.
 MESHRUN_CUDA_CACHE="$cache" .ci/gotest cuda -count=1 -run '^TestGPUStubs$' ./deploy/ || fail "deploy TestGPUStubs failed"
+
+# NVIDIA's assembler takes every kernel of the embedded PTX for sm_80 and
+# sm_90 (the toolkit package's ptxas alone is unpacked).
+tdeb=$(fetch nvidia-cuda-toolkit)
+ptxas="$cache/toolkit/usr/bin/ptxas"
+if [ ! -e "$cache/toolkit/.from-$(basename "$tdeb")" ]; then
+  rm -rf "$cache/toolkit"
+  mkdir -p "$cache/toolkit"
+  dpkg-deb --fsys-tarfile "$tdeb" | tar -x -C "$cache/toolkit" ./usr/bin/ptxas || fail "no ptxas in $tdeb"
+  touch "$cache/toolkit/.from-$(basename "$tdeb")"
+fi
+MESHRUN_PTXAS="$ptxas" .ci/gotest cuda -count=1 -run '^TestPTXAssembles$' ./kernels/cuda/ptx/ || fail "kernels/cuda/ptx TestPTXAssembles failed"
 
 export CGO_ENABLED=1
 export CGO_CFLAGS="-I$inc"

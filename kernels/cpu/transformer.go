@@ -32,7 +32,9 @@ func (p *Provider) widened(nout int, overwrite bool, ts []*tensor.Tensor, f func
 	var bufs []*wideBuf
 	defer func() {
 		for _, b := range bufs {
-			widePool.put(b)
+			if cap(b.d) <= widePoolMax {
+				widePool.put(b)
+			}
 		}
 	}()
 	for i, t := range ts {
@@ -69,6 +71,10 @@ func (p *Provider) widened(nout int, overwrite bool, ts []*tensor.Tensor, f func
 
 // wideBuf is a float32 stand-in's storage (widened).
 type wideBuf struct{ d []float32 }
+
+// widePoolMax is the largest stand-in kept for the next call (16 MiB); a
+// larger one (a big vocabulary's logits) is left to the collector.
+const widePoolMax = 4 << 20
 
 var widePool freeList[wideBuf]
 

@@ -181,6 +181,7 @@ type ppRun struct {
 	trace    stage.Trace        // the last step's
 	bubbles  []float64          // each step's measured bubble
 	overhead []float64          // each step's stage.Trace.Overhead, a share of the step
+	replayed []float64          // each step's bubble with every action's own time (pipeline.Cost.Each)
 	costs    [][4]float64       // each step's median F, B, W and send (stage.Trace.Costs), ms
 	run      *runlog.Rank
 }
@@ -224,6 +225,12 @@ type PipelineReport struct {
 	CostMs       []pipeline.StageCost `json:"cost_ms"`
 	SendMs       []float64            `json:"send_ms"`
 	BubbleAtCost []float64            `json:"bubble_at_cost"`
+	// BubbleReplayed is each stage's bubble with the schedule replayed
+	// (pipeline.Simulate, Cost.Each) at every action's own time as it ran
+	// and the step's send, the median over the steps after the first: it
+	// less BubbleAtCost is the actions' spread about their medians, the
+	// measured bubble less it what the runtime added to the actions.
+	BubbleReplayed []float64 `json:"bubble_replayed"`
 	// Overhead is each stage's own time between its actions
 	// (stage.Trace.Overhead: queueing sends, giving inputs back), a share
 	// of the step like the bubble, the median over the steps after the
@@ -259,6 +266,9 @@ func (r *PipelineReport) Text() string {
 		fmt.Fprintf(&b, ", bubble %.1f%%", 100*r.Bubble[s])
 		if s < len(r.BubbleAtCost) {
 			fmt.Fprintf(&b, " (%.1f%% at its median costs", 100*r.BubbleAtCost[s])
+			if s < len(r.BubbleReplayed) {
+				fmt.Fprintf(&b, ", %.1f%% at its actions' own times", 100*r.BubbleReplayed[s])
+			}
 			if s < len(r.Overhead) {
 				fmt.Fprintf(&b, "; %.2f%% its own between actions", 100*r.Overhead[s])
 			}
@@ -291,12 +301,12 @@ func (r *PipelineReport) Text() string {
 // collective: every rank calls it).
 func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 	p := r.p
-	v := make([]float64, 10*p.pp)
-	b, costs, over := slices.Clone(r.bubbles), slices.Clone(r.costs), slices.Clone(r.overhead)
+	v := make([]float64, 11*p.pp)
+	b, costs, over, re := slices.Clone(r.bubbles), slices.Clone(r.costs), slices.Clone(r.overhead), slices.Clone(r.replayed)
 	if len(b) > 1 {
-		b, costs, over = b[1:], costs[1:], over[1:] // the first step warms up
+		b, costs, over, re = b[1:], costs[1:], over[1:], re[1:] // the first step warms up
 	}
-	v[r.s], v[p.pp+r.s], v[9*p.pp+r.s] = median(b), float64(r.trace.Peak), median(over)
+	v[r.s], v[p.pp+r.s], v[9*p.pp+r.s], v[10*p.pp+r.s] = median(b), float64(r.trace.Peak), median(over), median(re)
 	for k := range 4 {
 		var ks []float64
 		for _, c := range costs {
@@ -329,6 +339,7 @@ func (r *ppRun) report(ctx context.Context) (*PipelineReport, error) {
 		rep.ScratchBytes = append(rep.ScratchBytes, int64(all[7*p.pp+s]))
 		rep.WorkspaceBytes = append(rep.WorkspaceBytes, int64(all[8*p.pp+s]))
 		rep.Overhead = append(rep.Overhead, all[9*p.pp+s])
+		rep.BubbleReplayed = append(rep.BubbleReplayed, all[10*p.pp+s])
 		at := func(k int) float64 { return all[(2+k)*p.pp+s] }
 		rep.CostMs = append(rep.CostMs, pipeline.StageCost{F: at(0), B: at(1), W: at(2)})
 		rep.SendMs = append(rep.SendMs, at(3))
@@ -461,27 +472,33 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 		return 0, err
 	}
 	// The loss, and each stage's first start, last end and busy time (its
-	// first rank's), on the ranks' clock.
-	pp := r.p.pp
-	v := make([]float64, 1+3*pp)
+	// first rank's), on the ranks' clock; its median send and every
+	// action's time (ms), for the replay.
+	pp, n := r.p.pp, len(r.p.sched[0])
+	c, send := r.trace.Costs()
+	v := make([]float64, 1+4*pp+pp*n)
 	if r.lastOne() {
 		v[0] = r.last().Loss()
 	}
-	if r.local == 0 && len(r.trace.Events) > 0 {
+	if r.local == 0 && len(r.trace.Events) == n {
 		v[1+r.s] = float64(t0.Add(r.trace.Events[0].Start).UnixNano())
 		v[1+pp+r.s] = float64(t0.Add(r.trace.Makespan).UnixNano())
 		v[1+2*pp+r.s] = float64(r.trace.Busy)
+		v[1+3*pp+r.s] = send
+		for i, e := range r.trace.Events {
+			v[1+4*pp+r.s*n+i] = ms(e.End - e.Start)
+		}
 	}
 	if v, err = r.shared(ctx, v, true); err != nil {
 		return 0, err
 	}
+	r.replayed = append(r.replayed, r.replay(v[1+3*pp:1+4*pp], v[1+4*pp:]))
 	r.bubbles = append(r.bubbles, stepBubble(v[1:1+pp], v[1+pp:1+2*pp], v[1+2*pp:])[r.s])
 	if span := slices.Max(v[1+pp:1+2*pp]) - slices.Min(v[1:1+pp]); span > 0 {
 		r.overhead = append(r.overhead, float64(r.trace.Overhead)/span)
 	} else {
 		r.overhead = append(r.overhead, 0)
 	}
-	c, send := r.trace.Costs()
 	r.costs = append(r.costs, [4]float64{c.F, c.B, c.W, send})
 	for _, st := range r.stages() {
 		if err := st.Finish(ctx); err != nil {
@@ -489,6 +506,23 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 		}
 	}
 	return v[0], nil
+}
+
+// replay is this stage's bubble in the step replayed (pipeline.Simulate)
+// at every stage's actions' own times (each: a stage's n after another's)
+// and the stages' mean median send, 0 if it cannot be.
+func (r *ppRun) replay(sends, each []float64) float64 {
+	pp, n := r.p.pp, len(r.p.sched[0])
+	cost := pipeline.Cost{Fused: r.p.kind.Fused(), Each: make([][]float64, pp)}
+	for s := range pp {
+		cost.Each[s] = each[s*n : (s+1)*n]
+		cost.Send += sends[s] / float64(pp)
+	}
+	tl, err := pipeline.Simulate(r.p.sched, cost)
+	if err != nil || tl.Makespan <= 0 {
+		return 0
+	}
+	return tl.Idle[r.s] / tl.Makespan
 }
 
 // stepBubble is each stage's bubble in one step: its idle share of the

@@ -75,7 +75,7 @@ func TestGPTPipeline(t *testing.T) {
 				p := r.Pipeline
 				if p == nil || p.Schedule != sched || fmt.Sprint(p.MicroBatches) != m || fmt.Sprint(p.StageLayers) != fmt.Sprint(tc.want) ||
 					len(p.Bubble) != p.PP || len(p.PeakActivations) != p.PP || len(p.ScratchBytes) != p.PP || len(p.WorkspaceBytes) != p.PP ||
-					len(p.CostMs) != p.PP || len(p.SendMs) != p.PP || len(p.BubbleAtCost) != p.PP || len(p.Overhead) != p.PP {
+					len(p.CostMs) != p.PP || len(p.SendMs) != p.PP || len(p.BubbleAtCost) != p.PP || len(p.Overhead) != p.PP || len(p.BubbleReplayed) != p.PP {
 					t.Fatalf("%s: report's pipeline %+v", name, p)
 				}
 				for s, b := range p.Bubble {
@@ -87,6 +87,11 @@ func TestGPTPipeline(t *testing.T) {
 					}
 					if o := p.Overhead[s]; !(o >= 0 && o < 1) {
 						t.Errorf("%s: stage %d: its own time between actions %v of the step", name, s, o)
+					}
+					// Replayed at its actions' own times the step is the
+					// one that ran, less the runtime's own time.
+					if re := p.BubbleReplayed[s]; !(re >= 0 && re < 1) || re > p.Bubble[s]+0.05 {
+						t.Errorf("%s: stage %d: bubble %v, replayed %v", name, s, p.Bubble[s], re)
 					}
 				}
 			}
@@ -210,10 +215,10 @@ func TestGPTPipelineDevices(t *testing.T) {
 func TestPipelineReportText(t *testing.T) {
 	r := &PipelineReport{PP: 2, Schedule: "zb2", MicroBatches: 8, StageLayers: []int{4, 4}, BubbleModel: 1.0 / 9,
 		Bubble: []float64{0.1, 0.039}, PeakActivations: []int{3, 3}, ScratchBytes: []int64{3 << 20, 7 << 19}, WorkspaceBytes: []int64{1 << 20, 1 << 19}, CostMs: []pipeline.StageCost{{F: 15.2, B: 16.7, W: 13.9}, {F: 16.6, B: 17.9, W: 14}},
-		SendMs: []float64{0.04, 0.05}, BubbleAtCost: []float64{0.085, 0.047}, Overhead: []float64{0.0012, 0.0031}}
+		SendMs: []float64{0.04, 0.05}, BubbleAtCost: []float64{0.085, 0.047}, BubbleReplayed: []float64{0.092, 0.041}, Overhead: []float64{0.0012, 0.0031}}
 	want := `pipeline: zb2 over pp=2, 8 micro-batches a step (1F1B's modelled bubble (p−1)/(m+p−1): 11.1%)
-  stage 0: 4 layers, bubble 10.0% (8.5% at its median costs; 0.12% its own between actions), peak 3 micro-batches (3.0 MiB, and a workspace of 1.0); F 15.20, B 16.70, W 13.90 ms
-  stage 1: 4 layers, bubble 3.9% (4.7% at its median costs; 0.31% its own between actions), peak 3 micro-batches (3.5 MiB, and a workspace of 0.5); F 16.60, B 17.90, W 14.00 ms
+  stage 0: 4 layers, bubble 10.0% (8.5% at its median costs, 9.2% at its actions' own times; 0.12% its own between actions), peak 3 micro-batches (3.0 MiB, and a workspace of 1.0); F 15.20, B 16.70, W 13.90 ms
+  stage 1: 4 layers, bubble 3.9% (4.7% at its median costs, 4.1% at its actions' own times; 0.31% its own between actions), peak 3 micro-batches (3.5 MiB, and a workspace of 0.5); F 16.60, B 17.90, W 14.00 ms
 `
 	if got := r.Text(); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
@@ -222,8 +227,8 @@ func TestPipelineReportText(t *testing.T) {
 	// a chunk's costs, its own model.
 	r.Schedule, r.Chunks, r.VirtualStageLayers, r.BubbleModel = "interleaved", 2, []int{2, 1, 2, 3}, 1.0/17
 	want = `pipeline: interleaved over pp=2, 2 chunks a stage, 8 micro-batches a step (the modelled bubble (p−1)/(v·m+p−1): 5.9%)
-  stage 0: 4 layers (2+2), bubble 10.0% (8.5% at its median costs; 0.12% its own between actions), peak 3 micro-batches of a chunk (3.0 MiB, and a workspace of 1.0); F 15.20, B 16.70, W 13.90 ms a chunk
-  stage 1: 4 layers (1+3), bubble 3.9% (4.7% at its median costs; 0.31% its own between actions), peak 3 micro-batches of a chunk (3.5 MiB, and a workspace of 0.5); F 16.60, B 17.90, W 14.00 ms a chunk
+  stage 0: 4 layers (2+2), bubble 10.0% (8.5% at its median costs, 9.2% at its actions' own times; 0.12% its own between actions), peak 3 micro-batches of a chunk (3.0 MiB, and a workspace of 1.0); F 15.20, B 16.70, W 13.90 ms a chunk
+  stage 1: 4 layers (1+3), bubble 3.9% (4.7% at its median costs, 4.1% at its actions' own times; 0.31% its own between actions), peak 3 micro-batches of a chunk (3.5 MiB, and a workspace of 0.5); F 16.60, B 17.90, W 14.00 ms a chunk
 `
 	if got := r.Text(); got != want {
 		t.Errorf("interleaved: got\n%s\nwant\n%s", got, want)

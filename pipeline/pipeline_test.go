@@ -289,6 +289,47 @@ func TestCheckRefuses(t *testing.T) {
 	}
 }
 
+// TestEachAction: every action's own time replays a step: at the costs of
+// each kind of action it is the schedule at those costs; one slow action
+// on the critical path lengthens the step by its excess; times of the
+// wrong count or sign are refused.
+func TestEachAction(t *testing.T) {
+	sched, err := Schedule(ZBH1, 4, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Cost{F: 2, B: 3, W: 1.5, Send: 0.25}
+	each := make([][]float64, len(sched))
+	for s, order := range sched {
+		for _, a := range order {
+			each[s] = append(each[s], map[byte]float64{'F': c.F, 'B': c.B, 'W': c.W}[a.Op])
+		}
+	}
+	want, err := Simulate(sched, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Simulate(sched, Cost{Each: each, Send: c.Send})
+	if err != nil || got.Makespan != want.Makespan || !slices.Equal(got.Idle, want.Idle) {
+		t.Fatalf("replayed: step %g, idle %v (%v); at the costs %g, %v", got.Makespan, got.Idle, err, want.Makespan, want.Idle)
+	}
+	each[0][0] += 4 // stage 0's first F: everything after it waits
+	if slow, _ := Simulate(sched, Cost{Each: each, Send: c.Send}); slow.Makespan != want.Makespan+4 {
+		t.Errorf("the first F 4 longer: step %g, want %g", slow.Makespan, want.Makespan+4)
+	}
+	neg := slices.Clone(each[0])
+	neg[2] = -1
+	for _, bad := range [][][]float64{each[:3], {each[0][:5], each[1], each[2], each[3]}, {neg, each[1], each[2], each[3]}} {
+		if _, err := Simulate(sched, Cost{Each: bad}); !errors.Is(err, ErrSchedule) {
+			t.Errorf("times %v: %v", bad, err)
+		}
+	}
+	each[1][3] = math.NaN()
+	if _, err := Simulate(sched, Cost{Each: each}); !errors.Is(err, ErrSchedule) {
+		t.Errorf("a NaN time: %v", err)
+	}
+}
+
 // TestRefusals: what Schedule and ParseSchedule refuse.
 func TestRefusals(t *testing.T) {
 	for _, pm := range [][2]int{{0, 1}, {1, 0}, {-1, 4}} {

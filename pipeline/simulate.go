@@ -25,6 +25,10 @@ type Cost struct {
 	// virtual stage c·p+s being stage s's chunk c), or each stage's for all
 	// its chunks (len p).
 	Stages []StageCost
+	// Each, if not nil, is every action's own time, stage s's in its order
+	// (Each[s][n] for sched[s][n]), in place of F, B, W and Stages: a
+	// step as it ran, replayed.
+	Each [][]float64
 	// Fused runs each B and the W right after it as one backward, whose
 	// activation gradient leaves at the W's end: a backward that goes layer
 	// by layer computes the stage's input gradient last, after the later
@@ -108,6 +112,21 @@ func Simulate(sched [][]Action, cost Cost) (Timeline, error) {
 			}
 		}
 	}
+	if cost.Each != nil {
+		if len(cost.Each) != p {
+			return Timeline{}, fmt.Errorf("%w: the times of %d stages' actions for %d", ErrSchedule, len(cost.Each), p)
+		}
+		for s, ts := range cost.Each {
+			if len(ts) != len(sched[s]) {
+				return Timeline{}, fmt.Errorf("%w: stage %d: %d actions' times for %d actions", ErrSchedule, s, len(ts), len(sched[s]))
+			}
+			for n, x := range ts {
+				if x < 0 || math.IsNaN(x) || math.IsInf(x, 0) {
+					return Timeline{}, fmt.Errorf("%w: stage %d, action %d: time %g: must be finite and 0 or more", ErrSchedule, s, n, x)
+				}
+			}
+		}
+	}
 	t := Timeline{P: p, M: m, V: v, Stages: make([][]Interval, p), Busy: make([]float64, p), Idle: make([]float64, p),
 		Peak: make([]int, p), PeakInput: make([]int, p), Unit: 1}
 	if cost.Fused {
@@ -149,6 +168,9 @@ func Simulate(sched [][]Action, cost Cost) (Timeline, error) {
 				}
 				c := cost.stage(p, s, a.Chunk)
 				d := map[byte]float64{'F': c.F, 'B': c.B, 'W': c.W}[a.Op]
+				if cost.Each != nil {
+					d = cost.Each[s][n]
+				}
 				iv := Interval{Op: a.Op, MB: a.MB, Chunk: a.Chunk, Start: start, End: start + d}
 				t.Stages[s] = append(t.Stages[s], iv)
 				free[s] = iv.End

@@ -453,9 +453,9 @@ func writePipeline(b *strings.Builder, j *Job) {
 	} else {
 		model = ""
 	}
-	fmt.Fprintf(b, "<p>schedule %s%s, %v micro-batches per step%s. A stage's bubble is its idle share of the step (the median over the steps after the first); at its costs, what the schedule gives were every action its median; its own, the part of the step it spent between actions on its own work (the rest of the bubble is waiting for its neighbours).</p>\n",
+	fmt.Fprintf(b, "<p>schedule %s%s, %v micro-batches per step%s. A stage's bubble is its idle share of the step (the median over the steps after the first); at its costs, what the schedule gives were every action its median; at its actions' times, the step replayed with every action as long as it ran; its own, the part of the step it spent between actions on its own work (the rest of the bubble is waiting for its neighbours).</p>\n",
 		esc(fmt.Sprint(pl["schedule"])), esc(chunks), esc(fmt.Sprint(pl["micro_batches"])), esc(model))
-	b.WriteString("<table><tr><th>stage</th><th>layers</th><th>bubble</th><th>at its costs</th><th>its own</th><th>peak micro-batches</th><th>their scratch (MiB)</th><th>workspace (MiB)</th><th>median F, B, W (ms)</th><th>median send (ms)</th></tr>\n")
+	b.WriteString("<table><tr><th>stage</th><th>layers</th><th>bubble</th><th>at its costs</th><th>at its actions' times</th><th>its own</th><th>peak micro-batches</th><th>their scratch (MiB)</th><th>workspace (MiB)</th><th>median F, B, W (ms)</th><th>median send (ms)</th></tr>\n")
 	for s := range list("bubble") {
 		costs := "—"
 		if c, ok := at("cost_ms", s).(map[string]any); ok {
@@ -478,8 +478,8 @@ func writePipeline(b *strings.Builder, j *Job) {
 		if f, ok := num(at("overhead", s)); ok {
 			own = fmt.Sprintf("%.2f%%", 100*f)
 		}
-		fmt.Fprintf(b, "<tr><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n", s,
-			esc(fmt.Sprint(at("stage_layers", s))), pct(at("bubble", s)), pct(at("bubble_at_cost", s)), own,
+		fmt.Fprintf(b, "<tr><td>%d</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n", s,
+			esc(fmt.Sprint(at("stage_layers", s))), pct(at("bubble", s)), pct(at("bubble_at_cost", s)), pct(at("bubble_replayed", s)), own,
 			esc(fmt.Sprint(at("peak_activations", s))), mib("scratch_bytes"), mib("workspace_bytes"), costs, send)
 	}
 	b.WriteString("</table>\n")

@@ -252,14 +252,14 @@ func TestReportPipeline(t *testing.T) {
 	dir := fakeJob(t, 2, 1, 10, 0)
 	out := `2026-11-27T03:00:02.000Z {"mesh":"pp=2","pipeline":{"pp":2,"schedule":"zb2","micro_batches":8,"stage_layers":[4,4],` +
 		`"bubble_model":0.1111,"bubble":[0.1,0.039],"peak_activations":[3,3],"scratch_bytes":[3145728,3670016],"workspace_bytes":[1048576,524288],"cost_ms":[{"F":15.2,"B":16.7,"W":13.9},{"F":16.6,"B":17.9,"W":14}],` +
-		`"send_ms":[0.04,0.05],"bubble_at_cost":[0.085,0.047],"overhead":[0.0012,0.0031]}}` + "\n"
+		`"send_ms":[0.04,0.05],"bubble_at_cost":[0.085,0.047],"bubble_replayed":[0.092,0.041],"overhead":[0.0012,0.0031]}}` + "\n"
 	if err := os.WriteFile(filepath.Join(dir, logview.RankDir(0), "stdout.log"), []byte(out), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	page, _ := pageOf(t, dir)
 	for _, want := range []string{"<h2>Pipeline stages</h2>", "schedule zb2, 8 micro-batches", "(p−1)/(m+p−1): 11.1%",
-		"<tr><td>0</td><td>4</td><td>10.0%</td><td>8.5%</td><td>0.12%</td><td>3</td><td>3.0</td><td>1.0</td><td>15.20, 16.70, 13.90</td><td>0.040</td></tr>",
-		"<tr><td>1</td><td>4</td><td>3.9%</td><td>4.7%</td><td>0.31%</td><td>3</td><td>3.5</td><td>0.5</td><td>16.60, 17.90, 14.00</td><td>0.050</td></tr>"} {
+		"<tr><td>0</td><td>4</td><td>10.0%</td><td>8.5%</td><td>9.2%</td><td>0.12%</td><td>3</td><td>3.0</td><td>1.0</td><td>15.20, 16.70, 13.90</td><td>0.040</td></tr>",
+		"<tr><td>1</td><td>4</td><td>3.9%</td><td>4.7%</td><td>4.1%</td><td>0.31%</td><td>3</td><td>3.5</td><td>0.5</td><td>16.60, 17.90, 14.00</td><td>0.050</td></tr>"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("no %q in the page", want)
 		}

@@ -99,4 +99,7 @@ print(f"- 1F1B's bubble {100*bub['1f1b']:.1f}% is {bub['1f1b'] / p['bubble_model
 print(f"- against 1F1B's bubble: zb {bub['zb'] / bub['1f1b']:.2f}×, zb2 {bub['zb2'] / bub['1f1b']:.2f}×, interleaved {bub['interleaved'] / bub['1f1b']:.2f}×")
 print("- steps, fastest first: " + " < ".join(f"{s} {step[s]:.1f}" for s in sorted(schedules, key=lambda s: step[s])))
 print("- the stages' own time between actions (mean): " + ", ".join(f"{s} {100*own[s]:.2f}%" for s in schedules))
+rep = {s: mean(best[s]["pipeline"].get("bubble_replayed") or [0]) for s in schedules}
+print("- mean bubble measured / replayed at the actions' own times / at their median costs: " +
+      ", ".join(f"{s} {100*bub[s]:.1f} / {100*rep[s]:.1f} / {100*mean(best[s]['pipeline']['bubble_at_cost']):.1f}%" for s in schedules))
 PY

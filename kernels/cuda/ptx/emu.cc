@@ -14,14 +14,43 @@
 thread_local unsigned mr_tid, mr_nthreads, mr_tx, mr_bid;
 
 // The running block's barrier: MR_SYNC waits until all its threads arrive.
+// With an order (emu_set_order), the threads take turns instead: one runs
+// at a time, from its barrier (or its start) to the next, in ascending or
+// descending MR_TX, so that a read of shared memory that a missing barrier
+// leaves racing reads the writer's value in one order and the old one in
+// the other.
 static struct {
 	std::mutex mu;
 	std::condition_variable cv;
 	unsigned n, waiting, gen;
+	unsigned turn;                     // the position in the order whose turn it is
+	std::condition_variable turns[1024]; // each position's: woken alone
 } mr_bar;
+static int mr_order; // 0: threads free; 1: in turn, ascending; 2: descending
+
+void emu_set_order(int order) { mr_order = order; }
+
+static unsigned mr_pos() { return mr_order == 2 ? mr_bar.n - 1 - mr_tx : mr_tx; }
+
+// mr_pass gives the turn to the next thread in the order, the first again
+// after the last (the barrier's phase is over); the caller holds mu.
+static void mr_pass() {
+	if (++mr_bar.turn == mr_bar.n) mr_bar.turn = 0;
+	mr_bar.turns[mr_bar.turn].notify_one();
+}
+
+static void mr_wait_turn(std::unique_lock<std::mutex> &l) {
+	unsigned me = mr_pos();
+	mr_bar.turns[me].wait(l, [me] { return mr_bar.turn == me; });
+}
 
 void mr_sync() {
 	std::unique_lock<std::mutex> l(mr_bar.mu);
+	if (mr_order) {
+		mr_pass();
+		mr_wait_turn(l);
+		return;
+	}
 	unsigned g = mr_bar.gen;
 	if (++mr_bar.waiting == mr_bar.n) {
 		mr_bar.waiting = 0;
@@ -41,11 +70,20 @@ template <class F> static void blocks(unsigned long long nb, unsigned nt, F f) {
 	for (unsigned long long b = 0; b < nb; b++) {
 		mr_bar.n = nt;
 		mr_bar.waiting = 0;
+		mr_bar.turn = 0;
 		std::vector<std::thread> ts;
 		for (unsigned t = 0; t < nt; t++) ts.emplace_back([&f, b, t] {
 			mr_tx = t;
 			mr_bid = (unsigned)b;
+			if (mr_order) {
+				std::unique_lock<std::mutex> l(mr_bar.mu);
+				mr_wait_turn(l);
+			}
 			f();
+			if (mr_order) {
+				std::lock_guard<std::mutex> l(mr_bar.mu);
+				mr_pass();
+			}
 		});
 		for (auto &t : ts) t.join();
 	}

@@ -121,6 +121,20 @@ func LayerNorm(y, stats, x, gamma, beta *tensor.Tensor, rows, d int, eps float64
 		C.ulonglong(seg), C.uint(threads))
 }
 
+// Orders of SetOrder: a block's threads free (as OS threads, the default),
+// or taking turns between its barriers in ascending or descending MR_TX.
+const (
+	OrderFree = iota
+	OrderAscending
+	OrderDescending
+)
+
+// SetOrder sets how the block kernels' threads run. A kernel whose block
+// reads what another thread wrote only across a barrier gives the same
+// bits in every order; one that misses a barrier reads the other thread's
+// value in one order and the old one in the other.
+func SetOrder(order int) { C.emu_set_order(C.int(order)) }
+
 // LayerNormBlock runs ln_block_*: a block of LayerNormThreads per row.
 func LayerNormBlock(y, stats, x, gamma, beta *tensor.Tensor, rows, d int, eps float64) {
 	C.emu_layer_norm_block(isBF(x), bytesOf(y), f32(stats), bytesOf(x), bytesOf(gamma), bytesOf(beta), C.ulonglong(rows), C.ulonglong(d), C.double(eps))

@@ -1,6 +1,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+void emu_set_order(int order);
 void emu_gelu(int dt, void *y, const void *dy, const void *x, unsigned long long n, unsigned threads);
 void emu_mse(int dt, void *dy, double *part, const void *y, const void *t, double scale, unsigned long long n, unsigned threads);
 void emu_sum_stage(double *out, const double *in, unsigned long long n, unsigned threads);

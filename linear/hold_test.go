@@ -70,8 +70,18 @@ func TestHoldCompute(t *testing.T) {
 			t.Errorf("held: the copies changed within the step")
 		}
 		l.HoldCompute(true) // the next step: cast again
-		if y4 := forward(); slices.Equal(y4, y2) {
+		y4 := forward()
+		if slices.Equal(y4, y2) {
 			t.Errorf("HoldCompute again: the copies were not cast afresh")
+		}
+		// New parameters set while held are cast at the next Forward.
+		w0, _ := linear.Shard(d.W, cfg.W, 0)
+		b0, _ := linear.Shard(d.B, b, 0)
+		if err := l.SetParams(w0, b0); err != nil {
+			return err
+		}
+		if y := forward(); !slices.Equal(y, y0) {
+			t.Errorf("held: SetParams not followed by the next Forward")
 		}
 		l.HoldCompute(false)
 		y5 := forward()

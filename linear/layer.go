@@ -272,6 +272,7 @@ func (l *Layer) SetParams(w, b *tensor.Tensor) error {
 		}
 	}
 	var err error
+	l.held = false // new parameters: cast them at the next Forward
 	if l.W, err = tensor.Upload(l.mem, w); err != nil {
 		return err
 	}
@@ -358,7 +359,7 @@ func (l *Layer) computeParams(rt Runtime) (w, b *tensor.Tensor, err error) {
 	if dt == l.W.DType() {
 		return l.W, l.B, nil
 	}
-	if l.hold && l.held && l.wc != nil && l.work["w-compute"] == l.wc && (l.B == nil || l.bc != nil && l.work["b-compute"] == l.bc) {
+	if l.hold && l.held {
 		return l.wc, l.bc, nil
 	}
 	l.held = false

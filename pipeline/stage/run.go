@@ -285,9 +285,6 @@ func (r *runner) compute(start time.Time, tr *Trace) error {
 		u := pipeline.Virtual(r.p, r.s, a.Chunk)
 		first, last, st := u == 0, u == r.p*r.v-1, r.chunks[a.Chunk]
 		ready := time.Since(start)
-		if n := len(tr.Events); n > 0 {
-			tr.Overhead += ready - tr.Events[n-1].End
-		}
 		var in *tensor.Tensor
 		var err error
 		switch {
@@ -371,9 +368,12 @@ func (r *runner) check(t *tensor.Tensor, a pipeline.Action) error {
 
 // finish derives the totals from the events.
 func (t *Trace) finish() {
-	for _, e := range t.Events {
+	for i, e := range t.Events {
 		t.Busy += e.End - e.Start
 		t.Makespan = max(t.Makespan, e.End)
+		if i > 0 {
+			t.Overhead += e.Start - e.Wait - t.Events[i-1].End
+		}
 	}
 	t.Idle = t.Makespan - t.Busy
 	if t.Makespan > 0 {

@@ -494,11 +494,11 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 	}
 	r.replayed = append(r.replayed, r.replay(v[1+3*pp:1+4*pp], v[1+4*pp:]))
 	r.bubbles = append(r.bubbles, stepBubble(v[1:1+pp], v[1+pp:1+2*pp], v[1+2*pp:])[r.s])
-	if span := slices.Max(v[1+pp:1+2*pp]) - slices.Min(v[1:1+pp]); span > 0 {
-		r.overhead = append(r.overhead, float64(r.trace.Overhead)/span)
-	} else {
-		r.overhead = append(r.overhead, 0)
+	own := 0.0
+	if span := stepSpan(v[1:1+pp], v[1+pp:1+2*pp]); span > 0 {
+		own = float64(r.trace.Overhead) / span
 	}
+	r.overhead = append(r.overhead, own)
 	r.costs = append(r.costs, [4]float64{c.F, c.B, c.W, send})
 	for _, st := range r.stages() {
 		if err := st.Finish(ctx); err != nil {
@@ -531,15 +531,19 @@ func (r *ppRun) replay(sends, each []float64) float64 {
 // (p−1)/(m+p−1) for 1F1B at equal costs. The clock is the ranks': one
 // machine's, exact; across machines their clocks' offset adds to the step.
 func stepBubble(first, last, busy []float64) []float64 {
-	lo, hi := slices.Min(first), slices.Max(last)
+	span := stepSpan(first, last)
 	out := make([]float64, len(busy))
 	for s, b := range busy {
-		if hi > lo {
-			out[s] = 1 - b/(hi-lo)
+		if span > 0 {
+			out[s] = 1 - b/span
 		}
 	}
 	return out
 }
+
+// stepSpan is the pipeline's step: from the first action's start on any
+// stage to the last action's end on any (Unix nanoseconds).
+func stepSpan(first, last []float64) float64 { return slices.Max(last) - slices.Min(first) }
 
 func (r *ppRun) loss(ctx context.Context, b gptBatch) (float64, error) {
 	ids, tgs, err := r.micro(b, r.p.m)

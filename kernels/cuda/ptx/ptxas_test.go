@@ -1,11 +1,11 @@
 package ptx
 
 import (
+	"cmp"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -20,10 +20,11 @@ var ptxasSpills = map[string]bool{"attn_flash_dkv_f32": true, "attn_flash_dkv_bf
 // toolkit; MESHRUN_PTXAS names it, .ci/checks.d/cuda.sh fetches it) takes
 // the embedded PTX for sm_80 (the target it is written for) and sm_90 (the
 // H100 and H200, which the driver compiles it for at load), so a GPU
-// machine will load every kernel of it, not fail the whole module on one;
-// every kernel's static shared memory is within the 48 KiB a launch gets
-// without opting in, its registers within what its largest block (256
-// threads) may have, and none spills but those ptxasSpills names.
+// machine will load every kernel of it, not fail the whole module on one
+// (static shared memory over 48 KiB is one of ptxas's errors), and no
+// kernel spills but those ptxasSpills names. Registers need no check: a
+// thread has at most 255, and no launch has a block of over 256 threads
+// (ptx.BlockThreads, LayerNormThreads, FlashQ, FlashRows), 65,536 in all.
 func TestPTXAssembles(t *testing.T) {
 	ptxas := os.Getenv("MESHRUN_PTXAS")
 	if ptxas == "" {
@@ -31,6 +32,11 @@ func TestPTXAssembles(t *testing.T) {
 	}
 	if _, err := os.Stat(ptxas); err != nil {
 		t.Skipf("no ptxas (%v): .ci/checks.d/cuda.sh fetches it", err)
+	}
+	for _, threads := range []int{BlockThreads, LayerNormThreads, FlashQ, FlashRows} {
+		if threads > 256 {
+			t.Fatalf("a block of %d threads: 255 registers a thread would be over a block's 65,536", threads)
+		}
 	}
 	entry := regexp.MustCompile(`Compiling entry function '(\w+)' for '(sm_\d+)'`)
 	spill := regexp.MustCompile(`(\d+) bytes spill stores, (\d+) bytes spill loads`)
@@ -54,13 +60,7 @@ func TestPTXAssembles(t *testing.T) {
 			}
 			if m := used.FindStringSubmatch(line); m != nil {
 				usages++
-				regs, _ := strconv.Atoi(m[1])
-				smem, _ := strconv.Atoi(m[2])
-				// Registers go to a warp 256 at a time: 255 a thread in 8
-				// warps is the 65536 of a block.
-				if regs > 255 || smem > 48<<10 {
-					t.Errorf("%s %s: %d registers, %d bytes of shared memory", arch, kernel, regs, smem)
-				}
+				t.Logf("%s %s: %s registers, %s bytes of shared memory", arch, kernel, m[1], cmp.Or(m[2], "0"))
 			}
 		}
 		if want := strings.Count(PTX, ".visible .entry "); entries != want || usages != want {

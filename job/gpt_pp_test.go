@@ -34,7 +34,7 @@ func pipeReportEnv(t *testing.T, env map[string]string, args ...string) GPTRepor
 // pp=2,tp=2 sequence parallel (against tp=2's) and pp=2,ep=2 with experts
 // (dropless, no load-balancing loss), follows pp=1's losses (the first, the 20th, the held-out) within 1e-5
 // relative and samples the same text; the report gives each stage's layers,
-// bubble and peak activations.
+// bubble and peak activations (measured: m under GPipe, p−s under 1F1B).
 func TestGPTPipeline(t *testing.T) {
 	if _, err := os.Stat(DefaultCorpus); err != nil {
 		t.Skipf("no %s on this machine", DefaultCorpus)
@@ -77,6 +77,14 @@ func TestGPTPipeline(t *testing.T) {
 					len(p.Bubble) != p.PP || len(p.PeakActivations) != p.PP || len(p.ScratchBytes) != p.PP || len(p.WorkspaceBytes) != p.PP ||
 					len(p.CostMs) != p.PP || len(p.SendMs) != p.PP || len(p.BubbleAtCost) != p.PP || len(p.Overhead) != p.PP || len(p.BubbleReplayed) != p.PP {
 					t.Fatalf("%s: report's pipeline %+v", name, p)
+				}
+				for s, n := range p.PeakActivations {
+					// Measured: GPipe holds all m; 1F1B p−s (p on stage 0), ZB-H1 at
+					// most p, ZB-H2 at most 2p−1.
+					most := map[string]int{"gpipe": p.MicroBatches, "1f1b": min(p.PP-s, p.MicroBatches), "zb": min(p.PP, p.MicroBatches), "zb2": min(2*p.PP-1, p.MicroBatches)}[sched]
+					if n > most || (sched != "zb2" && sched != "zb" && n != most) {
+						t.Errorf("%s: stage %d held %d micro-batches at once, want %d at most", name, s, n, most)
+					}
 				}
 				for s, b := range p.Bubble {
 					if !(b >= 0 && b < 1) || p.PeakActivations[s] < 1 || p.ScratchBytes[s] <= 0 || p.WorkspaceBytes[s] <= 0 {

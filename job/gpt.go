@@ -75,6 +75,12 @@ type GPTReport struct {
 	CPAttention string `json:"cp_attention,omitempty"`
 	// Pipeline: with pp, the stages and what the last step measured.
 	Pipeline *PipelineReport `json:"pipeline,omitempty"`
+	// With --clip-grad: the clipping norm and the last step's global
+	// gradient norm before clipping; with --warmup or a decay, the last
+	// step's learning rate.
+	ClipGrad     float64 `json:"clip_grad,omitempty"`
+	GradNormLast float64 `json:"grad_norm_last,omitempty"`
+	LRLast       float64 `json:"lr_last,omitempty"`
 }
 
 // gptTask is `worker gpt`.
@@ -102,6 +108,10 @@ func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.StringVar(&t.cfg.Optimizer, "optimizer", "adamw", "`OPT`: adamw or sgd")
 	fs.Float64Var(&t.cfg.LR, "lr", 3e-3, "learning rate")
 	fs.Float64Var(&t.cfg.WeightDecay, "weight-decay", 0.1, "AdamW's weight decay on matrices and embeddings")
+	fs.Float64Var(&t.cfg.ClipGrad, "clip-grad", 0, "scale each step's gradients to a global L2 norm of at most `NORM` (over the whole model, every rank and stage: torch's clip_grad_norm_, Megatron's --clip-grad; 0: off)")
+	fs.IntVar(&t.cfg.Warmup, "warmup", 0, "raise the learning rate linearly from 0 over the first `N` steps")
+	fs.StringVar(&t.cfg.Decay, "lr-decay", "constant", "the learning rate after the warmup, `STYLE`: constant, or cosine (down to --min-lr at the last step)")
+	fs.Float64Var(&t.cfg.MinLR, "min-lr", 0, "with --lr-decay cosine: the learning rate it ends at")
 	fs.Uint64Var(&t.cfg.Seed, "seed", 1, "seed of the parameters and of the batches")
 	fs.IntVar(&t.cfg.Experts, "experts", 0, "replace each block's MLP with a mixture of `E` experts (0: the dense MLP; float32 only)")
 	fs.IntVar(&t.cfg.TopK, "top-k", 2, "experts per token, 1 to --experts (with --experts)")
@@ -124,6 +134,7 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 		return fmt.Errorf("--steps and --lr must be positive, --sample and --weight-decay not negative, --temperature positive")
 	}
 	t.cfg.DType = t.rd.dtype
+	t.cfg.DecaySteps = t.steps // a cosine ends at the last step (a resumed run's too)
 	var err error
 	if t.corpus, err = readCorpus(t.data, t.cfg.Context+1); err != nil {
 		return err
@@ -316,7 +327,8 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 		LossFirst: tl.first, LossLast: tl.last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(tl.stepMS),
 		CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed,
 		Experts: cfg.Experts, TopK: experts(cfg, cfg.TopK), AuxCoef: experts(cfg, cfg.AuxCoef), CapacityFactor: experts(cfg, cfg.CapacityFactor),
-		AuxLossLast: tl.aux, BalanceLast: tl.balance, RingBytesPerStep: tl.ringBytes, CPAttention: tl.cpAttention, Pipeline: pipe}, nil
+		AuxLossLast: tl.aux, BalanceLast: tl.balance, RingBytesPerStep: tl.ringBytes, CPAttention: tl.cpAttention, Pipeline: pipe,
+		ClipGrad: cfg.ClipGrad, GradNormLast: tl.gradNorm, LRLast: schedLR(cfg, tl.lr)}, nil
 }
 
 // loadCheckpoint loads the checkpoint into g (its parameters alone with
@@ -366,8 +378,18 @@ type trainLosses struct {
 	stepMS      []float64
 	// aux and balance: the last step's (GPT.AuxLoss, GPT.Balance).
 	aux, balance float64
-	ringBytes    int64  // the last step's GPT.RingBytes
-	cpAttention  string // GPT.CPAttention
+	ringBytes    int64   // the last step's GPT.RingBytes
+	cpAttention  string  // GPT.CPAttention
+	gradNorm, lr float64 // the last step's (GPT.GradNorm, GPTConfig.LRAt)
+}
+
+// schedLR is lr with a schedule (--warmup, --lr-decay cosine), else 0 (the
+// report leaves it out).
+func schedLR(cfg models.GPTConfig, lr float64) float64 {
+	if cfg.Warmup > 0 || cfg.Decay == "cosine" {
+		return lr
+	}
+	return 0
 }
 
 // experts is v with --experts, else the zero value (the report leaves it
@@ -421,13 +443,20 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g gpt
 		}
 		tl.last = loss
 		tl.aux, tl.balance, tl.ringBytes, tl.cpAttention = g.AuxLoss(), g.Balance(), g.RingBytes(), g.cpAttention()
+		tl.gradNorm, tl.lr = g.GradNorm(), cfg.LRAt(s)
 		if w.Rank() == 0 {
 			env.Run.Progress(s, steps, loss, d)
+			line := fmt.Sprintf("step %d/%d loss %.4f time %.1f ms", s, steps, loss, ms(d))
 			if cfg.Experts > 0 {
-				fmt.Fprintf(env.Stdout, "step %d/%d loss %.4f time %.1f ms aux %.5f balance %.4f\n", s, steps, loss, ms(d), tl.aux, tl.balance)
-			} else {
-				fmt.Fprintf(env.Stdout, "step %d/%d loss %.4f time %.1f ms\n", s, steps, loss, ms(d))
+				line += fmt.Sprintf(" aux %.5f balance %.4f", tl.aux, tl.balance)
 			}
+			if cfg.ClipGrad > 0 {
+				line += fmt.Sprintf(" grad norm %.4f", tl.gradNorm)
+			}
+			if cfg.Warmup > 0 || cfg.Decay == "cosine" {
+				line += fmt.Sprintf(" lr %.4g", tl.lr)
+			}
+			fmt.Fprintln(env.Stdout, line)
 		}
 		if err := sv.step(ctx, w, g.State(), s, steps); err != nil {
 			return tl, err

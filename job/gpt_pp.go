@@ -500,8 +500,21 @@ func (r *ppRun) step(ctx context.Context, b gptBatch) (float64, error) {
 	}
 	r.overhead = append(r.overhead, own)
 	r.costs = append(r.costs, [4]float64{c.F, c.B, c.W, send})
+	sq := []float64{0} // the gradients' squares, over the stages' chunks and the world
 	for _, st := range r.stages() {
-		if err := st.Finish(ctx); err != nil {
+		mine, err := st.Reduce(ctx)
+		if err != nil {
+			return 0, err
+		}
+		sq[0] += mine
+	}
+	if r.cfg.ClipGrad > 0 {
+		if err := collective.AllReduce(ctx, r.all, sq, collective.Sum); err != nil {
+			return 0, fmt.Errorf("gpt: the gradients' norm: %w", err)
+		}
+	}
+	for _, st := range r.stages() {
+		if err := st.Finish(ctx, sq[0]); err != nil {
 			return 0, err
 		}
 	}

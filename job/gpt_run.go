@@ -58,6 +58,7 @@ type gptModel interface {
 	AuxLoss() float64
 	Balance() float64
 	RingBytes() int64
+	GradNorm() float64
 	cpAttention() string
 }
 
@@ -91,6 +92,7 @@ func (c gptChunks) SetStep(n int) {
 
 func (c gptChunks) AuxLoss() float64    { return c[0].AuxLoss() }
 func (c gptChunks) Balance() float64    { return c[0].Balance() }
+func (c gptChunks) GradNorm() float64   { return c[0].GradNorm() }
 func (c gptChunks) cpAttention() string { return c[0].CPAttention }
 
 func (c gptChunks) RingBytes() int64 {

@@ -58,6 +58,10 @@ type GPT struct {
 	// splitB: the backward computes the input gradients alone, weightPart
 	// the parameters' (a pipeline stage under ZB-H1).
 	splitB bool
+	// grads are the parameters' reduced gradients, in params' order, from
+	// Gradients to Apply; gradNorm the last step's global norm (ClipGrad).
+	grads    []*tensor.Tensor
+	gradNorm float64
 }
 
 // param is one parameter as this rank holds it (whole, or a shard laid out

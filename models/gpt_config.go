@@ -91,6 +91,17 @@ type GPTConfig struct {
 	// micro-batch's loss is its share of the step's mean, Batch × Context ×
 	// the micro-batches.
 	LossTokens int
+	// ClipGrad > 0 scales each step's gradients so that their global L2
+	// norm, over the whole model's parameters (every rank's shards and
+	// pipeline stages, each copy counted once), is at most ClipGrad:
+	// torch.nn.utils.clip_grad_norm_, Megatron's --clip-grad. 0: off.
+	ClipGrad float64
+	// The learning rate's schedule (LRAt): Warmup steps rising linearly to
+	// LR, then Decay "cosine" down to MinLR at step DecaySteps along a half
+	// cosine, MinLR after; "" or "constant": LR throughout.
+	Warmup, DecaySteps int
+	Decay              string
+	MinLR              float64
 }
 
 // GPTPart is a pipeline stage's share of a GPT: blocks [Lo, Hi), the
@@ -232,6 +243,9 @@ func (c GPTConfig) check() error {
 		return fmt.Errorf("%w: gpt: dtype %v (float32 or bfloat16)", linear.ErrConfig, c.Compute())
 	case c.Optimizer != "" && c.Optimizer != "adamw" && c.Optimizer != "sgd":
 		return fmt.Errorf("%w: gpt: optimizer %q (adamw or sgd)", linear.ErrConfig, c.Optimizer)
+	}
+	if err := c.checkRecipe(); err != nil {
+		return err
 	}
 	return c.checkPart()
 }

@@ -3,6 +3,7 @@ package models
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/meshrun/meshrun/kernels"
 	"github.com/meshrun/meshrun/linear"
@@ -130,9 +131,29 @@ func (g *GPT) reduceNorms(ctx context.Context, rt linear.Runtime) error {
 	return nil
 }
 
-// update applies the optimizer to every parameter.
+// update applies the optimizer to every parameter: the gradients reduced,
+// clipped to the global norm (ClipGrad, the model's ranks being the whole
+// world: a pipeline's stages sum their squares first, GPTStage), stepped.
 func (g *GPT) update(ctx context.Context, rt linear.Runtime) error {
-	g.step++
+	if err := g.Gradients(ctx, rt); err != nil {
+		return err
+	}
+	sq := 0.0
+	if g.Cfg.ClipGrad > 0 {
+		mine, err := g.GradSquares(rt)
+		if err != nil {
+			return err
+		}
+		if sq, err = g.worldSquares(ctx, rt, mine); err != nil {
+			return err
+		}
+	}
+	return g.Apply(ctx, rt, sq)
+}
+
+// Gradients reduces every parameter's gradient (the step's collectives),
+// for GradSquares and Apply.
+func (g *GPT) Gradients(ctx context.Context, rt linear.Runtime) error {
 	c := g.Cfg
 	for _, p := range g.norms() {
 		if p.cg != nil {
@@ -151,6 +172,7 @@ func (g *GPT) update(ctx context.Context, rt linear.Runtime) error {
 			return err
 		}
 	}
+	g.grads = g.grads[:0]
 	reduced := map[*linear.Layer][2]*tensor.Tensor{}
 	for _, p := range g.params {
 		grad := p.g
@@ -172,22 +194,51 @@ func (g *GPT) update(ctx context.Context, rt linear.Runtime) error {
 		if grad == nil {
 			return fmt.Errorf("%w: gpt: %s has no gradient", linear.ErrConfig, p.name)
 		}
+		g.grads = append(g.grads, grad)
+	}
+	return nil
+}
 
+// Apply steps the optimizer on the reduced gradients (Gradients), scaled
+// to a global norm of at most ClipGrad at the sum of their squares over the
+// whole model, sq (with ClipGrad), at the schedule's learning rate (LRAt).
+func (g *GPT) Apply(ctx context.Context, rt linear.Runtime, sq float64) error {
+	c := g.Cfg
+	if len(g.grads) != len(g.params) {
+		return fmt.Errorf("%w: gpt: the optimizer before the gradients", linear.ErrConfig)
+	}
+	g.step++
+	lr := c.LR
+	if c.Warmup > 0 || c.Decay == "cosine" {
+		lr = c.LRAt(g.step)
+	}
+	scale := 1.0
+	if c.ClipGrad > 0 {
+		g.gradNorm, scale = math.Sqrt(sq), c.clipScale(sq)
+	}
+	for i, p := range g.params {
+		grad := g.grads[i]
+		if scale != 1 { // in place: the gradient is the step's own
+			if err := rt.Kernels.Axpy(scale-1, grad, grad); err != nil {
+				return fmt.Errorf("gpt: clipping %s's gradient: %w", p.name, err)
+			}
+		}
 		var err error
 		if c.Optimizer == "sgd" {
-			err = rt.Kernels.Axpy(-c.LR, grad, p.w)
+			err = rt.Kernels.Axpy(-lr, grad, p.w)
 		} else {
 			wd := 0.0
 			if p.decay {
 				wd = c.WeightDecay
 			}
 			err = rt.Op("adamw", func() error {
-				return rt.Kernels.AdamW(kernels.AdamWParams{LR: c.LR, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: wd, Step: g.step}, p.w, grad, p.m, p.v)
+				return rt.Kernels.AdamW(kernels.AdamWParams{LR: lr, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: wd, Step: g.step}, p.w, grad, p.m, p.v)
 			})
 		}
 		if err != nil {
 			return fmt.Errorf("gpt: updating %s: %w", p.name, err)
 		}
 	}
+	g.grads = g.grads[:0]
 	return g.refresh(rt.Kernels)
 }

@@ -479,11 +479,13 @@ func (s *GPTStage) ScratchBytes() int64 {
 	return n
 }
 
-// Finish ends the step: the model gets its own scratch back and the
-// optimizer runs on the accumulated gradients (their collectives once).
-func (s *GPTStage) Finish(ctx context.Context) error {
+// Reduce ends the step's passes: the model gets its own scratch back and
+// its gradients, the micro-batches' sums, are reduced (their collectives
+// once). With ClipGrad it returns this rank's GradSquares, which the
+// pipeline sums over its ranks and stages for Finish.
+func (s *GPTStage) Reduce(ctx context.Context) (float64, error) {
 	if len(s.inflight) > 0 {
-		return fmt.Errorf("%w: gpt stage: step finished with %d micro-batches in flight", linear.ErrConfig, len(s.inflight))
+		return 0, fmt.Errorf("%w: gpt stage: step finished with %d micro-batches in flight", linear.ErrConfig, len(s.inflight))
 	}
 	s.use(&s.home)
 	s.g.accum = false
@@ -493,10 +495,25 @@ func (s *GPTStage) Finish(ctx context.Context) error {
 	for p, a := range s.acc { // the step's sums, for the optimizer
 		if n := a.Bytes(); n > 0 {
 			if err := s.rt.Kernels.Copy2D(p.g, 0, n, a, 0, n, n, 1); err != nil {
-				return err
+				return 0, err
 			}
 		}
 	}
 	s.accN = 0
-	return s.g.update(ctx, *s.rt)
+	if err := s.g.Gradients(ctx, *s.rt); err != nil {
+		return 0, err
+	}
+	if s.g.Cfg.ClipGrad <= 0 {
+		return 0, nil
+	}
+	return s.g.GradSquares(*s.rt)
 }
+
+// Finish runs the optimizer on the reduced gradients (Reduce): sq is the
+// sum of the gradients' squares over the whole model, for ClipGrad.
+func (s *GPTStage) Finish(ctx context.Context, sq float64) error {
+	return s.g.Apply(ctx, *s.rt, sq)
+}
+
+// GradNorm is the last step's global gradient norm (ClipGrad).
+func (s *GPTStage) GradNorm() float64 { return s.g.GradNorm() }

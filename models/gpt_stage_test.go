@@ -128,7 +128,10 @@ func trainPipeline(t *testing.T, cfg models.GPTConfig, layers []int, tp, m, step
 			if err := collective.AllReduce(ctx, all, loss, collective.Sum); err != nil {
 				return err
 			}
-			if err := st.Finish(ctx); err != nil {
+			if _, err := st.Reduce(ctx); err != nil {
+				return err
+			}
+			if err := st.Finish(ctx, 0); err != nil {
 				return err
 			}
 			if w.Rank() == 0 {

@@ -3,6 +3,7 @@ package models_test
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -104,14 +105,39 @@ func TestGPTMatchesSingleRank(t *testing.T) {
 const gptTorchTol = 1e-6
 
 func TestGPTMatchesPyTorch(t *testing.T) {
-	py := pythontest.Python(t, "torch, numpy", "MESHRUN_REQUIRE_TORCH")
 	const steps = 20
+	cfg := models.GPTConfig{Vocab: 29, Dim: 32, Heads: 4, Layers: 2, Context: 16, Batch: 4, Seed: 3, Optimizer: "adamw", LR: 3e-3, WeightDecay: 0.1}
+	runs, want, _ := torchGPT(t, cfg, steps, nil)
+	worst := 0.0
+	for name, run := range runs {
+		for s, l := range run.losses {
+			d := math.Abs(l-want[s]) / want[s]
+			worst = max(worst, d)
+			if d > gptTorchTol {
+				t.Errorf("%s step %d: loss %.7f, PyTorch %.7f (relative %.2g)", name, s+1, l, want[s], d)
+			}
+		}
+	}
+	t.Logf("PyTorch: %.5f -> %.5f over %d steps; meshrun at tp = 1, 2, 4, and 2, 4 sequence parallel, within %.2g relative", want[0], want[steps-1], steps, worst)
+}
+
+// torchRun is one of torchGPT's runs: each step's loss and, with
+// ClipGrad, its gradients' global norm.
+type torchRun struct{ losses, norms []float64 }
+
+// torchGPT trains cfg for steps steps on the same text-like batches at tp
+// = 1, 2 and 4, and 2 and 4 sequence parallel, and in PyTorch
+// (models/testdata/torch_gpt.py, given extra in its config.json besides
+// the model's): meshrun's runs by name, and PyTorch's losses (and norms,
+// with "clip_grad" in extra).
+func torchGPT(t *testing.T, cfg models.GPTConfig, steps int, extra map[string]any) (map[string]torchRun, []float64, []float64) {
+	t.Helper()
+	py := pythontest.Python(t, "torch, numpy", "MESHRUN_REQUIRE_TORCH")
 	dir := t.TempDir()
 	k, err := providers.New("cpu", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := models.GPTConfig{Vocab: 29, Dim: 32, Heads: 4, Layers: 2, Context: 16, Batch: 4, Seed: 3, Optimizer: "adamw", LR: 3e-3, WeightDecay: 0.1}
 	// The batches: text-like (each target the next id of a sequence), the
 	// same for every run.
 	rng := rand.New(rand.NewPCG(7, 7))
@@ -130,7 +156,7 @@ func TestGPTMatchesPyTorch(t *testing.T) {
 	}
 	writeNpy(t, filepath.Join(dir, "ids.npy"), ids)
 	writeNpy(t, filepath.Join(dir, "targets.npy"), tgs)
-	runs := map[string][]float64{}
+	runs := map[string]torchRun{}
 	for _, run := range []struct {
 		tp int
 		sp bool
@@ -158,8 +184,10 @@ func TestGPTMatchesPyTorch(t *testing.T) {
 						decay = append(decay, p.Name)
 					}
 				}
-				b, _ := json.Marshal(map[string]any{"vocab": c.Vocab, "dim": c.Dim, "heads": c.Heads, "layers": c.Layers, "context": c.Context,
-					"batch": c.Batch, "lr": c.LR, "weight_decay": c.WeightDecay, "params": names, "decay": decay})
+				conf := map[string]any{"vocab": c.Vocab, "dim": c.Dim, "heads": c.Heads, "layers": c.Layers, "context": c.Context,
+					"batch": c.Batch, "lr": c.LR, "weight_decay": c.WeightDecay, "params": names, "decay": decay}
+				maps.Copy(conf, extra)
+				b, _ := json.Marshal(conf)
 				if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644); err != nil {
 					return err
 				}
@@ -174,7 +202,9 @@ func TestGPTMatchesPyTorch(t *testing.T) {
 				}
 				if w.Rank() == 0 {
 					mu.Lock()
-					runs[name] = append(runs[name], loss)
+					r := runs[name]
+					r.losses, r.norms = append(r.losses, loss), append(r.norms, g.GradNorm())
+					runs[name] = r
 					mu.Unlock()
 				}
 			}
@@ -188,21 +218,20 @@ func TestGPTMatchesPyTorch(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", py, err, out)
 	}
-	var want []float64
+	var want, norms []float64
 	if err := json.Unmarshal(out, &want); err != nil || len(want) != steps {
 		t.Fatalf("torch_gpt.py printed %q: %v", out, err)
 	}
-	worst := 0.0
-	for name, losses := range runs {
-		for s, l := range losses {
-			d := math.Abs(l-want[s]) / want[s]
-			worst = max(worst, d)
-			if d > gptTorchTol {
-				t.Errorf("%s step %d: loss %.7f, PyTorch %.7f (relative %.2g)", name, s+1, l, want[s], d)
-			}
+	if _, ok := extra["clip_grad"]; ok {
+		b, err := os.ReadFile(filepath.Join(dir, "norms.json"))
+		if err == nil {
+			err = json.Unmarshal(b, &norms)
+		}
+		if err != nil || len(norms) != steps {
+			t.Fatalf("torch_gpt.py's norms.json: %q: %v", b, err)
 		}
 	}
-	t.Logf("PyTorch: %.5f -> %.5f over %d steps; meshrun at tp = 1, 2, 4, and 2, 4 sequence parallel, within %.2g relative", want[0], want[steps-1], steps, worst)
+	return runs, want, norms
 }
 
 func writeNpy(t *testing.T, path string, x *tensor.Tensor) {

@@ -7,6 +7,12 @@ batches (ids.npy and targets.npy: [steps, batch*context]) and config.json,
 trains the same model with the same AdamW for the given steps on one CPU
 process in float32, and prints the losses as one JSON list.
 
+With "clip_grad" in config.json the gradients are clipped each step
+(torch.nn.utils.clip_grad_norm_) and their norms before clipping written to
+DIR/norms.json; with "warmup" or "decay_steps" the learning rate of step n
+(from 1) is "lr"·n/warmup over the warmup, then a half cosine down to
+"min_lr" at step "decay_steps" (Megatron's schedule), set before each step.
+
 Which parameters get weight decay is decided here, as PyTorch's GPT recipes
 decide it (nanoGPT's configure_optimizers): every parameter of two or more
 dims (the embeddings and the Linear weights), no bias and no layer-norm
@@ -81,7 +87,20 @@ opt = torch.optim.AdamW(
 )
 ids = torch.from_numpy(np.load(os.path.join(d, "ids.npy"))).long()
 targets = torch.from_numpy(np.load(os.path.join(d, "targets.npy"))).long()
-losses = []
+
+
+def lr_at(n):
+    warm, end, top, low = cfg.get("warmup", 0), cfg.get("decay_steps", 0), cfg["lr"], cfg.get("min_lr", 0.0)
+    if n <= warm:
+        return top * n / warm
+    if not end:
+        return top
+    if n >= end:
+        return low
+    return low + (top - low) * (1 + math.cos(math.pi * (n - warm) / (end - warm))) / 2
+
+
+losses, norms = [], []
 for s in range(ids.shape[0]):
     opt.zero_grad()
     loss = forward(ids[s], targets[s])
@@ -90,6 +109,12 @@ for s in range(ids.shape[0]):
         unused = [n for n in cfg["params"] if P[n].grad is None]
         if unused:
             fail("parameters the PyTorch model does not use: %s" % unused)
+    if "clip_grad" in cfg:
+        norms.append(torch.nn.utils.clip_grad_norm_(list(P.values()), cfg["clip_grad"]).item())
+    for g in opt.param_groups:
+        g["lr"] = lr_at(s + 1)
     opt.step()
     losses.append(loss.item())
+if "clip_grad" in cfg:
+    json.dump(norms, open(os.path.join(d, "norms.json"), "w"))
 print(json.dumps(losses))

@@ -1,0 +1,47 @@
+package job
+
+import (
+	"math"
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestGPTRecipe: the gradients clipped to a global norm (--clip-grad) under
+// a warmup and a cosine decay (--warmup, --lr-decay cosine, --min-lr) on
+// tp=2, sequence parallel, dp=2,tp=2, cp=2, ep=2 with experts, pp=2 (ZB-H1),
+// pp=4, pp=2,tp=2 interleaved and pp=2,ep=2 follow tp=1's losses and its
+// last step's gradient norm within 1e-5 relative: each copy of a parameter
+// counted once, every stage's parameters counted. On tp=1 the clipping
+// acts (the norm above it) and changes the losses, and the last step runs
+// at the decay's end, --min-lr.
+func TestGPTRecipe(t *testing.T) {
+	if _, err := os.Stat(DefaultCorpus); err != nil {
+		t.Skipf("no %s on this machine", DefaultCorpus)
+	}
+	recipe := []string{"--clip-grad", "0.5", "--warmup", "3", "--lr-decay", "cosine", "--min-lr", "3e-4"}
+	moe := []string{"--experts", "2", "--top-k", "1", "--aux-coef", "0"}
+	ref := pipeReport(t, append([]string{"--mesh", "tp=1"}, recipe...)...)
+	refMoE := pipeReport(t, append(append([]string{"--mesh", "tp=1"}, recipe...), moe...)...)
+	plain := pipeReport(t, "--mesh", "tp=1")
+	if ref.ClipGrad != 0.5 || !(ref.GradNormLast > 0.5) || ref.LRLast != 3e-4 || ref.LossLast == plain.LossLast {
+		t.Fatalf("tp=1: clip %v, last norm %v, last lr %v, last loss %v (unclipped, no schedule: %v)", ref.ClipGrad, ref.GradNormLast, ref.LRLast, ref.LossLast, plain.LossLast)
+	}
+	if plain.ClipGrad != 0 || plain.GradNormLast != 0 || plain.LRLast != 0 {
+		t.Errorf("without the recipe the report gives clip %v, norm %v, lr %v", plain.ClipGrad, plain.GradNormLast, plain.LRLast)
+	}
+	for _, args := range [][]string{{"--mesh", "tp=2"}, {"--mesh", "tp=2", "--sequence-parallel"}, {"--mesh", "dp=2,tp=2"}, {"--mesh", "cp=2"},
+		{"--mesh", "ep=2,tp=1"}, {"--mesh", "pp=2", "--schedule", "zb"}, {"--mesh", "pp=4"}, {"--mesh", "pp=2,tp=2", "--schedule", "interleaved", "--micro-batches", "4"},
+		{"--mesh", "pp=2,ep=2,tp=1"}} {
+		want := ref
+		if strings.Contains(args[1], "ep=") {
+			args, want = append(args, moe...), refMoE
+		}
+		name := strings.Join(args, " ")
+		r := pipeReport(t, append(args, recipe...)...)
+		follows(t, name, r, want)
+		if d := math.Abs(r.GradNormLast-want.GradNormLast) / want.GradNormLast; !(d <= 1e-5) {
+			t.Errorf("%s: last step's gradient norm %.7f, tp=1's %.7f", name, r.GradNormLast, want.GradNormLast)
+		}
+	}
+}

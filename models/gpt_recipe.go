@@ -1,0 +1,136 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/meshrun/meshrun/collective"
+	"github.com/meshrun/meshrun/kernels"
+	"github.com/meshrun/meshrun/linear"
+	"github.com/meshrun/meshrun/placement"
+	"github.com/meshrun/meshrun/tensor"
+)
+
+// checkRecipe checks the learning rate's schedule and the clipping.
+func (c GPTConfig) checkRecipe() error {
+	switch {
+	case !(c.ClipGrad >= 0) || math.IsInf(c.ClipGrad, 0):
+		return fmt.Errorf("%w: gpt: clip-grad %v (finite, at least 0; 0: off)", linear.ErrConfig, c.ClipGrad)
+	case c.Warmup < 0:
+		return fmt.Errorf("%w: gpt: warmup %d steps (at least 0)", linear.ErrConfig, c.Warmup)
+	case c.Decay != "" && c.Decay != "constant" && c.Decay != "cosine":
+		return fmt.Errorf("%w: gpt: lr-decay %q (constant or cosine)", linear.ErrConfig, c.Decay)
+	case c.Decay == "cosine" && c.DecaySteps <= c.Warmup:
+		return fmt.Errorf("%w: gpt: a cosine decay ending at step %d (the last) after a warmup of %d steps: the warmup must end first", linear.ErrConfig, c.DecaySteps, c.Warmup)
+	case !(c.MinLR >= 0) || c.MinLR > c.LR:
+		return fmt.Errorf("%w: gpt: min-lr %v (between 0 and the learning rate %v)", linear.ErrConfig, c.MinLR, c.LR)
+	}
+	return nil
+}
+
+// LRAt is the learning rate of optimizer step n (the first is 1): LR·n/Warmup
+// over the warmup, then LR, or under a cosine decay MinLR + (LR −
+// MinLR)·(1 + cos(π·(n − Warmup)/(DecaySteps − Warmup)))/2 until
+// DecaySteps, MinLR after (Megatron's schedule).
+func (c GPTConfig) LRAt(n int) float64 {
+	if n <= c.Warmup {
+		return c.LR * float64(n) / float64(c.Warmup)
+	}
+	if c.Decay != "cosine" {
+		return c.LR
+	}
+	if n >= c.DecaySteps {
+		return c.MinLR
+	}
+	f := float64(n-c.Warmup) / float64(c.DecaySteps-c.Warmup)
+	return c.MinLR + (c.LR-c.MinLR)*(1+math.Cos(math.Pi*f))/2
+}
+
+// copies is how many ranks of the model's mesh hold the same values of a
+// parameter's (reduced) gradient: the product of the mesh dims it is
+// replicated over.
+func copies(s placement.Spec) (int, error) {
+	n := 1
+	for i, pl := range s.Placements {
+		switch pl.(type) {
+		case placement.Replicate:
+			n *= s.Mesh.Dim(i)
+		case placement.Shard:
+		default:
+			return 0, fmt.Errorf("%w: gpt: a parameter's gradient laid out as %s", linear.ErrConfig, s)
+		}
+	}
+	return n, nil
+}
+
+// GradSquares is this rank's share of the sum of the squares of the
+// model's reduced gradients (Gradients): each parameter's local sum over
+// the ranks that hold the same values, so that the sum over every rank of
+// the model (and over the pipeline's stages) is the whole model's. One
+// float32 comes back to the host.
+func (g *GPT) GradSquares(rt linear.Runtime) (float64, error) {
+	sq, err := g.get(rt, "clip.squares", 1)
+	if err != nil {
+		return 0, err
+	}
+	if len(g.grads) != len(g.params) || len(g.params) == 0 {
+		return 0, fmt.Errorf("%w: gpt: the gradients' norm before the gradients", linear.ErrConfig)
+	}
+	for i, p := range g.params {
+		n, err := copies(p.spec)
+		if err != nil {
+			return 0, err
+		}
+		d := g.grads[i]
+		if d.DType() != tensor.Float32 {
+			return 0, fmt.Errorf("%w: gpt: %s's gradient is %v, want float32", linear.ErrConfig, p.name, d.DType())
+		}
+		// sq (+)= (1/n)·dᵀd: a gemv of the gradient as one row by itself.
+		beta := 1.0
+		if i == 0 {
+			beta = 0
+		}
+		if err := rt.Kernels.Gemv(kernels.GemvParams{M: 1, N: d.Len(), Alpha: 1 / float64(n), Beta: beta, DType: tensor.Float32}, d, d, sq); err != nil {
+			return 0, fmt.Errorf("gpt: the norm of %s's gradient: %w", p.name, err)
+		}
+	}
+	h, err := tensor.Download(sq)
+	if err != nil {
+		return 0, err
+	}
+	return float64(h.Float32()[0]), nil
+}
+
+// clipScale is the factor the gradients are scaled by at the global sum
+// of their squares sq (torch's clip_grad_norm_: max_norm / (norm + 1e-6),
+// when under 1).
+func (c GPTConfig) clipScale(sq float64) float64 {
+	if c.ClipGrad <= 0 {
+		return 1
+	}
+	return min(1, c.ClipGrad/(math.Sqrt(sq)+1e-6))
+}
+
+// worldSquares sums this rank's GradSquares over the model's ranks (the
+// whole world: a model without pipeline stages).
+func (g *GPT) worldSquares(ctx context.Context, rt linear.Runtime, mine float64) (float64, error) {
+	grp, err := rt.World.WorldGroup(ctx)
+	if err != nil {
+		return 0, err
+	}
+	v := []float64{mine}
+	end := func() {}
+	if rt.Trace != nil {
+		end = rt.Trace("grad_norm", "collective")
+	}
+	defer end()
+	if err := collective.AllReduce(ctx, grp, v, collective.Sum); err != nil {
+		return 0, fmt.Errorf("gpt: the gradients' norm: %w", err)
+	}
+	return v[0], nil
+}
+
+// GradNorm is the last step's global gradient norm before clipping (with
+// ClipGrad; 0 before the first step or without it).
+func (g *GPT) GradNorm() float64 { return g.gradNorm }

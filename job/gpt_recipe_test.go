@@ -12,7 +12,8 @@ import (
 // tp=2, sequence parallel, dp=2,tp=2, cp=2, ep=2 with experts, pp=2 (ZB-H1),
 // pp=4, pp=2,tp=2 interleaved and pp=2,ep=2 follow tp=1's losses and its
 // last step's gradient norm within 1e-5 relative: each copy of a parameter
-// counted once, every stage's parameters counted. On tp=1 the clipping
+// counted once, every stage's parameters counted; a run resumed half-way
+// ends on the same. On tp=1 the clipping
 // acts (the norm above it) and changes the losses, and the last step runs
 // at the decay's end, --min-lr.
 func TestGPTRecipe(t *testing.T) {
@@ -43,5 +44,15 @@ func TestGPTRecipe(t *testing.T) {
 		if d := math.Abs(r.GradNormLast-want.GradNormLast) / want.GradNormLast; !(d <= 1e-5) {
 			t.Errorf("%s: last step's gradient norm %.7f, tp=1's %.7f", name, r.GradNormLast, want.GradNormLast)
 		}
+	}
+	// Saved at step 10 of pp=2 and resumed at tp=2: the schedule goes on
+	// from the checkpoint's step, as if never stopped.
+	dir := t.TempDir()
+	pipeReport(t, append([]string{"--mesh", "pp=2", "--save", dir, "--save-every", "10"}, recipe...)...)
+	r := pipeReport(t, append([]string{"--mesh", "tp=2", "--resume", dir + "/step-00000010"}, recipe...)...)
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-5*math.Abs(b) }
+	if r.FirstStep != 11 || r.LRLast != ref.LRLast || !near(r.GradNormLast, ref.GradNormLast) || !near(r.LossLast, ref.LossLast) || !near(r.HeldOutLoss, ref.HeldOutLoss) {
+		t.Errorf("resumed at step 11: first step %d, last lr %v, norm %.7f, loss %.7f, held-out %.7f; uninterrupted: %v, %.7f, %.7f, %.7f",
+			r.FirstStep, r.LRLast, r.GradNormLast, r.LossLast, r.HeldOutLoss, ref.LRLast, ref.GradNormLast, ref.LossLast, ref.HeldOutLoss)
 	}
 }

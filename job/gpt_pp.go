@@ -64,7 +64,7 @@ func pipelineOf(mesh placement.Mesh, cfg models.GPTConfig, f pipeFlags) (*gptPip
 	}
 	if !ok {
 		if f.microBatches != 0 || f.layers != "" || f.schedule != "1f1b" || f.wire != "device" || f.chunks != 0 {
-			return nil, fmt.Errorf("--micro-batches, --schedule, --pp-chunks, --pp-layers and --pp-wire need a mesh dim pp (e.g. --mesh pp=2,tp=2)")
+			return nil, fmt.Errorf("--micro-batches, --schedule, --pp-chunks, --pp-layers and --pp-wire need a mesh dim pp (e.g. --mesh pp=2,tp=2; pp=1,tp=2 accumulates the gradients of --micro-batches on one stage)")
 		}
 		return nil, nil
 	}

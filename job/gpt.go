@@ -245,7 +245,7 @@ func (c *corpus) batch(rng *rand.Rand, text []int, batch, context int, ids, targ
 
 func (t *gptTask) run(ctx context.Context, env Env) int {
 	if t.profile != "" {
-		stop, err := startProfile(t.profile)
+		stop, err := startProfile(env, t.profile)
 		if err != nil {
 			return usageError(env, "gpt", err)
 		}

@@ -128,7 +128,7 @@ func (t *mlpTask) setup(ctx context.Context, env Env, args []string) error {
 
 func (t *mlpTask) run(ctx context.Context, env Env) int {
 	if t.profile != "" {
-		stop, err := startProfile(t.profile)
+		stop, err := startProfile(env, t.profile)
 		if err != nil {
 			return usageError(env, "mlp", err)
 		}

@@ -199,9 +199,15 @@ func (t *tracer) runtime(w *collective.World, k kernels.Compute) linear.Runtime 
 	return linear.Runtime{World: w, Kernels: linear.Traced(k, t.trace), Trace: t.trace}
 }
 
-// startProfile starts a CPU profile written to path; stop ends it.
-func startProfile(path string) (stop func(), err error) {
-	f, err := os.Create(path)
+// startProfile starts a CPU profile written to path, "%r" in it replaced
+// by the process's rank ($RANK, set by the launcher; "all" for in-process
+// ranks, which share the one profile); stop ends it.
+func startProfile(env Env, path string) (stop func(), err error) {
+	rank := "all"
+	if env.Getenv("MESHRUN_NATS_URL") != "" {
+		rank = env.Getenv("RANK")
+	}
+	f, err := os.Create(strings.ReplaceAll(path, "%r", rank))
 	if err != nil {
 		return nil, err
 	}

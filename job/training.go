@@ -33,7 +33,7 @@ type training struct {
 // the workload's, its default differs).
 func (t *training) register(fs *flag.FlagSet, meshUsage string) {
 	fs.StringVar(&t.mesh, "mesh", "", meshUsage)
-	fs.StringVar(&t.profile, "cpuprofile", "", "write a CPU profile of the steps to `FILE` (in-process ranks: one profile)")
+	fs.StringVar(&t.profile, "cpuprofile", "", "write a CPU profile of the steps to `FILE`, %r in it replaced by the rank (launched ranks: each its own; in-process ranks share one profile, %r read as all)")
 	fs.BoolVar(&t.opProfile, "op-profile", false, "print each kernel's and collective's calls and time per step (after the first step) on rank 0's stderr (gpt with pp: each stage's, on its first rank's); on cuda with MESHRUN_CUDA_SYNC=1 each kernel's time is its own")
 	t.df.register(fs)
 	t.cf.register(fs)

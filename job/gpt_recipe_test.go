@@ -56,3 +56,22 @@ func TestGPTRecipe(t *testing.T) {
 			r.FirstStep, r.LRLast, r.GradNormLast, r.LossLast, r.HeldOutLoss, ref.LRLast, ref.GradNormLast, ref.LossLast, ref.HeldOutLoss)
 	}
 }
+
+// TestProfilePerRank: --cpuprofile's %r is the launched rank's $RANK, and
+// "all" for in-process ranks (one process, one profile).
+func TestProfilePerRank(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{{map[string]string{"MESHRUN_NATS_URL": "nats://127.0.0.1:1", "RANK": "3"}, "cpu-3.prof"}, {map[string]string{"RANK": "3"}, "cpu-all.prof"}} {
+		stop, err := startProfile(Env{Getenv: func(k string) string { return tc.env[k] }}, dir+"/cpu-%r.prof")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop()
+		if st, err := os.Stat(dir + "/" + tc.want); err != nil || st.Size() == 0 {
+			t.Errorf("%v: %s: %v", tc.env, tc.want, err)
+		}
+	}
+}

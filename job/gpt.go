@@ -45,9 +45,12 @@ type GPTReport struct {
 	FirstStep        int    `json:"first_step"` // 1, or the checkpoint's step + 1
 	// Losses in nats per character; the unigram entropy of the training text
 	// is what a model that ignores context reaches.
-	LossFirst        float64        `json:"loss_first"`
-	LossLast         float64        `json:"loss_last"`
-	HeldOutLoss      float64        `json:"heldout_loss"`
+	LossFirst   float64 `json:"loss_first"`
+	LossLast    float64 `json:"loss_last"`
+	HeldOutLoss float64 `json:"heldout_loss"`
+	// HeldOutCurve: with --eval-every, the held-out loss every so many
+	// steps (the last at the final step equals HeldOutLoss).
+	HeldOutCurve     []HeldOutPoint `json:"heldout_curve,omitempty"`
 	UnigramEntropy   float64        `json:"unigram_entropy"`
 	StepMSMedian     float64        `json:"step_ms_median"`
 	CommBytesPerStep int64          `json:"comm_bytes_per_step"`
@@ -83,17 +86,24 @@ type GPTReport struct {
 	LRLast       float64 `json:"lr_last,omitempty"`
 }
 
+// HeldOutPoint is the held-out loss after a step.
+type HeldOutPoint struct {
+	Step int     `json:"step"`
+	Loss float64 `json:"loss"`
+}
+
 // gptTask is `worker gpt`.
 type gptTask struct {
 	training
-	cfg     models.GPTConfig
-	data    string
-	sample  int
-	temp    float64
-	corpus  *corpus
-	heldOut int          // batches of held-out text the final loss averages
-	pipe    *gptPipeline // with a mesh dim pp (gpt_pp.go)
-	pf      pipeFlags
+	cfg       models.GPTConfig
+	data      string
+	sample    int
+	temp      float64
+	corpus    *corpus
+	heldOut   int          // batches of held-out text the final loss averages
+	evalEvery int          // --eval-every: the held-out loss every so many steps (0: at the end)
+	pipe      *gptPipeline // with a mesh dim pp (gpt_pp.go)
+	pf        pipeFlags
 }
 
 func (t *gptTask) flags(fs *flag.FlagSet) {
@@ -119,6 +129,7 @@ func (t *gptTask) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&t.cfg.CapacityFactor, "capacity-factor", 0, "each expert keeps at most ceil(tokens·top-k·`C`/experts) slots (0: dropless; with --experts)")
 	fs.StringVar(&t.data, "data", DefaultCorpus, "text `PATH` (a file, or a directory whose files are read in name order), read as characters (bytes)")
 	fs.IntVar(&t.sample, "sample", 200, "characters to sample at the end")
+	fs.IntVar(&t.evalEvery, "eval-every", 0, "print the held-out loss every `N` steps (the final one's batches; 0: at the end only)")
 	fs.Float64Var(&t.temp, "temperature", 0.8, "sampling temperature")
 	t.pf.register(fs)
 }
@@ -130,8 +141,8 @@ func (t *gptTask) setup(ctx context.Context, env Env, args []string) error {
 	if err := t.prepare(env); err != nil {
 		return err
 	}
-	if t.steps < 1 || t.sample < 0 || !(t.temp > 0) || !(t.cfg.LR > 0) || t.cfg.WeightDecay < 0 {
-		return fmt.Errorf("--steps and --lr must be positive, --sample and --weight-decay not negative, --temperature positive")
+	if t.steps < 1 || t.sample < 0 || !(t.temp > 0) || !(t.cfg.LR > 0) || t.cfg.WeightDecay < 0 || t.evalEvery < 0 {
+		return fmt.Errorf("--steps and --lr must be positive, --sample, --weight-decay and --eval-every not negative, --temperature positive")
 	}
 	t.cfg.DType = t.rd.dtype
 	t.cfg.DecaySteps = t.steps // a cosine ends at the last step (a resumed run's too)
@@ -324,7 +335,7 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 	fmt.Fprintf(env.Stdout, "sample:\n%s\n", text)
 	return &GPTReport{Mesh: t.m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
 		Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, DType: cfg.Compute().String(), Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: t.steps, FirstStep: t.startStep + 1,
-		LossFirst: tl.first, LossLast: tl.last, HeldOutLoss: held, UnigramEntropy: c.entropy(), StepMSMedian: median(tl.stepMS),
+		LossFirst: tl.first, LossLast: tl.last, HeldOutLoss: held, HeldOutCurve: tl.curve, UnigramEntropy: c.entropy(), StepMSMedian: median(tl.stepMS),
 		CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed,
 		Experts: cfg.Experts, TopK: experts(cfg, cfg.TopK), AuxCoef: experts(cfg, cfg.AuxCoef), CapacityFactor: experts(cfg, cfg.CapacityFactor),
 		AuxLossLast: tl.aux, BalanceLast: tl.balance, RingBytesPerStep: tl.ringBytes, CPAttention: tl.cpAttention, Pipeline: pipe,
@@ -378,9 +389,10 @@ type trainLosses struct {
 	stepMS      []float64
 	// aux and balance: the last step's (GPT.AuxLoss, GPT.Balance).
 	aux, balance float64
-	ringBytes    int64   // the last step's GPT.RingBytes
-	cpAttention  string  // GPT.CPAttention
-	gradNorm, lr float64 // the last step's (GPT.GradNorm, GPTConfig.LRAt)
+	ringBytes    int64          // the last step's GPT.RingBytes
+	cpAttention  string         // GPT.CPAttention
+	gradNorm, lr float64        // the last step's (GPT.GradNorm, GPTConfig.LRAt)
+	curve        []HeldOutPoint // --eval-every's
 }
 
 // schedLR is lr with a schedule (--warmup, --lr-decay cosine), else 0 (the
@@ -457,6 +469,16 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g gpt
 				line += fmt.Sprintf(" lr %.4g", tl.lr)
 			}
 			fmt.Fprintln(env.Stdout, line)
+		}
+		if t.evalEvery > 0 && s%t.evalEvery == 0 {
+			held, err := t.heldOutLoss(ctx, run, b)
+			if err != nil {
+				return tl, err
+			}
+			tl.curve = append(tl.curve, HeldOutPoint{s, held})
+			if w.Rank() == 0 {
+				fmt.Fprintf(env.Stdout, "held-out loss %.4f after step %d\n", held, s)
+			}
 		}
 		if err := sv.step(ctx, w, g.State(), s, steps); err != nil {
 			return tl, err

@@ -75,3 +75,28 @@ func TestProfilePerRank(t *testing.T) {
 		}
 	}
 }
+
+// TestGPTEvalEvery: --eval-every 5 gives the held-out loss after steps 5,
+// 10, 15 and 20, the last the final held-out loss, and changes nothing of
+// the training: the losses, the final held-out loss and the sample are
+// those of the run without it, bit for bit (tp, cp, experts, pipeline
+// stages, bfloat16 stages).
+func TestGPTEvalEvery(t *testing.T) {
+	if _, err := os.Stat(DefaultCorpus); err != nil {
+		t.Skipf("no %s on this machine", DefaultCorpus)
+	}
+	for _, args := range [][]string{{"--mesh", "tp=2"}, {"--mesh", "cp=2"}, {"--mesh", "ep=2,tp=1", "--experts", "2"},
+		{"--mesh", "pp=2", "--schedule", "zb"}, {"--mesh", "pp=2", "--dtype", "bfloat16"}} {
+		name := strings.Join(args, " ")
+		plain := pipeReport(t, args...)
+		r := pipeReport(t, append(args, "--eval-every", "5")...)
+		if r.LossFirst != plain.LossFirst || r.LossLast != plain.LossLast || r.HeldOutLoss != plain.HeldOutLoss || r.Sample != plain.Sample || plain.HeldOutCurve != nil {
+			t.Errorf("%s: with --eval-every: losses %v, %v, held-out %v, sample %q; without: %v, %v, %v, %q (curve %v)", name,
+				r.LossFirst, r.LossLast, r.HeldOutLoss, r.Sample, plain.LossFirst, plain.LossLast, plain.HeldOutLoss, plain.Sample, plain.HeldOutCurve)
+		}
+		c := r.HeldOutCurve
+		if len(c) != 4 || c[0].Step != 5 || c[3].Step != 20 || c[3].Loss != r.HeldOutLoss || !(c[0].Loss > c[3].Loss) {
+			t.Errorf("%s: held-out curve %+v, final %v", name, c, r.HeldOutLoss)
+		}
+	}
+}

@@ -398,7 +398,7 @@ type trainLosses struct {
 // schedLR is lr with a schedule (--warmup, --lr-decay cosine), else 0 (the
 // report leaves it out).
 func schedLR(cfg models.GPTConfig, lr float64) float64 {
-	if cfg.Warmup > 0 || cfg.Decay == "cosine" {
+	if cfg.Scheduled() {
 		return lr
 	}
 	return 0
@@ -465,7 +465,7 @@ func (t *gptTask) train(ctx context.Context, env Env, w *collective.World, g gpt
 			if cfg.ClipGrad > 0 {
 				line += fmt.Sprintf(" grad norm %.4f", tl.gradNorm)
 			}
-			if cfg.Warmup > 0 || cfg.Decay == "cosine" {
+			if cfg.Scheduled() {
 				line += fmt.Sprintf(" lr %.4g", tl.lr)
 			}
 			fmt.Fprintln(env.Stdout, line)

@@ -208,10 +208,7 @@ func (g *GPT) Apply(ctx context.Context, rt linear.Runtime, sq float64) error {
 		return fmt.Errorf("%w: gpt: the optimizer before the gradients", linear.ErrConfig)
 	}
 	g.step++
-	lr := c.LR
-	if c.Warmup > 0 || c.Decay == "cosine" {
-		lr = c.LRAt(g.step)
-	}
+	lr := c.LRAt(g.step)
 	scale := 1.0
 	if c.ClipGrad > 0 {
 		g.gradNorm, scale = math.Sqrt(sq), c.clipScale(sq)

@@ -29,6 +29,10 @@ func (c GPTConfig) checkRecipe() error {
 	return nil
 }
 
+// Scheduled reports whether the learning rate changes over the steps (a
+// warmup or a cosine decay).
+func (c GPTConfig) Scheduled() bool { return c.Warmup > 0 || c.Decay == "cosine" }
+
 // LRAt is the learning rate of optimizer step n (the first is 1): LR·n/Warmup
 // over the warmup, then LR, or under a cosine decay MinLR + (LR −
 // MinLR)·(1 + cos(π·(n − Warmup)/(DecaySteps − Warmup)))/2 until

@@ -47,6 +47,10 @@
 #                gpt and gpt-bf16 on the block kernels: the fused attention
 #                (MESHRUN_CUDA_ATTENTION=fused) and layer norm a block per
 #                row (MESHRUN_CUDA_LAYERNORM=block)
+#   gpt-pp       -n 2 --share-gpus --mesh pp=2 --schedule zb (staged)
+#   gpt-recipe   gpt with --clip-grad 0.5 --warmup 2: the gradients' norm on
+#                the device (a gemv of each gradient by itself) and the
+#                clipping, against the cpu run's losses (fails above 1e-4)
 #   bench        bench/gpu/run.sh against PyTorch, when 150 s are left
 #
 # Settings (environment):
@@ -405,12 +409,13 @@ gptbf16() { GPT_ARGS="$GPT_ARGS --dtype bfloat16" pair gpt 1 1e-2; }
 gptfused() { MESHRUN_CUDA_ATTENTION=fused MESHRUN_CUDA_LAYERNORM=block pair gpt 1 1e-4; }
 gptfusedbf16() { MESHRUN_CUDA_ATTENTION=fused MESHRUN_CUDA_LAYERNORM=block GPT_ARGS="$GPT_ARGS --dtype bfloat16" pair gpt 1 1e-2; }
 gptpp() { MESHRUN_COLLECTIVES=staged GPT_ARGS="$GPT_ARGS --layers 2 --mesh pp=2 --schedule zb" pair gpt 2 1e-4 $SHARE; }
+gptrecipe() { GPT_ARGS="$GPT_ARGS --clip-grad 0.5 --warmup 2" pair gpt 1 1e-4; }
 
 verify() { "$BIN/worker" verify --device "$DEVICE" --quick; }
 
 bench() { bench/gpu/run.sh "$BIN/cuda.test" "$1"; }
 
-export -f probe ptxas_sm90 have_bins has_command build gotimeout gotest dispatch conformance conformance_fallback nccl losses lossdiff field pair mlp1 mlp2 gpt gpt2 gptbf16 gptfused gptfusedbf16 gptpp verify bench
+export -f probe ptxas_sm90 have_bins has_command build gotimeout gotest dispatch conformance conformance_fallback nccl losses lossdiff field pair mlp1 mlp2 gpt gpt2 gptbf16 gptfused gptfusedbf16 gptpp gptrecipe verify bench
 
 # --- each step's figures for the summary: one line, from LOG [ARGS] ---
 
@@ -481,6 +486,7 @@ figures_gpt() { figures_pair "$1" gpt 1e-4; }
 figures_gpt2() { figures_pair "$1" gpt 1e-4; }
 figures_gptbf16() { figures_pair "$1" gpt 1e-2; }
 figures_gptpp() { figures_pair "$1" gpt 1e-4; }
+figures_gptrecipe() { figures_pair "$1" gpt 1e-4; }
 figures_gptfused() { figures_pair "$1" gpt 1e-4; }
 figures_gptfusedbf16() { figures_pair "$1" gpt 1e-2; }
 figures_verify() {
@@ -524,6 +530,7 @@ step gpt-bf16 20 90 gptbf16
 step gpt-fused 20 90 gptfused
 step gpt-fused-bf16 20 90 gptfusedbf16
 step gpt-pp 20 90 gptpp
+step gpt-recipe 20 90 gptrecipe
 secs=0.5
 [ $((deadline - SECONDS)) -lt 240 ] && secs=0.25
 step bench 150 300 "bench $secs"

@@ -25,7 +25,7 @@ import (
 
 // steps are check.sh's steps, in order.
 var steps = []string{"probe", "ptxas", "build", "dispatch", "conformance-float32", "conformance-float64",
-	"conformance-bfloat16", "conformance-fallback", "nccl", "mlp-1", "mlp-2", "verify", "gpt", "gpt-2", "gpt-bf16", "gpt-fused", "gpt-fused-bf16", "gpt-pp", "bench"}
+	"conformance-bfloat16", "conformance-fallback", "nccl", "mlp-1", "mlp-2", "verify", "gpt", "gpt-2", "gpt-bf16", "gpt-fused", "gpt-fused-bf16", "gpt-pp", "gpt-recipe", "bench"}
 
 // run is one dry run of check.sh.
 type run struct {
@@ -259,6 +259,7 @@ func TestCheckDry(t *testing.T) {
 			"gpt-fused":           "largest relative loss difference 0 over 6 losses (tolerance 1e-4)",
 			"gpt-fused-bf16":      "largest relative loss difference 0 over 6 losses (tolerance 1e-2)",
 			"gpt-pp":              "largest relative loss difference 0 over 6 losses (tolerance 1e-4)",
+			"gpt-recipe":          "largest relative loss difference 0 over 6 losses (tolerance 1e-4)",
 		} {
 			if !strings.Contains(r.figures[name], figs) {
 				t.Errorf("%s: figures %q, want %q in them", name, r.figures[name], figs)
@@ -308,7 +309,7 @@ func TestCheckDry(t *testing.T) {
 	// missing; steps listed in MESHRUN_CHECK_SKIP are skipped.
 	t.Run("bench", func(t *testing.T) {
 		t.Parallel()
-		skip := "ptxas dispatch conformance-float32 conformance-float64 conformance-bfloat16 conformance-fallback nccl mlp-1 mlp-2 verify gpt gpt-2 gpt-bf16 gpt-fused gpt-fused-bf16 gpt-pp"
+		skip := "ptxas dispatch conformance-float32 conformance-float64 conformance-bfloat16 conformance-fallback nccl mlp-1 mlp-2 verify gpt gpt-2 gpt-bf16 gpt-fused gpt-fused-bf16 gpt-pp gpt-recipe"
 		r := check(t, []string{"MESHRUN_CHECK_SKIP=" + skip})
 		want := map[string]string{"probe": "ok", "build": "ok", "bench": "ok"}
 		for _, s := range strings.Fields(skip) {

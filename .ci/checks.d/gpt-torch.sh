@@ -2,7 +2,9 @@
 # The GPT of package models against the same model in PyTorch
 # (models/testdata/torch_gpt.py, Debian's python3-torch): same initial
 # parameters (written by meshrun as .npy), same batches, same AdamW; the
-# losses at tp = 1, 2 and 4 within 1e-6 relative for 20 steps. And the
+# losses at tp = 1, 2 and 4 within 1e-6 relative for 20 steps, and with
+# the gradients clipped and the learning rate warmed up and decayed
+# (TestGPTRecipeMatchesPyTorch: clip_grad_norm_'s norms too). And the
 # launcher running an ordinary torch.distributed program (gloo, env://) as
 # torchrun does (launch TestTorchScript), and its ranks explained: a hang's
 # stacks and odd one out, the first exception, launcher stacks on a running
@@ -22,7 +24,7 @@ if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-torch python3-numpy >/dev/null
 fi
-MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run TestGPTMatchesPyTorch ./models/
+MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^(TestGPTMatchesPyTorch|TestGPTRecipeMatchesPyTorch)$' ./models/
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^(TestTorchScript|TestPythonHang|TestPythonException|TestStacksRunningJob)$' ./launch/
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestMoEMatchesPyTorch$' ./spmd/spmdref/
 MESHRUN_PYTHON=/usr/bin/python3 MESHRUN_REQUIRE_TORCH=1 .ci/gotest gpt-torch -count=1 -run '^TestMoEMatchesPyTorch$' ./job/

@@ -50,9 +50,16 @@ type GPTReport struct {
 	HeldOutLoss float64 `json:"heldout_loss"`
 	// HeldOutCurve: with --eval-every, the held-out loss every so many
 	// steps (the last at the final step equals HeldOutLoss).
-	HeldOutCurve     []HeldOutPoint `json:"heldout_curve,omitempty"`
-	UnigramEntropy   float64        `json:"unigram_entropy"`
-	StepMSMedian     float64        `json:"step_ms_median"`
+	HeldOutCurve   []HeldOutPoint `json:"heldout_curve,omitempty"`
+	UnigramEntropy float64        `json:"unigram_entropy"`
+	StepMSMedian   float64        `json:"step_ms_median"`
+	// TokensPerS and TFLOPS are the job's throughput at the median step:
+	// the step's tokens, and the model's FLOPs in Megatron's count
+	// (models.GPTConfig.FlopsPerStep) in TFLOP/s, the whole job's
+	// (TFLOPSPerRank: divided by the ranks).
+	TokensPerS       float64        `json:"tokens_per_s"`
+	TFLOPS           float64        `json:"model_tflops"`
+	TFLOPSPerRank    float64        `json:"model_tflops_per_rank"`
 	CommBytesPerStep int64          `json:"comm_bytes_per_step"`
 	Collectives      map[string]int `json:"collectives_per_step"`
 	Sample           string         `json:"sample"`
@@ -329,13 +336,18 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 		return nil, nil
 	}
 	fmt.Fprintf(env.Stdout, "held-out loss %.4f nats/char; unigram entropy of the text %.4f\n", held, c.entropy())
+	stepMS := median(tl.stepMS)
+	tokS, tflops := float64(t.batchTokens())/stepMS*1e3, t.flopsPerStep()/stepMS/1e9
+	fmt.Fprintf(env.Stdout, "throughput: %.0f tokens/s, %.4g model TFLOP/s (%.4g a rank; Megatron's count) at the median step, %.1f ms\n",
+		tokS, tflops, tflops/float64(w.Size()), stepMS)
 	if pipe != nil {
 		fmt.Fprint(env.Stdout, pipe.Text())
 	}
 	fmt.Fprintf(env.Stdout, "sample:\n%s\n", text)
 	return &GPTReport{Mesh: t.m.String(), Data: c.path, DataBytes: len(c.train) + len(c.valid), Vocab: cfg.Vocab, Layers: cfg.Layers,
 		Heads: cfg.Heads, Dim: cfg.Dim, Context: cfg.Context, Batch: cfg.Batch, DType: cfg.Compute().String(), Optimizer: cfg.Optimizer, SequenceParallel: cfg.SequenceParallel, Steps: t.steps, FirstStep: t.startStep + 1,
-		LossFirst: tl.first, LossLast: tl.last, HeldOutLoss: held, HeldOutCurve: tl.curve, UnigramEntropy: c.entropy(), StepMSMedian: median(tl.stepMS),
+		LossFirst: tl.first, LossLast: tl.last, HeldOutLoss: held, HeldOutCurve: tl.curve, UnigramEntropy: c.entropy(), StepMSMedian: stepMS,
+		TokensPerS: tokS, TFLOPS: tflops, TFLOPSPerRank: tflops / float64(w.Size()),
 		CommBytesPerStep: comms.bytes, Collectives: maps.Clone(comms.counts), Sample: text, SaveFailures: sv.Failed,
 		Experts: cfg.Experts, TopK: experts(cfg, cfg.TopK), AuxCoef: experts(cfg, cfg.AuxCoef), CapacityFactor: experts(cfg, cfg.CapacityFactor),
 		AuxLossLast: tl.aux, BalanceLast: tl.balance, RingBytesPerStep: tl.ringBytes, CPAttention: tl.cpAttention, Pipeline: pipe,
@@ -393,6 +405,20 @@ type trainLosses struct {
 	cpAttention  string         // GPT.CPAttention
 	gradNorm, lr float64        // the last step's (GPT.GradNorm, GPTConfig.LRAt)
 	curve        []HeldOutPoint // --eval-every's
+}
+
+// batchTokens is a step's tokens: the whole batch (a pipeline's cfg.Batch
+// is one micro-batch's).
+func (t *gptTask) batchTokens() int { return t.wholeCfg().Tokens() }
+
+// flopsPerStep is the whole model's FLOPs in a step.
+func (t *gptTask) flopsPerStep() float64 { return t.wholeCfg().FlopsPerStep() }
+
+// wholeCfg is the model's config with the step's whole batch.
+func (t *gptTask) wholeCfg() models.GPTConfig {
+	c := t.cfg
+	c.Part = nil
+	return c
 }
 
 // schedLR is lr with a schedule (--warmup, --lr-decay cosine), else 0 (the

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/meshrun/meshrun/models"
 )
 
 // TestGPT: `worker gpt` trains on the default corpus over 2 ranks, prints a
@@ -34,6 +36,14 @@ func TestGPT(t *testing.T) {
 	}
 	if r.Vocab < 40 || r.LossFirst <= r.LossLast || r.UnigramEntropy < 2 || r.HeldOutLoss <= 0 || len([]rune(r.Sample)) < 20 {
 		t.Errorf("report %+v", r)
+	}
+	// The throughput at the median step: its 4·16 tokens, and the model's
+	// FLOPs in Megatron's count (models.GPTConfig.FlopsPerStep), over the 2
+	// ranks.
+	flops := models.GPTConfig{Vocab: r.Vocab, Dim: 32, Heads: 2, Layers: 2, Context: 16, Batch: 4}.FlopsPerStep()
+	if near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*b }; !(r.StepMSMedian > 0) || !near(r.TokensPerS, 64e3/r.StepMSMedian) ||
+		!near(r.TFLOPS, flops/r.StepMSMedian/1e9) || !near(r.TFLOPSPerRank, r.TFLOPS/2) || !strings.Contains(out, "throughput: ") {
+		t.Errorf("step %v ms: %v tokens/s, %v TFLOP/s (%v a rank); want %v FLOPs a step", r.StepMSMedian, r.TokensPerS, r.TFLOPS, r.TFLOPSPerRank, flops)
 	}
 	// Megatron's 2 all-reduces per block forward (2 blocks), the embedding's,
 	// and the loss's all-gather.

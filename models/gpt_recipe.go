@@ -138,3 +138,21 @@ func (g *GPT) worldSquares(ctx context.Context, rt linear.Runtime, mine float64)
 // GradNorm is the last step's global gradient norm before clipping (with
 // ClipGrad; 0 before the first step or without it).
 func (g *GPT) GradNorm() float64 { return g.gradNorm }
+
+// FlopsPerStep is the model's floating-point operations in one training
+// step (forward and backward, no recomputation), Megatron's count
+// (Narayanan et al., 2021): per token, 3× the forward's 2 per
+// multiply-add: a block's projections 4·Dim² (q, k, v and the output), its
+// MLP 8·Dim² (TopK experts' with experts), attention's scores and their
+// weighted sum 2·Context·Dim, and the head's Vocab·Dim; for dense blocks
+// 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)). Layer norms, the softmax and
+// the elementwise ops are left out, as there.
+func (c GPTConfig) FlopsPerStep() float64 {
+	h, s, l, v := float64(c.Dim), float64(c.Context), float64(c.Layers), float64(c.Vocab)
+	k := 1.0
+	if c.Experts > 0 {
+		k = float64(c.TopK)
+	}
+	perToken := l*(4*h*h+8*h*h*k+2*s*h) + v*h // multiply-adds of the forward
+	return 3 * 2 * perToken * float64(c.Tokens())
+}

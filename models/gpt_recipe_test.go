@@ -102,3 +102,18 @@ func TestGPTRecipeMatchesPyTorch(t *testing.T) {
 // recipeNormTol bounds the relative difference of a step's gradient norm
 // from PyTorch's: 1.6e-7 is measured (float32 sums in another order).
 const recipeNormTol = 1e-6
+
+// TestFlopsPerStep: dense, Megatron's 72·B·s·l·h²·(1 + s/(6h) + V/(12lh));
+// with top-2 experts the MLP's 48·B·s·l·h² (3 × 2 × 8h² a token) twice.
+func TestFlopsPerStep(t *testing.T) {
+	c := models.GPTConfig{Vocab: 50257, Dim: 768, Heads: 12, Layers: 12, Context: 1024, Batch: 8}
+	B, s, l, h, v := 8.0, 1024.0, 12.0, 768.0, 50257.0
+	want := 72 * B * s * l * h * h * (1 + s/(6*h) + v/(12*l*h))
+	if got := c.FlopsPerStep(); math.Abs(got-want) > 1e-9*want {
+		t.Errorf("dense: %g FLOPs, Megatron's count %g", got, want)
+	}
+	c.Experts, c.TopK = 8, 2
+	if got := c.FlopsPerStep(); math.Abs(got-(want+48*B*s*l*h*h)) > 1e-9*want {
+		t.Errorf("top-2 experts: %g FLOPs, want %g", got, want+48*B*s*l*h*h)
+	}
+}

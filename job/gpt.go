@@ -337,7 +337,7 @@ func (t *gptTask) rank(ctx context.Context, env Env, w *collective.World) (*GPTR
 	}
 	fmt.Fprintf(env.Stdout, "held-out loss %.4f nats/char; unigram entropy of the text %.4f\n", held, c.entropy())
 	stepMS := median(tl.stepMS)
-	tokS, tflops := float64(t.batchTokens())/stepMS*1e3, t.flopsPerStep()/stepMS/1e9
+	tokS, tflops := float64(cfg.Tokens())/stepMS*1e3, cfg.FlopsPerStep()/stepMS/1e9 // the whole model's (a stage's part has its own)
 	fmt.Fprintf(env.Stdout, "throughput: %.0f tokens/s, %.4g model TFLOP/s (%.4g a rank; Megatron's count) at the median step, %.1f ms\n",
 		tokS, tflops, tflops/float64(w.Size()), stepMS)
 	if pipe != nil {
@@ -405,20 +405,6 @@ type trainLosses struct {
 	cpAttention  string         // GPT.CPAttention
 	gradNorm, lr float64        // the last step's (GPT.GradNorm, GPTConfig.LRAt)
 	curve        []HeldOutPoint // --eval-every's
-}
-
-// batchTokens is a step's tokens: the whole batch (a pipeline's cfg.Batch
-// is one micro-batch's).
-func (t *gptTask) batchTokens() int { return t.wholeCfg().Tokens() }
-
-// flopsPerStep is the whole model's FLOPs in a step.
-func (t *gptTask) flopsPerStep() float64 { return t.wholeCfg().FlopsPerStep() }
-
-// wholeCfg is the model's config with the step's whole batch.
-func (t *gptTask) wholeCfg() models.GPTConfig {
-	c := t.cfg
-	c.Part = nil
-	return c
 }
 
 // schedLR is lr with a schedule (--warmup, --lr-decay cosine), else 0 (the

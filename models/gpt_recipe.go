@@ -36,7 +36,9 @@ func (c GPTConfig) Scheduled() bool { return c.Warmup > 0 || c.Decay == "cosine"
 // LRAt is the learning rate of optimizer step n (the first is 1): LR·n/Warmup
 // over the warmup, then LR, or under a cosine decay MinLR + (LR −
 // MinLR)·(1 + cos(π·(n − Warmup)/(DecaySteps − Warmup)))/2 until
-// DecaySteps, MinLR after (Megatron's schedule).
+// DecaySteps, MinLR after: Megatron's warmup and cosine, counted from
+// step 1 (the first step's rate is not 0; the last's, at DecaySteps, is
+// MinLR).
 func (c GPTConfig) LRAt(n int) float64 {
 	if n <= c.Warmup {
 		return c.LR * float64(n) / float64(c.Warmup)

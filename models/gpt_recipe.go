@@ -74,8 +74,11 @@ func copies(s placement.Spec) (int, error) {
 // model's reduced gradients (Gradients): each parameter's local sum over
 // the ranks that hold the same values, so that the sum over every rank of
 // the model (and over the pipeline's stages) is the whole model's. One
-// float32 comes back to the host.
+// float32 comes back to the host. 0 without ClipGrad: nothing needs it.
 func (g *GPT) GradSquares(rt linear.Runtime) (float64, error) {
+	if g.Cfg.ClipGrad <= 0 {
+		return 0, nil
+	}
 	sq, err := g.get(rt, "clip.squares", 1)
 	if err != nil {
 		return 0, err
@@ -110,11 +113,8 @@ func (g *GPT) GradSquares(rt linear.Runtime) (float64, error) {
 
 // clipScale is the factor the gradients are scaled by at the global sum
 // of their squares sq (torch's clip_grad_norm_: max_norm / (norm + 1e-6),
-// when under 1).
+// when under 1), with ClipGrad.
 func (c GPTConfig) clipScale(sq float64) float64 {
-	if c.ClipGrad <= 0 {
-		return 1
-	}
 	return min(1, c.ClipGrad/(math.Sqrt(sq)+1e-6))
 }
 

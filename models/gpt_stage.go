@@ -503,9 +503,6 @@ func (s *GPTStage) Reduce(ctx context.Context) (float64, error) {
 	if err := s.g.Gradients(ctx, *s.rt); err != nil {
 		return 0, err
 	}
-	if s.g.Cfg.ClipGrad <= 0 {
-		return 0, nil
-	}
 	return s.g.GradSquares(*s.rt)
 }
 

@@ -12,7 +12,9 @@
 #      (Debian builds Slurm with multiple-slurmd support), each claiming what
 #      the script's #SBATCH lines ask for, 8 CPUs and 16 GiB, whatever this
 #      machine has (SlurmdParameters=config_overrides; nothing enforces them),
-#      and waits until sinfo shows both idle;
+#      and waits until sinfo shows both idle (three tries, each on other
+#      ports below the ephemeral range, when slurmctld exits or the nodes do
+#      not come up; every Slurm client call is bounded by timeout);
 #   3. submits the batch script as an unprivileged user (nobody, or
 #      MESHRUN_TEST_USER), exactly as a user would:
 #        mlp      sbatch meshrun-cpu.sbatch mlp --mesh dp=2,tp=8 --tokens 64 --hidden 32 --steps 5
@@ -113,11 +115,11 @@ teardown() {
   cd / || true
   if [ -n "${ctld_started:-}" ]; then
     local jobs
-    jobs=$(squeue -h -o %i 2>/dev/null)
+    jobs=$(timeout 10 squeue -h -o %i 2>/dev/null)
     if [ -n "$jobs" ]; then
-      scancel --full $jobs 2>/dev/null
+      timeout 10 scancel --full $jobs 2>/dev/null
       for _ in $(seq 100); do
-        [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break
+        [ -z "$(timeout 5 squeue -h -o %i 2>/dev/null)" ] && break
         sleep 0.1
       done
     fi
@@ -182,18 +184,20 @@ fi
 chmod 755 "$tmp"/bin/*
 
 # --- 2. munged, slurmctld, two slurmd ---
+# Ports below the kernel's ephemeral range, which the tests running beside
+# this one take with port 0 (a port taken between the probe and the bind
+# stops slurmctld: the start is then tried again on other ports).
+eph_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[ "${eph_low:-0}" -gt 11000 ] 2>/dev/null || eph_low=32768
+taken=()
 free_port() {
-  local p
+  local p t
   while :; do
-    p=$((20000 + RANDOM % 40000))
+    p=$((10000 + RANDOM % (eph_low - 10000)))
+    for t in "${taken[@]}"; do [ "$p" = "$t" ] && continue 2; done
     (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
   done
 }
-ctld_port=$(free_port)
-node_port0=$(free_port)
-node_port1=$(free_port)
-while [ "$node_port0" = "$ctld_port" ]; do node_port0=$(free_port); done
-while [ "$node_port1" = "$ctld_port" ] || [ "$node_port1" = "$node_port0" ]; do node_port1=$(free_port); done
 host=$(hostname)
 
 dd if=/dev/urandom of="$tmp/munge/munge.key" bs=1024 count=1 2>/dev/null
@@ -205,7 +209,11 @@ munge -S "$tmp/munge/munge.sock" -n | unmunge -S "$tmp/munge/munge.sock" >/dev/n
   skip "munged started but does not answer on $tmp/munge/munge.sock"
 
 export SLURM_CONF="$tmp/slurm.conf"
-cat >"$SLURM_CONF" <<CONF
+write_conf() {
+  ctld_port=$(free_port) && taken+=("$ctld_port")
+  node_port0=$(free_port) && taken+=("$node_port0")
+  node_port1=$(free_port) && taken+=("$node_port1")
+  cat >"$SLURM_CONF" <<CONF
 # A one-machine cluster for deploy/slurm/test-local.sh: two slurmd on this host.
 ClusterName=meshrun-test
 SlurmctldHost=$host(127.0.0.1)
@@ -236,40 +244,85 @@ SwitchType=switch/none
 PlugStackConfig=/dev/null
 MinJobAge=600
 SlurmdTimeout=30
+MessageTimeout=5
 NodeName=node0 NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port0 CPUs=8 RealMemory=16384 State=UNKNOWN
 NodeName=node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$node_port1 CPUs=8 RealMemory=16384 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=30 State=UP
 CONF
-chmod 644 "$SLURM_CONF"
+  chmod 644 "$SLURM_CONF"
+}
+# Slurm's clients wait MessageTimeout and more for a controller that is not
+# there (sinfo: 9 s); every call here has its own bound, so a wedged cluster
+# costs seconds, and a TERM (go test's deadline) is answered within them.
+slurm_q() { timeout 10 "$@"; }
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+logs_tail() { # the daemons' last lines, for a start that failed
+  local f
+  for f in "$tmp"/log/slurm*.log "$tmp"/log/slurm*.err; do
+    [ -s "$f" ] && { say "$f (last lines):"; tail -n 6 "$f" >&2; }
+  done
+}
+stop_daemons() { # a failed start's daemons, before the next try
+  local f p
+  for f in "$tmp"/run/slurmd-node*.pid "$tmp"/run/slurmctld.pid; do
+    [ -s "$f" ] || continue
+    p=$(cat "$f")
+    kill "$p" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null
+    rm -f "$f"
+  done
+  rm -rf "$tmp"/spool/ctld/* "$tmp"/spool/node0/* "$tmp"/spool/node1/*
+}
+# start_cluster: slurmctld, once it answers the two slurmd, then both nodes
+# idle; 0 when they are, 1 (with the reason said) when not.
+start_cluster() {
+  local end
+  slurm_q slurmctld -f "$SLURM_CONF" -i 2>>"$tmp/log/slurmctld.err" || {
+    say "slurmctld did not start: $(tail -q -n 3 "$tmp/log/slurmctld.err" "$tmp/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+    return 1
+  }
+  ctld_started=1
+  # slurmctld forks before it listens: a slurmd that registers too early is
+  # lost until the controller's next ping of the node (SlurmdTimeout/3).
+  end=$((SECONDS + 30))
+  until slurm_q scontrol ping 2>/dev/null | grep -q 'is UP'; do
+    if ! alive "$tmp/run/slurmctld.pid" && [ "$SECONDS" -gt $((end - 27)) ]; then
+      say "slurmctld exited before it answered (port $ctld_port)"
+      return 1
+    fi
+    [ "$SECONDS" -lt "$end" ] || { say "slurmctld did not answer scontrol ping in 30 s"; return 1; }
+    sleep 0.25
+  done
+  for n in node0 node1; do
+    slurm_q slurmd -f "$SLURM_CONF" -N "$n" 2>>"$tmp/log/slurmd-$n.err" ||
+      skip "slurmd -N $n did not start (Slurm built without multiple-slurmd?): $(tail -q -n 3 "$tmp/log/slurmd-$n.err" "$tmp/log/slurmd-$n.log" 2>/dev/null | tr '\n' ' ')"
+  done
+  end=$((SECONDS + 90))
+  until [ "$(slurm_q sinfo -h -N -o '%N %t' 2>/dev/null | sort | tr '\n' ' ')" = "node0 idle node1 idle " ]; do
+    if [ "$SECONDS" -ge "$end" ]; then
+      say "the Slurm nodes did not become idle in 90 s: $(slurm_q sinfo -h -N -o '%N %t %E' 2>&1 | tr '\n' ' ')"
+      return 1
+    fi
+    alive "$tmp/run/slurmctld.pid" || { say "slurmctld exited while the nodes registered"; return 1; }
+    sleep 0.25
+  done
+}
 
 say "starting slurmctld and slurmd node0, node1 ($tmp)"
-slurmctld -f "$SLURM_CONF" -i 2>>"$tmp/log/slurmctld.err" ||
-  skip "slurmctld did not start: $(tail -q -n 3 "$tmp/log/slurmctld.err" "$tmp/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
-ctld_started=1
-# slurmctld forks before it listens: a slurmd that registers too early is
-# lost until the controller's next ping of the node (SlurmdTimeout/3).
-for _ in $(seq 120); do
-  scontrol ping 2>/dev/null | grep -q 'is UP' && break
-  sleep 0.25
-done
-for n in node0 node1; do
-  slurmd -f "$SLURM_CONF" -N "$n" 2>>"$tmp/log/slurmd-$n.err" ||
-    skip "slurmd -N $n did not start (Slurm built without multiple-slurmd?): $(tail -q -n 3 "$tmp/log/slurmd-$n.err" "$tmp/log/slurmd-$n.log" 2>/dev/null | tr '\n' ' ')"
-done
 up=
-for _ in $(seq 360); do
-  if [ "$(sinfo -h -N -o '%N %t' 2>/dev/null | sort | tr '\n' ' ')" = "node0 idle node1 idle " ]; then
+for attempt in 1 2 3; do
+  write_conf
+  if start_cluster; then
     up=1
     break
   fi
-  sleep 0.25
+  logs_tail
+  say "start $attempt of 3 failed; stopping its daemons"
+  stop_daemons
 done
-if [ -z "$up" ]; then
-  say "sinfo: $(sinfo -N 2>&1 | tr '\n' ' ')"
-  for f in "$tmp"/log/slurm*.log; do say "$f:"; tail -n 5 "$f" >&2; done
-  skip "the Slurm nodes did not become idle in 90 s: $(sinfo -h -N -o '%N %t %E' 2>&1 | tr '\n' ' ')"
-fi
-say "cluster up: $(sinfo -h -N -o '%N %t %c CPUs' | tr '\n' ';')"
+[ -n "$up" ] || skip "the Slurm cluster did not start in 3 tries (the daemons' last lines are above)"
+say "cluster up: $(slurm_q sinfo -h -N -o '%N %t %c CPUs' | tr '\n' ';')"
 
 # --- 3. the jobs, submitted as a user would ---
 cp "$sbatch_file" "$tmp/submit/meshrun-cpu.sbatch"
@@ -320,7 +373,7 @@ declare -A state exitcode
 while :; do
   pending=0
   for name in "${!job_ids[@]}"; do
-    line=$(scontrol show job -o "${job_ids[$name]}" 2>/dev/null)
+    line=$(slurm_q scontrol show job -o "${job_ids[$name]}" 2>/dev/null)
     s=$(sed -n 's/.* JobState=\([A-Z_]*\) .*/\1/p' <<<"$line")
     state[$name]=$s
     exitcode[$name]=$(sed -n 's/.* ExitCode=\([0-9:]*\) .*/\1/p' <<<"$line")
@@ -331,7 +384,7 @@ while :; do
   done
   [ "$pending" = 0 ] && break
   if [ "$SECONDS" -ge "$deadline" ]; then
-    say "jobs still running after ${MESHRUN_TEST_JOB_TIMEOUT:-300} s: $(squeue 2>&1 | tr '\n' ';')"
+    say "jobs still running after ${MESHRUN_TEST_JOB_TIMEOUT:-300} s: $(slurm_q squeue 2>&1 | tr '\n' ';')"
     break
   fi
   sleep 0.5

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// ckptFlags are mlp's checkpoint flags.
+// ckptFlags are the training tasks' checkpoint flags (mlp's and gpt's).
 type ckptFlags struct {
 	save         string
 	every, keep  int
@@ -42,7 +42,7 @@ func (c *ckptFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.sync, "save-sync", true, "with --save: fsync the files and folders (false: a checkpoint survives any process dying, not the machine losing power)")
 	fs.StringVar(&c.saveErrors, "save-errors", saveErrorsStop, "with --save: what a save that fails (a full disk, EIO) does, `POLICY` stop (end the run) or continue (warn and train on; the next save tries again)")
 	fs.StringVar(&c.resume, "resume", "", "resume from `PATH`: a folder of checkpoints (its newest), one (DIR/step-N), or a safetensors file")
-	fs.StringVar(&c.init, "init", "", "start from the weights in `FILE`, a safetensors file (up.weight, up.bias, down.weight, down.bias)")
+	fs.StringVar(&c.init, "init", "", "start from the weights in `FILE`, a safetensors file of the parameters under PyTorch's names (mlp: up.weight, up.bias, down.weight, down.bias; gpt: GPT-2's, wte.weight, h.0.attn.c_attn.weight, …)")
 }
 
 // open checks --resume or --init against the model before any rank starts and

@@ -22,11 +22,21 @@ func broadcastRows[T float](c []T, ldc int, b []T, m, n int, beta T) {
 	}
 }
 
+// colSum32, where the machine has one, is columnSum's float32 sum in
+// vector registers (same additions in the same order: the same result).
+var colSum32 func(acc, a []float32, m, n, ld int)
+
 // columnSum computes db[j] (+)= Σ_i a[i*ld+j] over m rows, rows in order.
 func columnSum[T float](db, a []T, m, n, ld int, accumulate bool) {
 	db = db[:n]
 	if !accumulate {
 		clear(db)
+	}
+	if colSum32 != nil {
+		if d, ok := any(db).([]float32); ok {
+			colSum32(d, any(a).([]float32), m, n, ld)
+			return
+		}
 	}
 	for i := 0; i < m; i++ {
 		row := a[i*ld:][:n]

@@ -22,6 +22,10 @@ func broadcastRows[T float](c []T, ldc int, b []T, m, n int, beta T) {
 	}
 }
 
+// addScaled32, where the machine has one, is axpy's float32 loop in vector
+// registers (the product rounded, then the sum: the same result).
+var addScaled32 func(alpha float32, x, y []float32)
+
 // colSum32, where the machine has one, is columnSum's float32 sum in
 // vector registers (same additions in the same order: the same result).
 var colSum32 func(acc, a []float32, m, n, ld int)
@@ -109,6 +113,12 @@ func axpy[T float](alpha T, x, y []T, threads int) {
 	x = x[:len(y)]
 	inPieces(len(y), threads, func(_, lo, hi int) {
 		yv, xv := y[lo:hi], x[lo:hi:hi]
+		if addScaled32 != nil {
+			if y32, ok := any(yv).([]float32); ok {
+				addScaled32(any(alpha).(float32), any(xv).([]float32), y32)
+				return
+			}
+		}
 		for i := range yv {
 			yv[i] += alpha * xv[i]
 		}

@@ -169,6 +169,15 @@ func (p *Provider) matmul64() matmul[float64] {
 	}
 }
 
+// expShift32 and expShift64, where the machine has them, compute
+// exp(float64(src[i]) − shift) for every i, rounded to float32 into dst (which
+// may be src) or kept in float64, in vector registers: math.Exp's results
+// bit for bit.
+var (
+	expShift32 func(dst, src []float32, shift float64)
+	expShift64 func(dst []float64, src []float32, shift float64)
+)
+
 // scores computes pair bh's probabilities into pr[s×t] (zeros where the
 // mask hides a key): from the scaled products q·kᵀ, and their log-sum-exp
 // into lse (ext holds a row's exponentials), or from lse when it is given
@@ -181,8 +190,12 @@ func scores[T float](a attnShape, mm matmul[T], pr []T, ext []float64, q, k, lse
 		row, nk := pr[i*a.t:(i+1)*a.t], a.keys(i)
 		if known {
 			m := float64(lse[bh*a.s+i])
-			for j := range row[:nk] {
-				row[j] = T(math.Exp(float64(row[j]) - m))
+			if r32, ok := any(row[:nk]).([]float32); ok && expShift32 != nil {
+				expShift32(r32, r32, m)
+			} else {
+				for j := range row[:nk] {
+					row[j] = T(math.Exp(float64(row[j]) - m))
+				}
 			}
 		} else {
 			// One exponential per score: exp(x − top), summed, then
@@ -193,9 +206,16 @@ func scores[T float](a attnShape, mm matmul[T], pr []T, ext []float64, q, k, lse
 			}
 			ex := ext[:nk]
 			var z float64
-			for j, x := range row[:nk] {
-				ex[j] = math.Exp(float64(x) - top)
-				z += ex[j]
+			if r32, ok := any(row[:nk]).([]float32); ok && expShift64 != nil {
+				expShift64(ex, r32, top)
+				for _, e := range ex {
+					z += e
+				}
+			} else {
+				for j, x := range row[:nk] {
+					ex[j] = math.Exp(float64(x) - top)
+					z += ex[j]
+				}
 			}
 			lse[bh*a.s+i] = T(top + math.Log(z))
 			inv := 1 / z
@@ -389,6 +409,10 @@ func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset in
 }
 
 func crossEntropy[T float](stats, logits, targets []T, offset, v, lo, hi int) {
+	var ex []float64
+	if expShift64 != nil {
+		ex = make([]float64, v)
+	}
 	for i := lo; i < hi; i++ {
 		l := logits[i*v : (i+1)*v]
 		top := math.Inf(-1)
@@ -396,8 +420,15 @@ func crossEntropy[T float](stats, logits, targets []T, offset, v, lo, hi int) {
 			top = max(top, float64(x))
 		}
 		var z float64
-		for _, x := range l {
-			z += math.Exp(float64(x) - top)
+		if l32, ok := any(l).([]float32); ok && ex != nil {
+			expShift64(ex, l32, top)
+			for _, e := range ex {
+				z += e
+			}
+		} else {
+			for _, x := range l {
+				z += math.Exp(float64(x) - top)
+			}
 		}
 		var picked T
 		if r, ok := row(targets[i], offset, v); ok {
@@ -434,11 +465,22 @@ func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Te
 }
 
 func crossEntropyBackward[T float](dl, logits, targets, lse []T, offset, v, lo, hi int, scale float64) {
+	var ex []float64
+	if expShift64 != nil {
+		ex = make([]float64, v)
+	}
 	for i := lo; i < hi; i++ {
 		l, d := logits[i*v:(i+1)*v], dl[i*v:(i+1)*v]
 		m := float64(lse[i])
-		for j, x := range l {
-			d[j] = T(scale * math.Exp(float64(x)-m))
+		if l32, ok := any(l).([]float32); ok && ex != nil {
+			expShift64(ex, l32, m)
+			for j, e := range ex {
+				d[j] = T(scale * e)
+			}
+		} else {
+			for j, x := range l {
+				d[j] = T(scale * math.Exp(float64(x)-m))
+			}
 		}
 		if r, ok := row(targets[i], offset, v); ok {
 			d[r] -= T(scale)

@@ -127,3 +127,132 @@ func TestAdamWAxpyExact(t *testing.T) {
 		}
 	}
 }
+
+// TestExpShiftExact: the attention's vector exponentials give math.Exp's
+// results bit for bit, rounded to float32 or not, over lengths around their
+// blocks of 8, on scores of every size (down to underflow and past
+// overflow, infinities and NaN, which leave the vector loop for math.Exp).
+func TestExpShiftExact(t *testing.T) {
+	if expShift32 == nil {
+		t.Skip("no vector exponentials on this machine (the scalar loops are math.Exp)")
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	special := []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 800, -800, -745, -740, 709, 710, 0, float32(math.Copysign(0, -1)), 1e-30}
+	for _, n := range []int{1, 7, 8, 9, 16, 33, 64, 1000} {
+		for _, shift := range []float64{0, 3.25, -2, 1e3} {
+			for _, withSpecial := range []bool{false, true} {
+				src := make([]float32, n)
+				for i := range src {
+					src[i] = float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(4)-1)))
+					if withSpecial && rng.IntN(5) == 0 {
+						src[i] = special[rng.IntN(len(special))]
+					}
+				}
+				d32, d64 := make([]float32, n), make([]float64, n)
+				expShift32(d32, src, shift)
+				expShift64(d64, src, shift)
+				for i, x := range src {
+					w := math.Exp(float64(x) - shift)
+					if math.Float64bits(d64[i]) != math.Float64bits(w) && !(math.IsNaN(w) && math.IsNaN(d64[i])) {
+						t.Fatalf("n=%d shift=%v: exp(%v − shift) = %v, math.Exp %v", n, shift, x, d64[i], w)
+					}
+					if math.Float32bits(d32[i]) != math.Float32bits(float32(w)) && !(math.IsNaN(w) && math.IsNaN(float64(d32[i]))) {
+						t.Fatalf("n=%d shift=%v: float32 exp(%v − shift) = %v, math.Exp %v", n, shift, x, d32[i], float32(w))
+					}
+				}
+				inPlace := append([]float32(nil), src...)
+				expShift32(inPlace, inPlace, shift)
+				for i := range inPlace {
+					if math.Float32bits(inPlace[i]) != math.Float32bits(d32[i]) {
+						t.Fatalf("in place: [%d] = %v, want %v", i, inPlace[i], d32[i])
+					}
+				}
+			}
+		}
+	}
+	// Many random arguments over the whole plain range.
+	src := make([]float32, 1<<16)
+	for i := range src {
+		src[i] = float32((rng.Float64()*2 - 1) * 700)
+	}
+	d := make([]float64, len(src))
+	expShift64(d, src, 0.5)
+	for i, x := range src {
+		if w := math.Exp(float64(x) - 0.5); math.Float64bits(d[i]) != math.Float64bits(w) {
+			t.Fatalf("exp(%v − 0.5) = %v, math.Exp %v", x, d[i], w)
+		}
+	}
+}
+
+// TestVectorPathsExact: the ops built on the vector loops (attention
+// forward and backward, cross-entropy and its backward, AdamW, Axpy,
+// BiasGrad) give, with them, what they give with the scalar loops, bit for
+// bit: the loops are swapped out, the ops run again, the outputs compared.
+func TestVectorPathsExact(t *testing.T) {
+	if expShift32 == nil && adamw32 == nil && colSum32 == nil {
+		t.Skip("no vector loops on this machine")
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	rnd := func(shape ...int) *tensor.Tensor {
+		x := tensor.New(tensor.Float32, shape...)
+		for i := range x.Float32() {
+			x.Float32()[i] = float32(rng.NormFloat64())
+		}
+		return x
+	}
+	const b, s, h, e, v = 2, 37, 3, 16, 23
+	qkv, do := rnd(b, s, h, 3, e), rnd(b, s, h, e)
+	logits, targets := rnd(b*s, v), tensor.New(tensor.Float32, b*s)
+	for i := range targets.Float32() {
+		targets.Float32()[i] = float32(rng.IntN(v))
+	}
+	param, grad, m, vel := rnd(1000), rnd(1000), rnd(1000), rnd(1000)
+	for i, x := range vel.Float32() {
+		vel.Float32()[i] = x * x
+	}
+	dy, clse := rnd(b*s, 45), rnd(b*s)
+	run := func() []*tensor.Tensor {
+		p, err := New(Options{Threads: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, lse, dqkv := tensor.New(tensor.Float32, b, s, h, e), tensor.New(tensor.Float32, b, h, s), tensor.New(tensor.Float32, b, s, h, 3, e)
+		stats, dl := tensor.New(tensor.Float32, b*s, 3), tensor.New(tensor.Float32, b*s, v)
+		clone := func(x *tensor.Tensor) *tensor.Tensor {
+			c, err := x.Clone()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		pp, mm, vv, y, db := clone(param), clone(m), clone(vel), clone(dy), tensor.New(tensor.Float32, 45)
+		for _, err := range []error{
+			p.Attention(o, lse, qkv, nil, nil, true),
+			p.AttentionBackward(dqkv, nil, nil, do, qkv, nil, nil, o, lse, true),
+			p.CrossEntropy(stats, logits, targets, 0),
+			p.CrossEntropyBackward(dl, logits, targets, clse, 0, 0.01),
+			p.AdamW(kernels.AdamWParams{LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Step: 2}, pp, grad, mm, vv),
+			p.Axpy(0.3, dy, y),
+			p.BiasGrad(db, dy, false),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return []*tensor.Tensor{o, lse, dqkv, stats, dl, pp, mm, vv, y, db}
+	}
+	vector := run()
+	e32, e64, a32, s32, c32 := expShift32, expShift64, adamw32, addScaled32, colSum32
+	expShift32, expShift64, adamw32, addScaled32, colSum32 = nil, nil, nil, nil, nil
+	scalar := run()
+	expShift32, expShift64, adamw32, addScaled32, colSum32 = e32, e64, a32, s32, c32
+	names := []string{"attention o", "attention lse", "attention dqkv", "cross-entropy stats", "cross-entropy dlogits", "AdamW param", "AdamW m", "AdamW v", "Axpy y", "BiasGrad db"}
+	for k, name := range names {
+		for i, x := range vector[k].Float32() {
+			if w := scalar[k].Float32()[i]; math.Float32bits(x) != math.Float32bits(w) {
+				t.Errorf("%s[%d] = %v with the vector loops, %v with the scalar ones", name, i, x, w)
+				break
+			}
+		}
+	}
+}

@@ -66,7 +66,15 @@ func orNil[T any](t *tensor.Tensor, data func(*tensor.Tensor) []T) []T {
 	return data(t)
 }
 
+// lnForward32, where the machine has it, is layerNorm's float32 loop with
+// vector registers: the same operations in the same order, the same result.
+var lnForward32 func(y, stats, x, gamma, beta []float32, d, lo, hi int, eps float64)
+
 func layerNorm[T float](y, stats, x, gamma, beta []T, d, lo, hi int, eps float64) {
+	if y32, ok := any(y).([]float32); ok && lnForward32 != nil && d >= 16 {
+		lnForward32(y32, any(stats).([]float32), any(x).([]float32), any(gamma).([]float32), any(beta).([]float32), d, lo, hi, eps)
+		return
+	}
 	for r := lo; r < hi; r++ {
 		xr, yr := x[r*d:(r+1)*d], y[r*d:(r+1)*d]
 		var s0, s1, s2, s3 float64
@@ -143,8 +151,20 @@ func layerNormBackward[T float](p *Provider, dx, dgamma, dbeta, dy, x, gamma, st
 	})
 }
 
+// lnDx32 and lnColumns32, where the machine has them, are lnDx's and
+// lnColumns' float32 loops with vector registers: the same operations in the
+// same order, the same results.
+var (
+	lnDx32      func(dx, dy, x, gamma, stats []float32, d, lo, hi int)
+	lnColumns32 func(g, b []float64, dy, x []float32, m, s float32)
+)
+
 // lnDx is rows lo..hi of the input gradient.
 func lnDx[T float](dx, dy, x, gamma, stats []T, d, lo, hi int) {
+	if dx32, ok := any(dx).([]float32); ok && lnDx32 != nil && d >= 16 {
+		lnDx32(dx32, any(dy).([]float32), any(x).([]float32), any(gamma).([]float32), any(stats).([]float32), d, lo, hi)
+		return
+	}
 	g := gamma[:d]
 	for r := lo; r < hi; r++ {
 		m, s := stats[2*r], stats[2*r+1]
@@ -174,6 +194,10 @@ func lnDx[T float](dx, dy, x, gamma, stats []T, d, lo, hi int) {
 // lnColumns adds one row's part of the gamma and beta gradients of a block
 // of columns into g and b.
 func lnColumns[T float](g, b []float64, dy, x []T, m, s T) {
+	if dy32, ok := any(dy).([]float32); ok && lnColumns32 != nil {
+		lnColumns32(g, b, dy32, any(x).([]float32), any(m).(float32), any(s).(float32))
+		return
+	}
 	g, b = g[:len(dy)], b[:len(dy)]
 	for i, v := range dy {
 		g[i] += float64(v) * float64((x[i]-m)*s)

@@ -256,3 +256,81 @@ func TestVectorPathsExact(t *testing.T) {
 		}
 	}
 }
+
+// TestLayerNormVectorExact: layer norm's float32 vector loops give the
+// scalar loops' output and statistics, and in the backward the input,
+// gamma and beta gradients (added to what is there, or not), bit for bit,
+// with and without beta, for widths around their blocks and row counts
+// around their groups of four.
+func TestLayerNormVectorExact(t *testing.T) {
+	if lnForward32 == nil || lnDx32 == nil || lnColumns32 == nil {
+		t.Skip("no vector layer norm on this machine")
+	}
+	rng := rand.New(rand.NewPCG(9, 10))
+	rnd := func(n int, scale, offset float64) *tensor.Tensor {
+		x := tensor.New(tensor.Float32, n)
+		for i := range x.Float32() {
+			x.Float32()[i] = float32(offset + scale*rng.NormFloat64())
+		}
+		return x
+	}
+	p, err := New(Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []int{16, 17, 19, 31, 64, 100, 128, 130} {
+		for _, rows := range []int{1, 3, 4, 5, 9} {
+			for _, withBeta := range []bool{false, true} {
+				x, gamma := rnd(rows*d, 3, 1.5), rnd(d, 1, 1)
+				var beta *tensor.Tensor
+				if withBeta {
+					beta = rnd(d, 0.5, 0)
+				}
+				x2, err := x.Reshape(rows, d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				run := func() (*tensor.Tensor, *tensor.Tensor) {
+					y, stats := tensor.New(tensor.Float32, rows, d), tensor.New(tensor.Float32, rows, 2)
+					if err := p.LayerNorm(y, stats, x2, gamma, beta, 1e-5); err != nil {
+						t.Fatal(err)
+					}
+					return y, stats
+				}
+				dy := rnd(rows*d, 1, 0)
+				dy2, err := dy.Reshape(rows, d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				start := rnd(d, 1, 0)
+				backward := func(stats *tensor.Tensor) (dx, dgamma, dbeta *tensor.Tensor) {
+					dx, dgamma, dbeta = tensor.New(tensor.Float32, rows, d), tensor.New(tensor.Float32, d), tensor.New(tensor.Float32, d)
+					copy(dgamma.Float32(), start.Float32())
+					copy(dbeta.Float32(), start.Float32())
+					if err := p.LayerNormBackward(dx, dgamma, dbeta, dy2, x2, gamma, stats, withBeta); err != nil {
+						t.Fatal(err)
+					}
+					return dx, dgamma, dbeta
+				}
+				vy, vs := run()
+				vdx, vdg, vdb := backward(vs)
+				keep, keepDx, keepCols := lnForward32, lnDx32, lnColumns32
+				lnForward32, lnDx32, lnColumns32 = nil, nil, nil
+				sy, ss := run()
+				sdx, sdg, sdb := backward(ss)
+				lnForward32, lnDx32, lnColumns32 = keep, keepDx, keepCols
+				for _, c := range []struct {
+					name   string
+					vec, s []float32
+				}{{"y", vy.Float32(), sy.Float32()}, {"stats", vs.Float32(), ss.Float32()},
+					{"dx", vdx.Float32(), sdx.Float32()}, {"dgamma", vdg.Float32(), sdg.Float32()}, {"dbeta", vdb.Float32(), sdb.Float32()}} {
+					for i := range c.s {
+						if math.Float32bits(c.vec[i]) != math.Float32bits(c.s[i]) {
+							t.Fatalf("d=%d rows=%d beta=%v: %s[%d] = %v with the vector loops, %v with the scalar ones", d, rows, withBeta, c.name, i, c.vec[i], c.s[i])
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -4,20 +4,18 @@ package cpu
 
 import (
 	"math"
+	"unsafe"
 
 	"golang.org/x/sys/cpu"
 )
 
-// expShiftF32 and expShiftF64 compute exp(float64(src[i]) − shift) for i <
-// n, rounded to float32 or kept, as math.Exp does, and return how many they
-// did: n, or where the first block of 8 they left begins (exp's special
-// cases: the caller computes it with math.Exp).
+// expShift computes exp(float64(src[i]) − shift) for i < n as math.Exp
+// does, into dst: float64 where wide, else rounded to float32 (dst may then
+// be src). It returns how many it did: n, or where the first block of 8 it
+// left begins (exp's special cases: the caller computes it with math.Exp).
 //
 //go:noescape
-func expShiftF32(dst, src *float32, n int, shift float64) int
-
-//go:noescape
-func expShiftF64(dst *float64, src *float32, n int, shift float64) int
+func expShift(dst unsafe.Pointer, src *float32, n int, shift float64, wide bool) int
 
 func init() {
 	// math.Exp fuses its steps where the machine has FMA, which every
@@ -29,7 +27,7 @@ func init() {
 		n := len(src)
 		dst = dst[:n]
 		for i := 0; i < n; {
-			i += expShiftF32(&dst[i], &src[i], n-i, shift)
+			i += expShift(unsafe.Pointer(&dst[i]), &src[i], n-i, shift, false)
 			for end := min(i+8, n); i < end; i++ {
 				dst[i] = float32(math.Exp(float64(src[i]) - shift))
 			}
@@ -39,7 +37,7 @@ func init() {
 		n := len(src)
 		dst = dst[:n]
 		for i := 0; i < n; {
-			i += expShiftF64(&dst[i], &src[i], n-i, shift)
+			i += expShift(unsafe.Pointer(&dst[i]), &src[i], n-i, shift, true)
 			for end := min(i+8, n); i < end; i++ {
 				dst[i] = math.Exp(float64(src[i]) - shift)
 			}

@@ -95,24 +95,26 @@ GLOBL expk<>(SB), RODATA|NOPTR, $144
 	KORB K4, K3, K3 \
 	KORB K5, K3, K3
 
-// func expShiftF32(dst, src *float32, n int, shift float64) int
-// dst[i] = float32(exp(float64(src[i]) − shift)) for i < n (dst may be src);
-// returns how many it did: n, or where the first block it left begins.
-TEXT ·expShiftF32(SB), NOSPLIT, $0-40
+// func expShift(dst unsafe.Pointer, src *float32, n int, shift float64, wide bool) int
+// exp(float64(src[i]) − shift) for i < n into dst: float64 where wide, else
+// rounded to float32 (dst may then be src); returns how many it did: n, or
+// where the first block it left begins.
+TEXT ·expShift(SB), NOSPLIT, $0-48
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ n+16(FP), CX
 	MOVSD shift+24(FP), X0
+	MOVBQZX wide+32(FP), R10
 	XORQ BX, BX                   // elements done
 	TESTQ CX, CX
-	JZ f32ret
+	JZ eret
 	EXPSETUP
-f32loop:
+eloop:
 	MOVQ CX, AX
 	SUBQ BX, AX
-	JZ f32done
+	JZ edone
 	CMPQ AX, $8
-	JGE f32full
+	JGE efull
 	MOVQ AX, R8
 	MOVQ CX, R9
 	MOVQ R8, CX
@@ -120,73 +122,32 @@ f32loop:
 	SHLQ CX, AX
 	DECQ AX
 	MOVQ R9, CX
-	KMOVB AX, K1
-	JMP f32load
-f32full:
+	KMOVB AX, K1                  // the last elements, fewer than 8
+	JMP eload
+efull:
 	KXNORB K1, K1, K1
-f32load:
+eload:
 	VMOVUPS.Z (SI)(BX*4), K1, Y0
 	VCVTPS2PD Y0, Z0
 	VSUBPD Z15, Z0, Z0
 	EXP8
 	KANDB K1, K3, K3
 	KORTESTB K3, K3
-	JNZ f32done
+	JNZ edone
+	TESTQ R10, R10
+	JNZ ewide
 	VCVTPD2PS Z0, Y0
 	VMOVUPS Y0, K1, (DI)(BX*4)
-	ADDQ $8, BX
-	CMPQ BX, CX
-	JL f32loop
-	MOVQ CX, BX
-f32done:
-	VZEROUPPER
-f32ret:
-	MOVQ BX, ret+32(FP)
-	RET
-
-// func expShiftF64(dst *float64, src *float32, n int, shift float64) int
-// dst[i] = exp(float64(src[i]) − shift) for i < n; returns as expShiftF32.
-TEXT ·expShiftF64(SB), NOSPLIT, $0-40
-	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ n+16(FP), CX
-	MOVSD shift+24(FP), X0
-	XORQ BX, BX
-	TESTQ CX, CX
-	JZ f64ret
-	EXPSETUP
-f64loop:
-	MOVQ CX, AX
-	SUBQ BX, AX
-	JZ f64done
-	CMPQ AX, $8
-	JGE f64full
-	MOVQ AX, R8
-	MOVQ CX, R9
-	MOVQ R8, CX
-	MOVQ $1, AX
-	SHLQ CX, AX
-	DECQ AX
-	MOVQ R9, CX
-	KMOVB AX, K1
-	JMP f64load
-f64full:
-	KXNORB K1, K1, K1
-f64load:
-	VMOVUPS.Z (SI)(BX*4), K1, Y0
-	VCVTPS2PD Y0, Z0
-	VSUBPD Z15, Z0, Z0
-	EXP8
-	KANDB K1, K3, K3
-	KORTESTB K3, K3
-	JNZ f64done
+	JMP enext
+ewide:
 	VMOVUPD Z0, K1, (DI)(BX*8)
+enext:
 	ADDQ $8, BX
 	CMPQ BX, CX
-	JL f64loop
+	JL eloop
 	MOVQ CX, BX
-f64done:
+edone:
 	VZEROUPPER
-f64ret:
-	MOVQ BX, ret+32(FP)
+eret:
+	MOVQ BX, ret+40(FP)
 	RET

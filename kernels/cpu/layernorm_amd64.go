@@ -8,11 +8,12 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
+// lnSums4 sums four rows' first 4·blocks elements in four lanes each
+// (lane k: the elements 4j + k, in order): the elements themselves, or with
+// mean their squared deviations from it.
+//
 //go:noescape
-func lnSum4(r0, r1, r2, r3 *float32, blocks int, out *[16]float64)
-
-//go:noescape
-func lnSq4(r0, r1, r2, r3 *float32, blocks int, mean *[4]float64, out *[16]float64)
+func lnSums4(r0, r1, r2, r3 *float32, blocks int, mean *[4]float64, out *[16]float64)
 
 //go:noescape
 func lnOut(y, x, gamma, beta *float32, n int, m, s float32)
@@ -24,7 +25,7 @@ func init() {
 }
 
 // layerNormVec is layerNorm on float32 rows lo..hi of width d (at least
-// 16), four rows at a time: lnSum4's and lnSq4's lanes are the Go loop's
+// 16), four rows at a time: lnSums4's lanes are the Go loop's
 // four accumulators, the columns past the last block of four are added to
 // the first in Go as there, and lnOut writes the rows: the Go loop's result
 // bit for bit.
@@ -43,7 +44,7 @@ func layerNormVec(y, stats, x, gamma, beta []float32, d, lo, hi int, eps float64
 		for k := range rows {
 			rows[k] = &x[(r+min(k, nr-1))*d : (r+min(k, nr-1)+1)*d][0]
 		}
-		lnSum4(rows[0], rows[1], rows[2], rows[3], blocks, &sums)
+		lnSums4(rows[0], rows[1], rows[2], rows[3], blocks, nil, &sums)
 		for k := range nr {
 			xr := x[(r+k)*d:][:d]
 			s0 := sums[4*k]
@@ -55,7 +56,7 @@ func layerNormVec(y, stats, x, gamma, beta []float32, d, lo, hi int, eps float64
 		for k := nr; k < 4; k++ {
 			means[k] = means[nr-1]
 		}
-		lnSq4(rows[0], rows[1], rows[2], rows[3], blocks, &means, &sums)
+		lnSums4(rows[0], rows[1], rows[2], rows[3], blocks, &means, &sums)
 		for k := range nr {
 			xr := x[(r+k)*d:][:d]
 			s0 := sums[4*k]

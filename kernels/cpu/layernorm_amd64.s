@@ -1,21 +1,25 @@
 //go:build amd64 && !noasm
 
 #include "textflag.h"
+#include "tail_amd64.h"
 
 // Layer norm's float32 loops in AVX-512, each the Go loop's operations in
 // its order: a row's sums go in four float64 lanes, lane k taking elements
 // 4j+k in order as the Go loop's four accumulators do, and four rows at a
 // time (independent chains, so the adds' latency overlaps); nothing fused.
 
-// func lnSum4(r0, r1, r2, r3 *float32, blocks int, out *[16]float64)
-// out[4r+k] = Σ_j float64(row_r[4j+k]) for j < blocks.
-TEXT ·lnSum4(SB), NOSPLIT, $0-48
+// func lnSums4(r0, r1, r2, r3 *float32, blocks int, mean *[4]float64, out *[16]float64)
+// For j < blocks, lane k of row r: without mean (nil),
+// out[4r+k] = Σ_j float64(row_r[4j+k]); with it, out[4r+k] = Σ_j c·c,
+// c = float64(row_r[4j+k]) − mean[r].
+TEXT ·lnSums4(SB), NOSPLIT, $0-56
 	MOVQ r0+0(FP), AX
 	MOVQ r1+8(FP), BX
 	MOVQ r2+16(FP), CX
 	MOVQ r3+24(FP), DX
 	MOVQ blocks+32(FP), R8
-	MOVQ out+40(FP), DI
+	MOVQ mean+40(FP), R9
+	MOVQ out+48(FP), DI
 	VXORPD Y0, Y0, Y0
 	VXORPD Y1, Y1, Y1
 	VXORPD Y2, Y2, Y2
@@ -23,6 +27,8 @@ TEXT ·lnSum4(SB), NOSPLIT, $0-48
 	XORQ SI, SI
 	TESTQ R8, R8
 	JZ sdone
+	TESTQ R9, R9
+	JNZ squares
 sloop:
 	VCVTPS2PD (AX)(SI*1), Y4
 	VCVTPS2PD (BX)(SI*1), Y5
@@ -35,35 +41,12 @@ sloop:
 	ADDQ $16, SI
 	DECQ R8
 	JNZ sloop
-sdone:
-	VMOVUPD Y0, (DI)
-	VMOVUPD Y1, 32(DI)
-	VMOVUPD Y2, 64(DI)
-	VMOVUPD Y3, 96(DI)
-	VZEROUPPER
-	RET
-
-// func lnSq4(r0, r1, r2, r3 *float32, blocks int, mean *[4]float64, out *[16]float64)
-// out[4r+k] = Σ_j c·c, c = float64(row_r[4j+k]) − mean[r], for j < blocks.
-TEXT ·lnSq4(SB), NOSPLIT, $0-56
-	MOVQ r0+0(FP), AX
-	MOVQ r1+8(FP), BX
-	MOVQ r2+16(FP), CX
-	MOVQ r3+24(FP), DX
-	MOVQ blocks+32(FP), R8
-	MOVQ mean+40(FP), R9
-	MOVQ out+48(FP), DI
+	JMP sdone
+squares:
 	VBROADCASTSD 0(R9), Y8
 	VBROADCASTSD 8(R9), Y9
 	VBROADCASTSD 16(R9), Y10
 	VBROADCASTSD 24(R9), Y11
-	VXORPD Y0, Y0, Y0
-	VXORPD Y1, Y1, Y1
-	VXORPD Y2, Y2, Y2
-	VXORPD Y3, Y3, Y3
-	XORQ SI, SI
-	TESTQ R8, R8
-	JZ qdone
 qloop:
 	VCVTPS2PD (AX)(SI*1), Y4
 	VCVTPS2PD (BX)(SI*1), Y5
@@ -84,7 +67,7 @@ qloop:
 	ADDQ $16, SI
 	DECQ R8
 	JNZ qloop
-qdone:
+sdone:
 	VMOVUPD Y0, (DI)
 	VMOVUPD Y1, 32(DI)
 	VMOVUPD Y2, 64(DI)
@@ -102,61 +85,36 @@ TEXT ·lnOut(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), CX
 	VBROADCASTSS m+40(FP), Z8
 	VBROADCASTSS s+44(FP), Z9
-	MOVQ CX, R10
-	ANDQ $15, CX
-	MOVQ $1, AX
-	SHLQ CX, AX
-	DECQ AX
-	KMOVW AX, K1
-	MOVQ CX, R11
-	SHRQ $4, R10
+	TAILMASK(4, 15)
 	XORQ BX, BX
+	TESTQ R10, R10
+	JZ otail
+oloop:
+	VMOVUPS (SI)(BX*1), Z0
+	VSUBPS Z8, Z0, Z0
+	VMULPS Z9, Z0, Z0
+	VMULPS (R8)(BX*1), Z0, Z0
 	TESTQ R9, R9
-	JZ onob
-	TESTQ R10, R10
-	JZ obtail
-obloop:
-	VMOVUPS (SI)(BX*1), Z0
-	VSUBPS Z8, Z0, Z0
-	VMULPS Z9, Z0, Z0
-	VMULPS (R8)(BX*1), Z0, Z0
+	JZ ostore
 	VADDPS (R9)(BX*1), Z0, Z0
+ostore:
 	VMOVUPS Z0, (DI)(BX*1)
 	ADDQ $64, BX
 	DECQ R10
-	JNZ obloop
-obtail:
+	JNZ oloop
+otail:
 	TESTQ R11, R11
 	JZ odone
 	VMOVUPS.Z (SI)(BX*1), K1, Z0
 	VMOVUPS.Z (R8)(BX*1), K1, Z1
+	VSUBPS Z8, Z0, Z0
+	VMULPS Z9, Z0, Z0
+	VMULPS Z1, Z0, Z0
+	TESTQ R9, R9
+	JZ otstore
 	VMOVUPS.Z (R9)(BX*1), K1, Z2
-	VSUBPS Z8, Z0, Z0
-	VMULPS Z9, Z0, Z0
-	VMULPS Z1, Z0, Z0
 	VADDPS Z2, Z0, Z0
-	VMOVUPS Z0, K1, (DI)(BX*1)
-	JMP odone
-onob:
-	TESTQ R10, R10
-	JZ ontail
-onloop:
-	VMOVUPS (SI)(BX*1), Z0
-	VSUBPS Z8, Z0, Z0
-	VMULPS Z9, Z0, Z0
-	VMULPS (R8)(BX*1), Z0, Z0
-	VMOVUPS Z0, (DI)(BX*1)
-	ADDQ $64, BX
-	DECQ R10
-	JNZ onloop
-ontail:
-	TESTQ R11, R11
-	JZ odone
-	VMOVUPS.Z (SI)(BX*1), K1, Z0
-	VMOVUPS.Z (R8)(BX*1), K1, Z1
-	VSUBPS Z8, Z0, Z0
-	VMULPS Z9, Z0, Z0
-	VMULPS Z1, Z0, Z0
+otstore:
 	VMOVUPS Z0, K1, (DI)(BX*1)
 odone:
 	VZEROUPPER
@@ -268,14 +226,7 @@ TEXT ·lnDxOut(SB), NOSPLIT, $0-48
 	VBROADCASTSS 4(AX), Z9
 	VBROADCASTSS 8(AX), Z10
 	VBROADCASTSS 12(AX), Z11
-	MOVQ CX, R10
-	ANDQ $15, CX
-	MOVQ $1, AX
-	SHLQ CX, AX
-	DECQ AX
-	KMOVW AX, K1
-	MOVQ CX, R11
-	SHRQ $4, R10
+	TAILMASK(4, 15)
 	XORQ BX, BX
 	TESTQ R10, R10
 	JZ xtail
@@ -321,14 +272,7 @@ TEXT ·lnCols(SB), NOSPLIT, $0-48
 	MOVQ n+32(FP), CX
 	VBROADCASTSS m+40(FP), Y8
 	VBROADCASTSS s+44(FP), Y9
-	MOVQ CX, R10
-	ANDQ $7, CX
-	MOVQ $1, AX
-	SHLQ CX, AX
-	DECQ AX
-	KMOVW AX, K1
-	MOVQ CX, R11
-	SHRQ $3, R10
+	TAILMASK(3, 7)
 	XORQ BX, BX                   // float32 index
 	TESTQ R10, R10
 	JZ ctail

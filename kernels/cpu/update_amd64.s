@@ -1,6 +1,7 @@
 //go:build amd64 && !noasm
 
 #include "textflag.h"
+#include "tail_amd64.h"
 
 // Float32 updates in AVX-512, each the Go loop's operations in the Go loop's
 // order, none fused: the Go loop's results bit for bit.
@@ -25,14 +26,7 @@ TEXT ·adamwF32(SB), NOSPLIT, $0-48
 	VBROADCASTSS 16(AX), Z20      // step
 	VBROADCASTSS 20(AX), Z21      // root
 	VBROADCASTSS 24(AX), Z22      // eps
-	MOVQ CX, R10
-	ANDQ $15, CX
-	MOVQ $1, AX
-	SHLQ CX, AX
-	DECQ AX
-	KMOVW AX, K1                  // the last elements, fewer than 16
-	MOVQ CX, R11
-	SHRQ $4, R10                  // whole blocks of 16
+	TAILMASK(4, 15)               // K1: the last elements, fewer than 16; R10: whole blocks of 16
 	XORQ BX, BX
 	TESTQ R10, R10
 	JZ atail
@@ -99,14 +93,7 @@ TEXT ·axpyF32(SB), NOSPLIT, $0-32
 	TESTQ CX, CX
 	JZ xdone
 	VBROADCASTSS alpha+0(FP), Z16
-	MOVQ CX, R10
-	ANDQ $15, CX
-	MOVQ $1, AX
-	SHLQ CX, AX
-	DECQ AX
-	KMOVW AX, K1
-	MOVQ CX, R11
-	SHRQ $6, R10                  // blocks of 64
+	TAILMASK(6, 15)               // R10: blocks of 64
 	XORQ BX, BX
 	TESTQ R10, R10
 	JZ x16

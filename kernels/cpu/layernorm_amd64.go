@@ -15,6 +15,9 @@ import (
 //go:noescape
 func lnSums4(r0, r1, r2, r3 *float32, blocks int, mean *[4]float64, out *[16]float64)
 
+// lnOut writes one row of the output: y[i] = ((x[i] − m)·s)·gamma[i],
+// plus beta[i] where beta is not nil, for i < n.
+//
 //go:noescape
 func lnOut(y, x, gamma, beta *float32, n int, m, s float32)
 
@@ -25,10 +28,10 @@ func init() {
 }
 
 // layerNormVec is layerNorm on float32 rows lo..hi of width d (at least
-// 16), four rows at a time: lnSums4's lanes are the Go loop's
-// four accumulators, the columns past the last block of four are added to
-// the first in Go as there, and lnOut writes the rows: the Go loop's result
-// bit for bit.
+// 16), four rows at a time: lnSums4's lanes are the Go loop's four
+// accumulators, the columns past the last block of four are added to the
+// first in Go as there, and lnOut writes the rows: the Go loop's result bit
+// for bit.
 func layerNormVec(y, stats, x, gamma, beta []float32, d, lo, hi int, eps float64) {
 	blocks, tail := d/4, d/4*4
 	g := gamma[:d]

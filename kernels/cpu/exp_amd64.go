@@ -23,24 +23,19 @@ func init() {
 	if !cpu.X86.HasAVX512F || !cpu.X86.HasAVX512VL || !cpu.X86.HasAVX512DQ || !cpu.X86.HasFMA {
 		return
 	}
-	expShift32 = func(dst, src []float32, shift float64) {
-		n := len(src)
-		dst = dst[:n]
-		for i := 0; i < n; {
-			i += expShift(unsafe.Pointer(&dst[i]), &src[i], n-i, shift, false)
-			for end := min(i+8, n); i < end; i++ {
-				dst[i] = float32(math.Exp(float64(src[i]) - shift))
-			}
-		}
-	}
-	expShift64 = func(dst []float64, src []float32, shift float64) {
-		n := len(src)
-		dst = dst[:n]
-		for i := 0; i < n; {
-			i += expShift(unsafe.Pointer(&dst[i]), &src[i], n-i, shift, true)
-			for end := min(i+8, n); i < end; i++ {
-				dst[i] = math.Exp(float64(src[i]) - shift)
-			}
+	expShift32 = func(dst, src []float32, shift float64) { expLoop(dst, src, shift, false) }
+	expShift64 = func(dst []float64, src []float32, shift float64) { expLoop(dst, src, shift, true) }
+}
+
+// expLoop runs expShift over src into dst (float64 where wide), and the
+// blocks it leaves through math.Exp.
+func expLoop[D float32 | float64](dst []D, src []float32, shift float64, wide bool) {
+	n := len(src)
+	dst = dst[:n]
+	for i := 0; i < n; {
+		i += expShift(unsafe.Pointer(&dst[i]), &src[i], n-i, shift, wide)
+		for end := min(i+8, n); i < end; i++ {
+			dst[i] = D(math.Exp(float64(src[i]) - shift))
 		}
 	}
 }

@@ -409,8 +409,8 @@ func (p *Provider) CrossEntropy(stats, logits, targets *tensor.Tensor, offset in
 }
 
 func crossEntropy[T float](stats, logits, targets []T, offset, v, lo, hi int) {
-	var ex []float64
-	if expShift64 != nil {
+	var ex []float64 // the float32 rows' exponentials, where expShift64 is
+	if _, ok := any(logits).([]float32); ok && expShift64 != nil {
 		ex = make([]float64, v)
 	}
 	for i := lo; i < hi; i++ {
@@ -420,8 +420,8 @@ func crossEntropy[T float](stats, logits, targets []T, offset, v, lo, hi int) {
 			top = max(top, float64(x))
 		}
 		var z float64
-		if l32, ok := any(l).([]float32); ok && ex != nil {
-			expShift64(ex, l32, top)
+		if ex != nil {
+			expShift64(ex, any(l).([]float32), top)
 			for _, e := range ex {
 				z += e
 			}
@@ -465,15 +465,15 @@ func (p *Provider) CrossEntropyBackward(dlogits, logits, targets, lse *tensor.Te
 }
 
 func crossEntropyBackward[T float](dl, logits, targets, lse []T, offset, v, lo, hi int, scale float64) {
-	var ex []float64
-	if expShift64 != nil {
+	var ex []float64 // the float32 rows' exponentials, where expShift64 is
+	if _, ok := any(logits).([]float32); ok && expShift64 != nil {
 		ex = make([]float64, v)
 	}
 	for i := lo; i < hi; i++ {
 		l, d := logits[i*v:(i+1)*v], dl[i*v:(i+1)*v]
 		m := float64(lse[i])
-		if l32, ok := any(l).([]float32); ok && ex != nil {
-			expShift64(ex, l32, m)
+		if ex != nil {
+			expShift64(ex, any(l).([]float32), m)
 			for j, e := range ex {
 				d[j] = T(scale * e)
 			}

@@ -9,7 +9,9 @@ import "golang.org/x/sys/cpu"
 //go:noescape
 func adamwF32(param, grad, mom, vel *float32, n int, k *adamwK)
 
-// axpyF32 sets y[i] += alpha·x[i] for i < n (addScaled32).
+// axpyF32 sets y[i] += alpha·x[i] for i < n (addScaled32): the product
+// rounded, then the sum, as axpy's Go loop (saxpy1AVX512, the GEMV's, fuses
+// them).
 //
 //go:noescape
 func axpyF32(alpha float32, x, y *float32, n int)
